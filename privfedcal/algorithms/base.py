@@ -1,0 +1,96 @@
+"""Base class of a federated method: a local objective plus optional server rule.
+
+A method is an object with a few hooks (Flower's strategies and pfl-research's algorithms
+are the model): the simulator never branches on a method's name.
+
+Client side, in one worker process, for each selected client::
+
+    algo.begin_client(model, global_state, client_state)   # model already holds global_state
+    for x, y in batches: loss = algo.local_loss(model, x, y); loss.backward(); step
+    new_client_state = algo.end_client(model)
+
+Server side, once per round::
+
+    new_global, server_state = algo.server_update(global_state, averaged_state, server_state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privfedcal.models.base import FeatureClassifier
+from privfedcal.registry import Registry
+
+State = dict[str, Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """Methods without hyperparameters."""
+
+
+class Algorithm:
+    """A federated method. Subclasses override only the hooks they need."""
+
+    name: ClassVar[str] = "base"
+    Params: ClassVar[type] = NoParams
+    #: keys of the model state that are not averaged (kept from the global model)
+    frozen_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, params: Any = None, *, num_classes: int) -> None:
+        self.params = params if params is not None else self.Params()
+        self.num_classes = num_classes
+
+    # ---- model setup -------------------------------------------------------------------
+    def configure_model(self, model: FeatureClassifier, generator: torch.Generator) -> None:
+        """Called once on every freshly built model (server and workers alike), before the
+        first global state is taken from it. Example: freeze or re-parametrise the classifier.
+        Must be deterministic given ``generator``."""
+
+    # ---- client side -------------------------------------------------------------------
+    def begin_client(self, model: FeatureClassifier, global_state: State,
+                     client_state: State | None) -> None:
+        """``model`` already holds ``global_state``; remember what the loss needs."""
+
+    def local_loss(self, model: FeatureClassifier, x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(model(x), y)
+
+    def end_client(self, model: FeatureClassifier) -> State | None:
+        """Per-client state to persist until this client is selected again (or None)."""
+        return None
+
+    # ---- server side -------------------------------------------------------------------
+    def server_update(self, global_state: State, averaged: State,
+                      server_state: State | None) -> tuple[State, State | None]:
+        """Turn the sample-weighted average of the client models into the new global model."""
+        return averaged, server_state
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("method")
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    ALGORITHMS.register(cls.name)(cls)
+    return cls
+
+
+def create_algorithm(name: str, *, num_classes: int, **overrides: Any) -> Algorithm:
+    """Build a registered method; ``overrides`` (None values ignored) replace Params defaults.
+
+    Unknown hyperparameters for the method raise a UsageError naming the valid ones.
+    """
+    from privfedcal.errors import UsageError
+
+    cls = ALGORITHMS.get(name)
+    fields = {f.name for f in dataclasses.fields(cls.Params)}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        valid = ", ".join(sorted(fields)) or "none"
+        raise UsageError(f"method {name!r} takes no {', '.join(unknown)}; its hyperparameters: {valid}")
+    return cls(cls.Params(**given), num_classes=num_classes)

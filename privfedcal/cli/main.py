@@ -1,0 +1,68 @@
+"""The ``privfedcal`` command: one typer app, one module per sub-command.
+
+Every error a user can cause ends as one line on stderr and a non-zero exit (2 for usage
+errors), never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from privfedcal.errors import PrivacyBudgetError, UsageError
+
+app = typer.Typer(
+    name="privfedcal",
+    help="Federated learning with classifier calibration, hardened uploads and privacy audits.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _register_commands() -> None:
+    # Imported here so that `privfedcal --help` stays fast and each command owns its module.
+    import importlib
+
+    for module in ("train", "partition", "analyze", "attack", "audit"):
+        try:
+            mod = importlib.import_module(f"privfedcal.cli.{module}")
+        except ModuleNotFoundError as exc:  # a command not built yet
+            if exc.name == f"privfedcal.cli.{module}":
+                continue
+            raise
+        mod.register(app)
+
+
+_register_commands()
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one line on stderr and exit."""
+    print(f"privfedcal: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name="privfedcal", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except click.exceptions.Abort:
+        fail("aborted", 130)
+    except click.exceptions.UsageError as exc:
+        fail(exc.format_message().replace("\n", " "), 2)
+    except click.ClickException as exc:
+        fail(exc.format_message().replace("\n", " "), exc.exit_code or 1)
+    except UsageError as exc:
+        fail(str(exc), 2)
+    except PrivacyBudgetError as exc:
+        fail(f"privacy budget: {exc}", 3)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

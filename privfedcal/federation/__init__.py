@@ -1,0 +1,1 @@
+"""The federated round loop, local training, worker processes, checkpoints, transcript."""

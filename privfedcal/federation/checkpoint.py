@@ -1,0 +1,77 @@
+"""Checkpoints in safe formats only: tensors in safetensors, everything else in JSON.
+
+A checkpoint holds the global model, the method's server state, per-client states (MOON's
+previous models), the calibrator's state and the round reached; nested dicts are flattened
+to ``a/b/c`` tensor keys plus a JSON skeleton. Nothing here ever unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from privfedcal.errors import UsageError
+
+_TENSOR = "__tensor__"
+
+
+def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
+    """Move tensors of a nested dict/list structure into ``tensors``; return the skeleton."""
+    if isinstance(obj, torch.Tensor):
+        key = prefix or "_"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {_TENSOR: key}
+    if isinstance(obj, dict):
+        return {str(k): flatten(v, tensors, f"{prefix}/{k}") for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
+    return obj
+
+
+def unflatten(skel: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(skel, dict):
+        if set(skel) == {_TENSOR}:
+            return tensors[skel[_TENSOR]]
+        return {k: unflatten(v, tensors) for k, v in skel.items()}
+    if isinstance(skel, list):
+        return [unflatten(v, tensors) for v in skel]
+    return skel
+
+
+def save_checkpoint(directory: Path, payload: dict[str, Any]) -> None:
+    """Write atomically: a half-written checkpoint never replaces a good one."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    tensors: dict[str, torch.Tensor] = {}
+    skel = flatten(payload, tensors)
+    # safetensors refuses shared storage; clone makes every entry its own buffer
+    save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "state.safetensors"))
+    (tmp / "meta.json").write_text(json.dumps(skel))
+    old = directory.with_name(directory.name + ".old")
+    if directory.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    meta, state = directory / "meta.json", directory / "state.safetensors"
+    if not meta.is_file() or not state.is_file():
+        raise UsageError(f"no checkpoint in {directory} (expected meta.json and state.safetensors)")
+    try:
+        tensors = load_file(str(state), device=str(device))
+        skel = json.loads(meta.read_text())
+    except Exception as exc:  # corrupt files
+        raise UsageError(f"cannot read checkpoint {directory}: {exc}") from None
+    return unflatten(skel, tensors)

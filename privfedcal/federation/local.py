@@ -1,0 +1,140 @@
+"""Local training and evaluation: the hot path, shared by the in-process and worker trainers.
+
+Data stay device tensors; a client is an index tensor; batches are gathered by index and
+augmented with batched tensor code. Every random draw comes from a generator seeded by
+(seed, round, client), so a run is reproducible on CPU and resumable from any round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privfedcal.algorithms.base import Algorithm, State
+from privfedcal.models.base import FeatureClassifier
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (run seed, round, client, purpose), collision-resistant."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2,
+               dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def make_generator(*parts: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(derive_seed(*parts))
+    return g
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """How one client trains (a picklable subset of RunConfig)."""
+
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    augment: bool
+    seed: int
+
+
+def autocast_for(device: torch.device):
+    """bf16 autocast on CUDA; nothing on CPU (bf16 matmuls are slower there)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def clone_state(model: torch.nn.Module) -> State:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
+                 client_state: State | None, x_all: Tensor, y_all: Tensor, idx: Tensor,
+                 spec: LocalSpec, round_: int, client: int) -> tuple[State, State | None, float]:
+    """Train ``model`` from ``global_state`` on the client's samples ``idx``.
+
+    Returns (new local state, per-client state to keep, mean training loss).
+    """
+    from privfedcal.data.augment import augment_batch
+
+    g = make_generator(spec.seed, round_, client, 1)
+    model.load_state_dict(global_state)
+    model.train()
+    algo.begin_client(model, global_state, client_state)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
+                          weight_decay=spec.weight_decay)
+    n = int(idx.numel())
+    device = x_all.device
+    total, steps = torch.zeros((), device=device), 0
+    for _ in range(spec.local_epochs):
+        order = idx[torch.randperm(n, generator=g).to(device)]
+        for start in range(0, n, spec.batch_size):
+            batch = order[start:start + spec.batch_size]
+            if batch.numel() < 2 and n >= 2:
+                continue  # a batch of one breaks BatchNorm and batch-statistics losses
+            x, y = x_all[batch], y_all[batch]
+            if spec.augment:
+                x = augment_batch(x, g)
+            with autocast_for(device):
+                loss = algo.local_loss(model, x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach().float()
+            steps += 1
+    new_client_state = algo.end_client(model)
+    return clone_state(model), new_client_state, float(total) / max(steps, 1)
+
+
+@torch.no_grad()
+def evaluate(model: FeatureClassifier, state: State, x: Tensor, y: Tensor, num_classes: int,
+             transform=None, batch_size: int = 2048) -> dict[str, Any]:
+    """Top-1 accuracy (fraction), per-class accuracy and mean CE loss on (x, y)."""
+    model.load_state_dict(state)
+    model.eval()
+    correct = torch.zeros(num_classes, device=x.device)
+    seen = torch.zeros(num_classes, device=x.device)
+    loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
+    for start in range(0, x.shape[0], batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        with autocast_for(x.device):
+            z = model.features(xb)
+            if transform is not None:
+                z = transform(z)
+            logits = model.classifier(z).float()
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
+        hit = (logits.argmax(1) == yb).float()
+        correct.index_add_(0, yb, hit)
+        seen.index_add_(0, yb, torch.ones_like(hit))
+    per_class = torch.where(seen > 0, correct / seen.clamp_min(1), torch.nan)
+    n = float(seen.sum())
+    return {
+        "accuracy": float(correct.sum()) / n,
+        "loss": float(loss_sum) / n,
+        "per_class_accuracy": [None if v != v else round(float(v), 6) for v in per_class.tolist()],
+    }
+
+
+def weighted_average(states: list[State], weights: list[float]) -> State:
+    """Sample-weighted average of client states; integer buffers (BN counters) take the max."""
+    total = float(sum(weights))
+    out: State = {}
+    for key in states[0]:
+        ref = states[0][key]
+        if ref.is_floating_point():
+            acc = torch.zeros_like(ref, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32)
+            for s, w in zip(states, weights, strict=True):
+                acc.add_(s[key], alpha=w / total)
+            out[key] = acc.to(ref.dtype)
+        else:
+            out[key] = torch.stack([s[key] for s in states]).amax(0)
+    return out

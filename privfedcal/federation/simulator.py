@@ -1,0 +1,261 @@
+"""The federated round loop (DESIGN.md, "The data path of one round").
+
+Methods and calibrators are objects with hooks; the loop never branches on their names.
+Each round: sample clients -> local training (in-process or workers) -> sample-weighted
+average -> the method's server rule -> the calibrator's round hook -> evaluation ->
+checkpoint. After the last round the calibrator's post-hoc hook runs (CCVR, oracle).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from privfedcal.config import RunConfig
+from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
+from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
+from privfedcal.federation.local import (
+    clone_state,
+    derive_seed,
+    evaluate,
+    make_generator,
+    weighted_average,
+)
+from privfedcal.federation.setup import Experiment, build_experiment
+from privfedcal.federation.transcript import Transcript
+from privfedcal.federation.workers import (
+    InProcessTrainer,
+    Job,
+    WorkerPoolTrainer,
+    default_threads,
+)
+
+
+@dataclass
+class RoundContext:
+    """The ``ServerContext`` a calibrator sees (federation/hooks.py)."""
+
+    sim: Simulator
+    round: int
+    global_state: State
+    sent_state: State
+    selected: list[int]
+    generator: torch.Generator
+    model: Any = field(init=False)
+    num_classes: int = field(init=False)
+    num_clients: int = field(init=False)
+    device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model = self.sim.exp.model
+        self.num_classes = self.sim.exp.data.num_classes
+        self.num_clients = self.sim.cfg.clients
+        self.device = self.sim.exp.device
+
+    def collect(self, task: PayloadTask, clients: list[int], state: State, label: str) -> Payload:
+        return self.sim.collect(task, clients, state, label, self.round)
+
+    def centralized_features(self, state: State, per_class: int | None) -> tuple[Tensor, Tensor]:
+        return self.sim.centralized_features(state, per_class, self.generator)
+
+    def evaluate(self, state: State, transform: FeatureTransform | None = None) -> dict[str, Any]:
+        return self.sim.evaluate(state, transform)
+
+
+class Simulator:
+    """Runs one experiment into a run folder; resumable from its last checkpoint."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, calibrator: Calibrator | None = None,
+                 uplink: Any = None, exp: Experiment | None = None) -> None:
+        from privfedcal.privacy.uplink import Uplink
+
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.exp = exp or build_experiment(cfg)
+        self.calibrator = calibrator or Calibrator()
+        self.uplink = uplink or Uplink()
+        self.threads = cfg.threads or default_threads(cfg.workers)
+        self.global_state: State = clone_state(self.exp.model)
+        self.server_state: State | None = None
+        self.client_states: dict[int, State] = {}
+        self.history: list[dict[str, Any]] = []
+        self.start_round = 1
+        self.elapsed = 0.0
+        self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
+
+    # ---- services for calibrators ----------------------------------------------------------
+    def client_data(self, client: int) -> tuple[Tensor, Tensor]:
+        idx = self.exp.parts[client]
+        return self.exp.data.x_train[idx], self.exp.data.y_train[idx]
+
+    def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,
+                round_: int) -> Payload:
+        model = self.exp.model
+        model.load_state_dict(state)
+        model.eval()
+        uploads = []
+        for c in clients:
+            x, y = self.client_data(c)
+            uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
+        return self.uplink.aggregate(uploads, round_=round_, label=label,
+                                     transcript=self.transcript)
+
+    @torch.no_grad()
+    def centralized_features(self, state: State, per_class: int | None,
+                             generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        model, data = self.exp.model, self.exp.data
+        held = torch.cat(self.exp.parts)  # long-tail partitions drop samples: use held ones
+        y = data.y_train[held]
+        if per_class is not None:
+            perm = torch.randperm(held.numel(), generator=generator).to(held.device)
+            held, y = held[perm], y[perm]
+            keep = torch.zeros_like(y, dtype=torch.bool)
+            for c in range(data.num_classes):
+                keep |= (y == c) & (torch.cumsum((y == c).long(), 0) <= per_class)
+            held, y = held[keep], y[keep]
+        model.load_state_dict(state)
+        model.eval()
+        z = torch.cat([model.features(data.x_train[held[i:i + 2048]])
+                       for i in range(0, held.numel(), 2048)])
+        return z.float(), y
+
+    def evaluate(self, state: State, transform: FeatureTransform | None = None) -> dict[str, Any]:
+        d = self.exp.data
+        return evaluate(self.exp.model, state, d.x_test, d.y_test, d.num_classes, transform)
+
+    # ---- the loop ------------------------------------------------------------------------
+    def select_clients(self, round_: int) -> list[int]:
+        k = self.cfg.clients
+        m = max(1, int(round(self.cfg.participation * k)))
+        if m >= k:
+            return list(range(k))
+        g = make_generator(self.cfg.seed, round_, 0, 3)
+        return sorted(torch.randperm(k, generator=g)[:m].tolist())
+
+    def _trainer(self):
+        exp = self.exp
+        if self.cfg.workers > 1:
+            return WorkerPoolTrainer(exp.builder, exp.data.x_train, exp.data.y_train, exp.spec,
+                                     self.cfg.workers, self.threads)
+        return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
+                                exp.spec)
+
+    def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        torch.set_num_threads(self.threads)
+        cfg, exp = self.cfg, self.exp
+        trainer = self._trainer()
+        try:
+            for round_ in range(self.start_round, cfg.rounds + 1):
+                t0 = time.perf_counter()
+                selected = self.select_clients(round_)
+                jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
+                results = trainer.train(self.global_state, jobs, round_)
+                weights = [float(exp.parts[c].numel()) for c in selected]
+                averaged = weighted_average([r[0] for r in results], weights)
+                averaged = {k: v.to(exp.device) for k, v in averaged.items()}
+                sent = self.global_state
+                self.global_state, self.server_state = exp.algo.server_update(
+                    sent, averaged, self.server_state)
+                for c, r in zip(selected, results, strict=True):
+                    if r[1] is not None:
+                        self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}
+                ctx = RoundContext(self, round_, self.global_state, sent, selected,
+                                   make_generator(cfg.seed, round_, 0, 4))
+                self.calibrator.after_round(ctx)
+                train_loss = float(np.mean([r[2] for r in results]))
+                record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
+                if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
+                    ev = self.evaluate(self.calibrator.eval_state(self.global_state),
+                                       self.calibrator.feature_transform())
+                    record.update(accuracy=ev["accuracy"], loss=ev["loss"],
+                                  per_class_accuracy=ev["per_class_accuracy"])
+                info = getattr(self.calibrator, "last_round_info", None)
+                if info:
+                    record["calibration"] = info
+                dt = time.perf_counter() - t0
+                self.elapsed += dt
+                record["seconds"] = round(dt, 4)
+                self.history.append(record)
+                if "accuracy" in record:
+                    with open(self.run_dir / "metrics.jsonl", "a") as f:
+                        f.write(json.dumps(record) + "\n")
+                self.save(round_)
+                if progress:
+                    progress(record)
+        finally:
+            trainer.close()
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        final_round = cfg.rounds
+        ctx = RoundContext(self, final_round, self.global_state, self.global_state,
+                           list(range(cfg.clients)), make_generator(cfg.seed, final_round, 0, 5))
+        extra = self.calibrator.after_training(ctx)
+        final_state = self.calibrator.eval_state(self.global_state)
+        ev = self.evaluate(final_state, self.calibrator.feature_transform())
+        self.elapsed += time.perf_counter() - t0
+        save_checkpoint(self.run_dir / "final", {"model": final_state})
+        summary: dict[str, Any] = {
+            "method": cfg.method,
+            "local_method": cfg.local_method,
+            "calibrator": cfg.calibrator,
+            "dataset": cfg.dataset,
+            "model": cfg.model,
+            "rounds": cfg.rounds,
+            "accuracy": ev["accuracy"],
+            "loss": ev["loss"],
+            "per_class_accuracy": ev["per_class_accuracy"],
+            "wall_seconds": round(self.elapsed, 3),
+            "uploaded_bytes": self.transcript.uploaded_bytes(),
+            "rejected_uploads": list(getattr(self.uplink, "rejected", [])),
+            **extra,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    # ---- checkpoint / resume ------------------------------------------------------------------
+    def save(self, round_: int) -> None:
+        save_checkpoint(self.run_dir / "checkpoint", {
+            "round": round_,
+            "elapsed": self.elapsed,
+            "global": self.global_state,
+            "server": self.server_state,
+            "clients": {str(c): s for c, s in self.client_states.items()},
+            "calibrator": self.calibrator.state_dict(),
+            "uplink": self.uplink.state_dict() if hasattr(self.uplink, "state_dict") else {},
+            "history": self.history,
+        })
+
+    def restore(self) -> None:
+        ck = load_checkpoint(self.run_dir / "checkpoint", self.exp.device)
+        self.start_round = int(ck["round"]) + 1
+        self.elapsed = float(ck["elapsed"])
+        self.global_state = ck["global"]
+        self.server_state = ck["server"]
+        self.client_states = {int(c): s for c, s in ck["clients"].items()}
+        self.calibrator.load_state_dict(ck["calibrator"])
+        if hasattr(self.uplink, "load_state_dict"):
+            self.uplink.load_state_dict(ck.get("uplink") or {})
+        self.history = ck["history"]
+        self.transcript.truncate_after(int(ck["round"]))
+        metrics = self.run_dir / "metrics.jsonl"
+        metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(derive_seed(seed, 0, 0, 9))
+    np.random.seed(seed % (2**32))
+
+
+__all__ = ["Simulator", "RoundContext", "seed_everything", "math"]

@@ -1,0 +1,74 @@
+"""What the server observed, release by release, saved in the run folder for the attacks.
+
+Unprotected uploads are recorded per client (that is what an honest-but-curious server
+sees); protected ones as per-client ciphertext sizes plus the decrypted aggregate only.
+Files: ``transcript/index.json`` (one entry per release) and one safetensors file per entry.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from privfedcal.errors import UsageError
+
+
+class Transcript:
+    """Append-only record of the server's view. ``directory=None`` keeps nothing on disk."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self.entries: list[dict[str, Any]] = []
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            index = directory / "index.json"
+            if index.exists():  # resumed run: keep what was recorded so far
+                self.entries = json.loads(index.read_text())
+
+    def _write(self, name: str, tensors: dict[str, torch.Tensor]) -> str | None:
+        if self.directory is None:
+            return None
+        fname = f"{len(self.entries):05d}-{name}.safetensors"
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                  str(self.directory / fname))
+        return fname
+
+    def record(self, *, round_: int, label: str, view: str, client: int | None,
+               tensors: dict[str, torch.Tensor] | None = None, **info: Any) -> None:
+        """``view``: "plain-upload" (one client's payload), "aggregate" (what was decrypted or
+        summed), or "ciphertext" (sizes only)."""
+        entry: dict[str, Any] = {"round": round_, "label": label, "view": view,
+                                 "client": client, **info}
+        if tensors is not None:
+            tag = f"r{round_}-{label}-{view}" + (f"-c{client}" if client is not None else "")
+            entry["file"] = self._write(tag, tensors)
+        self.entries.append(entry)
+        self.flush()
+
+    def truncate_after(self, round_: int) -> None:
+        """On resume, forget releases of rounds after the checkpoint (they are redone)."""
+        self.entries = [e for e in self.entries if e["round"] <= round_]
+        self.flush()
+
+    def flush(self) -> None:
+        if self.directory is not None:
+            (self.directory / "index.json").write_text(json.dumps(self.entries, indent=1))
+
+    def uploaded_bytes(self) -> int:
+        return int(sum(e.get("bytes", 0) for e in self.entries if e["view"] != "aggregate"))
+
+
+def load_transcript(directory: Path) -> list[dict[str, Any]]:
+    """Entries with their tensors loaded (safetensors only)."""
+    index = directory / "index.json"
+    if not index.is_file():
+        raise UsageError(f"no transcript in {directory}")
+    entries = json.loads(index.read_text())
+    for e in entries:
+        if e.get("file"):
+            e["tensors"] = load_file(str(directory / e["file"]))
+    return entries

@@ -1,0 +1,100 @@
+"""``privfedcal train`` end to end, and every kind of bad input: one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privfedcal.cli.main import main
+
+FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
+        "--threads", "1", "--alpha", "0.5", "--no-transcript"]
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    return exc.value.code, capsys.readouterr()
+
+
+def assert_usage_error(args, capsys, *needles):
+    code, out = run_cli(args, capsys)
+    assert code == 2, out
+    lines = [x for x in out.err.splitlines() if x.strip()]
+    assert len(lines) == 1, out.err
+    assert "Traceback" not in out.err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_train_writes_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    main(["train", *FAST, "--out", str(out)])
+    for name in ("config.json", "metrics.jsonl", "summary.json", "accuracy.png"):
+        assert (out / name).is_file(), name
+    assert (out / "checkpoint").is_dir()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["method"] == "fedavg" and cfg["seed"] == 0 and "versions" in cfg
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("method", "dataset", "accuracy", "per_class_accuracy", "wall_seconds"):
+        assert key in summary
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_config_file_and_flag_override(tmp_path, capsys):
+    conf = tmp_path / "c.toml"
+    conf.write_text('method = "fedprox"\nrounds = 1\nclients = 4\n[method_params]\nmu = 0.1\n')
+    out = tmp_path / "run"
+    main(["train", "--config", str(conf), "--rounds", "2", "--local-epochs", "1",
+          "--device", "cpu", "--threads", "1", "--no-transcript", "--out", str(out)])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["method"] == "fedprox" and cfg["rounds"] == 2
+    assert cfg["method_params"] == {"mu": 0.1}
+
+
+def test_resume_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    main(["train", *FAST, "--out", str(out)])
+    assert_usage_error(["train", "--resume", str(out)], capsys, "already complete")
+
+
+def test_unknown_method_lists_choices(capsys):
+    assert_usage_error(["train", "--method", "nope"], capsys, "fedavg", "moon", "ccvr")
+
+
+def test_unknown_dataset_lists_choices(capsys):
+    assert_usage_error(["train", "--dataset", "mnist"], capsys, "digits", "cifar10")
+
+
+def test_unknown_model_lists_choices(capsys):
+    assert_usage_error(["train", *FAST, "--model", "vgg99"], capsys, "mlp")
+
+
+def test_alpha_must_be_positive(capsys):
+    assert_usage_error(["train", "--alpha", "0"], capsys, "alpha")
+    assert_usage_error(["train", "--alpha", "-1"], capsys, "alpha")
+
+
+def test_more_clients_than_samples(capsys):
+    assert_usage_error(["train", "--clients", "100000"], capsys, "client")
+
+
+def test_missing_data_root(tmp_path, capsys):
+    assert_usage_error(["train", "--dataset", "cifar10", "--data-root", str(tmp_path / "none")],
+                       capsys, "cifar")
+
+
+def test_unreadable_config(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    assert_usage_error(["train", "--config", str(bad)], capsys, "TOML")
+    assert_usage_error(["train", "--config", str(tmp_path / "missing.toml")], capsys, "exist")
+
+
+def test_unknown_flag_is_one_line(capsys):
+    assert_usage_error(["train", "--no-such-flag"], capsys)
+
+
+def test_unknown_hyperparameter_for_method(capsys):
+    assert_usage_error(["train", *FAST, "--tau", "0.5"], capsys, "tau")
