@@ -1,0 +1,15 @@
+"""FedAvg (McMahan et al., AISTATS 2017): local cross-entropy SGD, sample-weighted average.
+
+Every hook is the base class default; the class exists so the method is found by name.
+"""
+
+from __future__ import annotations
+
+from privfedcal.algorithms.base import Algorithm, register
+
+
+@register
+class FedAvg(Algorithm):
+    """Plain FedAvg: ``L = CE(g(f(x)), y)``; the server keeps the weighted average."""
+
+    name = "fedavg"

@@ -1,0 +1,112 @@
+"""MOON, model-contrastive federated learning (Li, He & Song, CVPR 2021, Eq. 1-3)::
+
+    l_con = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )
+    L     = CE + mu * l_con
+
+sim is cosine similarity; z = ``model.features(x)`` (for the CCVR/MOON CNN: the projection
+head output); z_glob from the global model the client received, z_prev from this client's
+previous local model (the global model when the client has none yet, as MOON's code does).
+
+Our choice: z_glob and z_prev are computed with ``torch.func.functional_call`` on the live
+module (no model copies), under ``torch.no_grad()`` and with the module in eval mode, so
+BatchNorm uses the stored running statistics and no buffer of the live model, or of the
+stored states, is touched (MOON's code also runs the global and previous nets in eval mode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from privfedcal.algorithms._checks import check_number
+from privfedcal.algorithms.base import Algorithm, State, register
+from privfedcal.models.base import FeatureClassifier
+
+
+def moon_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:
+    """Batch mean of MOON's l_con: CE over ``[sim(z, z_glob), sim(z, z_prev)] / tau``, target 0."""
+    sims = torch.stack(
+        [F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1)], dim=1
+    )
+    target = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+    return F.cross_entropy(sims / tau, target)
+
+
+class _FeatureView(nn.Module):
+    """Exposes ``model.features`` as ``forward`` so that functional_call can run it."""
+
+    def __init__(self, model: FeatureClassifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.features(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoonParams:
+    """tau: temperature (paper: 0.5); mu: weight of l_con (paper uses 1 or 5)."""
+
+    tau: float = 0.5
+    mu: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_number("moon", "tau", self.tau, low_open=True)
+        check_number("moon", "mu", self.mu)
+
+
+@register
+class Moon(Algorithm):
+    """FedAvg plus the model-contrastive term; the client state is its last local model."""
+
+    name = "moon"
+    Params = MoonParams
+
+    _view: _FeatureView | None = None
+    _glob: State | None = None
+    _prev: State | None = None
+
+    def begin_client(
+        self, model: FeatureClassifier, global_state: State, client_state: State | None
+    ) -> None:
+        device = next(model.parameters()).device
+        self._view = _FeatureView(model)
+        self._glob = _view_state(global_state, device)
+        self._prev = self._glob if client_state is None else _view_state(client_state, device)
+
+    def _frozen_features(self, state: State, x: Tensor) -> Tensor:
+        assert self._view is not None
+        model = self._view.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return functional_call(self._view, state, (x,))
+        finally:
+            model.train(was_training)
+
+    def local_loss(self, model: FeatureClassifier, x: Tensor, y: Tensor) -> Tensor:
+        if self._glob is None or self._prev is None:
+            raise RuntimeError("moon: begin_client must be called before local_loss")
+        z = model.features(x)
+        ce = F.cross_entropy(model.classifier(z), y)
+        z_glob = self._frozen_features(self._glob, x)
+        z_prev = self._frozen_features(self._prev, x)
+        return ce + self.params.mu * moon_contrastive_loss(z, z_glob, z_prev, self.params.tau)
+
+    def end_client(self, model: FeatureClassifier) -> State | None:
+        self._view = self._glob = self._prev = None
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _view_state(state: State, device: torch.device) -> State:
+    """Detached clones of the extractor entries, keyed for ``_FeatureView``."""
+    return {
+        f"model.{k}": v.detach().to(device).clone()
+        for k, v in state.items()
+        if not k.startswith("classifier.")
+    }

@@ -1,0 +1,95 @@
+"""CIFAR-style ResNets (He et al., CVPR 2016): a 3x3 stem without max-pool, BasicBlocks.
+
+- ``resnet8``: the ResNet-8 used by CReFF (Shang et al., IJCAI 2022): three stages of one
+  BasicBlock with 16/32/64 channels, global average pooling, d = 64.
+- ``resnet18``: the CIFAR ResNet-18 used by FedUV (Son et al., CVPR 2024): 64-channel 3x3
+  stem, no max-pool, four stages of two BasicBlocks (64/128/256/512), d = 512.
+Shortcuts are identity, or 1x1 conv + BatchNorm where the shape changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from privfedcal.models.base import FeatureClassifier
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv-BN layers with a residual connection."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU()
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class CifarResNet(FeatureClassifier):
+    """Stem conv 3x3 -> BN -> ReLU, stages of BasicBlocks, global average pool = z."""
+
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        in_channels: int,
+        widths: Sequence[int],
+        blocks: Sequence[int],
+        strides: Sequence[int],
+    ) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(),
+        )
+        layers: list[nn.Module] = []
+        in_planes = widths[0]
+        for width, count, stride in zip(widths, blocks, strides, strict=True):
+            for i in range(count):
+                layers.append(BasicBlock(in_planes, width, stride if i == 0 else 1))
+                in_planes = width
+        self.stages = nn.Sequential(*layers)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.feature_dim = in_planes
+        self.num_classes = num_classes
+        self.classifier = nn.Linear(in_planes, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def features(self, x: Tensor) -> Tensor:
+        return self.pool(self.stages(self.stem(x)))
+
+
+def resnet8(*, num_classes: int, in_channels: int = 3) -> CifarResNet:
+    return CifarResNet(
+        num_classes=num_classes,
+        in_channels=in_channels,
+        widths=(16, 32, 64),
+        blocks=(1, 1, 1),
+        strides=(1, 2, 2),
+    )
+
+
+def resnet18(*, num_classes: int, in_channels: int = 3) -> CifarResNet:
+    return CifarResNet(
+        num_classes=num_classes,
+        in_channels=in_channels,
+        widths=(64, 128, 256, 512),
+        blocks=(2, 2, 2, 2),
+        strides=(1, 2, 2, 2),
+    )

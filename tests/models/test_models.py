@@ -1,0 +1,128 @@
+"""Models: shapes, the features/classifier split, the CNN's size, registry errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from privfedcal.errors import UsageError
+from privfedcal.models import MODELS, FeatureClassifier, create_model
+
+torch.set_num_threads(1)
+
+# name -> (in_channels, natural image size, feature dim)
+NATURAL = {
+    "cnn": (3, 32, 256),
+    "digits-cnn": (1, 8, 128),
+    "mlp": (1, 8, 128),
+    "resnet8": (3, 32, 64),
+    "resnet18": (3, 32, 512),
+    "mobilenetv2": (3, 32, 1280),
+}
+
+
+def _build(name: str, num_classes: int = 7, seed: int = 0) -> FeatureClassifier:
+    ch, size, _ = NATURAL[name]
+    return create_model(
+        name,
+        num_classes=num_classes,
+        in_channels=ch,
+        image_size=size,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def test_every_registered_model_is_covered() -> None:
+    assert sorted(NATURAL) == MODELS.names()
+
+
+@pytest.mark.parametrize("name", sorted(NATURAL))
+def test_shapes_and_split(name: str) -> None:
+    ch, size, dim = NATURAL[name]
+    model = _build(name).eval()
+    x = torch.randn(2, ch, size, size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        z = model.features(x)
+        logits = model(x)
+        split = model.classifier(z)
+    assert isinstance(model, FeatureClassifier)
+    assert z.shape == (2, dim) and model.feature_dim == dim
+    assert logits.shape == (2, 7) and model.num_classes == 7
+    assert isinstance(model.classifier, torch.nn.Linear)
+    assert model.classifier.in_features == dim
+    torch.testing.assert_close(split, logits, rtol=0, atol=0)
+
+
+def test_cnn_parameter_count_by_hand() -> None:
+    # conv 3->6 5x5:   3*6*25 + 6     =   456
+    # conv 6->16 5x5:  6*16*25 + 16   =  2416
+    # fc 400->120:     400*120 + 120  = 48120
+    # fc 120->84:      120*84 + 84    = 10164
+    # proj 84->84:     84*84 + 84     =  7140
+    # fc 84->256:      84*256 + 256   = 21760
+    # classifier:      256*10 + 10    =  2570
+    expected = 456 + 2416 + 48120 + 10164 + 7140 + 21760 + 2570
+    assert expected == 92626
+    model = create_model("cnn", num_classes=10, in_channels=3, image_size=32)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_cnn_other_image_size_flatten() -> None:
+    # 28x28 grey: (28-4)//2 = 12, (12-4)//2 = 4 -> flatten 16*4*4 = 256
+    model = create_model("cnn", num_classes=10, in_channels=1, image_size=28)
+    assert model.body[0].in_features == 256
+    assert model(torch.zeros(1, 1, 28, 28)).shape == (1, 10)
+
+
+def test_cnn_too_small_suggests_alternatives() -> None:
+    with pytest.raises(UsageError, match="mlp.*digits-cnn"):
+        create_model("cnn", num_classes=10, in_channels=1, image_size=8)
+
+
+def test_unknown_model_lists_choices() -> None:
+    with pytest.raises(UsageError) as err:
+        create_model("vgg", num_classes=10, in_channels=3, image_size=32)
+    for name in MODELS.names():
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_classes=1, in_channels=3, image_size=32),
+        dict(num_classes=10, in_channels=0, image_size=32),
+        dict(num_classes=10, in_channels=3, image_size=2.5),
+    ],
+)
+def test_bad_sizes_are_usage_errors(kwargs: dict) -> None:
+    with pytest.raises(UsageError):
+        create_model("mlp", **kwargs)
+
+
+def test_generator_makes_builds_reproducible_and_spares_global_rng() -> None:
+    before = torch.random.get_rng_state()
+    a, b, c = _build("resnet8", seed=3), _build("resnet8", seed=3), _build("resnet8", seed=4)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key])
+    assert not torch.equal(a.classifier.weight, c.classifier.weight)
+
+
+def test_mobilenet_stem_stride_depends_on_image_size() -> None:
+    small = create_model("mobilenetv2", num_classes=10, in_channels=3, image_size=32)
+    large = create_model("mobilenetv2", num_classes=10, in_channels=1, image_size=96)
+    assert small.body[0][0].stride == (1, 1)
+    assert large.body[0][0].stride == (2, 2) and large.body[0][0].in_channels == 1
+    assert not any(isinstance(m, torch.nn.Dropout) for m in small.modules())
+
+
+def test_resnet_structure() -> None:
+    r8 = create_model("resnet8", num_classes=10, in_channels=3, image_size=32)
+    r18 = create_model("resnet18", num_classes=10, in_channels=3, image_size=32)
+    assert len(r8.stages) == 3 and len(r18.stages) == 8
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in r18.modules())
+    assert r18.stem[0].kernel_size == (3, 3) and r18.stem[0].stride == (1, 1)
+    # resnet8 on 32x32: the last stage works at 8x8 with 64 channels
+    with torch.no_grad():
+        fmap = r8.stages(r8.stem(torch.zeros(1, 3, 32, 32)))
+    assert fmap.shape == (1, 64, 8, 8)
