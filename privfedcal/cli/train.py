@@ -16,7 +16,7 @@ from privfedcal.errors import UsageError
 Opt = typer.Option
 
 #: CLI flag -> method hyperparameter (Params field); None values keep the method's default
-METHOD_FLAGS = ("mu", "tau", "beta", "server_lr", "lambda_v")
+METHOD_FLAGS = ("mu", "tau", "beta", "server_lr", "lam")
 #: CLI flag -> calibrator option
 CALIBRATION_FLAGS = ("virtual_per_class", "virtual_mode", "tukey", "features_per_class",
                      "match_steps", "retrain_steps", "feature_lr", "creff_weighting")
@@ -96,7 +96,7 @@ def train(
     tau: Annotated[float | None, Opt(help="MOON temperature.")] = None,
     beta: Annotated[float | None, Opt(help="FedAvgM server momentum.")] = None,
     server_lr: Annotated[float | None, Opt(help="FedAvgM server learning rate.")] = None,
-    lambda_v: Annotated[float | None, Opt(help="FedUV variance weight (default D/4).")] = None,
+    lam: Annotated[float | None, Opt(help="FedUV variance weight lambda (default D/4).")] = None,
     calibrate: Annotated[str | None, Opt(help="none | ccvr | creff | oracle | oracle:N")] = None,
     virtual_per_class: Annotated[int | None, Opt(help="CCVR virtual features per class M.")] = None,
     virtual_mode: Annotated[str | None, Opt(help="CCVR M_c: balanced | proportional")] = None,

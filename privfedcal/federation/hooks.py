@@ -9,8 +9,8 @@ calibrator receives the cross-client sum and cannot tell which stages ran.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch

@@ -14,7 +14,7 @@ from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.base import Algorithm
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.federation.local import LocalSpec, derive_seed, make_generator
+from privfedcal.federation.local import LocalSpec, make_generator
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -34,9 +34,9 @@ def build_model_and_algo(cfg_dict: dict[str, Any], num_classes: int, in_channels
 
     cfg = RunConfig.from_dict(cfg_dict)
     algo = create_algorithm(cfg.local_method, num_classes=num_classes, **cfg.method_params)
-    torch.manual_seed(derive_seed(cfg.seed, 0, 0, 7))
-    model = create_model(cfg.model or default_model_for(cfg.dataset), num_classes=num_classes,
-                         in_channels=in_channels, image_size=image_size)
+    model = create_model(cfg.model or default_model_for(cfg.dataset, image_size=image_size), num_classes=num_classes,
+                         in_channels=in_channels, image_size=image_size,
+                         generator=make_generator(cfg.seed, 0, 0, 7))
     algo.configure_model(model, make_generator(cfg.seed, 0, 0, 8))
     return model, algo
 
@@ -52,6 +52,12 @@ class Experiment:
     algo: Algorithm
     builder: functools.partial
     spec: LocalSpec
+
+    @property
+    def model_name(self) -> str:
+        from privfedcal.data.datasets import default_model_for
+
+        return self.cfg.model or default_model_for(self.data)
 
 
 def build_experiment(cfg: RunConfig) -> Experiment:

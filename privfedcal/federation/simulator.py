@@ -80,6 +80,7 @@ class Simulator:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.exp = exp or build_experiment(cfg)
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
@@ -163,6 +164,9 @@ class Simulator:
                 averaged = weighted_average([r[0] for r in results], weights)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
+                for k in averaged:  # parts a method never aggregates (frozen heads)
+                    if k.startswith(exp.algo.frozen_prefixes or ("\0",)):
+                        averaged[k] = sent[k]
                 self.global_state, self.server_state = exp.algo.server_update(
                     sent, averaged, self.server_state)
                 for c, r in zip(selected, results, strict=True):
@@ -211,7 +215,7 @@ class Simulator:
             "local_method": cfg.local_method,
             "calibrator": cfg.calibrator,
             "dataset": cfg.dataset,
-            "model": cfg.model,
+            "model": self.exp.model_name,
             "rounds": cfg.rounds,
             "accuracy": ev["accuracy"],
             "loss": ev["loss"],
