@@ -1,0 +1,97 @@
+"""``privfedcal partition``: show how a dataset splits over clients (table, heatmap, JSON).
+
+The partition is the one ``privfedcal train`` uses for the same dataset, scheme and seed.
+``--imbalance-factor`` defaults to 1.0 (no long tail); with ``--partition longtail`` set it
+(CReFF uses 10, 50 or 100). Samples the long-tail shaping drops belong to no client.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from privfedcal.data.partition import PARTITIONS, PartitionSpec
+
+Opt = typer.Option
+_DEFAULT = PartitionSpec()  # one place holds each default
+_TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
+
+
+def partition(
+    dataset: Annotated[str, Opt(help="digits | cifar10 | cifar100 | stl10 | imagefolder:PATH | npz:PATH")] = "digits",
+    data_root: Annotated[str | None, Opt(help="Folder holding the dataset files.")] = None,
+    download: Annotated[bool, Opt("--download/--no-download", help="Download if missing (needs network).")] = False,
+    clients: Annotated[int, Opt(help="Number of clients K.")] = _DEFAULT.num_clients,
+    partition: Annotated[str, Opt(help=" | ".join(PARTITIONS))] = _DEFAULT.scheme,
+    alpha: Annotated[float, Opt(help="Dirichlet concentration (smaller = more skew).")] = _DEFAULT.alpha,
+    imbalance_factor: Annotated[float, Opt(help="Long-tail imbalance factor IF (1 = none).")] = _DEFAULT.imbalance_factor,
+    shards_per_client: Annotated[int, Opt(help="Shards per client (shards partition).")] = _DEFAULT.shards_per_client,
+    min_size: Annotated[int, Opt(help="Fewest samples any client may hold.")] = _DEFAULT.min_size,
+    seed: Annotated[int, Opt(help="Partition seed.")] = 0,
+    out: Annotated[Path, Opt(help="Output folder for partition.png and partition.json.")] = Path("runs/partition"),
+) -> None:
+    """Partition a training set over clients; print per-client class counts, write a heatmap."""
+    from privfedcal.data.datasets import load_dataset
+    from privfedcal.data.partition import class_counts, partition_indices
+    from privfedcal.data.plots import plot_partition
+
+    spec = PartitionSpec(scheme=partition, num_clients=clients, alpha=alpha,
+                         imbalance_factor=imbalance_factor, shards_per_client=shards_per_client,
+                         min_size=min_size)
+    data = load_dataset(dataset, data_root, download=download)
+    labels = data.y_train.numpy()
+    domains = data.domains_train.numpy() if data.domains_train is not None else None
+    parts = partition_indices(labels, spec, seed, domains=domains)
+    counts = class_counts(labels, parts, data.num_classes)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{data.name}: {spec.scheme}, K={spec.num_clients}, seed={seed}"
+    plot_partition(counts, out / "partition.png", classes=data.classes, title=title)
+    summary = {
+        "dataset": data.name, "partition": spec.scheme, "clients": spec.num_clients,
+        "alpha": spec.alpha, "imbalance_factor": spec.imbalance_factor,
+        "shards_per_client": spec.shards_per_client, "min_size": spec.min_size, "seed": seed,
+        "classes": data.classes, "num_train": data.num_train,
+        "num_assigned": int(counts.sum()), "sizes": counts.sum(axis=1).tolist(),
+        "class_totals": counts.sum(axis=0).tolist(), "counts": counts.tolist(),
+    }
+    if data.domain_names is not None and spec.scheme == "domains":
+        summary["client_domains"] = data.domain_names
+    (out / "partition.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_table(counts, data.classes, title)
+    print(f"wrote {out / 'partition.png'} and {out / 'partition.json'}")
+
+
+def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("client", justify="right")
+    sizes = counts.sum(axis=1)
+    if counts.shape[1] <= _TABLE_MAX_CLASSES:
+        for name in classes:
+            table.add_column(name, justify="right")
+        table.add_column("total", justify="right", style="bold")
+        for k, row in enumerate(counts):
+            table.add_row(str(k), *(str(int(v)) for v in row), str(int(sizes[k])))
+        table.add_row("total", *(str(int(v)) for v in counts.sum(axis=0)), str(int(sizes.sum())),
+                      style="bold")
+    else:  # too many classes for columns: summarise each client
+        for name in ("total", "classes held", "largest class", "its share"):
+            table.add_column(name, justify="right")
+        for k, row in enumerate(counts):
+            top = int(row.argmax())
+            share = row[top] / sizes[k] if sizes[k] else 0.0
+            table.add_row(str(k), str(int(sizes[k])), str(int((row > 0).sum())), classes[top],
+                          f"{share:.0%}")
+        table.add_row("total", str(int(sizes.sum())), str(int((counts.sum(0) > 0).sum())), "", "",
+                      style="bold")
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("partition")(partition)
