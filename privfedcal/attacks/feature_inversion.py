@@ -1,0 +1,386 @@
+"""Feature inversion: images whose features match what a client uploaded.
+
+Threat model: an honest-but-curious server that knows the global extractor ``f`` and sees
+a raw feature, a class mean (CCVR appendix C inverts the mean of 3 features), or the class
+statistics (n, mu, Sigma) that CCVR uploads. The optimisation follows Mahendran & Vedaldi
+(2015, the method CCVR's appendix uses) with the usual strengthening: Adam on images in the
+normalised input space, box constraint (clamp to the image of [0,1] after every step),
+total variation and a small L2 prior, random jitter, several restarts run as one batch
+(the best by final objective is kept), and DeepInversion's BatchNorm prior (Yin et al.
+2020: the batch mean/variance of every BN input matched to its running statistics).
+
+Statistics pin features down (METHODS.md, last section): with ``D`` the n x d matrix of
+centred features, ``D^T D = (n-1) Sigma`` and ``1^T D = 0``, so D is known up to a rotation
+inside the (n-1)-dimensional space orthogonal to ``1``. For n = 2 there is no freedom left
+but the order: ``z = mu +- sqrt(lambda/2) v`` (lambda, v: top eigenpair of Sigma). Hence
+``class-stats`` either matches mean AND unbiased covariance of a batch of n images
+(``direct``) or first recovers the features and inverts each (``features``; used
+automatically for n <= 2, where it is exact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from privfedcal.errors import UsageError
+from privfedcal.models.base import FeatureClassifier
+
+TARGET_KINDS = ("raw-feature", "class-mean", "class-stats")
+STATS_MODES = ("auto", "direct", "features")
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureTarget:
+    """What the attacker inverts. Build with ``raw``, ``class_mean`` or ``class_stats``."""
+
+    kind: str
+    z: Tensor | None = None  # raw-feature: (d,) or (k, d) independent features
+    mean: Tensor | None = None  # class-mean / class-stats: (d,)
+    cov: Tensor | None = None  # class-stats: (d, d) unbiased covariance
+    n: int = 1  # number of samples behind mean / stats
+    batch: bool = False  # class-mean: n images whose mean feature matches (else one image)
+    mode: str = "auto"  # class-stats: auto | direct | features
+
+    def __post_init__(self) -> None:
+        if self.kind not in TARGET_KINDS:
+            raise UsageError(f"unknown target kind {self.kind!r}; valid: {', '.join(TARGET_KINDS)}")
+        if self.n < 1:
+            raise UsageError(f"a target needs n >= 1 samples, got {self.n}")
+        if self.kind == "raw-feature":
+            if self.z is None or self.z.dim() not in (1, 2):
+                raise UsageError("raw-feature target needs z of shape (d,) or (k, d)")
+        elif self.mean is None or self.mean.dim() != 1:
+            raise UsageError(f"{self.kind} target needs a mean of shape (d,)")
+        if self.kind == "class-stats":
+            d = self.mean.shape[0]  # type: ignore[union-attr]
+            if self.cov is None or self.cov.shape != (d, d):
+                raise UsageError(f"class-stats target needs cov of shape ({d}, {d})")
+            if self.mode not in STATS_MODES:
+                raise UsageError(
+                    f"unknown stats mode {self.mode!r}; valid: {', '.join(STATS_MODES)}"
+                )
+
+    @classmethod
+    def raw(cls, z: Tensor) -> FeatureTarget:
+        return cls("raw-feature", z=z)
+
+    @classmethod
+    def class_mean(cls, mean: Tensor, n: int = 1, *, batch: bool = False) -> FeatureTarget:
+        return cls("class-mean", mean=mean, n=n, batch=batch)
+
+    @classmethod
+    def class_stats(cls, n: int, mean: Tensor, cov: Tensor, *, mode: str = "auto") -> FeatureTarget:
+        return cls("class-stats", mean=mean, cov=cov, n=n, mode=mode)
+
+
+@dataclass(frozen=True)
+class InversionConfig:
+    """Optimiser and priors. Weights are relative to a feature loss of order 1."""
+
+    steps: int = 400
+    lr: float = 0.1  # Adam, in normalised input units; cosine-decayed to 0
+    restarts: int = 4
+    tv_weight: float = 1e-3  # mean absolute neighbour difference, pixel space
+    l2_weight: float = 1e-5  # mean squared normalised input
+    jitter: int | None = None  # max shift in pixels per step; None: 0 below 16 px, else side//16
+    bn_weight: float = 1e-2  # only used when the model has BatchNorm layers
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.restarts < 1:
+            raise UsageError("inversion needs steps >= 0 and restarts >= 1")
+        if not self.lr > 0:
+            raise UsageError(f"inversion lr must be > 0, got {self.lr}")
+        if min(self.tv_weight, self.l2_weight, self.bn_weight) < 0:
+            raise UsageError("prior weights must be >= 0")
+        if self.jitter is not None and self.jitter < 0:
+            raise UsageError(f"jitter must be >= 0, got {self.jitter}")
+
+    def jitter_for(self, height: int, width: int) -> int:
+        if self.jitter is not None:
+            return self.jitter
+        side = min(height, width)
+        return 0 if side < 16 else side // 16
+
+
+@dataclass(frozen=True, eq=False)
+class InversionResult:
+    images: Tensor  # (B, C, H, W) pixel space [0, 1]
+    features: Tensor  # (B, d) features of the returned images
+    cosine: float  # per-image targets: mean cos; mean-only targets: cos(batch mean, mu)
+    loss: float  # final objective (data term + priors) of the kept restart
+    restart_losses: Tensor  # (R,)
+    mode: str
+    target_features: Tensor | None = None  # per-image feature targets (raw / from stats)
+
+
+def features_from_stats(n: int, mean: Tensor, cov: Tensor) -> Tensor:
+    """The n features implied by (n, mean, unbiased cov), as an (n, d) tensor.
+
+    Exact (up to order) for n <= 2. For n > 2 the result has exactly the given mean and
+    the best rank-(n-1) approximation of cov, built on a fixed Helmert contrast basis; the
+    true set equals it only up to an unknown rotation of that basis, so individual features
+    are not identified by the statistics alone.
+    """
+    if n < 1:
+        raise UsageError(f"n must be >= 1, got {n}")
+    mu = mean.double()
+    if n == 1:
+        return mu[None].to(mean.dtype)
+    evals, evecs = torch.linalg.eigh(cov.double())
+    k = min(n - 1, mu.shape[0])
+    evals, evecs = evals.flip(0)[:k].clamp_min(0), evecs.flip(1)[:, :k]
+    # Helmert basis: n x (n-1), orthonormal columns orthogonal to the all-ones vector.
+    q = torch.zeros(n, n - 1, dtype=torch.float64, device=mu.device)
+    for j in range(1, n):
+        q[:j, j - 1] = 1.0 / math.sqrt(j * (j + 1))
+        q[j, j - 1] = -j / math.sqrt(j * (j + 1))
+    centred = q[:, :k] * torch.sqrt((n - 1) * evals) @ evecs.T
+    return (mu + centred).to(mean.dtype)
+
+
+def channel_stats(
+    mean: Sequence[float],
+    std: Sequence[float],
+    channels: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and std as (1, C, 1, 1) tensors, validated."""
+    m = torch.as_tensor(mean, dtype=dtype, device=device).reshape(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=dtype, device=device).reshape(1, -1, 1, 1)
+    if m.shape[1] != channels or s.shape[1] != channels or not bool((s > 0).all()):
+        raise UsageError(f"mean/std need {channels} entries (std > 0), one per image channel")
+    return m, s
+
+
+def to_pixels(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """Normalised input space -> pixel space, clamped to [0, 1]."""
+    m, s = channel_stats(mean, std, x.shape[1], x.device, x.dtype)
+    return (x * s + m).clamp(0, 1)
+
+
+def total_variation(pixels: Tensor) -> Tensor:
+    """Mean absolute difference between neighbours, per image: (B,C,H,W) -> (B,)."""
+    tv = pixels.new_zeros(pixels.shape[0])
+    if pixels.shape[-2] > 1:
+        tv = tv + (pixels[..., 1:, :] - pixels[..., :-1, :]).abs().flatten(1).mean(1)
+    if pixels.shape[-1] > 1:
+        tv = tv + (pixels[..., :, 1:] - pixels[..., :, :-1]).abs().flatten(1).mean(1)
+    return tv
+
+
+class _BNPrior:
+    """Forward hooks that record, per restart group, how far BN input statistics are from
+    the running statistics (DeepInversion's R_feature, L2 norms)."""
+
+    def __init__(self, model: nn.Module, groups: int) -> None:
+        self.groups, self.loss = groups, None
+        self.handles = [
+            m.register_forward_hook(self._hook)
+            for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
+        ]
+
+    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
+        x = inputs[0]
+        per_group = x.shape[0] // self.groups
+        h = x.reshape(self.groups, per_group, x.shape[1], -1).transpose(1, 2).flatten(2)
+        if h.shape[-1] < 2:
+            return  # one value per channel: no batch statistics to match
+        mean, var = h.mean(-1), h.var(-1, unbiased=False)
+        term = (mean - module.running_mean).norm(dim=-1) + (var - module.running_var).norm(dim=-1)
+        self.loss = term if self.loss is None else self.loss + term
+
+    def pop(self) -> Tensor | None:
+        loss, self.loss = self.loss, None
+        return loss
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def optimise_images(
+    objective: Callable[[Tensor], Tensor],
+    *,
+    restarts: int,
+    batch: int,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    config: InversionConfig,
+    generator: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor, int]:
+    """Shared engine: minimise ``objective(x) -> (restarts,)`` over R*B images in normalised
+    space, plus the TV / L2 priors, with jitter and the box constraint.
+
+    Returns ``(x_best (B,C,H,W) normalised, final losses (R,), best restart index)``.
+    """
+    c, h, w = (int(s) for s in image_shape)
+    m, s = channel_stats(mean, std, c, device, dtype)
+    lo, hi = (0 - m) / s, (1 - m) / s
+    pixels = torch.rand(restarts * batch, c, h, w, generator=generator, device=generator.device)
+    x = ((pixels.to(device=device, dtype=dtype) - m) / s).requires_grad_(True)
+    opt = torch.optim.Adam([x], lr=config.lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(config.steps, 1))
+    jitter = config.jitter_for(h, w)
+
+    def total(inp: Tensor) -> Tensor:
+        loss = objective(inp)
+        pix = x * s + m
+        if config.tv_weight:
+            loss = loss + config.tv_weight * total_variation(pix).view(restarts, batch).mean(1)
+        if config.l2_weight:
+            l2 = x.pow(2).flatten(1).mean(1).view(restarts, batch).mean(1)
+            loss = loss + config.l2_weight * l2
+        return loss
+
+    for _ in range(config.steps):
+        inp = x
+        if jitter:
+            shift = torch.randint(
+                -jitter, jitter + 1, (2,), generator=generator, device=generator.device
+            )
+            dx, dy = shift.tolist()
+            inp = torch.roll(x, shifts=(dx, dy), dims=(-2, -1))
+        (grad,) = torch.autograd.grad(total(inp).sum(), x)
+        x.grad = grad
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+    final = total(x).detach()
+    best = int(final.argmin())
+    return x.detach()[best * batch : (best + 1) * batch], final, best
+
+
+def _raw_loss(z: Tensor, target: Tensor) -> Tensor:
+    """(R, B, d) vs (B, d): mean over B of (1 - cos) + squared error relative to ||z||^2."""
+    cos = F.cosine_similarity(z, target.expand_as(z), dim=-1)
+    rel = (z - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)
+    return (1 - cos + rel).mean(-1)
+
+
+def _stats_loss(z: Tensor, mu: Tensor, cov: Tensor) -> Tensor:
+    """(R, n, d) features vs (mu, unbiased cov), each term scaled by its target's size."""
+    n = z.shape[1]
+    m = z.mean(1)
+    centred = z - m[:, None]
+    sigma = centred.transpose(1, 2) @ centred / (n - 1)
+    mean_term = (m - mu).pow(2).sum(-1) / (mu.pow(2).sum() + torch.trace(cov)).clamp_min(1e-12)
+    cov_term = (sigma - cov).pow(2).sum((-2, -1)) / cov.pow(2).sum().clamp_min(1e-12)
+    return mean_term + cov_term + (1 - F.cosine_similarity(m, mu.expand_as(m), dim=-1))
+
+
+def invert_features(
+    model: FeatureClassifier,
+    target: FeatureTarget,
+    *,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generator: torch.Generator,
+    steps: int | None = None,
+    lr: float | None = None,
+    restarts: int | None = None,
+    tv_weight: float | None = None,
+    l2_weight: float | None = None,
+    jitter: int | None = None,
+    bn_weight: float | None = None,
+    config: InversionConfig | None = None,
+) -> InversionResult:
+    """Invert ``target`` through ``model.features``; keywords override ``config``."""
+    given = dict(
+        steps=steps,
+        lr=lr,
+        restarts=restarts,
+        tv_weight=tv_weight,
+        l2_weight=l2_weight,
+        jitter=jitter,
+        bn_weight=bn_weight,
+    )
+    overrides = {k: v for k, v in given.items() if v is not None}
+    cfg = dataclasses.replace(config or InversionConfig(), **overrides)
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+
+    per_image: Tensor | None = None  # (B, d) targets, one per image
+    mu = cov = None
+    if target.kind == "raw-feature":
+        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
+    elif target.kind == "class-mean":
+        if target.batch and target.n > 1:
+            mu, mode = target.mean, "class-mean-batch"
+        else:
+            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
+    elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
+        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
+        mode = "class-stats-features"
+    else:
+        mu, cov, mode = target.mean, target.cov, "class-stats-direct"
+    batch = per_image.shape[0] if per_image is not None else target.n
+    per_image = per_image.to(device, dtype) if per_image is not None else None
+    mu = mu.to(device, dtype) if mu is not None else None
+    cov = cov.to(device, dtype) if cov is not None else None
+
+    r = cfg.restarts
+    bn = _BNPrior(model, r) if cfg.bn_weight > 0 else None
+
+    def data_term(z: Tensor) -> Tensor:
+        z = z.view(r, batch, -1)
+        if per_image is not None:
+            return _raw_loss(z, per_image)
+        if cov is not None:
+            return _stats_loss(z, mu, cov)  # type: ignore[arg-type]
+        return _raw_loss(z.mean(1, keepdim=True), mu[None])  # type: ignore[index]
+
+    def objective(x: Tensor) -> Tensor:
+        loss = data_term(model.features(x))
+        bn_loss = bn.pop() if bn is not None else None
+        return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss
+
+    was_training = model.training
+    model.eval()
+    try:
+        x, losses, best = optimise_images(
+            objective,
+            restarts=r,
+            batch=batch,
+            image_shape=image_shape,
+            mean=mean,
+            std=std,
+            config=cfg,
+            generator=generator,
+            device=device,
+            dtype=dtype,
+        )
+        if bn is not None:
+            bn.remove()
+        with torch.no_grad():
+            z = model.features(x)
+    finally:
+        if bn is not None:
+            bn.remove()  # idempotent; also on error
+        model.train(was_training)
+    if per_image is not None:
+        cosine = F.cosine_similarity(z, per_image, dim=-1).mean()
+    else:
+        cosine = F.cosine_similarity(z.mean(0), mu, dim=0)  # type: ignore[arg-type]
+    return InversionResult(
+        images=to_pixels(x, mean, std),
+        features=z,
+        cosine=float(cosine),
+        loss=float(losses[best]),
+        restart_losses=losses,
+        mode=mode,
+        target_features=per_image,
+    )

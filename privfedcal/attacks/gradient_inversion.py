@@ -1,0 +1,252 @@
+"""Gradient inversion: features and images from classifier gradients and model updates.
+
+(a) Analytic recovery from a linear classifier's gradient (Phong et al. 2017; iDLG, Zhao
+et al. 2020; METHODS.md last section). For one sample with features z and label y under
+cross-entropy, ``dL/dW_j = (p_j - y_j) z^T`` and ``dL/db_j = p_j - y_j``: every row with a
+non-zero bias gradient gives ``z = dW_j / db_j`` exactly, and the label is the only
+negative bias entry. For the mean gradient of n samples of one class c (a CReFF upload
+row block), row j gives ``sum_i w_ij z_i`` with ``w_ij = (p_ij - y_ij) / sum_i (p_ij - y_ij)``:
+for j = c the weights are ``(1 - p_ic) / sum_i (1 - p_ic)`` (positive, summing to 1), for
+j != c they are ``p_ij / sum_i p_ij``. So every row is a convex combination of the z_i,
+weighted toward the samples the model gets wrong. We combine all rows by least squares,
+``z = argmin sum_j ||dW_j - db_j z||^2 = sum_j db_j dW_j / sum_j db_j^2``, which is exact
+for one sample and weights rows by ``db_j^2`` (row c, the largest, dominates). The relative
+residual of that rank-one fit tells one sample (0) from several.
+
+(b) Optimisation-based inversion of a client's gradient or model update (Geiping et al.
+2020, "Inverting Gradients"): images are optimised so that the parameter gradient they
+produce has cosine similarity 1 with the observed one (over all parameters at once), with a
+TV prior, box constraint and restarts. Labels come first from the last-layer bias gradient
+(iDLG). A model update after several local SGD steps is treated as ``-lr * gradient``
+(exact for one full-batch step; an approximation otherwise, best for few steps and small
+lr); since the cosine ignores scale, lr need not be known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privfedcal.attacks.feature_inversion import (
+    FeatureTarget,
+    InversionConfig,
+    InversionResult,
+    invert_features,
+    optimise_images,
+    to_pixels,
+)
+from privfedcal.errors import UsageError
+from privfedcal.models.base import FeatureClassifier
+
+
+@dataclass(frozen=True, eq=False)
+class LabelInfo:
+    """What a class gradient says about labels and how many samples produced it."""
+
+    label: Tensor  # (...,) index of the most negative bias entry (the label of one sample)
+    negative: Tensor  # (..., C) bool: entries with negative bias gradient
+    residual: Tensor  # (...,) ||dW - db z^T||_F / ||dW||_F of the least-squares fit
+    single_sample: Tensor  # (...,) bool: exactly one negative entry and residual < tol
+
+
+@dataclass(frozen=True, eq=False)
+class GradientInversionResult:
+    images: Tensor  # (B, C, H, W) pixel space [0, 1]
+    labels: Tensor  # (B,) labels used (recovered or given)
+    gradient_cosine: float  # cosine between the images' gradient and the observed one
+    loss: float  # final objective (1 - cos + TV) of the kept restart
+    restart_losses: Tensor  # (R,)
+
+
+def split_class_gradient(grad: Tensor) -> tuple[Tensor, Tensor]:
+    """A CReFF-style (..., C, d+1) gradient -> weight part (..., C, d) and bias (..., C)."""
+    return grad[..., :-1], grad[..., -1]
+
+
+def recover_from_class_gradient(
+    grad_w: Tensor, grad_b: Tensor, *, tol: float = 1e-4
+) -> tuple[Tensor, LabelInfo]:
+    """Features behind a linear classifier's gradient, batched over leading dims.
+
+    ``grad_w`` (..., C, d), ``grad_b`` (..., C) -> features (..., d) and ``LabelInfo``.
+    Exact for a single sample; for a class-mean gradient a weighted mean of the samples'
+    features (see module docstring). All-zero gradients give zero features.
+    """
+    if grad_w.shape[:-1] != grad_b.shape:
+        raise UsageError(f"grad_w {tuple(grad_w.shape)} and grad_b {tuple(grad_b.shape)} disagree")
+    gw, gb = grad_w.double(), grad_b.double()
+    denom = gb.pow(2).sum(-1, keepdim=True)
+    z = (gb.unsqueeze(-1) * gw).sum(-2) / denom.clamp_min(1e-300)
+    fit = gw - gb.unsqueeze(-1) * z.unsqueeze(-2)
+    residual = fit.flatten(-2).norm(dim=-1) / gw.flatten(-2).norm(dim=-1).clamp_min(1e-300)
+    negative = gb < 0
+    info = LabelInfo(
+        label=gb.argmin(-1),
+        negative=negative,
+        residual=residual.float(),
+        single_sample=(negative.sum(-1) == 1) & (residual < tol),
+    )
+    return z.to(grad_w.dtype), info
+
+
+def invert_class_gradient(
+    model: FeatureClassifier,
+    grad_w: Tensor,
+    grad_b: Tensor,
+    *,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generator: torch.Generator,
+    config: InversionConfig | None = None,
+) -> InversionResult:
+    """Analytic feature recovery, then raw-feature inversion to images (one per gradient)."""
+    z, _ = recover_from_class_gradient(grad_w, grad_b)
+    return invert_features(
+        model,
+        FeatureTarget.raw(z.reshape(-1, z.shape[-1])),
+        image_shape=image_shape,
+        mean=mean,
+        std=std,
+        generator=generator,
+        config=config,
+    )
+
+
+def labels_from_bias_gradient(
+    grad_b: Tensor, batch_size: int, *, use_magnitudes: bool = True
+) -> Tensor:
+    """Labels of a batch from the last-layer bias gradient of the mean CE loss (iDLG).
+
+    ``-B db_j = n_j - sum_i p_ij``, so every class with ``db_j < 0`` is present and
+    ``ceil(-B db_j)`` lower-bounds its count. Our heuristic for B > 1: start from those
+    bounds (at least one per negative class, the most negative first if there are more
+    than B), then fill the remaining slots round-robin from the most negative class.
+    ``use_magnitudes=False`` (for model updates, whose scale is unknown) starts from one
+    per negative class. Exact for B = 1. Returns sorted labels (B,).
+    """
+    if batch_size < 1:
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
+    gb = grad_b.detach().double().reshape(-1)
+    order = torch.argsort(gb)
+    neg = order[gb[order] < 0][:batch_size]
+    if neg.numel() == 0:
+        neg = order[:1]
+    counts = torch.zeros_like(gb, dtype=torch.long)
+    if use_magnitudes:
+        counts[neg] = torch.ceil(-batch_size * gb[neg] - 1e-9).clamp_min(1).long()
+    else:
+        counts[neg] = 1
+    while int(counts.sum()) > batch_size:  # trim the largest
+        counts[int(counts.argmax())] -= 1
+    i = 0
+    while int(counts.sum()) < batch_size:
+        counts[neg[i % neg.numel()]] += 1
+        i += 1
+    return torch.repeat_interleave(
+        torch.arange(gb.numel(), device=grad_b.device), counts.to(grad_b.device)
+    )
+
+
+def _target_gradients(
+    model: FeatureClassifier, target: Mapping[str, Tensor], kind: str
+) -> tuple[list[str], list[Tensor]]:
+    if kind not in ("gradient", "update"):
+        raise UsageError(f"kind must be 'gradient' or 'update', got {kind!r}")
+    params = dict(model.named_parameters())
+    names = [n for n in params if n in target and params[n].requires_grad]
+    if not names:
+        raise UsageError("the observed gradient/update names none of the model's parameters")
+    sign = -1.0 if kind == "update" else 1.0  # update = new - old ~ -lr * gradient
+    return names, [sign * target[n].detach().to(params[n]) for n in names]
+
+
+def _bias_name(model: FeatureClassifier) -> str:
+    for name, p in model.named_parameters():
+        if p is model.classifier.bias:
+            return name
+    raise UsageError("label recovery needs a classifier with a bias; pass labels=")
+
+
+def invert_update(
+    model: FeatureClassifier,
+    observed: Mapping[str, Tensor],
+    *,
+    batch_size: int,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generator: torch.Generator,
+    kind: str = "gradient",
+    labels: Tensor | None = None,
+    steps: int = 400,
+    lr: float = 0.1,
+    tv: float = 1e-2,
+    restarts: int = 2,
+) -> GradientInversionResult:
+    """Images whose CE gradient matches ``observed`` in cosine (Geiping et al. 2020).
+
+    ``observed`` maps parameter names (``model.named_parameters()``) to the client's
+    gradient (``kind="gradient"``) or model update ``new - old`` (``kind="update"``);
+    buffers and unknown names are ignored. The model holds the state the client started
+    from and runs in eval mode (BatchNorm uses running statistics, not the client's batch
+    statistics). Labels, when not given, come from the bias entry's signs (and, for a
+    gradient, magnitudes; an update's scale is unknown). Small local batches only: the
+    attack degrades fast with B.
+    """
+    cfg = InversionConfig(
+        steps=steps, lr=lr, restarts=restarts, tv_weight=tv, l2_weight=0.0, jitter=0, bn_weight=0.0
+    )
+    names, targets = _target_gradients(model, observed, kind)
+    if labels is None:
+        b_name = _bias_name(model)
+        bias = observed[b_name] * (-1.0 if kind == "update" else 1.0)
+        labels = labels_from_bias_gradient(bias, batch_size, use_magnitudes=kind == "gradient")
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if labels.numel() != batch_size:
+        raise UsageError(f"need {batch_size} labels, got {labels.numel()}")
+    params = dict(model.named_parameters())
+    plist = [params[n] for n in names]
+    device = plist[0].device
+    labels = labels.to(device)
+    t_flat = torch.cat([t.flatten() for t in targets])
+    t_norm = t_flat.norm().clamp_min(1e-12)
+
+    def objective(x: Tensor) -> Tensor:
+        losses = []
+        for xr in x.split(batch_size):  # one parameter gradient per restart
+            ce = F.cross_entropy(model(xr), labels)
+            grads = torch.autograd.grad(ce, plist, create_graph=True)
+            g = torch.cat([gi.flatten() for gi in grads])
+            losses.append(1 - (g @ t_flat) / (g.norm().clamp_min(1e-12) * t_norm))
+        return torch.stack(losses)
+
+    was_training = model.training
+    model.eval()
+    try:
+        x, final, best = optimise_images(
+            objective,
+            restarts=cfg.restarts,
+            batch=batch_size,
+            image_shape=image_shape,
+            mean=mean,
+            std=std,
+            config=cfg,
+            generator=generator,
+            device=device,
+            dtype=plist[0].dtype,
+        )
+        cos = 1 - float(objective(x).detach()[0])
+    finally:
+        model.train(was_training)
+    return GradientInversionResult(
+        images=to_pixels(x, mean, std),
+        labels=labels,
+        gradient_cosine=cos,
+        loss=float(final[best]),
+        restart_losses=final,
+    )

@@ -1,0 +1,224 @@
+"""Feature inversion: statistics pin features down; inversion through toy extractors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privfedcal.attacks.feature_inversion import (
+    FeatureTarget,
+    InversionConfig,
+    features_from_stats,
+    invert_features,
+    total_variation,
+)
+from privfedcal.attacks.metrics import psnr
+from privfedcal.errors import UsageError
+
+MEAN, STD = [0.5], [0.25]
+SHAPE = (1, 4, 4)
+
+
+def _feats(model, pixels):
+    with torch.no_grad():
+        return model.features((pixels - MEAN[0]) / STD[0])
+
+
+def _matched_cos(z_rec, z_true):
+    """Cosine of each true feature to its recovered partner, under the best pairing."""
+    cos = F.cosine_similarity(z_true[:, None], z_rec[None], dim=-1)
+    direct, swapped = cos.diagonal(), cos.flip(1).diagonal()
+    return direct if direct.sum() >= swapped.sum() else swapped
+
+
+def _gen(seed=1):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_features_from_stats_n2_exact_against_numpy():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(2, 6))
+    mu, sigma = z.mean(0), np.cov(z, rowvar=False)  # unbiased, ddof = 1
+    rec = features_from_stats(2, torch.tensor(mu), torch.tensor(sigma)).numpy()
+    if np.abs(rec - z).max() > np.abs(rec[::-1] - z).max():
+        rec = rec[::-1]
+    assert np.abs(rec - z).max() < 1e-6
+
+
+def test_features_from_stats_n1_is_the_mean():
+    mu = torch.randn(4, generator=_gen())
+    assert torch.equal(features_from_stats(1, mu, torch.zeros(4, 4)), mu[None])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 7), st.integers(2, 8), st.integers(0, 10_000))
+def test_features_from_stats_reproduce_mean_and_covariance(n, d, seed):
+    # For n > 2 the features are only known up to rotation, but any valid reconstruction
+    # must have exactly the uploaded mean and unbiased covariance (rank <= n - 1).
+    z = np.random.default_rng(seed).normal(size=(n, d))
+    mu, sigma = z.mean(0), np.cov(z, rowvar=False)
+    rec = features_from_stats(n, torch.tensor(mu), torch.tensor(sigma)).numpy()
+    assert rec.shape == (n, d)
+    assert np.allclose(rec.mean(0), mu, atol=1e-9)
+    assert np.allclose(np.cov(rec, rowvar=False), sigma, atol=1e-8)
+
+
+def test_raw_feature_inversion_through_injective_extractor(linear_model, images):
+    z = _feats(linear_model, images[:1])
+    res = invert_features(
+        linear_model,
+        FeatureTarget.raw(z[0]),
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=_gen(),
+        steps=200,
+        lr=0.1,
+        restarts=2,
+        tv_weight=0.0,
+        l2_weight=0.0,
+    )
+    assert res.mode == "raw-feature" and res.images.shape == (1, *SHAPE)
+    assert psnr(res.images, images[:1]).item() > 30
+    assert res.cosine > 0.9999
+    # the returned images really produce the returned features (box respected, no clamp)
+    assert torch.allclose(_feats(linear_model, res.images), res.features, atol=1e-5)
+
+
+def test_stats_attack_recovers_both_features_for_n2(mlp_model, images):
+    z = _feats(mlp_model, images[:2])
+    mu, cov = z.mean(0), torch.cov(z.T)
+    res = invert_features(
+        mlp_model,
+        FeatureTarget.class_stats(2, mu, cov),
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=_gen(),
+        steps=200,
+        lr=0.3,
+        restarts=2,
+        tv_weight=0.0,
+        l2_weight=0.0,
+    )
+    assert res.mode == "class-stats-features"  # automatic for n = 2
+    assert (_matched_cos(res.features, z) > 0.99).all()
+    assert torch.allclose(res.target_features.double(), features_from_stats(2, mu, cov).double())
+
+
+def test_direct_mean_and_covariance_matching_also_pins_n2(mlp_model, images):
+    z = _feats(mlp_model, images[:2])
+    target = FeatureTarget.class_stats(2, z.mean(0), torch.cov(z.T), mode="direct")
+    res = invert_features(
+        mlp_model,
+        target,
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=_gen(),
+        steps=200,
+        lr=0.3,
+        restarts=2,
+        tv_weight=0.0,
+        l2_weight=0.0,
+    )
+    assert res.mode == "class-stats-direct"
+    assert (_matched_cos(res.features, z) > 0.99).all()
+
+
+def test_mean_only_batch_matches_the_mean_but_not_the_features(mlp_model, images):
+    z = _feats(mlp_model, images[:2])
+    target = FeatureTarget.class_mean(z.mean(0), 2, batch=True)
+    res = invert_features(
+        mlp_model,
+        target,
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=_gen(),
+        steps=200,
+        lr=0.3,
+        restarts=2,
+        tv_weight=0.0,
+        l2_weight=0.0,
+    )
+    assert res.mode == "class-mean-batch" and res.images.shape == (2, *SHAPE)
+    assert res.cosine > 0.999  # the mean is matched ...
+    assert _matched_cos(res.features, z).min() < 0.95  # ... the individual features are not
+
+
+def test_class_mean_single_image_targets_the_mean(linear_model, images):
+    z = _feats(linear_model, images)
+    res = invert_features(
+        linear_model,
+        FeatureTarget.class_mean(z.mean(0), 3),
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=_gen(),
+        steps=150,
+        lr=0.1,
+        restarts=1,
+        tv_weight=0.0,
+        l2_weight=0.0,
+    )
+    assert res.mode == "class-mean" and res.images.shape == (1, *SHAPE)
+    # a linear extractor maps the mean image to the mean feature
+    assert psnr(res.images, images.mean(0, keepdim=True)).item() > 30
+
+
+def test_bn_prior_runs_and_leaves_the_model_untouched(toy, images):
+    model = toy(bn=True)
+    model.bn.running_mean.fill_(0.1)
+    model.bn.running_var.fill_(0.9)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    z = _feats(model.eval(), images[:1])
+    model.train()
+    res = invert_features(
+        model,
+        FeatureTarget.raw(z[0]),
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=_gen(),
+        steps=5,
+        restarts=2,
+        bn_weight=1.0,
+    )
+    assert model.training and not model.bn._forward_hooks
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert res.restart_losses.shape == (2,)
+
+
+def test_same_seed_same_images_and_best_restart_kept(linear_model, images):
+    z = _feats(linear_model, images[:1])[0]
+    kw = dict(image_shape=SHAPE, mean=MEAN, std=STD, steps=20, restarts=3)
+    a = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(3), **kw)
+    b = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(3), **kw)
+    assert torch.equal(a.images, b.images)
+    assert a.loss == pytest.approx(float(a.restart_losses.min()))
+
+
+def test_total_variation_hand_value():
+    x = torch.tensor([[[[0.0, 1.0], [0.0, 1.0]]]])  # vertical diffs 0, horizontal diffs 1
+    assert total_variation(x).item() == pytest.approx(1.0)
+
+
+def test_validation_errors():
+    with pytest.raises(UsageError):
+        FeatureTarget("pixels", z=torch.zeros(3))
+    with pytest.raises(UsageError):
+        FeatureTarget.class_stats(2, torch.zeros(3), torch.zeros(2, 2))
+    with pytest.raises(UsageError):
+        FeatureTarget.class_stats(2, torch.zeros(3), torch.zeros(3, 3), mode="magic")
+    with pytest.raises(UsageError):
+        InversionConfig(lr=0.0)
+    with pytest.raises(UsageError):
+        InversionConfig(restarts=0)
+    assert InversionConfig().jitter_for(8, 8) == 0
+    assert InversionConfig().jitter_for(32, 32) == 2
