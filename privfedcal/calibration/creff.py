@@ -1,0 +1,278 @@
+"""CReFF: Classifier Re-training with Federated Features (Shang et al., IJCAI 2022).
+
+Every round: clients upload per-class gradients of the re-trained head ``v_hat`` on their real
+features (Eq. 3), the server averages them over the clients holding each class (Eq. 4), moves
+learnable "federated features" S so that their gradients (Eq. 5) match the real ones by the
+cosine loss of Eq. 6, and re-trains a head on S (Eq. 7). The run evaluates
+``(global extractor, v_hat)``.
+
+For a linear softmax head the per-sample gradient is analytic:
+``G_i = (softmax(W z_i + b) - e_{y_i}) [z_i, 1]^T`` (C x (d+1)), so clients and server need no
+autograd and the matching loss is differentiated through a closed form (equal to
+``autograd.grad(..., create_graph=True)``; tested).
+
+What we follow, and where we differ from the paper / the authors' code (METHODS.md):
+
+* client gradients use the extractor the clients received this round with ``v_hat`` of the
+  previous round (authors' code); all local samples, no augmentation (the authors average
+  10 draws of 32 augmented images per class);
+* ``weighting="client"`` is the paper's unweighted mean over holders (``grad`` = per-class
+  mean, ``holders`` indicators); ``"sample"`` uploads sums and counts only, the form DP noise
+  and secure aggregation prefer;
+* Eq. 6 is taken over the C rows of ``[W | b]`` (the authors' code drops the bias);
+  classes that no selected client holds are skipped. ``match_reduction="sum"`` (default)
+  sums the rows' ``1 - cos`` as the authors' code does, ``"mean"`` is the paper's 1/C. With
+  plain SGD, "sum" at lr 0.1 is "mean" at lr 0.1 * C; on digits (4 clients, alpha 0.1,
+  10 rounds) "mean" at lr 0.1 barely moved S (54% vs FedAvg's 78%), "sum" reached 81%;
+* S is moved by SGD (lr 0.1, no momentum as in the authors' code; ``feature_momentum`` adds
+  it, with its buffer kept in ``state_dict``);
+* re-training starts every round from a *fresh* head drawn like ``nn.Linear`` (authors'
+  code), full batch for J steps by default (the authors run J *epochs* of 32-sample
+  batches; ``retrain_batch_size`` gives minibatches, still J steps);
+* all randomness comes from ``ctx.generator``, which the simulator seeds per (seed, round),
+  so ``state_dict`` (S, its momentum, v_hat) is all a resume needs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privfedcal.calibration.ccvr import extract_features
+from privfedcal.calibration.retrain import (
+    effective_weight,
+    fresh_head,
+    read_head,
+    retrain_classifier,
+    write_head,
+)
+from privfedcal.errors import UploadRejected, UsageError
+from privfedcal.federation.hooks import (
+    CALIBRATORS,
+    Bound,
+    Calibrator,
+    Payload,
+    ServerContext,
+    State,
+)
+from privfedcal.models.base import FeatureClassifier
+
+WEIGHTINGS = ("client", "sample")
+REDUCTIONS = ("sum", "mean")
+
+
+@dataclass(frozen=True)
+class CReFFParams:
+    """Paper defaults: m = 100, I = 100, J = 300, SGD lr 0.1 for both optimisations;
+    ``match_reduction="sum"`` and a fresh head per round follow the authors' code."""
+
+    features_per_class: int = 100
+    match_steps: int = 100
+    retrain_steps: int = 300
+    feature_lr: float = 0.1
+    retrain_lr: float = 0.1
+    feature_momentum: float = 0.0
+    retrain_batch_size: int | None = None
+    weighting: str = "client"
+    match_reduction: str = "sum"
+    feature_batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("features_per_class", "feature_batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"CReFF {name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}")
+        for name in ("match_steps", "retrain_steps"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"CReFF {name.replace('_', ' ')} must be >= 0, got {getattr(self, name)}")
+        for name in ("feature_lr", "retrain_lr"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"CReFF {name.replace('_', ' ')} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.feature_momentum < 1:
+            raise UsageError(f"CReFF feature momentum must be in [0, 1), got {self.feature_momentum}")
+        if self.retrain_batch_size is not None and self.retrain_batch_size < 1:
+            raise UsageError(f"CReFF retrain batch size must be >= 1, got {self.retrain_batch_size}")
+        if self.match_reduction not in REDUCTIONS:
+            raise UsageError(f"CReFF match reduction must be one of {', '.join(REDUCTIONS)}, got {self.match_reduction!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise UsageError(f"CReFF weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
+
+
+# ---- pure math -------------------------------------------------------------------------------
+def _with_ones(z: Tensor) -> Tensor:
+    return torch.cat([z, torch.ones_like(z[..., :1])], dim=-1)
+
+
+def per_sample_head_grads(z: Tensor, y: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """(n, C, d+1): gradient of ``CE(W z_i + b, y_i)`` w.r.t. ``[W | b]`` for every sample."""
+    p = torch.softmax(F.linear(z, weight, bias), dim=-1)
+    r = p - F.one_hot(y, weight.shape[0]).to(p.dtype)
+    return r[:, :, None] * _with_ones(z)[:, None, :]
+
+
+def class_mean_grads(s: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """(C, C, d+1): for ``s`` (C, m, d) with s[c] labelled c, the mean over s[c] of the
+    per-sample gradients. Differentiable w.r.t. ``s`` (Eq. 5)."""
+    num_classes, m, _ = s.shape
+    p = torch.softmax(F.linear(s, weight, bias), dim=-1)                       # (C, m, C)
+    r = p - torch.eye(num_classes, dtype=p.dtype, device=p.device)[:, None, :]
+    return torch.einsum("cmk,cme->cke", r, _with_ones(s)) / m
+
+
+def matching_loss(g_fed: Tensor, g_agg: Tensor, mask: Tensor, reduction: str = "mean") -> Tensor:
+    """Eq. 6 summed over the classes in ``mask``: sum_c 1/C sum_j (1 - cos(g_fed[c,j], g_agg[c,j]))
+    (``reduction="mean"``, the paper) or without the 1/C (``"sum"``, the authors' code)."""
+    cos = F.cosine_similarity(g_fed, g_agg.to(g_fed.dtype), dim=-1, eps=1e-8)  # (C, C)
+    per_class = (1 - cos).mean(dim=1) if reduction == "mean" else (1 - cos).sum(dim=1)
+    return (per_class * mask.to(per_class.dtype)).sum()
+
+
+# ---- client side ----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class GradTask:
+    """One client's per-class head gradients (Eq. 3), same shapes whatever classes it holds.
+
+    Payload: ``grad`` (C, C, d+1) and ``count`` (C,) sums for sample weighting; per-class
+    mean ``grad`` and ``holders`` (C,) 0/1 indicators for client weighting. Every per-sample
+    gradient goes through ``bound.clip`` (kind ``"class-gradient"``) before it is summed.
+    """
+
+    weight: Tensor
+    bias: Tensor | None
+    num_classes: int
+    weighting: str = "client"
+    batch_size: int = 1024
+
+    def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
+        z = extract_features(model, x, self.batch_size)
+        w = self.weight.to(device=z.device, dtype=z.dtype)
+        b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
+        c, width = self.num_classes, self.num_classes * (z.shape[1] + 1)
+        y = y.to(device=z.device, dtype=torch.long)
+        total = torch.zeros(c, width, dtype=torch.float64, device=z.device)
+        chunk = max(1, (1 << 22) // width)      # bounds the (chunk, C, d+1) block in memory
+        for i in range(0, z.shape[0], chunk):
+            g = per_sample_head_grads(z[i:i + chunk], y[i:i + chunk], w, b).reshape(-1, width)
+            total.index_add_(0, y[i:i + chunk], bound.clip(g, "class-gradient").double())
+        count = torch.bincount(y, minlength=c).double()
+        grad = total.reshape(c, c, -1)
+        if self.weighting == "sample":
+            return {"grad": grad, "count": count}
+        mean = grad / count.clamp_min(1)[:, None, None]
+        return {"grad": mean, "holders": (count > 0).double()}
+
+
+def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Eq. 4 from the cross-client sum: (g_agg (C, C, d+1), mask of classes someone holds)."""
+    key = "count" if weighting == "sample" else "holders"
+    if set(payload) != {"grad", key}:
+        raise UploadRejected(f"CReFF payload needs keys ['grad', {key!r}], got {sorted(payload)}")
+    grad, denom = payload["grad"].double(), payload[key].double()
+    if grad.dim() != 3 or grad.shape[:2] != (num_classes, num_classes) or denom.shape != (num_classes,):
+        raise UploadRejected(f"CReFF payload shapes grad {tuple(grad.shape)}, {key} {tuple(denom.shape)}")
+    if not (torch.isfinite(grad).all() and torch.isfinite(denom).all()):
+        raise UploadRejected("CReFF payload has NaN/Inf values")
+    mask = denom > 0.5
+    safe = torch.where(mask, denom, torch.ones_like(denom))
+    return grad / safe[:, None, None], mask
+
+
+# ---- server side ----------------------------------------------------------------------------
+@CALIBRATORS.register("creff")
+class CReFF(Calibrator):
+    """Per-round gradient matching of federated features and head re-training."""
+
+    name: ClassVar[str] = "creff"
+    Params: ClassVar[type] = CReFFParams
+    arg_field: ClassVar[str] = "features_per_class"
+
+    def __init__(self, params: CReFFParams | None = None, *, num_classes: int,
+                 feature_dim: int | None = None) -> None:
+        self.params = params if params is not None else CReFFParams()
+        self.num_classes = num_classes
+        self.feature_dim = feature_dim
+        self.features: Tensor | None = None      # S, (C*m, d), rows of class c contiguous
+        self.momentum: Tensor | None = None
+        self.weight: Tensor | None = None        # v_hat
+        self.bias: Tensor | None = None
+        self.last_round_info: dict[str, Any] = {}
+
+    def _start(self, ctx: ServerContext) -> None:
+        head = read_head(ctx.sent_state)
+        dim = int(head.weight.shape[1])
+        rows = self.num_classes * self.params.features_per_class
+        s = torch.randn(rows, dim, generator=ctx.generator, device=ctx.generator.device)
+        self.features = s.to(ctx.device)
+        self.weight = head.weight.detach().float().clone()
+        self.bias = None if head.bias is None else head.bias.detach().float().clone()
+
+    def after_round(self, ctx: ServerContext) -> None:
+        t0 = time.perf_counter()
+        if self.features is None:
+            self._start(ctx)
+        p, c, m = self.params, self.num_classes, self.params.features_per_class
+        normalized = read_head(ctx.sent_state).normalized
+        w_eff = effective_weight(self.weight, normalized).detach()
+        bias = None if self.bias is None else self.bias.detach()
+        task = GradTask(w_eff.cpu(), None if bias is None else bias.cpu(), c, p.weighting,
+                        p.feature_batch_size)
+        payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
+                              label="creff-grad")
+        g_agg, mask = aggregate_gradients(payload, p.weighting, c)
+        s = self.features.to(ctx.device).float()
+        w_eff, bias = w_eff.to(s.device), None if bias is None else bias.to(s.device)
+        g_agg, mask = g_agg.to(s.device, torch.float32), mask.to(s.device)
+        dim = s.shape[1]
+
+        def loss_of(feats: Tensor) -> Tensor:
+            g_fed = class_mean_grads(feats.view(c, m, dim), w_eff, bias)
+            return matching_loss(g_fed, g_agg, mask, p.match_reduction)
+
+        with torch.inference_mode(False), torch.enable_grad():
+            losses = []
+            buf = self.momentum
+            for _ in range(p.match_steps if bool(mask.any()) else 0):
+                leaf = s.detach().requires_grad_(True)
+                loss = loss_of(leaf)
+                (grad,) = torch.autograd.grad(loss, leaf)
+                losses.append(float(loss.detach()))
+                if p.feature_momentum > 0:
+                    buf = grad if buf is None else p.feature_momentum * buf.to(grad) + grad
+                    grad = buf
+                s = (s - p.feature_lr * grad).detach()
+            final = float(loss_of(s)) if losses else None
+        self.features, self.momentum = s, buf if p.feature_momentum > 0 else None
+
+        labels = torch.arange(c, device=s.device).repeat_interleave(m)
+        w0, b0 = fresh_head(c, dim, ctx.generator, device=s.device)
+        self.weight, self.bias = retrain_classifier(
+            w0, None if self.bias is None else b0, s, labels, steps=p.retrain_steps,
+            lr=p.retrain_lr, batch_size=p.retrain_batch_size, generator=ctx.generator,
+            normalized=normalized)
+        self.last_round_info = {
+            "name": self.name,
+            "match_loss_before": losses[0] if losses else None,
+            "match_loss_after": final,
+            "matched_classes": int(mask.sum()),
+            "seconds": round(time.perf_counter() - t0, 4),
+        }
+
+    def eval_state(self, global_state: State) -> State:
+        if self.weight is None:
+            return global_state
+        return write_head(global_state, self.weight, self.bias)
+
+    def state_dict(self) -> dict[str, Any]:
+        out = {"features": self.features, "momentum": self.momentum,
+               "weight": self.weight, "bias": self.bias}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.features = state.get("features")
+        self.momentum = state.get("momentum")
+        self.weight = state.get("weight")
+        self.bias = state.get("bias")

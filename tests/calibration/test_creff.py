@@ -1,0 +1,171 @@
+"""CReFF: analytic head gradients == autograd, Eq. 4/6 on hand values, matching, resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privfedcal.calibration.creff import (
+    CReFF,
+    CReFFParams,
+    GradTask,
+    aggregate_gradients,
+    class_mean_grads,
+    matching_loss,
+    per_sample_head_grads,
+)
+from privfedcal.errors import UploadRejected
+
+torch.set_num_threads(1)
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(2, 5), st.integers(0, 10**6))
+def test_per_sample_grads_equal_autograd(n, d, c, seed):
+    z, w, b = _rand(n, d, seed=seed), _rand(c, d, seed=seed + 1), _rand(c, seed=seed + 2)
+    y = torch.randint(0, c, (n,), generator=torch.Generator().manual_seed(seed))
+    got = per_sample_head_grads(z, y, w, b)
+    for i in range(n):
+        wi, bi = w.clone().requires_grad_(), b.clone().requires_grad_()
+        gw, gb = torch.autograd.grad(F.cross_entropy(z[i:i + 1] @ wi.T + bi, y[i:i + 1]), (wi, bi))
+        torch.testing.assert_close(got[i], torch.cat([gw, gb[:, None]], dim=1))
+
+
+def test_class_mean_grads_and_matching_gradient_equal_autograd():
+    c, m, d = 3, 4, 5
+    s = _rand(c, m, d, seed=1).requires_grad_()
+    w, b = _rand(c, d, seed=2), _rand(c, seed=3)
+    target = _rand(c, c, d + 1, seed=4)
+    mask = torch.tensor([True, False, True])
+    ours = class_mean_grads(s, w, b)
+    # reference: Eq. 5 by autograd with a graph through the gradient (create_graph=True)
+    wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
+    ref = []
+    for k in range(c):
+        loss = F.cross_entropy(s[k] @ wl.T + bl, torch.full((m,), k))
+        gw, gb = torch.autograd.grad(loss, (wl, bl), create_graph=True)
+        ref.append(torch.cat([gw, gb[:, None]], dim=1))
+    ref = torch.stack(ref)
+    torch.testing.assert_close(ours, ref)
+    g_ours = torch.autograd.grad(matching_loss(ours, target, mask), s)[0]
+    g_ref = torch.autograd.grad(matching_loss(ref, target, mask), s)[0]
+    torch.testing.assert_close(g_ours, g_ref)
+    assert g_ours.abs().sum() > 0 and torch.equal(g_ours[1], torch.zeros(m, d, dtype=torch.float64))
+
+
+def test_matching_loss_hand_value():
+    # C = 2: class 0 rows cos = 1 and 0 -> (0 + 1)/2; class 1 rows cos = -1 and 1 -> (2 + 0)/2
+    g_fed = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [2.0, 0.0]]])
+    g_agg = torch.tensor([[[3.0, 0.0], [1.0, 0.0]], [[-1.0, -1.0], [5.0, 0.0]]])
+    assert matching_loss(g_fed, g_agg, torch.tensor([True, True])).item() == pytest.approx(1.5)
+    assert matching_loss(g_fed, g_agg, torch.tensor([True, False])).item() == pytest.approx(0.5)
+    assert matching_loss(g_fed, g_agg, torch.tensor([True, True]), "sum").item() == pytest.approx(3.0)
+
+
+def test_grad_task_payloads(helpers):
+    model = helpers.TinyModel(3, 3).eval()
+    x = _rand(7, 3, seed=5).float()
+    y = torch.tensor([0, 0, 2, 0, 2, 2, 2])                      # class 1 absent
+    w, b = _rand(3, 3, seed=6).float(), _rand(3, seed=7).float()
+    g = per_sample_head_grads(x, y, w, b).double()
+    sums = torch.stack([g[y == k].sum(0) for k in range(3)])
+    bound = helpers.NormBound(1e6)
+    sample = GradTask(w, b, 3, "sample", batch_size=2).compute(model, x, y, bound)
+    assert bound.kinds and set(bound.kinds) == {"class-gradient"}
+    torch.testing.assert_close(sample["grad"], sums)
+    assert sample["count"].tolist() == [3.0, 0.0, 4.0]
+    client = GradTask(w, b, 3, "client").compute(model, x, y, bound)
+    torch.testing.assert_close(client["grad"][0], sums[0] / 3)
+    assert client["holders"].tolist() == [1.0, 0.0, 1.0]
+    assert client["grad"].shape == (3, 3, 4) and not client["grad"][1].any()
+    # clipping: every per-sample gradient has norm <= R, so each class sum is <= n_c R
+    tight = GradTask(w, b, 3, "sample").compute(model, x, y, helpers.NormBound(0.01))
+    assert tight["grad"][2].norm() <= 4 * 0.01 + 1e-9
+
+
+def test_aggregation_eq4():
+    grad = torch.stack([torch.full((2, 3), 6.0), torch.zeros(2, 3)])
+    g, mask = aggregate_gradients({"grad": grad, "holders": torch.tensor([3.0, 0.0])}, "client", 2)
+    assert mask.tolist() == [True, False] and torch.all(g[0] == 2.0) and not g[1].any()
+    g, _ = aggregate_gradients({"grad": grad, "count": torch.tensor([12.0, 0.0])}, "sample", 2)
+    assert torch.all(g[0] == 0.5)
+    with pytest.raises(UploadRejected):
+        aggregate_gradients({"grad": grad, "count": torch.ones(2)}, "client", 2)
+    with pytest.raises(UploadRejected):
+        aggregate_gradients({"grad": grad * float("nan"), "holders": torch.ones(2)}, "client", 2)
+
+
+def _round(creff, ctx, r):
+    ctx.round, ctx.generator = r, torch.Generator().manual_seed(100 + r)
+    creff.after_round(ctx)
+    return creff.last_round_info
+
+
+PARAMS = CReFFParams(features_per_class=8, match_steps=30, retrain_steps=100,
+                     feature_momentum=0.5)
+
+
+@pytest.mark.parametrize("weighting,reduction", [("client", "sum"), ("sample", "mean")])
+def test_matching_loss_decreases_and_head_is_used(make_context, weighting, reduction):
+    ctx = make_context()
+    creff = CReFF(CReFFParams(features_per_class=8, match_steps=30, retrain_steps=100,
+                              weighting=weighting, match_reduction=reduction),
+                  num_classes=3, feature_dim=4)
+    assert creff.eval_state(ctx.global_state) is ctx.global_state
+    info = _round(creff, ctx, 1)
+    json.dumps(info)
+    assert ctx.labels == ["creff-grad"] and info["matched_classes"] == 3
+    assert info["match_loss_after"] < info["match_loss_before"]
+    state = creff.eval_state(ctx.global_state)
+    assert torch.equal(state["classifier.weight"], creff.weight)
+    assert torch.equal(state["extractor.weight"], ctx.global_state["extractor.weight"])
+
+
+def test_state_dict_round_trip_gives_identical_continuation(make_context):
+    ctx = make_context()
+    a = CReFF(PARAMS, num_classes=3, feature_dim=4)
+    _round(a, ctx, 1)
+    saved = {k: v.clone() for k, v in a.state_dict().items()}
+    assert set(saved) == {"features", "momentum", "weight", "bias"}
+    _round(a, ctx, 2)
+    b = CReFF(PARAMS, num_classes=3, feature_dim=4)
+    b.load_state_dict(saved)
+    _round(b, ctx, 2)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    # and the state really moved between rounds
+    assert not torch.equal(saved["features"], a.state_dict()["features"])
+
+
+def test_creff_debiases_on_the_synthetic_case(make_context):
+    ctx = make_context()
+    creff = CReFF(CReFFParams(features_per_class=10, match_steps=100, retrain_steps=200),
+                  num_classes=3, feature_dim=4)
+    before = ctx.evaluate(ctx.global_state)["accuracy"]
+    for r in (1, 2, 3):
+        _round(creff, ctx, r)
+    after = ctx.evaluate(creff.eval_state(ctx.global_state))["accuracy"]
+    assert after > before + 0.2, (before, after)
+    assert np.isfinite(creff.features.numpy()).all()
+
+
+def test_creff_with_clsnorm_head(make_context):
+    ctx = make_context(normalized=True)
+    creff = CReFF(CReFFParams(features_per_class=10, match_steps=50, retrain_steps=200),
+                  num_classes=3, feature_dim=4)
+    before = ctx.evaluate(ctx.global_state)["accuracy"]
+    for r in (1, 2):
+        _round(creff, ctx, r)
+    state = creff.eval_state(ctx.global_state)
+    assert set(state) == set(ctx.global_state)
+    assert ctx.evaluate(state)["accuracy"] > before + 0.2
