@@ -1,0 +1,79 @@
+"""``privfedcal analyze RUN_DIR``: classifier norms, singular values, client CKA per layer and
+GMM separability of a finished run (CCVR, Luo et al. 2021, figs. 1-3 and 6), written into the
+run folder as PNGs plus ``analysis.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fmt(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:.4f}"
+
+
+def summary_table(result: dict[str, Any]) -> Table:
+    """A short table of the headline numbers of an ``analysis.json`` dict."""
+    cls = result["classifier"]
+    table = Table(title=f"privfedcal analysis: {result['run_dir']}")
+    table.add_column("quantity")
+    table.add_column("global (checkpoint)", justify="right")
+    table.add_column("final", justify="right")
+    ratios = [max(v) / min(v) if min(v) > 0 else float("inf")
+              for v in (cls["norms"]["before"], cls["norms"]["after"])]
+    table.add_row("max / min class norm", *(f"{r:.3f}" for r in ratios))
+    sv = cls["singular_values"]
+    table.add_row("largest / smallest singular value",
+                  f"{sv['before'][0]:.3f} / {sv['before'][-1]:.3f}",
+                  f"{sv['after'][0]:.3f} / {sv['after'][-1]:.3f}")
+    for layer, value in result["cka"]["mean"].items():
+        table.add_row(f"mean client CKA, {layer}", "", _fmt(value))
+    sep = result["separability"]
+    table.add_row(f"mean sliced W2 between classes ({sep['projections']} dirs)", "",
+                  f"{sep['mean_sliced_wasserstein']:.4f}")
+    return table
+
+
+def analyze(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by privfedcal train.")],
+    samples: Annotated[int, typer.Option(help="Test images on which client models are compared (CKA).")] = 500,
+    projections: Annotated[int, typer.Option(help="Random directions of the sliced Wasserstein distance.")] = 256,
+    max_clients: Annotated[int | None, typer.Option(help="Retrain and compare only the first N clients (default: all).")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda (default: the run's).")] = None,
+) -> None:
+    """Classifier norms and singular values before/after calibration, client CKA per layer
+    and class separability of a finished run."""
+    from privfedcal.analysis.run_analysis import AnalysisOptions, analyze_run
+
+    options = AnalysisOptions(samples=samples, projections=projections,
+                              max_clients=max_clients, device=device)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+                        transient=True, disable=not err_console.is_terminal)
+    with progress:
+        task = progress.add_task("retraining clients for CKA", total=None)
+
+        def on_start(k: int) -> None:
+            progress.update(task, total=k, completed=0)
+
+        def on_client(_c: int) -> None:
+            progress.advance(task)
+
+        result = analyze_run(run_dir, options, on_start=on_start, on_client=on_client)
+    console.print(summary_table(result))
+    note = result["classifier"].get("note")
+    if note:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"wrote {', '.join(result['plots'])} and analysis.json into {run_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)
