@@ -11,3 +11,8 @@ class PrivacyBudgetError(RuntimeError):
 
 class UploadRejected(ValueError):
     """A client upload is malformed (shape, NaN/Inf, foreign or tampered ciphertext)."""
+
+
+class ReleaseSkipped(RuntimeError):
+    """A release was not made (too few valid clients for the configured guarantees, or an
+    aggregate that failed its checks): the round goes on without it, nothing is released."""

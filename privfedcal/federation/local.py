@@ -43,6 +43,7 @@ class LocalSpec:
     weight_decay: float
     augment: bool
     seed: int
+    dp_sgd: Any = None  # privacy.dpsgd_local.DPSGDSpec when local training is DP-SGD
 
 
 def autocast_for(device: torch.device):
@@ -69,6 +70,12 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     model.load_state_dict(global_state)
     model.train()
     algo.begin_client(model, global_state, client_state)
+    if spec.dp_sgd is not None:
+        from privfedcal.privacy.dpsgd_local import train_dpsgd
+
+        loss = train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
+                           derive_seed(spec.seed, round_, client, 6))
+        return clone_state(model), algo.end_client(model), loss
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
                           weight_decay=spec.weight_decay)

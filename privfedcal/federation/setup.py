@@ -37,6 +37,10 @@ def build_model_and_algo(cfg_dict: dict[str, Any], num_classes: int, in_channels
     model = create_model(cfg.model or default_model_for(cfg.dataset, image_size=image_size), num_classes=num_classes,
                          in_channels=in_channels, image_size=image_size,
                          generator=make_generator(cfg.seed, 0, 0, 7))
+    if cfg.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
+        from privfedcal.privacy.dpsgd import prepare_model
+
+        model = prepare_model(model)
     algo.configure_model(model, make_generator(cfg.seed, 0, 0, 8))
     return model, algo
 

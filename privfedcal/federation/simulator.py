@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.config import RunConfig
+from privfedcal.errors import ReleaseSkipped
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.local import (
@@ -89,6 +90,8 @@ class Simulator:
         self.server_state: State | None = None
         self.client_states: dict[int, State] = {}
         self.history: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.update_bytes = 0
         self.start_round = 1
         self.elapsed = 0.0
         self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
@@ -103,6 +106,9 @@ class Simulator:
         model = self.exp.model
         model.load_state_dict(state)
         model.eval()
+        # the server knows the model it asked clients to use: the attacks need it
+        self.transcript.record(round_=round_, label=label, view="model-state", client=None,
+                               tensors=state)
         uploads = []
         for c in clients:
             x, y = self.client_data(c)
@@ -159,8 +165,12 @@ class Simulator:
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
                 jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
+                self.uplink.before_local_training()  # DP-SGD: stop before exceeding the budget
                 results = trainer.train(self.global_state, jobs, round_)
+                self.uplink.after_local_training()
                 weights = [float(exp.parts[c].numel()) for c in selected]
+                self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
+                                         for r in results)
                 averaged = weighted_average([r[0] for r in results], weights)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
@@ -174,7 +184,10 @@ class Simulator:
                         self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}
                 ctx = RoundContext(self, round_, self.global_state, sent, selected,
                                    make_generator(cfg.seed, round_, 0, 4))
-                self.calibrator.after_round(ctx)
+                try:
+                    self.calibrator.after_round(ctx)
+                except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
+                    self.notes.append(str(exc))
                 train_loss = float(np.mean([r[2] for r in results]))
                 record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
                 if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
@@ -205,7 +218,11 @@ class Simulator:
         final_round = cfg.rounds
         ctx = RoundContext(self, final_round, self.global_state, self.global_state,
                            list(range(cfg.clients)), make_generator(cfg.seed, final_round, 0, 5))
-        extra = self.calibrator.after_training(ctx)
+        try:
+            extra = self.calibrator.after_training(ctx)
+        except ReleaseSkipped as exc:
+            self.notes.append(f"calibration skipped: {exc}")
+            extra = {}
         final_state = self.calibrator.eval_state(self.global_state)
         ev = self.evaluate(final_state, self.calibrator.feature_transform())
         self.elapsed += time.perf_counter() - t0
@@ -222,9 +239,20 @@ class Simulator:
             "per_class_accuracy": ev["per_class_accuracy"],
             "wall_seconds": round(self.elapsed, 3),
             "uploaded_bytes": self.transcript.uploaded_bytes(),
+            "model_update_bytes": self.update_bytes,
             "rejected_uploads": list(getattr(self.uplink, "rejected", [])),
+            "skipped_releases": list(getattr(self.uplink, "skipped", [])),
             **extra,
         }
+        privacy = self.uplink.summary()
+        if privacy:
+            summary["privacy"] = privacy
+            if "statement" in privacy:
+                self.notes.append(privacy["statement"])
+        elif self.cfg.calibrator != "none":
+            self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
+                              "--secagg): the server saw every client's payload")
+        summary["notes"] = self.notes
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
@@ -239,6 +267,8 @@ class Simulator:
             "calibrator": self.calibrator.state_dict(),
             "uplink": self.uplink.state_dict() if hasattr(self.uplink, "state_dict") else {},
             "history": self.history,
+            "notes": self.notes,
+            "update_bytes": self.update_bytes,
         })
 
     def restore(self) -> None:
@@ -252,6 +282,8 @@ class Simulator:
         if hasattr(self.uplink, "load_state_dict"):
             self.uplink.load_state_dict(ck.get("uplink") or {})
         self.history = ck["history"]
+        self.notes = list(ck.get("notes", []))
+        self.update_bytes = int(ck.get("update_bytes", 0))
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))

@@ -1,27 +1,38 @@
 """The uplink every calibration payload goes through: bound -> noise -> encrypt.
 
 Client side, each stage is optional: ``bound`` clips per-sample rows before they are summed
-(inside the payload task), ``noise`` adds calibrated Gaussian noise, ``encrypt`` turns the
-payload into CKKS ciphertexts. Server side, the uplink adds what arrives and hands the
-calibrator the sum alone; the calibrator cannot tell which stages ran.
+(inside the payload task, through ``Bound.clip``), ``noise`` adds Gaussian noise calibrated
+by the accountant, ``encrypt`` packs the payload into CKKS ciphertexts. Server side the
+uplink adds what arrives and hands the calibrator the sum alone: calibrators cannot tell
+which stages ran. In this simulator one object plays every role (clients, server, key
+holder), but each role only touches what it would hold in a deployment: the server's
+aggregator loads the public context alone, and the transcript records the server's view.
 
-This module holds the plaintext pipeline; the protected stages plug in through
-``UplinkStage`` objects.
+Guarantees are never weakened silently: a release that would exceed the budget stops the run
+(``PrivacyBudgetError``) before anything is released; a release with too few valid uploads,
+or an aggregate that fails the key holder's checks, is skipped (``ReleaseSkipped``); with
+distributed noise, the key holder tops up the variance of clients whose upload was rejected.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from privfedcal.errors import UploadRejected
+from privfedcal.errors import ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.federation.hooks import Bound, NoBound, Payload
+from privfedcal.federation.local import make_generator
 from privfedcal.federation.transcript import Transcript
 
 log = logging.getLogger("privfedcal.uplink")
+
+#: fewest valid uploads for which a securely aggregated release is made (one upload would
+#: hand the "aggregate" of a single client to the server)
+MIN_SECAGG_CLIENTS = 2
 
 
 def validate_upload(payload: Payload, reference: Payload | None) -> None:
@@ -44,44 +55,164 @@ def payload_bytes(payload: Payload) -> int:
     return int(sum(v.numel() * v.element_size() for v in payload.values()))
 
 
+def symmetrise_outer(payload: Payload) -> Payload:
+    """Keep the upper triangle of ``outer`` (noise included) and mirror it: post-processing
+    of the noisy release, so the guarantee is unchanged and the matrix stays symmetric."""
+    if "outer" not in payload:
+        return payload
+    o = payload["outer"]
+    upper = torch.triu(o)
+    return {**payload, "outer": upper + torch.triu(o, 1).transpose(-1, -2)}
+
+
 @dataclass
 class Uplink:
-    """Plaintext uplink (no protection): the server sees every client's payload."""
+    """bound -> noise -> encrypt, each stage optional. With none, the server sees every
+    client's payload in the clear (and the transcript records it)."""
 
     bound: Bound = field(default_factory=NoBound)
+    dp: Any = None  # privacy.protection.DPStage
+    secagg: Any = None  # privacy.protection.SecAggStage
+    seed: int = 0
+    hide_counts: bool = False
     rejected: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
 
+    # ---- the pipeline ----------------------------------------------------------------------
     def aggregate(self, uploads: list[tuple[int, Payload]], *, round_: int, label: str,
                   transcript: Transcript) -> Payload:
-        total: Payload | None = None
-        reference: Payload | None = None
+        valid = self._validate(uploads, round_, label)
+        if self.dp is not None:
+            self.dp.check(label)  # stop before a release that would exceed the budget
+        if self.secagg is not None:
+            total = self._secure_sum(valid, round_, label, transcript)
+        else:
+            total = self._plain_sum(valid, round_, label, transcript)
+        if self.dp is not None:
+            self.dp.record(label)
+        return total
+
+    def _reject(self, round_: int, label: str, client: int, reason: str) -> None:
+        log.warning("round %d %s: upload of client %d rejected: %s", round_, label, client,
+                    reason)
+        self.rejected.append({"round": round_, "label": label, "client": client,
+                              "reason": reason})
+
+    def _skip(self, round_: int, label: str, reason: str) -> None:
+        log.warning("round %d %s: release skipped: %s", round_, label, reason)
+        self.skipped.append({"round": round_, "label": label, "reason": reason})
+        raise ReleaseSkipped(f"round {round_} {label}: {reason}")
+
+    def _validate(self, uploads, round_, label) -> list[tuple[int, Payload]]:
+        valid: list[tuple[int, Payload]] = []
         for client, payload in uploads:
             try:
-                validate_upload(payload, reference)
+                validate_upload(payload, valid[0][1] if valid else None)
             except UploadRejected as exc:
-                log.warning("round %d %s: upload of client %d rejected: %s", round_, label,
-                            client, exc)
-                self.rejected.append({"round": round_, "label": label, "client": client,
-                                      "reason": str(exc)})
+                self._reject(round_, label, client, str(exc))
                 continue
-            reference = reference or payload
+            valid.append((client, payload))
+        if not valid:
+            self._skip(round_, label, "no valid upload")
+        return valid
+
+    def _noise(self, payload: Payload, label: str, round_: int, client: int,
+               share: float) -> Payload:
+        if self.dp is None:
+            return payload
+        g = make_generator(self.seed, round_, client, 101)
+        return symmetrise_outer(self.dp.noise(payload, label, g, share))
+
+    def _plain_sum(self, valid, round_, label, transcript) -> Payload:
+        total: Payload | None = None
+        for client, payload in valid:
+            seen = self._noise(payload, label, round_, client, share=1.0)
             transcript.record(round_=round_, label=label, view="plain-upload", client=client,
-                              tensors=payload, bytes=payload_bytes(payload))
+                              tensors=seen, bytes=payload_bytes(seen))
             if total is None:
-                total = {k: v.detach().clone() for k, v in payload.items()}
+                total = {k: v.detach().to(torch.float64).clone() for k, v in seen.items()}
             else:
-                for k, v in payload.items():
-                    total[k] += v
-        if total is None:
-            raise UploadRejected(f"round {round_} {label}: no valid upload")
+                for k, v in seen.items():
+                    total[k] += v.to(torch.float64)
+        assert total is not None
         return total
+
+    def _secure_sum(self, valid, round_, label, transcript) -> Payload:
+        n = len(valid)
+        if n < MIN_SECAGG_CLIENTS:
+            self._skip(round_, label, f"{n} valid upload(s), secure aggregation needs "
+                                      f">= {MIN_SECAGG_CLIENTS}")
+        session = self.secagg.open(label, valid[0][1])
+        share = 1.0 / n if (self.dp is not None and self.dp.distributed) else 1.0
+        for client, payload in valid:
+            noisy = self._noise(payload, label, round_, client, share=share)
+            try:
+                size = session.submit(noisy)
+            except UploadRejected as exc:
+                self._reject(round_, label, client, str(exc))
+                continue
+            transcript.record(round_=round_, label=label, view="ciphertext", client=client,
+                              bytes=size)
+        if session.count < MIN_SECAGG_CLIENTS:
+            self._skip(round_, label, f"only {session.count} upload(s) survived the server's "
+                                      "checks")
+        try:
+            total = session.release()
+        except UploadRejected as exc:
+            self._skip(round_, label, f"aggregate failed the key holder's check: {exc}")
+        missing = n - session.count
+        if self.dp is not None and self.dp.distributed and missing:
+            # the key holder tops the noise up to the full variance before releasing
+            g = make_generator(self.seed, round_, 10_000 + missing, 102)
+            total = symmetrise_outer(self.dp.noise(total, label, g, share=missing / n))
+        total = {k: v.to(torch.float64) for k, v in total.items()}
+        transcript.record(round_=round_, label=label, view="aggregate", client=None,
+                          tensors=total, clients=session.count)
+        return total
+
+    # ---- DP-SGD local training is a release too ---------------------------------------------
+    def before_local_training(self) -> None:
+        if self.dp is not None and "dp-sgd" in self.dp.sigmas:
+            self.dp.check("dp-sgd")
+
+    def after_local_training(self) -> None:
+        if self.dp is not None and "dp-sgd" in self.dp.sigmas:
+            self.dp.record("dp-sgd")
+
+    # ---- resume -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"dp": self.dp.state_dict() if self.dp is not None else None,
+                "rejected": self.rejected, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.dp is not None and state.get("dp") is not None:
+            self.dp.load_state_dict(state["dp"])
+        self.rejected = list(state.get("rejected", []))
+        self.skipped = list(state.get("skipped", []))
+
+    def summary(self) -> dict[str, Any]:
+        if self.dp is None and self.secagg is None:
+            return {}
+        out: dict[str, Any] = {}
+        if self.dp is not None:
+            out.update(self.dp.summary())
+        if self.secagg is not None:
+            out["secagg"] = self.secagg.summary()
+            if self.dp is None:
+                out["statement"] = ("no differential privacy: the server saw only the exact sum "
+                                    "of the calibration uploads (CKKS secure aggregation); model "
+                                    "updates travel in the clear")
+        out["hide_counts"] = self.hide_counts
+        return out
 
 
 def build_uplink(cfg, exp) -> Uplink:
-    """The uplink a configuration asks for."""
-    from privfedcal.errors import UsageError
+    """The uplink a configuration asks for (see privacy/protection.py)."""
+    if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train):
+        return Uplink(seed=cfg.seed)
+    from privfedcal.privacy.protection import build_protected_uplink
 
-    if cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train:
-        raise UsageError("upload protections (--dp-eps, --secagg, --hide-counts, --dp-train) "
-                         "are not available in this build yet")
-    return Uplink()
+    return build_protected_uplink(cfg, exp)
+
+
+__all__ = ["Uplink", "build_uplink", "validate_upload", "UsageError"]
