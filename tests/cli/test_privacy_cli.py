@@ -1,0 +1,70 @@
+"""The design card's commands: DP, secure aggregation and hidden counts end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from privfedcal.cli.main import main
+from privfedcal.federation.transcript import load_transcript
+
+FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
+        "--threads", "1", "--alpha", "0.5"]
+
+
+def summary(path):
+    return json.loads((path / "summary.json").read_text())
+
+
+def test_ccvr_dp_secagg_hide_counts(tmp_path, capsys):
+    out = tmp_path / "r"
+    main(["train", "--method", "ccvr", "--dp-eps", "8", "--secagg", "--hide-counts", *FAST,
+          "--out", str(out)])
+    s = summary(out)
+    p = s["privacy"]
+    assert 0 < p["epsilon_spent"] <= 8.0
+    assert p["covers"] == "calibration uploads only"
+    assert p["distributed_noise"] is True and p["hide_counts"] is True
+    assert s["uploaded_bytes"] > 0 and "accuracy_before_calibration" in s
+    assert "NOT differentially private" in capsys.readouterr().out
+    entries = load_transcript(out / "transcript")
+    views = {e["view"] for e in entries}
+    assert "plain-upload" not in views and {"ciphertext", "aggregate"} <= views
+    sizes = {e["bytes"] for e in entries if e["view"] == "ciphertext"}
+    assert len(sizes) == 1  # every client's upload has the same size
+
+
+def test_creff_dp(tmp_path, capsys):
+    out = tmp_path / "r"
+    main(["train", "--method", "creff", "--dp-eps", "8", "--match-steps", "5",
+          "--retrain-steps", "10", *FAST, "--out", str(out)])
+    p = summary(out)["privacy"]
+    assert 0 < p["epsilon_spent"] <= 8.0 and p["noise_multipliers"]["creff-grad"] > 0
+    entries = load_transcript(out / "transcript")
+    assert {e["view"] for e in entries} >= {"plain-upload", "model-state"}
+
+
+def test_plain_run_records_plain_uploads(tmp_path, capsys):
+    out = tmp_path / "r"
+    main(["train", "--method", "ccvr", *FAST, "--out", str(out)])
+    entries = load_transcript(out / "transcript")
+    plain = [e for e in entries if e["view"] == "plain-upload"]
+    assert len(plain) == 4 and set(plain[0]["tensors"]) == {"count", "sum", "outer"}
+    assert summary(out)["uploaded_bytes"] == sum(e["bytes"] for e in plain)
+    assert "in the clear" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--hide-counts"], "hide-counts"),
+    (["--dp-eps", "8"], "nothing to protect"),
+    (["--dp-eps", "8", "--calibrate", "oracle"], "oracle"),
+    (["--method", "moon", "--dp-eps", "8", "--dp-train"], "dp-train"),
+    (["--method", "creff", "--dp-eps", "0.000001", "--rounds", "50"], "budget"),
+])
+def test_bad_privacy_settings_one_line(args, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *args, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exc.value.code in (2, 3)
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
