@@ -36,12 +36,16 @@ class FedProx(Algorithm):
         self, model: FeatureClassifier, global_state: State, client_state: State | None
     ) -> None:
         # The model holds the received global state: its trainable parameters are w_global.
-        self._anchor = ProximalAnchor([p for p in model.parameters() if p.requires_grad])
+        self._anchor = ProximalAnchor(self.anchored_parameters(model))
+
+    def anchored_parameters(self, model: FeatureClassifier) -> list:
+        """The parameters pulled toward the global model (all trainable ones)."""
+        return [p for p in model.parameters() if p.requires_grad]
 
     def proximal_term(self) -> Tensor:
         """``mu/2 * sum ||w - w_global||^2`` for the client begun last."""
         if self._anchor is None:
-            raise RuntimeError("fedprox: begin_client must be called before local_loss")
+            raise RuntimeError(f"{self.name}: begin_client must be called before local_loss")
         return 0.5 * self.params.mu * self._anchor.squared_distance()
 
     def local_loss(self, model: FeatureClassifier, x: Tensor, y: Tensor) -> Tensor:
