@@ -5,8 +5,9 @@ epoch in expectation per local epoch), with per-sample clipping to ``--dp-grad-c
 noise multiplier planned by the run's accountant with ``--dp-train-share`` of the budget.
 
 Accounting (sample level): an example of client k is touched only by client k's updates, so
-its epsilon composes the calibration uploads with client k's DP-SGD steps. We account for
-the worst client (the smallest, whose q is largest) and assume it takes part in every round
+its epsilon composes the calibration uploads with client k's DP-SGD steps. We plan the noise
+for the client that needs the most (``protection.plan_with_dpsgd``), check every client at
+that noise (``verify_clients``), and assume each takes part in every round
 (client sampling is not used for amplification: conservative). The guarantee then covers the
 model updates too. Methods whose loss couples samples of a batch (FedUV, MOON's reference
 models, proximal terms that opacus would drop) are refused, see ``DPSGD_METHODS``.
@@ -14,12 +15,12 @@ models, proximal terms that opacus would drop) are refused, see ``DPSGD_METHODS`
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from privfedcal.privacy.accounting import ReleasePlan
 from privfedcal.privacy.dpsgd import dpsgd_sample_rate, make_private_training
 
 DPSGD_RELEASE = "dp-sgd"
@@ -42,16 +43,6 @@ def client_rates(cfg, exp) -> list[tuple[float, int]]:
                                                                cfg.local_epochs)) for n in sizes]
 
 
-def worst_client(cfg, exp) -> tuple[float, int]:
-    """(sample rate, steps per round) of the client with the largest per-example epsilon at
-    a reference noise level; ``verify_clients`` then checks every client at the planned one."""
-    from privfedcal.privacy.accounting import compute_epsilon
-
-    return max(client_rates(cfg, exp),
-               key=lambda r: compute_epsilon([(1.0, r[0], r[1] * cfg.rounds)], cfg.accountant,
-                                             1e-5))
-
-
 def verify_clients(cfg, exp, upload_entries, sigma: float, delta: float, target: float) -> None:
     """Every client's examples (uploads + its own DP-SGD steps) must fit the budget."""
     from privfedcal.errors import PrivacyBudgetError
@@ -63,11 +54,6 @@ def verify_clients(cfg, exp, upload_entries, sigma: float, delta: float, target:
         if eps > target:
             raise PrivacyBudgetError(f"a client with DP-SGD sample rate {q:.3g} would spend "
                                      f"epsilon {eps:.3f} > {target:g}")
-
-
-def dpsgd_plan(cfg, exp, share: float | None) -> ReleasePlan:
-    q, steps = worst_client(cfg, exp)
-    return ReleasePlan(DPSGD_RELEASE, q, steps * cfg.rounds, share=share)
 
 
 def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: int) -> float:
@@ -84,6 +70,8 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
                                generator=g, steps=local_steps(len(x), spec.batch_size,
                                                               spec.local_epochs))
     total, steps = 0.0, 0
+    # opacus's hooks fire on the first layer, whose inputs need no gradient: harmless
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
         for xb, yb in pt.loader:
             pt.optimizer.zero_grad(set_to_none=True)

@@ -115,12 +115,24 @@ def release_plans(cfg, exp) -> list[ReleasePlan]:
     elif calibrator == "oracle":
         raise UsageError("the oracle re-trains on raw features of every client: it is an upper "
                          "bound, not a protocol, and cannot be combined with DP")
-    if cfg.dp_train:
-        from privfedcal.privacy.dpsgd_local import dpsgd_plan
-
-        # with no upload to protect, DP-SGD gets the whole budget
-        plans.append(dpsgd_plan(cfg, exp, share=cfg.dp_train_share if plans else None))
     return plans
+
+
+def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
+                    ) -> tuple[list[ReleasePlan], list[float]]:
+    """Plans and noise multipliers with DP-SGD: every client has its own (q, steps); plan for
+    each and keep the one that needs the most noise, so that every client fits the budget."""
+    from privfedcal.privacy.dpsgd_local import client_rates
+
+    share = cfg.dp_train_share if uploads else None  # alone, DP-SGD gets the whole budget
+    best: tuple[list[ReleasePlan], list[float]] | None = None
+    for q, steps in client_rates(cfg, exp):
+        plans = [*uploads, ReleasePlan(DPSGD_RELEASE, q, steps * cfg.rounds, share=share)]
+        sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
+        if best is None or sigmas[-1] > best[1][-1]:
+            best = (plans, sigmas)
+    assert best is not None
+    return best
 
 
 def build_protected_uplink(cfg, exp) -> Uplink:
@@ -145,10 +157,13 @@ def build_protected_uplink(cfg, exp) -> Uplink:
         n_total = int(sum(int(p.numel()) for p in exp.parts))
         delta = cfg.dp_delta if cfg.dp_delta is not None else min(1e-5, 1.0 / (10 * n_total))
         plans = release_plans(cfg, exp)
-        if not plans:
+        if not plans and not cfg.dp_train:
             raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
                              "(--method ccvr/creff or --calibrate ccvr) and no --dp-train")
-        sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
+        if cfg.dp_train:
+            plans, sigmas = plan_with_dpsgd(cfg, exp, plans, delta)
+        else:
+            sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
         dp = DPStage(target=cfg.dp_eps, delta=delta,
                      accountant=PrivacyAccountant(cfg.accountant, delta),
                      sigmas={p.name: s for p, s in zip(plans, sigmas, strict=True)},
@@ -157,9 +172,9 @@ def build_protected_uplink(cfg, exp) -> Uplink:
                      planned=[{"name": p.name, "sample_rate": p.sample_rate, "steps": p.steps}
                               for p in plans])
         if cfg.dp_train:
-            from privfedcal.privacy.dpsgd_local import verify_clients, worst_client
+            from privfedcal.privacy.dpsgd_local import verify_clients
 
-            dp.steps[DPSGD_RELEASE] = worst_client(cfg, exp)[1]
+            dp.steps[DPSGD_RELEASE] = plans[-1].steps // cfg.rounds
             uploads = [(z, p.sample_rate, p.steps) for p, z in zip(plans, sigmas, strict=True)
                        if p.name != DPSGD_RELEASE]
             verify_clients(cfg, exp, uploads, dp.sigmas[DPSGD_RELEASE], delta, cfg.dp_eps)

@@ -78,7 +78,7 @@ class SecAggSession:
         """A client encrypts; the server checks and adds. Returns the bytes on the wire."""
         data = pad(encrypt_payload(payload, self.layout, self.client_context).to_bytes(),
                    self.pad_to)
-        self.server.add(unpad(data))
+        self.server.add(unpad(data) if self.pad_to is not None else data)
         self.sizes.append(len(data))
         return len(data)
 

@@ -92,13 +92,13 @@ class Uplink:
             self.dp.record(label)
         return total
 
-    def _reject(self, round_: int, label: str, client: int, reason: str) -> None:
+    def reject(self, round_: int, label: str, client: int, reason: str) -> None:
         log.warning("round %d %s: upload of client %d rejected: %s", round_, label, client,
                     reason)
         self.rejected.append({"round": round_, "label": label, "client": client,
                               "reason": reason})
 
-    def _skip(self, round_: int, label: str, reason: str) -> None:
+    def skip(self, round_: int, label: str, reason: str) -> None:
         log.warning("round %d %s: release skipped: %s", round_, label, reason)
         self.skipped.append({"round": round_, "label": label, "reason": reason})
         raise ReleaseSkipped(f"round {round_} {label}: {reason}")
@@ -109,57 +109,73 @@ class Uplink:
             try:
                 validate_upload(payload, valid[0][1] if valid else None)
             except UploadRejected as exc:
-                self._reject(round_, label, client, str(exc))
+                self.reject(round_, label, client, str(exc))
                 continue
             valid.append((client, payload))
         if not valid:
-            self._skip(round_, label, "no valid upload")
+            self.skip(round_, label, "no valid upload")
         return valid
 
-    def _noise(self, payload: Payload, label: str, round_: int, client: int,
-               share: float) -> Payload:
+    def noise_upload(self, payload: Payload, label: str, round_: int, client: int,
+                     share: float) -> Payload:
+        """A client's noise stage: generator of (seed, round, client), ``share`` of the
+        variance (1/n under secure aggregation with distributed noise)."""
         if self.dp is None:
             return payload
         g = make_generator(self.seed, round_, client, 101)
         return symmetrise_outer(self.dp.noise(payload, label, g, share))
 
     def _plain_sum(self, valid, round_, label, transcript) -> Payload:
+        noisy = [(c, self.noise_upload(p, label, round_, c, share=1.0)) for c, p in valid]
+        return self.sum_clear(noisy, round_=round_, label=label, transcript=transcript)
+
+    def sum_clear(self, uploads: list[tuple[int, Payload]], *, round_: int, label: str,
+                  transcript: Transcript) -> Payload:
+        """Server side without encryption: validate, record and add what clients sent."""
         total: Payload | None = None
-        for client, payload in valid:
-            seen = self._noise(payload, label, round_, client, share=1.0)
+        reference: Payload | None = None
+        for client, payload in uploads:
+            try:
+                validate_upload(payload, reference)
+            except UploadRejected as exc:
+                self.reject(round_, label, client, str(exc))
+                continue
+            reference = reference or payload
             transcript.record(round_=round_, label=label, view="plain-upload", client=client,
-                              tensors=seen, bytes=payload_bytes(seen))
+                              tensors=payload, bytes=payload_bytes(payload))
             if total is None:
-                total = {k: v.detach().to(torch.float64).clone() for k, v in seen.items()}
+                total = {k: v.detach().to(torch.float64).clone() for k, v in payload.items()}
             else:
-                for k, v in seen.items():
+                for k, v in payload.items():
                     total[k] += v.to(torch.float64)
+        if total is None:
+            self.skip(round_, label, "no valid upload")
         assert total is not None
         return total
 
     def _secure_sum(self, valid, round_, label, transcript) -> Payload:
         n = len(valid)
         if n < MIN_SECAGG_CLIENTS:
-            self._skip(round_, label, f"{n} valid upload(s), secure aggregation needs "
+            self.skip(round_, label, f"{n} valid upload(s), secure aggregation needs "
                                       f">= {MIN_SECAGG_CLIENTS}")
         session = self.secagg.open(label, valid[0][1])
         share = 1.0 / n if (self.dp is not None and self.dp.distributed) else 1.0
         for client, payload in valid:
-            noisy = self._noise(payload, label, round_, client, share=share)
+            noisy = self.noise_upload(payload, label, round_, client, share=share)
             try:
                 size = session.submit(noisy)
             except UploadRejected as exc:
-                self._reject(round_, label, client, str(exc))
+                self.reject(round_, label, client, str(exc))
                 continue
             transcript.record(round_=round_, label=label, view="ciphertext", client=client,
                               bytes=size)
         if session.count < MIN_SECAGG_CLIENTS:
-            self._skip(round_, label, f"only {session.count} upload(s) survived the server's "
+            self.skip(round_, label, f"only {session.count} upload(s) survived the server's "
                                       "checks")
         try:
             total = session.release()
         except UploadRejected as exc:
-            self._skip(round_, label, f"aggregate failed the key holder's check: {exc}")
+            self.skip(round_, label, f"aggregate failed the key holder's check: {exc}")
         missing = n - session.count
         if self.dp is not None and self.dp.distributed and missing:
             # the key holder tops the noise up to the full variance before releasing

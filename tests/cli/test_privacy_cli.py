@@ -35,6 +35,15 @@ def test_ccvr_dp_secagg_hide_counts(tmp_path, capsys):
     assert len(sizes) == 1  # every client's upload has the same size
 
 
+def test_ccvr_secagg_without_hidden_counts(tmp_path, capsys):
+    out = tmp_path / "r"
+    main(["train", "--method", "ccvr", "--secagg", *FAST, "--out", str(out)])
+    s = summary(out)
+    assert not s["skipped_releases"] and not s["rejected_uploads"]
+    assert s["accuracy"] != s["accuracy_before_calibration"]
+    assert "no differential privacy" in s["privacy"]["statement"]
+
+
 def test_creff_dp(tmp_path, capsys):
     out = tmp_path / "r"
     main(["train", "--method", "creff", "--dp-eps", "8", "--match-steps", "5",
@@ -43,6 +52,15 @@ def test_creff_dp(tmp_path, capsys):
     assert 0 < p["epsilon_spent"] <= 8.0 and p["noise_multipliers"]["creff-grad"] > 0
     entries = load_transcript(out / "transcript")
     assert {e["view"] for e in entries} >= {"plain-upload", "model-state"}
+
+
+def test_dp_train_covers_model_updates(tmp_path, capsys):
+    out = tmp_path / "r"
+    main(["train", "--method", "ccvr", "--dp-eps", "4", "--dp-train", *FAST, "--out", str(out)])
+    p = summary(out)["privacy"]
+    assert p["covers"] == "calibration uploads and model updates (DP-SGD)"
+    assert 0 < p["epsilon_spent"] <= 4.0
+    assert {r["label"] for r in p["releases"]} == {"dp-sgd", "ccvr-stats"}
 
 
 def test_plain_run_records_plain_uploads(tmp_path, capsys):

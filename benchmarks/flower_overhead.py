@@ -1,0 +1,131 @@
+"""Per-round wall time under Flower against the in-process simulator, same workload.
+
+Three ways to run the same config (same seeds, same clients, same SGD steps):
+
+* ``simulator``: privfedcal's in-process round loop (the reference);
+* ``loopback``: the real ServerApp and ClientApp, messages serialised to Flower's wire
+  objects and back, all in this process (the cost of the message layer alone);
+* ``deployment``: a SuperLink and one SuperNode per client as processes on loopback, started
+  with Flower's own commands (``flwr run``); Flower starts a ClientApp process per message,
+  which imports torch and rebuilds the client's data every time.
+
+Seconds per round are the server's own ``seconds`` of each round (training, aggregation,
+evaluation), median over rounds.
+
+    python benchmarks/flower_overhead.py [--clients 2] [--rounds 3] [--images 0]
+        [--modes simulator,loopback,deployment] [--threads 1]
+
+``--images N`` (> 0) swaps the 1.8k-image digits set for N random CIFAR-shaped images and
+the CCVR/MOON CNN, so that local training, not process start-up, dominates a round.
+Prints seconds per round per mode and the ratios mode / simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from privfedcal.config import RunConfig
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower"
+
+
+def make_npz(path: Path, n: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+    y = rng.integers(0, 10, size=n)
+    np.savez(path, x_train=x, y_train=y, x_test=x[:1000], y_test=y[:1000])
+    return path
+
+
+def per_round(history: list[dict]) -> float:
+    return float(statistics.median(h["seconds"] for h in history))
+
+
+def run_simulator(cfg: RunConfig, out: Path) -> float:
+    from privfedcal.cli.run import build_simulator
+
+    sim = build_simulator(cfg.replace(out=str(out)), out)
+    sim.run()
+    return per_round(sim.history)
+
+
+def run_loopback(cfg: RunConfig, out: Path) -> float:
+    from flwr.app import Context, RecordDict
+
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.loopback import LoopbackGrid
+    from privfedcal.flower.records import to_run_config
+    from privfedcal.flower.server_app import run_server
+
+    run_config = to_run_config(cfg.replace(out=str(out)))
+    grid = LoopbackGrid(client_app, run_config, cfg.clients)
+    sim, _ = run_server(grid, Context(run_id=1, node_id=1, node_config={},
+                                      state=RecordDict(), run_config=run_config))
+    return per_round(sim.history)
+
+
+def run_deployment(cfg: RunConfig, out: Path) -> float:
+    from privfedcal.flower.localdeploy import LocalDeployment
+    from privfedcal.flower.records import to_run_config
+
+    overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out))).items()
+                 if "." not in k and v != ""}
+    work = out.parent / "deployment"
+    with LocalDeployment(cfg.clients, work) as dep:
+        done = dep.run(EXAMPLE, overrides, timeout=3600)
+        if not (out / "metrics.jsonl").exists():
+            raise RuntimeError(f"flwr run failed ({done.returncode}):\n{done.stderr[-2000:]}\n"
+                               + dep.log_tail())
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return per_round(history)
+
+
+MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run_deployment}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--images", type=int, default=0, help="0: digits; N: random CIFAR-shaped")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--method", default="fedavg")
+    ap.add_argument("--modes", default="simulator,loopback,deployment")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        data = {"dataset": "digits"}
+        if args.images > 0:
+            npz = make_npz(tmp_path / "cifar-shaped.npz", args.images)
+            data = {"dataset": f"npz:{npz}", "model": "cnn", "augment": False}
+        cfg = RunConfig(method=args.method, clients=args.clients, rounds=args.rounds,
+                        local_epochs=args.local_epochs, partition="iid", device="cpu",
+                        threads=args.threads, transcript=False, seed=0, **data)
+        seconds: dict[str, float] = {}
+        for mode in modes:
+            t0 = time.perf_counter()
+            seconds[mode] = MODES[mode](cfg, tmp_path / mode / "run")
+            print(f"{mode:>11}: {seconds[mode]:8.3f} s/round   "
+                  f"(whole run incl. start-up {time.perf_counter() - t0:.1f} s)", flush=True)
+    if "simulator" in seconds:
+        for mode in modes:
+            if mode != "simulator":
+                print(f"ratio {mode} / simulator: {seconds[mode] / seconds['simulator']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The privfedcal ClientApp: one SuperNode is one client of the in-process simulator.
+
+The node's partition comes from its node config (``partition-id``, ``num-partitions``); the
+client rebuilds the experiment from the run config with ``build_experiment`` (same seed, same
+partition, same model and method objects as the simulator) and trains with the simulator's
+``train_client``, so a client computes bit for bit what the simulator computes for it.
+
+Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``):
+
+* ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
+  metrics {num-examples, train-loss}. The method's per-client state (MOON's previous model)
+  stays on the node, in ``context.state["privfedcal.client-state"]``.
+* ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data.
+* ``query.payload``: ``state``, ``task``/``task-arrays`` (``flower/tasks.py``), ``config``
+  {round, label, n-clients}, ``secagg`` (with secure aggregation) -> ``payload``
+  (ArrayRecord of the task's sums, DP-noised) or ``ciphertext`` {data: bytes}; the client
+  side of the uplink runs here (``flower/protection.py``).
+* ``query.keygen`` / ``query.decrypt``: the key holder's role (client ``flower.key-holder``).
+* ``query.hello``: -> meta {partition-id, num-partitions}, metrics {num-examples}.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from privfedcal.config import RunConfig
+from privfedcal.errors import UsageError
+from privfedcal.federation.local import evaluate, train_client
+from privfedcal.federation.setup import Experiment, build_experiment
+from privfedcal.federation.workers import default_threads
+from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
+from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
+from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
+
+CLIENT_STATE = "privfedcal.client-state"
+
+app = ClientApp()
+
+# One ClientApp process may serve several messages (simulation engine, tests): keep the
+# experiment of the last run config instead of rebuilding the data for every message.
+_EXPERIMENTS: dict[str, tuple[Experiment, Any]] = {}
+
+
+@dataclass
+class ClientRuntime:
+    """What one client needs: its config, experiment, uplink and partition."""
+
+    cfg: RunConfig
+    exp: Experiment
+    uplink: Any
+    partition: int
+
+    @property
+    def idx(self) -> torch.Tensor:
+        return self.exp.parts[self.partition]
+
+    def meta(self) -> ConfigRecord:
+        return ConfigRecord({"partition-id": self.partition})
+
+
+def node_partition(context: Context, num_clients: int) -> int:
+    """The node's ``partition-id``, checked against ``num-partitions`` and the run config."""
+    nc = context.node_config
+    if "partition-id" not in nc:
+        raise UsageError("this SuperNode has no partition-id: start it with --node-config "
+                         "'partition-id=K num-partitions=N'")
+    k = int(nc["partition-id"])
+    n = int(nc.get("num-partitions", num_clients))
+    if n != num_clients:
+        raise UsageError(f"node num-partitions={n} differs from the run's clients={num_clients}")
+    if not 0 <= k < num_clients:
+        raise UsageError(f"node partition-id={k} is outside 0..{num_clients - 1}")
+    return k
+
+
+def client_runtime(context: Context) -> ClientRuntime:
+    """The node's experiment and uplink, built as the simulator builds them.
+
+    ``build_uplink`` runs here too: it plans the DP noise and, with ``--dp-train``, switches
+    the experiment's local training to DP-SGD, exactly as on the simulator's side.
+    """
+    from privfedcal.privacy.uplink import build_uplink
+
+    cfg, _ = parse_run_config(context.run_config)
+    cfg = cfg.replace(workers=1)
+    torch.set_num_threads(cfg.threads or default_threads(1))
+    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if key not in _EXPERIMENTS:
+        _EXPERIMENTS.clear()
+        exp = build_experiment(cfg)
+        _EXPERIMENTS[key] = (exp, build_uplink(cfg, exp))
+    exp, uplink = _EXPERIMENTS[key]
+    return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.clients))
+
+
+def _reply(msg: Message, rt: ClientRuntime, **records: Any) -> Message:
+    content = RecordDict({"meta": rt.meta(), **records})
+    return Message(content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    rt = client_runtime(context)
+    exp = rt.exp
+    round_ = int(msg.content["config"]["round"])
+    global_state = record_to_state(msg.content["global"], exp.device)
+    kept = context.state.array_records.get(CLIENT_STATE)
+    client_state = record_to_state(kept, exp.device) if kept is not None else None
+    state, new_client_state, loss = train_client(
+        exp.model, exp.algo, global_state, client_state, exp.data.x_train, exp.data.y_train,
+        rt.idx, exp.spec, round_, rt.partition)
+    if new_client_state is not None:
+        context.state[CLIENT_STATE] = state_to_record(new_client_state)
+    metrics = MetricRecord({"num-examples": int(rt.idx.numel()), "train-loss": float(loss)})
+    return _reply(msg, rt, local=state_to_record(state), metrics=metrics)
+
+
+@app.evaluate()
+def evaluate_local(msg: Message, context: Context) -> Message:
+    rt = client_runtime(context)
+    exp = rt.exp
+    state = record_to_state(msg.content["global"], exp.device)
+    ev = evaluate(exp.model, state, exp.data.x_train[rt.idx], exp.data.y_train[rt.idx],
+                  exp.data.num_classes)
+    metrics = MetricRecord({"num-examples": int(rt.idx.numel()), "loss": float(ev["loss"]),
+                            "accuracy": float(ev["accuracy"])})
+    return _reply(msg, rt, metrics=metrics)
+
+
+@app.query("payload")
+def payload(msg: Message, context: Context) -> Message:
+    rt = client_runtime(context)
+    exp = rt.exp
+    content = msg.content
+    config = content["config"]
+    task = task_from_records(content[TASK_CONFIG], content[TASK_ARRAYS], exp.device)
+    model = exp.model
+    model.load_state_dict(record_to_state(content["state"], exp.device))
+    model.eval()
+    x, y = exp.data.x_train[rt.idx], exp.data.y_train[rt.idx]
+    upload = task.compute(model, x, y, rt.uplink.bound)  # bound: inside the task, per sample
+    records = client_upload(rt.uplink, upload, label=str(config["label"]),
+                            round_=int(config["round"]), client=rt.partition,
+                            n_clients=int(config["n-clients"]),
+                            secagg=content.config_records.get(SECAGG))
+    return _reply(msg, rt, **records)
+
+
+def _key_holder(context: Context) -> ClientRuntime:
+    """This node, if the run config names it the key holder (``flower.key-holder``)."""
+    rt = client_runtime(context)
+    _, options = parse_run_config(context.run_config)
+    if not (rt.cfg.secagg and rt.partition == options.key_holder):
+        raise UsageError(f"client {rt.partition} is not this run's CKKS key holder")
+    return rt
+
+
+@app.query("keygen")
+def keygen_query(msg: Message, context: Context) -> Message:
+    rt = _key_holder(context)
+    return _reply(msg, rt, **dict(keygen(context, msg.content["config"])))
+
+
+@app.query("decrypt")
+def decrypt_query(msg: Message, context: Context) -> Message:
+    rt = _key_holder(context)
+    return _reply(msg, rt, **dict(decrypt(context, msg.content["config"])))
+
+
+@app.query("hello")
+def hello(msg: Message, context: Context) -> Message:
+    rt = client_runtime(context)
+    meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.clients})
+    return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
+        {"num-examples": int(rt.idx.numel())})}), reply_to=msg)
+
+
+__all__ = ["app", "client_runtime", "node_partition"]

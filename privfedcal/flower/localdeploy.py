@@ -1,0 +1,202 @@
+"""A throwaway Flower deployment on loopback: one SuperLink and K SuperNodes as processes.
+
+Started with Flower's own commands (``flower-superlink``, ``flower-supernode``, ``flwr run``)
+in insecure mode on free 127.0.0.1 ports, with ``FLWR_HOME`` in a private folder so the
+user's Flower configuration is never read or written. Node k gets
+``--node-config 'partition-id=k num-partitions=K'``. Every process is started in its own
+process group and stopped on exit, even after an error: SIGTERM to the groups, then SIGKILL
+to whatever is left of the processes they spawned (Flower detaches some of its helpers into
+new sessions, so descendants are tracked by parent pid, not only by group).
+
+For the deployment test and ``benchmarks/flower_overhead.py``; not a production setup.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import privfedcal
+
+LOOPBACK = "127.0.0.1"
+CONNECTION = "privfedcal-local"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux /proc)."""
+    tree, seen, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            seen.append(child)
+            todo.append(child)
+    return seen
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value == float("inf"):
+        return "inf"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LocalDeployment:
+    """``with LocalDeployment(2, tmp) as dep: dep.run(app_dir, {"rounds": 2})``."""
+
+    def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
+                 startup_timeout: float = 60.0) -> None:
+        self.num_nodes = num_nodes
+        self.workdir = Path(workdir)
+        self.startup_timeout = startup_timeout
+        self.port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.logs = self.workdir / "logs"
+        self.home = self.workdir / "flwr-home"
+        self.env = dict(os.environ)
+        repo = str(Path(privfedcal.__file__).resolve().parents[1])
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (repo, self.env.get("PYTHONPATH", "")) if p)
+        self.env.update(FLWR_HOME=str(self.home), OMP_NUM_THREADS="1",
+                        FLWR_SUPEREXEC_TASK_POLL_INTERVAL=str(task_poll_interval))
+        self.env.pop("FLWR_TELEMETRY_ENABLED", None)
+        self.env["FLWR_TELEMETRY_ENABLED"] = "0"
+
+    # ---- processes -------------------------------------------------------------------------
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                cwd=self.workdir, start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def _wait_port(self, port: int, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"process exited early ({proc.returncode}):\n"
+                                   + self.log_tail())
+            with socket.socket() as s:
+                if s.connect_ex((LOOPBACK, port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"nothing listens on {LOOPBACK}:{port} after "
+                           f"{self.startup_timeout:g} s\n" + self.log_tail())
+
+    def __enter__(self) -> LocalDeployment:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{LOOPBACK}:{self.port}"\ninsecure = true\n')
+        try:
+            link = self._start("superlink", [
+                "flower-superlink", "--insecure", "--host", LOOPBACK, "--port", str(self.port),
+                "--disable-runtime-dependency-installation"])
+            self._wait_port(self.port, link)
+            for k in range(self.num_nodes):
+                self._start(f"supernode-{k}", [
+                    "flower-supernode", "--insecure", "--superlink", f"{LOOPBACK}:{self.port}",
+                    "--host", LOOPBACK, "--port", str(free_port()),
+                    "--node-config", f"partition-id={k} num-partitions={self.num_nodes}"])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM every started process group, wait, then SIGKILL all that is left."""
+        pids = [p.pid for p in self.procs]
+        tracked = set(pids)
+        for pid in pids:
+            tracked.update(descendants(pid))
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in pids:
+            tracked.update(descendants(pid))
+        for pid in tracked:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+    def alive(self) -> list[int]:
+        return [p.pid for p in self.procs if p.poll() is None]
+
+    # ---- runs -------------------------------------------------------------------------------
+    def run(self, app_dir: Path, overrides: dict[str, Any], timeout: float = 600.0
+            ) -> subprocess.CompletedProcess:
+        """``flwr run`` of a copy of ``app_dir`` with run-config ``overrides``; waits for the
+        end of the run (``--stream``) and returns the completed ``flwr`` process."""
+        app = self.workdir / "app"
+        if app.exists():
+            shutil.rmtree(app)
+        shutil.copytree(app_dir, app, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+        override_file = self.workdir / "overrides.toml"
+        bad = [k for k in overrides if not _BARE_KEY.fullmatch(k)]
+        if bad:
+            raise ValueError(f"run-config keys must be bare TOML keys, got {bad}")
+        # bare dotted keys nest ("method-params.mu"), as in the app's pyproject
+        override_file.write_text("".join(f"{k} = {_toml_value(v)}\n"
+                                         for k, v in overrides.items()))
+        flwr = str(Path(sys.executable).with_name("flwr"))
+        cmd = [flwr if Path(flwr).exists() else "flwr", "run", str(app), CONNECTION,
+               "--run-config", str(override_file), "--stream"]
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.env,
+                              cwd=self.workdir, timeout=timeout)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        parts = []
+        for f in sorted(self.logs.glob("*.log")):
+            parts.append(f"--- {f.name}\n{f.read_text(errors='replace')[-chars:]}")
+        return "\n".join(parts)

@@ -1,0 +1,146 @@
+"""The server side under Flower: the simulator's round loop with Flower as the transport.
+
+``FlowerSimulator`` *is* the in-process ``Simulator`` (same client sampling, sample-weighted
+average, ``Algorithm.server_update``, calibrator hooks, evaluation, transcript, run folder);
+it only replaces the two places where the simulator touches client data:
+
+* local training (``FlowerTrainer``): a ``train`` message to the SuperNodes of the selected
+  clients; each node trains with the simulator's ``train_client`` on its own partition;
+* ``ServerContext.collect``: a ``query.payload`` message carrying the task description
+  (``flower/tasks.py``) and the model state; the uplink built by ``build_uplink`` is split
+  across the wire (``flower/protection.py``): its bound and noise stages run on the nodes,
+  encryption under a key holder node's public key, and the server only checks the budget,
+  adds, and records what it saw.
+
+The per-client state of a method (MOON's previous model) never leaves its node. The oracle
+calibrator reads pooled raw training features and has no federated form: refused here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, RecordDict
+
+from privfedcal.config import RunConfig
+from privfedcal.errors import UsageError
+from privfedcal.federation.hooks import Calibrator, NoBound, Payload, PayloadTask, State
+from privfedcal.federation.setup import Experiment
+from privfedcal.federation.simulator import Simulator
+from privfedcal.federation.workers import Job, Result
+from privfedcal.flower.link import FlowerRoundError, GridLink
+from privfedcal.flower.protection import (
+    CIPHERTEXT,
+    SECAGG,
+    SecureRelease,
+)
+from privfedcal.flower.records import record_to_state, state_to_record
+from privfedcal.flower.tasks import task_to_records
+from privfedcal.privacy.uplink import MIN_SECAGG_CLIENTS
+
+log = logging.getLogger("privfedcal.flower")
+
+
+class FlowerTrainer:
+    """The simulator's trainer interface, with SuperNodes doing the local training."""
+
+    def __init__(self, link: GridLink, exp: Experiment) -> None:
+        self.link, self.exp = link, exp
+
+    def train(self, global_state: State, jobs: list[Job], round_: int,
+              on_done: Any = None) -> list[Result]:
+        content = RecordDict({"global": state_to_record(global_state),
+                              "config": ConfigRecord({"round": round_})})
+        replies = self.link.exchange(content, [j.client for j in jobs], "train", str(round_))
+        out: list[Result] = []
+        for job in jobs:
+            reply = replies[job.client].content
+            n = int(reply["metrics"]["num-examples"])
+            if n != int(job.idx.numel()):
+                raise FlowerRoundError(
+                    f"client {job.client} trained on {n} samples where the run config gives "
+                    f"{int(job.idx.numel())}: the node runs another dataset/partition config")
+            state = record_to_state(reply["local"], self.exp.device)
+            out.append((state, None, float(reply["metrics"]["train-loss"])))
+            if on_done:
+                on_done(job.client)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class FlowerSimulator(Simulator):
+    """``Simulator`` whose clients are SuperNodes reached through a Flower ``Grid``."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, link: GridLink, *,
+                 calibrator: Calibrator | None = None, uplink: Any = None,
+                 exp: Experiment | None = None, key_holder: int = 0) -> None:
+        if cfg.calibrator.startswith("oracle"):
+            raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
+                             "no federated form and cannot run under Flower")
+        if not 0 <= key_holder < cfg.clients:
+            raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
+        super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
+        self.link = link
+        self.key_holder = key_holder
+
+    def _trainer(self) -> FlowerTrainer:
+        return FlowerTrainer(self.link, self.exp)
+
+    def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,
+                round_: int) -> Payload:
+        """``Simulator.collect`` with the uplink split across the wire (flower/protection.py):
+        clients bound, noise and encrypt; the server checks the budget, sums, and has the
+        key holder decrypt the sum."""
+        up = self.uplink
+        # the server knows the model it asked clients to use (as Simulator.collect records)
+        self.transcript.record(round_=round_, label=label, view="model-state", client=None,
+                               tensors=state)
+        if up.dp is not None:
+            up.dp.check(label)  # stop before a release that would exceed the budget
+        records: dict[str, Any] = {}
+        release = None
+        if up.secagg is not None:
+            if len(clients) < MIN_SECAGG_CLIENTS:
+                up.skip(round_, label, f"{len(clients)} client(s), secure aggregation needs "
+                                        f">= {MIN_SECAGG_CLIENTS}")
+            release = SecureRelease.open(self.link, up.secagg, self.key_holder, label, round_,
+                                         self._example_payload(task, state))
+            records[SECAGG] = release.client_config()
+        config = ConfigRecord({"round": round_, "label": label, "n-clients": len(clients)})
+        content = RecordDict({"state": state_to_record(state), "config": config,
+                              **task_to_records(task), **records})
+        replies = self.link.exchange(content, clients, "query.payload", f"{label}-{round_}")
+        if release is not None:
+            total = release.finish(up, [(c, _ciphertext(replies[c].content)) for c in clients],
+                                   self.transcript)
+        else:  # the simulator's order of clients: the same float sums
+            uploads = [(c, record_to_state(replies[c].content["payload"], self.exp.device))
+                       for c in clients]
+            total = up.sum_clear(uploads, round_=round_, label=label, transcript=self.transcript)
+        if up.dp is not None:
+            up.dp.record(label)
+        return {k: v.to(self.exp.device) for k, v in total.items()}
+
+    def _example_payload(self, task: PayloadTask, state: State) -> Payload:
+        """Keys and shapes of every upload (tasks give the same whatever the data): the
+        task on zero samples, which is all the server needs to lay out ciphertexts."""
+        model = self.exp.model
+        model.load_state_dict(state)
+        model.eval()
+        x, y = self.exp.data.x_test[:0], self.exp.data.y_test[:0]
+        return task.compute(model, x, y, NoBound())
+
+    def centralized_features(self, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("centralized features (oracle) are not available under Flower")
+
+
+def _ciphertext(content: RecordDict) -> bytes:
+    """A client's ciphertext; empty (so rejected by the aggregator) if it sent none, e.g. a
+    plaintext payload where a ciphertext was due."""
+    if CIPHERTEXT not in content:
+        return b""
+    return bytes(content[CIPHERTEXT]["data"])

@@ -1,0 +1,80 @@
+"""The privfedcal ServerApp: the simulator's round loop, clients reached through Flower.
+
+The run config (``[tool.flwr.app.config]``, see ``flower/records.py``) is a ``RunConfig``;
+the server builds the method, calibrator and uplink with the same factories as
+``privfedcal train`` and writes the same run folder (``metrics.jsonl``, ``summary.json``,
+``transcript/``, ``checkpoint/``, ``final/``) to ``out`` (default
+``runs/flower-<method>-<run id>`` under the ServerApp's working directory).
+
+The server builds the experiment to get the model, the test set and the partition sizes it
+checks the clients' replies against; it never reads a client's training samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from privfedcal.flower.link import GridLink
+from privfedcal.flower.records import parse_run_config
+from privfedcal.flower.server import FlowerSimulator
+
+log = logging.getLogger("privfedcal.flower")
+
+app = ServerApp()
+
+
+def build_server(grid: Grid, context: Context) -> FlowerSimulator:
+    """The ``FlowerSimulator`` for this run (data, model, method, calibrator, uplink)."""
+    from privfedcal.cli.run import build_calibrator
+    from privfedcal.cli.train import check_method, versions
+    from privfedcal.federation.setup import build_experiment
+    from privfedcal.privacy.uplink import build_uplink
+
+    cfg, options = parse_run_config(context.run_config)
+    check_method(cfg.method)
+    cfg = cfg.replace(workers=1)
+    run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
+    cfg = cfg.replace(out=str(run_dir))
+    exp = build_experiment(cfg)
+    calibrator = build_calibrator(cfg, exp)
+    uplink = build_uplink(cfg, exp)
+    link = GridLink(grid, cfg.clients, options)
+    sim = FlowerSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
+                          key_holder=options.key_holder)
+    (run_dir / "config.json").write_text(json.dumps(
+        {**cfg.to_dict(), "versions": versions(), "flower_run_id": context.run_id}, indent=2))
+    return sim
+
+
+def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str, Any]]:
+    """Build, wait for the SuperNodes, run every round and the post-hoc calibration;
+    returns the simulator (its ``global_state``, ``transcript``) and the run summary."""
+    sim = build_server(grid, context)
+    sim.link.wait_for_nodes()
+
+    def progress(record: dict[str, Any]) -> None:
+        acc = f" accuracy {record['accuracy']:.4f}" if "accuracy" in record else ""
+        log.info("round %d: train loss %.4f%s (%.2f s)", record["round"],
+                 record["train_loss"], acc, record["seconds"])
+
+    summary = sim.run(progress=progress)
+    log.info("privfedcal summary: accuracy %.4f, %s", summary["accuracy"],
+             json.dumps({k: summary[k] for k in ("method", "calibrator", "rounds",
+                                                 "wall_seconds") if k in summary}))
+    return sim, summary
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    if not log.handlers:  # Flower's ServerApp process logs nothing of ours otherwise
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s privfedcal: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    run_server(grid, context)

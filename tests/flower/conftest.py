@@ -1,0 +1,54 @@
+"""Fixtures for the Flower tests: run one config in the simulator and under Flower."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def flower_cfg():
+    """A tiny RunConfig (digits, 2 clients, 2 rounds, one thread, no transcript)."""
+    from privfedcal.config import RunConfig
+
+    def make(**kw):
+        base = dict(dataset="digits", clients=2, alpha=0.5, rounds=2, local_epochs=1,
+                    batch_size=32, device="cpu", threads=1, seed=0, transcript=False)
+        base.update(kw)
+        return RunConfig(**base)
+
+    return make
+
+
+@pytest.fixture
+def run_simulator(tmp_path):
+    """Run ``cfg`` with the in-process simulator; returns (simulator, summary)."""
+    from privfedcal.cli.run import build_simulator
+
+    def run(cfg):
+        out = tmp_path / "simulator"
+        sim = build_simulator(cfg.replace(out=str(out)), out)
+        return sim, sim.run()
+
+    return run
+
+
+@pytest.fixture
+def run_flower(tmp_path):
+    """Run ``cfg`` through the real ServerApp/ClientApp over a ``LoopbackGrid``; returns
+    (FlowerSimulator, summary, grid)."""
+    from flwr.app import Context, RecordDict
+
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.loopback import LoopbackGrid
+    from privfedcal.flower.records import to_run_config
+    from privfedcal.flower.server_app import run_server
+
+    def run(cfg, grid=None):
+        run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower")))
+        grid = grid or LoopbackGrid(client_app, run_config, cfg.clients)
+        ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+        sim, summary = run_server(grid, ctx)
+        return sim, summary, grid
+
+    return run

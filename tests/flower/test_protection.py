@@ -1,0 +1,120 @@
+"""Upload protections under Flower: noise and encryption on the nodes, the same releases.
+
+The client nodes add the uplink's own DP noise (same generator per (seed, round, client) as
+the simulator) and encrypt under the key-holder node's public key; the server adds
+ciphertexts with the public context only and the key holder decrypts the sum. The releases
+must equal the simulator's (exactly without CKKS, within its release grid with it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+pytest.importorskip("tenseal")
+
+from privfedcal.flower.loopback import NODE_BASE  # noqa: E402
+from privfedcal.flower.protection import KEY_STATE  # noqa: E402
+
+
+def _views(sim, label):
+    from privfedcal.federation.transcript import load_transcript
+
+    return [e for e in load_transcript(sim.transcript.directory) if e["label"] == label]
+
+
+def _calibrated(sim):
+    return sim.calibrator.eval_state(sim.global_state)
+
+
+def _close(a, b, atol):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k].double(), b[k].double(), rtol=0, atol=atol, msg=k)
+
+
+def test_dp_noise_is_added_on_the_nodes_and_matches_the_simulator(flower_cfg, run_simulator,
+                                                                  run_flower):
+    cfg = flower_cfg(method="ccvr", dp_eps=8.0, transcript=True,
+                     calibration_params={"virtual_per_class": 20})
+    sim, summary = run_simulator(cfg)
+    fl, fl_summary, grid = run_flower(cfg)
+    # what the server saw of each client: the same noisy upload in both
+    want, got = _views(sim, "ccvr-stats"), _views(fl, "ccvr-stats")
+    assert [(e["view"], e["client"]) for e in got] == [(e["view"], e["client"]) for e in want]
+    for a, b in zip(want, got, strict=True):
+        if "tensors" in a:
+            _close(b["tensors"], a["tensors"], atol=1e-9)
+    _close(_calibrated(fl), _calibrated(sim), atol=1e-6)  # same noise, same release
+    assert fl_summary["privacy"]["epsilon_spent"] == pytest.approx(
+        summary["privacy"]["epsilon_spent"])
+    assert fl_summary["privacy"]["epsilon_spent"] <= 8.0
+    # the server's view is noisy: counts are not integers any more
+    counts = [e["tensors"]["count"] for e in got if e["view"] == "plain-upload"]
+    assert counts and all(not torch.equal(c, c.round()) for c in counts)
+    assert fl.uplink.rejected == [] and fl.uplink.skipped == []
+
+
+def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, run_flower):
+    cfg = flower_cfg(method="ccvr", secagg=True, hide_counts=True, transcript=True,
+                     calibration_params={"virtual_per_class": 20})
+    sim, summary = run_simulator(cfg)
+    fl, fl_summary, grid = run_flower(cfg)
+    # CKKS releases are rounded to 2x the error bound: equal up to that grid
+    _close(_calibrated(fl), _calibrated(sim), atol=1e-3)
+    assert fl_summary["accuracy"] == pytest.approx(summary["accuracy"], abs=0.01)
+    views = _views(fl, "ccvr-stats")
+    kinds = [r["view"] for r in views]
+    assert kinds == ["model-state", "ciphertext", "ciphertext", "aggregate"]
+    sizes = {r["bytes"] for r in views if r["view"] == "ciphertext"}
+    assert len(sizes) == 1  # hidden counts: every upload has the same padded size
+    (sim_agg,) = [e for e in _views(sim, "ccvr-stats") if e["view"] == "aggregate"]
+    _close(views[-1]["tensors"], sim_agg["tensors"], atol=1e-4)
+    assert views[-1]["tensors"]["count"].sum() == sum(p.numel() for p in fl.exp.parts)
+    # the key holder (client 0) dropped its one-release key after decrypting
+    assert KEY_STATE not in grid.contexts[NODE_BASE].state.config_records
+    assert fl_summary["privacy"]["secagg"]["params"]["ccvr-stats"]
+
+
+def test_secure_aggregation_without_padding(flower_cfg, run_flower):
+    """Without --hide-counts uploads travel unpadded (and are accepted)."""
+    cfg = flower_cfg(method="ccvr", secagg=True, rounds=1,
+                     calibration_params={"virtual_per_class": 20})
+    fl, summary, _ = run_flower(cfg)
+    assert summary["rejected_uploads"] == [] and summary["skipped_releases"] == []
+    assert summary["calibration"]["present_classes"] == 10
+
+
+def test_dp_sgd_local_training_runs_on_the_nodes(flower_cfg, run_simulator, run_flower):
+    cfg = flower_cfg(method="fedavg", dp_eps=8.0, dp_train=True, rounds=1)
+    sim, summary = run_simulator(cfg)
+    fl, fl_summary, _ = run_flower(cfg)
+    _close(fl.global_state, sim.global_state, atol=1e-6)
+    assert fl_summary["privacy"]["covers"] == summary["privacy"]["covers"]
+
+
+def test_only_the_designated_node_acts_as_key_holder(flower_cfg):
+    import json
+
+    from flwr.app import ConfigRecord, RecordDict
+
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.link import FlowerRoundError, GridLink
+    from privfedcal.flower.loopback import LoopbackGrid
+    from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.privacy.secagg import CKKSParams
+
+    cfg = flower_cfg(method="ccvr", secagg=True)
+    grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 1}, 2)
+    link = GridLink(grid, 2, FlowerOptions(round_timeout=5))
+    params = CKKSParams.for_magnitude(10.0, max_clients=2)
+    content = RecordDict({"config": ConfigRecord(
+        {"release": "r", "params": json.dumps(params.to_dict())})})
+    with pytest.raises(FlowerRoundError, match="client 0 is not this run's CKKS key holder"):
+        link.exchange(content, [0, 1], "query.keygen", "r")
+    reply = link.exchange(content, [1], "query.keygen", "r")[1].content
+    assert KEY_STATE in grid.contexts[NODE_BASE + 1].state.config_records
+    from privfedcal.privacy.secagg import load_public_context
+
+    assert not load_public_context(bytes(reply["secagg"]["public-context"])).is_private()
