@@ -1,6 +1,7 @@
 """Accuracy cost of DP on the calibration uploads, per epsilon (digits, 10 clients).
 
     python benchmarks/dp_utility.py [--seeds 0,1,2] [--eps 1,2,4,8,16,inf] [--secagg]
+                                    [--methods ccvr,creff] [--weighting client|sample]
 
 For each epsilon: FedAvg + CCVR (one release of class statistics) and FedAvg + CReFF
 (one release of class gradients per round), Dirichlet alpha 0.1, default training settings.
@@ -22,9 +23,11 @@ from privfedcal.cli.run import build_simulator
 from privfedcal.config import RunConfig
 
 
-def run(method: str, eps: float, seed: int, secagg: bool, out: Path, rounds: int) -> dict:
+def run(method: str, eps: float, seed: int, secagg: bool, out: Path, rounds: int,
+        weighting: str | None) -> dict:
+    params = {"creff_weighting": weighting} if weighting else {}
     cfg = RunConfig(method=method, dp_eps=eps, seed=seed, secagg=secagg, device="cpu",
-                    threads=1, transcript=False, rounds=rounds)
+                    threads=1, transcript=False, rounds=rounds, calibration_params=params)
     return build_simulator(cfg, out).run()
 
 
@@ -35,6 +38,8 @@ def main() -> None:
     ap.add_argument("--methods", default="ccvr,creff")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--secagg", action="store_true")
+    ap.add_argument("--weighting", choices=["client", "sample"], default=None,
+                    help="CReFF's --creff-weighting (default: the calibrator's)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -47,7 +52,7 @@ def main() -> None:
                 accs, before = [], []
                 for s in seeds:
                     out = Path(tmp) / f"{method}-{e}-{s}"
-                    summ = run(method, eps, s, args.secagg, out, args.rounds)
+                    summ = run(method, eps, s, args.secagg, out, args.rounds, args.weighting)
                     accs.append(summ["accuracy"])
                     if "accuracy_before_calibration" in summ:
                         before.append(summ["accuracy_before_calibration"])

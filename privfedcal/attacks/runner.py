@@ -1,0 +1,361 @@
+"""Attack a run folder: transcript -> targets -> attacks -> scored records.
+
+Threat model: an honest-but-curious server that holds the global model and the run's
+transcript (``federation/transcript.py``): the model state it sent for each release, every
+client's plain upload (DP-noised when DP is on), or, under secure aggregation, ciphertext
+sizes and the decrypted aggregate only. The planners below build targets from that view
+alone; the clients' data (``exp.parts``) is used for two things only: to SCORE the
+reconstructions, and to build the two hypothetical baselines a server never sees (raw
+features of real images, and a model update simulated from a few of a client's images).
+
+Scoring is in ``report.py``. Every job loads the model state of its release itself, so
+jobs can run in any order on the one model object.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privfedcal.attacks.class_inference import infer_classes
+from privfedcal.attacks.class_inference import score as score_classes
+from privfedcal.attacks.feature_inversion import FeatureTarget, InversionConfig, invert_features
+from privfedcal.attacks.gradient_inversion import (
+    invert_class_gradient,
+    invert_update,
+    recover_from_class_gradient,
+    split_class_gradient,
+)
+from privfedcal.attacks.report import score
+from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
+    GRAD_LABEL,
+    STATS_LABEL,
+    Release,
+    RunView,
+    UploadedFeatures,
+    load_run,
+)
+from privfedcal.errors import UsageError
+from privfedcal.federation.local import make_generator
+from privfedcal.models.base import FeatureClassifier
+
+
+@dataclass(frozen=True)
+class AttackOptions:
+    """What to attack and how hard. ``raw_samples=0`` drops the raw-feature baseline."""
+
+    steps: int = 400
+    restarts: int = 4
+    raw_samples: int = 3  # real images per (client, class) for the raw-feature baseline
+    max_n: int = 256  # class-stats batches above this many images are skipped (noted)
+    update_batch: int = 4  # local batch of the simulated model update
+    default_clients: int = 2  # clients attacked when none are named (the first uploaders)
+    known_classes: bool = False  # also attack held classes the upload hides (side knowledge)
+    round: int | None = None  # release round to attack; None: the last one
+    seed: int = 0
+    false_positive_rate: float = 1e-3  # class inference under DP noise
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.restarts < 1:
+            raise UsageError("attacks need --steps >= 0 and --restarts >= 1")
+        if self.raw_samples < 0 or self.max_n < 1 or self.update_batch < 1:
+            raise UsageError("need --raw-samples >= 0, --max-n >= 1 and --update-batch >= 1")
+        if self.default_clients < 1:
+            raise UsageError("at least one client must be attacked")
+        if not 0 < self.false_positive_rate < 1:
+            raise UsageError("the false-positive rate must be in (0, 1)")
+
+    @property
+    def inversion(self) -> InversionConfig:
+        return InversionConfig(steps=self.steps, restarts=self.restarts)
+
+
+@dataclass(frozen=True, eq=False)
+class Attacked:
+    """One scored target: the JSON record plus matched true / reconstructed images."""
+
+    record: dict[str, Any]
+    truth: Tensor
+    recon: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """One attack to run; ``target`` and ``base`` (the record's known fields) are kept for
+    inspection before running (the FeatureTarget, the class-gradient block, or None)."""
+
+    description: str
+    run: Callable[[], Attacked]
+    target: Any = None
+    base: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    jobs: list[Job] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], target,
+                   truth_idx: Tensor, base: dict[str, Any], seed: int, *, paired: bool,
+                   extractor: FeatureClassifier | None = None) -> Job:
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        view.load_state(state)
+        d = view.exp.data
+        res = invert_features(extractor or view.model, target,
+                              image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                              generator=make_generator(opts.seed, seed, 0, 61),
+                              config=opts.inversion)
+        rec, matched = score(view, res.images, truth_idx, paired=paired)
+        record = {**base, **rec, "mode": res.mode, "target_cosine": res.cosine,
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        return Attacked(record, matched, res.images.detach().cpu())
+
+    client = "all" if base["client"] is None else base["client"]
+    return Job(f"{base['target']} client {client} class {base['class']} (n={base['n']})", run,
+               target, base)
+
+
+# ---- sources: per-client uploads, or the aggregate under secure aggregation -------------------
+def _sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: Plan,
+             default_clients: int) -> list[tuple[int | None, dict[str, Tensor], str]]:
+    if rel.uploads:
+        seen = sorted(rel.uploads)
+        chosen = list(clients) if clients else seen[:default_clients]
+        missing = [c for c in chosen if c not in rel.uploads]
+        if missing:
+            raise UsageError(f"client(s) {missing} uploaded nothing in round {rel.round}; "
+                             f"clients with uploads: {', '.join(map(str, seen))}")
+        return [(c, rel.uploads[c], "plain-upload") for c in chosen]
+    plan.notes.append(f"secure aggregation: round {rel.round} has no per-client uploads "
+                      f"({len(rel.ciphertext_bytes)} ciphertexts); attacking the aggregate, i.e. "
+                      "the statistics of the whole federation"
+                      + (" (--clients ignored)" if clients else ""))
+    return [(None, rel.aggregate, "aggregate")]
+
+
+def _classes(view: RunView, client: int | None, payload: dict[str, Tensor], stds: dict,
+             wanted: Sequence[int] | None, opts: AttackOptions,
+             plan: Plan) -> list[tuple[int, bool]]:
+    """``(class, inferred)`` pairs to attack: classes the upload shows present (and the
+    client holds: a false positive cannot be scored), plus, with ``known_classes``, held
+    classes the upload hides (``inferred`` False: the attacker's side knowledge)."""
+    present, _ = infer_classes(payload, noise_std=stds,
+                               false_positive_rate=opts.false_positive_rate)
+    who = "the federation" if client is None else f"client {client}"
+    out = []
+    for c in (wanted if wanted else range(present.shape[-1])):
+        if not 0 <= c < present.shape[-1]:
+            raise UsageError(f"class {c} out of range 0..{present.shape[-1] - 1}")
+        held = view.truth(client, c).numel() > 0
+        if bool(present[c]) and not held:
+            plan.notes.append(f"class {c} looks present for {who} (DP noise) but is not held: "
+                              "a false positive, nothing to reconstruct")
+        elif bool(present[c]) or (held and opts.known_classes):
+            out.append((c, bool(present[c])))
+        elif wanted:
+            plan.notes.append(f"class {c}: not visible in the upload of {who}; skipped")
+    if not bool(present.any()):
+        plan.notes.append(f"no class is detectably present in the upload of {who} (noise): "
+                          + ("attacking its held classes as side knowledge"
+                             if opts.known_classes else "nothing to invert (see --known-classes)"))
+    return out
+
+
+def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None = None,
+               classes: Sequence[int] | None = None) -> Plan:
+    """Raw-feature baseline, class-mean and class-stats inversion of a CCVR release."""
+    from privfedcal.calibration.stats import ClassStats
+    from privfedcal.privacy.dp import noisy_stats_to_moments
+
+    plan, rel = Plan(), view.release(STATS_LABEL, opts.round)
+    extractor = view.stats_extractor()
+    for client, payload, seen in _sources(view, rel, clients, plan, opts.default_clients):
+        stds = view.noise_stds(STATS_LABEL, list(payload))
+        noisy = any(s > 0 for s in stds.values())
+        if noisy:
+            count, mean, cov = noisy_stats_to_moments(payload["count"], payload["sum"],
+                                                      payload["outer"])
+        else:
+            st = ClassStats.from_payload(dict(payload))
+            count, mean, cov = st.count, st.mean(), st.covariance()
+        for c, inferred in _classes(view, client, payload, stds, classes, opts, plan):
+            truth = view.truth(client, c)
+            n = max(1, int(round(float(count[c]))))
+            base = {"client": client, "class": c, "round": rel.round, "view": seen,
+                    "dp": noisy, "n_true": int(truth.numel()), "class_inferred": inferred}
+            tag = c + 1000 * (client if client is not None else 999)
+            if opts.raw_samples:
+                g = make_generator(opts.seed, tag, 0, 62)
+                pick = truth[torch.randperm(truth.numel(), generator=g)[:opts.raw_samples]
+                             .to(truth.device)]
+                with torch.no_grad():
+                    view.load_state(rel.state)
+                    z = extractor.features(view.exp.data.x_train[pick]).detach()
+                plan.jobs.append(_inversion_job(
+                    view, opts, rel.state, FeatureTarget.raw(z), pick,
+                    {**base, "target": "raw-feature", "n": 1, "view": "hypothetical",
+                     "dp": False, "images": int(pick.numel())}, tag * 4, paired=True,
+                    extractor=extractor))
+            m = mean[c].float()
+            plan.jobs.append(_inversion_job(
+                view, opts, rel.state, FeatureTarget.class_mean(m, n), truth,
+                {**base, "target": "class-mean", "n": n}, tag * 4 + 1, paired=False,
+                extractor=extractor))
+            if n > opts.max_n:
+                plan.notes.append(f"class-stats of class {c} ({n} samples) skipped: above "
+                                  f"--max-n {opts.max_n}")
+                continue
+            plan.jobs.append(_inversion_job(
+                view, opts, rel.state, FeatureTarget.class_stats(n, m, cov[c].float()), truth,
+                {**base, "target": "class-stats", "n": n}, tag * 4 + 2, paired=False,
+                extractor=extractor))
+    return plan
+
+
+def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], block: Tensor,
+                  truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        view.load_state(state)
+        d = view.exp.data
+        gw, gb = split_class_gradient(block.to(view.exp.device).float())
+        _, info = recover_from_class_gradient(gw, gb)
+        res = invert_class_gradient(view.model, gw, gb, image_shape=d.x_train.shape[1:],
+                                    mean=d.mean, std=d.std, config=opts.inversion,
+                                    generator=make_generator(opts.seed, seed, 0, 63))
+        rec, matched = score(view, res.images, truth_idx, paired=False)
+        label = int(info.label)
+        record = {**base, **rec, "mode": "analytic+" + res.mode, "target_cosine": res.cosine,
+                  "recovered_label": label, "label_correct": label == base["class"],
+                  "fit_residual": float(info.residual), "single_sample": bool(info.single_sample),
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        return Attacked(record, matched, res.images.detach().cpu())
+
+    client = "all" if base["client"] is None else base["client"]
+    return Job(f"class-gradient client {client} class {base['class']} (n={base['n']})", run,
+               block, base)
+
+
+def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -> Job:
+    """The server's view of one local SGD step (lr of the run, plain cross-entropy, train
+    mode) on ``update_batch`` of the client's images, then Geiping et al.'s inversion."""
+
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        d, model = view.exp.data, view.model
+        idx = view.exp.parts[client]
+        g = make_generator(opts.seed, client, rel.round, 64)
+        pick = idx[torch.randperm(idx.numel(), generator=g)[:opts.update_batch].to(idx.device)]
+        view.load_state(rel.state)
+        model.train()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        loss = F.cross_entropy(model(d.x_train[pick]), d.y_train[pick])
+        grads = torch.autograd.grad(loss, [p for _, p in named])
+        update = {n: -view.cfg.lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
+        res = invert_update(model, update, batch_size=int(pick.numel()), kind="update",
+                            image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                            generator=make_generator(opts.seed, client, rel.round, 65),
+                            steps=opts.steps, restarts=opts.restarts)
+        rec, matched = score(view, res.images, pick, paired=False)
+        record = {"target": "model-update", "client": client, "class": None,
+                  "n": int(pick.numel()), "round": rel.round, "view": "simulated-update",
+                  "dp": False, "labels": sorted(d.y_train[pick].tolist()),
+                  "recovered_labels": res.labels.tolist(), **rec, "mode": "update",
+                  "target_cosine": res.gradient_cosine,
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        return Attacked(record, matched, res.images.detach().cpu())
+
+    return Job(f"model-update client {client} (batch {opts.update_batch})", run, None,
+               {"target": "model-update", "client": client, "round": rel.round})
+
+
+def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | None = None,
+                   classes: Sequence[int] | None = None, *, updates: bool = False) -> Plan:
+    """Analytic + feature inversion of CReFF class gradients; with ``updates``, inversion of
+    a simulated local model update of each attacked client (model updates are never
+    encrypted, so this works under secure aggregation too)."""
+    plan = Plan()
+    has_grad = any(e["label"] == GRAD_LABEL for e in view.entries)
+    if has_grad or not updates:
+        rel = view.release(GRAD_LABEL, opts.round)
+        for client, payload, seen in _sources(view, rel, clients, plan, opts.default_clients):
+            stds = view.noise_stds(GRAD_LABEL, list(payload))
+            noisy = any(s > 0 for s in stds.values())
+            for c, inferred in _classes(view, client, payload, stds, classes, opts, plan):
+                truth = view.truth(client, c)
+                n_obs = float(payload["count"][c]) if "count" in payload else None
+                base = {"target": "class-gradient", "client": client, "class": c,
+                        "n": int(truth.numel()), "n_observed": n_obs, "round": rel.round,
+                        "view": seen, "dp": noisy, "n_true": int(truth.numel()),
+                        "class_inferred": inferred}
+                tag = c + 1000 * (client if client is not None else 999) + 10**6 * rel.round
+                plan.jobs.append(_gradient_job(view, opts, rel.state, payload["grad"][c], truth,
+                                               base, tag))
+    if updates:
+        if not has_grad:
+            plan.notes.append("no class gradients in this transcript (not a CReFF run): "
+                              "attacking model updates only")
+        labels = sorted({e["label"] for e in view.entries if e["view"] == "model-state"})
+        rel = view.release(GRAD_LABEL if has_grad else labels[-1], opts.round)
+        chosen = list(clients) if clients else [0]  # one client's update by default
+        for c in chosen:
+            if not 0 <= c < len(view.exp.parts):
+                raise UsageError(f"client {c} out of range 0..{len(view.exp.parts) - 1}")
+            plan.jobs.append(_update_job(view, opts, rel, c))
+    return plan
+
+
+def execute(plan: Plan, on_done: Callable[[Job], None] | None = None) -> list[Attacked]:
+    """Run every job of a plan in order (each job loads the model state it needs)."""
+    out = []
+    for job in plan.jobs:
+        out.append(job.run())
+        if on_done is not None:
+            on_done(job)
+    return out
+
+
+def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every client's class set (and counts, when uploaded) from every calibration release,
+    scored against the partition; under secure aggregation only the federation's."""
+    records: list[dict[str, Any]] = []
+    notes: list[str] = []
+    truth = torch.as_tensor(view.exp.counts, dtype=torch.float64)
+    for label in (STATS_LABEL, GRAD_LABEL):
+        for rel in view.releases(label):
+            if rel.uploads:
+                sources = [(c, p, "plain-upload", truth[c]) for c, p in sorted(rel.uploads.items())]
+            elif rel.aggregate is not None:
+                sources = [(None, rel.aggregate, "aggregate", truth.sum(0))]
+                note = (f"{label}: secure aggregation hides per-client class sets; the aggregate "
+                        "only tells which classes the federation holds")
+                if note not in notes:
+                    notes.append(note)
+            else:
+                continue
+            for client, payload, seen, true_counts in sources:
+                stds = view.noise_stds(label, list(payload))
+                pred = infer_classes(payload, noise_std=stds,
+                                     false_positive_rate=opts.false_positive_rate)
+                records.append({
+                    "target": "class-set", "client": client, "class": None,
+                    "n": int(true_counts.sum()), "round": rel.round, "label": label,
+                    "view": seen, "dp": any(s > 0 for s in stds.values()),
+                    **score_classes(pred, true_counts),
+                    "present": torch.nonzero(pred[0]).flatten().tolist(),
+                    "true_classes": torch.nonzero(true_counts > 0).flatten().tolist(),
+                    "counts": None if pred[1] is None else [round(float(v), 2) for v in pred[1]],
+                    "true_counts": [int(v) for v in true_counts],
+                })
+    if not records:
+        raise UsageError(f"the transcript of {view.run_dir} holds no calibration uploads "
+                         f"({STATS_LABEL} or {GRAD_LABEL})")
+    return records, notes

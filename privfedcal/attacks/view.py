@@ -1,0 +1,169 @@
+"""A finished run as an attacker sees it: the model it sent and the transcript it recorded.
+
+``load_run`` rebuilds the experiment from ``config.json`` (for the model object and, only to
+score attacks, the clients' data) and reads the transcript into ``Release`` objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from privfedcal.calibration.transforms import relu_tukey
+from privfedcal.errors import UsageError
+from privfedcal.models.base import FeatureClassifier
+
+STATS_LABEL, GRAD_LABEL = "ccvr-stats", "creff-grad"
+
+
+@dataclass(frozen=True, eq=False)
+class Release:
+    """One calibration release as the server saw it."""
+
+    round: int
+    label: str
+    state: dict[str, Tensor] | None
+    uploads: dict[int, dict[str, Tensor]]
+    aggregate: dict[str, Tensor] | None
+    ciphertext_bytes: dict[int, int]
+
+
+class UploadedFeatures(FeatureClassifier):
+    """The features a CCVR client summed: ``clip_R(relu_tukey(f(x)))`` when the run applied
+    the Tukey transform / a DP clip bound, else ``f(x)``; the attack inverts through this."""
+
+    def __init__(self, model: FeatureClassifier, tukey_lambda: float | None,
+                 clip: float | None) -> None:
+        super().__init__()
+        self.inner, self.tukey_lambda, self.clip = model, tukey_lambda, clip
+        self.feature_dim, self.num_classes = model.feature_dim, model.num_classes
+        self.classifier = model.classifier
+
+    def features(self, x: Tensor) -> Tensor:
+        z = self.inner.features(x)
+        if self.tukey_lambda is not None:
+            z = relu_tukey(z, self.tukey_lambda)
+        if self.clip is not None:
+            norm = z.norm(dim=-1, keepdim=True)
+            z = z * torch.clamp(self.clip / norm.clamp_min(1e-30), max=1.0)
+        return z
+
+
+@dataclass(eq=False)
+class RunView:
+    """A finished run rebuilt for attacking: config, summary, experiment, transcript."""
+
+    run_dir: Path
+    cfg: Any  # RunConfig
+    summary: dict[str, Any]
+    exp: Any  # federation.setup.Experiment
+    entries: list[dict[str, Any]]
+
+    @property
+    def model(self):  # noqa: ANN201 - FeatureClassifier
+        return self.exp.model
+
+    def stats_extractor(self) -> FeatureClassifier:
+        """The extractor as the CCVR clients applied it (Tukey transform, DP clip)."""
+        from privfedcal.calibration.ccvr import CCVRParams
+
+        params = self.cfg.calibration_params
+        lam = (params.get("tukey_lambda", CCVRParams.tukey_lambda)
+               if params.get("tukey", CCVRParams.tukey) else None)
+        clip = self.summary.get("privacy", {}).get("feature_clip")
+        if lam is None and clip is None:
+            return self.model
+        return UploadedFeatures(self.model, lam, None if clip is None else float(clip))
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        self.model.load_state_dict({k: v.to(self.exp.device) for k, v in state.items()})
+        self.model.eval()
+
+    def truth(self, client: int | None, cls: int) -> Tensor:
+        """Global training indices of class ``cls`` held by ``client`` (None: by anyone)."""
+        idx = torch.cat(self.exp.parts) if client is None else self.exp.parts[client]
+        return idx[self.exp.data.y_train[idx] == cls]
+
+    def pixels(self, idx: Tensor) -> Tensor:
+        return self.exp.data.denormalize(self.exp.data.x_train[idx]).clamp(0, 1).cpu()
+
+    def prior(self, labels: Tensor) -> Tensor:
+        """Test-set mean image of each label: a guess needing no client data."""
+        d = self.exp.data
+        means = torch.stack([d.x_test[d.y_test == c].mean(0) if bool((d.y_test == c).any())
+                             else torch.zeros_like(d.x_test[0]) for c in range(d.num_classes)])
+        return d.denormalize(means).clamp(0, 1).cpu()[labels.cpu()]
+
+    def noise_stds(self, label: str, keys: Sequence[str]) -> dict[str, float]:
+        """Per-key std of the DP noise on a release (0 without DP), from summary.json."""
+        from privfedcal.privacy.dp import noise_stds, payload_sensitivities
+
+        p = self.summary.get("privacy", {})
+        z = p.get("noise_multipliers", {}).get(label)
+        if z is None:
+            return dict.fromkeys(keys, 0.0)
+        sens = payload_sensitivities(keys, clip=p["feature_clip"], grad_clip=p["grad_clip"])
+        return noise_stds(sens, float(z))
+
+    def releases(self, label: str) -> list[Release]:
+        groups: dict[int, dict[str, Any]] = {}
+        for e in self.entries:
+            if e["label"] != label:
+                continue
+            g = groups.setdefault(e["round"], {"state": None, "uploads": {}, "agg": None, "ct": {}})
+            if e["view"] == "model-state":
+                g["state"] = e.get("tensors")
+            elif e["view"] == "plain-upload":
+                g["uploads"][int(e["client"])] = e["tensors"]
+            elif e["view"] == "aggregate":
+                g["agg"] = e["tensors"]
+            elif e["view"] == "ciphertext":
+                g["ct"][int(e["client"])] = int(e.get("bytes", 0))
+        return [Release(r, label, g["state"], g["uploads"], g["agg"], g["ct"])
+                for r, g in sorted(groups.items())]
+
+    def release(self, label: str, round_: int | None) -> Release:
+        made = [r for r in self.releases(label) if r.state is not None]
+        if not made:
+            kinds = sorted({e["label"] for e in self.entries}) or ["none"]
+            raise UsageError(f"the transcript of {self.run_dir} holds no {label!r} release "
+                             f"(it has: {', '.join(kinds)})")
+        rels = [r for r in made if r.uploads or r.aggregate is not None]
+        if not rels:
+            raise UsageError(f"every {label!r} release of {self.run_dir} was skipped (see "
+                             "skipped_releases in summary.json): nothing reached the server")
+        if round_ is None:
+            return rels[-1]
+        for r in rels:
+            if r.round == round_:
+                return r
+        raise UsageError(f"no {label!r} release in round {round_}; rounds: "
+                         f"{', '.join(str(r.round) for r in rels)}")
+
+
+def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
+    """Rebuild a run folder written by ``privfedcal train`` (``exp`` reuses a built one)."""
+    from privfedcal.config import RunConfig
+    from privfedcal.federation.setup import build_experiment
+    from privfedcal.federation.transcript import load_transcript
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
+    if not (run_dir / "transcript" / "index.json").is_file():
+        raise UsageError(f"{run_dir} has no transcript (trained with --no-transcript?): "
+                         "there is nothing the server observed to attack")
+    raw = json.loads((run_dir / "config.json").read_text())
+    raw.pop("versions", None)
+    cfg = RunConfig.from_dict(raw)
+    summary_file = run_dir / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    if exp is None:
+        exp = build_experiment(cfg.replace(device=device, workers=1))
+    return RunView(run_dir, cfg, summary, exp, load_transcript(run_dir / "transcript"))

@@ -1,0 +1,169 @@
+"""``privfedcal attack invert|classes``: attack what the server observed in a run.
+
+``invert --stats`` inverts CCVR uploads (raw-feature baseline, class means, class
+statistics), ``invert --gradients`` CReFF class gradients (and, with ``--updates``, a
+simulated local model update); ``classes`` infers every client's class set. Without
+``--run`` a quick default run on digits is trained first. Outputs go to ``--out`` (default
+RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from privfedcal.errors import UsageError
+
+console = Console()
+err_console = Console(stderr=True)
+Opt = typer.Option
+
+attack_app = typer.Typer(help="Attack what an honest-but-curious server observed in a run.",
+                         no_args_is_help=True)
+
+#: the quick run trained when no --run is given (digits; a few seconds on a CPU)
+QUICK_RUN = dict(dataset="digits", clients=5, alpha=0.3, rounds=5, local_epochs=1, threads=1)
+QUICK_CREFF = dict(match_steps=50, retrain_steps=100)
+
+
+def parse_ints(text: str | None, flag: str) -> list[int] | None:
+    """``"0,3"`` -> [0, 3]; None stays None."""
+    if text is None:
+        return None
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise UsageError(f"{flag} takes comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str) -> Path:
+    """Train a small ``method`` run on digits through the same code as ``privfedcal train``."""
+    from privfedcal.cli.run import build_simulator, run_with_progress
+    from privfedcal.cli.train import versions
+    from privfedcal.config import RunConfig
+
+    if run_dir is None:
+        run_dir = Path("runs") / f"quick-{method}-digits-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (run_dir / "summary.json").exists():
+        console.print(f"reusing the quick run in {run_dir}")
+        return run_dir
+    params = QUICK_CREFF if method == "creff" else {}
+    cfg = RunConfig(method=method, seed=seed, device=device, out=str(run_dir),
+                    calibration_params=dict(params), **QUICK_RUN)  # type: ignore[arg-type]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({**cfg.to_dict(), "versions": versions()},
+                                                    indent=2))
+    summary = run_with_progress(build_simulator(cfg, run_dir), cfg)
+    console.print(f"no --run given: trained a quick {method} run on digits into {run_dir} "
+                  f"(accuracy {summary['accuracy']:.4f})")
+    return run_dir
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err_console, transient=True,
+                    disable=not err_console.is_terminal)
+
+
+def print_notes(notes: list[str]) -> None:
+    for note in dict.fromkeys(notes):  # once each, in order
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+@attack_app.command("invert")
+def invert(
+    stats: Annotated[bool, Opt("--stats", help="Invert CCVR class statistics (and means).")] = False,
+    gradients: Annotated[bool, Opt("--gradients", help="Invert CReFF class gradients.")] = False,
+    updates: Annotated[bool, Opt("--updates", help="Also invert a simulated model update (with --gradients).")] = False,
+    run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
+    steps: Annotated[int, Opt(help="Optimisation steps per inversion.")] = 400,
+    restarts: Annotated[int, Opt(help="Random restarts per inversion (best kept).")] = 4,
+    clients: Annotated[str | None, Opt(help="Client ids to attack, e.g. 0,3 (default: the first two).")] = None,
+    classes: Annotated[str | None, Opt(help="Classes to attack, e.g. 1,7 (default: all present).")] = None,
+    round_: Annotated[int | None, Opt("--round", help="Release round (default: the last).")] = None,
+    raw_samples: Annotated[int, Opt(help="Real images per client/class for the raw-feature baseline (0: none).")] = 3,
+    max_n: Annotated[int, Opt(help="Largest class-stats batch to invert.")] = 256,
+    update_batch: Annotated[int, Opt(help="Local batch of the simulated model update.")] = 4,
+    known_classes: Annotated[bool, Opt("--known-classes", help="Also attack held classes that noise hides (attacker knows the label set).")] = False,
+    seed: Annotated[int, Opt(help="Seed of the attacks (and of the quick run).")] = 0,
+    device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
+    out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<kind>).")] = None,
+) -> None:
+    """Reconstruct client images from what the server saw; score them against the truth."""
+    from privfedcal.attacks.report import records_table, save_grid, write_records
+    from privfedcal.attacks.runner import (
+        AttackOptions,
+        execute,
+        load_run,
+        plan_gradients,
+        plan_stats,
+    )
+
+    if stats == gradients:
+        raise UsageError("give exactly one of --stats or --gradients")
+    if updates and not gradients:
+        raise UsageError("--updates goes with --gradients")
+    kind = "stats" if stats else "gradients"
+    opts = AttackOptions(steps=steps, restarts=restarts, raw_samples=raw_samples, max_n=max_n,
+                         update_batch=update_batch, round=round_, seed=seed,
+                         known_classes=known_classes)
+    client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
+    if run is None:
+        run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,
+                        device=device)
+    view = load_run(run, device=device)
+    if stats:
+        plan = plan_stats(view, opts, client_ids, class_ids)
+    else:
+        plan = plan_gradients(view, opts, client_ids, class_ids, updates=updates)
+    if not plan.jobs:
+        raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
+    with progress_bar() as bar:
+        task = bar.add_task(f"attack {kind}", total=len(plan.jobs))
+        results = execute(plan, lambda job: bar.update(task, advance=1, description=job.description))
+    out_dir = out or Path(run) / f"attack-{kind}"
+    records = [r.record for r in results]
+    write_records(records, out_dir / "attack.json")
+    save_grid(results, out_dir / "reconstructions.png",
+              title=f"{kind} attack on {run}: true (top) vs reconstructed (bottom)")
+    console.print(records_table(records, f"privfedcal attack invert --{kind}: {run}"))
+    print_notes(plan.notes)
+    console.print(f"wrote attack.json and reconstructions.png into {out_dir}")
+
+
+@attack_app.command("classes")
+def classes_cmd(
+    run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
+    false_positive_rate: Annotated[float, Opt(help="Per-class false-positive rate under DP noise.")] = 1e-3,
+    seed: Annotated[int, Opt(help="Seed of the quick run.")] = 0,
+    device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
+    out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-classes).")] = None,
+) -> None:
+    """Infer each client's class set (and counts) from its calibration uploads."""
+    from privfedcal.attacks.report import classes_table, plot_class_sets, write_records
+    from privfedcal.attacks.runner import AttackOptions, infer_class_sets, load_run
+
+    opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
+    if run is None:
+        run = quick_run("ccvr", out / "run" if out else None, seed=seed, device=device)
+    view = load_run(run, device=device)
+    records, notes = infer_class_sets(view, opts)
+    out_dir = out or Path(run) / "attack-classes"
+    write_records(records, out_dir / "attack.json")
+    plot_class_sets(records, out_dir / "classes.png")
+    console.print(classes_table(records, f"privfedcal attack classes: {run}"))
+    print_notes(notes)
+    console.print(f"wrote attack.json and classes.png into {out_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(attack_app, name="attack")

@@ -1,0 +1,225 @@
+"""Transcript -> targets -> attacks -> records, on tiny digits runs.
+
+Targets are checked against statistics computed independently (numpy on the features of
+the client's true images), scores against hand-computed PSNRs, the secure-aggregation path
+on a transcript rewritten the way the encrypted uplink records it (ciphertext sizes plus
+the decrypted sum), and every user error is a one-line UsageError.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from privfedcal.attacks.report import score
+from privfedcal.attacks.runner import (
+    GRAD_LABEL,
+    STATS_LABEL,
+    AttackOptions,
+    RunView,
+    UploadedFeatures,
+    execute,
+    infer_class_sets,
+    load_run,
+    plan_gradients,
+    plan_stats,
+)
+from privfedcal.cli.main import main
+from privfedcal.errors import UsageError
+
+FAST = ["--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
+        "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]
+TINY = AttackOptions(steps=5, restarts=1, raw_samples=1)
+
+
+@pytest.fixture(scope="module")
+def ccvr_view(tmp_path_factory) -> RunView:
+    run = tmp_path_factory.mktemp("runner") / "ccvr"
+    main(["train", *FAST, "--method", "ccvr", "--out", str(run)])
+    return load_run(run)
+
+
+@pytest.fixture(scope="module")
+def creff_view(tmp_path_factory) -> RunView:
+    run = tmp_path_factory.mktemp("runner") / "creff"
+    main(["train", *FAST, "--rounds", "2", "--method", "creff", "--match-steps", "5",
+          "--retrain-steps", "5", "--out", str(run)])
+    return load_run(run)
+
+
+def true_features(view: RunView, client: int | None, cls: int) -> np.ndarray:
+    rel = view.release(STATS_LABEL, None)
+    view.load_state(rel.state)
+    idx = view.truth(client, cls)
+    with torch.no_grad():
+        return view.model.features(view.exp.data.x_train[idx]).double().numpy()
+
+
+def test_releases_group_model_state_and_uploads(ccvr_view):
+    (rel,) = ccvr_view.releases(STATS_LABEL)
+    assert rel.round == 1 and sorted(rel.uploads) == [0, 1, 2] and rel.aggregate is None
+    assert set(rel.state) == set(ccvr_view.model.state_dict())
+    with pytest.raises(UsageError, match="rounds: 1"):
+        ccvr_view.release(STATS_LABEL, 7)
+    with pytest.raises(UsageError, match="no 'creff-grad' release"):
+        ccvr_view.release(GRAD_LABEL, None)
+
+
+def test_noise_stds_follow_the_gaussian_mechanism_scale():
+    # std_k = z * sqrt(K) * sensitivity_k (privacy/dp.py); by hand for z = 2, R = 3, G = 0.5
+    view = RunView(Path("x"), None, {"privacy": {
+        "noise_multipliers": {STATS_LABEL: 2.0, GRAD_LABEL: 2.0},
+        "feature_clip": 3.0, "grad_clip": 0.5}}, None, [])
+    stats = view.noise_stds(STATS_LABEL, ["count", "sum", "outer"])
+    r3 = 2 * math.sqrt(3)
+    assert stats == pytest.approx({"count": r3, "sum": 3 * r3, "outer": 9 * r3})
+    grads = view.noise_stds(GRAD_LABEL, ["grad", "holders"])
+    assert grads == pytest.approx({"grad": 2 * math.sqrt(2) * 0.5, "holders": 2 * math.sqrt(2)})
+    plain = RunView(Path("x"), None, {}, None, [])
+    assert plain.noise_stds(STATS_LABEL, ["count"]) == {"count": 0.0}
+
+
+def test_stats_targets_equal_independent_class_statistics(ccvr_view):
+    plan = plan_stats(ccvr_view, TINY, clients=[0])
+    held = [c for c in range(10) if ccvr_view.exp.counts[0][c] > 0]
+    means = [j for j in plan.jobs if j.base["target"] == "class-mean"]
+    stats = [j for j in plan.jobs if j.base["target"] == "class-stats"]
+    raws = [j for j in plan.jobs if j.base["target"] == "raw-feature"]
+    assert [j.base["class"] for j in means] == held and len(raws) == len(held)
+    for jm, js in zip(means, stats, strict=True):
+        z = true_features(ccvr_view, 0, jm.base["class"])
+        assert jm.target.n == js.target.n == z.shape[0] == jm.base["n_true"]
+        np.testing.assert_allclose(jm.target.mean.numpy(), z.mean(0), rtol=1e-5, atol=1e-5)
+        if z.shape[0] > 1:
+            np.testing.assert_allclose(js.target.cov.numpy(), np.cov(z, rowvar=False),
+                                       rtol=1e-4, atol=1e-5)
+    assert all(j.base["client"] == 0 and j.base["view"] == "plain-upload" for j in means)
+
+
+def test_stats_attack_records(ccvr_view):
+    cls = int(np.flatnonzero(ccvr_view.exp.counts[1])[0])
+    plan = plan_stats(ccvr_view, TINY, clients=[1], classes=[cls])
+    results = execute(plan)
+    assert [r.record["target"] for r in results] == ["raw-feature", "class-mean", "class-stats"]
+    n = int(ccvr_view.exp.counts[1][cls])
+    for r in results:
+        rec = r.record
+        for key in ("client", "class", "n", "psnr", "ssim", "feature_cosine",
+                    "nearest_is_true", "prior_psnr", "target_cosine"):
+            assert key in rec, key
+        assert rec["client"] == 1 and rec["class"] == cls and math.isfinite(rec["psnr"])
+        assert r.recon.shape == r.truth.shape
+    assert len(results[2].record["psnr_per_image"]) == results[2].recon.shape[0] == n
+
+
+def test_score_matches_hand_computed_psnr(ccvr_view):
+    view = ccvr_view
+    view.load_state(view.release(STATS_LABEL, None).state)
+    idx = view.truth(0, int(np.flatnonzero(view.exp.counts[0])[0]))[:3]
+    truth = view.pixels(idx)
+    recon = 0.9 * truth + 0.05
+    mse = ((recon - truth) ** 2).flatten(1).mean(1).double().numpy()
+    expected = 10 * np.log10(1 / mse)
+    rec, matched = score(view, recon, idx, paired=True)
+    np.testing.assert_allclose(rec["psnr_per_image"], expected, atol=1e-3)
+    assert torch.equal(matched, truth)
+    perm = torch.tensor([2, 0, 1])
+    rec2, matched2 = score(view, recon[perm], idx, paired=False)  # Hungarian undoes perm
+    np.testing.assert_allclose(rec2["psnr_per_image"], expected[perm.numpy()], atol=1e-3)
+    assert torch.equal(matched2, truth[perm]) and rec2["nearest_is_true"] == 1.0
+    label = int(view.exp.data.y_train[idx[0]])
+    d = view.exp.data
+    prior = d.denormalize(d.x_test[d.y_test == label].mean(0)).clamp(0, 1)
+    expected_prior = np.mean([10 * np.log10(1 / float(((prior - t) ** 2).mean())) for t in truth])
+    assert rec["prior_psnr"] == pytest.approx(expected_prior, abs=1e-3)
+
+
+def test_class_sets_of_plain_uploads_are_exact(ccvr_view):
+    records, notes = infer_class_sets(ccvr_view, TINY)
+    assert notes == [] and [r["client"] for r in records] == [0, 1, 2]
+    for r in records:
+        assert r["accuracy"] == r["precision"] == r["recall"] == 1.0 and r["count_mae"] == 0.0
+        assert r["true_counts"] == [int(v) for v in ccvr_view.exp.counts[r["client"]]]
+
+
+def secagg_copy(view: RunView, dest: Path) -> Path:
+    """The run with its transcript rewritten as the encrypted uplink records it."""
+    shutil.copytree(view.run_dir, dest)
+    tdir = dest / "transcript"
+    entries = json.loads((tdir / "index.json").read_text())
+    rel = view.release(STATS_LABEL, None)
+    total = {k: sum(u[k] for u in rel.uploads.values()) for k in ("count", "sum", "outer")}
+    save_file(total, str(tdir / "agg.safetensors"))
+    kept = [e for e in entries if e["view"] == "model-state"]
+    kept += [{"round": 1, "label": STATS_LABEL, "view": "ciphertext", "client": c,
+              "bytes": 1000} for c in rel.uploads]
+    kept.append({"round": 1, "label": STATS_LABEL, "view": "aggregate", "client": None,
+                 "file": "agg.safetensors", "clients": len(rel.uploads)})
+    (tdir / "index.json").write_text(json.dumps(kept))
+    return dest
+
+
+def test_secure_aggregation_attacks_the_federation_statistics(ccvr_view, tmp_path):
+    view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.exp)
+    plan = plan_stats(view, AttackOptions(raw_samples=0), clients=[0])
+    assert any("secure aggregation" in n and "--clients ignored" in n for n in plan.notes)
+    totals = ccvr_view.exp.counts.sum(0)
+    assert [j.base["class"] for j in plan.jobs if j.base["target"] == "class-mean"] == \
+        [c for c in range(10) if totals[c] > 0]
+    for j in plan.jobs:
+        assert j.base["client"] is None and j.base["view"] == "aggregate"
+        assert j.base["n"] == totals[j.base["class"]]
+        if j.base["target"] == "class-mean":
+            z = true_features(view, None, j.base["class"])
+            np.testing.assert_allclose(j.target.mean.numpy(), z.mean(0), rtol=1e-5, atol=1e-5)
+    records, notes = infer_class_sets(view, TINY)
+    assert len(records) == 1 and records[0]["client"] is None and records[0]["accuracy"] == 1
+    assert notes and "hides per-client class sets" in notes[0]
+
+
+def test_class_gradients_and_update(creff_view):
+    rel = creff_view.release(GRAD_LABEL, None)
+    assert rel.round == 2
+    opts = AttackOptions(steps=5, restarts=1, update_batch=1)
+    plan = plan_gradients(creff_view, opts, clients=[0], updates=True)
+    grads = [j for j in plan.jobs if j.base["target"] == "class-gradient"]
+    assert [j.base["class"] for j in grads] == \
+        [c for c in range(10) if creff_view.exp.counts[0][c] > 0]
+    for j in grads:
+        assert torch.equal(j.target, rel.uploads[0]["grad"][j.base["class"]])
+    results = execute(plan)
+    for r in results[:-1]:  # the bias gradient of class c's block is negative only at c
+        assert r.record["label_correct"] and r.record["recovered_label"] == r.record["class"]
+    update = results[-1].record
+    assert update["target"] == "model-update" and update["n"] == 1
+    assert update["recovered_labels"] == update["labels"]  # exact for one sample (iDLG)
+
+
+def test_uploaded_features_apply_tukey_then_clip(ccvr_view):
+    wrapped = UploadedFeatures(ccvr_view.model, 0.5, 1.0)
+    x = ccvr_view.exp.data.x_train[:5]
+    with torch.no_grad():
+        z = torch.relu(ccvr_view.model.features(x)).sqrt()
+        expected = z / np.maximum(1.0, z.norm(dim=1, keepdim=True))
+        np.testing.assert_allclose(wrapped.features(x).numpy(), expected.numpy(), rtol=1e-5)
+
+
+def test_user_errors(ccvr_view, tmp_path):
+    with pytest.raises(UsageError, match="uploaded nothing"):
+        plan_stats(ccvr_view, TINY, clients=[7])
+    with pytest.raises(UsageError, match="out of range"):
+        plan_stats(ccvr_view, TINY, clients=[0], classes=[12])
+    with pytest.raises(UsageError, match="not a run folder"):
+        load_run(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="no transcript"):
+        load_run(tmp_path)
+    with pytest.raises(UsageError, match="steps"):
+        AttackOptions(steps=-1)

@@ -1,0 +1,125 @@
+"""``privfedcal attack invert|classes`` on tiny digits runs: files, attack.json schema,
+the quick run when no --run is given, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from privfedcal.cli.main import main
+
+FAST = ["--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
+        "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]
+ATTACK = ["--steps", "20", "--restarts", "1"]
+PNG = b"\x89PNG\r\n\x1a\n"
+REQUIRED = ("target", "client", "class", "n", "psnr", "ssim", "feature_cosine",
+            "nearest_is_true")
+TARGETS = {"raw-feature", "class-mean", "class-stats", "class-gradient", "model-update"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attack")
+    main(["train", *FAST, "--method", "ccvr", "--out", str(root / "ccvr")])
+    main(["train", *FAST, "--method", "creff", "--match-steps", "5", "--retrain-steps", "5",
+          "--out", str(root / "creff")])
+    return root
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    return exc.value.code, capsys.readouterr()
+
+
+def assert_usage_error(args, capsys, *needles):
+    code, out = run_cli(args, capsys)
+    assert code == 2, out
+    lines = [x for x in out.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.err, out.err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def check_records(path, kinds):
+    records = json.loads(path.read_text())
+    assert isinstance(records, list) and records
+    for r in records:
+        for key in REQUIRED:
+            assert key in r, key
+        assert r["target"] in kinds
+        assert isinstance(r["n"], int) and r["n"] >= 1
+        assert r["psnr"] is None or math.isfinite(r["psnr"])
+        assert -1 <= r["feature_cosine"] <= 1 and 0 <= r["nearest_is_true"] <= 1
+    return records
+
+
+def first_held_class(run, client):
+    index = json.loads((run / "transcript" / "index.json").read_text())
+    (entry,) = [e for e in index if e["view"] == "plain-upload" and e["client"] == client]
+    count = load_file(str(run / "transcript" / entry["file"]))["count"]
+    return int(torch.nonzero(count > 0)[0])
+
+
+def test_invert_stats(runs, capsys):
+    run = runs / "ccvr"
+    cls = first_held_class(run, 0)
+    main(["attack", "invert", "--stats", "--run", str(run), *ATTACK, "--clients", "0",
+          "--classes", str(cls)])
+    out_dir = run / "attack-stats"
+    records = check_records(out_dir / "attack.json", {"raw-feature", "class-mean", "class-stats"})
+    assert {r["target"] for r in records} == {"raw-feature", "class-mean", "class-stats"}
+    assert {r["client"] for r in records} == {0} and {r["class"] for r in records} == {cls}
+    assert (out_dir / "reconstructions.png").read_bytes()[:8] == PNG
+    assert "class-stats" in capsys.readouterr().out
+
+
+def test_invert_gradients_with_update(runs, tmp_path):
+    out = tmp_path / "grad"
+    main(["attack", "invert", "--gradients", "--updates", "--run", str(runs / "creff"), *ATTACK,
+          "--clients", "1", "--update-batch", "2", "--out", str(out)])
+    records = check_records(out / "attack.json", TARGETS)
+    kinds = [r["target"] for r in records]
+    assert kinds[-1] == "model-update" and set(kinds[:-1]) == {"class-gradient"}
+    assert records[-1]["n"] == 2 and (out / "reconstructions.png").read_bytes()[:8] == PNG
+
+
+def test_classes(runs, tmp_path, capsys):
+    out = tmp_path / "cls"
+    main(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out)])
+    records = json.loads((out / "attack.json").read_text())
+    assert [r["client"] for r in records] == [0, 1, 2]
+    assert all(r["accuracy"] == 1.0 and r["count_mae"] == 0.0 for r in records)
+    assert (out / "classes.png").read_bytes()[:8] == PNG
+    assert "precision" in capsys.readouterr().out
+
+
+def test_classes_without_run_trains_a_quick_run(tmp_path, capsys):
+    out = tmp_path / "quick"
+    main(["attack", "classes", "--device", "cpu", "--out", str(out)])
+    assert (out / "run" / "summary.json").is_file() and (out / "attack.json").is_file()
+    assert "quick ccvr run" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line(runs, tmp_path, capsys):
+    run = str(runs / "ccvr")
+    assert_usage_error(["attack", "invert", "--run", run], capsys, "--stats or --gradients")
+    assert_usage_error(["attack", "invert", "--stats", "--gradients", "--run", run], capsys,
+                       "exactly one")
+    assert_usage_error(["attack", "invert", "--stats", "--updates", "--run", run], capsys,
+                       "--updates")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--clients", "a"], capsys,
+                       "--clients")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--clients", "9"], capsys,
+                       "uploaded nothing")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--round", "5"], capsys,
+                       "round 5")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--steps", "-1"], capsys,
+                       "steps")
+    assert_usage_error(["attack", "invert", "--gradients", "--run", run], capsys, "creff-grad")
+    assert_usage_error(["attack", "classes", "--run", str(tmp_path)], capsys, "not a run folder")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--nope"], capsys, "nope")
