@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a script
 
 from privfedcal.cli.run import build_calibrator
 from privfedcal.config import RunConfig
@@ -69,14 +69,6 @@ class TimedSimulator(Simulator):
 
     def spent(self, what: str, round_: int | None = None) -> float:
         return sum(s for w, r, s in self.timings if w == what and (round_ is None or r == round_))
-
-
-def make_npz(path: Path, n: int, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
-    y = rng.integers(0, 10, size=n)
-    np.savez(path, x_train=x, y_train=y, x_test=x[:1000], y_test=y[:1000])
-    return path
 
 
 def simulator(cfg: RunConfig, run_dir: Path) -> TimedSimulator:

@@ -29,20 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a script
 
 from privfedcal.config import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower"
-
-
-def make_npz(path: Path, n: int, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
-    y = rng.integers(0, 10, size=n)
-    np.savez(path, x_train=x, y_train=y, x_test=x[:1000], y_test=y[:1000])
-    return path
 
 
 def per_round(history: list[dict]) -> float:

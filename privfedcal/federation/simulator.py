@@ -260,7 +260,7 @@ class Simulator:
         elif self.cfg.calibrator != "none":
             self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
                               "--secagg): the server saw every client's payload")
-        summary["notes"] = self.notes
+        summary["notes"] = self.notes + list(getattr(self.uplink, "hints", []))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 

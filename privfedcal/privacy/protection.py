@@ -187,4 +187,12 @@ def build_protected_uplink(cfg, exp) -> Uplink:
             dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP))
     secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp) \
         if cfg.secagg else None
-    return Uplink(bound=bound, dp=dp, secagg=secagg, seed=cfg.seed, hide_counts=cfg.hide_counts)
+    hints = []
+    weighting = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
+        "weighting", "client")
+    if dp_on and cfg.calibrator == "creff" and weighting != "sample":
+        hints.append("CReFF's client weighting uploads per-class means, whose signal does not "
+                     "grow with the data: under DP, --creff-weighting sample is far more "
+                     "accurate (docs/results.md)")
+    return Uplink(bound=bound, dp=dp, secagg=secagg, seed=cfg.seed, hide_counts=cfg.hide_counts,
+                  hints=hints)

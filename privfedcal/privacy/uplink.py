@@ -75,6 +75,7 @@ class Uplink:
     secagg: Any = None  # privacy.protection.SecAggStage
     seed: int = 0
     hide_counts: bool = False
+    hints: list[str] = field(default_factory=list)  # advice printed with the run's notes
     rejected: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
 
