@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from cli_helpers import assert_usage_error, run_cli  # noqa: F401
 from safetensors.torch import load_file
 
 from privfedcal.cli.main import main
@@ -28,21 +29,6 @@ def runs(tmp_path_factory):
     main(["train", *FAST, "--method", "creff", "--match-steps", "5", "--retrain-steps", "5",
           "--out", str(root / "creff")])
     return root
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    return exc.value.code, capsys.readouterr()
-
-
-def assert_usage_error(args, capsys, *needles):
-    code, out = run_cli(args, capsys)
-    assert code == 2, out
-    lines = [x for x in out.err.splitlines() if x.strip()]
-    assert len(lines) == 1 and "Traceback" not in out.err, out.err
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def check_records(path, kinds):

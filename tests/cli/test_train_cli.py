@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
+from cli_helpers import assert_usage_error, run_cli  # noqa: F401
 
 from privfedcal.cli.main import main
 
 FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--no-transcript"]
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    return exc.value.code, capsys.readouterr()
-
-
-def assert_usage_error(args, capsys, *needles):
-    code, out = run_cli(args, capsys)
-    assert code == 2, out
-    lines = [x for x in out.err.splitlines() if x.strip()]
-    assert len(lines) == 1, out.err
-    assert "Traceback" not in out.err
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_train_writes_run_folder(tmp_path, capsys):

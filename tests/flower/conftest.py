@@ -6,17 +6,9 @@ import pytest
 
 
 @pytest.fixture
-def flower_cfg():
+def flower_cfg(tiny_cfg):
     """A tiny RunConfig (digits, 2 clients, 2 rounds, one thread, no transcript)."""
-    from privfedcal.config import RunConfig
-
-    def make(**kw):
-        base = dict(dataset="digits", clients=2, alpha=0.5, rounds=2, local_epochs=1,
-                    batch_size=32, device="cpu", threads=1, seed=0, transcript=False)
-        base.update(kw)
-        return RunConfig(**base)
-
-    return make
+    return lambda **kw: tiny_cfg(**{"clients": 2, **kw})
 
 
 @pytest.fixture
