@@ -70,6 +70,7 @@ class RunConfig:
     secagg: bool = False
     hide_counts: bool = False
     insecure_seeded_noise: bool = False  # DP noise from the public seed: tests/benchmarks only
+    secagg_updates: bool = False  # model updates as CKKS sums (privacy/update_secagg.py)
     # outputs
     out: str | None = None
     transcript: bool = True

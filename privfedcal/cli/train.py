@@ -115,6 +115,7 @@ def train(
     dp_train_share: Annotated[float | None, Opt(help="Budget share of DP-SGD.")] = None,
     secagg: Annotated[bool | None, Opt("--secagg/--no-secagg", help="CKKS secure aggregation.")] = None,
     hide_counts: Annotated[bool | None, Opt("--hide-counts/--show-counts", help="Hide class counts.")] = None,
+    secagg_updates: Annotated[bool | None, Opt("--secagg-updates/--no-secagg-updates", help="CKKS sums of model updates.")] = None,
     insecure_seeded_noise: Annotated[bool | None, Opt("--insecure-seeded-noise", help="INSECURE: draw DP noise from the seed (tests only).")] = None,
     transcript: Annotated[bool | None, Opt("--transcript/--no-transcript", help="Record the server's view.")] = None,
     out: Annotated[Path | None, Opt(help="Run folder (default runs/<method>-<dataset>-<time>).")] = None,

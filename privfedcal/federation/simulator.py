@@ -29,10 +29,9 @@ from privfedcal.federation.local import (
     derive_seed,
     evaluate,
     make_generator,
-    weighted_average,
 )
 from privfedcal.federation.setup import Experiment, build_experiment
-from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
+from privfedcal.federation.transcript import Transcript, record_round
 from privfedcal.federation.workers import (
     InProcessTrainer,
     Job,
@@ -174,11 +173,11 @@ class Simulator:
                 self.uplink.after_local_training(selected)
                 weights = self.uplink.update_weights([float(exp.parts[c].numel())
                                                       for c in selected])
-                record_model_updates(self.transcript, round_, selected, [r[0] for r in results],
-                                     weights, self.uplink.recipe(cfg))
                 self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
                                          for r in results)
-                averaged = weighted_average([r[0] for r in results], weights)
+                averaged = self.uplink.average_updates(
+                    self.global_state, [r[0] for r in results], weights, selected,
+                    round_=round_, transcript=self.transcript, recipe=self.uplink.recipe(cfg))
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)

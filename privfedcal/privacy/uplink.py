@@ -77,6 +77,7 @@ class Uplink:
     secagg: Any = None  # privacy.protection.SecAggStage
     seed: int = 0
     seeded_noise: bool = False  # --insecure-seeded-noise: noise from the public seed
+    updates: Any = None  # privacy.update_secagg.SecureUpdates under --secagg-updates
     hide_counts: bool = False
     hints: list[str] = field(default_factory=list)  # advice printed with the run's notes
     rejected: list[dict] = field(default_factory=list)
@@ -211,6 +212,27 @@ class Uplink:
             return [1.0] * len(sizes)
         return list(sizes)
 
+    def average_updates(self, sent: Payload, states: list[Payload], weights: list[float],
+                        clients: list[int], *, round_: int, transcript: Transcript,
+                        recipe: dict[str, Any]) -> Payload:
+        """The round's weighted average of model updates, as the server obtains it: in the
+        clear (each update recorded with its weight), or under --secagg-updates as a CKKS sum
+        (ciphertext sizes and the aggregate recorded; an aggregate that fails the key
+        holder's check leaves the global state as it was)."""
+        from privfedcal.federation.local import weighted_average
+        from privfedcal.federation.transcript import record_model_updates
+
+        if self.updates is None:
+            record_model_updates(transcript, round_, clients, states, weights, recipe)
+            return weighted_average(states, weights)
+        try:
+            return self.updates.average(sent, states, weights, clients, round_=round_,
+                                        transcript=transcript)
+        except UploadRejected as exc:
+            log.warning("round %d model-update: secure aggregate rejected: %s", round_, exc)
+            self.skipped.append({"round": round_, "label": "model-update", "reason": str(exc)})
+            return dict(sent)
+
     @staticmethod
     def recipe(cfg) -> dict[str, Any]:
         """The public local-training recipe the transcript records with each update."""
@@ -237,17 +259,23 @@ class Uplink:
         self.skipped = list(state.get("skipped", []))
 
     def summary(self) -> dict[str, Any]:
-        if self.dp is None and self.secagg is None:
+        if self.dp is None and self.secagg is None and self.updates is None:
             return {}
         out: dict[str, Any] = {}
         if self.dp is not None:
             out.update(self.dp.summary())
+        if self.updates is not None:
+            out["secagg_updates"] = self.updates.summary()
         if self.secagg is not None:
             out["secagg"] = self.secagg.summary()
             if self.dp is None:
-                out["statement"] = ("no differential privacy: the server saw only the exact sum "
+                out["statement"] = ("no differential privacy: the server saw only the sum "
                                     "of the calibration uploads (CKKS secure aggregation); model "
-                                    "updates travel in the clear")
+                                    "updates " + ("only as their CKKS sum" if self.updates
+                                                  is not None else "travel in the clear"))
+        elif self.updates is not None and self.dp is None:
+            out["statement"] = ("no differential privacy: the server saw the model updates "
+                                "only as their CKKS sum; calibration uploads in the clear")
         out["hide_counts"] = self.hide_counts
         out["noise_source"] = "seeded (insecure)" if self.seeded_noise else "os-entropy"
         if self.seeded_noise:
@@ -258,11 +286,19 @@ class Uplink:
 
 def build_uplink(cfg, exp) -> Uplink:
     """The uplink a configuration asks for (see privacy/protection.py)."""
-    if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train):
+    if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
+            or cfg.secagg_updates):
         return Uplink(seed=cfg.seed)
     from privfedcal.privacy.protection import build_protected_uplink
 
-    return build_protected_uplink(cfg, exp)
+    up = build_protected_uplink(cfg, exp)
+    if cfg.secagg_updates:
+        from privfedcal.privacy.update_secagg import SecureUpdates
+
+        uniform = up.dp is not None and up.dp.covers_updates  # weights 1 under --dp-train
+        n_total = float(sum(int(p.numel()) for p in exp.parts))
+        up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients)
+    return up
 
 
 __all__ = ["Uplink", "build_uplink", "validate_upload", "UsageError"]
