@@ -81,6 +81,9 @@ class FlowerSimulator(Simulator):
         if cfg.calibrator.startswith("oracle"):
             raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
                              "no federated form and cannot run under Flower")
+        if cfg.secagg_updates:
+            raise UsageError("--secagg-updates runs in the simulator only: under Flower the "
+                             "updates would reach the server in the clear before encryption")
         if not 0 <= key_holder < cfg.clients:
             raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
         super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)

@@ -68,10 +68,9 @@ class SecureUpdates:
         out = {k: v.clone() for k, v in sent.items()}
         for k in keys:
             out[k] = (total[k] / weight).to(sent[k].dtype).to(sent[k].device)
+        # what the server obtained: the averaged state, and the summed weight
         transcript.record(round_=round_, label=LABEL, view="aggregate", client=None,
-                          tensors={**{k: total[k] for k in keys},
-                                   WEIGHT_KEY: torch.tensor([weight], dtype=torch.float64)},
-                          clients=server.count)
+                          tensors=out, clients=server.count, weight_sum=weight)
         self.seconds.append(time.perf_counter() - t0)
         return out
 

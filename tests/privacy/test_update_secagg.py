@@ -26,5 +26,7 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
     assert "plain-upload" not in views
     (agg,) = [e for e in entries if e["view"] == "aggregate"]
     sizes = sum(int(p.numel()) for p in sec.exp.parts)
-    assert abs(float(agg["tensors"]["__weight"][0]) - sizes) < 0.1  # only the sum of n_k
+    assert abs(agg["weight_sum"] - sizes) < 0.1  # only the sum of the n_k
+    for k, v in sec.global_state.items():  # the aggregate is the state the server obtained
+        torch.testing.assert_close(agg["tensors"][k], v.cpu())
     assert summary["privacy"]["secagg_updates"]["rounds"] == 1
