@@ -189,7 +189,7 @@ class Simulator:
                                          for r in results)
                 averaged = self.uplink.average_updates(
                     self.global_state, [r[0] for r in results], weights, selected,
-                    round_=round_, transcript=self.transcript, recipe=self.uplink.recipe(cfg))
+                    round_=round_, transcript=self.transcript, recipe=self.uplink.recipe(exp.spec))
                 divergence.check_local(results, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state

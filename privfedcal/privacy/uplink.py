@@ -234,9 +234,11 @@ class Uplink:
             return dict(sent)
 
     @staticmethod
-    def recipe(cfg) -> dict[str, Any]:
-        """The public local-training recipe the transcript records with each update."""
-        return {"local_epochs": cfg.local_epochs, "batch_size": cfg.batch_size, "lr": cfg.lr}
+    def recipe(spec) -> dict[str, Any]:
+        """The public local-training recipe (the run's resolved ``LocalSpec``) the transcript
+        records with each update."""
+        return {"local_epochs": spec.local_epochs, "batch_size": spec.batch_size,
+                "lr": spec.lr}
 
     # ---- DP-SGD local training is a release too ---------------------------------------------
     def before_local_training(self, clients=None) -> None:
