@@ -119,9 +119,10 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
     from privfedcal.plots import plot_accuracy
 
     plot_accuracy(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
-    table = Table(title=f"privfedcal run: {run_dir}")
+    table = Table(title="privfedcal run")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    table.add_row("run folder", str(run_dir))
     table.add_row("method", f"{summary['method']} (local {summary['local_method']}, "
                   f"calibration {summary['calibrator']})")
     table.add_row("dataset", summary["dataset"])
