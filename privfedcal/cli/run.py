@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from privfedcal.config import RunConfig, resolved_line
+from privfedcal.config import RUN_RECORD_KEYS, RunConfig, resolved_line
 from privfedcal.errors import Diverged, UsageError
 
 
@@ -119,9 +119,10 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
     from privfedcal.plots import plot_accuracy
 
     plot_accuracy(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
-    table = Table(title=f"privfedcal run: {run_dir}")
+    table = Table(title="privfedcal run")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    table.add_row("run folder", str(run_dir))
     table.add_row("method", f"{summary['method']} (local {summary['local_method']}, "
                   f"calibration {summary['calibrator']})")
     table.add_row("dataset", summary["dataset"])
@@ -183,7 +184,8 @@ def resume_run(run_dir: Path, rounds: int | None = None,
     if not cfg_file.is_file():
         raise UsageError(f"{run_dir} is not a run folder (no config.json)")
     raw = json.loads(cfg_file.read_text())
-    raw.pop("versions", None)
+    for key in RUN_RECORD_KEYS:
+        raw.pop(key, None)
     cfg = RunConfig.from_dict(raw, where=str(cfg_file))
     summary_file = run_dir / "summary.json"
     previous = json.loads(summary_file.read_text()) if summary_file.is_file() else None
