@@ -93,6 +93,8 @@ class RunConfig:
     dp_train_share: float = 0.5
     secagg: bool = False
     hide_counts: bool = False
+    insecure_seeded_noise: bool = False  # DP noise from the public seed: tests/benchmarks only
+    secagg_updates: bool = False  # model updates as CKKS sums (privacy/update_secagg.py)
     # outputs
     out: str | None = None
     transcript: bool = True
@@ -119,6 +121,8 @@ class RunConfig:
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
             (self.dp_grad_clip is None or self.dp_grad_clip > 0, "--dp-grad-clip must be > 0"),
             (0 < self.dp_train_share < 1, "--dp-train-share must be in (0, 1)"),
+            (not self.hide_counts or self.secagg,
+             "--hide-counts needs --secagg: only inside ciphertexts are counts hidden"),
         ]
         for ok, message in checks:
             if not ok:

@@ -78,10 +78,12 @@ def build_calibrator(cfg: RunConfig, exp):
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+    from privfedcal.privacy.protection import calibration_defaults
+
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
+    options = calibration_defaults(cfg, {**cfg.calibration_params, "seed": cfg.seed})
     return create_calibrator(spec, num_classes=exp.data.num_classes,
-                             feature_dim=exp.model.feature_dim,
-                             options={**cfg.calibration_params, "seed": cfg.seed})
+                             feature_dim=exp.model.feature_dim, options=options)
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:

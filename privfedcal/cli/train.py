@@ -150,6 +150,8 @@ def train(
     dp_train_share: Annotated[float | None, Opt(help="Budget share of DP-SGD.", show_default=_d('dp_train_share'))] = None,
     secagg: Annotated[bool | None, Opt("--secagg/--no-secagg", help="CKKS secure aggregation.", show_default=_d('secagg'))] = None,
     hide_counts: Annotated[bool | None, Opt("--hide-counts/--show-counts", help="Hide class counts.", show_default=_d('hide_counts'))] = None,
+    secagg_updates: Annotated[bool | None, Opt("--secagg-updates/--no-secagg-updates", help="CKKS sums of model updates.", show_default=_d('secagg_updates'))] = None,
+    insecure_seeded_noise: Annotated[bool | None, Opt("--insecure-seeded-noise", help="INSECURE: draw DP noise from the seed (tests only).")] = None,
     transcript: Annotated[bool | None, Opt("--transcript/--no-transcript", help="Record the server's view.", show_default=_d('transcript'))] = None,
     out: Annotated[Path | None, Opt(help="Run folder (default runs/<method>-<dataset>-<time>).")] = None,
     config: Annotated[Path | None, Opt(help="TOML file of settings, or a run's config.json (re-runs it); flags override it.")] = None,

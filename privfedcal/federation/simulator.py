@@ -30,10 +30,9 @@ from privfedcal.federation.local import (
     derive_seed,
     evaluate,
     make_generator,
-    weighted_average,
 )
 from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
-from privfedcal.federation.transcript import Transcript
+from privfedcal.federation.transcript import Transcript, record_round
 from privfedcal.federation.workers import (
     InProcessTrainer,
     Job,
@@ -152,12 +151,7 @@ class Simulator:
 
     # ---- the loop ------------------------------------------------------------------------
     def select_clients(self, round_: int) -> list[int]:
-        k = self.cfg.clients
-        m = max(1, int(round(self.cfg.participation * k)))
-        if m >= k:
-            return list(range(k))
-        g = make_generator(self.cfg.seed, round_, 0, 3)
-        return sorted(torch.randperm(k, generator=g)[:m].tolist())
+        return select_clients(self.cfg, round_)
 
     def _trainer(self):
         exp = self.exp
@@ -185,13 +179,17 @@ class Simulator:
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
                 jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
-                self.uplink.before_local_training()  # DP-SGD: stop before exceeding the budget
+                self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
+                record_round(self.transcript, round_, self.global_state, selected)
                 results = trainer.train(self.global_state, jobs, round_)
-                self.uplink.after_local_training()
-                weights = [float(exp.parts[c].numel()) for c in selected]
+                self.uplink.after_local_training(selected)
+                weights = self.uplink.update_weights([float(exp.parts[c].numel())
+                                                      for c in selected])
                 self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
                                          for r in results)
-                averaged = weighted_average([r[0] for r in results], weights)
+                averaged = self.uplink.average_updates(
+                    self.global_state, [r[0] for r in results], weights, selected,
+                    round_=round_, transcript=self.transcript, recipe=self.uplink.recipe(cfg))
                 divergence.check_local(results, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
@@ -344,6 +342,17 @@ class Simulator:
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
+
+
+def select_clients(cfg: RunConfig, round_: int) -> list[int]:
+    """The clients of a round: a function of the public config alone (the privacy
+    accounting plans each client's participation from it, privacy/protection.py)."""
+    k = cfg.clients
+    m = max(1, int(round(cfg.participation * k)))
+    if m >= k:
+        return list(range(k))
+    g = make_generator(cfg.seed, round_, 0, 3)
+    return sorted(torch.randperm(k, generator=g)[:m].tolist())
 
 
 def seed_everything(seed: int) -> None:

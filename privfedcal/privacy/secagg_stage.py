@@ -29,7 +29,7 @@ from privfedcal.privacy.secagg import (
 
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
-PRECISION = 1e-6  # absolute CKKS error per aggregate entry
+PRECISION = 1e-10  # absolute CKKS error per aggregate entry: small, so decryption flooding is small
 
 
 def padded_size(params: CKKSParams, layout: PayloadLayout) -> int:
