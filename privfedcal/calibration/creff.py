@@ -296,8 +296,9 @@ class CReFF(Calibrator):
         w_eff = effective_weight(self.weight, normalized).detach()
         bias = None if self.bias is None else self.bias.detach()
         cap = None if p.client_draws is None else p.client_draws * p.draw_size
-        seed = 0 if cap is None else int(torch.randint(0, 2**62, (1,), generator=ctx.generator,
-                                                       device=ctx.generator.device))
+        # Derived from the round's seed without consuming the stream: where no client holds
+        # more than ``cap`` samples of a class, the run is identical to ``client_draws=None``.
+        seed = (ctx.generator.initial_seed() * 1_000_003 + 17) % 2**63
         task = GradTask(w_eff.cpu(), None if bias is None else bias.cpu(), c, p.weighting,
                         p.feature_batch_size, cap, seed)
         payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
