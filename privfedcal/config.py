@@ -66,7 +66,7 @@ class RunConfig:
     alpha: float = 0.1
     imbalance_factor: float = 10.0  # used by the longtail partition only
     shards_per_client: int = 2
-    min_size: int = 2
+    min_size: int = 10
     # training
     rounds: int = 30
     local_epochs: int | None = None  # None: per model (TRAINING_DEFAULTS)
