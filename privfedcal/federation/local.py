@@ -53,6 +53,68 @@ def autocast_for(device: torch.device):
     return contextlib.nullcontext()
 
 
+class PlainSGD:
+    """SGD with momentum and weight decay: the update of ``torch.optim.SGD`` (no dampening,
+    no Nesterov), op for op, so results are bitwise the same.
+
+    Why not ``torch.optim.SGD`` itself: building any ``torch.optim`` optimizer imports
+    ``torch._dynamo`` (seconds of start-up for a command that never compiles) and every
+    ``step``/``zero_grad`` goes through dynamo's disable wrapper. On CPU torch applies the
+    update tensor by tensor, on other devices with ``torch._foreach_*`` kernels (one launch
+    per op for all tensors); this class does the same.
+    """
+
+    def __init__(self, params: list[Tensor], *, lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0) -> None:
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.buffers: list[Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not live:
+            return
+        params = [self.params[i] for i in live]
+        grads = [p.grad for p in params]
+        if params[0].device.type != "cpu":
+            self._step_foreach(live, params, grads)  # type: ignore[arg-type]
+            return
+        for i, p, g in zip(live, params, grads, strict=True):
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = g.detach().clone()
+                    self.buffers[i] = buf
+                else:
+                    buf.mul_(self.momentum).add_(g, alpha=1.0)
+                g = buf
+            p.add_(g, alpha=-self.lr)
+
+    def _step_foreach(self, live: list[int], params: list[Tensor], grads: list[Tensor]) -> None:
+        if self.weight_decay != 0:
+            grads = list(torch._foreach_add(grads, params, alpha=self.weight_decay))
+        if self.momentum != 0:
+            bufs = [self.buffers[i] for i in live]
+            if any(b is None for b in bufs):
+                for j, i in enumerate(live):
+                    if bufs[j] is None:
+                        bufs[j] = self.buffers[i] = grads[j].detach().clone()
+                    else:
+                        bufs[j].mul_(self.momentum).add_(grads[j])  # type: ignore[union-attr]
+            else:
+                torch._foreach_mul_(bufs, self.momentum)  # type: ignore[arg-type]
+                torch._foreach_add_(bufs, grads, alpha=1.0)  # type: ignore[arg-type]
+            grads = bufs  # type: ignore[assignment]
+        torch._foreach_add_(params, grads, alpha=-self.lr)
+
+
 def clone_state(model: torch.nn.Module) -> State:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -77,8 +139,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
                            derive_seed(spec.seed, round_, client, 6))
         return clone_state(model), algo.end_client(model), loss
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
-                          weight_decay=spec.weight_decay)
+    opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())
     device = x_all.device
     total, steps = torch.zeros((), device=device), 0
