@@ -96,6 +96,7 @@ class Simulator:
         self.start_round = 1
         self.elapsed = 0.0
         self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
+        self._trainer_obj: Any = None
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -110,10 +111,17 @@ class Simulator:
         # the server knows the model it asked clients to use: the attacks need it
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=state)
-        uploads = []
-        for c in clients:
-            x, y = self.client_data(c)
-            uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
+        trainer = self._trainer_obj
+        if isinstance(trainer, WorkerPoolTrainer) and len(clients) > 1:
+            computed = trainer.collect(task, [self.exp.parts[c] for c in clients], state,
+                                       self.uplink.bound)
+            uploads = [(c, {k: v.to(self.exp.device) for k, v in up.items()})
+                       for c, up in zip(clients, computed, strict=True)]
+        else:
+            uploads = []
+            for c in clients:
+                x, y = self.client_data(c)
+                uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
         return self.uplink.aggregate(uploads, round_=round_, label=label,
                                      transcript=self.transcript)
 
@@ -156,6 +164,18 @@ class Simulator:
         g = make_generator(self.cfg.seed, round_, 0, 3)
         return sorted(torch.randperm(k, generator=g)[:m].tolist())
 
+    def trainer(self):
+        """The trainer of this run (the worker pool with ``--workers N``), started on first
+        use and kept until ``close``: calibration payloads run on the same pool."""
+        if self._trainer_obj is None:
+            self._trainer_obj = self._trainer()
+        return self._trainer_obj
+
+    def close(self) -> None:
+        if self._trainer_obj is not None:
+            self._trainer_obj.close()
+            self._trainer_obj = None
+
     def _trainer(self):
         exp = self.exp
         if self.cfg.workers > 1:
@@ -167,7 +187,7 @@ class Simulator:
     def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         torch.set_num_threads(self.threads)
         cfg, exp = self.cfg, self.exp
-        trainer = self._trainer()
+        trainer = self.trainer()
         try:
             for round_ in range(self.start_round, cfg.rounds + 1):
                 t0 = time.perf_counter()
@@ -216,9 +236,9 @@ class Simulator:
                 self.save(round_)
                 if progress:
                     progress(record)
+            return self.finish()
         finally:
-            trainer.close()
-        return self.finish()
+            self.close()
 
     def finish(self) -> dict[str, Any]:
         cfg = self.cfg
