@@ -1,27 +1,27 @@
 """Start-up cost of ``privfedcal train`` on digits: everything outside ``import torch`` and the
 round loop (data, model, run folder, plot, tables), and which heavy modules a command imports.
 
-For each repeat, three processes on the same machine:
+For each repeat, processes on the same machine, each timed in wall and CPU seconds
+(user + system of the child, which a busy shared machine inflates far less than wall time):
 
 * ``python -c "import torch"``: the interpreter plus torch, the floor of any PyTorch script;
-* ``privfedcal train --rounds R --threads 1`` (a fresh run folder), timed as a whole; its
-  round loop is the sum of the rounds' own ``seconds`` in ``metrics.jsonl``;
-* the same command under ``python -X importtime``: the cumulative import time of the heavy
-  packages the command must not load unless it uses them.
+* ``privfedcal train --rounds R --threads 1`` and the same with ``--rounds 2`` (fresh run
+  folders): the round loop costs (T_R - T_2) / (R - 2) per round, so the fixed part is
+  T_2 - 2 x per-round - T_torch: data, model, run folder, checkpoints' first write, plot,
+  tables and every import beyond torch;
+* once, the R-round command under ``python -X importtime``: the cumulative import time of
+  the heavy packages the command must not load unless it uses them.
 
     python benchmarks/startup.py [--rounds 20] [--repeats 5] [-- extra train flags]
 
-Prints, min and median over repeats: the whole process, ``import torch``, the round loop and
-the rest (whole - import torch - round loop: the start-up and reporting this benchmark
-bounds), then the import times (last repeat) of torch._dynamo, torchvision, sklearn,
-opacus, tenseal, matplotlib, scipy.
+Prints min and median over repeats of each measured process and of the fixed part.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,13 +40,17 @@ def env() -> dict[str, str]:
     return e
 
 
-def timed(cmd: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
+def timed(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall seconds, CPU seconds of the child, the completed process)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env(), **kw)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env())
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return dt, done
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return dt, cpu, done
 
 
 def import_times(stderr: str) -> dict[str, float]:
@@ -74,26 +78,32 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("extra", nargs="*", help="more `privfedcal train` flags (after --)")
     args = ap.parse_args()
-    rows: dict[str, list[float]] = {"whole": [], "import torch": [], "round loop": [],
-                                    "rest": []}
-    imports: dict[str, float] = {}
+    if args.rounds <= 2:
+        ap.error("--rounds must be > 2")
+    rows: dict[str, list[tuple[float, float]]] = {}
+
+    def add(name: str, wall: float, cpu: float) -> None:
+        rows.setdefault(name, []).append((wall, cpu))
+
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            t_torch, _ = timed([sys.executable, "-c", "import torch"])
-            run = Path(tmp) / f"run{r}"
-            t_whole, _ = timed(train_cmd(run, args.rounds, args.extra))
-            loop = sum(json.loads(line)["seconds"]
-                       for line in (run / "metrics.jsonl").read_text().splitlines() if line)
-            rows["whole"].append(t_whole)
-            rows["import torch"].append(t_torch)
-            rows["round loop"].append(loop)
-            rows["rest"].append(t_whole - t_torch - loop)
-        _, done = timed(train_cmd(Path(tmp) / "imports", args.rounds, args.extra, True))
+            w_t, c_t, _ = timed([sys.executable, "-c", "import torch"])
+            w_2, c_2, _ = timed(train_cmd(Path(tmp) / f"two{r}", 2, args.extra))
+            w_r, c_r, _ = timed(train_cmd(Path(tmp) / f"run{r}", args.rounds, args.extra))
+            per_w, per_c = (w_r - w_2) / (args.rounds - 2), (c_r - c_2) / (args.rounds - 2)
+            add("import torch", w_t, c_t)
+            add(f"train, {args.rounds} rounds", w_r, c_r)
+            add("train, 2 rounds", w_2, c_2)
+            add("one round", per_w, per_c)
+            add("fixed part", w_2 - 2 * per_w - w_t, c_2 - 2 * per_c - c_t)
+        _, _, done = timed(train_cmd(Path(tmp) / "imports", args.rounds, args.extra, True))
         imports = import_times(done.stderr)
-    print(f"privfedcal train --rounds {args.rounds} --threads 1 {' '.join(args.extra)}"
-          f"({args.repeats} repeats)")
+    print(f"privfedcal train --threads 1 {' '.join(args.extra)} ({args.repeats} repeats; "
+          "seconds, min / median)")
     for name, values in rows.items():
-        print(f"  {name:>12}: min {min(values):6.2f} s   median {statistics.median(values):6.2f} s")
+        walls, cpus = [v[0] for v in values], [v[1] for v in values]
+        print(f"  {name:>22}: wall {min(walls):6.2f} / {statistics.median(walls):6.2f}   "
+              f"cpu {min(cpus):6.2f} / {statistics.median(cpus):6.2f}")
     print("  heavy imports (cumulative s; absent = not imported): "
           + (", ".join(f"{k} {v:.2f}" for k, v in sorted(imports.items())) or "none"))
 

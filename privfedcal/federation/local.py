@@ -206,3 +206,41 @@ def weighted_average(states: list[State], weights: list[float]) -> State:
         else:
             out[key] = torch.stack([s[key] for s in states]).amax(0)
     return out
+
+
+class RunningAverage:
+    """``weighted_average`` computed as the states arrive, in the same order and with the same
+    operations (so bitwise the same result), holding one accumulator instead of every
+    client's state: peak memory does not grow with the number of clients per round."""
+
+    def __init__(self, weights: list[float]) -> None:
+        self.weights = list(weights)
+        self.total = float(sum(weights))
+        self.count = 0
+        self.acc: State = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.bytes = 0
+
+    def add(self, state: State) -> None:
+        w = self.weights[self.count]
+        for key, v in state.items():
+            if key not in self.acc:
+                self.dtypes[key] = v.dtype
+                if v.is_floating_point():
+                    dt = torch.float64 if v.dtype == torch.float64 else torch.float32
+                    self.acc[key] = torch.zeros_like(v, dtype=dt)
+                else:
+                    self.acc[key] = v.clone()
+                    continue
+            if v.is_floating_point():
+                self.acc[key].add_(v, alpha=w / self.total)
+            else:
+                torch.maximum(self.acc[key], v, out=self.acc[key])
+        self.bytes += sum(v.numel() * v.element_size() for v in state.values())
+        self.count += 1
+
+    def result(self) -> State:
+        if self.count != len(self.weights):
+            raise RuntimeError(f"averaged {self.count} of {len(self.weights)} states")
+        return {k: (v.to(self.dtypes[k]) if v.is_floating_point() else v)
+                for k, v in self.acc.items()}

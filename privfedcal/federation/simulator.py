@@ -25,6 +25,7 @@ from privfedcal.errors import ReleaseSkipped
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.local import (
+    RunningAverage,
     clone_state,
     derive_seed,
     evaluate,
@@ -194,12 +195,19 @@ class Simulator:
                 selected = self.select_clients(round_)
                 jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
                 self.uplink.before_local_training()  # DP-SGD: stop before exceeding the budget
-                results = trainer.train(self.global_state, jobs, round_)
-                self.uplink.after_local_training()
                 weights = [float(exp.parts[c].numel()) for c in selected]
-                self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
-                                         for r in results)
-                averaged = weighted_average([r[0] for r in results], weights)
+                if isinstance(trainer, InProcessTrainer | WorkerPoolTrainer):
+                    running = RunningAverage(weights)  # no list of every client's state
+                    results = trainer.train(self.global_state, jobs, round_,
+                                            consume=running.add)
+                    averaged, sent_bytes = running.result(), running.bytes
+                else:
+                    results = trainer.train(self.global_state, jobs, round_)
+                    averaged = weighted_average([r[0] for r in results], weights)
+                    sent_bytes = sum(sum(v.numel() * v.element_size() for v in r[0].values())
+                                     for r in results)
+                self.uplink.after_local_training()
+                self.update_bytes += sent_bytes
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)

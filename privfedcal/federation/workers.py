@@ -41,11 +41,19 @@ class InProcessTrainer:
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
 
     def train(self, global_state: State, jobs: list[Job], round_: int,
-              on_done: Callable[[int], None] | None = None) -> list[Result]:
+              on_done: Callable[[int], None] | None = None,
+              consume: Callable[[State], None] | None = None) -> list[Result]:
+        """Results in job order; with ``consume`` each new state is handed to it at once
+        (in job order) and dropped (its slot in the results is an empty dict)."""
         out = []
         for job in jobs:
-            out.append(train_client(self.model, self.algo, global_state, job.client_state,
-                                    self.x, self.y, job.idx, self.spec, round_, job.client))
+            state, client_state, loss = train_client(
+                self.model, self.algo, global_state, job.client_state, self.x, self.y,
+                job.idx, self.spec, round_, job.client)
+            if consume is not None:
+                consume(state)
+                state = {}
+            out.append((state, client_state, loss))
             if on_done:
                 on_done(job.client)
         return out
@@ -141,7 +149,8 @@ class WorkerPoolTrainer:
                              initargs=(build, x, y, spec, threads))
 
     def train(self, global_state: State, jobs: list[Job], round_: int,
-              on_done: Callable[[int], None] | None = None) -> list[Result]:
+              on_done: Callable[[int], None] | None = None,
+              consume: Callable[[State], None] | None = None) -> list[Result]:
         shared = _shared(global_state)
         # One task per worker with a balanced share of the clients (largest first): fewer
         # round trips than one task per client, and results come back in client order.
@@ -155,6 +164,10 @@ class WorkerPoolTrainer:
                 results[i] = (unpack_state(state), unpack_state(client_state), loss)
                 if on_done:
                     on_done(jobs[i].client)
+        if consume is not None:
+            for i, r in enumerate(results):
+                consume(r[0])  # type: ignore[index]
+                results[i] = ({}, r[1], r[2])  # type: ignore[index]
         return results  # type: ignore[return-value]
 
     def collect(self, task: object, idxs: list[Tensor], state: State, bound: object
