@@ -1,25 +1,29 @@
 """Start-up cost of ``privfedcal train`` on digits: everything outside ``import torch`` and the
 round loop (data, model, run folder, plot, tables), and which heavy modules a command imports.
 
-For each repeat, processes on the same machine, each timed in wall and CPU seconds
-(user + system of the child, which a busy shared machine inflates far less than wall time):
+Each repeat is a fresh process (``--role phases``) that does what ``privfedcal train`` does,
+phase by phase, and times each in wall and CPU seconds (``time.process_time``; a busy shared
+machine inflates CPU time far less than wall time):
 
-* ``python -c "import torch"``: the interpreter plus torch, the floor of any PyTorch script;
-* ``privfedcal train --rounds R --threads 1`` and the same with ``--rounds 2`` (fresh run
-  folders): the round loop costs (T_R - T_2) / (R - 2) per round, so the fixed part is
-  T_2 - 2 x per-round - T_torch: data, model, run folder, checkpoints' first write, plot,
-  tables and every import beyond torch;
-* once, the R-round command under ``python -X importtime``: the cumulative import time of
-  the heavy packages the command must not load unless it uses them.
+* ``import torch``; ``import privfedcal`` (the CLI modules ``train`` loads);
+* set-up: config, run folder, ``config.json``, data, partition, model, method;
+* the round loop (``Simulator.run`` less its final step), split into the first round and the
+  others (a first round that imports something shows here);
+* finish: the final evaluation and ``summary.json``; report: the accuracy plot and table.
 
-    python benchmarks/startup.py [--rounds 20] [--repeats 5] [-- extra train flags]
+Then once, the whole command under ``python -X importtime``: the cumulative import time of
+the heavy packages a digits run must not load.
 
-Prints min and median over repeats of each measured process and of the fixed part.
+    python benchmarks/startup.py [--rounds 20] [--repeats 5]
+
+Prints min / median over repeats per phase, and "outside torch and the loop" = privfedcal
+imports + set-up + first round's excess over a median round + finish + report.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -72,40 +76,95 @@ def train_cmd(out: Path, rounds: int, extra: list[str], importtime: bool = False
             str(rounds), "--threads", "1", "--out", str(out), *extra]
 
 
+PHASES = ("import torch", "import privfedcal", "set-up", "first round", "other rounds",
+          "finish", "report", "outside torch and the loop")
+
+
+def role_phases(rounds: int, out: Path) -> None:
+    """One ``privfedcal train --rounds R --threads 1 --out OUT`` on digits, phase by phase."""
+    clock: dict[str, tuple[float, float]] = {}
+    mark = [time.perf_counter(), time.process_time()]
+
+    def lap(name: str) -> None:
+        w, c = time.perf_counter(), time.process_time()
+        clock[name] = (w - mark[0], c - mark[1])
+        mark[:] = [w, c]
+
+    import torch  # noqa: F401
+
+    lap("import torch")
+    from privfedcal.cli import run as cli_run
+    from privfedcal.cli import train as cli_train
+    from privfedcal.federation.simulator import Simulator
+
+    lap("import privfedcal")
+    cfg = cli_train.resolve_config(None, {"rounds": rounds, "threads": 1, "out": str(out)})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**cfg.to_dict(),
+                                                 "versions": cli_train.versions()}))
+    sim = cli_run.build_simulator(cfg, out)
+    lap("set-up")
+    finish = Simulator.finish
+    times: list[tuple[float, float]] = []
+
+    def timed_finish(self):
+        lap("loop")
+        result = finish(self)
+        lap("finish")
+        return result
+
+    sim.finish = timed_finish.__get__(sim)  # type: ignore[method-assign]
+    last = [time.perf_counter(), time.process_time()]
+
+    def on_round(_record) -> None:
+        w, c = time.perf_counter(), time.process_time()
+        times.append((w - last[0], c - last[1]))
+        last[:] = [w, c]
+
+    summary = sim.run(progress=on_round)
+    cli_run.report(summary, out)
+    lap("report")
+    loop_w, loop_c = clock.pop("loop")
+    clock["first round"] = times[0]
+    clock["other rounds"] = (loop_w - times[0][0], loop_c - times[0][1])
+    med_w = statistics.median(t[0] for t in times[1:]) if len(times) > 1 else 0.0
+    med_c = statistics.median(t[1] for t in times[1:]) if len(times) > 1 else 0.0
+    outside = [clock[k] for k in ("import privfedcal", "set-up", "finish", "report")]
+    clock["outside torch and the loop"] = (
+        sum(o[0] for o in outside) + times[0][0] - med_w,
+        sum(o[1] for o in outside) + times[0][1] - med_c)
+    print("PHASES " + json.dumps(clock))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("extra", nargs="*", help="more `privfedcal train` flags (after --)")
+    ap.add_argument("--role", choices=["phases"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.rounds <= 2:
-        ap.error("--rounds must be > 2")
+    if args.role == "phases":
+        return role_phases(args.rounds, args.out)
     rows: dict[str, list[tuple[float, float]]] = {}
-
-    def add(name: str, wall: float, cpu: float) -> None:
-        rows.setdefault(name, []).append((wall, cpu))
-
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            w_t, c_t, _ = timed([sys.executable, "-c", "import torch"])
-            w_2, c_2, _ = timed(train_cmd(Path(tmp) / f"two{r}", 2, args.extra))
-            w_r, c_r, _ = timed(train_cmd(Path(tmp) / f"run{r}", args.rounds, args.extra))
-            per_w, per_c = (w_r - w_2) / (args.rounds - 2), (c_r - c_2) / (args.rounds - 2)
-            add("import torch", w_t, c_t)
-            add(f"train, {args.rounds} rounds", w_r, c_r)
-            add("train, 2 rounds", w_2, c_2)
-            add("one round", per_w, per_c)
-            add("fixed part", w_2 - 2 * per_w - w_t, c_2 - 2 * per_c - c_t)
-        _, _, done = timed(train_cmd(Path(tmp) / "imports", args.rounds, args.extra, True))
+            _, _, done = timed([sys.executable, __file__, "--role", "phases", "--rounds",
+                                str(args.rounds), "--out", str(Path(tmp) / f"run{r}")])
+            line = [x for x in done.stdout.splitlines() if x.startswith("PHASES ")][-1]
+            for name, value in json.loads(line[len("PHASES "):]).items():
+                rows.setdefault(name, []).append(tuple(value))
+        _, _, done = timed(train_cmd(Path(tmp) / "imports", 2, [], True))
         imports = import_times(done.stderr)
-    print(f"privfedcal train --threads 1 {' '.join(args.extra)} ({args.repeats} repeats; "
-          "seconds, min / median)")
-    for name, values in rows.items():
-        walls, cpus = [v[0] for v in values], [v[1] for v in values]
-        print(f"  {name:>22}: wall {min(walls):6.2f} / {statistics.median(walls):6.2f}   "
+    print(f"privfedcal train --rounds {args.rounds} --threads 1 on digits, phase by phase "
+          f"({args.repeats} processes; seconds, min / median)")
+    for name in PHASES:
+        walls, cpus = [v[0] for v in rows[name]], [v[1] for v in rows[name]]
+        print(f"  {name:>27}: wall {min(walls):6.2f} / {statistics.median(walls):6.2f}   "
               f"cpu {min(cpus):6.2f} / {statistics.median(cpus):6.2f}")
-    print("  heavy imports (cumulative s; absent = not imported): "
-          + (", ".join(f"{k} {v:.2f}" for k, v in sorted(imports.items())) or "none"))
+    print("  heavy imports of `privfedcal train --rounds 2` (cumulative wall s; absent = not "
+          "imported): " + (", ".join(f"{k} {v:.2f}" for k, v in sorted(imports.items()))
+                           or "none"))
+    return None
 
 
 if __name__ == "__main__":
