@@ -264,6 +264,7 @@ class RunningAverage:
         self.acc: State = {}
         self.dtypes: dict[str, torch.dtype] = {}
         self.bytes = 0
+        self.bad: list[str | None] = []
 
     def add(self, state: State) -> None:
         w = self.weights[self.count]
@@ -281,10 +282,23 @@ class RunningAverage:
             else:
                 torch.maximum(self.acc[key], v, out=self.acc[key])
         self.bytes += sum(v.numel() * v.element_size() for v in state.values())
+        self.bad.append(_nonfinite_key(state))  # one check per client, not per step
         self.count += 1
+
+    def nonfinite_marker(self, i: int) -> State:
+        """For the divergence check: empty if the i-th state was finite, else its first
+        non-finite entry as a NaN scalar (the state itself is gone)."""
+        key = self.bad[i]
+        return {} if key is None else {key: torch.tensor(float("nan"))}
 
     def result(self) -> State:
         if self.count != len(self.weights):
             raise RuntimeError(f"averaged {self.count} of {len(self.weights)} states")
         return {k: (v.to(self.dtypes[k]) if v.is_floating_point() else v)
                 for k, v in self.acc.items()}
+
+
+def _nonfinite_key(state: State) -> str | None:
+    from privfedcal.federation.divergence import nonfinite_key
+
+    return nonfinite_key(state)
