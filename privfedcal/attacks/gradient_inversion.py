@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.attacks.feature_inversion import (
+    DEFAULT_MAX_STEPS,
+    Convergence,
     FeatureTarget,
     InversionConfig,
     InversionResult,
@@ -39,6 +41,7 @@ from privfedcal.attacks.feature_inversion import (
     optimise_images,
     to_pixels,
 )
+from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 
@@ -60,6 +63,7 @@ class GradientInversionResult:
     gradient_cosine: float  # cosine between the images' gradient and the observed one
     loss: float  # final objective (1 - cos + TV) of the kept restart
     restart_losses: Tensor  # (R,)
+    convergence: Convergence | None = None
 
 
 def split_class_gradient(grad: Tensor) -> tuple[Tensor, Tensor]:
@@ -183,7 +187,7 @@ def invert_update(
     generator: torch.Generator,
     kind: str = "gradient",
     labels: Tensor | None = None,
-    steps: int = 400,
+    steps: int = DEFAULT_MAX_STEPS,
     lr: float = 0.1,
     tv: float = 1e-2,
     restarts: int = 2,
@@ -225,10 +229,13 @@ def invert_update(
             losses.append(1 - (g @ t_flat) / (g.norm().clamp_min(1e-12) * t_norm))
         return torch.stack(losses)
 
-    was_training = model.training
-    model.eval()
-    try:
-        x, final, best = optimise_images(
+    def error(x: Tensor) -> Tensor:
+        # relative error between unit-normalised gradients: sqrt(2 (1 - cos))
+        with torch.enable_grad():
+            return torch.sqrt(2 * objective(x).clamp_min(0)).detach()
+
+    with eval_mode(model):
+        x, final, best, conv = optimise_images(
             objective,
             restarts=cfg.restarts,
             batch=batch_size,
@@ -239,14 +246,108 @@ def invert_update(
             generator=generator,
             device=device,
             dtype=plist[0].dtype,
+            error=error,
         )
-        cos = 1 - float(objective(x).detach()[0])
-    finally:
-        model.train(was_training)
+        with torch.enable_grad():
+            cos = 1 - float(objective(x).detach()[0])
     return GradientInversionResult(
         images=to_pixels(x, mean, std),
         labels=labels,
         gradient_cosine=cos,
         loss=float(final[best]),
         restart_losses=final,
+        convergence=conv,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class RankNResult:
+    """Features recovered from one class gradient of n samples (``recover_rank_n``)."""
+
+    features: Tensor  # (n, d), order arbitrary
+    residual: float  # relative misfit of the class gradient they reproduce
+    rank: int  # numerical rank of the weight gradient (n when n <= C - 1)
+
+
+def gradient_rank(grad_w: Tensor, *, rtol: float = 1e-6) -> int:
+    """Numerical rank of a (C, d) weight gradient: at most min(n, C - 1) for n samples."""
+    s = torch.linalg.svdvals(grad_w.double())
+    return int((s > rtol * s[0].clamp_min(1e-300)).sum()) if s.numel() else 0
+
+
+def _head_gradient(z: Tensor, weight: Tensor, bias: Tensor | None, label: int) -> Tensor:
+    """(C, d+1): the mean over the rows of ``z`` of the CE gradient w.r.t. ``[W | b]``,
+    every sample labelled ``label`` (what a CReFF client uploads for one class)."""
+    logits = z @ weight.T + (0 if bias is None else bias)
+    r = torch.softmax(logits, dim=-1) - F.one_hot(torch.tensor(label), weight.shape[0]).to(z)
+    ones = torch.ones_like(z[:, :1])
+    return r.T @ torch.cat([z, ones], dim=1) / z.shape[0]
+
+
+def recover_rank_n(
+    grad: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    label: int,
+    n: int,
+    *,
+    generator: torch.Generator,
+    restarts: int = 16,
+    max_iter: int = 500,
+    stop: float = 1e-7,
+) -> RankNResult:
+    """The n features behind one class gradient ``grad`` (C, d+1) = [dW | db] of the mean CE
+    loss of n samples of class ``label`` under the head (``weight`` (C, d), ``bias``).
+
+    ``dW = (1/n) R^T Z`` with ``R`` the n x C residuals ``softmax(W z_i + b) - e_label``, so
+    for n <= C - 1 (R of full rank) the rows of Z span the row space of dW: ``Z = A V^T``
+    with V the top-n right singular vectors of dW and A an unknown n x n matrix. The
+    attack solves the n^2 unknowns of A so that the head gradient of Z reproduces [dW | db]
+    (L-BFGS in double precision from up to ``restarts`` starts, stopping at a relative
+    residual below ``stop``; the best fit is kept).
+    Exact up to the order of the samples when the fit residual is ~0: n = 1 gives
+    ``dW_j / db_j``, n = 2 is pinned by a test. Needs the head the client used.
+    """
+    if n < 1:
+        raise UsageError(f"rank-n recovery needs n >= 1, got {n}")
+    g = grad.detach().double()
+    w = weight.detach().double().to(g.device)
+    b = None if bias is None else bias.detach().double().to(g.device)
+    gw = g[:, :-1]
+    rank = gradient_rank(gw)
+    _, s, vh = torch.linalg.svd(gw, full_matrices=False)
+    k = min(n, vh.shape[0])
+    v = vh[:k].T  # (d, k)
+    target = g
+    scale = target.norm().clamp_min(1e-300)
+    z_ls, _ = recover_from_class_gradient(gw, g[:, -1])
+    best: tuple[float, Tensor] | None = None
+    for r in range(restarts):
+        init = (z_ls @ v).expand(n, k).clone()
+        if r:  # spread the starts around the weighted mean
+            spread = (s[:k].sum() / s[0].clamp_min(1e-300)).item()
+            noise = torch.randn(n, k, generator=generator, dtype=torch.float64)
+            init = init + noise.to(g.device) * init.norm() * 0.5 * spread / max(k, 1) ** 0.5
+        a = init.requires_grad_(True)
+        opt = torch.optim.LBFGS([a], lr=1, max_iter=max_iter, tolerance_grad=1e-14,
+                                tolerance_change=1e-16, history_size=50,
+                                line_search_fn="strong_wolfe")
+
+        def closure(a: Tensor = a, opt: torch.optim.LBFGS = opt) -> Tensor:
+            opt.zero_grad()
+            loss = ((_head_gradient(a @ v.T, w, b, label) - target).pow(2).sum()
+                    / scale.pow(2))
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+        with torch.no_grad():
+            z = a.detach() @ v.T
+            res = float((_head_gradient(z, w, b, label) - target).norm() / scale)
+        if best is None or res < best[0]:
+            best = (res, z)
+        if res < stop:
+            break
+    assert best is not None
+    return RankNResult(best[1].to(grad.dtype), best[0], rank)
