@@ -258,13 +258,15 @@ def optimise_images(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     error: Callable[[Tensor], Tensor] | None = None,
+    trace: Callable[[int, Tensor], None] | None = None,
 ) -> tuple[Tensor, Tensor, int, Convergence]:
     """Shared engine: minimise ``objective(x) -> (restarts,)`` over R*B images in normalised
     space, plus the TV / L2 priors, with jitter and the box constraint.
 
     ``error(x) -> (restarts,)`` is the relative feature error of each restart (no gradient
     needed); it drives the convergence test (see ``InversionConfig``). Host syncs happen
-    only at the checks, every ``config.check_every`` steps.
+    only at the checks, every ``config.check_every`` steps. ``trace(step, x_best)``, if
+    given, sees the best restart's images (normalised) at every check and at the end.
 
     Returns ``(x_best (B,C,H,W) normalised, final losses (R,), best restart, convergence)``.
     """
@@ -292,6 +294,9 @@ def optimise_images(
         # no torch.no_grad(): a gradient-matching objective differentiates inside
         loss = total(x).detach()
         best = loss.argmin()
+        if trace is not None:
+            b = int(best)
+            trace(step, x.detach()[b * batch : (b + 1) * batch].clone())
         err = error(x).detach()[best] if error is not None else loss.new_tensor(math.nan)
         both = torch.stack([loss[best], err.to(loss.dtype)]).tolist()
         return both[0], both[1]
@@ -335,6 +340,8 @@ def optimise_images(
     err = float(error(x).detach()[best]) if error is not None else math.nan
     if stopped == "cap" and err <= config.tol:
         stopped = "converged"
+    if trace is not None:
+        trace(step, x.detach()[best * batch : (best + 1) * batch].clone())
     return (x.detach()[best * batch : (best + 1) * batch], final, best,
             Convergence(step, err, stopped))
 
@@ -395,8 +402,10 @@ def invert_features(
     jitter: int | None = None,
     bn_weight: float | None = None,
     config: InversionConfig | None = None,
+    trace: Callable[[int, Tensor], None] | None = None,
 ) -> InversionResult:
-    """Invert ``target`` through ``model.features``; keywords override ``config``."""
+    """Invert ``target`` through ``model.features``; keywords override ``config``.
+    ``trace(step, pixels)`` sees the best restart's images at every convergence check."""
     given = dict(
         steps=steps,
         lr=lr,
@@ -467,6 +476,8 @@ def invert_features(
                 device=device,
                 dtype=dtype,
                 error=error,
+                trace=None if trace is None else (
+                    lambda step, xb: trace(step, to_pixels(xb, mean, std))),
             )
         finally:
             if bn is not None:
