@@ -107,9 +107,9 @@ class InversionConfig:
     bn_weight: float = 1e-2  # only used when the model has BatchNorm layers
     tol: float = 1e-4  # relative feature error at which the inversion counts as converged
     check_every: int = 100  # steps between checks (one host sync per check)
-    patience: int = 3  # checks without improvement before the step size is halved
+    patience: int = 2  # checks without improvement before the step size is halved
     min_improvement: float = 1e-3  # relative objective improvement that counts
-    min_lr_ratio: float = 1e-3  # stop once the step size fell below lr * this
+    min_lr_ratio: float = 1e-2  # stop once the step size fell below lr * this
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.restarts < 1:

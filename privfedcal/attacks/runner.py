@@ -14,6 +14,7 @@ jobs can run in any order on the one model object.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ from privfedcal.attacks.feature_inversion import (
     invert_features,
 )
 from privfedcal.attacks.gradient_inversion import (
+    LocalRecipe,
     invert_class_gradient,
+    invert_model_update,
     invert_update,
     recover_from_class_gradient,
     split_class_gradient,
@@ -334,6 +337,12 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                 plan.jobs.append(_gradient_job(view, opts, rel.state, payload["grad"][c], truth,
                                                base, tag))
     if updates:
+        recorded = plan_updates(view, opts, clients)
+        if recorded.jobs:
+            plan.jobs += recorded.jobs
+            plan.notes += recorded.notes
+            return plan
+        plan.notes += recorded.notes
         if not has_grad:
             plan.notes.append("no class gradients in this transcript (not a CReFF run): "
                               "attacking model updates only")
@@ -344,6 +353,99 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
             if not 0 <= c < len(view.exp.parts):
                 raise UsageError(f"client {c} out of range 0..{len(view.exp.parts) - 1}")
             plan.jobs.append(_update_job(view, opts, rel, c))
+    return plan
+
+
+UPDATE_LABEL, ROUND_LABEL = "model-update", "round"
+
+
+def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
+                         start: dict[str, Tensor], entry: dict[str, Any]) -> Job:
+    """Invert one client's recorded model update (labels first, multi-step local training
+    simulated with the recorded recipe; ``gradient_inversion.invert_model_update``)."""
+    client = int(entry["client"])
+    cfg = view.cfg
+    recipe = LocalRecipe(epochs=int(entry.get("local_epochs", cfg.local_epochs)),
+                         batch_size=int(entry.get("batch_size", cfg.batch_size)),
+                         lr=float(entry.get("lr", cfg.lr)), momentum=float(cfg.momentum),
+                         weight_decay=float(cfg.weight_decay))
+    weight = entry.get("weight")
+    truth = view.exp.parts[client]
+    n_from_weight = weight is not None and float(weight) >= 1
+    n = int(round(float(weight))) if n_from_weight else int(truth.numel())
+    needed = ["global state of the round", "the client's state after local training",
+              "recipe (local_epochs, batch_size, lr; momentum, weight_decay from config.json)",
+              "n = aggregation weight" if n_from_weight else
+              "n = the client's sample count (side knowledge: no sample-count weight seen)"]
+    base = {"target": "model-update", "client": client, "class": None, "n": n,
+            "round": round_, "view": "plain-upload", "dp": False, "n_true": int(truth.numel()),
+            "needed": needed}
+
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        view.load_state(start)
+        d, model = view.exp.data, view.model
+        res = invert_model_update(model, start, entry["tensors"], recipe, n=n,
+                                  image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                                  generator=make_generator(opts.seed, client, round_, 66),
+                                  config=dataclasses.replace(
+                                      opts.inversion, restarts=1, tv_weight=1e-2,
+                                      l2_weight=0.0, jitter=0, bn_weight=0.0))
+        view.load_state(start)
+        rec, matched = score(view, res.images, truth, paired=False)
+        true_labels = sorted(view.exp.data.y_train[truth].tolist())
+        got = sorted(res.labels.tolist())
+        record = {**base, **rec, "mode": "update-simulated-training",
+                  "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
+                  "label_count_error": _count_error(got, true_labels, d.num_classes),
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        return Attacked(record, matched, res.images.detach().cpu())
+
+    return Job(f"model-update client {client} round {round_} (n={n})", run, entry, base)
+
+
+def _count_error(got: Sequence[int], true: Sequence[int], classes: int) -> int:
+    """Sum over classes of |recovered count - true count| (0: labels exactly right)."""
+    a = torch.bincount(torch.as_tensor(list(got), dtype=torch.long), minlength=classes)
+    b = torch.bincount(torch.as_tensor(list(true), dtype=torch.long), minlength=classes)
+    return int((a - b).abs().sum())
+
+
+def plan_updates(view: RunView, opts: AttackOptions,
+                 clients: Sequence[int] | None = None) -> Plan:
+    """Inversion of the per-client model updates the transcript records (label
+    ``model-update``, view ``plain-upload``) against the round's global state (label
+    ``round``). Under secure aggregation of updates only the aggregate exists: noted, not
+    attacked (it mixes every participant's images)."""
+    plan = Plan()
+    ups = [e for e in view.entries if e["label"] == UPDATE_LABEL]
+    if not ups:
+        plan.notes.append("this transcript records no model updates: attacking a simulated "
+                          "one (one local SGD step on --update-batch images)")
+        return plan
+    rounds = sorted({e["round"] for e in ups if e["view"] == "plain-upload"})
+    if not rounds:
+        plan.notes.append("model updates were securely aggregated: no per-client update to "
+                          "invert (the aggregate mixes every participant)")
+        return plan
+    round_ = opts.round if opts.round is not None else rounds[-1]
+    if round_ not in rounds:
+        raise UsageError(f"no per-client model update in round {round_}; rounds: "
+                         f"{', '.join(map(str, rounds))}")
+    starts = [e for e in view.entries if e["label"] == ROUND_LABEL
+              and e["view"] == "model-state" and e["round"] == round_]
+    if not starts:
+        raise UsageError(f"the transcript has no global state (label 'round') for round {round_}")
+    seen = {int(e["client"]): e for e in ups
+            if e["round"] == round_ and e["view"] == "plain-upload"}
+    chosen = list(clients) if clients else sorted(seen)[:1]
+    missing = [c for c in chosen if c not in seen]
+    if missing:
+        raise UsageError(f"client(s) {missing} sent no model update in round {round_}; "
+                         f"clients: {', '.join(map(str, sorted(seen)))}")
+    for c in chosen:
+        plan.jobs.append(_recorded_update_job(view, opts, round_, starts[0]["tensors"],
+                                              seen[c]))
     return plan
 
 

@@ -261,3 +261,53 @@ def test_user_errors(ccvr_view, tmp_path):
         load_run(tmp_path)
     with pytest.raises(UsageError, match="steps"):
         AttackOptions(steps=-1)
+
+
+def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Path, dict]:
+    """The run with model updates recorded as the transcript format prescribes: a global
+    state (label "round") and client 0's full state after local training, with its weight
+    and recipe (here: one epoch of the run's recipe, simulated exactly)."""
+    from privfedcal.attacks.gradient_inversion import LocalRecipe, simulate_local_training
+
+    shutil.copytree(view.run_dir, dest)
+    tdir = dest / "transcript"
+    entries = json.loads((tdir / "index.json").read_text())
+    start = view.release(STATS_LABEL, None).state
+    idx = view.exp.parts[0]
+    cfg = view.cfg
+    recipe = LocalRecipe(1, cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay)
+    after = {k: v.detach() for k, v in simulate_local_training(
+        view.model, start, view.exp.data.x_train[idx], view.exp.data.y_train[idx],
+        recipe).items()}
+    after = {**start, **after}
+    save_file(dict(start), str(tdir / "round.safetensors"))
+    save_file(after, str(tdir / "update.safetensors"))
+    entries.append({"round": 1, "label": "round", "view": "model-state", "client": None,
+                    "file": "round.safetensors", "participants": [0, 1, 2]})
+    entries.append({"round": 1, "label": "model-update", "view": "plain-upload", "client": 0,
+                    "file": "update.safetensors",
+                    "weight": float(idx.numel()) if weight else None, "bytes": 1,
+                    "local_epochs": 1, "batch_size": cfg.batch_size, "lr": cfg.lr})
+    (tdir / "index.json").write_text(json.dumps(entries))
+    return dest, after
+
+
+@pytest.mark.slow
+def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
+    from privfedcal.attacks.runner import plan_updates
+
+    run, _ = updates_copy(ccvr_view, tmp_path / "up")
+    view = load_run(run, exp=ccvr_view.exp)
+    plan = plan_updates(view, AttackOptions(steps=2, restarts=1))
+    (job,) = plan.jobs
+    n = int(ccvr_view.exp.parts[0].numel())
+    assert job.base["client"] == 0 and job.base["n"] == n and job.base["round"] == 1
+    assert any("aggregation weight" in s for s in job.base["needed"])
+    rec = job.run().record
+    assert rec["target"] == "model-update" and rec["candidates"] == n
+    assert rec["steps_run"] == 2 and isinstance(rec["label_count_error"], int)
+    with pytest.raises(UsageError, match="sent no model update"):
+        plan_updates(view, AttackOptions(), clients=[2])
+    # gradients planner: recorded updates replace the simulated one
+    plain = plan_updates(ccvr_view, AttackOptions())
+    assert not plain.jobs and "records no model updates" in plain.notes[0]
