@@ -31,6 +31,7 @@ from privfedcal.federation.local import (
     make_generator,
     weighted_average,
 )
+from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment
 from privfedcal.federation.transcript import Transcript
 from privfedcal.federation.workers import (
@@ -96,6 +97,7 @@ class Simulator:
         self.start_round = 1
         self.elapsed = 0.0
         self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
+        self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -210,6 +212,7 @@ class Simulator:
                 self.elapsed += dt
                 record["seconds"] = round(dt, 4)
                 self.history.append(record)
+                self.log.round(record, selected, [r[2] for r in results])
                 if "accuracy" in record:
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -295,6 +298,7 @@ class Simulator:
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
+        self.log.restore(self.history)
 
 
 def seed_everything(seed: int) -> None:
