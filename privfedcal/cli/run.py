@@ -84,14 +84,26 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def execute(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+def execute(cfg: RunConfig, run_dir: Path, log: tuple[str, ...] = (),
+            report_html: bool = False) -> dict[str, Any]:
     sim = build_simulator(cfg, run_dir)
+    sim.log.enable(log)  # --log tensorboard
     summary = run_with_progress(sim, cfg)
-    report(summary, run_dir)
+    sim.log.close()
+    finish(summary, run_dir, report_html)
     return summary
 
 
-def resume_run(run_dir: Path) -> dict[str, Any]:
+def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
+    report(summary, run_dir)
+    if report_html:  # --report: the HTML page of privfedcal report
+        from privfedcal.report.run import build_run_report
+
+        console.print(f"wrote {build_run_report(run_dir)}")
+
+
+def resume_run(run_dir: Path, log: tuple[str, ...] = (), report_html: bool = False
+               ) -> dict[str, Any]:
     cfg_file = run_dir / "config.json"
     if not cfg_file.is_file():
         raise UsageError(f"{run_dir} is not a run folder (no config.json)")
@@ -103,6 +115,8 @@ def resume_run(run_dir: Path) -> dict[str, Any]:
         sim.restore()
     if sim.start_round > cfg.rounds and (run_dir / "summary.json").exists():
         raise UsageError(f"{run_dir} is already complete (see summary.json)")
+    sim.log.enable(log)
     summary = run_with_progress(sim, cfg)
-    report(summary, run_dir)
+    sim.log.close()
+    finish(summary, run_dir, report_html)
     return summary

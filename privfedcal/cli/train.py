@@ -119,13 +119,17 @@ def train(
     out: Annotated[Path | None, Opt(help="Run folder (default runs/<method>-<dataset>-<time>).")] = None,
     config: Annotated[Path | None, Opt(help="TOML file of settings; flags override it.")] = None,
     resume: Annotated[Path | None, Opt(help="Continue the run in this folder from its checkpoint.")] = None,
+    report: Annotated[bool, Opt("--report/--no-report", help="Write RUN_DIR/report.html at the end (privfedcal report).")] = False,
+    log: Annotated[str | None, Opt(help="Extra live log: tensorboard (needs the tensorboard extra).")] = None,
 ) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "resume")}
+    flags = {k: v for k, v in locals().items() if k not in ("config", "resume", "report", "log")}
     from privfedcal.cli.run import execute, resume_run
+    from privfedcal.federation.runlog import parse_log
 
+    extras = {"log": parse_log(log), "report_html": report}
     if resume is not None:
-        resume_run(resume)
+        resume_run(resume, **extras)
         return
     flags["out"] = str(out) if out is not None else None
     cfg = resolve_config(config, flags)
@@ -136,7 +140,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({**cfg.to_dict(), "versions": versions()},
                                                     indent=2))
-    execute(cfg, run_dir)
+    execute(cfg, run_dir, **extras)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ to the checkpoint's round, so no row is duplicated.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from privfedcal.errors import UsageError
 CSV_COLUMNS = ("round", "train_loss", "accuracy", "loss", "worst_class_accuracy", "clients",
                "seconds")
 LOG_TARGETS = ("tensorboard",)
+_TB_MISSING = ("--log tensorboard needs the tensorboard package: "
+               "pip install 'privfedcal[tensorboard]'")
 
 
 def parse_log(text: str | None) -> tuple[str, ...]:
@@ -37,6 +40,8 @@ def parse_log(text: str | None) -> tuple[str, ...]:
     for t in out:
         if t not in LOG_TARGETS:
             raise UsageError(f"--log takes {', '.join(LOG_TARGETS)}, got {t!r}")
+    if "tensorboard" in out and importlib.util.find_spec("tensorboard") is None:
+        raise UsageError(_TB_MISSING)
     return out
 
 
@@ -80,8 +85,7 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise UsageError("--log tensorboard needs the tensorboard package: "
-                                 "pip install 'privfedcal[tensorboard]'") from None
+                raise UsageError(_TB_MISSING) from None
             self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def round(self, record: dict[str, Any], selected: Sequence[int],

@@ -171,7 +171,7 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
                  "feature cos"],
                 [[t.get("target"), "all" if t.get("client") is None else t.get("client"),
                   H.fmt_num(t.get("class")), t.get("n"),
-                  *(H.fmt_num(t.get(k), 3) for k in ("psnr", "prior_psnr", "ssim",
+                  *(H.fmt_fixed(t.get(k), 3) for k in ("psnr", "prior_psnr", "ssim",
                                                     "feature_cosine"))] for t in top],
                 numeric=[False, True, True, True, True, True, True, True]))
         for p in pngs:

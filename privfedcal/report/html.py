@@ -105,6 +105,13 @@ def fmt_num(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
+def fmt_fixed(value: Any, digits: int = 2) -> str:
+    """Fixed decimals for columns of comparable numbers ('-' when missing or not finite)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return "-" if value is None or isinstance(value, float) else str(value)
+    return f"{value:.{digits}f}"
+
+
 def fmt_pct(value: float | None, digits: int = 2) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else \
         f"{100 * value:.{digits}f} %"

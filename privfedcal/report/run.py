@@ -113,15 +113,15 @@ def _attack_sections(run_dir: Path) -> str:
                 ["target", "view", "targets", "n", "PSNR (dB)", "prior PSNR", "SSIM",
                  "feature cos", "nearest is true"],
                 [[r["target"], VIEW_NAMES.get(r["view"], r["view"]), r["targets"], r["n"],
-                  *(H.fmt_num(r[k], 3) for k in ("psnr", "prior_psnr", "ssim",
+                  *(H.fmt_fixed(r[k], 3) for k in ("psnr", "prior_psnr", "ssim",
                                                 "feature_cosine", "nearest_is_true"))]
                  for r in rows], numeric=[False, False, True, True, True, True, True, True,
                                           True]))
             best = max(recon, key=lambda r: r["psnr"] if r.get("psnr") is not None else -1e9)
             parts.append(f'<p>Most exposed target: <b>{H.esc(best.get("target"))}</b> of client '
                          f'{H.esc(best.get("client", "all"))}, class {H.esc(best.get("class"))}'
-                         f' at {H.fmt_num(best.get("psnr"), 3)} dB (data-free prior '
-                         f'{H.fmt_num(best.get("prior_psnr"), 3)} dB).</p>')
+                         f' at {H.fmt_fixed(best.get("psnr"), 2)} dB (data-free prior '
+                         f'{H.fmt_fixed(best.get("prior_psnr"), 2)} dB).</p>')
         classes = [r for r in records if "precision" in r and "psnr" not in r]
         if classes:
             def mean(key: str, rs: list[dict[str, Any]]) -> float:
@@ -133,7 +133,7 @@ def _attack_sections(run_dir: Path) -> str:
                 groups.setdefault((str(r.get("label")), str(r.get("view"))), []).append(r)
             parts.append(H.table(
                 ["release", "view", "uploads", "accuracy", "precision", "recall"],
-                [[lab, view, len(rs), *(H.fmt_num(mean(k, rs), 3) for k in
+                [[lab, view, len(rs), *(H.fmt_fixed(mean(k, rs), 3) for k in
                                         ("accuracy", "precision", "recall"))]
                  for (lab, view), rs in sorted(groups.items())],
                 numeric=[False, False, True, True, True, True]))
