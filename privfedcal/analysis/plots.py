@@ -72,7 +72,7 @@ def plot_classifier_norms(
 def _norm_bars(b: np.ndarray, a: np.ndarray, names: list[str], labels: tuple[str, str],
                path: PathLike) -> Path:
     many = b.size > 30
-    fig = new_figure(min(max(4.0, 0.5 * b.size + 2), 14), 3.2)
+    fig = new_figure(min(max(4.0, 0.4 * b.size + 1.5), 14), 3.2)
     ax = fig.add_subplot()
     idx = np.arange(b.size)
     width = 0.4

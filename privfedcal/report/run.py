@@ -12,6 +12,15 @@ from typing import Any
 from privfedcal.errors import UsageError
 from privfedcal.report import html as H
 
+ANALYSIS_CAPTIONS = {
+    "classifier_norms.png": "L2 norm of each class's classifier row, global model and after "
+                            "calibration (CCVR fig. 3): uneven norms mean a biased classifier",
+    "cka.png": "mean pairwise CKA between client models per layer (CCVR figs. 1-2): lower = "
+               "clients disagree more; the scale starts near the smallest value",
+    "singular_values.png": "singular values of the classifier weights (FedUV fig. 1): a fast "
+                           "decay means a collapsed classifier",
+}
+
 
 def load_json(path: Path) -> Any:
     try:
@@ -117,9 +126,13 @@ def _attack_sections(run_dir: Path) -> str:
                                                 "feature_cosine", "nearest_is_true"))]
                  for r in rows], numeric=[False, False, True, True, True, True, True, True,
                                           True]))
-            best = max(recon, key=lambda r: r["psnr"] if r.get("psnr") is not None else -1e9)
-            parts.append(f'<p>Most exposed target: <b>{H.esc(best.get("target"))}</b> of client '
-                         f'{H.esc(best.get("client", "all"))}, class {H.esc(best.get("class"))}'
+            # the hypothetical raw-feature baseline is no release: pick among real views
+            real = [r for r in recon if r.get("view") != "hypothetical"] or recon
+            best = max(real, key=lambda r: r["psnr"] if r.get("psnr") is not None else -1e9)
+            who = ("the aggregate of all clients" if best.get("client") is None
+                   else f"client {best['client']}")
+            parts.append(f'<p>Most exposed target: <b>{H.esc(best.get("target"))}</b> of '
+                         f'{H.esc(who)}, class {H.esc(best.get("class"))}'
                          f' at {H.fmt_fixed(best.get("psnr"), 2)} dB (data-free prior '
                          f'{H.fmt_fixed(best.get("prior_psnr"), 2)} dB).</p>')
         classes = [r for r in records if "precision" in r and "psnr" not in r]
@@ -274,8 +287,8 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
         body.append("<h2>Analysis</h2><div class=\"grid2\">")
         for name in analysis.get("plots", []):
             if (run_dir / name).is_file():
-                body.append(H.figure(run_dir / name, name, name.removesuffix(".png")
-                                     .replace("_", " ")))
+                body.append(H.figure(run_dir / name, name, ANALYSIS_CAPTIONS.get(
+                    name, name.removesuffix(".png").replace("_", " "))))
         body.append("</div>")
         sep = analysis.get("separability") or {}
         if "mean_sliced_wasserstein" in sep:
