@@ -32,7 +32,7 @@ def plot_accuracy(metrics_file: Path, out: Path, summary: dict[str, Any] | None 
     """Test accuracy per evaluated round; the calibrated accuracy as a marker when present."""
     rows = read_metrics(metrics_file)
     with styled():
-        fig = new_figure(6, 3.6)
+        fig = new_figure(5.2, 3.3)
         ax = fig.add_subplot()
         ax.plot([r["round"] for r in rows], [100 * r["accuracy"] for r in rows],
                 label="global model", **series_style(0))
@@ -65,7 +65,7 @@ def plot_train_loss(run_dir: Path, out: Path) -> Path | None:
     if not rows:
         return None
     with styled():
-        fig = new_figure(6, 3.6)
+        fig = new_figure(5.2, 3.3)
         ax = fig.add_subplot()
         ax.plot([r["round"] for r in rows], [r["train_loss"] for r in rows],
                 label="train loss (mean over sampled clients)",

@@ -30,7 +30,7 @@ h1 { font-size: 1.6em; margin: 0 0 4px; }
 h2 { font-size: 1.2em; margin: 32px 0 10px; padding-bottom: 4px; border-bottom: 2px solid var(--line); }
 h3 { font-size: 1.02em; margin: 18px 0 6px; }
 .sub { color: var(--muted); margin: 0 0 16px; word-break: break-all; }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(165px, 1fr)); gap: 10px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(140px, 1fr)); gap: 10px; }
 .card { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px; }
 .card .label { color: var(--muted); font-size: 0.82em; text-transform: uppercase; letter-spacing: .03em; }
 .card .value { font-size: 1.35em; font-weight: 600; font-variant-numeric: tabular-nums; }
@@ -43,6 +43,8 @@ td.num { white-space: nowrap; }
 .scroll { overflow-x: auto; max-width: 100%; }
 figure { margin: 10px 0 16px; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; background: #fff; }
+.tall { max-height: 85vh; overflow-y: auto; border: 1px solid var(--line); border-radius: 4px; }
+.tall figure { margin: 0; }
 figcaption { color: var(--muted); font-size: 0.88em; margin-top: 4px; }
 .grid2 { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 16px; }
 .statement { background: #eef5fb; border-left: 4px solid var(--accent); padding: 8px 12px; margin: 8px 0; }
@@ -59,7 +61,7 @@ footer { color: var(--muted); font-size: .82em; margin-top: 36px; border-top: 1p
   h2 { break-after: avoid; page-break-after: avoid; }
   figure, table, .card, .statement { break-inside: avoid; page-break-inside: avoid; }
   .grid2 { display: block; }
-  .scroll { overflow: visible; }
+  .scroll, .tall { overflow: visible; max-height: none; border: none; }
   figure img { max-height: 120mm; border: none; }
   .card { border-color: #999; }
   a { color: inherit; text-decoration: none; }
@@ -144,10 +146,13 @@ def png_data_uri(source: Path | bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
-def figure(source: Path | bytes, alt: str, caption: str = "") -> str:
+def figure(source: Path | bytes, alt: str, caption: str = "", *, tall: bool = False) -> str:
+    """An embedded PNG; ``tall`` ones scroll inside a box on screen (whole in print)."""
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    return (f'<figure><img src="{png_data_uri(source)}" alt="{esc(alt)}" '
-            f'loading="eager">{cap}</figure>')
+    img = f'<img src="{png_data_uri(source)}" alt="{esc(alt)}" loading="eager">'
+    if tall:
+        return f'<figure><div class="tall">{img}</div>{cap}</figure>'
+    return f"<figure>{img}{cap}</figure>"
 
 
 def card(label: str, value_html: str, hint: str = "") -> str:

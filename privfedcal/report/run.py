@@ -22,6 +22,14 @@ ANALYSIS_CAPTIONS = {
 }
 
 
+ATTACK_CAPTIONS = {
+    "reconstructions.png": "per target: true images (upper row) and the attack's "
+                           "reconstructions (lower row, with their PSNR)",
+    "classes.png": "class sets inferred from the uploads: shade = true count; dot = found, "
+                   "x = false positive, open circle = missed",
+}
+
+
 def load_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
@@ -151,9 +159,8 @@ def _attack_sections(run_dir: Path) -> str:
                  for (lab, view), rs in sorted(groups.items())],
                 numeric=[False, False, True, True, True, True]))
         for png in sorted(folder.glob("*.png")):
-            parts.append(H.figure(png, f"{folder.name}: {png.stem}",
-                                  "top row of each pair: true images; below: reconstructions "
-                                  "with their PSNR" if "recon" in png.stem else png.stem))
+            parts.append(H.figure(png, f"{folder.name}: {png.stem}", ATTACK_CAPTIONS.get(
+                png.name, png.stem.replace("_", " ")), tall=True))
     return "".join(parts)
 
 
