@@ -9,6 +9,9 @@ whichever parametrisation the method uses:
 * ``classifier.parametrizations.weight.original`` (clsnorm, CCVR sec. 3.3): the logits use
   the row-normalised weight ``W_i / ||W_i||``. The raw weight is re-trained *through* the
   same normalisation, so the calibrated head means at inference what it meant in training.
+  A clsnorm head has no bias (its ``classifier.bias`` is a frozen zero): :func:`read_head`
+  reports ``bias=None`` for it, so no calibrator trains one, and :func:`write_head` leaves
+  the stored zero untouched.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def read_head(state: State) -> Head:
         weight, normalized = state[NORMALIZED_WEIGHT_KEY], True
     else:
         raise KeyError(f"state has no classifier weight ({WEIGHT_KEY!r} or {NORMALIZED_WEIGHT_KEY!r})")
-    return Head(weight, state.get(BIAS_KEY), normalized)
+    # clsnorm is bias-free by definition: its stored zero bias is not part of the head.
+    return Head(weight, None if normalized else state.get(BIAS_KEY), normalized)
 
 
 def write_head(state: State, weight: Tensor, bias: Tensor | None) -> State:

@@ -1,7 +1,5 @@
 """What a run logs besides ``metrics.jsonl`` (one line per evaluated round) and the checkpoint:
 
-- ``partition.json``: the client x class counts and class names (written once at the start,
-  so that a report never has to reload the dataset);
 - ``metrics.csv``: one row per round, evaluated or not (``train_loss`` always; ``accuracy``,
   ``loss`` and ``worst_class_accuracy`` empty on rounds that were not evaluated), for
   spreadsheets and pandas;
@@ -72,12 +70,6 @@ class RunLogger:
         self._clients: dict[int, int] = {}
         if exp is not None:
             self._clients = {c: int(p.numel()) for c, p in enumerate(exp.parts)}
-            part = self.run_dir / "partition.json"
-            if not part.exists():
-                part.write_text(json.dumps({
-                    "classes": [str(c) for c in exp.data.classes],
-                    "sizes": [int(v) for v in exp.counts.sum(axis=1)],
-                    "counts": exp.counts.tolist()}) + "\n")
 
     def enable(self, targets: Sequence[str]) -> None:
         """Turn on optional writers (``tensorboard``); a missing package is a usage error."""

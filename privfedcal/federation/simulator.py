@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from privfedcal.config import RunConfig
-from privfedcal.errors import ReleaseSkipped
+from privfedcal.errors import Diverged, ReleaseSkipped
+from privfedcal.federation import divergence
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.local import (
@@ -32,7 +33,7 @@ from privfedcal.federation.local import (
     weighted_average,
 )
 from privfedcal.federation.runlog import RunLogger
-from privfedcal.federation.setup import Experiment, build_experiment
+from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
 from privfedcal.federation.transcript import Transcript
 from privfedcal.federation.workers import (
     InProcessTrainer,
@@ -80,10 +81,10 @@ class Simulator:
                  uplink: Any = None, exp: Experiment | None = None) -> None:
         from privfedcal.privacy.uplink import Uplink
 
-        self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.exp = exp or build_experiment(cfg)
+        self.cfg = self.exp.cfg  # resolved: model and optimiser filled in per model
+        write_run_files(self.run_dir, self.exp)  # config.json, partition.json
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
         self.threads = cfg.threads or default_threads(cfg.workers)
@@ -91,7 +92,7 @@ class Simulator:
         self.server_state: State | None = None
         self.client_states: dict[int, State] = {}
         self.history: list[dict[str, Any]] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = list(self.exp.warnings)
         self._last_eval: tuple | None = None
         self.update_bytes = 0
         self.start_round = 1
@@ -116,8 +117,10 @@ class Simulator:
         for c in clients:
             x, y = self.client_data(c)
             uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
-        return self.uplink.aggregate(uploads, round_=round_, label=label,
-                                     transcript=self.transcript)
+        payload = self.uplink.aggregate(uploads, round_=round_, label=label,
+                                        transcript=self.transcript)
+        divergence.check_payload(payload, round_, label)
+        return payload
 
     @torch.no_grad()
     def centralized_features(self, state: State, per_class: int | None,
@@ -167,6 +170,15 @@ class Simulator:
                                 exp.spec)
 
     def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Train the remaining rounds and finish; on divergence write a summary marked
+        ``"diverged"`` (metrics so far and the last finite checkpoint stay) and re-raise."""
+        try:
+            return self._run(progress)
+        except Diverged as exc:
+            self.write_diverged(exc)
+            raise
+
+    def _run(self, progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         torch.set_num_threads(self.threads)
         cfg, exp = self.cfg, self.exp
         trainer = self._trainer()
@@ -182,6 +194,7 @@ class Simulator:
                 self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
                                          for r in results)
                 averaged = weighted_average([r[0] for r in results], weights)
+                divergence.check_local(results, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)
@@ -201,8 +214,9 @@ class Simulator:
                 train_loss = float(np.mean([r[2] for r in results]))
                 record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
                 if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
-                    ev = self.evaluate(self.calibrator.eval_state(self.global_state),
+                    ev = self.evaluate(self.checked_eval_state(round_),
                                        self.calibrator.feature_transform())
+                    divergence.check_evaluation(ev, round_, cfg.lr)
                     record.update(accuracy=ev["accuracy"], loss=ev["loss"],
                                   per_class_accuracy=ev["per_class_accuracy"])
                 info = getattr(self.calibrator, "last_round_info", None)
@@ -234,8 +248,9 @@ class Simulator:
         except ReleaseSkipped as exc:
             self.notes.append(f"calibration skipped: {exc}")
             extra = {}
-        final_state = self.calibrator.eval_state(self.global_state)
+        final_state = self.checked_eval_state(final_round)
         ev = self.evaluate(final_state, self.calibrator.feature_transform())
+        divergence.check_evaluation(ev, final_round, cfg.lr)
         self.elapsed += time.perf_counter() - t0
         save_checkpoint(self.run_dir / "final", {"model": final_state})
         summary: dict[str, Any] = {
@@ -250,6 +265,7 @@ class Simulator:
             "per_class_accuracy": ev["per_class_accuracy"],
             "wall_seconds": round(self.elapsed, 3),
             "uploaded_bytes": self.transcript.uploaded_bytes(),
+            "calibration_upload_bytes": self.transcript.uploaded_bytes(),
             "model_update_bytes": self.update_bytes,
             "rejected_uploads": list(getattr(self.uplink, "rejected", [])),
             "skipped_releases": list(getattr(self.uplink, "skipped", [])),
@@ -266,6 +282,39 @@ class Simulator:
         summary["notes"] = self.notes + list(getattr(self.uplink, "hints", []))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    # ---- divergence ---------------------------------------------------------------------------
+    def checked_eval_state(self, round_: int) -> State:
+        """The state evaluated this round, checked finite: the global model, or the one the
+        calibrator re-trained (CReFF's, CCVR's or the oracle's head)."""
+        divergence.check_state(self.global_state, round_, "the global model",
+                               divergence.lr_hint(self.cfg.lr))
+        state = self.calibrator.eval_state(self.global_state)
+        if state is not self.global_state:
+            divergence.check_state(state, round_, f"{self.cfg.calibrator} calibration: the "
+                                   "re-trained classifier", "the calibrator's re-training "
+                                   "diverged: lower its learning rate or steps (docs/usage.md)")
+        return state
+
+    def write_diverged(self, exc: Diverged) -> None:
+        """summary.json of a run stopped by the divergence guard: no accuracy of the NaN
+        model, only the last finite evaluation (also in metrics.jsonl)."""
+        cfg = self.cfg
+        last = next((h for h in reversed(self.history) if "accuracy" in h), None)
+        summary = {
+            "method": cfg.method, "local_method": cfg.local_method,
+            "calibrator": cfg.calibrator, "dataset": cfg.dataset, "model": self.exp.model_name,
+            "rounds": cfg.rounds, "diverged": exc.record(), "accuracy": None,
+            "last_finite_evaluation": ({"round": last["round"], "accuracy": last["accuracy"]}
+                                       if last else None),
+            "checkpoint_round": self.history[-1]["round"] if self.history else 0,
+            "wall_seconds": round(self.elapsed, 3),
+            "uploaded_bytes": self.transcript.uploaded_bytes(),
+            "calibration_upload_bytes": self.transcript.uploaded_bytes(),
+            "model_update_bytes": self.update_bytes,
+            "notes": self.notes + [str(exc)],
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
     # ---- checkpoint / resume ------------------------------------------------------------------
     def save(self, round_: int) -> None:

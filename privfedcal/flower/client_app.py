@@ -94,7 +94,7 @@ def client_runtime(context: Context) -> ClientRuntime:
     if key not in _EXPERIMENTS:
         _EXPERIMENTS.clear()
         exp = build_experiment(cfg)
-        _EXPERIMENTS[key] = (exp, build_uplink(cfg, exp))
+        _EXPERIMENTS[key] = (exp, build_uplink(exp.cfg, exp))  # resolved defaults
     exp, uplink = _EXPERIMENTS[key]
     return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.clients))
 

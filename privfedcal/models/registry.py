@@ -26,6 +26,9 @@ MODELS.register("digits-cnn")(
 MODELS.register("mlp")(lambda c, ch, s: MLP(num_classes=c, in_channels=ch, image_size=s))
 MODELS.register("resnet8")(lambda c, ch, s: resnet8(num_classes=c, in_channels=ch))
 MODELS.register("resnet18")(lambda c, ch, s: resnet18(num_classes=c, in_channels=ch))
+MODELS.register("resnet18-plain")(
+    lambda c, ch, s: resnet18(num_classes=c, in_channels=ch, projector=False)
+)
 MODELS.register("mobilenetv2")(
     lambda c, ch, s: MobileNetV2(num_classes=c, in_channels=ch, image_size=s)
 )

@@ -29,7 +29,9 @@ HEADERS = {"eps": "ε target", "secagg": "secure agg.", "accuracy": "accuracy",
            "psnr": "PSNR", "ssim": "SSIM", "feature_cosine": "feat. cos",
            "class_inference_accuracy": "class inf.", "epsilon_spent": "ε spent",
            "prior_psnr": "prior PSNR", "psnr_max": "PSNR worst", "nearest_is_true": "NN true",
-           "nearest_chance": "NN chance", "targets": "targets"}
+           "nearest_chance": "NN chance", "targets": "targets", "prior_psnr_max": "prior worst",
+           "nearest_of_worst": "NN of worst", "worst_client": "worst client",
+           "worst_class": "worst class", "worst_target": "worst target"}
 
 
 def _value(text: str | None) -> Any:
@@ -124,8 +126,12 @@ def plot_tradeoff(rows: list[dict[str, Any]], columns: list[str], out: Path) -> 
 
 def _exposed(setting_dir: Path) -> list[dict[str, Any]]:
     records = load_json(setting_dir / "attack.json") or []
-    scored = [r for r in records if _finite(r.get("psnr"))]
-    return sorted(scored, key=lambda r: r["psnr"], reverse=True)[:TOP_TARGETS]
+    def exposure(r: dict[str, Any]) -> float:  # best single image where records carry it
+        v = r.get("psnr_best", r.get("psnr"))
+        return float(v) if _finite(v) or isinstance(v, int) else -math.inf
+
+    scored = [r for r in records if math.isfinite(exposure(r))]
+    return sorted(scored, key=exposure, reverse=True)[:TOP_TARGETS]
 
 
 def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
@@ -177,13 +183,14 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
         body.append(f"<h3>{H.esc(name)}</h3>")
         if top:
             body.append(H.table(
-                ["target", "client", "class", "n", "PSNR (dB)", "prior PSNR", "SSIM",
-                 "feature cos"],
+                ["target", "client", "class", "n", "best PSNR (dB)", "mean PSNR", "prior PSNR",
+                 "SSIM", "feature cos"],
                 [[t.get("target"), "all" if t.get("client") is None else t.get("client"),
                   H.fmt_num(t.get("class")), t.get("n"),
+                  H.fmt_fixed(t.get("psnr_best", t.get("psnr")), 3),
                   *(H.fmt_fixed(t.get(k), 3) for k in ("psnr", "prior_psnr", "ssim",
                                                     "feature_cosine"))] for t in top],
-                numeric=[False, True, True, True, True, True, True, True]))
+                numeric=[False, True, True, True, True, True, True, True, True]))
         for p in pngs:
             body.append(H.figure(p, f"{name}: {p.stem}", p.stem.replace("_", " ")))
     notes = [(setting_name(r), r["note"]) for r in rows if r.get("note")]

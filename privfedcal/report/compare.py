@@ -51,7 +51,8 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         "accuracy_after": summary.get("accuracy"),
         "worst_class": worst[1] if worst else None,
         "epsilon": privacy.get("epsilon_spent"),
-        "bytes": (summary.get("uploaded_bytes") or 0) + (summary.get("model_update_bytes") or 0),
+        "bytes": (summary.get("calibration_upload_bytes", summary.get("uploaded_bytes")) or 0)
+        + (summary.get("model_update_bytes") or 0),
         "wall_seconds": summary.get("wall_seconds"),
         "budget": budget(summary), "flags": "",
         "_curve": _curve(run_dir),

@@ -116,8 +116,38 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
         return None
 
 
+def _mean(key: str, rs: list[dict[str, Any]]) -> float:
+    vals = [r[key] for r in rs if isinstance(r.get(key), int | float)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _best(rs: list[dict[str, Any]]) -> float:
+    """Highest PSNR of any single image: ``psnr_best`` where records carry it, else the
+    highest per-record mean."""
+    vals = [r.get("psnr_best", r.get("psnr")) for r in rs]
+    vals = [v for v in vals if isinstance(v, int | float)]
+    return max(vals) if vals else math.nan
+
+
+def _n_range(rs: list[dict[str, Any]]) -> str:
+    ns = [r["n"] for r in rs if isinstance(r.get("n"), int)]
+    if not ns:
+        return "-"
+    return str(min(ns)) if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
+
+
+def _groups(recon: list[dict[str, Any]]) -> list[tuple[tuple[str, str], list[dict[str, Any]]]]:
+    from privfedcal.attacks.report import TARGET_ORDER
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in recon:
+        groups.setdefault((str(r.get("target")), str(r.get("view"))), []).append(r)
+    order = {t: i for i, t in enumerate(TARGET_ORDER)}
+    return sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1]))
+
+
 def _attack_sections(run_dir: Path) -> str:
-    from privfedcal.attacks.report import VIEW_NAMES, summarise
+    from privfedcal.attacks.report import VIEW_NAMES
 
     parts = []
     for folder in sorted(p for p in run_dir.glob("attack-*") if p.is_dir()):
@@ -125,29 +155,28 @@ def _attack_sections(run_dir: Path) -> str:
         parts.append(f"<h3>{H.esc(folder.name)}</h3>")
         recon = [r for r in records if "psnr" in r]
         if recon:
-            rows = summarise(recon)
             parts.append(H.table(
-                ["target", "view", "targets", "n", "PSNR (dB)", "prior PSNR", "SSIM",
-                 "feature cos", "nearest is true"],
-                [[r["target"], VIEW_NAMES.get(r["view"], r["view"]), r["targets"], r["n"],
-                  *(H.fmt_fixed(r[k], 3) for k in ("psnr", "prior_psnr", "ssim",
-                                                "feature_cosine", "nearest_is_true"))]
-                 for r in rows], numeric=[False, False, True, True, True, True, True, True,
-                                          True]))
+                ["target", "view", "targets", "n", "PSNR (dB)", "best PSNR", "prior PSNR",
+                 "SSIM", "feature cos", "nearest is true"],
+                [[t, VIEW_NAMES.get(v, v), len(rs), _n_range(rs),
+                  *(H.fmt_fixed(f(rs), 3) for f in (
+                      lambda rs: _mean("psnr", rs), _best, lambda rs: _mean("prior_psnr", rs),
+                      lambda rs: _mean("ssim", rs), lambda rs: _mean("feature_cosine", rs),
+                      lambda rs: _mean("nearest_is_true", rs)))]
+                 for (t, v), rs in _groups(recon)],
+                numeric=[False, False, True, True, True, True, True, True, True, True]))
             # the hypothetical raw-feature baseline is no release: pick among real views
             real = [r for r in recon if r.get("view") != "hypothetical"] or recon
-            best = max(real, key=lambda r: r["psnr"] if r.get("psnr") is not None else -1e9)
+            best = max(real, key=lambda r: _best([r]) if math.isfinite(_best([r])) else -1e9)
             who = ("the aggregate of all clients" if best.get("client") is None
                    else f"client {best['client']}")
             parts.append(f'<p>Most exposed target: <b>{H.esc(best.get("target"))}</b> of '
                          f'{H.esc(who)}, class {H.esc(best.get("class"))}'
-                         f' at {H.fmt_fixed(best.get("psnr"), 2)} dB (data-free prior '
+                         f' at {H.fmt_fixed(_best([best]), 2)} dB (data-free prior '
                          f'{H.fmt_fixed(best.get("prior_psnr"), 2)} dB).</p>')
         classes = [r for r in records if "precision" in r and "psnr" not in r]
         if classes:
-            def mean(key: str, rs: list[dict[str, Any]]) -> float:
-                vals = [r[key] for r in rs if r.get(key) is not None]
-                return sum(vals) / len(vals) if vals else math.nan
+            mean = _mean
 
             groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
             for r in classes:
@@ -200,10 +229,11 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
                             "secure aggregation only" if privacy.get("secagg") else
                             "uploads in the clear" if summary.get("calibrator") not in (
                                 None, "none") else "no calibration upload"))
-    if "uploaded_bytes" in summary:
+    up_key = next((k for k in ("calibration_upload_bytes", "uploaded_bytes") if k in summary),
+                  None)  # older run folders have only uploaded_bytes
+    if up_key:
         cards.append(H.card("calibration uploads", H.checked(
-            H.fmt_bytes(summary["uploaded_bytes"]), "uploaded_bytes", summary["uploaded_bytes"]),
-            f"{summary['uploaded_bytes']:,} bytes"))
+            H.fmt_bytes(summary[up_key]), up_key, summary[up_key]), f"{summary[up_key]:,} bytes"))
     if "model_update_bytes" in summary:
         cards.append(H.card("model updates", H.checked(
             H.fmt_bytes(summary["model_update_bytes"]), "model_update_bytes",

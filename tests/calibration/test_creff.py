@@ -169,3 +169,6 @@ def test_creff_with_clsnorm_head(make_context):
     state = creff.eval_state(ctx.global_state)
     assert set(state) == set(ctx.global_state)
     assert ctx.evaluate(state)["accuracy"] > before + 0.2
+    # a clsnorm head stays bias-free: exactly the stored zero, nothing trained or stored
+    assert torch.equal(state["classifier.bias"], torch.zeros(3))
+    assert creff.bias is None and "bias" not in creff.state_dict()

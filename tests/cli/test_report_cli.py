@@ -30,7 +30,7 @@ def test_train_report_then_report_and_compare(tmp_path, capsys):
     rows = list(csv.DictReader((tmp_path / "cmp" / "compare.csv").open()))
     sa = json.loads((a / "summary.json").read_text())
     assert float(rows[0]["accuracy_after"]) == sa["accuracy"]
-    assert float(rows[0]["bytes"]) == sa["uploaded_bytes"] + sa["model_update_bytes"]
+    assert float(rows[0]["bytes"]) == sa["calibration_upload_bytes"] + sa["model_update_bytes"]
     assert (tmp_path / "cmp" / "compare.html").is_file()
 
 

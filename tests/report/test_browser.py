@@ -96,7 +96,7 @@ def test_run_report_in_chromium(run_dir, tmp_path):
     shown = re.findall(r'<span data-check="([^"]+)"[^>]*>([^<]*)</span>', dom)
     keys = {k for k, _ in shown}
     assert {"accuracy", "accuracy_before_calibration", "min:per_class_accuracy",
-            "privacy.epsilon_spent", "uploaded_bytes", "model_update_bytes",
+            "privacy.epsilon_spent", "calibration_upload_bytes", "model_update_bytes",
             "wall_seconds"} <= keys
     for key, text in shown:
         got, unit, decimals = number(text)
