@@ -32,6 +32,7 @@ from privfedcal.federation.local import (
     evaluate,
     make_generator,
 )
+from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
 from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
 from privfedcal.federation.workers import (
@@ -98,6 +99,7 @@ class Simulator:
         self.elapsed = 0.0
         self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
         self._trainer_obj: Any = None
+        self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -270,6 +272,7 @@ class Simulator:
                 self.elapsed += dt
                 record["seconds"] = round(dt, 4)
                 self.history.append(record)
+                self.log.round(record, selected, [r[2] for r in results])
                 if "accuracy" in record:
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -390,6 +393,7 @@ class Simulator:
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
+        self.log.restore(self.history)
 
 
 def select_clients(cfg: RunConfig, round_: int) -> list[int]:
