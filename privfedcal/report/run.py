@@ -355,10 +355,12 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
         body.append("<h2>Attacks</h2>" + attacks)
 
     body.append("<h2>Configuration</h2>")
-    cfg_rows = [(k, v) for k, v in _flatten(config) if not k.startswith("versions.")]
-    body.append(H.table(["setting", "value"],
-                        [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
-                         for k, v in cfg_rows]))
+    cfg_rows = [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
+                for k, v in _flatten(config) if not k.startswith("versions.")]
+    half = (len(cfg_rows) + 1) // 2  # two columns side by side: half the scrolling
+    body.append('<div class="grid2">' + "".join(
+        H.table(["setting", "value"], chunk) for chunk in (cfg_rows[:half], cfg_rows[half:])
+        if chunk) + "</div>")
     versions = config.get("versions") or {}
     footer = "privfedcal report of " + str(run_dir.resolve()) + (
         " · " + ", ".join(f"{k} {v}" for k, v in versions.items()) if versions else "")
