@@ -41,6 +41,8 @@ MODEL_FAMILY: dict[str, str] = {"mlp": "small", "digits-cnn": "small"}
 #: smallest input side each model is built for (its stride-2 stages shrink 8x8 digits to
 #: 1x1 maps); smaller inputs train near chance, so the run warns at start
 MODEL_MIN_INPUT: dict[str, int] = {"cnn": 16, "resnet8": 16, "resnet18": 16, "mobilenetv2": 16}
+#: keys of a run's config.json that record the run rather than set it
+RUN_RECORD_KEYS = ("versions", "flower_run_id")
 #: settings resolved at build time when left None
 RESOLVED_FIELDS = ("model", "lr", "momentum", "weight_decay", "batch_size", "local_epochs",
                    "augment")
@@ -64,7 +66,7 @@ class RunConfig:
     alpha: float = 0.1
     imbalance_factor: float = 10.0  # used by the longtail partition only
     shards_per_client: int = 2
-    min_size: int = 2
+    min_size: int = 10
     # training
     rounds: int = 30
     local_epochs: int | None = None  # None: per model (TRAINING_DEFAULTS)
@@ -206,8 +208,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a ``--config`` file: top-level keys are RunConfig fields (``-`` or ``_``);
     tables ``[method_params]`` and ``[calibration_params]`` hold hyperparameters.
 
-    A ``.json`` file is read as a run's ``config.json``: its ``versions`` and ``out`` are
-    ignored (a re-run writes a new folder). Unknown top-level names and wrong types raise a
+    A ``.json`` file is read as a run's ``config.json``: its ``versions`` (and a Flower
+    run's id) and ``out`` are ignored (a re-run writes a new folder). Unknown top-level names and wrong types raise a
     one-line UsageError; the tables' names are checked against the method and calibrator
     when the run is built (they depend on which ones run)."""
     p = Path(path)
@@ -226,7 +228,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UsageError(f"config file {p} must hold a table of settings")
     if is_json:
-        for key in ("versions", "out"):
+        for key in RUN_RECORD_KEYS + ("out",):
             raw.pop(key, None)
     out = {k.replace("-", "_"): v for k, v in raw.items()}
     names = {f.name for f in dataclasses.fields(RunConfig)}
