@@ -192,7 +192,7 @@ class Simulator:
         list of every client's state is held; under --secagg-updates the uplink sums the
         encrypted updates. Returns (results, average, update bytes, results for the
         divergence check)."""
-        recipe = self.uplink.recipe(self.cfg)
+        recipe = self.uplink.recipe(self.exp.spec)
         if self.uplink.updates is None and isinstance(trainer, InProcessTrainer
                                                         | WorkerPoolTrainer):
             running = RunningAverage(weights)
@@ -236,20 +236,11 @@ class Simulator:
                 record_round(self.transcript, round_, self.global_state, selected)
                 weights = self.uplink.update_weights([float(exp.parts[c].numel())
                                                       for c in selected])
-<<<<<<< HEAD
-                self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
-                                         for r in results)
-                averaged = self.uplink.average_updates(
-                    self.global_state, [r[0] for r in results], weights, selected,
-                    round_=round_, transcript=self.transcript, recipe=self.uplink.recipe(exp.spec))
-                divergence.check_local(results, selected, averaged, round_, cfg.lr)
-=======
                 results, averaged, sent_bytes, checked = self.receive_updates(
                     trainer, jobs, selected, weights, round_)
                 self.uplink.after_local_training(selected)
                 self.update_bytes += sent_bytes
                 divergence.check_local(checked, selected, averaged, round_, cfg.lr)
->>>>>>> main
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)
