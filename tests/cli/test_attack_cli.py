@@ -72,7 +72,11 @@ def test_invert_gradients_with_update(runs, tmp_path):
     records = check_records(out / "attack.json", TARGETS)
     kinds = [r["target"] for r in records]
     assert kinds[-1] == "model-update" and set(kinds[:-1]) == {"class-gradient"}
-    assert records[-1]["n"] == 2 and (out / "reconstructions.png").read_bytes()[:8] == PNG
+    # the transcript records client 1's real update: all of its examples (its FedAvg weight)
+    index = json.loads((runs / "creff" / "transcript" / "index.json").read_text())
+    (upd,) = [e for e in index if e["label"] == "model-update" and e["client"] == 1]
+    assert records[-1]["n"] == int(upd["weight"])
+    assert (out / "reconstructions.png").read_bytes()[:8] == PNG
 
 
 def test_classes(runs, tmp_path, capsys):
