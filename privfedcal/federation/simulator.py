@@ -185,12 +185,12 @@ class Simulator:
                 self.uplink.after_local_training(selected)
                 weights = self.uplink.update_weights([float(exp.parts[c].numel())
                                                       for c in selected])
+                divergence.check_local(results, selected, round_, cfg.lr)
                 self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
                                          for r in results)
                 averaged = self.uplink.average_updates(
                     self.global_state, [r[0] for r in results], weights, selected,
                     round_=round_, transcript=self.transcript, recipe=self.uplink.recipe(cfg))
-                divergence.check_local(results, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)
@@ -198,6 +198,8 @@ class Simulator:
                         averaged[k] = sent[k]
                 self.global_state, self.server_state = exp.algo.server_update(
                     sent, averaged, self.server_state)
+                divergence.check_state(self.global_state, round_, "the aggregated model",
+                                       divergence.lr_hint(cfg.lr))
                 for c, r in zip(selected, results, strict=True):
                     if r[1] is not None:
                         self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}

@@ -31,7 +31,7 @@ def test_model_updates_are_recorded_with_weights_and_recipe(tmp_path, tiny_cfg):
         for e in updates:
             assert e["view"] == "plain-upload"
             assert e["weight"] == float(sim.exp.parts[e["client"]].numel())
-            assert (e["local_epochs"], e["batch_size"], e["lr"]) == (1, 32, cfg.lr)
+            assert (e["local_epochs"], e["batch_size"], e["lr"]) == (1, 32, sim.cfg.lr)
             assert set(e["tensors"]) == set(states[r]["tensors"])
             assert e["bytes"] == sum(v.numel() * v.element_size() for v in e["tensors"].values())
         # the next round's global state is the weighted average of what was recorded
