@@ -147,21 +147,32 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def execute(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+def execute(cfg: RunConfig, run_dir: Path, log: tuple[str, ...] = (),
+            report_html: bool = False) -> dict[str, Any]:
     """Build and run ``cfg`` into ``run_dir``. A run that fails before its first checkpoint
     (bad data root, model, budget) leaves no folder behind if it made the folder."""
     created = not run_dir.exists()
     try:
         sim = build_simulator(cfg.replace(out=str(run_dir)), run_dir)
+        sim.log.enable(log)  # --log tensorboard
         summary = run_with_progress(sim, cfg)
+        sim.log.close()
     except Diverged:
         raise  # the folder keeps metrics, the last finite checkpoint and summary.json
     except BaseException:
         if created and run_dir.is_dir() and not (run_dir / "checkpoint").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    report(summary, run_dir)
+    finish(summary, run_dir, report_html)
     return summary
+
+
+def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
+    report(summary, run_dir)
+    if report_html:  # --report: the HTML page of privfedcal report
+        from privfedcal.report.run import build_run_report
+
+        console.print(f"wrote {build_run_report(run_dir)}")
 
 
 def _checkpoint_round(run_dir: Path) -> int:
@@ -174,8 +185,8 @@ def _checkpoint_round(run_dir: Path) -> int:
         raise UsageError(f"cannot read the checkpoint in {run_dir}") from None
 
 
-def resume_run(run_dir: Path, rounds: int | None = None,
-               threads: int | None = None) -> dict[str, Any]:
+def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = None,
+               log: tuple[str, ...] = (), report_html: bool = False) -> dict[str, Any]:
     """Continue an interrupted run, or extend a finished one to ``rounds``.
 
     Rounds are seeded by their number, so an extended run ends with the same model as an
@@ -222,6 +233,8 @@ def resume_run(run_dir: Path, rounds: int | None = None,
                      "model (its uploads, if any, stay in the transcript) and ran again on "
                      f"round {cfg.rounds}'s")
         sim.notes.append(note)
+    sim.log.enable(log)
     summary = run_with_progress(sim, cfg)
-    report(summary, run_dir)
+    sim.log.close()
+    finish(summary, run_dir, report_html)
     return summary

@@ -32,10 +32,11 @@ def lr_hint(lr: float | None) -> str:
         f"lower the learning rate with --lr{now}"
 
 
-def check_local(results: Sequence[tuple], selected: Sequence[int], round_: int,
-                lr: float | None) -> None:
-    """Every selected client's training loss and trained model, before anything is
-    aggregated (so the client is named, and no NaN update reaches the uplink)."""
+def check_local(results: Sequence[tuple], selected: Sequence[int],
+                averaged: Mapping[str, Tensor] | None, round_: int, lr: float | None) -> None:
+    """Every selected client's training loss and trained model (``results[i][0]``: its
+    state, or a marker holding its first non-finite entry), then the average: the client is
+    named where one is at fault."""
     for client, r in zip(selected, results, strict=True):
         if not math.isfinite(float(r[2])):
             raise Diverged(round_, "the local training loss is not finite", client=client,
@@ -45,6 +46,9 @@ def check_local(results: Sequence[tuple], selected: Sequence[int], round_: int,
         if bad is not None:
             raise Diverged(round_, f"the trained model's {bad} is not finite", client=client,
                            hint=lr_hint(lr))
+    key = nonfinite_key(averaged) if averaged is not None else None
+    if key is not None:
+        raise Diverged(round_, f"the averaged model's {key} is not finite", hint=lr_hint(lr))
 
 
 def check_state(state: Mapping[str, Tensor], round_: int, what: str, hint: str) -> None:

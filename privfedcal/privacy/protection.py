@@ -21,6 +21,7 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
 from privfedcal.privacy.dp import L2Clip, gaussian_mechanism, noise_stds, payload_sensitivities
 from privfedcal.privacy.noise import warn_if_seeded
+from privfedcal.privacy.releases import declared_releases
 from privfedcal.privacy.uplink import Uplink
 
 #: release labels the calibrators use, with the payload keys they may carry
@@ -73,6 +74,7 @@ class DPStage:
     planned: list[dict[str, Any]] = field(default_factory=list)
     steps: dict[str, int] = field(default_factory=dict)  # steps per release (DP-SGD: per round)
     planned_clients: dict[str, int] = field(default_factory=dict)  # participants per release
+    specs: dict[str, Any] = field(default_factory=dict)  # label -> releases.ReleaseSpec
     per_client: dict[int, PrivacyAccountant] = field(default_factory=dict)
 
     def _z(self, label: str) -> float:
@@ -130,15 +132,20 @@ class DPStage:
         missing = max(0, n - arrived)
         return min(1.0, missing * self.share(label)) if missing else 0.0
 
-    def sensitivities(self, keys) -> dict[str, float]:
+    def sensitivities(self, keys, label: str | None = None) -> dict[str, float]:
+        """From the release's declaration (its calibrator's file); the standard table for
+        releases without one."""
+        spec = self.specs.get(label) if label is not None else None
+        if spec is not None:
+            return spec.sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
         return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
 
     def noise(self, payload: dict[str, Tensor], label: str, generator, share: float) -> dict:
-        return gaussian_mechanism(payload, self.sensitivities(payload), self._z(label),
+        return gaussian_mechanism(payload, self.sensitivities(payload, label), self._z(label),
                                   generator, share=share)
 
     def stds(self, keys, label: str) -> dict[str, float]:
-        return noise_stds(self.sensitivities(keys), self._z(label))
+        return noise_stds(self.sensitivities(keys, label), self._z(label))
 
     def state_dict(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(),
@@ -189,24 +196,30 @@ def participation_counts(cfg) -> dict[int, int]:
 
 
 def planned_participants(cfg) -> dict[str, int]:
-    """Clients asked for each release (from the config, never from the server's messages)."""
-    m = max(1, int(round(cfg.participation * cfg.clients)))
-    return {CCVR_RELEASE: cfg.clients, CREFF_RELEASE: min(m, cfg.clients)}
+    """Clients asked for each declared release (from the config, never from the server's
+    messages): every client, or each round's selection."""
+    from privfedcal.privacy.releases import declared_releases
+
+    m = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
+    return {r.label: cfg.clients if r.participants == "all" else m
+            for r in declared_releases(cfg.calibrator)}
 
 
 def release_plans(cfg, exp) -> list[ReleasePlan]:
-    """The releases this configuration will make, for the accountant's plan: per client,
-    q = 1 (no amplification from the server's choice of clients) over the most rounds any
-    client takes part in."""
-    calibrator = cfg.calibrator.partition(":")[0]
+    """The releases this configuration will make, from its calibrator's declarations, for the
+    accountant's plan: per client, q = 1 (no amplification from the server's choice of
+    clients), over the most rounds any client takes part in for per-round releases."""
+    from privfedcal.federation.hooks import CALIBRATORS
+    from privfedcal.privacy.releases import declared_releases
+
+    name = cfg.calibrator.partition(":")[0]
+    if name in CALIBRATORS.names() and not CALIBRATORS.get(name).protectable:
+        raise UsageError(f"the {name} calibrator re-trains on raw features of every client: it "
+                         "is an upper bound, not a protocol, and cannot be combined with DP")
     plans = []
-    if calibrator == "ccvr":
-        plans.append(ReleasePlan(CCVR_RELEASE, 1.0, 1))
-    elif calibrator == "creff":
-        plans.append(ReleasePlan(CREFF_RELEASE, 1.0, max(participation_counts(cfg).values())))
-    elif calibrator == "oracle":
-        raise UsageError("the oracle re-trains on raw features of every client: it is an upper "
-                         "bound, not a protocol, and cannot be combined with DP")
+    for r in declared_releases(cfg.calibrator):
+        steps = 1 if r.participants == "all" else max(participation_counts(cfg).values())
+        plans.append(ReleasePlan(r.label, 1.0, steps))
     return plans
 
 
@@ -282,7 +295,8 @@ def build_protected_uplink(cfg, exp) -> Uplink:
                      grad_clip=grad_clip, distributed=cfg.secagg, covers_updates=cfg.dp_train,
                      planned=[{"name": p.name, "sample_rate": p.sample_rate, "steps": p.steps}
                               for p in plans],
-                     planned_clients=planned_participants(cfg))
+                     planned_clients=planned_participants(cfg),
+                     specs={r.label: r for r in declared_releases(cfg.calibrator)})
         if cfg.dp_train:
             from privfedcal.privacy.dpsgd_local import verify_clients
 
@@ -300,6 +314,13 @@ def build_protected_uplink(cfg, exp) -> Uplink:
             seeded=cfg.insecure_seeded_noise))
     secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp) \
         if cfg.secagg else None
+    if secagg is not None:  # CKKS parameters must exist for every release: fail before work
+        from privfedcal.privacy.secagg import CKKSParams
+        from privfedcal.privacy.secagg_stage import PRECISION
+
+        for r in declared_releases(cfg.calibrator):
+            CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
+                                     max_clients=cfg.clients)
     hints = []
     if dp_on and cfg.calibrator == "creff" and dp_creff_weighting(cfg) == "sample" and \
             not _weighting_given(cfg):

@@ -270,3 +270,18 @@ def test_retrain_step_count_and_initial_head(make_context):
     assert not torch.equal(fresh, glob["classifier.weight"]) and fresh.abs().max() <= 0.5  # 1/sqrt(4)
     with pytest.raises(UsageError, match="bias match"):
         CReFFParams(bias_match="none")
+
+
+def test_client_draws_change_nothing_where_no_class_exceeds_the_cap(make_context):
+    # the synthetic clients hold at most 60 samples of a class: a cap of 10 x 32 never binds,
+    # so the run is bit-identical to one over all samples (the draw's seed consumes nothing)
+    runs = []
+    for draws in (10, None):
+        ctx = make_context()
+        creff = CReFF(CReFFParams(features_per_class=6, match_steps=5, retrain_steps=3,
+                                  client_draws=draws), num_classes=3, feature_dim=4)
+        for r in (1, 2):
+            _round(creff, ctx, r)
+        runs.append(creff.state_dict())
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k
