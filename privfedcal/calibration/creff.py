@@ -70,6 +70,7 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import ReleaseSpec
 
 WEIGHTINGS = ("client", "sample")
 REDUCTIONS = ("sum", "mean")
@@ -262,6 +263,11 @@ class CReFF(Calibrator):
     name: ClassVar[str] = "creff"
     Params: ClassVar[type] = CReFFParams
     arg_field: ClassVar[str] = "features_per_class"
+    #: one release per round from its selected clients: sample weighting uploads grad +
+    #: count, client weighting grad (per-class means) + holders (docs/privacy-dp.md)
+    releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
+        "creff-grad", sensitivity={"grad": "G", "count": "1", "holders": "1"},
+        magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected"),)
 
     def __init__(self, params: CReFFParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:

@@ -149,8 +149,8 @@ def load_dataset(spec: str, data_root: str | Path | None = None, *,
                  download: bool = False) -> Dataset:
     """Load ``digits``, ``cifar10``, ``cifar100``, ``stl10``, ``imagefolder:PATH`` or ``npz:PATH``.
 
-    - digits: scikit-learn's 8x8 digits, a fixed stratified split (round(n_c/4) test images
-      of every class, seed 0); no augmentation.
+    - digits: scikit-learn's 8x8 digits (shipped in the package), a fixed stratified split
+      (round(n_c/4) test images of every class, seed 0); no augmentation.
     - cifar10/cifar100/stl10: torchvision's folders under ``data_root``; ``download`` fetches
       them there first.
     - imagefolder:PATH: ``PATH/train/<class>/*`` and ``PATH/test/<class>/*`` (``valid/`` is
@@ -195,14 +195,23 @@ def _stratified_test(labels: np.ndarray, fraction: float, rng: np.random.Generat
     return mask
 
 
+#: scikit-learn's digits (UCI optical handwritten digits, 1797 images of 8x8 pixels in 0..16),
+#: shipped as uint8 arrays so that loading them needs neither scikit-learn nor its import time
+DIGITS_FILE = Path(__file__).with_name("digits.npz")
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(1797, 8, 8) pixels in 0..16 and (1797,) labels, in scikit-learn's order."""
+    with np.load(DIGITS_FILE, allow_pickle=False) as z:
+        return z["images"], z["labels"]
+
+
 @LOADERS.register("digits")
 def _load_digits(_arg: str, _root: Path | None, _download: bool) -> Dataset:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
-    y = torch.from_numpy(bunch.target.astype(np.int64))
-    test = torch.from_numpy(_stratified_test(bunch.target, 0.25, np.random.default_rng(_SPLIT_SEED)))
+    images, target = _digits_arrays()
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
+    y = torch.from_numpy(target.astype(np.int64))
+    test = torch.from_numpy(_stratified_test(target, 0.25, np.random.default_rng(_SPLIT_SEED)))
     classes = [str(c) for c in range(10)]
     return from_pixels("digits", x[~test], y[~test], x[test], y[test], classes, augment=False)
 
