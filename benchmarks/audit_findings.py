@@ -1,4 +1,5 @@
-"""Findings of docs/privacy-audit.md: how much of a client's images CCVR's uploads give away.
+"""Findings of docs/privacy-audit.md: how much of a client's images CCVR's and CReFF's
+uploads give away to converged attacks, worst case first.
 
 Tests the CCVR paper's appendix C claim that class statistics are "basically
 privacy-preserving" (it inverted the mean of 3 features only). Method:
@@ -8,23 +9,29 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
 2. For every n in --ns and every class of --classes, pick n training images of that class
    from the client holding most of it (seeded): exactly the sets a client with n samples
    of the class would summarise. Their features under the released extractor give the
-   upload (count, sum, sum of outer products), computed directly (``ClassStats``).
+   upload (count, sum, sum of outer products), computed directly (``ClassStats``), and the
+   CReFF class gradient of those n samples under the released head.
 3. Control: n random TEST images of the class (public data, nothing from the client),
    scored like a reconstruction: the chance level of every metric.
-   Attacks: raw features (each image's own feature: the baseline), the class mean (one
-   image, CCVR appendix C), mean + covariance (a batch of n images, matched to the truth by
-   the Hungarian assignment). Scored with ``attacks.report.score`` (PSNR, SSIM, feature
-   cosine against the true features, nearest training image, and the PSNR of the test-set
-   class mean image: a guess that uses no client data).
-4. The same statistics under DP: features clipped to R = 10 (the default), the Gaussian
-   mechanism with the noise multiplier the accountant plans for one release at epsilon
-   (delta = min(1e-5, 1/(10 N))), moments from the noisy sums (``noisy_stats_to_moments``).
-5. Secure aggregation: the attacker sees the federation's class statistics only; the same
-   attacks on the aggregate of every client.
+   Attacks (``--parts plain``): raw features (each image's own feature: the baseline), the
+   class mean (one image, CCVR appendix C), mean + covariance (a batch of n images matched
+   to mean AND covariance). ``--parts grad``: the class gradient, features recovered
+   analytically (rank-n recovery for n <= --rank-max, the weighted-mean least-squares
+   estimate above), then inverted. Every inversion runs to convergence (the library's
+   default stopping rule, cap --steps). Scored with ``attacks.report.score``: PSNR of the
+   reconstructions (mean) and of the best one (the worst-off individual), nearest training
+   image, and the data-free prior under the same rule.
+4. ``--parts dp``: the same statistics under DP: features clipped to R = 10 (the default),
+   the Gaussian mechanism with the noise multiplier the accountant plans for one release
+   at epsilon (delta = min(1e-5, 1/(10 N))), moments from the noisy sums.
+5. ``--parts secagg``: the attacker sees the federation's class statistics only; the same
+   attacks on the aggregate, scored against the SAME n images as the per-client rows.
+6. ``--parts trace``: PSNR / nearest = true of the best restart at every convergence check
+   of raw n = 1 and mean + covariance n = 2, 3, 10 (the plot of docs/privacy-audit.md).
 
-Run: ``python benchmarks/audit_findings.py --out runs/findings`` (about 12 CPU-minutes with
-the defaults; ``--rounds 2 --eps none`` for a barely trained extractor). Prints a markdown
-table and writes findings.json / findings.md.
+Run: ``python benchmarks/audit_findings.py --out runs/findings --parts plain`` (one part per
+process parallelises well). Writes findings-<parts>.json / .md and, for ``trace``,
+steps.png.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ from pathlib import Path
 import torch
 
 from privfedcal.attacks.feature_inversion import FeatureTarget, invert_features
+from privfedcal.attacks.gradient_inversion import (
+    recover_from_class_gradient,
+    recover_rank_n,
+)
 from privfedcal.attacks.report import score
 from privfedcal.attacks.runner import STATS_LABEL, UploadedFeatures, load_run
 from privfedcal.calibration.stats import ClassStats
@@ -47,6 +58,9 @@ from privfedcal.privacy.protection import DP_DEFAULT_CLIP
 
 RUN = ["--dataset", "digits", "--clients", "5", "--alpha", "0.3", "--local-epochs", "2",
        "--device", "cpu", "--threads", "1"]
+KEYS = ("psnr", "psnr_best", "ssim", "feature_cosine", "nearest_is_true", "nearest_of_best",
+        "prior_psnr", "prior_psnr_best")
+PARTS = ("plain", "grad", "dp", "secagg", "trace")
 
 
 def train_run(out: Path, rounds: int) -> Path:
@@ -58,6 +72,11 @@ def train_run(out: Path, rounds: int) -> Path:
     return run
 
 
+def scored(view, images, idx, *, paired) -> dict:
+    rec, _ = score(view, images, idx, paired=paired)
+    return {k: rec[k] for k in KEYS}
+
+
 def guess(view, cls: int, idx: torch.Tensor, size: int, *, seed: int) -> dict:
     """The control: ``size`` random TEST images of the class (public data, nothing from the
     client), scored exactly like a reconstruction. Its numbers are chance level."""
@@ -66,19 +85,19 @@ def guess(view, cls: int, idx: torch.Tensor, size: int, *, seed: int) -> dict:
     g = make_generator(seed, cls, size, 74)
     pick = pool[torch.randperm(pool.numel(), generator=g)[:min(size, pool.numel(), idx.numel())]]
     images = d.denormalize(d.x_test[pick]).clamp(0, 1)
-    rec, _ = score(view, images, idx, paired=False)
-    return {k: rec[k] for k in ("psnr", "ssim", "feature_cosine", "nearest_is_true",
-                                "prior_psnr")}
+    return scored(view, images, idx, paired=False)
+
+
+def invert(view, model, target, *, seed, args, trace=None):
+    d = view.exp.data
+    return invert_features(model, target, image_shape=d.x_train.shape[1:], mean=d.mean,
+                           std=d.std, generator=make_generator(args.seed, seed, 0, 71),
+                           steps=args.steps, restarts=args.restarts, trace=trace)
 
 
 def attack(view, model, target, idx, *, paired, seed, args) -> dict:
-    d = view.exp.data
-    res = invert_features(model, target, image_shape=d.x_train.shape[1:], mean=d.mean,
-                          std=d.std, generator=make_generator(args.seed, seed, 0, 71),
-                          steps=args.steps, restarts=args.restarts)
-    rec, _ = score(view, res.images, idx, paired=paired)
-    return {k: rec[k] for k in ("psnr", "ssim", "feature_cosine", "nearest_is_true",
-                                "prior_psnr")}
+    res = invert(view, model, target, seed=seed, args=args)
+    return {**scored(view, res.images, idx, paired=paired), **res.convergence.as_record()}
 
 
 def stats_of(model, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -97,7 +116,23 @@ def moments(payload: dict[str, torch.Tensor], noisy: bool):
     return max(1, int(round(float(count[0])))), mean[0].float(), cov[0].float()
 
 
-def run_findings(args) -> list[dict]:
+def stats_target(k: int, mu, cov) -> FeatureTarget:
+    return FeatureTarget.class_mean(mu, k) if k == 1 else FeatureTarget.class_stats(k, mu, cov)
+
+
+def class_gradient(model, x: torch.Tensor, cls: int) -> torch.Tensor:
+    """One client's CReFF upload for class ``cls`` (client weighting: the mean over its n
+    samples of the CE gradient w.r.t. [W | b]) under the released head."""
+    from privfedcal.calibration.creff import per_sample_head_grads
+
+    with torch.no_grad():
+        z = model.features(x).double()
+        w, b = model.classifier.weight.double(), model.classifier.bias.double()
+        y = torch.full((len(x),), cls, dtype=torch.long)
+        return per_sample_head_grads(z, y, w, b).mean(0)
+
+
+def run_findings(args) -> tuple[list[dict], list[dict]]:
     torch.set_num_threads(1)
     run = args.run or train_run(args.out, args.rounds)
     view = load_run(run)
@@ -108,13 +143,17 @@ def run_findings(args) -> list[dict]:
     delta = min(1e-5, 1 / (10 * n_total))
     clipped = UploadedFeatures(model, None, DP_DEFAULT_CLIP)
     rows: list[dict] = []
+    traces: list[dict] = []
 
     def add(setting, n, cls, kind, rec):
         rows.append({"setting": setting, "n": n, "class": cls, "attack": kind, **rec})
-        print(f"{setting:>10} n={n:<4} class {cls} {kind:<11} PSNR {rec['psnr']:6.2f} "
-              f"(prior {rec['prior_psnr']:5.2f}) fcos {rec['feature_cosine']:.3f} "
-              f"NN {rec['nearest_is_true']:.2f}", flush=True)
+        steps = f" steps {rec['steps_run']:>5} {rec['stopped']}" if "steps_run" in rec else ""
+        print(f"{setting:>10} n={n:<4} class {cls} {kind:<14} PSNR {rec['psnr']:6.2f} max "
+              f"{rec['psnr_best']:6.2f} (prior {rec['prior_psnr']:5.2f} max "
+              f"{rec['prior_psnr_best']:5.2f}) NN {rec['nearest_is_true']:.2f} NN@max "
+              f"{rec['nearest_of_best']!s:5}{steps}", flush=True)
 
+    sets = {}
     for cls in args.classes:
         owner = int(view.exp.counts[:, cls].argmax())
         pool = view.truth(owner, cls)
@@ -123,20 +162,39 @@ def run_findings(args) -> list[dict]:
                 print(f"class {cls}: client {owner} holds {pool.numel()} < {n}; skipped")
                 continue
             g = make_generator(args.seed, cls, n, 72)
-            idx = pool[torch.randperm(pool.numel(), generator=g)[:n]]
-            x = d.x_train[idx]
-            seed = 100 * cls + n
-            with torch.no_grad():
-                z = model.features(x)
-            add("plain", n, cls, "raw", attack(view, model, FeatureTarget.raw(z), idx,
-                                               paired=True, seed=seed, args=args))
+            sets[cls, n] = pool[torch.randperm(pool.numel(), generator=g)[:n]]
+
+    for (cls, n), idx in sets.items():
+        x, seed = d.x_train[idx], 100 * cls + n
+        if "plain" in args.parts:
+            if n == 1:
+                with torch.no_grad():
+                    z = model.features(x)
+                add("plain", n, cls, "raw", attack(view, model, FeatureTarget.raw(z), idx,
+                                                   paired=True, seed=seed, args=args))
             add("plain", n, cls, "guess", guess(view, cls, idx, n, seed=seed))
             k, mu, cov = moments(stats_of(model, x), noisy=False)
             add("plain", n, cls, "mean", attack(view, model, FeatureTarget.class_mean(mu, k),
                                                 idx, paired=False, seed=seed + 1, args=args))
-            add("plain", n, cls, "mean+cov", attack(
-                view, model, FeatureTarget.class_stats(k, mu, cov), idx, paired=False,
-                seed=seed + 2, args=args))
+            if n > 1:
+                add("plain", n, cls, "mean+cov", attack(view, model, stats_target(k, mu, cov),
+                                                        idx, paired=False, seed=seed + 2,
+                                                        args=args))
+        if "grad" in args.parts:
+            grad = class_gradient(model, x, cls)
+            if n <= args.rank_max:
+                rn = recover_rank_n(grad, model.classifier.weight, model.classifier.bias, cls,
+                                    n, generator=make_generator(args.seed, seed, 0, 75))
+                z_hat, kind = rn.features.float(), "grad rank-n"
+                extra = {"fit_residual": rn.residual, "rank": rn.rank}
+            else:
+                z_hat, info = recover_from_class_gradient(grad[:, :-1], grad[:, -1])
+                z_hat, kind = z_hat.float()[None], "grad mean"
+                extra = {"fit_residual": float(info.residual)}
+            rec = attack(view, model, FeatureTarget.raw(z_hat), idx, paired=False,
+                         seed=seed + 5, args=args)
+            add("plain", n, cls, kind, {**rec, **extra})
+        if "dp" in args.parts:
             payload = stats_of(clipped, x)
             sens = payload_sensitivities(payload, clip=DP_DEFAULT_CLIP, grad_clip=1.0)
             for eps in args.eps:
@@ -148,62 +206,143 @@ def run_findings(args) -> list[dict]:
                 add(setting, n, cls, "mean", attack(
                     view, clipped, FeatureTarget.class_mean(mu, k), idx, paired=False,
                     seed=seed + 3, args=args))
-                if k <= args.max_n:
+                if 1 < k <= args.max_n:
                     add(setting, n, cls, "mean+cov", attack(
                         view, clipped, FeatureTarget.class_stats(k, mu, cov), idx,
                         paired=False, seed=seed + 4, args=args))
-        # secure aggregation: the federation's statistics of the class, nothing per client
-        everyone = view.truth(None, cls)
-        k, mu, cov = moments(stats_of(model, d.x_train[everyone]), noisy=False)
-        add("secagg", k, cls, "guess", guess(view, cls, everyone, k, seed=cls + 6))
-        add("secagg", k, cls, "mean", attack(view, model, FeatureTarget.class_mean(mu, k),
-                                             everyone, paired=False, seed=cls + 7, args=args))
-        add("secagg", k, cls, "mean+cov", attack(
-            view, model, FeatureTarget.class_stats(k, mu, cov), everyone, paired=False,
-            seed=cls + 8, args=args))
-    return rows
+
+    if "secagg" in args.parts:
+        # the federation's statistics of the class, nothing per client: one inversion per
+        # class, scored against the same n images as the per-client rows
+        for cls in args.classes:
+            everyone = view.truth(None, cls)
+            k, mu, cov = moments(stats_of(model, d.x_train[everyone]), noisy=False)
+            mean_res = invert(view, model, FeatureTarget.class_mean(mu, k), seed=cls + 7,
+                              args=args)
+            stats_res = (invert(view, model, FeatureTarget.class_stats(k, mu, cov),
+                                seed=cls + 8, args=args) if k <= args.max_n else None)
+            for (c2, n), idx in sets.items():
+                if c2 != cls:
+                    continue
+                add("secagg", n, cls, "guess", guess(view, cls, idx, n, seed=cls + 6))
+                add("secagg", n, cls, "mean", {**scored(view, mean_res.images, idx,
+                                                        paired=False),
+                                               **mean_res.convergence.as_record()})
+                if stats_res is not None:
+                    add("secagg", n, cls, "mean+cov",
+                        {**scored(view, stats_res.images, idx, paired=False),
+                         **stats_res.convergence.as_record(), "aggregate_n": k})
+
+    if "trace" in args.parts:
+        cls = args.classes[0]
+        for n in (1, 2, 3, 10):
+            if (cls, n) not in sets:
+                continue
+            idx = sets[cls, n]
+            x = d.x_train[idx]
+            if n == 1:
+                with torch.no_grad():
+                    target, kind = FeatureTarget.raw(model.features(x)), "raw"
+            else:
+                k, mu, cov = moments(stats_of(model, x), noisy=False)
+                target, kind = FeatureTarget.class_stats(k, mu, cov), "mean+cov"
+            seen: list[tuple[int, torch.Tensor]] = []
+            res = invert(view, model, target, seed=100 * cls + n + 2, args=args,
+                         trace=lambda step, pix, seen=seen: seen.append((step, pix.cpu())))
+            for step, pix in seen:
+                rec = scored(view, pix, idx, paired=n == 1)
+                traces.append({"n": n, "class": cls, "attack": kind, "step": step, **rec})
+            print(f"trace n={n} {kind}: {len(seen)} checks, {res.convergence}", flush=True)
+    return rows, traces
 
 
 def table(rows: list[dict]) -> str:
-    """Mean over classes per (setting, n, attack)."""
+    """Per (setting, n, attack) over classes: worst case (max PSNR, NN of that image) first,
+    then means; steps run and how many inversions met the tolerance."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        n = "N_c" if r["setting"] == "secagg" else r["n"]
-        groups.setdefault((r["setting"], n, r["attack"]), []).append(r)
-    lines = ["| setting | n | attack | PSNR dB | prior dB | SSIM | feature cos | NN = true |",
-             "|---|---|---|---|---|---|---|---|"]
+        groups.setdefault((r["setting"], r["n"], r["attack"]), []).append(r)
+    lines = ["| setting | n | attack | max PSNR dB | NN@max | prior max dB | PSNR dB | "
+             "prior dB | SSIM | NN = true | steps | converged |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (setting, n, kind), rs in groups.items():
+        top = max(rs, key=lambda r: r["psnr_best"])
         m = {k: sum(r[k] for r in rs) / len(rs) for k in
-             ("psnr", "prior_psnr", "ssim", "feature_cosine", "nearest_is_true")}
-        lines.append(f"| {setting} | {n} | {kind} | {m['psnr']:.2f} | {m['prior_psnr']:.2f} | "
-                     f"{m['ssim']:.3f} | {m['feature_cosine']:.3f} | "
-                     f"{m['nearest_is_true']:.2f} |")
+             ("psnr", "prior_psnr", "ssim", "nearest_is_true")}
+        steps = ("-" if "steps_run" not in rs[0] else
+                 f"{min(r['steps_run'] for r in rs)}-{max(r['steps_run'] for r in rs)}")
+        conv = "-" if "converged" not in rs[0] else f"{sum(r['converged'] for r in rs)}/{len(rs)}"
+        lines.append(f"| {setting} | {n} | {kind} | {top['psnr_best']:.2f} | "
+                     f"{'yes' if top['nearest_of_best'] else 'no'} | "
+                     f"{max(r['prior_psnr_best'] for r in rs):.2f} | {m['psnr']:.2f} | "
+                     f"{m['prior_psnr']:.2f} | {m['ssim']:.3f} | {m['nearest_is_true']:.2f} | "
+                     f"{steps} | {conv} |")
     return "\n".join(lines)
 
 
+def plot_traces(traces: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for i, key in enumerate(dict.fromkeys((t["attack"], t["n"]) for t in traces)):
+        ts = [t for t in traces if (t["attack"], t["n"]) == key]
+        steps = [t["step"] for t in ts]
+        label = f"{key[0]} n={key[1]}"
+        axes[0].plot(steps, [t["psnr"] for t in ts], color=f"C{i}", label=label + " mean")
+        axes[0].plot(steps, [t["psnr_best"] for t in ts], color=f"C{i}", ls=":", lw=1)
+        axes[1].plot(steps, [t["nearest_is_true"] for t in ts], color=f"C{i}", label=label)
+    axes[0].set_ylabel("PSNR dB (solid mean, dotted best image)")
+    axes[1].set_ylabel("nearest training image = true")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("Adam steps (run stops at the convergence criterion)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
+    from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, default=None, help="a CCVR run folder (default: train)")
     p.add_argument("--out", type=Path, default=Path("runs/audit-findings"))
-    p.add_argument("--ns", type=lambda s: [int(t) for t in s.split(",")], default=[1, 2, 3, 10])
-    p.add_argument("--classes", type=lambda s: [int(t) for t in s.split(",")],
-                   default=[0, 3, 8])
+    p.add_argument("--parts", type=lambda s: [t for t in s.split(",") if t],
+                   default=["plain", "grad", "dp", "secagg"], help=f"of {', '.join(PARTS)}")
+    p.add_argument("--ns", type=lambda s: [int(t) for t in s.split(",")],
+                   default=[1, 2, 3, 10, 30])
+    p.add_argument("--classes", type=lambda s: [int(t) for t in s.split(",")], default=[0, 3])
     p.add_argument("--eps", type=lambda s: [float(t) for t in s.split(",") if t != "none"],
                    default=[1.0, 2.0, 4.0, 8.0], help="DP epsilons (none: skip DP)")
     p.add_argument("--rounds", type=int, default=10, help="rounds of the trained run")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--restarts", type=int, default=4)
+    p.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="step cap")
+    p.add_argument("--restarts", type=int, default=2)
+    p.add_argument("--rank-max", type=int, default=3, help="largest n for rank-n recovery")
     p.add_argument("--max-n", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    bad = [x for x in args.parts if x not in PARTS]
+    if bad:
+        p.error(f"unknown part(s) {bad}; valid: {', '.join(PARTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = run_findings(args)
-    text = table(rows)
+    rows, traces = run_findings(args)
+    tag = "-".join(args.parts)
+    text = table(rows) if rows else ""
     print(text)
-    (args.out / "findings.json").write_text(json.dumps(
-        [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-          for k, v in r.items()} for r in rows], indent=1))
-    (args.out / "findings.md").write_text(text + "\n")
+
+    def plain(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    (args.out / f"findings-{tag}.json").write_text(json.dumps(
+        [{k: plain(v) for k, v in r.items()} for r in rows + traces], indent=1))
+    (args.out / f"findings-{tag}.md").write_text(text + "\n")
+    if traces:
+        plot_traces(traces, args.out / "steps.png")
 
 
 if __name__ == "__main__":

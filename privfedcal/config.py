@@ -42,6 +42,8 @@ MODEL_FAMILY: dict[str, str] = {"mlp": "small", "digits-cnn": "small"}
 #: smallest input side each model is built for (its stride-2 stages shrink 8x8 digits to
 #: 1x1 maps); smaller inputs train near chance, so the run warns at start
 MODEL_MIN_INPUT: dict[str, int] = {"cnn": 16, "resnet8": 16, "resnet18": 16, "mobilenetv2": 16}
+#: keys of a run's config.json that record the run rather than set it
+RUN_RECORD_KEYS = ("versions", "flower_run_id")
 #: settings resolved at build time when left None
 RESOLVED_FIELDS = ("model", "lr", "momentum", "weight_decay", "batch_size", "local_epochs",
                    "augment")
@@ -65,7 +67,7 @@ class RunConfig:
     alpha: float = 0.1
     imbalance_factor: float = 10.0  # used by the longtail partition only
     shards_per_client: int = 2
-    min_size: int = 2
+    min_size: int = 10
     # training
     rounds: int = 30
     local_epochs: int | None = None  # None: per model (TRAINING_DEFAULTS)
@@ -94,6 +96,8 @@ class RunConfig:
     dp_train_share: float = 0.5
     secagg: bool = False
     hide_counts: bool = False
+    insecure_seeded_noise: bool = False  # DP noise from the public seed: tests/benchmarks only
+    secagg_updates: bool = False  # model updates as CKKS sums (privacy/update_secagg.py)
     # outputs
     out: str | None = None
     transcript: bool = True
@@ -122,6 +126,8 @@ class RunConfig:
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
             (self.dp_grad_clip is None or self.dp_grad_clip > 0, "--dp-grad-clip must be > 0"),
             (0 < self.dp_train_share < 1, "--dp-train-share must be in (0, 1)"),
+            (not self.hide_counts or self.secagg,
+             "--hide-counts needs --secagg: only inside ciphertexts are counts hidden"),
         ]
         for ok, message in checks:
             if not ok:
@@ -207,8 +213,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a ``--config`` file: top-level keys are RunConfig fields (``-`` or ``_``);
     tables ``[method_params]`` and ``[calibration_params]`` hold hyperparameters.
 
-    A ``.json`` file is read as a run's ``config.json``: its ``versions`` and ``out`` are
-    ignored (a re-run writes a new folder). Unknown top-level names and wrong types raise a
+    A ``.json`` file is read as a run's ``config.json``: its ``versions`` (and a Flower
+    run's id) and ``out`` are ignored (a re-run writes a new folder). Unknown top-level names and wrong types raise a
     one-line UsageError; the tables' names are checked against the method and calibrator
     when the run is built (they depend on which ones run)."""
     p = Path(path)
@@ -227,7 +233,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UsageError(f"config file {p} must hold a table of settings")
     if is_json:
-        for key in ("versions", "out"):
+        for key in RUN_RECORD_KEYS + ("out",):
             raw.pop(key, None)
     out = {k.replace("-", "_"): v for k, v in raw.items()}
     names = {f.name for f in dataclasses.fields(RunConfig)}

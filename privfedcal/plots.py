@@ -1,97 +1,145 @@
-"""The accuracy plot of a run, drawn with Pillow.
-
-``privfedcal train`` writes this plot after every run; matplotlib takes about a second to
-import, more than the whole training of the default experiment, so this one plot is drawn
-directly: axes, grid, ticks, the accuracy line and, after calibration, the calibrated
-accuracy as a red marker. The analysis plots (``privfedcal analyze``) use matplotlib.
-"""
+"""Plots of a run: accuracy per round, per-class accuracy before/after calibration, and the
+accuracy curves of several runs overlaid (``privfedcal compare``). Style: plotstyle.py."""
 
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-_W, _H = 720, 432  # pixels (6 x 3.6 inches at 120 dpi)
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 34, 46
-_BLUE, _RED, _GRID, _INK = (31, 119, 180), (214, 39, 40), (225, 225, 225), (0, 0, 0)
+from matplotlib.ticker import MaxNLocator
+
+from privfedcal.plotstyle import new_figure, save, series_style, styled
 
 
-def _ticks(lo: float, hi: float, target: int = 6) -> list[float]:
-    """Round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten)."""
-    span = max(hi - lo, 1e-9)
-    raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step - 1e-9) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+def read_metrics(metrics_file: Path) -> list[dict[str, Any]]:
+    """The evaluated rounds of ``metrics.jsonl`` (empty when the file is missing)."""
+    path = Path(metrics_file)
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("accuracy") is not None]
 
 
-def _label(v: float) -> str:
-    return f"{v:g}" if abs(v - round(v)) > 1e-9 else str(int(round(v)))
+def _round_axis(ax) -> None:
+    """Rounds are whole numbers: never tick 1.5."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
 
 
 def plot_accuracy(metrics_file: Path, out: Path, summary: dict[str, Any] | None = None) -> Path:
-    """Test accuracy (%) per evaluated round; the calibrated accuracy as a marker when present."""
-    from PIL import Image, ImageDraw, ImageFont
+    """Test accuracy per evaluated round; the calibrated accuracy as a marker when present."""
+    rows = read_metrics(metrics_file)
+    with styled():
+        fig = new_figure(5.2, 3.3)
+        ax = fig.add_subplot()
+        ax.plot([r["round"] for r in rows], [100 * r["accuracy"] for r in rows],
+                label="global model", **series_style(0))
+        if summary and "accuracy_before_calibration" in summary and rows:
+            ax.scatter([rows[-1]["round"]], [100 * summary["accuracy"]], color=series_style(3)[
+                "color"], marker="*", s=140, zorder=5, edgecolors="black", linewidths=0.6,
+                label=f"after {summary.get('calibrator', 'calibration')}")
+        _round_axis(ax)
+        ax.set_ylabel("test accuracy (%)")
+        title = (f"{summary.get('method', '?')} on {summary.get('dataset', '?')}" if summary
+                 else "accuracy")
+        ax.set_title(title)
+        if rows:
+            ax.legend(loc="lower right")
+        return save(fig, out)
 
-    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line]
-    xs = [float(r["round"]) for r in rows]
-    ys = [100 * float(r["accuracy"]) for r in rows]
-    calibrated = None
-    if summary and "accuracy_before_calibration" in summary and rows:
-        calibrated = (xs[-1], 100 * float(summary["accuracy"]))
-    all_y = ys + ([calibrated[1]] if calibrated else [])
-    y_lo, y_hi = (min(all_y), max(all_y)) if all_y else (0.0, 100.0)
-    pad = max(1.0, 0.05 * (y_hi - y_lo))
-    y_lo, y_hi = max(0.0, y_lo - pad), min(100.0, y_hi + pad)
-    x_lo, x_hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
-    if y_hi <= y_lo:
-        y_lo, y_hi = y_lo - 1, y_hi + 1
 
-    img = Image.new("RGB", (_W, _H), "white")
-    draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default(size=13)
-    x0, x1, y0, y1 = _LEFT, _W - _RIGHT, _TOP, _H - _BOTTOM
+def plot_train_loss(run_dir: Path, out: Path) -> Path | None:
+    """Mean local training loss per round from ``metrics.csv`` (every round), or from the
+    evaluated rounds of ``metrics.jsonl`` for older run folders; None when neither has it."""
+    from privfedcal.federation.runlog import read_metrics_csv
 
-    def px(x: float, y: float) -> tuple[float, float]:
-        return (x0 + (x - x_lo) / (x_hi - x_lo) * (x1 - x0),
-                y1 - (y - y_lo) / (y_hi - y_lo) * (y1 - y0))
+    run_dir = Path(run_dir)
+    if (run_dir / "metrics.csv").is_file():
+        rows = [r for r in read_metrics_csv(run_dir / "metrics.csv")
+                if r.get("train_loss") is not None]
+    else:
+        rows = [r for r in read_metrics(run_dir / "metrics.jsonl")
+                if r.get("train_loss") is not None]
+    if not rows:
+        return None
+    with styled():
+        fig = new_figure(5.2, 3.3)
+        ax = fig.add_subplot()
+        ax.plot([r["round"] for r in rows], [r["train_loss"] for r in rows],
+                label="train loss (mean over sampled clients)",
+                **series_style(1, markers=len(rows) <= 40))
+        evaluated = [r for r in rows if r.get("loss") is not None]
+        if evaluated:
+            ax.plot([r["round"] for r in evaluated], [r["loss"] for r in evaluated],
+                    label="test loss", **series_style(2, markers=len(evaluated) <= 40))
+        _round_axis(ax)
+        ax.set_ylabel("cross-entropy")
+        ax.set_title("loss per round")
+        ax.legend(loc="upper right")
+        return save(fig, out)
 
-    for v in _ticks(y_lo, y_hi):
-        _, y = px(x_lo, v)
-        draw.line([(x0, y), (x1, y)], fill=_GRID)
-        draw.text((x0 - 6, y), _label(v), fill=_INK, font=font, anchor="rm")
-    for v in _ticks(x_lo, x_hi, 8):
-        if abs(v - round(v)) > 1e-9:
-            continue  # rounds are integers
-        x, _ = px(v, y_lo)
-        draw.line([(x, y0), (x, y1)], fill=_GRID)
-        draw.text((x, y1 + 6), _label(v), fill=_INK, font=font, anchor="ma")
-    draw.rectangle([x0, y0, x1, y1], outline=_INK)
-    points = [px(x, y) for x, y in zip(xs, ys, strict=True)]
-    if len(points) > 1:
-        draw.line(points, fill=_BLUE, width=2)
-    for x, y in points:
-        draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=_BLUE)
-    legend = [("global model", _BLUE)]
-    if calibrated:
-        x, y = px(*calibrated)
-        draw.ellipse([x - 5, y - 5, x + 5, y + 5], fill=_RED)
-        legend.append((f"after {summary.get('calibrator', 'calibration')}", _RED))  # type: ignore[union-attr]
-    for i, (text, color) in enumerate(reversed(legend)):
-        ly = y1 - 14 - 18 * i
-        draw.line([(x1 - 150, ly), (x1 - 130, ly)], fill=color, width=3)
-        draw.text((x1 - 124, ly), text, fill=_INK, font=font, anchor="lm")
-    title = f"{summary['method']} on {summary['dataset']}" if summary else "accuracy"
-    draw.text(((x0 + x1) / 2, y0 - 10), title, fill=_INK, font=font, anchor="md")
-    draw.text(((x0 + x1) / 2, _H - 8), "round", fill=_INK, font=font, anchor="md")
-    ylab = Image.new("RGB", (y1 - y0, 16), "white")
-    ImageDraw.Draw(ylab).text(((y1 - y0) / 2, 8), "test accuracy (%)", fill=_INK, font=font,
-                              anchor="mm")
-    img.paste(ylab.rotate(90, expand=True), (4, y0))
-    img.save(out, format="PNG")
-    return Path(out)
+
+def plot_per_class(after: Sequence[float | None], out: Path, *,
+                   before: Sequence[float | None] | None = None,
+                   class_names: Sequence[str] | None = None,
+                   labels: tuple[str, str] = ("before calibration", "after calibration")) -> Path:
+    """Per-class test accuracy: one bar per class, or two (before/after) when ``before``
+    is given. Classes without test samples (None) are left empty."""
+    n = len(after)
+    names = [str(c) for c in class_names] if class_names and len(class_names) == n else [
+        str(i) for i in range(n)]
+    series = [(labels[1] if before is not None else "final model", after)]
+    if before is not None:
+        series.insert(0, (labels[0], before))
+    many = n > 30
+    with styled():
+        fig = new_figure(min(max(5.0, 0.35 * n + 2), 14), 3.4)
+        ax = fig.add_subplot()
+        width = 0.8 / len(series)
+        for i, (label, values) in enumerate(series):
+            xs = [j + (i - (len(series) - 1) / 2) * width for j in range(n)]
+            ys = [100 * v if v is not None else 0.0 for v in values]
+            ax.bar(xs, ys, width, label=label, color=series_style(i)["color"],
+                   hatch="//" if i == 0 and len(series) > 1 else None,
+                   edgecolor="white" if not many else None, linewidth=0.4)
+        if many:
+            step = 10 if n > 60 else 5
+            ax.set_xticks(range(0, n, step))
+            ax.set_xlabel("class index")
+        else:
+            rotate = max(map(len, names), default=0) > 3
+            ax.set_xticks(range(n), names, rotation=45 if rotate else 0,
+                          ha="right" if rotate else "center")
+            ax.set_xlabel("class")
+        ax.set_xlim(-0.6, n - 0.4)
+        ax.set_ylim(0, 112)
+        ax.set_yticks(range(0, 101, 20))
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(axis="x", visible=False)
+        ax.legend(loc="upper center", ncol=2, frameon=False)
+        return save(fig, out)
+
+
+def plot_curves(curves: Mapping[str, Sequence[tuple[int, float]]], out: Path, *,
+                title: str = "test accuracy per round") -> Path:
+    """Accuracy curves of several runs on one axis: ``{label: [(round, accuracy), ...]}``."""
+    with styled():
+        fig = new_figure(7, 4)
+        ax = fig.add_subplot()
+        for i, (label, points) in enumerate(curves.items()):
+            if not points:
+                continue
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, [100 * y for y in ys], label=label,
+                    **series_style(i, markers=len(xs) <= 40))
+        _round_axis(ax)
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(title)
+        if curves:
+            ax.legend(loc="best")
+        return save(fig, out)
+
+
+__all__ = ["read_metrics", "plot_accuracy", "plot_train_loss", "plot_per_class", "plot_curves"]

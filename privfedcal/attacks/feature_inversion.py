@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 
@@ -80,17 +81,35 @@ class FeatureTarget:
         return cls("class-stats", mean=mean, cov=cov, n=n, mode=mode)
 
 
+#: default step cap: breaching-scale (Inverting Gradients runs 24,000 Adam steps)
+DEFAULT_MAX_STEPS = 24_000
+
+
 @dataclass(frozen=True)
 class InversionConfig:
-    """Optimiser and priors. Weights are relative to a feature loss of order 1."""
+    """Optimiser, stopping rule and priors. Weights are relative to a feature loss of order 1.
 
-    steps: int = 400
-    lr: float = 0.1  # Adam, in normalised input units; cosine-decayed to 0
+    Stopping (``optimise_images``): every ``check_every`` steps the relative feature error
+    of the best restart (by objective) is measured; the run stops when it is <= ``tol``
+    ("converged"), when the step-size has been halved down to ``lr * min_lr_ratio`` because
+    the objective stopped improving ("plateau": no relative improvement above
+    ``min_improvement`` over ``patience`` checks halves the step size), or at ``steps``
+    ("cap"). The step size also follows a cosine decay over ``steps``, so a short run
+    (``steps`` lowered for a quick look) still ends on a small step.
+    """
+
+    steps: int = DEFAULT_MAX_STEPS  # cap; the stopping rule usually ends the run earlier
+    lr: float = 0.1  # Adam, in normalised input units
     restarts: int = 4
     tv_weight: float = 1e-3  # mean absolute neighbour difference, pixel space
     l2_weight: float = 1e-5  # mean squared normalised input
     jitter: int | None = None  # max shift in pixels per step; None: 0 below 16 px, else side//16
     bn_weight: float = 1e-2  # only used when the model has BatchNorm layers
+    tol: float = 1e-4  # relative feature error at which the inversion counts as converged
+    check_every: int = 100  # steps between checks (one host sync per check)
+    patience: int = 2  # checks without improvement before the step size is halved
+    min_improvement: float = 1e-3  # relative objective improvement that counts
+    min_lr_ratio: float = 1e-2  # stop once the step size fell below lr * this
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.restarts < 1:
@@ -101,12 +120,30 @@ class InversionConfig:
             raise UsageError("prior weights must be >= 0")
         if self.jitter is not None and self.jitter < 0:
             raise UsageError(f"jitter must be >= 0, got {self.jitter}")
+        if self.tol < 0 or self.check_every < 1 or self.patience < 1:
+            raise UsageError("need tol >= 0, check_every >= 1 and patience >= 1")
+        if not 0 < self.min_lr_ratio <= 1 or self.min_improvement < 0:
+            raise UsageError("need 0 < min_lr_ratio <= 1 and min_improvement >= 0")
 
     def jitter_for(self, height: int, width: int) -> int:
         if self.jitter is not None:
             return self.jitter
         side = min(height, width)
         return 0 if side < 16 else side // 16
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """How an optimisation ended: steps run, the kept restart's relative feature error
+    (NaN when no error function was given) and why it stopped (converged|plateau|cap)."""
+
+    steps: int
+    error: float
+    stopped: str
+
+    def as_record(self) -> dict[str, object]:
+        return {"steps_run": self.steps, "feature_error": self.error,
+                "converged": self.stopped == "converged", "stopped": self.stopped}
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +155,7 @@ class InversionResult:
     restart_losses: Tensor  # (R,)
     mode: str
     target_features: Tensor | None = None  # per-image feature targets (raw / from stats)
+    convergence: Convergence | None = None
 
 
 def features_from_stats(n: int, mean: Tensor, cov: Tensor) -> Tensor:
@@ -219,11 +257,18 @@ def optimise_images(
     generator: torch.Generator,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
-) -> tuple[Tensor, Tensor, int]:
+    error: Callable[[Tensor], Tensor] | None = None,
+    trace: Callable[[int, Tensor], None] | None = None,
+) -> tuple[Tensor, Tensor, int, Convergence]:
     """Shared engine: minimise ``objective(x) -> (restarts,)`` over R*B images in normalised
     space, plus the TV / L2 priors, with jitter and the box constraint.
 
-    Returns ``(x_best (B,C,H,W) normalised, final losses (R,), best restart index)``.
+    ``error(x) -> (restarts,)`` is the relative feature error of each restart (no gradient
+    needed); it drives the convergence test (see ``InversionConfig``). Host syncs happen
+    only at the checks, every ``config.check_every`` steps. ``trace(step, x_best)``, if
+    given, sees the best restart's images (normalised) at every check and at the end.
+
+    Returns ``(x_best (B,C,H,W) normalised, final losses (R,), best restart, convergence)``.
     """
     c, h, w = (int(s) for s in image_shape)
     m, s = channel_stats(mean, std, c, device, dtype)
@@ -231,8 +276,8 @@ def optimise_images(
     pixels = torch.rand(restarts * batch, c, h, w, generator=generator, device=generator.device)
     x = ((pixels.to(device=device, dtype=dtype) - m) / s).requires_grad_(True)
     opt = torch.optim.Adam([x], lr=config.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(config.steps, 1))
     jitter = config.jitter_for(h, w)
+    cap = config.steps
 
     def total(inp: Tensor) -> Tensor:
         loss = objective(inp)
@@ -244,23 +289,83 @@ def optimise_images(
             loss = loss + config.l2_weight * l2
         return loss
 
-    for _ in range(config.steps):
+    def check() -> tuple[float, float]:
+        """(objective, relative error) of the best restart: one host sync."""
+        # no torch.no_grad(): a gradient-matching objective differentiates inside
+        loss = total(x).detach()
+        best = loss.argmin()
+        if trace is not None:
+            b = int(best)
+            trace(step, x.detach()[b * batch : (b + 1) * batch].clone())
+        err = error(x).detach()[best] if error is not None else loss.new_tensor(math.nan)
+        both = torch.stack([loss[best], err.to(loss.dtype)]).tolist()
+        return both[0], both[1]
+
+    factor, best_loss, bad, step, stopped = 1.0, math.inf, 0, 0, "cap"
+    shifts: list[list[int]] = []
+    while step < cap:
+        if jitter and not shifts:  # draw a block of shifts at once: no per-step host sync
+            block = torch.randint(-jitter, jitter + 1, (config.check_every, 2),
+                                  generator=generator, device=generator.device)
+            shifts = block.tolist()
+        lr = config.lr * factor * 0.5 * (1 + math.cos(math.pi * step / max(cap, 1)))
+        for group in opt.param_groups:
+            group["lr"] = lr
         inp = x
         if jitter:
-            shift = torch.randint(
-                -jitter, jitter + 1, (2,), generator=generator, device=generator.device
-            )
-            dx, dy = shift.tolist()
+            dx, dy = shifts.pop()
             inp = torch.roll(x, shifts=(dx, dy), dims=(-2, -1))
         (grad,) = torch.autograd.grad(total(inp).sum(), x)
         x.grad = grad
         opt.step()
-        sched.step()
         with torch.no_grad():
             x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+        step += 1
+        if step % config.check_every == 0 and step < cap:
+            loss_now, err_now = check()
+            if err_now <= config.tol:
+                stopped = "converged"
+                break
+            if loss_now < best_loss * (1 - config.min_improvement) or not math.isfinite(best_loss):
+                best_loss, bad = loss_now, 0
+            else:
+                bad += 1
+                if bad >= config.patience:
+                    factor, bad = factor / 2, 0
+                    if factor < config.min_lr_ratio:
+                        stopped = "plateau"
+                        break
     final = total(x).detach()
     best = int(final.argmin())
-    return x.detach()[best * batch : (best + 1) * batch], final, best
+    err = float(error(x).detach()[best]) if error is not None else math.nan
+    if stopped == "cap" and err <= config.tol:
+        stopped = "converged"
+    if trace is not None:
+        trace(step, x.detach()[best * batch : (best + 1) * batch].clone())
+    return (x.detach()[best * batch : (best + 1) * batch], final, best,
+            Convergence(step, err, stopped))
+
+
+def relative_feature_error(
+    z: Tensor, *, per_image: Tensor | None = None, mu: Tensor | None = None,
+    cov: Tensor | None = None,
+) -> Tensor:
+    """Relative feature error per restart of (R, B, d) features, the convergence measure:
+    per-image targets ``max_i ||z_i - t_i|| / ||t_i||``; a mean ``||mean_i z_i - mu|| / ||mu||``;
+    mean and covariance the larger of that and ``||Sigma_hat - Sigma||_F / ||Sigma||_F``."""
+    def rel(a: Tensor, b: Tensor) -> Tensor:
+        return (a - b).flatten(2).norm(dim=-1) / b.flatten(2).norm(dim=-1).clamp_min(1e-12)
+
+    if per_image is not None:
+        return rel(z, per_image.expand_as(z)).amax(-1)
+    m = z.mean(1, keepdim=True)
+    err = rel(m, mu.view(1, 1, -1).expand_as(m))[:, 0]  # type: ignore[union-attr]
+    if cov is None:
+        return err
+    centred = z - m
+    sigma = centred.transpose(1, 2) @ centred / max(z.shape[1] - 1, 1)
+    cerr = (sigma - cov).flatten(1).norm(dim=-1) / cov.norm().clamp_min(1e-12)
+    return torch.maximum(err, cerr)
 
 
 def _raw_loss(z: Tensor, target: Tensor) -> Tensor:
@@ -297,8 +402,10 @@ def invert_features(
     jitter: int | None = None,
     bn_weight: float | None = None,
     config: InversionConfig | None = None,
+    trace: Callable[[int, Tensor], None] | None = None,
 ) -> InversionResult:
-    """Invert ``target`` through ``model.features``; keywords override ``config``."""
+    """Invert ``target`` through ``model.features``; keywords override ``config``.
+    ``trace(step, pixels)`` sees the best restart's images at every convergence check."""
     given = dict(
         steps=steps,
         lr=lr,
@@ -348,29 +455,35 @@ def invert_features(
         bn_loss = bn.pop() if bn is not None else None
         return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss
 
-    was_training = model.training
-    model.eval()
-    try:
-        x, losses, best = optimise_images(
-            objective,
-            restarts=r,
-            batch=batch,
-            image_shape=image_shape,
-            mean=mean,
-            std=std,
-            config=cfg,
-            generator=generator,
-            device=device,
-            dtype=dtype,
-        )
-        if bn is not None:
-            bn.remove()
+    def error(x: Tensor) -> Tensor:
+        with torch.no_grad():
+            z = model.features(x).view(r, batch, -1)
+            if bn is not None:
+                bn.pop()  # this forward is not part of the objective
+            return relative_feature_error(z, per_image=per_image, mu=mu, cov=cov)
+
+    with eval_mode(model):
+        try:
+            x, losses, best, conv = optimise_images(
+                objective,
+                restarts=r,
+                batch=batch,
+                image_shape=image_shape,
+                mean=mean,
+                std=std,
+                config=cfg,
+                generator=generator,
+                device=device,
+                dtype=dtype,
+                error=error,
+                trace=None if trace is None else (
+                    lambda step, xb: trace(step, to_pixels(xb, mean, std))),
+            )
+        finally:
+            if bn is not None:
+                bn.remove()
         with torch.no_grad():
             z = model.features(x)
-    finally:
-        if bn is not None:
-            bn.remove()  # idempotent; also on error
-        model.train(was_training)
     if per_image is not None:
         cosine = F.cosine_similarity(z, per_image, dim=-1).mean()
     else:
@@ -383,4 +496,5 @@ def invert_features(
         restart_losses=losses,
         mode=mode,
         target_features=per_image,
+        convergence=conv,
     )

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.attacks.feature_inversion import (
+    DEFAULT_MAX_STEPS,
+    Convergence,
     FeatureTarget,
     InversionConfig,
     InversionResult,
@@ -39,6 +41,7 @@ from privfedcal.attacks.feature_inversion import (
     optimise_images,
     to_pixels,
 )
+from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 
@@ -60,6 +63,7 @@ class GradientInversionResult:
     gradient_cosine: float  # cosine between the images' gradient and the observed one
     loss: float  # final objective (1 - cos + TV) of the kept restart
     restart_losses: Tensor  # (R,)
+    convergence: Convergence | None = None
 
 
 def split_class_gradient(grad: Tensor) -> tuple[Tensor, Tensor]:
@@ -183,7 +187,7 @@ def invert_update(
     generator: torch.Generator,
     kind: str = "gradient",
     labels: Tensor | None = None,
-    steps: int = 400,
+    steps: int = DEFAULT_MAX_STEPS,
     lr: float = 0.1,
     tv: float = 1e-2,
     restarts: int = 2,
@@ -225,10 +229,13 @@ def invert_update(
             losses.append(1 - (g @ t_flat) / (g.norm().clamp_min(1e-12) * t_norm))
         return torch.stack(losses)
 
-    was_training = model.training
-    model.eval()
-    try:
-        x, final, best = optimise_images(
+    def error(x: Tensor) -> Tensor:
+        # relative error between unit-normalised gradients: sqrt(2 (1 - cos))
+        with torch.enable_grad():
+            return torch.sqrt(2 * objective(x).clamp_min(0)).detach()
+
+    with eval_mode(model):
+        x, final, best, conv = optimise_images(
             objective,
             restarts=cfg.restarts,
             batch=batch_size,
@@ -239,14 +246,267 @@ def invert_update(
             generator=generator,
             device=device,
             dtype=plist[0].dtype,
+            error=error,
         )
-        cos = 1 - float(objective(x).detach()[0])
-    finally:
-        model.train(was_training)
+        with torch.enable_grad():
+            cos = 1 - float(objective(x).detach()[0])
     return GradientInversionResult(
         images=to_pixels(x, mean, std),
         labels=labels,
         gradient_cosine=cos,
         loss=float(final[best]),
         restart_losses=final,
+        convergence=conv,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class RankNResult:
+    """Features recovered from one class gradient of n samples (``recover_rank_n``)."""
+
+    features: Tensor  # (n, d), order arbitrary
+    residual: float  # relative misfit of the class gradient they reproduce
+    rank: int  # numerical rank of the weight gradient (n when n <= C - 1)
+
+
+def gradient_rank(grad_w: Tensor, *, rtol: float = 1e-6) -> int:
+    """Numerical rank of a (C, d) weight gradient: at most min(n, C - 1) for n samples."""
+    s = torch.linalg.svdvals(grad_w.double())
+    return int((s > rtol * s[0].clamp_min(1e-300)).sum()) if s.numel() else 0
+
+
+def _head_gradient(z: Tensor, weight: Tensor, bias: Tensor | None, label: int) -> Tensor:
+    """(C, d+1): the mean over the rows of ``z`` of the CE gradient w.r.t. ``[W | b]``,
+    every sample labelled ``label`` (what a CReFF client uploads for one class)."""
+    logits = z @ weight.T + (0 if bias is None else bias)
+    r = torch.softmax(logits, dim=-1) - F.one_hot(torch.tensor(label), weight.shape[0]).to(z)
+    ones = torch.ones_like(z[:, :1])
+    return r.T @ torch.cat([z, ones], dim=1) / z.shape[0]
+
+
+def recover_rank_n(
+    grad: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    label: int,
+    n: int,
+    *,
+    generator: torch.Generator,
+    restarts: int = 16,
+    max_iter: int = 500,
+    stop: float = 1e-7,
+) -> RankNResult:
+    """The n features behind one class gradient ``grad`` (C, d+1) = [dW | db] of the mean CE
+    loss of n samples of class ``label`` under the head (``weight`` (C, d), ``bias``).
+
+    ``dW = (1/n) R^T Z`` with ``R`` the n x C residuals ``softmax(W z_i + b) - e_label``, so
+    for n <= C - 1 (R of full rank) the rows of Z span the row space of dW: ``Z = A V^T``
+    with V the top-n right singular vectors of dW and A an unknown n x n matrix. The
+    attack solves the n^2 unknowns of A so that the head gradient of Z reproduces [dW | db]
+    (L-BFGS in double precision from up to ``restarts`` starts, stopping at a relative
+    residual below ``stop``; the best fit is kept).
+    Exact up to the order of the samples when the fit residual is ~0: n = 1 gives
+    ``dW_j / db_j``, n = 2 is pinned by a test. Needs the head the client used.
+    """
+    if n < 1:
+        raise UsageError(f"rank-n recovery needs n >= 1, got {n}")
+    g = grad.detach().double()
+    w = weight.detach().double().to(g.device)
+    b = None if bias is None else bias.detach().double().to(g.device)
+    gw = g[:, :-1]
+    rank = gradient_rank(gw)
+    _, s, vh = torch.linalg.svd(gw, full_matrices=False)
+    k = min(n, vh.shape[0])
+    v = vh[:k].T  # (d, k)
+    target = g
+    scale = target.norm().clamp_min(1e-300)
+    z_ls, _ = recover_from_class_gradient(gw, g[:, -1])
+    best: tuple[float, Tensor] | None = None
+    for r in range(restarts):
+        init = (z_ls @ v).expand(n, k).clone()
+        if r:  # spread the starts around the weighted mean
+            spread = (s[:k].sum() / s[0].clamp_min(1e-300)).item()
+            noise = torch.randn(n, k, generator=generator, dtype=torch.float64)
+            init = init + noise.to(g.device) * init.norm() * 0.5 * spread / max(k, 1) ** 0.5
+        a = init.requires_grad_(True)
+        opt = torch.optim.LBFGS([a], lr=1, max_iter=max_iter, tolerance_grad=1e-14,
+                                tolerance_change=1e-16, history_size=50,
+                                line_search_fn="strong_wolfe")
+
+        def closure(a: Tensor = a, opt: torch.optim.LBFGS = opt) -> Tensor:
+            opt.zero_grad()
+            loss = ((_head_gradient(a @ v.T, w, b, label) - target).pow(2).sum()
+                    / scale.pow(2))
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+        with torch.no_grad():
+            z = a.detach() @ v.T
+            res = float((_head_gradient(z, w, b, label) - target).norm() / scale)
+        if best is None or res < best[0]:
+            best = (res, z)
+        if res < stop:
+            break
+    assert best is not None
+    return RankNResult(best[1].to(grad.dtype), best[0], rank)
+
+
+# ---- recorded model updates: multi-step local training, simulated ------------------------------
+@dataclass(frozen=True)
+class LocalRecipe:
+    """The public local-training recipe a transcript records next to a model update."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise UsageError("a local recipe needs epochs >= 1, batch_size >= 1 and lr > 0")
+
+
+def simulate_local_training(
+    model: FeatureClassifier,
+    start: Mapping[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    recipe: LocalRecipe,
+    *,
+    order: Sequence[Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """The trainable parameters after ``recipe`` (SGD with momentum and weight decay as in
+    ``torch.optim.SGD``, mean cross-entropy per batch, batches of ``order[epoch]`` or in
+    order, a last batch of one skipped as in local training) from ``start``, differentiable
+    with respect to ``x`` (``torch.func.functional_call``; the model's own tensors are not
+    touched). BatchNorm runs on batch statistics, as in local training."""
+    from torch.func import functional_call
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: start[n].detach().to(x.device).clone().requires_grad_(True) for n in names}
+    buffers = {n: start[n].detach().to(x.device).clone() for n, _ in model.named_buffers()
+               if n in start}
+    momentum: dict[str, Tensor] = {}
+    n = x.shape[0]
+    was = [(m, m.training) for m in model.modules()]
+    model.train()
+    try:
+        for epoch in range(recipe.epochs):
+            perm = order[epoch] if order is not None else torch.arange(n, device=x.device)
+            for s in range(0, n, recipe.batch_size):
+                b = perm[s:s + recipe.batch_size]
+                if b.numel() < 2 <= n:
+                    continue
+                out = functional_call(model, {**params, **buffers}, (x[b],))
+                loss = F.cross_entropy(out, y[b])
+                grads = torch.autograd.grad(loss, [params[k] for k in names], create_graph=True)
+                new = {}
+                for k, g in zip(names, grads, strict=True):
+                    if recipe.weight_decay:
+                        g = g + recipe.weight_decay * params[k]
+                    if recipe.momentum:
+                        g = g if k not in momentum else recipe.momentum * momentum[k] + g
+                        momentum[k] = g
+                    new[k] = params[k] - recipe.lr * g
+                params = new
+    finally:
+        for m, training in was:
+            m.training = training
+    return params
+
+
+def labels_from_update(bias_delta: Tensor, n: int) -> Tensor:
+    """Labels of n samples from the classifier-bias change of several local SGD steps.
+
+    Every step moves bias j by ``lr / B * sum_batch (y_ij - p_ij)``: up for classes the
+    batch holds more of than the model predicts, down for absent ones. Our estimate: the
+    classes whose bias rose are present, and the n labels are split among them in
+    proportion to the rise (at least one each; largest remainders). Sorted, shape (n,).
+    """
+    if n < 1:
+        raise UsageError(f"n must be >= 1, got {n}")
+    rise = bias_delta.detach().double().reshape(-1).clamp_min(0)
+    if float(rise.sum()) <= 0:
+        rise = torch.zeros_like(rise)
+        rise[int(bias_delta.argmax())] = 1.0
+    present = torch.nonzero(rise > 0).flatten()
+    if present.numel() > n:
+        present = present[torch.argsort(rise[present], descending=True)[:n]]
+    share = rise[present] / rise[present].sum() * n
+    counts = torch.ones_like(share) + torch.floor((share - 1).clamp_min(0))
+    while int(counts.sum()) > n:
+        counts[int(torch.argmax(counts - share))] -= 1
+    while int(counts.sum()) < n:
+        counts[int(torch.argmax(share - counts))] += 1
+    return torch.repeat_interleave(present, counts.long()).to(bias_delta.device)
+
+
+def invert_model_update(
+    model: FeatureClassifier,
+    start: Mapping[str, Tensor],
+    after: Mapping[str, Tensor],
+    recipe: LocalRecipe,
+    *,
+    n: int,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generator: torch.Generator,
+    labels: Tensor | None = None,
+    order: Sequence[Tensor] | None = None,
+    config: InversionConfig | None = None,
+) -> GradientInversionResult:
+    """Images whose simulated local training reproduces a recorded model update.
+
+    ``start``: the global state the client received; ``after``: its full state after
+    local training (the transcript's ``model-update`` entry); ``recipe``: the recorded
+    public recipe; ``n``: the client's sample count (its aggregation weight). Labels come
+    first, from the classifier-bias change (``labels_from_update``); then n images are
+    optimised so that ``simulate_local_training`` from ``start`` moves the parameters in
+    the observed direction (cosine over all trainable parameters, Geiping et al. 2020 for
+    several local steps), with a TV prior, box constraint and the convergence test of
+    ``optimise_images``. ``order`` (one index permutation per epoch) reproduces the
+    client's batch schedule when the attacker can; otherwise batches are consecutive.
+    """
+    cfg = config or InversionConfig(restarts=1, tv_weight=1e-2, l2_weight=0.0, jitter=0,
+                                    bn_weight=0.0)
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    missing = [k for k in names if k not in start or k not in after]
+    if missing:
+        raise UsageError(f"the recorded states lack parameters {missing[:3]}")
+    device = next(model.parameters()).device
+    delta = torch.cat([(after[k].to(device).double() - start[k].to(device).double()).flatten()
+                       for k in names]).float()
+    if labels is None:
+        labels = labels_from_update(after[_bias_name(model)].to(device)
+                                    - start[_bias_name(model)].to(device), n)
+    labels = torch.as_tensor(labels, dtype=torch.long, device=device).reshape(-1)
+    if labels.numel() != n:
+        raise UsageError(f"need {n} labels, got {labels.numel()}")
+    # labels sit at seeded random positions, so batch label mixtures look like shuffled data
+    pos = torch.randperm(n, generator=generator).to(device)
+    labels = labels[pos]
+    d_norm = delta.norm().clamp_min(1e-12)
+
+    def objective(x: Tensor) -> Tensor:
+        out = []
+        for xr in x.split(n):
+            new = simulate_local_training(model, start, xr, labels, recipe, order=order)
+            sim = torch.cat([(new[k] - start[k].to(device)).flatten() for k in names])
+            out.append(1 - (sim @ delta) / (sim.norm().clamp_min(1e-12) * d_norm))
+        return torch.stack(out)
+
+    def error(x: Tensor) -> Tensor:
+        return torch.sqrt(2 * objective(x).detach().clamp_min(0))
+
+    x, final, best, conv = optimise_images(
+        objective, restarts=cfg.restarts, batch=n, image_shape=image_shape, mean=mean,
+        std=std, config=cfg, generator=generator, device=device,
+        dtype=next(model.parameters()).dtype, error=error)
+    cos = 1 - float(objective(x).detach()[0])
+    return GradientInversionResult(
+        images=to_pixels(x, mean, std), labels=labels, gradient_cosine=cos,
+        loss=float(final[best]), restart_losses=final, convergence=conv)

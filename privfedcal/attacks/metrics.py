@@ -22,6 +22,7 @@ from torchmetrics.functional.image import (
     structural_similarity_index_measure,
 )
 
+from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 
@@ -93,13 +94,8 @@ def feature_cosine(
         raise UsageError("give both mean and std, or neither")
     if mean is not None and std is not None:
         x_rec = normalise(x_rec, mean, std)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            z = model.features(x_rec)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        z = model.features(x_rec)
     return F.cosine_similarity(z, z_target.to(z.dtype).expand_as(z), dim=-1)
 
 

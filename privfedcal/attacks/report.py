@@ -39,6 +39,7 @@ from privfedcal.attacks.metrics import (  # noqa: E402
     psnr,
     ssim,
 )
+from privfedcal.attacks.modes import eval_mode  # noqa: E402
 
 if TYPE_CHECKING:
     from privfedcal.attacks.runner import Attacked, RunView
@@ -59,40 +60,69 @@ def nearest_training_image(view: RunView, recon: Tensor, chunk: int = 4096) -> T
     return best_idx
 
 
+def _assign(images: Tensor, truth: Tensor, rule: str) -> Tensor:
+    """Index into ``truth`` for every image under one matching rule: ``paired`` (in order),
+    ``best`` (each image's best-PSNR true image), ``hungarian`` (one-to-one on MSE)."""
+    if rule == "paired":
+        return torch.arange(images.shape[0])
+    if rule == "best":
+        return best_match(images, truth)[0]
+    return matched_psnr(images, truth)[1]
+
+
+def matching_rule(n_images: int, n_truth: int, *, paired: bool) -> str:
+    """The rule for ``n_images`` reconstructions of a set of ``n_truth`` true images."""
+    if paired:
+        return "paired"
+    return "best" if n_images == 1 or n_images > n_truth else "hungarian"
+
+
 def score(view: RunView, recon: Tensor, truth_idx: Tensor, *,
           paired: bool) -> tuple[dict[str, Any], Tensor]:
     """Metrics of ``recon`` (B,C,H,W pixels) against the training images ``truth_idx``.
+
+    ``truth_idx`` is the attacked individuals' set (one client's class; never a whole
+    federation's, so that an aggregate reconstruction gets no best-of-federation credit).
+    The data-free prior is scored by the SAME rule against the same set, so ``psnr`` and
+    ``prior_psnr`` (and their maxima) are comparable in every row. Worst case over the
+    individuals: ``psnr_best`` (the best reconstruction), ``nearest_of_best`` (is ITS
+    nearest training image its matched true image), ``prior_psnr_best``.
 
     Returns the metric dict and the matched true images (B,C,H,W) for the grid.
     """
     recon = recon.detach().cpu().float()
     truth = view.pixels(truth_idx)
-    single = not paired and (recon.shape[0] == 1 or recon.shape[0] > truth.shape[0])
-    if paired:
-        index = torch.arange(recon.shape[0])
-    elif single:
-        index, _ = best_match(recon, truth)
-    else:
-        _, index = matched_psnr(recon, truth)
+    rule = matching_rule(recon.shape[0], truth.shape[0], paired=paired)
+    index = _assign(recon, truth, rule)
     matched_idx = truth_idx.cpu()[index]
     matched = truth[index]
     d = view.exp.data
     dev = d.x_train.device
-    with torch.no_grad():
+    with eval_mode(view.model), torch.no_grad():
         z_true = view.model.features(d.x_train[matched_idx.to(dev)])
         fc = feature_cosine(view.model, recon.to(dev), z_true, mean=d.mean, std=d.std)
     p = psnr(recon, matched)
     labels = d.y_train[matched_idx.to(dev)]
+    prior = view.prior(labels)
+    prior_p = psnr(prior, truth[_assign(prior, truth, rule)])
     nearest = nearest_training_image(view, recon)
+    hit = nearest == matched_idx
+    worst = int(p.argmax())
     class_size = torch.bincount(d.y_train.cpu(), minlength=d.num_classes).double()[labels.cpu()]
-    hits = (d.y_train[truth_idx].cpu()[None] == labels.cpu()[:, None]).sum(1) if single else 1
+    hits = ((d.y_train[truth_idx].cpu()[None] == labels.cpu()[:, None]).sum(1)
+            if rule == "best" else 1)
     return {
         "psnr": float(p.mean()),
         "ssim": float(ssim(recon, matched).mean()),
         "feature_cosine": float(fc.mean()),
-        "nearest_is_true": float((nearest == matched_idx).double().mean()),
+        "nearest_is_true": float(hit.double().mean()),
         "nearest_chance": float((hits / class_size).mean()),
-        "prior_psnr": float(psnr(view.prior(labels), matched).mean()),
+        "prior_psnr": float(prior_p.mean()),
+        "psnr_best": float(p[worst]),
+        "nearest_of_best": bool(hit[worst]),
+        "prior_psnr_best": float(prior_p.max()),
+        "matching": rule,
+        "candidates": int(truth.shape[0]),
         "psnr_per_image": [round(float(v), 3) for v in p],
     }, matched
 
@@ -160,8 +190,26 @@ def _mean(values: Sequence[float | None]) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
+def worst_case(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The most exposed individual over ``records``: the best reconstruction's PSNR
+    (``psnr_max``), whether its nearest training image is its true image
+    (``nearest_of_worst``), the client / class / target it came from, and the prior's
+    best PSNR under the same rule (``prior_psnr_max``, the control at the worst case)."""
+    scored = [r for r in records if r.get("psnr_best") is not None
+              and math.isfinite(r["psnr_best"])]
+    if not scored:
+        return {"psnr_max": math.nan, "nearest_of_worst": None, "worst_client": None,
+                "worst_class": None, "worst_target": None, "prior_psnr_max": math.nan}
+    top = max(scored, key=lambda r: r["psnr_best"])
+    return {"psnr_max": top["psnr_best"], "nearest_of_worst": top["nearest_of_best"],
+            "worst_client": top["client"], "worst_class": top["class"],
+            "worst_target": top["target"],
+            "prior_psnr_max": max(r["prior_psnr_best"] for r in scored)}
+
+
 def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (target kind, view): means of the metrics over its records."""
+    """One row per (target kind, view): the worst case over its individuals and the means
+    of the metrics over its records."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["target"], r["view"]), []).append(r)
@@ -172,8 +220,10 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         ns = [r["n"] for r in rs]
         rows.append({"target": target, "view": view, "targets": len(rs),
                      "n": f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}",
+                     **worst_case(rs),
                      **{k: _mean([r.get(k) for r in rs]) for k in
-                        ("psnr", "prior_psnr", "ssim", "feature_cosine", "nearest_is_true")}})
+                        ("psnr", "prior_psnr", "ssim", "feature_cosine", "nearest_is_true")},
+                     "converged": sum(bool(r.get("converged")) for r in rs)})
     return rows
 
 
@@ -181,20 +231,35 @@ VIEW_NAMES = {"hypothetical": "baseline", "plain-upload": "upload", "aggregate":
               "simulated-update": "simulated"}
 
 
+def _who(row: dict[str, Any]) -> str:
+    client = "all" if row["worst_client"] is None else row["worst_client"]
+    cls = "-" if row["worst_class"] is None else row["worst_class"]
+    return f"k{client}/c{cls}"
+
+
 def records_table(records: Sequence[dict[str, Any]], title: str) -> Table:
-    """Grouped means; ``prior`` is the data-free guess's PSNR, ``NN`` nearest_is_true."""
+    """Worst case first (``max PSNR``: the best reconstruction of any individual, ``NN@max``
+    whether its nearest training image is its true one, ``worst``: client/class, ``prior
+    max``: the control under the same rule), then means over targets; ``conv``: how many
+    inversions met the convergence criterion."""
     table = Table(title=title, box=box.SIMPLE_HEAD)
     widths = {"#": 2, "n": 7, "feat cos": 5, "NN": 4}
-    for col in ("target", "view", "#", "n", "PSNR", "prior", "SSIM", "feat cos", "NN"):
-        if col in ("target", "view"):
+    cols = ("target", "view", "#", "n", "max PSNR", "NN@max", "worst", "prior max",
+            "PSNR", "prior", "SSIM", "feat cos", "NN", "conv")
+    for col in cols:
+        if col in ("target", "view", "worst"):
             table.add_column(col, no_wrap=True)
         else:
             table.add_column(col, justify="right", min_width=widths.get(col, 5))
     for row in summarise(records):
+        nn_worst = row["nearest_of_worst"]
         table.add_row(row["target"], VIEW_NAMES.get(row["view"], row["view"]),
-                      str(row["targets"]), row["n"],
+                      str(row["targets"]), row["n"], f"{row['psnr_max']:.2f}",
+                      "-" if nn_worst is None else ("yes" if nn_worst else "no"), _who(row),
+                      f"{row['prior_psnr_max']:.2f}",
                       *(f"{row[k]:.2f}" for k in ("psnr", "prior_psnr", "ssim",
-                                                  "feature_cosine", "nearest_is_true")))
+                                                  "feature_cosine", "nearest_is_true")),
+                      f"{row['converged']}/{row['targets']}")
     return table
 
 

@@ -14,6 +14,7 @@ jobs can run in any order on the one model object.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +26,17 @@ from torch import Tensor
 
 from privfedcal.attacks.class_inference import infer_classes
 from privfedcal.attacks.class_inference import score as score_classes
-from privfedcal.attacks.feature_inversion import FeatureTarget, InversionConfig, invert_features
+from privfedcal.attacks.feature_inversion import (
+    DEFAULT_MAX_STEPS,
+    Convergence,
+    FeatureTarget,
+    InversionConfig,
+    invert_features,
+)
 from privfedcal.attacks.gradient_inversion import (
+    LocalRecipe,
     invert_class_gradient,
+    invert_model_update,
     invert_update,
     recover_from_class_gradient,
     split_class_gradient,
@@ -50,7 +59,7 @@ from privfedcal.models.base import FeatureClassifier
 class AttackOptions:
     """What to attack and how hard. ``raw_samples=0`` drops the raw-feature baseline."""
 
-    steps: int = 400
+    steps: int = DEFAULT_MAX_STEPS  # cap; inversions stop at convergence (InversionConfig)
     restarts: int = 4
     raw_samples: int = 3  # real images per (client, class) for the raw-feature baseline
     max_n: int = 256  # class-stats batches above this many images are skipped (noted)
@@ -74,6 +83,10 @@ class AttackOptions:
     @property
     def inversion(self) -> InversionConfig:
         return InversionConfig(steps=self.steps, restarts=self.restarts)
+
+
+def _convergence(conv: Convergence | None) -> dict[str, Any]:
+    return {} if conv is None else conv.as_record()
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,21 +113,32 @@ class Job:
 class Plan:
     jobs: list[Job] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shared: dict[Any, Any] = field(default_factory=dict)  # aggregate inversions, reused
 
 
 def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], target,
                    truth_idx: Tensor, base: dict[str, Any], seed: int, *, paired: bool,
-                   extractor: FeatureClassifier | None = None) -> Job:
+                   extractor: FeatureClassifier | None = None,
+                   shared: dict[Any, Any] | None = None) -> Job:
+    """``shared`` (with ``base["view"] == "aggregate"``) keeps one inversion of the aggregate
+    per (target, class): every attacked client's row scores the same reconstruction."""
+    key = (base["target"], base["class"]) if base.get("view") == "aggregate" else None
+
     def run() -> Attacked:
         t0 = time.perf_counter()
         view.load_state(state)
         d = view.exp.data
-        res = invert_features(extractor or view.model, target,
-                              image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
-                              generator=make_generator(opts.seed, seed, 0, 61),
-                              config=opts.inversion)
+        res = None if shared is None or key is None else shared.get(key)
+        if res is None:
+            res = invert_features(extractor or view.model, target,
+                                  image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                                  generator=make_generator(opts.seed, seed, 0, 61),
+                                  config=opts.inversion)
+            if shared is not None and key is not None:
+                shared[key] = res
         rec, matched = score(view, res.images, truth_idx, paired=paired)
         record = {**base, **rec, "mode": res.mode, "target_cosine": res.cosine,
+                  **_convergence(res.convergence),
                   "seconds": round(time.perf_counter() - t0, 3)}
         return Attacked(record, matched, res.images.detach().cpu())
 
@@ -125,7 +149,10 @@ def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor],
 
 # ---- sources: per-client uploads, or the aggregate under secure aggregation -------------------
 def _sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: Plan,
-             default_clients: int) -> list[tuple[int | None, dict[str, Tensor], str]]:
+             default_clients: int) -> list[tuple[int, dict[str, Tensor], str]]:
+    """``(client, payload, view)`` per attacked client. Under secure aggregation every
+    attacked client gets the aggregate as payload: the reconstruction is then scored
+    against that client's images, exactly as its plain upload would be (report.score)."""
     if rel.uploads:
         seen = sorted(rel.uploads)
         chosen = list(clients) if clients else seen[:default_clients]
@@ -134,11 +161,17 @@ def _sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: P
             raise UsageError(f"client(s) {missing} uploaded nothing in round {rel.round}; "
                              f"clients with uploads: {', '.join(map(str, seen))}")
         return [(c, rel.uploads[c], "plain-upload") for c in chosen]
+    senders = sorted(rel.ciphertext_bytes) or list(range(len(view.exp.parts)))
+    chosen = list(clients) if clients else senders[:default_clients]
+    bad = [c for c in chosen if not 0 <= c < len(view.exp.parts)]
+    if bad:
+        raise UsageError(f"client(s) {bad} out of range 0..{len(view.exp.parts) - 1}")
     plan.notes.append(f"secure aggregation: round {rel.round} has no per-client uploads "
-                      f"({len(rel.ciphertext_bytes)} ciphertexts); attacking the aggregate, i.e. "
-                      "the statistics of the whole federation"
-                      + (" (--clients ignored)" if clients else ""))
-    return [(None, rel.aggregate, "aggregate")]
+                      f"({len(rel.ciphertext_bytes)} ciphertexts); attacking the aggregate (the "
+                      "statistics of the whole federation) and scoring it against the images "
+                      f"of client(s) {', '.join(map(str, chosen))} only, like the per-client "
+                      "rows")
+    return [(c, rel.aggregate, "aggregate") for c in chosen]
 
 
 def _classes(view: RunView, client: int | None, payload: dict[str, Tensor], stds: dict,
@@ -191,7 +224,8 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
             n = max(1, int(round(float(count[c]))))
             base = {"client": client, "class": c, "round": rel.round, "view": seen,
                     "dp": noisy, "n_true": int(truth.numel()), "class_inferred": inferred}
-            tag = c + 1000 * (client if client is not None else 999)
+            tag = c + 1000 * client
+            agg_tag = c + 1000 * 999 if seen == "aggregate" else tag
             if opts.raw_samples:
                 g = make_generator(opts.seed, tag, 0, 62)
                 pick = truth[torch.randperm(truth.numel(), generator=g)[:opts.raw_samples]
@@ -207,16 +241,16 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
             m = mean[c].float()
             plan.jobs.append(_inversion_job(
                 view, opts, rel.state, FeatureTarget.class_mean(m, n), truth,
-                {**base, "target": "class-mean", "n": n}, tag * 4 + 1, paired=False,
-                extractor=extractor))
+                {**base, "target": "class-mean", "n": n}, agg_tag * 4 + 1, paired=False,
+                extractor=extractor, shared=plan.shared))
             if n > opts.max_n:
                 plan.notes.append(f"class-stats of class {c} ({n} samples) skipped: above "
                                   f"--max-n {opts.max_n}")
                 continue
             plan.jobs.append(_inversion_job(
                 view, opts, rel.state, FeatureTarget.class_stats(n, m, cov[c].float()), truth,
-                {**base, "target": "class-stats", "n": n}, tag * 4 + 2, paired=False,
-                extractor=extractor))
+                {**base, "target": "class-stats", "n": n}, agg_tag * 4 + 2, paired=False,
+                extractor=extractor, shared=plan.shared))
     return plan
 
 
@@ -255,10 +289,13 @@ def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -
         g = make_generator(opts.seed, client, rel.round, 64)
         pick = idx[torch.randperm(idx.numel(), generator=g)[:opts.update_batch].to(idx.device)]
         view.load_state(rel.state)
-        model.train()
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        loss = F.cross_entropy(model(d.x_train[pick]), d.y_train[pick])
-        grads = torch.autograd.grad(loss, [p for _, p in named])
+        model.train()  # the client's own step: batch statistics, as in local training
+        try:
+            loss = F.cross_entropy(model(d.x_train[pick]), d.y_train[pick])
+            grads = torch.autograd.grad(loss, [p for _, p in named])
+        finally:
+            view.load_state(rel.state)  # undo running-statistics updates; back to eval mode
         update = {n: -view.cfg.lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
         res = invert_update(model, update, batch_size=int(pick.numel()), kind="update",
                             image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
@@ -300,6 +337,12 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                 plan.jobs.append(_gradient_job(view, opts, rel.state, payload["grad"][c], truth,
                                                base, tag))
     if updates:
+        recorded = plan_updates(view, opts, clients)
+        if recorded.jobs:
+            plan.jobs += recorded.jobs
+            plan.notes += recorded.notes
+            return plan
+        plan.notes += recorded.notes
         if not has_grad:
             plan.notes.append("no class gradients in this transcript (not a CReFF run): "
                               "attacking model updates only")
@@ -310,6 +353,99 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
             if not 0 <= c < len(view.exp.parts):
                 raise UsageError(f"client {c} out of range 0..{len(view.exp.parts) - 1}")
             plan.jobs.append(_update_job(view, opts, rel, c))
+    return plan
+
+
+UPDATE_LABEL, ROUND_LABEL = "model-update", "round"
+
+
+def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
+                         start: dict[str, Tensor], entry: dict[str, Any]) -> Job:
+    """Invert one client's recorded model update (labels first, multi-step local training
+    simulated with the recorded recipe; ``gradient_inversion.invert_model_update``)."""
+    client = int(entry["client"])
+    cfg = view.cfg
+    recipe = LocalRecipe(epochs=int(entry.get("local_epochs", cfg.local_epochs)),
+                         batch_size=int(entry.get("batch_size", cfg.batch_size)),
+                         lr=float(entry.get("lr", cfg.lr)), momentum=float(cfg.momentum),
+                         weight_decay=float(cfg.weight_decay))
+    weight = entry.get("weight")
+    truth = view.exp.parts[client]
+    n_from_weight = weight is not None and float(weight) >= 1
+    n = int(round(float(weight))) if n_from_weight else int(truth.numel())
+    needed = ["global state of the round", "the client's state after local training",
+              "recipe (local_epochs, batch_size, lr; momentum, weight_decay from config.json)",
+              "n = aggregation weight" if n_from_weight else
+              "n = the client's sample count (side knowledge: no sample-count weight seen)"]
+    base = {"target": "model-update", "client": client, "class": None, "n": n,
+            "round": round_, "view": "plain-upload", "dp": False, "n_true": int(truth.numel()),
+            "needed": needed}
+
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        view.load_state(start)
+        d, model = view.exp.data, view.model
+        res = invert_model_update(model, start, entry["tensors"], recipe, n=n,
+                                  image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                                  generator=make_generator(opts.seed, client, round_, 66),
+                                  config=dataclasses.replace(
+                                      opts.inversion, restarts=1, tv_weight=1e-2,
+                                      l2_weight=0.0, jitter=0, bn_weight=0.0))
+        view.load_state(start)
+        rec, matched = score(view, res.images, truth, paired=False)
+        true_labels = sorted(view.exp.data.y_train[truth].tolist())
+        got = sorted(res.labels.tolist())
+        record = {**base, **rec, "mode": "update-simulated-training",
+                  "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
+                  "label_count_error": _count_error(got, true_labels, d.num_classes),
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        return Attacked(record, matched, res.images.detach().cpu())
+
+    return Job(f"model-update client {client} round {round_} (n={n})", run, entry, base)
+
+
+def _count_error(got: Sequence[int], true: Sequence[int], classes: int) -> int:
+    """Sum over classes of |recovered count - true count| (0: labels exactly right)."""
+    a = torch.bincount(torch.as_tensor(list(got), dtype=torch.long), minlength=classes)
+    b = torch.bincount(torch.as_tensor(list(true), dtype=torch.long), minlength=classes)
+    return int((a - b).abs().sum())
+
+
+def plan_updates(view: RunView, opts: AttackOptions,
+                 clients: Sequence[int] | None = None) -> Plan:
+    """Inversion of the per-client model updates the transcript records (label
+    ``model-update``, view ``plain-upload``) against the round's global state (label
+    ``round``). Under secure aggregation of updates only the aggregate exists: noted, not
+    attacked (it mixes every participant's images)."""
+    plan = Plan()
+    ups = [e for e in view.entries if e["label"] == UPDATE_LABEL]
+    if not ups:
+        plan.notes.append("this transcript records no model updates: attacking a simulated "
+                          "one (one local SGD step on --update-batch images)")
+        return plan
+    rounds = sorted({e["round"] for e in ups if e["view"] == "plain-upload"})
+    if not rounds:
+        plan.notes.append("model updates were securely aggregated: no per-client update to "
+                          "invert (the aggregate mixes every participant)")
+        return plan
+    round_ = opts.round if opts.round is not None else rounds[-1]
+    if round_ not in rounds:
+        raise UsageError(f"no per-client model update in round {round_}; rounds: "
+                         f"{', '.join(map(str, rounds))}")
+    starts = [e for e in view.entries if e["label"] == ROUND_LABEL
+              and e["view"] == "model-state" and e["round"] == round_]
+    if not starts:
+        raise UsageError(f"the transcript has no global state (label 'round') for round {round_}")
+    seen = {int(e["client"]): e for e in ups
+            if e["round"] == round_ and e["view"] == "plain-upload"}
+    chosen = list(clients) if clients else sorted(seen)[:1]
+    missing = [c for c in chosen if c not in seen]
+    if missing:
+        raise UsageError(f"client(s) {missing} sent no model update in round {round_}; "
+                         f"clients: {', '.join(map(str, sorted(seen)))}")
+    for c in chosen:
+        plan.jobs.append(_recorded_update_job(view, opts, round_, starts[0]["tensors"],
+                                              seen[c]))
     return plan
 
 

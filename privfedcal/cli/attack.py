@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
 from privfedcal.errors import UsageError
 
 console = Console()
@@ -30,6 +31,17 @@ attack_app = typer.Typer(help="Attack what an honest-but-curious server observed
 #: the quick run trained when no --run is given (digits; a few seconds on a CPU)
 QUICK_RUN = dict(dataset="digits", clients=5, alpha=0.3, rounds=5, local_epochs=1, threads=1)
 QUICK_CREFF = dict(match_steps=50, retrain_steps=100)
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads N``: torch intra-op threads for this process (None: torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def parse_ints(text: str | None, flag: str) -> list[int] | None:
@@ -45,7 +57,8 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
     return values
 
 
-def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str) -> Path:
+def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
+              threads: int | None = None) -> Path:
     """Train a small ``method`` run on digits through the same code as ``privfedcal train``."""
     from privfedcal.cli.run import build_simulator, run_with_progress
     from privfedcal.cli.train import versions
@@ -57,8 +70,9 @@ def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str) -> P
         console.print(f"reusing the quick run in {run_dir}")
         return run_dir
     params = QUICK_CREFF if method == "creff" else {}
+    quick = {**QUICK_RUN, "threads": threads or QUICK_RUN["threads"]}
     cfg = RunConfig(method=method, seed=seed, device=device, out=str(run_dir),
-                    calibration_params=dict(params), **QUICK_RUN)  # type: ignore[arg-type]
+                    calibration_params=dict(params), **quick)  # type: ignore[arg-type]
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({**cfg.to_dict(), "versions": versions()},
                                                     indent=2))
@@ -85,7 +99,7 @@ def invert(
     gradients: Annotated[bool, Opt("--gradients", help="Invert CReFF class gradients.")] = False,
     updates: Annotated[bool, Opt("--updates", help="Also invert a simulated model update (with --gradients).")] = False,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
-    steps: Annotated[int, Opt(help="Optimisation steps per inversion.")] = 400,
+    steps: Annotated[int, Opt(help="Step cap per inversion (each stops earlier once converged); lower it for a quick look.")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Random restarts per inversion (best kept).")] = 4,
     clients: Annotated[str | None, Opt(help="Client ids to attack, e.g. 0,3 (default: the first two).")] = None,
     classes: Annotated[str | None, Opt(help="Classes to attack, e.g. 1,7 (default: all present).")] = None,
@@ -96,9 +110,11 @@ def invert(
     known_classes: Annotated[bool, Opt("--known-classes", help="Also attack held classes that noise hides (attacker knows the label set).")] = False,
     seed: Annotated[int, Opt(help="Seed of the attacks (and of the quick run).")] = 0,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
+    threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<kind>).")] = None,
 ) -> None:
     """Reconstruct client images from what the server saw; score them against the truth."""
+    set_threads(threads)
     from privfedcal.attacks.report import records_table, save_grid, write_records
     from privfedcal.attacks.runner import (
         AttackOptions,
@@ -119,7 +135,7 @@ def invert(
     client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
     if run is None:
         run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,
-                        device=device)
+                        device=device, threads=threads)
     view = load_run(run, device=device)
     if stats:
         plan = plan_stats(view, opts, client_ids, class_ids)
@@ -146,15 +162,18 @@ def classes_cmd(
     false_positive_rate: Annotated[float, Opt(help="Per-class false-positive rate under DP noise.")] = 1e-3,
     seed: Annotated[int, Opt(help="Seed of the quick run.")] = 0,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
+    threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-classes).")] = None,
 ) -> None:
     """Infer each client's class set (and counts) from its calibration uploads."""
+    set_threads(threads)
     from privfedcal.attacks.report import classes_table, plot_class_sets, write_records
     from privfedcal.attacks.runner import AttackOptions, infer_class_sets, load_run
 
     opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
     if run is None:
-        run = quick_run("ccvr", out / "run" if out else None, seed=seed, device=device)
+        run = quick_run("ccvr", out / "run" if out else None, seed=seed, device=device,
+                        threads=threads)
     view = load_run(run, device=device)
     records, notes = infer_class_sets(view, opts)
     out_dir = out or Path(run) / "attack-classes"

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
 from privfedcal.errors import UsageError
 
 console = Console()
@@ -68,7 +69,7 @@ def audit(
     secagg: Annotated[str, Opt(help="Secure aggregation settings: off,on.")] = "off,on",
     methods: Annotated[str, Opt(help="Methods to audit (ccvr, creff).")] = "ccvr,creff",
     rounds: Annotated[int, Opt(help="Communication rounds per run.")] = 5,
-    steps: Annotated[int, Opt(help="Inversion steps per target.")] = 200,
+    steps: Annotated[int, Opt(help="Inversion step cap per target (stops earlier once converged).")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Inversion restarts per target.")] = 2,
     clients: Annotated[int, Opt(help="Clients in each federation.")] = 5,
     attack_clients: Annotated[int, Opt(help="Clients whose uploads are inverted.")] = 1,
@@ -109,14 +110,19 @@ def audit(
     write_csv(rows, out_dir / "audit.csv")
     plot_audit(rows, out_dir / "audit.png")
     table = Table(title=f"privfedcal audit: {out_dir}")
-    for col in ("method", "eps", "secagg", "acc", "PSNR", "prior", "SSIM", "class inf",
-                "eps spent"):
+    for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
+                "prior max", "PSNR", "prior", "SSIM", "class inf", "eps spent"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in rows:
+        nn_worst = r.get("nearest_of_worst")
+        worst = ("-" if r.get("worst_target") is None else
+                 f"k{r['worst_client']}/c{r['worst_class']} {r['worst_target']}")
         table.add_row(r["method"], _fmt(r["eps"], 2), "on" if r["secagg"] else "off",
-                      *(_fmt(r.get(k), 2 if k in ("psnr", "prior_psnr") else 3) for k in
-                        ("accuracy", "psnr", "prior_psnr", "ssim", "class_inference_accuracy",
-                         "epsilon_spent")))
+                      _fmt(r.get("accuracy")), _fmt(r.get("psnr_max"), 2),
+                      "-" if nn_worst is None else ("yes" if nn_worst else "no"), worst,
+                      *(_fmt(r.get(k), 2 if "psnr" in k else 3) for k in
+                        ("prior_psnr_max", "psnr", "prior_psnr", "ssim",
+                         "class_inference_accuracy", "epsilon_spent")))
     console.print(table)
     for r in rows:
         if r["note"]:

@@ -27,7 +27,8 @@ def _register_commands() -> None:
     # Imported here so that `privfedcal --help` stays fast and each command owns its module.
     import importlib
 
-    for module in ("train", "partition", "analyze", "attack", "audit"):
+    for module in ("train", "partition", "analyze", "attack", "audit",
+                   "report", "compare"):
         try:
             mod = importlib.import_module(f"privfedcal.cli.{module}")
         except ModuleNotFoundError as exc:  # a command not built yet

@@ -93,16 +93,23 @@ def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
         table.add_row("total", *(str(int(v)) for v in counts.sum(axis=0)), str(int(sizes.sum())),
                       style="bold")
     else:  # too many classes for columns: summarise each client
-        for name in ("total", "classes held", "largest class", "its share"):
+        for name in ("total", "classes held", "most common class", "its share"):
             table.add_column(name, justify="right")
         for k, row in enumerate(counts):
             top = int(row.argmax())
             share = row[top] / sizes[k] if sizes[k] else 0.0
-            table.add_row(str(k), str(int(sizes[k])), str(int((row > 0).sum())), classes[top],
-                          f"{share:.0%}")
+            table.add_row(str(k), str(int(sizes[k])), str(int((row > 0).sum())),
+                          class_label(classes, top), f"{share:.0%}")
         table.add_row("total", str(int(sizes.sum())), str(int((counts.sum(0) > 0).sum())), "", "",
                       style="bold")
     console.print(table)
+
+
+def class_label(classes: list[str], index: int) -> str:
+    """A class as 'name (#id)', or '#id' when the name is the id itself, so that it never
+    reads like a sample count."""
+    name = str(classes[index]) if index < len(classes) else str(index)
+    return f"#{index}" if name == str(index) else f"{name} (#{index})"
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from privfedcal.config import RunConfig, resolved_line
+from privfedcal.config import RUN_RECORD_KEYS, RunConfig, resolved_line
 from privfedcal.errors import Diverged, UsageError
 
 
@@ -78,10 +78,12 @@ def build_calibrator(cfg: RunConfig, exp):
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+    from privfedcal.privacy.protection import calibration_defaults
+
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
+    options = calibration_defaults(cfg, {**cfg.calibration_params, "seed": cfg.seed})
     return create_calibrator(spec, num_classes=exp.data.num_classes,
-                             feature_dim=exp.model.feature_dim,
-                             options={**cfg.calibration_params, "seed": cfg.seed})
+                             feature_dim=exp.model.feature_dim, options=options)
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
@@ -119,9 +121,10 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
     from privfedcal.plots import plot_accuracy
 
     plot_accuracy(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
-    table = Table(title=f"privfedcal run: {run_dir}")
+    table = Table(title="privfedcal run")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    table.add_row("run folder", str(run_dir))
     table.add_row("method", f"{summary['method']} (local {summary['local_method']}, "
                   f"calibration {summary['calibrator']})")
     table.add_row("dataset", summary["dataset"])
@@ -144,21 +147,32 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def execute(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+def execute(cfg: RunConfig, run_dir: Path, log: tuple[str, ...] = (),
+            report_html: bool = False) -> dict[str, Any]:
     """Build and run ``cfg`` into ``run_dir``. A run that fails before its first checkpoint
     (bad data root, model, budget) leaves no folder behind if it made the folder."""
     created = not run_dir.exists()
     try:
         sim = build_simulator(cfg.replace(out=str(run_dir)), run_dir)
+        sim.log.enable(log)  # --log tensorboard
         summary = run_with_progress(sim, cfg)
+        sim.log.close()
     except Diverged:
         raise  # the folder keeps metrics, the last finite checkpoint and summary.json
     except BaseException:
         if created and run_dir.is_dir() and not (run_dir / "checkpoint").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    report(summary, run_dir)
+    finish(summary, run_dir, report_html)
     return summary
+
+
+def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
+    report(summary, run_dir)
+    if report_html:  # --report: the HTML page of privfedcal report
+        from privfedcal.report.run import build_run_report
+
+        console.print(f"wrote {build_run_report(run_dir)}")
 
 
 def _checkpoint_round(run_dir: Path) -> int:
@@ -171,8 +185,8 @@ def _checkpoint_round(run_dir: Path) -> int:
         raise UsageError(f"cannot read the checkpoint in {run_dir}") from None
 
 
-def resume_run(run_dir: Path, rounds: int | None = None,
-               threads: int | None = None) -> dict[str, Any]:
+def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = None,
+               log: tuple[str, ...] = (), report_html: bool = False) -> dict[str, Any]:
     """Continue an interrupted run, or extend a finished one to ``rounds``.
 
     Rounds are seeded by their number, so an extended run ends with the same model as an
@@ -183,7 +197,8 @@ def resume_run(run_dir: Path, rounds: int | None = None,
     if not cfg_file.is_file():
         raise UsageError(f"{run_dir} is not a run folder (no config.json)")
     raw = json.loads(cfg_file.read_text())
-    raw.pop("versions", None)
+    for key in RUN_RECORD_KEYS:
+        raw.pop(key, None)
     cfg = RunConfig.from_dict(raw, where=str(cfg_file))
     summary_file = run_dir / "summary.json"
     previous = json.loads(summary_file.read_text()) if summary_file.is_file() else None
@@ -218,6 +233,8 @@ def resume_run(run_dir: Path, rounds: int | None = None,
                      "model (its uploads, if any, stay in the transcript) and ran again on "
                      f"round {cfg.rounds}'s")
         sim.notes.append(note)
+    sim.log.enable(log)
     summary = run_with_progress(sim, cfg)
-    report(summary, run_dir)
+    sim.log.close()
+    finish(summary, run_dir, report_html)
     return summary

@@ -152,14 +152,21 @@ def train(
     dp_train_share: Annotated[float | None, Opt(help="Budget share of DP-SGD.", show_default=_d('dp_train_share'))] = None,
     secagg: Annotated[bool | None, Opt("--secagg/--no-secagg", help="CKKS secure aggregation.", show_default=_d('secagg'))] = None,
     hide_counts: Annotated[bool | None, Opt("--hide-counts/--show-counts", help="Hide class counts.", show_default=_d('hide_counts'))] = None,
+    secagg_updates: Annotated[bool | None, Opt("--secagg-updates/--no-secagg-updates", help="CKKS sums of model updates.", show_default=_d('secagg_updates'))] = None,
+    insecure_seeded_noise: Annotated[bool | None, Opt("--insecure-seeded-noise", help="INSECURE: draw DP noise from the seed (tests only).")] = None,
     transcript: Annotated[bool | None, Opt("--transcript/--no-transcript", help="Record the server's view.", show_default=_d('transcript'))] = None,
     out: Annotated[Path | None, Opt(help="Run folder (default runs/<method>-<dataset>-<time>).")] = None,
     config: Annotated[Path | None, Opt(help="TOML file of settings, or a run's config.json (re-runs it); flags override it.")] = None,
     resume: Annotated[Path | None, Opt(help="Continue the run in this folder from its checkpoint (with --rounds N: extend it to N rounds).")] = None,
+    report: Annotated[bool, Opt("--report/--no-report", help="Write RUN_DIR/report.html at the end (privfedcal report).")] = False,
+    log: Annotated[str | None, Opt(help="Extra live log: tensorboard (needs the tensorboard extra).")] = None,
 ) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "resume")}
+    flags = {k: v for k, v in locals().items() if k not in ("config", "resume", "report", "log")}
     from privfedcal.cli.run import check_calibration_params, execute, resume_run
+    from privfedcal.federation.runlog import parse_log
+
+    extras = {"log": parse_log(log), "report_html": report}
 
     if resume is not None:
         other = [k for k, v in flags.items() if v is not None and k not in RESUME_FLAGS]
@@ -169,7 +176,7 @@ def train(
             names = ", ".join("--" + k.replace("_", "-") for k in other)
             raise UsageError(f"--resume continues {resume} with its own settings and takes "
                              f"only --rounds N (to extend it) and --threads; refused: {names}")
-        resume_run(resume, rounds=rounds, threads=threads)
+        resume_run(resume, rounds=rounds, threads=threads, **extras)
         return
     flags["out"] = str(out) if out is not None else None
     cfg = resolve_config(config, flags)
@@ -177,7 +184,7 @@ def train(
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
     if (run_dir / "checkpoint").exists() or (run_dir / "summary.json").exists():
         raise UsageError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
-    execute(cfg.replace(out=str(run_dir)), run_dir)
+    execute(cfg.replace(out=str(run_dir)), run_dir, **extras)
 
 
 def register(app: typer.Typer) -> None:

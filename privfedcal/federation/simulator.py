@@ -31,10 +31,10 @@ from privfedcal.federation.local import (
     derive_seed,
     evaluate,
     make_generator,
-    weighted_average,
 )
+from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
-from privfedcal.federation.transcript import Transcript
+from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
 from privfedcal.federation.workers import (
     InProcessTrainer,
     Job,
@@ -99,6 +99,7 @@ class Simulator:
         self.elapsed = 0.0
         self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
         self._trainer_obj: Any = None
+        self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -161,12 +162,7 @@ class Simulator:
 
     # ---- the loop ------------------------------------------------------------------------
     def select_clients(self, round_: int) -> list[int]:
-        k = self.cfg.clients
-        m = max(1, int(round(self.cfg.participation * k)))
-        if m >= k:
-            return list(range(k))
-        g = make_generator(self.cfg.seed, round_, 0, 3)
-        return sorted(torch.randperm(k, generator=g)[:m].tolist())
+        return select_clients(self.cfg, round_)
 
     def trainer(self):
         """The trainer of this run (the worker pool with ``--workers N``), started on first
@@ -189,6 +185,36 @@ class Simulator:
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
+    def receive_updates(self, trainer, jobs: list[Job], selected: list[int],
+                        weights: list[float], round_: int) -> tuple[list, State, int, list]:
+        """Train the round's clients and obtain the weighted average as the server does.
+
+        Updates in the clear are recorded and averaged as they arrive (job order), so no
+        list of every client's state is held; under --secagg-updates the uplink sums the
+        encrypted updates. Returns (results, average, update bytes, results for the
+        divergence check)."""
+        recipe = self.uplink.recipe(self.cfg)
+        if self.uplink.updates is None and isinstance(trainer, InProcessTrainer
+                                                        | WorkerPoolTrainer):
+            running = RunningAverage(weights)
+
+            def consume(state: State) -> None:
+                i = running.count
+                record_model_updates(self.transcript, round_, [selected[i]], [state],
+                                     [weights[i]], recipe)
+                running.add(state)
+
+            results = trainer.train(self.global_state, jobs, round_, consume=consume)
+            checked = [(running.nonfinite_marker(i), r[1], r[2]) for i, r in enumerate(results)]
+            return results, running.result(), running.bytes, checked
+        results = trainer.train(self.global_state, jobs, round_)
+        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r[0].values())
+                         for r in results)
+        averaged = self.uplink.average_updates(
+            self.global_state, [r[0] for r in results], weights, selected, round_=round_,
+            transcript=self.transcript, recipe=recipe)
+        return results, averaged, sent_bytes, results
+
     def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Train the remaining rounds and finish; on divergence write a summary marked
         ``"diverged"`` (metrics so far and the last finite checkpoint stay) and re-raise."""
@@ -207,22 +233,13 @@ class Simulator:
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
                 jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
-                self.uplink.before_local_training()  # DP-SGD: stop before exceeding the budget
-                weights = [float(exp.parts[c].numel()) for c in selected]
-                if isinstance(trainer, InProcessTrainer | WorkerPoolTrainer):
-                    running = RunningAverage(weights)  # no list of every client's state
-                    results = trainer.train(self.global_state, jobs, round_,
-                                            consume=running.add)
-                    averaged, sent_bytes = running.result(), running.bytes
-                    checked = [(running.nonfinite_marker(i), r[1], r[2])
-                               for i, r in enumerate(results)]
-                else:
-                    results = trainer.train(self.global_state, jobs, round_)
-                    averaged = weighted_average([r[0] for r in results], weights)
-                    sent_bytes = sum(sum(v.numel() * v.element_size() for v in r[0].values())
-                                     for r in results)
-                    checked = results
-                self.uplink.after_local_training()
+                self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
+                record_round(self.transcript, round_, self.global_state, selected)
+                weights = self.uplink.update_weights([float(exp.parts[c].numel())
+                                                      for c in selected])
+                results, averaged, sent_bytes, checked = self.receive_updates(
+                    trainer, jobs, selected, weights, round_)
+                self.uplink.after_local_training(selected)
                 self.update_bytes += sent_bytes
                 divergence.check_local(checked, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
@@ -256,6 +273,7 @@ class Simulator:
                 self.elapsed += dt
                 record["seconds"] = round(dt, 4)
                 self.history.append(record)
+                self.log.round(record, selected, [r[2] for r in results])
                 if "accuracy" in record:
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -376,6 +394,18 @@ class Simulator:
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
+        self.log.restore(self.history)
+
+
+def select_clients(cfg: RunConfig, round_: int) -> list[int]:
+    """The clients of a round: a function of the public config alone (the privacy
+    accounting plans each client's participation from it, privacy/protection.py)."""
+    k = cfg.clients
+    m = max(1, int(round(cfg.participation * k)))
+    if m >= k:
+        return list(range(k))
+    g = make_generator(cfg.seed, round_, 0, 3)
+    return sorted(torch.randperm(k, generator=g)[:m].tolist())
 
 
 def seed_everything(seed: int) -> None:

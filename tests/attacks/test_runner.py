@@ -169,19 +169,57 @@ def secagg_copy(view: RunView, dest: Path) -> Path:
 def test_secure_aggregation_attacks_the_federation_statistics(ccvr_view, tmp_path):
     view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.exp)
     plan = plan_stats(view, AttackOptions(raw_samples=0), clients=[0])
-    assert any("secure aggregation" in n and "--clients ignored" in n for n in plan.notes)
-    totals = ccvr_view.exp.counts.sum(0)
+    assert any("secure aggregation" in n and "client(s) 0 only" in n for n in plan.notes)
+    totals, own = ccvr_view.exp.counts.sum(0), ccvr_view.exp.counts[0]
+    # the aggregate is attacked for the classes client 0 holds, and scored on ITS images
     assert [j.base["class"] for j in plan.jobs if j.base["target"] == "class-mean"] == \
-        [c for c in range(10) if totals[c] > 0]
+        [c for c in range(10) if own[c] > 0]
     for j in plan.jobs:
-        assert j.base["client"] is None and j.base["view"] == "aggregate"
+        assert j.base["client"] == 0 and j.base["view"] == "aggregate"
         assert j.base["n"] == totals[j.base["class"]]
+        assert j.base["n_true"] == own[j.base["class"]]
         if j.base["target"] == "class-mean":
             z = true_features(view, None, j.base["class"])
             np.testing.assert_allclose(j.target.mean.numpy(), z.mean(0), rtol=1e-5, atol=1e-5)
     records, notes = infer_class_sets(view, TINY)
     assert len(records) == 1 and records[0]["client"] is None and records[0]["accuracy"] == 1
     assert notes and "hides per-client class sets" in notes[0]
+
+
+def test_aggregate_reconstruction_gets_no_best_of_federation_credit(ccvr_view, tmp_path):
+    """A reconstruction of the aggregate is scored against the attacked client's images only
+    (as the per-client row is), so an exact copy of ANOTHER client's image is not a hit."""
+    view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.exp)
+    counts = ccvr_view.exp.counts
+    cls = next(c for c in range(10) if counts[0][c] > 0 and counts[1][c] > 0)
+    plan = plan_stats(view, TINY, clients=[0], classes=[cls])
+    mean_job = next(j for j in plan.jobs if j.base["target"] == "class-mean")
+    rec = mean_job.run().record
+    assert rec["candidates"] == counts[0][cls] < counts[:, cls].sum()
+    other = view.truth(1, cls)[:1]  # an exact copy of a client-1 image of the class
+    own = view.truth(0, cls)
+    scored, _ = score(view, view.pixels(other), own, paired=False)
+    best_own = max(10 * np.log10(1 / float(((view.pixels(other)[0] - t) ** 2).mean()))
+                   for t in view.pixels(own))
+    assert scored["psnr_best"] == pytest.approx(best_own, abs=1e-3) and math.isfinite(best_own)
+    assert scored["nearest_of_best"] is False  # its nearest image is client 1's, not 0's
+    federation, _ = score(view, view.pixels(other), view.truth(None, cls), paired=False)
+    assert federation["psnr_best"] == math.inf  # what best-of-federation would have credited
+
+
+def test_prior_is_scored_by_the_same_rule(ccvr_view):
+    """One image for a set: both the reconstruction and the prior get their best match."""
+    view = ccvr_view
+    view.load_state(view.release(STATS_LABEL, None).state)
+    cls = int(np.flatnonzero(view.exp.counts[0])[0])
+    idx = view.truth(0, cls)
+    d = view.exp.data
+    prior = d.denormalize(d.x_test[d.y_test == cls].mean(0)).clamp(0, 1)
+    best_prior = max(10 * np.log10(1 / float(((prior - t) ** 2).mean())) for t in view.pixels(idx))
+    rec, _ = score(view, view.pixels(idx[:1]) * 0.5, idx, paired=False)
+    assert rec["matching"] == "best"
+    assert rec["prior_psnr"] == pytest.approx(best_prior, abs=1e-3)
+    assert rec["prior_psnr_best"] == pytest.approx(best_prior, abs=1e-3)
 
 
 def test_class_gradients_and_update(creff_view):
@@ -223,3 +261,53 @@ def test_user_errors(ccvr_view, tmp_path):
         load_run(tmp_path)
     with pytest.raises(UsageError, match="steps"):
         AttackOptions(steps=-1)
+
+
+def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Path, dict]:
+    """The run with model updates recorded as the transcript format prescribes: a global
+    state (label "round") and client 0's full state after local training, with its weight
+    and recipe (here: one epoch of the run's recipe, simulated exactly)."""
+    from privfedcal.attacks.gradient_inversion import LocalRecipe, simulate_local_training
+
+    shutil.copytree(view.run_dir, dest)
+    tdir = dest / "transcript"
+    entries = json.loads((tdir / "index.json").read_text())
+    start = view.release(STATS_LABEL, None).state
+    idx = view.exp.parts[0]
+    cfg = view.cfg
+    recipe = LocalRecipe(1, cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay)
+    after = {k: v.detach() for k, v in simulate_local_training(
+        view.model, start, view.exp.data.x_train[idx], view.exp.data.y_train[idx],
+        recipe).items()}
+    after = {**start, **after}
+    save_file(dict(start), str(tdir / "round.safetensors"))
+    save_file(after, str(tdir / "update.safetensors"))
+    entries.append({"round": 1, "label": "round", "view": "model-state", "client": None,
+                    "file": "round.safetensors", "participants": [0, 1, 2]})
+    entries.append({"round": 1, "label": "model-update", "view": "plain-upload", "client": 0,
+                    "file": "update.safetensors",
+                    "weight": float(idx.numel()) if weight else None, "bytes": 1,
+                    "local_epochs": 1, "batch_size": cfg.batch_size, "lr": cfg.lr})
+    (tdir / "index.json").write_text(json.dumps(entries))
+    return dest, after
+
+
+@pytest.mark.slow
+def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
+    from privfedcal.attacks.runner import plan_updates
+
+    run, _ = updates_copy(ccvr_view, tmp_path / "up")
+    view = load_run(run, exp=ccvr_view.exp)
+    plan = plan_updates(view, AttackOptions(steps=2, restarts=1))
+    (job,) = plan.jobs
+    n = int(ccvr_view.exp.parts[0].numel())
+    assert job.base["client"] == 0 and job.base["n"] == n and job.base["round"] == 1
+    assert any("aggregation weight" in s for s in job.base["needed"])
+    rec = job.run().record
+    assert rec["target"] == "model-update" and rec["candidates"] == n
+    assert rec["steps_run"] == 2 and isinstance(rec["label_count_error"], int)
+    with pytest.raises(UsageError, match="sent no model update"):
+        plan_updates(view, AttackOptions(), clients=[2])
+    # gradients planner: recorded updates replace the simulated one
+    plain = plan_updates(ccvr_view, AttackOptions())
+    assert not plain.jobs and "records no model updates" in plain.notes[0]

@@ -98,9 +98,10 @@ def test_defaults_table_resolution():
 
 
 def test_run_records_resolved_settings_partition_and_bytes(tmp_path, capsys):
-    out = tmp_path / "run"
+    out = tmp_path / ("run-with-a-long-name-" * 6)
     main(["train", *FAST, "--out", str(out)])
     io = capsys.readouterr()
+    assert str(out) in io.out and "…" not in io.out  # piped: never truncated nor wrapped
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"] == "mlp" and cfg["lr"] == 0.05 and cfg["batch_size"] == 32
     assert cfg["augment"] is False and cfg["local_epochs"] == 1
