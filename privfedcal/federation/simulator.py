@@ -180,7 +180,8 @@ class Simulator:
         exp = self.exp
         if self.cfg.workers > 1:
             return WorkerPoolTrainer(exp.builder, exp.data.x_train, exp.data.y_train, exp.spec,
-                                     self.cfg.workers, self.threads)
+                                     self.cfg.workers, self.threads, exp.device,
+                                     self.cfg.deterministic)
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
