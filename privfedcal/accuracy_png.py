@@ -14,9 +14,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from privfedcal.palette import rgb
+
 _W, _H = 720, 432  # pixels (6 x 3.6 inches at 120 dpi)
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 34, 46
-_BLUE, _RED, _GRID, _INK = (0, 114, 178), (213, 94, 0), (225, 225, 225), (0, 0, 0)
+_BLUE, _RED = rgb(0), rgb(3)  # the palette's first and fourth colours, as in plotstyle
+_GRID, _INK = (225, 225, 225), (0, 0, 0)
 
 
 def _ticks(lo: float, hi: float, target: int = 6) -> list[float]:
