@@ -80,7 +80,49 @@ def run_deployment(cfg: RunConfig, out: Path) -> float:
     return per_round(history)
 
 
-MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run_deployment}
+_STARTUP = """
+import resource, sys, time
+t0 = time.perf_counter()
+def lap(name):
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"{name}: wall {time.perf_counter() - t0:.2f} s, cpu {r.ru_utime + r.ru_stime:.2f} s",
+          flush=True)
+import torch
+lap("import torch")
+import flwr.clientapp
+lap("+ import flwr.clientapp")
+import privfedcal.flower.client_app as ca
+lap("+ import privfedcal.flower.client_app")
+from flwr.app import Context, RecordDict
+from privfedcal.flower.records import to_run_config
+from privfedcal.config import RunConfig
+cfg = RunConfig(**eval(sys.argv[1]))
+ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0,
+              "num-partitions": cfg.clients}, state=RecordDict(),
+              run_config=to_run_config(cfg))
+ca.client_runtime(ctx)
+lap("+ the client's experiment (data, partition, model)")
+"""
+
+
+def run_clientapp_startup(cfg: RunConfig, out: Path) -> float:
+    """What one ClientApp process of a deployment spends before its first message: a fresh
+    process importing torch, Flower and privfedcal's ClientApp, then building the client's
+    experiment. Printed cumulatively; returns the total wall seconds."""
+    import subprocess
+    import sys
+
+    fields = {k: v for k, v in cfg.to_dict().items() if v is not None
+              and k not in ("method_params", "calibration_params")}
+    fields["dp_eps"] = float("inf")
+    done = subprocess.run([sys.executable, "-c", _STARTUP, repr(fields).replace("inf", "1e999")],
+                          capture_output=True, text=True, check=True)
+    print(done.stdout, end="")
+    return float(done.stdout.strip().splitlines()[-1].split("wall ")[1].split(" s")[0])
+
+
+MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run_deployment,
+         "clientapp-startup": run_clientapp_startup}
 
 
 def main() -> None:

@@ -186,6 +186,9 @@ def run_way(way: str, args, tmp: Path, repeat: int) -> float:
         cmd = [sys.executable, "-m", "privfedcal.cli.main", "train", "--rounds",
                str(args.rounds), "--clients", str(args.clients), "--alpha", str(args.alpha),
                "--dataset", args.dataset, "--threads", "1", "--device", "cpu",
+               "--local-epochs", str(LOCAL["local_epochs"]), "--batch-size",
+               str(LOCAL["batch_size"]), "--lr", str(LOCAL["lr"]), "--momentum",
+               str(LOCAL["momentum"]), "--weight-decay", str(LOCAL["weight_decay"]),
                "--out", str(tmp / f"pfc{repeat}")]
         cmd += ["--model", "cnn", "--no-augment"] if args.cnn else ["--model", "mlp"]
     else:

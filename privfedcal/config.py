@@ -26,6 +26,7 @@ METHOD_ALIASES: dict[str, tuple[str, str]] = {
 }
 
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 #: Local-training defaults per model family (docs/usage.md, "Defaults per model"). "paper":
 #: the CNN / ResNet / MobileNet settings of CCVR and MOON on CIFAR-like data (SGD lr 0.01,
@@ -43,9 +44,6 @@ MODEL_FAMILY: dict[str, str] = {"mlp": "small", "digits-cnn": "small"}
 MODEL_MIN_INPUT: dict[str, int] = {"cnn": 16, "resnet8": 16, "resnet18": 16, "mobilenetv2": 16}
 #: keys of a run's config.json that record the run rather than set it
 RUN_RECORD_KEYS = ("versions", "flower_run_id")
-#: settings resolved at build time when left None
-RESOLVED_FIELDS = ("model", "lr", "momentum", "weight_decay", "batch_size", "local_epochs",
-                   "augment")
 
 
 @dataclass(frozen=True)
@@ -80,6 +78,8 @@ class RunConfig:
     device: str = "auto"
     workers: int = 1
     threads: int | None = None  # torch threads per process; None: cores // workers
+    precision: str = "auto"  # auto (bf16 autocast on CUDA for large models) | fp32 | bf16
+    deterministic: bool = False  # deterministic kernels (reproducible GPU runs)
     # calibration
     calibrate: str = "none"  # none | ccvr | creff | oracle | oracle:N
     calibration_params: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +116,8 @@ class RunConfig:
             (self.workers >= 1, "--workers must be >= 1"),
             (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
             (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}"),
+            (self.precision in PRECISIONS,
+             f"--precision must be one of {', '.join(PRECISIONS)}"),
             (self.dp_eps > 0, "--dp-eps must be > 0 (inf = off)"),
             (self.dp_delta is None or 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),

@@ -1,31 +1,48 @@
 """Attacks on what an honest-but-curious server sees: feature and gradient inversion,
-class-set inference, and the metrics that score them (pure functions; the CLI wraps them)."""
+class-set inference, and the metrics that score them (pure functions; the CLI wraps them).
 
-from privfedcal.attacks.class_inference import count_lower_bound, infer_classes, score
-from privfedcal.attacks.feature_inversion import (
-    FeatureTarget,
-    InversionConfig,
-    InversionResult,
-    features_from_stats,
-    invert_features,
-)
-from privfedcal.attacks.gradient_inversion import (
-    GradientInversionResult,
-    LabelInfo,
-    invert_class_gradient,
-    invert_update,
-    labels_from_bias_gradient,
-    recover_from_class_gradient,
-    split_class_gradient,
-)
-from privfedcal.attacks.metrics import (
-    best_match,
-    feature_cosine,
-    matched_psnr,
-    nearest_is_true,
-    psnr,
-    ssim,
-)
+Names load on first use (PEP 562): importing a submodule (the CLI reads one constant of
+``feature_inversion``) does not pull in torchmetrics, scipy and torchvision, which only the
+metrics and class inference need.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "FeatureTarget": "privfedcal.attacks.feature_inversion",
+    "GradientInversionResult": "privfedcal.attacks.gradient_inversion",
+    "InversionConfig": "privfedcal.attacks.feature_inversion",
+    "InversionResult": "privfedcal.attacks.feature_inversion",
+    "LabelInfo": "privfedcal.attacks.gradient_inversion",
+    "best_match": "privfedcal.attacks.metrics",
+    "count_lower_bound": "privfedcal.attacks.class_inference",
+    "feature_cosine": "privfedcal.attacks.metrics",
+    "features_from_stats": "privfedcal.attacks.feature_inversion",
+    "infer_classes": "privfedcal.attacks.class_inference",
+    "invert_class_gradient": "privfedcal.attacks.gradient_inversion",
+    "invert_features": "privfedcal.attacks.feature_inversion",
+    "invert_update": "privfedcal.attacks.gradient_inversion",
+    "labels_from_bias_gradient": "privfedcal.attacks.gradient_inversion",
+    "matched_psnr": "privfedcal.attacks.metrics",
+    "nearest_is_true": "privfedcal.attacks.metrics",
+    "psnr": "privfedcal.attacks.metrics",
+    "recover_from_class_gradient": "privfedcal.attacks.gradient_inversion",
+    "score": "privfedcal.attacks.class_inference",
+    "split_class_gradient": "privfedcal.attacks.gradient_inversion",
+    "ssim": "privfedcal.attacks.metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'privfedcal.attacks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FeatureTarget",

@@ -118,9 +118,9 @@ def run_with_progress(sim, cfg: RunConfig) -> dict[str, Any]:
 
 
 def report(summary: dict[str, Any], run_dir: Path) -> None:
-    from privfedcal.plots import plot_accuracy
+    from privfedcal.accuracy_png import plot_accuracy_png  # no matplotlib: start-up
 
-    plot_accuracy(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
+    plot_accuracy_png(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
     table = Table(title="privfedcal run")
     table.add_column("metric")
     table.add_column("value", justify="right")

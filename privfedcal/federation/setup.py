@@ -20,7 +20,12 @@ from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.base import Algorithm
 from privfedcal.config import MODEL_MIN_INPUT, RunConfig, resolve_training_defaults
 from privfedcal.errors import UsageError
-from privfedcal.federation.local import LocalSpec, make_generator
+from privfedcal.federation.local import (
+    LocalSpec,
+    choose_mixed_precision,
+    make_generator,
+    set_deterministic,
+)
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -120,9 +125,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
 
     device = resolve_device(cfg.device)
-    if cfg.workers > 1 and device.type != "cpu":
-        raise UsageError("--workers > 1 runs CPU processes; use --device cpu (one GPU is "
-                         "best used by one process)")
+    set_deterministic(cfg.deterministic)
     data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
     labels = data.y_train.numpy()
     domains = data.domains_train.numpy() if data.domains_train is not None else None
@@ -142,6 +145,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     model.to(device)
     local = LocalSpec(local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                       momentum=cfg.momentum, weight_decay=cfg.weight_decay, augment=cfg.augment,
-                      seed=cfg.seed)
+                      seed=cfg.seed,
+                      mixed_precision=choose_mixed_precision(model, device, cfg.precision))
     return Experiment(cfg, device, data, parts, counts, model, algo, builder, local,
                       [warning] if warning else [])

@@ -180,7 +180,8 @@ class Simulator:
         exp = self.exp
         if self.cfg.workers > 1:
             return WorkerPoolTrainer(exp.builder, exp.data.x_train, exp.data.y_train, exp.spec,
-                                     self.cfg.workers, self.threads)
+                                     self.cfg.workers, self.threads, exp.device,
+                                     self.cfg.deterministic)
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
@@ -248,6 +249,8 @@ class Simulator:
                         averaged[k] = sent[k]
                 self.global_state, self.server_state = exp.algo.server_update(
                     sent, averaged, self.server_state)
+                divergence.check_state(self.global_state, round_, "the aggregated model",
+                                       divergence.lr_hint(cfg.lr))
                 for c, r in zip(selected, results, strict=True):
                     if r[1] is not None:
                         self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}

@@ -19,7 +19,7 @@ import torch.multiprocessing as tmp
 from torch import Tensor
 
 from privfedcal.algorithms.base import Algorithm, State
-from privfedcal.federation.local import LocalSpec, train_client
+from privfedcal.federation.local import LocalSpec, set_deterministic, train_client
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -67,11 +67,21 @@ _W: dict = {}
 
 
 def _worker_init(build: Callable[[], tuple[FeatureClassifier, Algorithm]], x: Tensor, y: Tensor,
-                 spec: LocalSpec, threads: int) -> None:
+                 spec: LocalSpec, threads: int, device: str = "cpu",
+                 deterministic: bool = False) -> None:
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
+    set_deterministic(deterministic)
+    dev = torch.device(device)
     model, algo = build()
-    _W.update(model=model, algo=algo, x=x, y=y, spec=spec)
+    # on a GPU every worker holds its own copy of the training tensors on the device
+    _W.update(model=model.to(dev), algo=algo, x=x.to(dev), y=y.to(dev), spec=spec, device=dev)
+
+
+def _on_device(state: State | None) -> State | None:
+    if state is None:
+        return None
+    return {k: v.to(_W["device"]) for k, v in state.items()}
 
 
 def _worker_train(args: tuple[State, list[Job], int]) -> list[Result]:
@@ -79,8 +89,9 @@ def _worker_train(args: tuple[State, list[Job], int]) -> list[Result]:
     out = []
     for job in jobs:
         state, client_state, loss = train_client(_W["model"], _W["algo"], global_state,
-                                                 job.client_state, _W["x"], _W["y"], job.idx,
-                                                 _W["spec"], round_, job.client)
+                                                 _on_device(job.client_state), _W["x"], _W["y"],
+                                                 job.idx.to(_W["device"]), _W["spec"], round_,
+                                                 job.client)
         out.append((pack_state(state), pack_state(client_state), loss))
     return out
 
@@ -91,8 +102,11 @@ def _worker_collect(args: tuple[State, object, list[Tensor], object]) -> list:
     model = _W["model"]
     model.load_state_dict(state)
     model.eval()
-    return [pack_state(task.compute(model, _W["x"][idx], _W["y"][idx], bound))  # type: ignore[attr-defined]
-            for idx in idxs]
+    out = []
+    for idx in idxs:
+        idx = idx.to(_W["device"])
+        out.append(pack_state(task.compute(model, _W["x"][idx], _W["y"][idx], bound)))  # type: ignore[attr-defined]
+    return out
 
 
 def balanced_shares(sizes: list[int], workers: int) -> list[list[int]]:
@@ -117,7 +131,8 @@ def pack_state(state: State | None) -> tuple[Tensor, list] | None:
     for k, v in state.items():
         groups.setdefault(v.dtype, []).append(v.reshape(-1))
         layout.append((k, v.dtype, tuple(v.shape)))
-    return {str(dt): torch.cat(ts) for dt, ts in groups.items()}, layout
+    # on the CPU: tensors cross processes through shared memory, never as CUDA handles
+    return {str(dt): torch.cat(ts).cpu() for dt, ts in groups.items()}, layout
 
 
 def unpack_state(packed) -> State | None:
@@ -138,15 +153,18 @@ def unpack_state(packed) -> State | None:
 
 
 class WorkerPoolTrainer:
-    """Trains clients in N spawned processes (CPU only)."""
+    """Trains clients in N spawned processes, on the CPU or all on one GPU (each worker then
+    keeps the training tensors on the device; what crosses processes stays on the CPU:
+    sample indices, states, payloads)."""
 
     def __init__(self, build: Callable[[], tuple[FeatureClassifier, Algorithm]], x: Tensor,
-                 y: Tensor, spec: LocalSpec, workers: int, threads: int) -> None:
+                 y: Tensor, spec: LocalSpec, workers: int, threads: int,
+                 device: torch.device | str = "cpu", deterministic: bool = False) -> None:
         x, y = x.cpu().share_memory_(), y.cpu().share_memory_()
         ctx = tmp.get_context("spawn")
         self.workers = workers
         self.pool = ctx.Pool(workers, initializer=_worker_init,
-                             initargs=(build, x, y, spec, threads))
+                             initargs=(build, x, y, spec, threads, str(device), deterministic))
 
     def train(self, global_state: State, jobs: list[Job], round_: int,
               on_done: Callable[[int], None] | None = None,
@@ -156,7 +174,7 @@ class WorkerPoolTrainer:
         # round trips than one task per client, and results come back in client order.
         shares = balanced_shares([int(j.idx.numel()) for j in jobs], self.workers)
         pending = [(share, self.pool.apply_async(
-            _worker_train, ((shared, [jobs[i] for i in share], round_),)))
+            _worker_train, ((shared, [_cpu_job(jobs[i]) for i in share], round_),)))
             for share in shares]
         results: list[Result | None] = [None] * len(jobs)
         for share, p in pending:
@@ -190,6 +208,12 @@ class WorkerPoolTrainer:
     def close(self) -> None:
         self.pool.close()
         self.pool.join()
+
+
+def _cpu_job(job: Job) -> Job:
+    cs = job.client_state
+    return Job(job.client, job.idx.cpu(),
+               None if cs is None else {k: v.cpu() for k, v in cs.items()})
 
 
 def _shared(state: State) -> State:

@@ -34,6 +34,7 @@ def test_fedavg_and_secure_ccvr_on_a_local_deployment(tmp_path):
         with dep:
             started = [p.pid for p in dep.procs]
             done = dep.run(EXAMPLE, {"method": "ccvr", "secagg": True, "rounds": 2,
+                                     "alpha": 0.5, "local-epochs": 1,
                                      "out": str(out), "flower.round-timeout": 300.0,
                                      "calibration-params.virtual-per-class": 50},
                            timeout=TIMEOUT)
