@@ -7,10 +7,10 @@ it only replaces the two places where the simulator touches client data:
 * local training (``FlowerTrainer``): a ``train`` message to the SuperNodes of the selected
   clients; each node trains with the simulator's ``train_client`` on its own partition;
 * ``ServerContext.collect``: a ``query.payload`` message carrying the task description
-  (``flower/tasks.py``) and the model state; the uplink built by ``build_uplink`` is split
-  across the wire (``flower/protection.py``): its bound and noise stages run on the nodes,
-  encryption under a key holder node's public key, and the server only checks the budget,
-  adds, and records what it saw.
+  (``flower/tasks.py``) and the model state; the stages of the uplink built by ``build_uplink``
+  are split across the wire (``flower/protection.py``): their client halves (bound, noise,
+  encryption under a key holder node's public key) run on the nodes, and the server runs the
+  same ``Uplink.open`` / ``Uplink.server_side`` as the simulator.
 
 The per-client state of a method (MOON's previous model) never leaves its node. The oracle
 calibrator reads pooled raw training features and has no federated form: refused here.
@@ -31,14 +31,10 @@ from privfedcal.federation.setup import Experiment
 from privfedcal.federation.simulator import Simulator
 from privfedcal.federation.workers import Job, Result
 from privfedcal.flower.link import FlowerRoundError, GridLink
-from privfedcal.flower.protection import (
-    CIPHERTEXT,
-    SECAGG,
-    SecureRelease,
-)
+from privfedcal.flower.protection import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.flower.tasks import task_to_records
-from privfedcal.privacy.uplink import MIN_SECAGG_CLIENTS
+from privfedcal.privacy.secagg_stage import EncryptStage
 
 log = logging.getLogger("privfedcal.flower")
 
@@ -89,43 +85,34 @@ class FlowerSimulator(Simulator):
         super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
         self.link = link
         self.key_holder = key_holder
+        wire = self.uplink.wire
+        if isinstance(wire, EncryptStage):  # the key holder is a node, reached by messages
+            wire.keys = RemoteKeys(link, key_holder)
 
     def _trainer(self) -> FlowerTrainer:
         return FlowerTrainer(self.link, self.exp)
 
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,
                 round_: int) -> Payload:
-        """``Simulator.collect`` with the uplink split across the wire (flower/protection.py):
-        clients bound, noise and encrypt; the server checks the budget, sums, and has the
-        key holder decrypt the sum."""
+        """``Simulator.collect`` with the uplink's stages split across the wire
+        (flower/protection.py): the server opens the release and runs the server side; the
+        nodes run the client halves; the key holder decrypts the sum."""
         up = self.uplink
         # the server knows the model it asked clients to use (as Simulator.collect records)
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=state)
-        if up.dp is not None:
-            up.dp.check(label, clients)  # stop before a release that would exceed the budget
-        records: dict[str, Any] = {}
-        release = None
-        if up.secagg is not None:
-            if len(clients) < MIN_SECAGG_CLIENTS:
-                up.skip(round_, label, f"{len(clients)} client(s), secure aggregation needs "
-                                        f">= {MIN_SECAGG_CLIENTS}")
-            release = SecureRelease.open(self.link, up.secagg, self.key_holder, label, round_,
-                                         self._example_payload(task, state))
-            records[SECAGG] = release.client_config()
+        example = self._example_payload(task, state) if up.wire.hides_uploads else {}
+        rel = up.release(label, round_, clients, clients, example, self.transcript)
+        up.open(rel)  # the budget check; under --secagg a fresh key from the key holder
+        records = {SECAGG: sealing_record(rel.state["sealing"])} if "sealing" in rel.state \
+            else {}
         config = ConfigRecord({"round": round_, "label": label})
         content = RecordDict({"state": state_to_record(state), "config": config,
                               **task_to_records(task), **records})
         replies = self.link.exchange(content, clients, "query.payload", f"{label}-{round_}")
-        if release is not None:
-            total = release.finish(up, [(c, _ciphertext(replies[c].content)) for c in clients],
-                                   self.transcript)
-        else:  # the simulator's order of clients: the same float sums
-            uploads = [(c, record_to_state(replies[c].content["payload"], self.exp.device))
-                       for c in clients]
-            total = up.sum_clear(uploads, round_=round_, label=label, transcript=self.transcript)
-        if up.dp is not None:
-            up.dp.record(label, clients)
+        # the simulator's order of clients: the same float sums
+        uploads = [(c, received_upload(replies[c].content, self.exp.device)) for c in clients]
+        total = up.server_side(uploads, rel)
         return {k: v.to(self.exp.device) for k, v in total.items()}
 
     def _example_payload(self, task: PayloadTask, state: State) -> Payload:
@@ -139,11 +126,3 @@ class FlowerSimulator(Simulator):
 
     def centralized_features(self, *args: Any, **kwargs: Any) -> Any:
         raise UsageError("centralized features (oracle) are not available under Flower")
-
-
-def _ciphertext(content: RecordDict) -> bytes:
-    """A client's ciphertext; empty (so rejected by the aggregator) if it sent none, e.g. a
-    plaintext payload where a ciphertext was due."""
-    if CIPHERTEXT not in content:
-        return b""
-    return bytes(content[CIPHERTEXT]["data"])

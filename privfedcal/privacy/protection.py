@@ -22,6 +22,7 @@ from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_n
 from privfedcal.privacy.dp import L2Clip, gaussian_mechanism, noise_stds, payload_sensitivities
 from privfedcal.privacy.noise import warn_if_seeded
 from privfedcal.privacy.releases import declared_releases
+from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Stage
 from privfedcal.privacy.uplink import Uplink
 
 #: release labels the calibrators use, with the payload keys they may carry
@@ -331,8 +332,19 @@ def build_protected_uplink(cfg, exp) -> Uplink:
         hints.append("CReFF's client weighting uploads per-class means, whose signal does not "
                      "grow with the data: under DP, --creff-weighting sample is far more "
                      "accurate (docs/results.md)")
-    return Uplink(bound=bound, dp=dp, secagg=secagg, seed=cfg.seed, hide_counts=cfg.hide_counts,
+    return Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
                   hints=hints, seeded_noise=cfg.insecure_seeded_noise)
+
+
+def uplink_stages(bound, dp, secagg, cfg) -> list[Stage]:
+    """The run's stages in client order: bound, noise (with a budget), then the wire."""
+    from privfedcal.privacy.secagg_stage import EncryptStage
+
+    stages: list[Stage] = [BoundStage(bound)]
+    if dp is not None:
+        stages.append(NoiseStage(dp, seed=cfg.seed, seeded=cfg.insecure_seeded_noise))
+    stages.append(EncryptStage(secagg) if secagg is not None else ClearWire())
+    return stages
 
 
 def _weighting_given(cfg) -> bool:

@@ -1,4 +1,4 @@
-"""The encrypt stage of the uplink: one CKKS session per release, fresh keys each time.
+"""The encrypt stage of the uplink (its wire): one CKKS session per release, fresh keys each time.
 
 Roles: clients encrypt under the key holder's public context; the server's aggregator loads
 that public context only (TenSEAL's ``is_private()`` is false there) and adds ciphertexts; the
@@ -8,16 +8,21 @@ decryptions handed to a party that holds the ciphertexts enable key recovery). K
 for every release (rotation per calibration step). The magnitude bound, from which the CKKS
 modulus chain and scale are chosen, follows from the clip bounds, the number of samples and
 clients, and the DP noise (10 standard deviations).
+
+``EncryptStage`` is the uplink's wire under --secagg (privacy/stages.py): its client half
+encrypts, its server half adds ciphertexts under the public context and has the key holder
+decrypt the sum and run the remaining server halves. Who holds the keys is a ``KeyService``:
+in-process here (``LocalKeys``), a client node reached by messages under Flower
+(flower/protection.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import Tensor
+from typing import Any, Protocol
 
 from privfedcal.errors import UploadRejected
+from privfedcal.federation.hooks import Payload
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg import (
     CKKSParams,
@@ -26,6 +31,7 @@ from privfedcal.privacy.secagg import (
     encrypt_payload,
     load_public_context,
 )
+from privfedcal.privacy.stages import MIN_SECAGG_CLIENTS, Finish, Release, Wire
 
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
@@ -60,37 +66,10 @@ def unpad(data: bytes) -> bytes:
 
 
 @dataclass
-class SecAggSession:
-    """One release: the key holder's keys, the server's aggregator, the clients' context."""
-
-    keyholder: KeyHolder
-    server: ServerAggregator
-    layout: PayloadLayout
-    client_context: Any
-    pad_to: int | None = None
-    sizes: list[int] = field(default_factory=list)
-
-    @property
-    def count(self) -> int:
-        return self.server.count
-
-    def submit(self, payload: dict[str, Tensor]) -> int:
-        """A client encrypts; the server checks and adds. Returns the bytes on the wire."""
-        data = pad(encrypt_payload(payload, self.layout, self.client_context).to_bytes(),
-                   self.pad_to)
-        self.server.add(unpad(data) if self.pad_to is not None else data)
-        self.sizes.append(len(data))
-        return len(data)
-
-    def release(self) -> dict[str, Tensor]:
-        n = self.server.count
-        grid = 2 * self.keyholder.params.error_bound(n)
-        return self.keyholder.decrypt_aggregate(self.server.result(), self.layout,
-                                                n_clients=n, round_to=grid)
-
-
-@dataclass
 class SecAggStage:
+    """The run's CKKS settings: magnitude bounds per payload key, the noise they must leave
+    room for, the parameters each release used (the summary's record)."""
+
     bounds: dict[str, float]  # largest |aggregate entry| per payload key, before noise
     dp: Any
     clients: int
@@ -117,20 +96,116 @@ class SecAggStage:
         stds = self.dp.stds(keys, label) if self.dp is not None else {}
         return max(self.bounds[k] + NOISE_SIGMAS * stds.get(k, 0.0) for k in keys)
 
-    def open(self, label: str, example: dict[str, Tensor]) -> SecAggSession:
-        symmetric = {"outer"} & set(example)
-        layout = PayloadLayout.from_payload(example, symmetric=frozenset(symmetric))
-        params = CKKSParams.for_magnitude(self.max_abs(label, example), PRECISION,
-                                          max_clients=self.clients)
-        keyholder = KeyHolder(params)  # fresh keys for every release
-        public = keyholder.public_context_bytes()
-        server = ServerAggregator(public, layout, n_threads=1)
-        client_ctx = load_public_context(public, n_threads=1)
-        self.params_used[label] = params.to_dict()
-        size = padded_size(params, layout) if self.hide_counts else None
-        return SecAggSession(keyholder, server, layout, client_ctx, pad_to=size)
-
     def summary(self) -> dict[str, Any]:
         return {"scheme": "CKKS (TenSEAL)", "params": self.params_used,
                 "min_clients": 2, "keys": "fresh per release; server holds the public context only",
                 "release_rounding": "2 x CKKS error bound"}
+
+
+@dataclass
+class Sealing:
+    """What a client needs to encrypt its upload for one release: the layout, the key
+    holder's public context (refused if it holds a secret key) and the padded size."""
+
+    layout: PayloadLayout
+    public: bytes
+    pad_to: int | None = None
+    _context: Any = None
+
+    def seal(self, payload: Payload) -> bytes:
+        if self._context is None:
+            self._context = load_public_context(self.public, n_threads=1)
+            if self._context.is_private():
+                raise UploadRejected("the server sent a context holding a secret key")
+        return pad(encrypt_payload(payload, self.layout, self._context).to_bytes(), self.pad_to)
+
+
+class KeyService(Protocol):
+    """The key holder's role: fresh keys per release, one decryption of the server's sum."""
+
+    def keygen(self, rel: Release, params: CKKSParams) -> bytes:
+        """The public context of a new key for ``rel``."""
+        ...
+
+    def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
+                finish: Finish) -> Payload:
+        """The sum of ``rel.arrived`` uploads, flooded and rounded, through ``finish``."""
+        ...
+
+
+def key_holder_release(holder: KeyHolder, ciphertexts: list[bytes], layout: PayloadLayout,
+                       n: int) -> Payload:
+    """The key holder's decryption of a sum of ``n`` uploads: flooded, then rounded to twice
+    the CKKS error bound (privacy/secagg.py); raises UploadRejected on a failed check."""
+    return holder.decrypt_aggregate(ciphertexts, layout, n_clients=n,
+                                    round_to=2 * holder.params.error_bound(n))
+
+
+@dataclass
+class LocalKeys:
+    """The key holder in this process (the simulator): keys live in the release's state."""
+
+    def keygen(self, rel: Release, params: CKKSParams) -> bytes:
+        holder = KeyHolder(params)  # fresh keys for every release
+        rel.state["key-holder"] = holder
+        return holder.public_context_bytes()
+
+    def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
+                finish: Finish) -> Payload:
+        holder = rel.state.pop("key-holder")  # one key per release, used once
+        try:
+            total = key_holder_release(holder, ciphertexts, layout, rel.arrived)
+        except UploadRejected as exc:
+            rel.log.skip(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
+        return finish(total, rel)
+
+
+@dataclass
+class EncryptStage(Wire):
+    """CKKS secure aggregation of the uploads: the server sees ciphertexts and the sum."""
+
+    secagg: SecAggStage
+    keys: Any = field(default_factory=LocalKeys)  # a KeyService
+    name = "encrypt"
+    hides_uploads = True
+
+    def open(self, rel: Release) -> None:
+        if len(rel.clients) < MIN_SECAGG_CLIENTS:
+            rel.log.skip(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
+                         f"aggregation needs >= {MIN_SECAGG_CLIENTS}")
+        st = self.secagg
+        layout = PayloadLayout.from_payload(rel.example,
+                                            symmetric=frozenset({"outer"} & set(rel.example)))
+        params = CKKSParams.for_magnitude(st.max_abs(rel.label, rel.example), PRECISION,
+                                          max_clients=st.clients)
+        st.params_used[rel.label] = params.to_dict()
+        public = self.keys.keygen(rel, params)
+        pad_to = padded_size(params, layout) if st.hide_counts else None
+        rel.state["sealing"] = Sealing(layout, public, pad_to)
+
+    def client(self, payload: Payload, rel: Release) -> bytes:
+        return rel.state["sealing"].seal(payload)
+
+    def deliver(self, uploads: list[tuple[int, Any]], rel: Release, finish: Finish) -> Payload:
+        sealing: Sealing = rel.state["sealing"]
+        server = ServerAggregator(sealing.public, sealing.layout, n_threads=1)
+        assert not server.context.is_private()  # the server holds the public context only
+        for client, data in uploads:
+            try:
+                if not isinstance(data, bytes | bytearray):
+                    raise UploadRejected("a plaintext upload where a ciphertext was due")
+                server.add(unpad(data) if sealing.pad_to is not None else bytes(data))
+            except UploadRejected as exc:  # dropped; the release goes on, noise topped up
+                rel.log.reject(rel.round_, rel.label, client, str(exc))
+                continue
+            rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
+                                  client=client, bytes=len(data))
+        rel.arrived = server.count
+        if server.count < MIN_SECAGG_CLIENTS:
+            rel.log.skip(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
+                         "server's checks")
+        rel.hidden = True
+        return self.keys.decrypt(server.result(), sealing.layout, rel, finish)
+
+    def summary(self) -> dict[str, Any]:
+        return self.secagg.summary()

@@ -1,12 +1,14 @@
-"""The uplink every calibration payload goes through: bound -> noise -> encrypt.
+"""The uplink every calibration payload goes through: an ordered list of stages.
 
-Client side, each stage is optional: ``bound`` clips per-sample rows before they are summed
-(inside the payload task, through ``Bound.clip``), ``noise`` adds Gaussian noise calibrated
-by the accountant, ``encrypt`` packs the payload into CKKS ciphertexts. Server side the
-uplink adds what arrives and hands the calibrator the sum alone: calibrators cannot tell
-which stages ran. In this simulator one object plays every role (clients, server, key
-holder), but each role only touches what it would hold in a deployment: the server's
-aggregator loads the public context alone, and the transcript records the server's view.
+``bound -> noise -> wire`` (privacy/stages.py): client halves run in order on each client's
+payload (the bound acts inside the payload task, through ``Bound.clip`` on each row), the
+wire (in the clear, or CKKS-encrypted: privacy/secagg_stage.py) turns the uploads into their
+sum, and the server halves run in reverse on that sum where it is in the clear. The uplink
+runs them without knowing what they are; calibrators see the sum alone and cannot tell which
+stages ran. In this simulator one object plays every role (clients, server, key holder),
+but each role only touches what it would hold in a deployment: the server's aggregator loads
+the public context alone, and the transcript records the server's view. Under Flower the
+same stages run on the nodes and the server (flower/protection.py).
 
 Guarantees are never weakened silently: a release that would exceed any participant's budget
 stops the run (``PrivacyBudgetError``) before anything is released; a rejected upload is
@@ -20,62 +22,42 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
 
 from privfedcal.errors import ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.federation.hooks import Bound, NoBound, Payload
 from privfedcal.federation.transcript import Transcript
-from privfedcal.privacy.noise import INSECURE_STATEMENT, noise_generator
+from privfedcal.privacy.noise import INSECURE_STATEMENT
+from privfedcal.privacy.stages import (
+    MIN_SECAGG_CLIENTS,
+    BoundStage,
+    ClearWire,
+    NoiseStage,
+    Release,
+    Stage,
+    Wire,
+    payload_bytes,
+    symmetrise_outer,
+    validate_upload,
+)
 
 log = logging.getLogger("privfedcal.uplink")
 
-#: fewest valid uploads for which a securely aggregated release is made (one upload would
-#: hand the "aggregate" of a single client to the server)
-MIN_SECAGG_CLIENTS = 2
+S = TypeVar("S", bound=Stage)
 
 
-def validate_upload(payload: Payload, reference: Payload | None) -> None:
-    """Reject malformed uploads: non-tensors, NaN/Inf, keys or shapes unlike the others."""
-    for k, v in payload.items():
-        if not isinstance(v, Tensor):
-            raise UploadRejected(f"{k!r} is not a tensor")
-        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
-            raise UploadRejected(f"{k!r} contains NaN or Inf")
-    if reference is not None:
-        if set(payload) != set(reference):
-            raise UploadRejected(f"keys {sorted(payload)} differ from {sorted(reference)}")
-        for k, v in payload.items():
-            if v.shape != reference[k].shape:
-                raise UploadRejected(f"{k!r} has shape {tuple(v.shape)}, expected "
-                                     f"{tuple(reference[k].shape)}")
-
-
-def payload_bytes(payload: Payload) -> int:
-    return int(sum(v.numel() * v.element_size() for v in payload.values()))
-
-
-def symmetrise_outer(payload: Payload) -> Payload:
-    """Keep the upper triangle of ``outer`` (noise included) and mirror it: post-processing
-    of the noisy release, so the guarantee is unchanged and the matrix stays symmetric."""
-    if "outer" not in payload:
-        return payload
-    o = payload["outer"]
-    upper = torch.triu(o)
-    return {**payload, "outer": upper + torch.triu(o, 1).transpose(-1, -2)}
+def default_stages() -> list[Stage]:
+    return [BoundStage(NoBound()), ClearWire()]
 
 
 @dataclass
 class Uplink:
-    """bound -> noise -> encrypt, each stage optional. With none, the server sees every
-    client's payload in the clear (and the transcript records it)."""
+    """An ordered list of stages ending in a wire. With the default (no bound, in the
+    clear), the server sees every client's payload (and the transcript records it)."""
 
-    bound: Bound = field(default_factory=NoBound)
-    dp: Any = None  # privacy.protection.DPStage
-    secagg: Any = None  # privacy.protection.SecAggStage
-    seed: int = 0
+    stages: list[Stage] = field(default_factory=default_stages)
     seeded_noise: bool = False  # --insecure-seeded-noise: noise from the public seed
     updates: Any = None  # privacy.update_secagg.SecureUpdates under --secagg-updates
     hide_counts: bool = False
@@ -83,20 +65,78 @@ class Uplink:
     rejected: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.stages or not isinstance(self.stages[-1], Wire):
+            raise UsageError("the uplink's last stage must be a wire (ClearWire or "
+                             "EncryptStage)")
+        if any(isinstance(s, Wire) for s in self.stages[:-1]):
+            raise UsageError("the uplink has one wire, its last stage")
+
+    def find(self, kind: type[S]) -> S | None:
+        """The stage of type ``kind``, if the uplink has one."""
+        return next((s for s in self.stages if isinstance(s, kind)), None)
+
+    @property
+    def bound(self) -> Bound:
+        """The per-sample bound the payload tasks apply (the bound stage's client half)."""
+        stage = self.find(BoundStage)
+        return stage.bound if stage is not None else NoBound()
+
+    @property
+    def wire(self) -> Wire:
+        return self.stages[-1]  # type: ignore[return-value]
+
     # ---- the pipeline ----------------------------------------------------------------------
+    def release(self, label: str, round_: int, asked: list[int], clients: list[int],
+                example: Payload, transcript: Transcript) -> Release:
+        return Release(label, round_, list(asked), list(clients), example, transcript, self)
+
+    def open(self, rel: Release) -> None:
+        """Server, before clients compute: every stage's ``open`` in order."""
+        for stage in self.stages:
+            stage.open(rel)
+
+    def client_side(self, payload: Payload, rel: Release) -> Any:
+        """One client's upload: the client halves in order (``rel.client`` is the client)."""
+        out: Any = payload
+        for stage in self.stages:
+            out = stage.client(out, rel)
+        return out
+
+    def finish(self, total: Payload, rel: Release) -> Payload:
+        """Where the sum is in the clear: server halves of the stages before the wire, in
+        reverse order (the key holder's node under encryption)."""
+        for stage in reversed(self.stages[:-1]):
+            total = stage.server(total, rel)
+        return total
+
+    def server_side(self, uploads: list[tuple[int, Any]], rel: Release) -> Payload:
+        """The server's half of the release: the wire's sum, the remaining server halves,
+        the released aggregate recorded when the uploads were hidden, every ``close``."""
+        total = self.wire.deliver(uploads, rel, self.finish)
+        total = {k: v.to(torch.float64) for k, v in total.items()}
+        if rel.hidden:
+            rel.transcript.record(round_=rel.round_, label=rel.label, view="aggregate",
+                                  client=None, tensors=total, clients=rel.arrived)
+        for stage in self.stages:
+            stage.close(rel)
+        return total
+
     def aggregate(self, uploads: list[tuple[int, Payload]], *, round_: int, label: str,
                   transcript: Transcript) -> Payload:
+        """Every role of one release in this process: open, client halves, server halves."""
         asked = [c for c, _ in uploads]
         valid = self._validate(uploads, round_, label)
-        if self.dp is not None:
-            self.dp.check(label, asked)  # stop before a release that would exceed the budget
-        if self.secagg is not None:
-            total = self._secure_sum(valid, round_, label, transcript)
-        else:
-            total = self._plain_sum(valid, round_, label, transcript)
-        if self.dp is not None:
-            self.dp.record(label, asked)
-        return total
+        rel = self.release(label, round_, asked, [c for c, _ in valid], valid[0][1],
+                           transcript)
+        self.open(rel)
+        sent: list[tuple[int, Any]] = []
+        for client, payload in valid:
+            try:
+                sent.append((client, self.client_side(payload, rel.at(client))))
+            except UploadRejected as exc:  # dropped; the release goes on, noise topped up
+                self.reject(round_, label, client, str(exc))
+        return self.server_side(sent, rel)
 
     def reject(self, round_: int, label: str, client: int, reason: str) -> None:
         log.warning("round %d %s: upload of client %d rejected: %s", round_, label, client,
@@ -122,93 +162,11 @@ class Uplink:
             self.skip(round_, label, "no valid upload")
         return valid
 
-    def noise_upload(self, payload: Payload, label: str, round_: int, client: int,
-                     share: float) -> Payload:
-        """A client's noise stage: a generator seeded from OS entropy (privacy/noise.py),
-        ``share`` of the variance (distributed noise under secure aggregation)."""
-        if self.dp is None:
-            return payload
-        g = noise_generator(self.seed, round_, client, 101, seeded=self.seeded_noise)
-        return symmetrise_outer(self.dp.noise(payload, label, g, share))
-
-    def _plain_sum(self, valid, round_, label, transcript) -> Payload:
-        noisy = [(c, self.noise_upload(p, label, round_, c, share=1.0)) for c, p in valid]
-        return self.sum_clear(noisy, round_=round_, label=label, transcript=transcript)
-
-    def sum_clear(self, uploads: list[tuple[int, Payload]], *, round_: int, label: str,
-                  transcript: Transcript) -> Payload:
-        """Server side without encryption: validate, record and add what clients sent."""
-        total: Payload | None = None
-        reference: Payload | None = None
-        for client, payload in uploads:
-            try:
-                validate_upload(payload, reference)
-            except UploadRejected as exc:
-                self.reject(round_, label, client, str(exc))
-                continue
-            reference = reference or payload
-            transcript.record(round_=round_, label=label, view="plain-upload", client=client,
-                              tensors=payload, bytes=payload_bytes(payload))
-            if total is None:
-                total = {k: v.detach().to(torch.float64).clone() for k, v in payload.items()}
-            else:
-                for k, v in payload.items():
-                    total[k] += v.to(torch.float64)
-        if total is None:
-            self.skip(round_, label, "no valid upload")
-        assert total is not None
-        return total
-
-    def client_share(self, label: str) -> float:
-        """A client's share of the noise variance, from the run config alone."""
-        return self.dp.share(label) if self.dp is not None else 1.0
-
-    def key_holder_topup(self, total: Payload, label: str, round_: int, arrived: int) -> Payload:
-        """The key holder's top-up after decryption: with distributed noise, the variance of
-        the planned uploads that did not make it into the sum (rejected or missing), drawn
-        from OS entropy, so the release always carries at least the planned noise."""
-        if self.dp is None:
-            return total
-        share = self.dp.topup_share(label, arrived)
-        if share <= 0:
-            return total
-        g = noise_generator(self.seed, round_, 10_000 + arrived, 102, seeded=self.seeded_noise)
-        return symmetrise_outer(self.dp.noise(total, label, g, share=share))
-
-    def _secure_sum(self, valid, round_, label, transcript) -> Payload:
-        n = len(valid)
-        if n < MIN_SECAGG_CLIENTS:
-            self.skip(round_, label, f"{n} valid upload(s), secure aggregation needs "
-                                      f">= {MIN_SECAGG_CLIENTS}")
-        session = self.secagg.open(label, valid[0][1])
-        share = self.client_share(label)
-        for client, payload in valid:
-            noisy = self.noise_upload(payload, label, round_, client, share=share)
-            try:
-                size = session.submit(noisy)
-            except UploadRejected as exc:  # dropped; the release goes on, noise topped up
-                self.reject(round_, label, client, str(exc))
-                continue
-            transcript.record(round_=round_, label=label, view="ciphertext", client=client,
-                              bytes=size)
-        if session.count < MIN_SECAGG_CLIENTS:
-            self.skip(round_, label, f"only {session.count} upload(s) survived the server's "
-                                      "checks")
-        try:
-            total = session.release()
-        except UploadRejected as exc:
-            self.skip(round_, label, f"aggregate failed the key holder's check: {exc}")
-        total = self.key_holder_topup(total, label, round_, session.count)
-        total = {k: v.to(torch.float64) for k, v in total.items()}
-        transcript.record(round_=round_, label=label, view="aggregate", client=None,
-                          tensors=total, clients=session.count)
-        return total
-
     # ---- model updates --------------------------------------------------------------------
     def update_weights(self, sizes: list[float]) -> list[float]:
         """FedAvg weights of a round: client sizes n_k, except under --dp-train, where the
         sizes are private data: uniform (public) weights, so no size leaves a client."""
-        if self.dp is not None and self.dp.covers_updates:
+        if any(s.uniform_weights for s in self.stages):
             return [1.0] * len(sizes)
         return list(sizes)
 
@@ -242,40 +200,45 @@ class Uplink:
 
     # ---- DP-SGD local training is a release too ---------------------------------------------
     def before_local_training(self, clients=None) -> None:
-        if self.dp is not None and "dp-sgd" in self.dp.sigmas:
-            self.dp.check("dp-sgd", clients)
+        for stage in self.stages:
+            stage.before_training(clients)
 
     def after_local_training(self, clients=None) -> None:
-        if self.dp is not None and "dp-sgd" in self.dp.sigmas:
-            self.dp.record("dp-sgd", clients)
+        for stage in self.stages:
+            stage.after_training(clients)
 
     # ---- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"dp": self.dp.state_dict() if self.dp is not None else None,
+        noise = self.find(NoiseStage)
+        return {"dp": noise.state_dict() if noise is not None else None,
                 "rejected": self.rejected, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.dp is not None and state.get("dp") is not None:
-            self.dp.load_state_dict(state["dp"])
+        noise = self.find(NoiseStage)
+        if noise is not None and state.get("dp") is not None:
+            noise.load_state_dict(state["dp"])
         self.rejected = list(state.get("rejected", []))
         self.skipped = list(state.get("skipped", []))
 
     def summary(self) -> dict[str, Any]:
-        if self.dp is None and self.secagg is None and self.updates is None:
+        from privfedcal.privacy.secagg_stage import EncryptStage
+
+        noise, encrypt = self.find(NoiseStage), self.find(EncryptStage)
+        if noise is None and encrypt is None and self.updates is None:
             return {}
         out: dict[str, Any] = {}
-        if self.dp is not None:
-            out.update(self.dp.summary())
+        if noise is not None:
+            out.update(noise.dp.summary())
         if self.updates is not None:
             out["secagg_updates"] = self.updates.summary()
-        if self.secagg is not None:
-            out["secagg"] = self.secagg.summary()
-            if self.dp is None:
+        if encrypt is not None:
+            out["secagg"] = encrypt.summary()
+            if noise is None:
                 out["statement"] = ("no differential privacy: the server saw only the sum "
                                     "of the calibration uploads (CKKS secure aggregation); model "
                                     "updates " + ("only as their CKKS sum" if self.updates
                                                   is not None else "travel in the clear"))
-        elif self.updates is not None and self.dp is None:
+        elif self.updates is not None and noise is None:
             out["statement"] = ("no differential privacy: the server saw the model updates "
                                 "only as their CKKS sum; calibration uploads in the clear")
         out["hide_counts"] = self.hide_counts
@@ -290,17 +253,18 @@ def build_uplink(cfg, exp) -> Uplink:
     """The uplink a configuration asks for (see privacy/protection.py)."""
     if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
             or cfg.secagg_updates):
-        return Uplink(seed=cfg.seed)
+        return Uplink()
     from privfedcal.privacy.protection import build_protected_uplink
 
     up = build_protected_uplink(cfg, exp)
     if cfg.secagg_updates:
         from privfedcal.privacy.update_secagg import SecureUpdates
 
-        uniform = up.dp is not None and up.dp.covers_updates  # weights 1 under --dp-train
+        uniform = any(s.uniform_weights for s in up.stages)  # weights 1 under --dp-train
         n_total = float(sum(int(p.numel()) for p in exp.parts))
         up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients)
     return up
 
 
-__all__ = ["Uplink", "build_uplink", "validate_upload", "UsageError"]
+__all__ = ["MIN_SECAGG_CLIENTS", "Uplink", "build_uplink", "payload_bytes", "symmetrise_outer",
+           "validate_upload"]

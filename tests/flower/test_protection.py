@@ -124,39 +124,89 @@ def test_only_the_designated_node_acts_as_key_holder(flower_cfg):
 
 def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg):
     """The Flower key holder, like the simulator's, tops the distributed noise up when an
-    upload is rejected, and the release goes on with the others."""
+    upload is rejected, and the release goes on with the others: the server and the nodes
+    run the uplink's own stages, the key holder reached through ``RemoteKeys``."""
     from privfedcal.federation.setup import build_experiment
     from privfedcal.federation.transcript import Transcript
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.loopback import LoopbackGrid
-    from privfedcal.flower.protection import SecureRelease, client_upload
+    from privfedcal.flower.protection import RemoteKeys, client_upload, sealing_record
     from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.privacy.stages import NoiseStage
     from privfedcal.privacy.uplink import build_uplink
 
     cfg = flower_cfg(method="ccvr", clients=4, dp_eps=8.0, secagg=True)
     exp = build_experiment(cfg)
-    uplink = build_uplink(cfg, exp)
+    client_side = build_uplink(cfg, exp)  # every node builds the same uplink
     grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 0}, 4)
     link = GridLink(grid, 4, FlowerOptions(round_timeout=30))
     c, d = exp.data.num_classes, 8
     example = {"count": torch.zeros(c, dtype=torch.float64),
                "sum": torch.zeros(c, d, dtype=torch.float64),
                "outer": torch.zeros(c, d, d, dtype=torch.float64)}
-    stds = uplink.dp.stds(list(example), "ccvr-stats")
-    devs = []
+    stds = client_side.find(NoiseStage).dp.stds(list(example), "ccvr-stats")
+    devs, rejected, skipped = [], [], []
     iu = torch.triu_indices(d, d)
     for rep in range(4):
-        release = SecureRelease.open(link, uplink.secagg, 0, "ccvr-stats", rep + 1, example)
-        cfg_rec = release.client_config()
-        ups = [(k, bytes(client_upload(uplink, example, label="ccvr-stats", round_=rep + 1,
-                                       client=k, secagg=cfg_rec)["ciphertext"]["data"]))
+        server = build_uplink(cfg, exp)  # a fresh budget per repetition
+        server.wire.keys = RemoteKeys(link, 0)
+        rel = server.release("ccvr-stats", rep + 1, [0, 1, 2, 3], [0, 1, 2, 3], example,
+                             Transcript(None))
+        server.open(rel)
+        sealing = sealing_record(rel.state["sealing"])
+        ups = [(k, bytes(client_upload(client_side, example, label="ccvr-stats",
+                                       round_=rep + 1, client=k,
+                                       secagg=sealing)["ciphertext"]["data"]))
                for k in range(3)]
         ups.append((3, b"garbage"))
-        total = release.finish(uplink, ups, Transcript(None))
+        total = server.server_side(ups, rel)
+        rejected += server.rejected
+        skipped += server.skipped
         devs.append(total["sum"].flatten() / stds["sum"])
         devs.append((total["outer"] / stds["outer"])[:, iu[0], iu[1]].flatten())
-    assert [r["client"] for r in uplink.rejected] == [3] * 4 and uplink.skipped == []
+    assert [r["client"] for r in rejected] == [3] * 4 and skipped == []
     var = float(torch.cat(devs).var())
     # 3 shares of 1/3 arrive (variance 1), the top-up adds 1/3: 4/3; 1760 draws (SE ~ 0.05)
     assert 1.17 < var < 1.5
+
+
+@pytest.mark.parametrize("flags", [{}, {"dp_eps": 8.0}, {"secagg": True},
+                                   {"dp_eps": 8.0, "secagg": True, "hide_counts": True}],
+                         ids=["clear", "noise", "encrypt", "noise+encrypt"])
+def test_flower_and_simulator_run_the_same_stages(flags, flower_cfg, run_simulator,
+                                                  run_flower, monkeypatch):
+    """Every stage half the simulator runs, the Flower nodes, server and key holder run
+    too: the same classes, the same number of calls (one release of 2 clients)."""
+    from privfedcal.privacy.stages import Stage
+
+    calls: list[tuple[str, str]] = []
+    classes = {type(s) for s in _uplink_stages(flower_cfg, flags)}
+    for cls in classes:
+        for half in ("open", "client", "server", "close"):
+            if half in ("server",) and hasattr(cls, "deliver"):
+                half = "deliver"
+            original = getattr(cls, half)
+
+            def spy(self, *args, _o=original, _n=f"{cls.__name__}.{half}", **kw):
+                calls.append(_n)
+                return _o(self, *args, **kw)
+
+            monkeypatch.setattr(cls, half, spy)
+    assert all(issubclass(c, Stage) for c in classes)
+    cfg = flower_cfg(method="ccvr", rounds=1, insecure_seeded_noise=True,
+                     calibration_params={"virtual_per_class": 20}, **flags)
+    run_simulator(cfg)
+    in_simulator = sorted(calls)
+    calls.clear()
+    run_flower(cfg)
+    assert sorted(calls) == in_simulator
+    assert {c.split(".")[0] for c in in_simulator} == {c.__name__ for c in classes}
+
+
+def _uplink_stages(flower_cfg, flags):
+    from privfedcal.federation.setup import build_experiment
+    from privfedcal.privacy.uplink import build_uplink
+
+    cfg = flower_cfg(method="ccvr", rounds=1, **flags)
+    return build_uplink(cfg, build_experiment(cfg)).stages

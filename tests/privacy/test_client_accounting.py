@@ -17,6 +17,7 @@ from privfedcal.privacy.protection import (
     participation_counts,
     release_plans,
 )
+from privfedcal.privacy.stages import NoiseStage
 
 
 def opacus_eps(z, q, steps, delta):
@@ -51,9 +52,10 @@ def test_creff_plan_has_no_amplification_from_server_sampling(tiny_cfg):
 def test_planned_noise_meets_the_budget_without_amplification(tiny_cfg):
     cfg = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=20, dp_eps=8.0)
     up = build_protected_uplink(cfg, build_experiment(cfg))
-    z, delta = up.dp.sigmas[CREFF_RELEASE], up.dp.delta
+    dp = up.find(NoiseStage).dp
+    z, delta = dp.sigmas[CREFF_RELEASE], dp.delta
     t_max = max(participation_counts(cfg).values())
-    assert up.dp.rates[CREFF_RELEASE] == 1.0
+    assert dp.rates[CREFF_RELEASE] == 1.0
     assert opacus_eps(z, 1.0, t_max, delta) <= 8.0
     assert opacus_eps(z * 0.99, 1.0, t_max, delta) > 8.0  # the smallest such noise (1e-3)
     # the old amplified accounting (q = 0.4 over all rounds) would claim far less epsilon

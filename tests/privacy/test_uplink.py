@@ -12,7 +12,9 @@ from privfedcal.errors import PrivacyBudgetError, ReleaseSkipped
 from privfedcal.federation.transcript import Transcript
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.protection import DPStage, build_protected_uplink
-from privfedcal.privacy.secagg_stage import SecAggStage
+from privfedcal.privacy.secagg import ServerAggregator
+from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, unpad
+from privfedcal.privacy.stages import ClearWire, NoiseStage
 from privfedcal.privacy.uplink import Uplink
 
 
@@ -43,6 +45,16 @@ def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, pla
                    planned_clients={label: planned})
 
 
+def opened(stage, example):
+    """An opened secure release: its ``Sealing`` (what clients get) and the server's
+    aggregator under the public context."""
+    up = Uplink([EncryptStage(stage)])
+    rel = up.release("ccvr-stats", 1, [0, 1], [0, 1], example, Transcript(None))
+    up.open(rel)
+    sealing = rel.state["sealing"]
+    return sealing, ServerAggregator(sealing.public, sealing.layout, n_threads=1)
+
+
 def plain_sum(uploads):
     return {k: sum(p[k] for _, p in uploads) for k in uploads[0][1]}
 
@@ -50,7 +62,7 @@ def plain_sum(uploads):
 def test_secure_sum_matches_plaintext_and_server_sees_no_upload(tmp_path):
     uploads = [(k, stats_payload([3, 0, 5], seed=k)) for k in range(3)]
     tr = Transcript(tmp_path / "t")
-    up = Uplink(secagg=secagg_stage())
+    up = Uplink([EncryptStage(secagg_stage())])
     total = up.aggregate(uploads, round_=1, label="ccvr-stats", transcript=tr)
     ref = plain_sum(uploads)
     for k in ref:
@@ -62,12 +74,11 @@ def test_secure_sum_matches_plaintext_and_server_sees_no_upload(tmp_path):
 
 
 def test_server_context_is_public_and_cannot_decrypt():
-    stage = secagg_stage()
-    session = stage.open("ccvr-stats", stats_payload([2, 2]))
-    assert not session.server.context.is_private()
-    session.submit(stats_payload([2, 2], seed=1))
-    session.submit(stats_payload([1, 3], seed=2))
-    enc = ts.ckks_vector_from(session.server.context, session.server.result()[0])
+    sealing, server = opened(secagg_stage(), stats_payload([2, 2]))
+    assert not server.context.is_private()
+    server.add(unpad(sealing.seal(stats_payload([2, 2], seed=1))))
+    server.add(unpad(sealing.seal(stats_payload([1, 3], seed=2))))
+    enc = ts.ckks_vector_from(server.context, server.result()[0])
     with pytest.raises(ValueError):
         enc.decrypt()
 
@@ -80,7 +91,7 @@ def test_hidden_counts_server_view_independent_of_class_sets(tmp_path):
     views = []
     for uploads in (a, b):
         tr = Transcript(None)
-        total = Uplink(secagg=secagg_stage()).aggregate(uploads, round_=1, label="ccvr-stats",
+        total = Uplink([EncryptStage(secagg_stage())]).aggregate(uploads, round_=1, label="ccvr-stats",
                                                         transcript=tr)
         views.append(([(e["view"], e["client"], e.get("bytes")) for e in tr.entries], total))
     assert views[0][0] == views[1][0]
@@ -101,28 +112,24 @@ def test_malformed_uploads_are_rejected_and_round_goes_on():
 
 
 def test_foreign_and_tampered_ciphertexts_are_rejected():
-    from privfedcal.privacy.secagg import encrypt_payload
-
-    stage = secagg_stage()
-    session = stage.open("ccvr-stats", stats_payload([2, 2]))
-    other = stage.open("ccvr-stats", stats_payload([2, 2]))  # another key holder's context
-    foreign = encrypt_payload(stats_payload([2, 2]), other.layout, other.client_context)
     from privfedcal.errors import UploadRejected
 
+    stage = secagg_stage()
+    sealing, server = opened(stage, stats_payload([2, 2]))
+    other, _ = opened(stage, stats_payload([2, 2]))  # another key holder's context
     with pytest.raises(UploadRejected):
-        session.server.add(foreign.to_bytes())
-    data = bytearray(encrypt_payload(stats_payload([2, 2]), session.layout,
-                                     session.client_context).to_bytes())
+        server.add(unpad(other.seal(stats_payload([2, 2]))))
+    data = bytearray(unpad(sealing.seal(stats_payload([2, 2]))))
     with pytest.raises(UploadRejected):
-        session.server.add(bytes(data[: len(data) // 2]))  # truncated
+        server.add(bytes(data[: len(data) // 2]))  # truncated
     data[len(data) // 3] ^= 0xFF
     with pytest.raises(UploadRejected):
-        session.server.add(bytes(data))  # tampered
-    assert session.server.count == 0
+        server.add(bytes(data))  # tampered
+    assert server.count == 0
 
 
 def test_too_few_valid_clients_skips_the_release():
-    up = Uplink(secagg=secagg_stage())
+    up = Uplink([EncryptStage(secagg_stage())])
     uploads = [(0, stats_payload([2, 2])), (1, stats_payload([2, 2, 2]))]
     with pytest.raises(ReleaseSkipped):
         up.aggregate(uploads, round_=1, label="ccvr-stats", transcript=Transcript(None))
@@ -131,7 +138,7 @@ def test_too_few_valid_clients_skips_the_release():
 
 def test_budget_guard_stops_before_an_unplanned_release():
     dp = dp_stage(sigma=1.0, target=5.0)
-    up = Uplink(dp=dp)
+    up = Uplink([NoiseStage(dp), ClearWire()])
     uploads = [(k, stats_payload([2, 2], seed=k)) for k in range(2)]
     released = 0
     with pytest.raises(PrivacyBudgetError):
@@ -149,7 +156,7 @@ def _distributed_noise_variance(n_good, planned=4, reps=20, d=8):
     iu = torch.triu_indices(d, d)
     samples = []
     for _ in range(reps):
-        up = Uplink(dp=dp, secagg=secagg_stage(dp=dp))
+        up = Uplink([NoiseStage(dp), EncryptStage(secagg_stage(dp=dp))])
         good = [(k, stats_payload([3, 3], d=d, seed=k)) for k in range(n_good)]
         bad = [(k, stats_payload([3, 3, 3], d=d)) for k in range(n_good, planned)]
         total = up.aggregate([*good, *bad], round_=1, label="ccvr-stats",
