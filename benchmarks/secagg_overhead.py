@@ -7,7 +7,7 @@ A training round is measured as the CCVR CNN's training throughput (bare SGD loo
 CIFAR-shaped random data) times the images one round processes in the papers' settings:
 CCVR (CIFAR-10, 10 clients, E = 10: 500k images) and CReFF (CIFAR-10-LT IF 100, 20 clients,
 8 per round, E = 10: about 50k images). Secure aggregation is timed through privfedcal's own
-uplink session (encrypt, server add, key-holder decrypt) on uploads of the real shapes
+encrypt stage (encrypt, server add, key-holder decrypt) on uploads of the real shapes
 (C = 10, d = 256). Clients encrypt in parallel in a federation, so a round's added wall time is
 one client's encryption plus the server's additions plus the decryption.
 """
@@ -20,9 +20,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from privfedcal.federation.transcript import Transcript
 from privfedcal.models import create_model
-from privfedcal.privacy.secagg import encrypt_payload
-from privfedcal.privacy.secagg_stage import SecAggStage, pad, unpad
+from privfedcal.privacy.secagg import ServerAggregator
+from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, key_holder_release, unpad
+from privfedcal.privacy.uplink import Uplink
 
 C, D = 10, 256
 
@@ -61,20 +63,24 @@ def secure_release(payloads, label: str, n_total: int) -> tuple[float, float, in
     stage = SecAggStage(bounds={"count": n_total, "holders": k, "sum": n_total,
                                 "outer": n_total, "grad": n_total}, dp=None, clients=k,
                         hide_counts=True)
-    session = stage.open(label, payloads[0])
+    up = Uplink([EncryptStage(stage)])  # the uplink's encrypt stage, opened as a run opens it
+    rel = up.release(label, 1, list(range(k)), list(range(k)), payloads[0], Transcript(None))
+    up.open(rel)
+    sealing = rel.state["sealing"]
+    sealing.context()  # clients load the public context once, before any upload
+    server = ServerAggregator(sealing.public, sealing.layout, n_threads=1)
     enc, size = [], 0
     server_time = 0.0
     for p in payloads:
         t0 = time.perf_counter()
-        data = pad(encrypt_payload(p, session.layout, session.client_context).to_bytes(),
-                   session.pad_to)
+        data = sealing.seal(p)
         enc.append(time.perf_counter() - t0)
         size = len(data)
         t0 = time.perf_counter()
-        session.server.add(unpad(data))
+        server.add(unpad(data))
         server_time += time.perf_counter() - t0
     t0 = time.perf_counter()
-    session.release()
+    key_holder_release(rel.state["key-holder"], server.result(), sealing.layout, server.count)
     server_time += time.perf_counter() - t0
     return max(enc), server_time, size
 

@@ -112,12 +112,17 @@ class Sealing:
     pad_to: int | None = None
     _context: Any = None
 
-    def seal(self, payload: Payload) -> bytes:
+    def context(self) -> Any:
+        """The public context, loaded once; one holding a secret key is refused."""
         if self._context is None:
-            self._context = load_public_context(self.public, n_threads=1)
-            if self._context.is_private():
+            context = load_public_context(self.public, n_threads=1)
+            if context.is_private():
                 raise UploadRejected("the server sent a context holding a secret key")
-        return pad(encrypt_payload(payload, self.layout, self._context).to_bytes(), self.pad_to)
+            self._context = context
+        return self._context
+
+    def seal(self, payload: Payload) -> bytes:
+        return pad(encrypt_payload(payload, self.layout, self.context()).to_bytes(), self.pad_to)
 
 
 class KeyService(Protocol):
