@@ -170,7 +170,7 @@ class EncryptStage(Wire):
     """CKKS secure aggregation of the uploads: the server sees ciphertexts and the sum."""
 
     secagg: SecAggStage
-    keys: Any = field(default_factory=LocalKeys)  # a KeyService
+    keys: KeyService = field(default_factory=LocalKeys)
     name = "encrypt"
     hides_uploads = True
 

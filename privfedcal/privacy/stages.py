@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -26,6 +26,9 @@ from privfedcal.errors import UploadRejected
 from privfedcal.federation.hooks import Bound, NoBound, Payload
 from privfedcal.federation.transcript import Transcript
 from privfedcal.privacy.noise import noise_generator
+
+if TYPE_CHECKING:
+    from privfedcal.privacy.protection import DPStage
 
 #: fewest valid uploads for which a securely aggregated release is made (one upload would
 #: hand the "aggregate" of a single client to the server)
@@ -174,7 +177,7 @@ class NoiseStage(Stage):
     holder's top-up for planned uploads missing from the sum. The guarantee holds while the
     noise stays secret: not with ``seeded`` (--insecure-seeded-noise)."""
 
-    dp: Any  # privacy.protection.DPStage
+    dp: DPStage
     seed: int = 0
     seeded: bool = False
     name = "noise"
