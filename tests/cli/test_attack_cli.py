@@ -106,6 +106,10 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
                        "round 5")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--steps", "-1"], capsys,
                        "steps")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--threads", "0"], capsys,
+                       "--threads")
+    assert_usage_error(["attack", "classes", "--run", run, "--threads", "0"], capsys,
+                       "--threads")
     assert_usage_error(["attack", "invert", "--gradients", "--run", run], capsys, "creff-grad")
     assert_usage_error(["attack", "classes", "--run", str(tmp_path)], capsys, "not a run folder")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--nope"], capsys, "nope")
