@@ -16,3 +16,19 @@ class UploadRejected(ValueError):
 class ReleaseSkipped(RuntimeError):
     """A release was not made (too few valid clients for the configured guarantees, or an
     aggregate that failed its checks): the round goes on without it, nothing is released."""
+
+
+class Diverged(RuntimeError):
+    """Training or calibration produced non-finite numbers: the run stops at that round
+    (exit code 4). ``round`` is the round reached, ``client`` the client where known."""
+
+    def __init__(self, round_: int, what: str, *, client: int | None = None,
+                 hint: str = "") -> None:
+        self.round, self.what, self.client, self.hint = round_, what, client, hint
+        where = f"round {round_}" + (f", client {client}" if client is not None else "")
+        super().__init__(f"diverged at {where}: {what}" + (f"; {hint}" if hint else ""))
+
+    def record(self) -> dict[str, object]:
+        """What ``summary.json`` holds under ``"diverged"``."""
+        return {"round": self.round, "client": self.client, "what": self.what,
+                "hint": self.hint}

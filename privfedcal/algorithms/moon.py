@@ -5,7 +5,9 @@
 
 sim is cosine similarity; z = ``model.features(x)`` (for the CCVR/MOON CNN: the projection
 head output); z_glob from the global model the client received, z_prev from this client's
-previous local model (the global model when the client has none yet, as MOON's code does).
+previous local model. A client without a previous model (its first round) would compare the
+global model with itself (MOON's code): both similarities are equal, l_con is the constant
+log 2 and its gradient is zero, so we drop the term there and the round reports l_con = 0.
 
 Our choice: z_glob and z_prev are computed with ``torch.func.functional_call`` on the live
 module (no model copies), under ``torch.no_grad()`` and with the module in eval mode, so
@@ -76,7 +78,7 @@ class Moon(Algorithm):
         device = next(model.parameters()).device
         self._view = _FeatureView(model)
         self._glob = _view_state(global_state, device)
-        self._prev = self._glob if client_state is None else _view_state(client_state, device)
+        self._prev = None if client_state is None else _view_state(client_state, device)
 
     def _frozen_features(self, state: State, x: Tensor) -> Tensor:
         assert self._view is not None
@@ -90,10 +92,12 @@ class Moon(Algorithm):
             model.train(was_training)
 
     def local_loss(self, model: FeatureClassifier, x: Tensor, y: Tensor) -> Tensor:
-        if self._glob is None or self._prev is None:
+        if self._glob is None:
             raise RuntimeError("moon: begin_client must be called before local_loss")
         z = model.features(x)
         ce = F.cross_entropy(model.classifier(z), y)
+        if self._prev is None:  # first round of this client: z_prev = z_glob, l_con = log 2
+            return ce
         z_glob = self._frozen_features(self._glob, x)
         z_prev = self._frozen_features(self._prev, x)
         return ce + self.params.mu * moon_contrastive_loss(z, z_glob, z_prev, self.params.tau)

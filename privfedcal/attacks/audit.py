@@ -124,7 +124,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                                    "(nothing to attack)"}
         sim = build_simulator(cfg, run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps({**cfg.to_dict(),
+        (run_dir / "config.json").write_text(json.dumps({**sim.cfg.to_dict(),
                                                          "versions": versions()}, indent=2))
         summary = sim.run()
     except (UsageError, PrivacyBudgetError) as exc:

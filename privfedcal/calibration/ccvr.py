@@ -37,6 +37,7 @@ from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import ReleaseSpec
 
 VIRTUAL_MODES = ("balanced", "proportional")
 
@@ -157,6 +158,10 @@ class CCVR(PosthocCalibrator):
     name: ClassVar[str] = "ccvr"
     Params: ClassVar[type] = CCVRParams
     arg_field: ClassVar[str] = "virtual_per_class"
+    #: one release after training, from every client (docs/privacy-dp.md, sensitivities)
+    releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
+        "ccvr-stats", sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
+        magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all"),)
 
     def __init__(self, params: CCVRParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:

@@ -11,30 +11,39 @@ For a linear softmax head the per-sample gradient is analytic:
 autograd and the matching loss is differentiated through a closed form (equal to
 ``autograd.grad(..., create_graph=True)``; tested).
 
-What we follow, and where we differ from the paper / the authors' code (METHODS.md):
+What we follow, and where we differ from the paper / the authors' code (docs/methods.md).
+Defaults follow the authors' code wherever the paper's tables came from it:
 
 * client gradients use the extractor the clients received this round with ``v_hat`` of the
-  previous round (authors' code); all local samples, no augmentation (the authors average
-  10 draws of 32 augmented images per class);
+  previous round; ``initial_head="fresh"`` (authors) makes round 1's ``v_hat`` a fresh head
+  drawn like ``nn.Linear``, ``"global"`` uses the global model's initial classifier;
+* a client uses at most ``client_draws * draw_size`` (10 x 32) samples per class, drawn
+  uniformly without replacement (the authors average 10 batches of 32 images per class,
+  augmented; same expectation, bounded client cost, each sample counted at most once so the
+  clipping bound of the uplink holds); ``client_draws=None`` uses every sample; no
+  augmentation;
 * ``weighting="client"`` is the paper's unweighted mean over holders (``grad`` = per-class
   mean, ``holders`` indicators); ``"sample"`` uploads sums and counts only, the form DP noise
   and secure aggregation prefer;
-* Eq. 6 is taken over the C rows of ``[W | b]`` (the authors' code drops the bias);
-  classes that no selected client holds are skipped. ``match_reduction="sum"`` (default)
-  sums the rows' ``1 - cos`` as the authors' code does, ``"mean"`` is the paper's 1/C. With
-  plain SGD, "sum" at lr 0.1 is "mean" at lr 0.1 * C; on digits (4 clients, alpha 0.1,
-  10 rounds) "mean" at lr 0.1 barely moved S (54% vs FedAvg's 78%), "sum" reached 81%;
+* Eq. 6: ``bias_match="term"`` (authors) sums ``1 - cos`` over the C rows of the weight
+  gradient plus one term for the whole bias-gradient vector; ``"rows"`` appends each bias
+  entry to its weight row (C terms over ``[W | b]``). A bias-free head matches the weight
+  rows only. Classes that no selected client holds are skipped. ``match_reduction="sum"``
+  (default) sums the terms as the authors' code does, ``"mean"`` divides by C (the paper);
 * S is moved by SGD (lr 0.1, no momentum as in the authors' code; ``feature_momentum`` adds
   it, with its buffer kept in ``state_dict``);
-* re-training starts every round from a *fresh* head drawn like ``nn.Linear`` (authors'
-  code), full batch for J steps by default (the authors run J *epochs* of 32-sample
-  batches; ``retrain_batch_size`` gives minibatches, still J steps);
+* re-training starts every round from a *fresh* head (authors' code) and runs
+  ``retrain_steps`` = J units of ``retrain_unit``: ``"epoch"`` (authors: J passes over S in
+  shuffled minibatches of ``retrain_batch_size`` 32, lr 0.01) or ``"step"`` (J SGD steps;
+  the earlier default was J = 300 full-batch steps at lr 0.1). The head gradient is the
+  closed form (``retrain.py``) for a plain linear head;
 * all randomness comes from ``ctx.generator``, which the simulator seeds per (seed, round),
   so ``state_dict`` (S, its momentum, v_hat) is all a resume needs.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -61,29 +70,45 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import ReleaseSpec
 
 WEIGHTINGS = ("client", "sample")
 REDUCTIONS = ("sum", "mean")
+BIAS_MATCHES = ("term", "rows")
+RETRAIN_UNITS = ("epoch", "step")
+INITIAL_HEADS = ("fresh", "global")
 
 
 @dataclass(frozen=True)
 class CReFFParams:
-    """Paper defaults: m = 100, I = 100, J = 300, SGD lr 0.1 for both optimisations;
-    ``match_reduction="sum"`` and a fresh head per round follow the authors' code."""
+    """Paper: m = 100, I = 100, J = 300, SGD lr 0.1 for the features. The remaining defaults
+    follow the authors' code (the paper's tables): re-training for J epochs of batch-32
+    minibatches at lr 0.01 from a fresh head, a fresh round-1 ``v_hat``, the bias gradient
+    as one more cosine term, summed terms, at most 10 x 32 samples per class on a client.
+
+    The earlier recipe (J full-batch steps at lr 0.1, ``v_hat`` from the global classifier,
+    bias entries in the rows, all samples) is ``retrain_unit="step", retrain_lr=0.1,
+    retrain_batch_size=None, initial_head="global", bias_match="rows", client_draws=None``.
+    """
 
     features_per_class: int = 100
     match_steps: int = 100
     retrain_steps: int = 300
     feature_lr: float = 0.1
-    retrain_lr: float = 0.1
+    retrain_lr: float = 0.01
     feature_momentum: float = 0.0
-    retrain_batch_size: int | None = None
+    retrain_batch_size: int | None = 32
+    retrain_unit: str = "epoch"
+    initial_head: str = "fresh"
+    bias_match: str = "term"
+    client_draws: int | None = 10
+    draw_size: int = 32
     weighting: str = "client"
     match_reduction: str = "sum"
     feature_batch_size: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("features_per_class", "feature_batch_size"):
+        for name in ("features_per_class", "feature_batch_size", "draw_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"CReFF {name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}")
         for name in ("match_steps", "retrain_steps"):
@@ -96,10 +121,21 @@ class CReFFParams:
             raise UsageError(f"CReFF feature momentum must be in [0, 1), got {self.feature_momentum}")
         if self.retrain_batch_size is not None and self.retrain_batch_size < 1:
             raise UsageError(f"CReFF retrain batch size must be >= 1, got {self.retrain_batch_size}")
-        if self.match_reduction not in REDUCTIONS:
-            raise UsageError(f"CReFF match reduction must be one of {', '.join(REDUCTIONS)}, got {self.match_reduction!r}")
-        if self.weighting not in WEIGHTINGS:
-            raise UsageError(f"CReFF weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
+        if self.client_draws is not None and self.client_draws < 1:
+            raise UsageError(f"CReFF client draws must be >= 1 (or unset: all samples), got {self.client_draws}")
+        for name, choices in (("match_reduction", REDUCTIONS), ("weighting", WEIGHTINGS),
+                              ("bias_match", BIAS_MATCHES), ("retrain_unit", RETRAIN_UNITS),
+                              ("initial_head", INITIAL_HEADS)):
+            if getattr(self, name) not in choices:
+                raise UsageError(f"CReFF {name.replace('_', ' ')} must be one of "
+                                 f"{', '.join(choices)}, got {getattr(self, name)!r}")
+
+    def num_retrain_steps(self, n: int) -> int:
+        """SGD steps of one re-training on ``n`` federated features."""
+        if self.retrain_unit == "step":
+            return self.retrain_steps
+        bs = n if self.retrain_batch_size is None else min(self.retrain_batch_size, n)
+        return self.retrain_steps * math.ceil(n / bs)
 
 
 # ---- pure math -------------------------------------------------------------------------------
@@ -123,11 +159,28 @@ def class_mean_grads(s: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.einsum("cmk,cme->cke", r, _with_ones(s)) / m
 
 
-def matching_loss(g_fed: Tensor, g_agg: Tensor, mask: Tensor, reduction: str = "mean") -> Tensor:
-    """Eq. 6 summed over the classes in ``mask``: sum_c 1/C sum_j (1 - cos(g_fed[c,j], g_agg[c,j]))
-    (``reduction="mean"``, the paper) or without the 1/C (``"sum"``, the authors' code)."""
-    cos = F.cosine_similarity(g_fed, g_agg.to(g_fed.dtype), dim=-1, eps=1e-8)  # (C, C)
-    per_class = (1 - cos).mean(dim=1) if reduction == "mean" else (1 - cos).sum(dim=1)
+def matching_loss(g_fed: Tensor, g_agg: Tensor, mask: Tensor, reduction: str = "mean",
+                  bias_match: str = "rows", has_bias: bool = True) -> Tensor:
+    """Eq. 6 summed over the classes in ``mask``, for (C, C, d+1) gradients ``[dW | db]``.
+
+    Per class c the terms are ``1 - cos`` of: the C rows of ``[dW | db]`` (``"rows"``), or the
+    C rows of ``dW`` plus the bias-gradient vector ``db`` as one more term (``"term"``, the
+    authors' code); without a bias (``has_bias=False``) only the C rows of ``dW``. The terms
+    are summed (``reduction="sum"``, the authors' code) or divided by C (``"mean"``, the
+    paper's 1/C)."""
+    g_agg = g_agg.to(g_fed.dtype)
+    num_classes = g_fed.shape[1]
+    if bias_match == "rows" and has_bias:
+        cos = F.cosine_similarity(g_fed, g_agg, dim=-1, eps=1e-8)                  # (C, C)
+        per_class = (1 - cos).sum(dim=1)
+    else:
+        cos = F.cosine_similarity(g_fed[..., :-1], g_agg[..., :-1], dim=-1, eps=1e-8)
+        per_class = (1 - cos).sum(dim=1)
+        if has_bias:
+            cos_b = F.cosine_similarity(g_fed[..., -1], g_agg[..., -1], dim=-1, eps=1e-8)
+            per_class = per_class + (1 - cos_b)
+    if reduction == "mean":
+        per_class = per_class / num_classes
     return (per_class * mask.to(per_class.dtype)).sum()
 
 
@@ -146,8 +199,14 @@ class GradTask:
     num_classes: int
     weighting: str = "client"
     batch_size: int = 1024
+    per_class_cap: int | None = None
+    seed: int = 0
 
     def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
+        if self.per_class_cap is not None:
+            keep = capped_per_class(y, self.num_classes, self.per_class_cap, self.seed)
+            if keep is not None:
+                x, y = x[keep.to(x.device)], y[keep.to(y.device)]
         z = extract_features(model, x, self.batch_size)
         w = self.weight.to(device=z.device, dtype=z.dtype)
         b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
@@ -164,6 +223,21 @@ class GradTask:
             return {"grad": grad, "count": count}
         mean = grad / count.clamp_min(1)[:, None, None]
         return {"grad": mean, "holders": (count > 0).double()}
+
+
+def capped_per_class(y: Tensor, num_classes: int, cap: int, seed: int) -> Tensor | None:
+    """Sorted indices of at most ``cap`` samples per class, uniformly without replacement
+    (a generator seeded by ``seed``); None when no class has more than ``cap`` samples."""
+    y = y.detach().to("cpu", torch.long)
+    counts = torch.bincount(y, minlength=num_classes)
+    if not bool((counts > cap).any()):
+        return None
+    keys = torch.rand(len(y), generator=torch.Generator().manual_seed(seed))
+    order = torch.argsort(keys)                                   # a random order ...
+    order = order[torch.argsort(y[order], stable=True)]           # ... grouped by class
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(len(y)) - starts[y[order]]
+    return torch.sort(order[rank < cap]).values
 
 
 def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -189,6 +263,11 @@ class CReFF(Calibrator):
     name: ClassVar[str] = "creff"
     Params: ClassVar[type] = CReFFParams
     arg_field: ClassVar[str] = "features_per_class"
+    #: one release per round from its selected clients: sample weighting uploads grad +
+    #: count, client weighting grad (per-class means) + holders (docs/privacy-dp.md)
+    releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
+        "creff-grad", sensitivity={"grad": "G", "count": "1", "holders": "1"},
+        magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected"),)
 
     def __init__(self, params: CReFFParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:
@@ -207,8 +286,12 @@ class CReFF(Calibrator):
         rows = self.num_classes * self.params.features_per_class
         s = torch.randn(rows, dim, generator=ctx.generator, device=ctx.generator.device)
         self.features = s.to(ctx.device)
-        self.weight = head.weight.detach().float().clone()
-        self.bias = None if head.bias is None else head.bias.detach().float().clone()
+        if self.params.initial_head == "fresh":  # authors' code: round 1 uses a new head
+            w, b = fresh_head(self.num_classes, dim, ctx.generator, device=ctx.device)
+            self.weight, self.bias = w, None if head.bias is None else b
+        else:
+            self.weight = head.weight.detach().float().clone()
+            self.bias = None if head.bias is None else head.bias.detach().float().clone()
 
     def after_round(self, ctx: ServerContext) -> None:
         t0 = time.perf_counter()
@@ -218,8 +301,12 @@ class CReFF(Calibrator):
         normalized = read_head(ctx.sent_state).normalized
         w_eff = effective_weight(self.weight, normalized).detach()
         bias = None if self.bias is None else self.bias.detach()
+        cap = None if p.client_draws is None else p.client_draws * p.draw_size
+        # Derived from the round's seed without consuming the stream: where no client holds
+        # more than ``cap`` samples of a class, the run is identical to ``client_draws=None``.
+        seed = (ctx.generator.initial_seed() * 1_000_003 + 17) % 2**63
         task = GradTask(w_eff.cpu(), None if bias is None else bias.cpu(), c, p.weighting,
-                        p.feature_batch_size)
+                        p.feature_batch_size, cap, seed)
         payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
                               label="creff-grad")
         g_agg, mask = aggregate_gradients(payload, p.weighting, c)
@@ -230,32 +317,34 @@ class CReFF(Calibrator):
 
         def loss_of(feats: Tensor) -> Tensor:
             g_fed = class_mean_grads(feats.view(c, m, dim), w_eff, bias)
-            return matching_loss(g_fed, g_agg, mask, p.match_reduction)
+            return matching_loss(g_fed, g_agg, mask, p.match_reduction, p.bias_match,
+                                 has_bias=bias is not None)
 
         with torch.inference_mode(False), torch.enable_grad():
-            losses = []
+            first: Tensor | None = None  # read back once, after the loop (no per-step sync)
             buf = self.momentum
             for _ in range(p.match_steps if bool(mask.any()) else 0):
                 leaf = s.detach().requires_grad_(True)
                 loss = loss_of(leaf)
                 (grad,) = torch.autograd.grad(loss, leaf)
-                losses.append(float(loss.detach()))
+                if first is None:
+                    first = loss.detach()
                 if p.feature_momentum > 0:
                     buf = grad if buf is None else p.feature_momentum * buf.to(grad) + grad
                     grad = buf
                 s = (s - p.feature_lr * grad).detach()
-            final = float(loss_of(s)) if losses else None
+            final = float(loss_of(s)) if first is not None else None
         self.features, self.momentum = s, buf if p.feature_momentum > 0 else None
 
         labels = torch.arange(c, device=s.device).repeat_interleave(m)
         w0, b0 = fresh_head(c, dim, ctx.generator, device=s.device)
         self.weight, self.bias = retrain_classifier(
-            w0, None if self.bias is None else b0, s, labels, steps=p.retrain_steps,
-            lr=p.retrain_lr, batch_size=p.retrain_batch_size, generator=ctx.generator,
-            normalized=normalized)
+            w0, None if self.bias is None else b0, s, labels,
+            steps=p.num_retrain_steps(len(labels)), lr=p.retrain_lr,
+            batch_size=p.retrain_batch_size, generator=ctx.generator, normalized=normalized)
         self.last_round_info = {
             "name": self.name,
-            "match_loss_before": losses[0] if losses else None,
+            "match_loss_before": None if first is None else float(first),
             "match_loss_after": final,
             "matched_classes": int(mask.sum()),
             "seconds": round(time.perf_counter() - t0, 4),

@@ -36,6 +36,9 @@ class Oracle(PosthocCalibrator):
     name: ClassVar[str] = "oracle"
     Params: ClassVar[type] = OracleParams
     arg_field: ClassVar[str] = "per_class"
+    #: no federated release: it reads pooled raw features, so no protection applies
+    releases: ClassVar[tuple] = ()
+    protectable: ClassVar[bool] = False
 
     def __init__(self, params: OracleParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:

@@ -9,6 +9,9 @@ whichever parametrisation the method uses:
 * ``classifier.parametrizations.weight.original`` (clsnorm, CCVR sec. 3.3): the logits use
   the row-normalised weight ``W_i / ||W_i||``. The raw weight is re-trained *through* the
   same normalisation, so the calibrated head means at inference what it meant in training.
+  A clsnorm head has no bias (its ``classifier.bias`` is a frozen zero): :func:`read_head`
+  reports ``bias=None`` for it, so no calibrator trains one, and :func:`write_head` leaves
+  the stored zero untouched.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def read_head(state: State) -> Head:
         weight, normalized = state[NORMALIZED_WEIGHT_KEY], True
     else:
         raise KeyError(f"state has no classifier weight ({WEIGHT_KEY!r} or {NORMALIZED_WEIGHT_KEY!r})")
-    return Head(weight, state.get(BIAS_KEY), normalized)
+    # clsnorm is bias-free by definition: its stored zero bias is not part of the head.
+    return Head(weight, None if normalized else state.get(BIAS_KEY), normalized)
 
 
 def write_head(state: State, weight: Tensor, bias: Tensor | None) -> State:
@@ -125,45 +129,87 @@ class RetrainParams:
 def retrain_classifier(weight: Tensor, bias: Tensor | None, features: Tensor, labels: Tensor, *,
                        steps: int, lr: float, batch_size: int | None, momentum: float = 0.0,
                        weight_decay: float = 0.0, generator: torch.Generator,
-                       normalized: bool = False) -> tuple[Tensor, Tensor | None]:
+                       normalized: bool = False, closed_form: bool | None = None
+                       ) -> tuple[Tensor, Tensor | None]:
     """Train the head (from ``weight``, ``bias``) with CE by minibatch SGD; return new tensors.
 
     Each epoch visits the samples in an order drawn from ``generator`` (the last batch of an
     epoch may be smaller); ``batch_size=None`` or >= n means full batch. ``bias=None`` keeps
     the head bias-free. Deterministic for a given generator state; the inputs are not modified.
+
+    A plain linear head (``normalized=False``) is trained with the closed-form gradient of
+    softmax cross-entropy, ``dW = (softmax(Z W^T + b) - Y)^T Z / B``, ``db = sum(P - Y) / B``,
+    and ``torch.optim.SGD``'s update written out (weight decay added to the gradient, momentum
+    buffer seeded with the first gradient); the result equals the autograd path (tested),
+    without building a graph per step. ``closed_form=False`` forces autograd (a clsnorm head
+    always uses it: its gradient goes through the row normalisation).
     """
     n = features.shape[0]
     if n == 0 or steps == 0:
         return weight.detach().clone(), None if bias is None else bias.detach().clone()
     bs = n if batch_size is None else min(batch_size, n)
-    with torch.inference_mode(False), torch.enable_grad():
-        w = weight.detach().clone().requires_grad_(True)
-        params = [w]
-        b = None
-        if bias is not None:
-            b = bias.detach().clone().requires_grad_(True)
-            params.append(b)
-        z = features.detach().to(device=w.device, dtype=w.dtype).clone()
-        y = labels.detach().to(device=w.device, dtype=torch.long).clone()
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    use_closed = (not normalized) if closed_form is None else (closed_form and not normalized)
+    w = weight.detach().clone()
+    b = None if bias is None else bias.detach().clone()
+    z = features.detach().to(device=w.device, dtype=w.dtype).clone()
+    y = labels.detach().to(device=w.device, dtype=torch.long).clone()
+
+    def batches():
         order = torch.arange(n, device=w.device)
         pos = n  # forces a fresh permutation at the first step
         for _ in range(steps):
             if bs == n:
-                idx = None
-            else:
-                if pos >= n:
-                    order = torch.randperm(n, generator=generator,
-                                           device=generator.device).to(w.device)
-                    pos = 0
-                idx = order[pos:pos + bs]
-                pos += bs
-            zb, yb = (z, y) if idx is None else (z[idx], y[idx])
+                yield z, y
+                continue
+            if pos >= n:
+                order = torch.randperm(n, generator=generator, device=generator.device).to(w.device)
+                pos = 0
+            idx = order[pos:pos + bs]
+            pos += bs
+            yield z[idx], y[idx]
+
+    if use_closed:
+        return _sgd_closed_form(w, b, batches(), lr, momentum, weight_decay)
+    with torch.inference_mode(False), torch.enable_grad():
+        w = w.requires_grad_(True)
+        params = [w]
+        if b is not None:
+            b = b.requires_grad_(True)
+            params.append(b)
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        for zb, yb in batches():
             loss = F.cross_entropy(head_logits(zb, w, b, normalized), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
     return w.detach(), None if b is None else b.detach()
+
+
+def _sgd_closed_form(w: Tensor, b: Tensor | None, batches: Any, lr: float, momentum: float,
+                     weight_decay: float) -> tuple[Tensor, Tensor | None]:
+    """Plain-linear-head SGD with the analytic CE gradient (``torch.optim.SGD`` semantics,
+    dampening 0, no Nesterov). ``w``/``b`` are updated in place and returned."""
+    buf_w: Tensor | None = None
+    buf_b: Tensor | None = None
+    for zb, yb in batches:
+        r = torch.softmax(F.linear(zb, w, b), dim=1)
+        r[torch.arange(len(yb), device=r.device), yb] -= 1.0
+        r /= len(yb)
+        gw = r.T @ zb
+        gb = None if b is None else r.sum(dim=0)
+        if weight_decay:
+            gw = gw.add(w, alpha=weight_decay)
+            gb = None if b is None else gb.add(b, alpha=weight_decay)
+        if momentum:
+            buf_w = gw if buf_w is None else buf_w.mul_(momentum).add_(gw)
+            gw = buf_w
+            if b is not None:
+                buf_b = gb if buf_b is None else buf_b.mul_(momentum).add_(gb)
+                gb = buf_b
+        w.sub_(gw, alpha=lr)
+        if b is not None:
+            b.sub_(gb, alpha=lr)
+    return w, b
 
 
 def retrain_head_of(state: State, features: Tensor, labels: Tensor, params: RetrainParams,

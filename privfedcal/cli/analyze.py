@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console()
-err_console = Console(stderr=True)
+from privfedcal.cli.run import console, err_console  # full width when piped: never truncated
 
 
 def _fmt(value: float | None) -> str:

@@ -1,7 +1,8 @@
 """The ``privfedcal`` command: one typer app, one module per sub-command.
 
-Every error a user can cause ends as one line on stderr and a non-zero exit (2 for usage
-errors), never a traceback.
+Every error a user can cause ends as one line on stderr and a non-zero exit, never a
+traceback: 2 for usage errors, 3 for privacy-budget errors, 4 for a run stopped by the
+divergence guard (non-finite loss, model or calibration), 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import click
 import typer
 
-from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
 
 app = typer.Typer(
     name="privfedcal",
@@ -26,7 +27,8 @@ def _register_commands() -> None:
     # Imported here so that `privfedcal --help` stays fast and each command owns its module.
     import importlib
 
-    for module in ("train", "partition", "analyze", "attack", "audit"):
+    for module in ("train", "partition", "analyze", "attack", "audit",
+                   "report", "compare"):
         try:
             mod = importlib.import_module(f"privfedcal.cli.{module}")
         except ModuleNotFoundError as exc:  # a command not built yet
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(exc), 2)
     except PrivacyBudgetError as exc:
         fail(f"privacy budget: {exc}", 3)
+    except Diverged as exc:
+        fail(f"training {exc} (summary.json marks the run diverged; metrics and the last "
+             "finite checkpoint are kept)", 4)
     except KeyboardInterrupt:
         fail("interrupted", 130)
 

@@ -1,8 +1,9 @@
 """``privfedcal partition``: show how a dataset splits over clients (table, heatmap, JSON).
 
-The partition is the one ``privfedcal train`` uses for the same dataset, scheme and seed.
-``--imbalance-factor`` defaults to 1.0 (no long tail); with ``--partition longtail`` set it
-(CReFF uses 10, 50 or 100). Samples the long-tail shaping drops belong to no client.
+The partition is the one ``privfedcal train`` uses for the same settings: the defaults are
+``train``'s (RunConfig's, e.g. ``--imbalance-factor 10``, used by ``--partition longtail``
+only) and ``--config`` takes the same TOML file or a run's ``config.json`` (its training
+settings are ignored here). Samples the long-tail shaping drops belong to no client.
 """
 
 from __future__ import annotations
@@ -14,35 +15,45 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from privfedcal.cli.train import _d
 from privfedcal.data.partition import PARTITIONS, PartitionSpec
 
 Opt = typer.Option
-_DEFAULT = PartitionSpec()  # one place holds each default
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
+#: flags of this command that are RunConfig fields (the rest of a --config file is ignored)
+PARTITION_KEYS = ("dataset", "data_root", "download", "clients", "partition", "alpha",
+                  "imbalance_factor", "shards_per_client", "min_size", "seed")
 
 
 def partition(
-    dataset: Annotated[str, Opt(help="digits | cifar10 | cifar100 | stl10 | imagefolder:PATH | npz:PATH")] = "digits",
-    data_root: Annotated[str | None, Opt(help="Folder holding the dataset files.")] = None,
-    download: Annotated[bool, Opt("--download/--no-download", help="Download if missing (needs network).")] = False,
-    clients: Annotated[int, Opt(help="Number of clients K.")] = _DEFAULT.num_clients,
-    partition: Annotated[str, Opt(help=" | ".join(PARTITIONS))] = _DEFAULT.scheme,
-    alpha: Annotated[float, Opt(help="Dirichlet concentration (smaller = more skew).")] = _DEFAULT.alpha,
-    imbalance_factor: Annotated[float, Opt(help="Long-tail imbalance factor IF (1 = none).")] = _DEFAULT.imbalance_factor,
-    shards_per_client: Annotated[int, Opt(help="Shards per client (shards partition).")] = _DEFAULT.shards_per_client,
-    min_size: Annotated[int, Opt(help="Fewest samples any client may hold.")] = _DEFAULT.min_size,
-    seed: Annotated[int, Opt(help="Partition seed.")] = 0,
+    dataset: Annotated[str | None, Opt(help="digits | cifar10 | cifar100 | stl10 | imagefolder:PATH | npz:PATH", show_default=_d("dataset"))] = None,
+    data_root: Annotated[str | None, Opt(help="Folder holding the dataset files.", show_default=_d("data_root"))] = None,
+    download: Annotated[bool | None, Opt("--download/--no-download", help="Download if missing (needs network).", show_default=_d("download"))] = None,
+    clients: Annotated[int | None, Opt(help="Number of clients K.", show_default=_d("clients"))] = None,
+    partition: Annotated[str | None, Opt(help=" | ".join(PARTITIONS), show_default=_d("partition"))] = None,
+    alpha: Annotated[float | None, Opt(help="Dirichlet concentration (smaller = more skew).", show_default=_d("alpha"))] = None,
+    imbalance_factor: Annotated[float | None, Opt(help="Long-tail imbalance factor IF (longtail only).", show_default=_d("imbalance_factor"))] = None,
+    shards_per_client: Annotated[int | None, Opt(help="Shards per client (shards partition).", show_default=_d("shards_per_client"))] = None,
+    min_size: Annotated[int | None, Opt(help="Fewest samples any client may hold.", show_default=_d("min_size"))] = None,
+    seed: Annotated[int | None, Opt(help="Partition seed.", show_default=_d("seed"))] = None,
+    config: Annotated[Path | None, Opt(help="The TOML file or run config.json train takes; flags override it.")] = None,
     out: Annotated[Path, Opt(help="Output folder for partition.png and partition.json.")] = Path("runs/partition"),
 ) -> None:
     """Partition a training set over clients; print per-client class counts, write a heatmap."""
+    from privfedcal.config import RunConfig, load_toml
     from privfedcal.data.datasets import load_dataset
     from privfedcal.data.partition import class_counts, partition_indices
     from privfedcal.data.plots import plot_partition
 
-    spec = PartitionSpec(scheme=partition, num_clients=clients, alpha=alpha,
-                         imbalance_factor=imbalance_factor, shards_per_client=shards_per_client,
-                         min_size=min_size)
-    data = load_dataset(dataset, data_root, download=download)
+    given = {k: v for k, v in locals().items() if k in PARTITION_KEYS and v is not None}
+    merged = {k: v for k, v in (load_toml(config) if config else {}).items()
+              if k in PARTITION_KEYS}
+    cfg = RunConfig.from_dict({**merged, **given})
+    spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
+                         imbalance_factor=cfg.imbalance_factor,
+                         shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+    seed = cfg.seed
+    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
     labels = data.y_train.numpy()
     domains = data.domains_train.numpy() if data.domains_train is not None else None
     parts = partition_indices(labels, spec, seed, domains=domains)
@@ -66,8 +77,9 @@ def partition(
 
 
 def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from privfedcal.cli.run import console  # full width when piped: never truncated
 
     table = Table(title=title)
     table.add_column("client", justify="right")
@@ -81,16 +93,23 @@ def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
         table.add_row("total", *(str(int(v)) for v in counts.sum(axis=0)), str(int(sizes.sum())),
                       style="bold")
     else:  # too many classes for columns: summarise each client
-        for name in ("total", "classes held", "largest class", "its share"):
+        for name in ("total", "classes held", "most common class", "its share"):
             table.add_column(name, justify="right")
         for k, row in enumerate(counts):
             top = int(row.argmax())
             share = row[top] / sizes[k] if sizes[k] else 0.0
-            table.add_row(str(k), str(int(sizes[k])), str(int((row > 0).sum())), classes[top],
-                          f"{share:.0%}")
+            table.add_row(str(k), str(int(sizes[k])), str(int((row > 0).sum())),
+                          class_label(classes, top), f"{share:.0%}")
         table.add_row("total", str(int(sizes.sum())), str(int((counts.sum(0) > 0).sum())), "", "",
                       style="bold")
-    Console().print(table)
+    console.print(table)
+
+
+def class_label(classes: list[str], index: int) -> str:
+    """A class as 'name (#id)', or '#id' when the name is the id itself, so that it never
+    reads like a sample count."""
+    name = str(classes[index]) if index < len(classes) else str(index)
+    return f"#{index}" if name == str(index) else f"{name} (#{index})"
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,16 @@
-"""Run an experiment with a progress bar, then print and plot its results."""
+"""Run an experiment with a progress bar, then print and plot its results.
+
+When stderr is not a terminal (piped, CI, a log file) the bar is replaced by one line per
+evaluated round on stdout (stderr stays for errors and warnings), and tables are printed at
+full width (never truncated).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +18,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from privfedcal.config import RunConfig
-from privfedcal.errors import UsageError
+from privfedcal.config import RUN_RECORD_KEYS, RunConfig, resolved_line
+from privfedcal.errors import Diverged, UsageError
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _width(stream) -> int | None:
+    """None (the terminal's width) on a terminal, else wide enough never to truncate."""
+    try:
+        return None if stream.isatty() else 10_000
+    except (AttributeError, ValueError):
+        return 10_000
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def build_simulator(cfg: RunConfig, run_dir: Path):
@@ -22,10 +39,36 @@ def build_simulator(cfg: RunConfig, run_dir: Path):
     from privfedcal.federation.simulator import Simulator
     from privfedcal.privacy.uplink import build_uplink
 
+    check_calibration_params(cfg)
     exp = build_experiment(cfg)
-    calibrator = build_calibrator(cfg, exp)
-    uplink = build_uplink(cfg, exp)
-    return Simulator(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
+    calibrator = build_calibrator(exp.cfg, exp)
+    uplink = build_uplink(exp.cfg, exp)
+    return Simulator(exp.cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
+
+
+def check_calibration_params(cfg: RunConfig) -> None:
+    """Calibration options need a calibrator that takes them: anything else is refused,
+    naming the valid options (a typo must not silently run with the default)."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    given = sorted(k for k, v in cfg.calibration_params.items() if v is not None)
+    if not given:
+        return
+    name = cfg.calibrator.partition(":")[0]
+    if name == "none":
+        flags = ", ".join(k.replace("_", "-") for k in given)
+        raise UsageError(f"calibration option(s) {flags} given but no calibrator runs: add "
+                         f"--calibrate {' | '.join(n for n in CALIBRATORS.names() if n != 'none')}"
+                         " (or --method ccvr | creff)")
+    cls = CALIBRATORS.get(name)
+    params = getattr(cls, "Params", None)
+    fields = sorted(f.name for f in dataclasses.fields(params)) if params else []
+    valid = set(fields) | {f"{name}_{f}" for f in fields}
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        raise UsageError(f"calibrator {name!r} takes no {', '.join(unknown)}; its options: "
+                         f"{', '.join(fields) or 'none'}")
 
 
 def build_calibrator(cfg: RunConfig, exp):
@@ -35,17 +78,31 @@ def build_calibrator(cfg: RunConfig, exp):
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+    from privfedcal.privacy.protection import calibration_defaults
+
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
+    options = calibration_defaults(cfg, {**cfg.calibration_params, "seed": cfg.seed})
     return create_calibrator(spec, num_classes=exp.data.num_classes,
-                             feature_dim=exp.model.feature_dim,
-                             options={**cfg.calibration_params, "seed": cfg.seed})
+                             feature_dim=exp.model.feature_dim, options=options)
+
+
+def progress_line(rec: dict[str, Any], total: int) -> str:
+    """The line printed (stdout) per evaluated round when stderr is not a terminal."""
+    return (f"round {rec['round']}/{total}: accuracy {rec['accuracy']:.4f}, test loss "
+            f"{rec['loss']:.4f}, train loss {rec['train_loss']:.4f}, {rec['seconds']:.1f} s")
 
 
 def run_with_progress(sim, cfg: RunConfig) -> dict[str, Any]:
+    cfg = sim.cfg  # resolved
+    console.print(f"privfedcal: {cfg.method} on {cfg.dataset}, rounds {cfg.rounds}, "
+                  f"{resolved_line(cfg)} -> {sim.run_dir}", highlight=False, markup=False)
+    for warning in sim.exp.warnings:
+        err_console.print(f"privfedcal: warning: {warning}", highlight=False, markup=False)
+    live = err_console.is_terminal
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TextColumn("{task.fields[acc]}"),
                         TimeElapsedColumn(), console=err_console, transient=False,
-                        disable=not err_console.is_terminal)
+                        disable=not live)
     with progress:
         task = progress.add_task(f"{cfg.method} on {cfg.dataset}", total=cfg.rounds,
                                  completed=sim.start_round - 1, acc="")
@@ -53,6 +110,8 @@ def run_with_progress(sim, cfg: RunConfig) -> dict[str, Any]:
         def on_round(rec: dict[str, Any]) -> None:
             acc = f"acc {rec['accuracy']:.4f}" if "accuracy" in rec else ""
             progress.update(task, completed=rec["round"], acc=acc)
+            if not live and "accuracy" in rec:
+                console.print(progress_line(rec, cfg.rounds), highlight=False, markup=False)
 
         summary = sim.run(progress=on_round)
     return summary
@@ -62,12 +121,14 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
     from privfedcal.plots import plot_accuracy
 
     plot_accuracy(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
-    table = Table(title=f"privfedcal run: {run_dir}")
+    table = Table(title="privfedcal run")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    table.add_row("run folder", str(run_dir))
     table.add_row("method", f"{summary['method']} (local {summary['local_method']}, "
                   f"calibration {summary['calibrator']})")
     table.add_row("dataset", summary["dataset"])
+    table.add_row("model", str(summary.get("model")))
     if "accuracy_before_calibration" in summary:
         table.add_row("accuracy before calibration", f"{summary['accuracy_before_calibration']:.4f}")
     table.add_row("accuracy", f"{summary['accuracy']:.4f}")
@@ -77,32 +138,103 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
     if "privacy" in summary:
         p = summary["privacy"]
         table.add_row("privacy", p.get("statement", ""))
-    table.add_row("uploaded bytes", f"{summary.get('uploaded_bytes', 0):,}")
+    table.add_row("model updates uploaded (bytes)", f"{summary.get('model_update_bytes', 0):,}")
+    table.add_row("calibration uploads (bytes)",
+                  f"{summary.get('calibration_upload_bytes', summary.get('uploaded_bytes', 0)):,}")
     table.add_row("wall seconds", f"{summary['wall_seconds']:.2f}")
     console.print(table)
     for note in summary.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def execute(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
-    sim = build_simulator(cfg, run_dir)
-    summary = run_with_progress(sim, cfg)
-    report(summary, run_dir)
+def execute(cfg: RunConfig, run_dir: Path, log: tuple[str, ...] = (),
+            report_html: bool = False) -> dict[str, Any]:
+    """Build and run ``cfg`` into ``run_dir``. A run that fails before its first checkpoint
+    (bad data root, model, budget) leaves no folder behind if it made the folder."""
+    created = not run_dir.exists()
+    try:
+        sim = build_simulator(cfg.replace(out=str(run_dir)), run_dir)
+        sim.log.enable(log)  # --log tensorboard
+        summary = run_with_progress(sim, cfg)
+        sim.log.close()
+    except Diverged:
+        raise  # the folder keeps metrics, the last finite checkpoint and summary.json
+    except BaseException:
+        if created and run_dir.is_dir() and not (run_dir / "checkpoint").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    finish(summary, run_dir, report_html)
     return summary
 
 
-def resume_run(run_dir: Path) -> dict[str, Any]:
+def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
+    report(summary, run_dir)
+    if report_html:  # --report: the HTML page of privfedcal report
+        from privfedcal.report.run import build_run_report
+
+        console.print(f"wrote {build_run_report(run_dir)}")
+
+
+def _checkpoint_round(run_dir: Path) -> int:
+    meta = run_dir / "checkpoint" / "meta.json"
+    if not meta.is_file():
+        return 0
+    try:
+        return int(json.loads(meta.read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"cannot read the checkpoint in {run_dir}") from None
+
+
+def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = None,
+               log: tuple[str, ...] = (), report_html: bool = False) -> dict[str, Any]:
+    """Continue an interrupted run, or extend a finished one to ``rounds``.
+
+    Rounds are seeded by their number, so an extended run ends with the same model as an
+    uninterrupted run of ``rounds`` rounds. Not allowed: fewer rounds than trained, a
+    diverged run (it would diverge again), and a different round count with DP (every
+    release's noise was calibrated for the planned number of rounds)."""
     cfg_file = run_dir / "config.json"
     if not cfg_file.is_file():
         raise UsageError(f"{run_dir} is not a run folder (no config.json)")
     raw = json.loads(cfg_file.read_text())
-    raw.pop("versions", None)
-    cfg = RunConfig.from_dict(raw)
+    for key in RUN_RECORD_KEYS:
+        raw.pop(key, None)
+    cfg = RunConfig.from_dict(raw, where=str(cfg_file))
+    summary_file = run_dir / "summary.json"
+    previous = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    if previous and previous.get("diverged"):
+        d = previous["diverged"]
+        raise UsageError(f"{run_dir} diverged at round {d.get('round')}; resuming would "
+                         "diverge again: start a new run with a lower --lr")
+    done = _checkpoint_round(run_dir)
+    if rounds is not None and rounds != cfg.rounds:
+        if rounds < done:
+            raise UsageError(f"{run_dir} has already trained {done} rounds; --rounds must be "
+                             f">= {done}")
+        if cfg.dp_enabled or cfg.dp_train:
+            raise UsageError(f"--rounds cannot change a DP run: the noise of its releases was "
+                             f"calibrated for {cfg.rounds} rounds under --dp-eps; start a new "
+                             "run with the rounds you want")
+        cfg = cfg.replace(rounds=rounds)
+    if previous is not None and done >= cfg.rounds:
+        raise UsageError(f"{run_dir} is already complete (see summary.json); extend it "
+                         f"with --rounds N > {cfg.rounds}")
+    if threads is not None:
+        cfg = cfg.replace(threads=threads)
     sim = build_simulator(cfg, run_dir)
     if (run_dir / "checkpoint").exists():
         sim.restore()
-    if sim.start_round > cfg.rounds and (run_dir / "summary.json").exists():
-        raise UsageError(f"{run_dir} is already complete (see summary.json)")
+    if previous is not None:
+        from privfedcal.federation.hooks import Calibrator
+
+        note = f"extended from {done} to {cfg.rounds} rounds"
+        if type(sim.calibrator).after_training is not Calibrator.after_training:
+            note += (f"; {cfg.calibrator}'s post-hoc step had already run on round {done}'s "
+                     "model (its uploads, if any, stay in the transcript) and ran again on "
+                     f"round {cfg.rounds}'s")
+        sim.notes.append(note)
+    sim.log.enable(log)
     summary = run_with_progress(sim, cfg)
-    report(summary, run_dir)
+    sim.log.close()
+    finish(summary, run_dir, report_html)
     return summary

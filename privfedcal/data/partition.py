@@ -6,11 +6,20 @@
   ``>= N/K`` samples gets no share of later classes (its ``p_{i,k}`` is zeroed and the rest
   renormalised), which keeps client sizes from exploding at small alpha. The whole draw is
   repeated while a client holds fewer than ``min_size`` samples (at most ``1 + max_retries``
-  draws, then UsageError).
+  draws, then UsageError); ``min_size`` defaults to 10, as MOON's and NIID-Bench's code.
 - ``longtail`` (CReFF, after Cao et al. 2019): keep ``n_c = floor(n_max * IF^(-r/(C-1)))``
   random samples of the class of size rank r (classes sorted by size descending, ties by
-  class id; capped at the class's size), then ``dirichlet`` over the kept samples. Samples
-  not kept belong to no client: every *kept* sample lands on exactly one client.
+  class id; capped at the class's size), then federate the kept samples as CReFF's authors'
+  code does (the setting of the paper's tables, docs/methods.md): shuffle them, cut them into
+  blocks of 10 clients (``floor(10 N / K)`` samples each, the last block takes the rest and
+  ``K - 10 (B - 1)`` clients), run the capped Dirichlet draw above inside every block and
+  re-draw the block until each of its clients holds at least ``floor(N_b / (2 K_b))``
+  samples (half the block's mean), then concatenate the block clients in order (each client
+  class by class) and re-cut that sequence into K consecutive equal-size clients (the first
+  ``N mod K`` one larger). Samples not kept belong to no client: every *kept* sample lands on
+  exactly one client.
+- ``longtail-dirichlet``: the paper text's procedure, the same kept samples split by
+  ``dirichlet`` directly (client sizes vary).
 - ``iid``: a shuffled split into K parts whose sizes differ by at most one.
 - ``shards`` (FedAvg): sort by label (stable), cut into ``K * shards_per_client`` near-equal
   shards, deal ``shards_per_client`` random shards to every client.
@@ -31,7 +40,8 @@ import numpy as np
 
 from privfedcal.errors import UsageError
 
-PARTITIONS = ("iid", "dirichlet", "longtail", "shards", "domains")
+PARTITIONS = ("iid", "dirichlet", "longtail", "longtail-dirichlet", "shards", "domains")
+CREFF_BLOCK = 10  # clients per block of CReFF's long-tail federation draw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +53,7 @@ class PartitionSpec:
     alpha: float = 0.1
     imbalance_factor: float = 1.0
     shards_per_client: int = 2
-    min_size: int = 2
+    min_size: int = 10
     max_retries: int = 1000
 
     def __post_init__(self) -> None:
@@ -166,11 +176,58 @@ def longtail_subset(labels: np.ndarray, imbalance_factor: float, seed: int) -> n
     return np.sort(np.concatenate(kept)).astype(np.int64)
 
 
-def _longtail(labels: np.ndarray, spec: PartitionSpec, _rng: np.random.Generator, seed: int) -> list[np.ndarray]:
+def _longtail_dirichlet(labels: np.ndarray, spec: PartitionSpec, _rng: np.random.Generator,
+                        seed: int) -> list[np.ndarray]:
     pool = longtail_subset(labels, spec.imbalance_factor, seed)
     # A stream of its own, so the Dirichlet draws are not correlated with the subset's.
     owner = _dirichlet_owner(labels, pool, spec, np.random.default_rng([seed, 1]))
     return _split_by_owner(owner, spec.num_clients)
+
+
+def creff_block_clients(labels: np.ndarray, pool: np.ndarray, spec: PartitionSpec,
+                        rng: np.random.Generator) -> list[np.ndarray]:
+    """The block clients of CReFF's long-tail federation draw, before the equal-size re-cut
+    (each client's indices class by class, in the shuffled order)."""
+    k, n = spec.num_clients, len(pool)
+    shuffled = rng.permutation(pool)
+    num_blocks = math.ceil(k / CREFF_BLOCK)
+    step = int(CREFF_BLOCK / k * n)
+    classes = np.unique(labels[pool])
+    clients: list[np.ndarray] = []
+    for i in range(num_blocks):
+        block = shuffled[i * step: n if i == num_blocks - 1 else (i + 1) * step]
+        kb = CREFF_BLOCK if i < num_blocks - 1 else k - CREFF_BLOCK * (num_blocks - 1)
+        need = int(0.5 * len(block) / kb)
+        block_labels = labels[block]
+        for _ in range(1 + spec.max_retries):
+            parts: list[list[np.ndarray]] = [[] for _ in range(kb)]
+            sizes = np.zeros(kb, dtype=np.int64)
+            for c in classes:
+                idx = block[block_labels == c]
+                p = rng.dirichlet(np.full(kb, spec.alpha))
+                capped = p * (sizes < len(block) / kb)
+                p = capped / capped.sum() if capped.sum() > 0 else p
+                cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+                for j, piece in enumerate(np.split(idx, cuts)):
+                    parts[j].append(piece)
+                    sizes[j] += len(piece)
+            if sizes.min() >= need:
+                break
+        else:
+            raise UsageError(f"longtail partition: a block of {kb} clients found no draw giving "
+                             f"each at least {need} samples in {1 + spec.max_retries} draws; "
+                             "use a larger alpha, or --partition longtail-dirichlet")
+        clients += [np.concatenate(p).astype(np.int64) for p in parts]
+    return clients
+
+
+def _longtail(labels: np.ndarray, spec: PartitionSpec, _rng: np.random.Generator, seed: int) -> list[np.ndarray]:
+    pool = longtail_subset(labels, spec.imbalance_factor, seed)
+    blocks = creff_block_clients(labels, pool, spec, np.random.default_rng([seed, 1]))
+    flat = np.concatenate(blocks)
+    base, extra = divmod(len(flat), spec.num_clients)
+    sizes = [base + 1 if i < extra else base for i in range(spec.num_clients)]
+    return [np.sort(p) for p in np.split(flat, np.cumsum(sizes)[:-1])]
 
 
 def _shards(labels: np.ndarray, spec: PartitionSpec, rng: np.random.Generator, _seed: int) -> list[np.ndarray]:
@@ -198,7 +255,8 @@ def _domains(labels: np.ndarray, spec: PartitionSpec, domains: np.ndarray | None
 
 
 _SCHEMES: dict[str, Callable[[np.ndarray, PartitionSpec, np.random.Generator, int], list[np.ndarray]]] = {
-    "iid": _iid, "dirichlet": _dirichlet, "longtail": _longtail, "shards": _shards,
+    "iid": _iid, "dirichlet": _dirichlet, "longtail": _longtail,
+    "longtail-dirichlet": _longtail_dirichlet, "shards": _shards,
 }
 
 

@@ -1,4 +1,4 @@
-"""Heatmap of a partition's client x class counts (matplotlib, Agg canvas, no pyplot state)."""
+"""Heatmap of a partition's client x class counts (style: privfedcal/plotstyle.py)."""
 
 from __future__ import annotations
 
@@ -6,36 +6,52 @@ from pathlib import Path
 
 import numpy as np
 
+from privfedcal.plotstyle import COUNTS, new_figure, save, styled
+
 _ANNOTATE_MAX_CELLS = 400  # beyond this the numbers are unreadable; the colours still speak
+_NAMED_TICKS_MAX = 40  # more classes (or clients) than this: index ticks every few
+
+
+def _ticks(n: int) -> list[int]:
+    """Every index up to 40 items; beyond, every 10th (20th past 200) so labels never overlap."""
+    if n <= _NAMED_TICKS_MAX:
+        return list(range(n))
+    return list(range(0, n, 10 if n <= 200 else 20))
 
 
 def plot_partition(counts: np.ndarray, path: str | Path, *, classes: list[str] | None = None,
                    title: str = "") -> Path:
-    """Write a (clients x classes) heatmap of ``counts`` to ``path`` (PNG); return the path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Write a (clients x classes) heatmap of ``counts`` to ``path`` (PNG); return the path.
 
+    Up to 40 classes the axis names each class; with more (CIFAR-100) it ticks class indices
+    every 10 (names are in partition.json), so labels never overlap."""
     counts = np.asarray(counts)
     k, c = counts.shape
-    fig = Figure(figsize=(min(2 + 0.45 * c, 24), min(1.5 + 0.35 * k, 24)), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    image = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="samples")
-    ax.set_xlabel("class")
-    ax.set_ylabel("client")
-    if c <= 40:
-        ax.set_xticks(range(c), labels=classes if classes is not None else range(c), rotation=90)
-    if k <= 40:
-        ax.set_yticks(range(k), labels=range(k))
-    if k * c <= _ANNOTATE_MAX_CELLS:
-        threshold = counts.max() / 2 if counts.size else 0
-        for (i, j), v in np.ndenumerate(counts):
-            ax.text(j, i, str(int(v)), ha="center", va="center", fontsize=7,
-                    color="black" if v > threshold else "white")
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    return path
+    width = 2.5 + (0.42 * c if c <= _NAMED_TICKS_MAX else min(0.11 * c, 12))
+    height = 1.6 + (0.32 * k if k <= _NAMED_TICKS_MAX else min(0.09 * k, 10))
+    with styled():
+        fig = new_figure(min(width, 18), min(height, 14))
+        ax = fig.add_subplot()
+        image = ax.imshow(counts, aspect="auto", cmap=COUNTS, interpolation="nearest")
+        fig.colorbar(image, ax=ax, label="samples", shrink=0.9)
+        ax.grid(False)
+        named = c <= _NAMED_TICKS_MAX and classes is not None and len(classes) == c
+        xt = _ticks(c)
+        labels = [classes[i] for i in xt] if named else [str(i) for i in xt]
+        slant = named and max(map(len, labels), default=0) > 2
+        ax.set_xticks(xt, labels, rotation=60 if slant else 0,
+                      ha="right" if slant else "center",
+                      rotation_mode="anchor" if slant else "default")
+        ax.set_xlabel("class" if c <= _NAMED_TICKS_MAX else
+                      "class index (names in partition.json)")
+        yt = _ticks(k)
+        ax.set_yticks(yt, [str(i) for i in yt])
+        ax.set_ylabel("client")
+        if k * c <= _ANNOTATE_MAX_CELLS:
+            threshold = counts.max() / 2 if counts.size else 0
+            for (i, j), v in np.ndenumerate(counts):
+                ax.text(j, i, str(int(v)), ha="center", va="center", fontsize=7,
+                        color="black" if v > threshold else "white")
+        if title:
+            ax.set_title(title)
+        return save(fig, path, dpi=100)

@@ -88,6 +88,10 @@ class Calibrator:
     """Adjusts the classifier from client payloads. Override only the hooks you need."""
 
     name: ClassVar[str] = "none"
+    #: the releases it makes (privacy/releases.py ``ReleaseSpec``): label, payload keys,
+    #: sensitivities, magnitudes, participants. The privacy code reads only these.
+    releases: ClassVar[tuple] = ()
+    protectable: ClassVar[bool] = True  # False: reads raw data, cannot run under DP
 
     def after_round(self, ctx: ServerContext) -> None:
         """Every round, after aggregation (CReFF)."""

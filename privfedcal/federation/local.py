@@ -44,13 +44,113 @@ class LocalSpec:
     augment: bool
     seed: int
     dp_sgd: Any = None  # privacy.dpsgd_local.DPSGDSpec when local training is DP-SGD
+    mixed_precision: bool = False  # bf16 autocast on CUDA (choose_mixed_precision)
 
 
-def autocast_for(device: torch.device):
-    """bf16 autocast on CUDA; nothing on CPU (bf16 matmuls are slower there)."""
-    if device.type == "cuda":
+def autocast_for(device: torch.device, enabled: bool = True):
+    """bf16 autocast on CUDA when ``enabled``; nothing on CPU (bf16 matmuls are slower there)."""
+    if enabled and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+#: models with at least this many parameters train under bf16 autocast on CUDA by default; on
+#: smaller ones (the CNN, ResNet-8, the MLP) the extra casts cost more than bf16 saves
+MIXED_PRECISION_MIN_PARAMS = 5_000_000
+
+
+def choose_mixed_precision(model: torch.nn.Module, device: torch.device,
+                           setting: str = "auto") -> bool:
+    """``--precision``: ``fp32`` never, ``bf16`` always (on CUDA), ``auto`` by model size."""
+    if device.type != "cuda" or setting == "fp32":
+        return False
+    if setting == "bf16":
+        return True
+    return sum(p.numel() for p in model.parameters()) >= MIXED_PRECISION_MIN_PARAMS
+
+
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``; a CPU source is pinned first on CUDA so the copy is asynchronous."""
+    if t.device == device:
+        return t
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def set_deterministic(enabled: bool) -> None:
+    """``--deterministic``: deterministic kernels (an error where none exists), no cuDNN
+    autotuning. CPU runs are reproducible without it; see docs/usage.md."""
+    if not enabled:
+        return
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+class PlainSGD:
+    """SGD with momentum and weight decay: the update of ``torch.optim.SGD`` (no dampening,
+    no Nesterov), op for op, so results are bitwise the same.
+
+    Why not ``torch.optim.SGD`` itself: building any ``torch.optim`` optimizer imports
+    ``torch._dynamo`` (seconds of start-up for a command that never compiles) and every
+    ``step``/``zero_grad`` goes through dynamo's disable wrapper. On CPU torch applies the
+    update tensor by tensor, on other devices with ``torch._foreach_*`` kernels (one launch
+    per op for all tensors); this class does the same.
+    """
+
+    def __init__(self, params: list[Tensor], *, lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0) -> None:
+        self.params = list(params)
+        self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
+        self.buffers: list[Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        if not live:
+            return
+        params = [self.params[i] for i in live]
+        grads = [p.grad for p in params]
+        if params[0].device.type != "cpu":
+            self._step_foreach(live, params, grads)  # type: ignore[arg-type]
+            return
+        for i, p, g in zip(live, params, grads, strict=True):
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            if self.momentum != 0:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = g.detach().clone()
+                    self.buffers[i] = buf
+                else:
+                    buf.mul_(self.momentum).add_(g, alpha=1.0)
+                g = buf
+            p.add_(g, alpha=-self.lr)
+
+    def _step_foreach(self, live: list[int], params: list[Tensor], grads: list[Tensor]) -> None:
+        if self.weight_decay != 0:
+            grads = list(torch._foreach_add(grads, params, alpha=self.weight_decay))
+        if self.momentum != 0:
+            bufs = [self.buffers[i] for i in live]
+            if any(b is None for b in bufs):
+                for j, i in enumerate(live):
+                    if bufs[j] is None:
+                        bufs[j] = self.buffers[i] = grads[j].detach().clone()
+                    else:
+                        bufs[j].mul_(self.momentum).add_(grads[j])  # type: ignore[union-attr]
+            else:
+                torch._foreach_mul_(bufs, self.momentum)  # type: ignore[arg-type]
+                torch._foreach_add_(bufs, grads, alpha=1.0)  # type: ignore[arg-type]
+            grads = bufs  # type: ignore[assignment]
+        torch._foreach_add_(params, grads, alpha=-self.lr)
 
 
 def clone_state(model: torch.nn.Module) -> State:
@@ -64,7 +164,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
 
     Returns (new local state, per-client state to keep, mean training loss).
     """
-    from privfedcal.data.augment import augment_batch
+    from privfedcal.data.augment import apply_augmentation, draw_augmentation
 
     g = make_generator(spec.seed, round_, client, 1)
     model.load_state_dict(global_state)
@@ -77,21 +177,25 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
                            derive_seed(spec.seed, round_, client, 6))
         return clone_state(model), algo.end_client(model), loss
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
-                          weight_decay=spec.weight_decay)
+    opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())
     device = x_all.device
     total, steps = torch.zeros((), device=device), 0
+    # The epoch's randomness (order, crop offsets, flips) is drawn at once from the CPU
+    # generator and copied to the device in one non-blocking transfer per tensor: no step
+    # waits on the host.
     for _ in range(spec.local_epochs):
-        order = idx[torch.randperm(n, generator=g).to(device)]
+        order = idx[_to(torch.randperm(n, generator=g), device)]
+        draws = tuple(_to(d, device) for d in draw_augmentation(n, g)) if spec.augment else ()
         for start in range(0, n, spec.batch_size):
             batch = order[start:start + spec.batch_size]
             if batch.numel() < 2 and n >= 2:
                 continue  # a batch of one breaks BatchNorm and batch-statistics losses
             x, y = x_all[batch], y_all[batch]
             if spec.augment:
-                x = augment_batch(x, g)
-            with autocast_for(device):
+                x = apply_augmentation(x, tuple(d[..., start:start + spec.batch_size]
+                                                for d in draws))
+            with autocast_for(device, spec.mixed_precision):
                 loss = algo.local_loss(model, x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -113,7 +217,8 @@ def evaluate(model: FeatureClassifier, state: State, x: Tensor, y: Tensor, num_c
     loss_sum = torch.zeros((), device=x.device, dtype=torch.float64)
     for start in range(0, x.shape[0], batch_size):
         xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-        with autocast_for(x.device):
+        # fp32, as the calibrators extract the features their heads are trained on
+        with autocast_for(x.device, enabled=False):
             z = model.features(xb)
             if transform is not None:
                 z = transform(z)
@@ -145,3 +250,55 @@ def weighted_average(states: list[State], weights: list[float]) -> State:
         else:
             out[key] = torch.stack([s[key] for s in states]).amax(0)
     return out
+
+
+class RunningAverage:
+    """``weighted_average`` computed as the states arrive, in the same order and with the same
+    operations (so bitwise the same result), holding one accumulator instead of every
+    client's state: peak memory does not grow with the number of clients per round."""
+
+    def __init__(self, weights: list[float]) -> None:
+        self.weights = list(weights)
+        self.total = float(sum(weights))
+        self.count = 0
+        self.acc: State = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.bytes = 0
+        self.bad: list[str | None] = []
+
+    def add(self, state: State) -> None:
+        w = self.weights[self.count]
+        for key, v in state.items():
+            if key not in self.acc:
+                self.dtypes[key] = v.dtype
+                if v.is_floating_point():
+                    dt = torch.float64 if v.dtype == torch.float64 else torch.float32
+                    self.acc[key] = torch.zeros_like(v, dtype=dt)
+                else:
+                    self.acc[key] = v.clone()
+                    continue
+            if v.is_floating_point():
+                self.acc[key].add_(v, alpha=w / self.total)
+            else:
+                torch.maximum(self.acc[key], v, out=self.acc[key])
+        self.bytes += sum(v.numel() * v.element_size() for v in state.values())
+        self.bad.append(_nonfinite_key(state))  # one check per client, not per step
+        self.count += 1
+
+    def nonfinite_marker(self, i: int) -> State:
+        """For the divergence check: empty if the i-th state was finite, else its first
+        non-finite entry as a NaN scalar (the state itself is gone)."""
+        key = self.bad[i]
+        return {} if key is None else {key: torch.tensor(float("nan"))}
+
+    def result(self) -> State:
+        if self.count != len(self.weights):
+            raise RuntimeError(f"averaged {self.count} of {len(self.weights)} states")
+        return {k: (v.to(self.dtypes[k]) if v.is_floating_point() else v)
+                for k, v in self.acc.items()}
+
+
+def _nonfinite_key(state: State) -> str | None:
+    from privfedcal.federation.divergence import nonfinite_key
+
+    return nonfinite_key(state)

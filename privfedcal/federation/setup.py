@@ -1,9 +1,15 @@
-"""Build an experiment (data, partition, model, method, calibrator) from a RunConfig."""
+"""Build an experiment (data, partition, model, method, calibrator) from a RunConfig.
+
+The experiment holds the *resolved* config: settings left None are filled per model and
+dataset (``config.resolve_training_defaults``) once the data is loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +18,7 @@ from torch import Tensor
 
 from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.base import Algorithm
-from privfedcal.config import RunConfig
+from privfedcal.config import MODEL_MIN_INPUT, RunConfig, resolve_training_defaults
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import LocalSpec, make_generator
 from privfedcal.models.base import FeatureClassifier
@@ -57,15 +63,60 @@ class Experiment:
     builder: functools.partial
     spec: LocalSpec
 
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
     @property
     def model_name(self) -> str:
         from privfedcal.data.datasets import default_model_for
 
         return self.cfg.model or default_model_for(self.data)
 
+    def partition_record(self) -> dict[str, Any]:
+        """What ``partition.json`` holds: the spec, per-client class counts and indices."""
+        cfg, d = self.cfg, self.data
+        record = {
+            "dataset": d.name, "partition": cfg.partition, "clients": cfg.clients,
+            "alpha": cfg.alpha, "imbalance_factor": cfg.imbalance_factor,
+            "shards_per_client": cfg.shards_per_client, "min_size": cfg.min_size,
+            "seed": cfg.seed, "classes": d.classes, "num_train": d.num_train,
+            "num_assigned": int(self.counts.sum()), "sizes": self.counts.sum(axis=1).tolist(),
+            "class_totals": self.counts.sum(axis=0).tolist(), "counts": self.counts.tolist(),
+            "indices": [p.tolist() for p in self.parts],
+        }
+        if d.domain_names is not None and cfg.partition == "domains":
+            record["client_domains"] = d.domain_names
+        return record
+
+
+def versions() -> dict[str, str]:
+    import platform
+
+    import privfedcal
+
+    return {"privfedcal": privfedcal.__version__, "torch": torch.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def write_run_files(run_dir: Path, exp: Experiment) -> None:
+    """``config.json`` (the resolved settings plus versions) and ``partition.json``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(
+        json.dumps({**exp.cfg.to_dict(), "versions": versions()}, indent=2))
+    (run_dir / "partition.json").write_text(json.dumps(exp.partition_record()) + "\n")
+
+
+def fit_warning(model: str, dataset: str, image_size: int) -> str | None:
+    """A warning when ``model`` is built for larger inputs than the dataset's images."""
+    need = MODEL_MIN_INPUT.get(model)
+    if need is None or image_size >= need:
+        return None
+    return (f"model {model} is built for images of at least {need}x{need} pixels but "
+            f"{dataset} has {image_size}x{image_size} images: it may train no better than "
+            f"chance (the dataset's default model fits)")
+
 
 def build_experiment(cfg: RunConfig) -> Experiment:
-    from privfedcal.data.datasets import load_dataset
+    from privfedcal.data.datasets import default_model_for, load_dataset
     from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
 
     device = resolve_device(cfg.device)
@@ -80,14 +131,17 @@ def build_experiment(cfg: RunConfig) -> Experiment:
                          shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
     parts_np = partition_indices(labels, spec, cfg.seed, domains=domains)
     counts = class_counts(labels, parts_np, data.num_classes)
+    cfg = resolve_training_defaults(
+        cfg, model=default_model_for(data), augment=data.augment)
+    warning = fit_warning(cfg.model, cfg.dataset, data.image_size)
     data = data.to(device)
     parts = [torch.as_tensor(p, dtype=torch.long, device=device) for p in parts_np]
     builder = functools.partial(build_model_and_algo, cfg.to_dict(), data.num_classes,
                                 data.in_channels, data.image_size)
     model, algo = builder()
     model.to(device)
-    augment = data.augment if cfg.augment is None else cfg.augment
     local = LocalSpec(local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                      momentum=cfg.momentum, weight_decay=cfg.weight_decay, augment=augment,
+                      momentum=cfg.momentum, weight_decay=cfg.weight_decay, augment=cfg.augment,
                       seed=cfg.seed)
-    return Experiment(cfg, device, data, parts, counts, model, algo, builder, local)
+    return Experiment(cfg, device, data, parts, counts, model, algo, builder, local,
+                      [warning] if warning else [])

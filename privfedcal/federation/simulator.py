@@ -21,18 +21,20 @@ import torch
 from torch import Tensor
 
 from privfedcal.config import RunConfig
-from privfedcal.errors import ReleaseSkipped
+from privfedcal.errors import Diverged, ReleaseSkipped
+from privfedcal.federation import divergence
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.local import (
+    RunningAverage,
     clone_state,
     derive_seed,
     evaluate,
     make_generator,
-    weighted_average,
 )
-from privfedcal.federation.setup import Experiment, build_experiment
-from privfedcal.federation.transcript import Transcript
+from privfedcal.federation.runlog import RunLogger
+from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
+from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
 from privfedcal.federation.workers import (
     InProcessTrainer,
     Job,
@@ -79,10 +81,10 @@ class Simulator:
                  uplink: Any = None, exp: Experiment | None = None) -> None:
         from privfedcal.privacy.uplink import Uplink
 
-        self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.exp = exp or build_experiment(cfg)
+        self.cfg = self.exp.cfg  # resolved: model and optimiser filled in per model
+        write_run_files(self.run_dir, self.exp)  # config.json, partition.json
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
         self.threads = cfg.threads or default_threads(cfg.workers)
@@ -90,12 +92,14 @@ class Simulator:
         self.server_state: State | None = None
         self.client_states: dict[int, State] = {}
         self.history: list[dict[str, Any]] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = list(self.exp.warnings)
         self._last_eval: tuple | None = None
         self.update_bytes = 0
         self.start_round = 1
         self.elapsed = 0.0
         self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
+        self._trainer_obj: Any = None
+        self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -110,12 +114,21 @@ class Simulator:
         # the server knows the model it asked clients to use: the attacks need it
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=state)
-        uploads = []
-        for c in clients:
-            x, y = self.client_data(c)
-            uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
-        return self.uplink.aggregate(uploads, round_=round_, label=label,
-                                     transcript=self.transcript)
+        trainer = self._trainer_obj
+        if isinstance(trainer, WorkerPoolTrainer) and len(clients) > 1:
+            computed = trainer.collect(task, [self.exp.parts[c] for c in clients], state,
+                                       self.uplink.bound)
+            uploads = [(c, {k: v.to(self.exp.device) for k, v in up.items()})
+                       for c, up in zip(clients, computed, strict=True)]
+        else:
+            uploads = []
+            for c in clients:
+                x, y = self.client_data(c)
+                uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
+        payload = self.uplink.aggregate(uploads, round_=round_, label=label,
+                                        transcript=self.transcript)
+        divergence.check_payload(payload, round_, label)
+        return payload
 
     @torch.no_grad()
     def centralized_features(self, state: State, per_class: int | None,
@@ -149,12 +162,19 @@ class Simulator:
 
     # ---- the loop ------------------------------------------------------------------------
     def select_clients(self, round_: int) -> list[int]:
-        k = self.cfg.clients
-        m = max(1, int(round(self.cfg.participation * k)))
-        if m >= k:
-            return list(range(k))
-        g = make_generator(self.cfg.seed, round_, 0, 3)
-        return sorted(torch.randperm(k, generator=g)[:m].tolist())
+        return select_clients(self.cfg, round_)
+
+    def trainer(self):
+        """The trainer of this run (the worker pool with ``--workers N``), started on first
+        use and kept until ``close``: calibration payloads run on the same pool."""
+        if self._trainer_obj is None:
+            self._trainer_obj = self._trainer()
+        return self._trainer_obj
+
+    def close(self) -> None:
+        if self._trainer_obj is not None:
+            self._trainer_obj.close()
+            self._trainer_obj = None
 
     def _trainer(self):
         exp = self.exp
@@ -164,22 +184,63 @@ class Simulator:
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
+    def receive_updates(self, trainer, jobs: list[Job], selected: list[int],
+                        weights: list[float], round_: int) -> tuple[list, State, int, list]:
+        """Train the round's clients and obtain the weighted average as the server does.
+
+        Updates in the clear are recorded and averaged as they arrive (job order), so no
+        list of every client's state is held; under --secagg-updates the uplink sums the
+        encrypted updates. Returns (results, average, update bytes, results for the
+        divergence check)."""
+        recipe = self.uplink.recipe(self.cfg)
+        if self.uplink.updates is None and isinstance(trainer, InProcessTrainer
+                                                        | WorkerPoolTrainer):
+            running = RunningAverage(weights)
+
+            def consume(state: State) -> None:
+                i = running.count
+                record_model_updates(self.transcript, round_, [selected[i]], [state],
+                                     [weights[i]], recipe)
+                running.add(state)
+
+            results = trainer.train(self.global_state, jobs, round_, consume=consume)
+            checked = [(running.nonfinite_marker(i), r[1], r[2]) for i, r in enumerate(results)]
+            return results, running.result(), running.bytes, checked
+        results = trainer.train(self.global_state, jobs, round_)
+        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r[0].values())
+                         for r in results)
+        averaged = self.uplink.average_updates(
+            self.global_state, [r[0] for r in results], weights, selected, round_=round_,
+            transcript=self.transcript, recipe=recipe)
+        return results, averaged, sent_bytes, results
+
     def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Train the remaining rounds and finish; on divergence write a summary marked
+        ``"diverged"`` (metrics so far and the last finite checkpoint stay) and re-raise."""
+        try:
+            return self._run(progress)
+        except Diverged as exc:
+            self.write_diverged(exc)
+            raise
+
+    def _run(self, progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         torch.set_num_threads(self.threads)
         cfg, exp = self.cfg, self.exp
-        trainer = self._trainer()
+        trainer = self.trainer()
         try:
             for round_ in range(self.start_round, cfg.rounds + 1):
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
                 jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
-                self.uplink.before_local_training()  # DP-SGD: stop before exceeding the budget
-                results = trainer.train(self.global_state, jobs, round_)
-                self.uplink.after_local_training()
-                weights = [float(exp.parts[c].numel()) for c in selected]
-                self.update_bytes += sum(sum(v.numel() * v.element_size() for v in r[0].values())
-                                         for r in results)
-                averaged = weighted_average([r[0] for r in results], weights)
+                self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
+                record_round(self.transcript, round_, self.global_state, selected)
+                weights = self.uplink.update_weights([float(exp.parts[c].numel())
+                                                      for c in selected])
+                results, averaged, sent_bytes, checked = self.receive_updates(
+                    trainer, jobs, selected, weights, round_)
+                self.uplink.after_local_training(selected)
+                self.update_bytes += sent_bytes
+                divergence.check_local(checked, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)
@@ -199,8 +260,9 @@ class Simulator:
                 train_loss = float(np.mean([r[2] for r in results]))
                 record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
                 if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
-                    ev = self.evaluate(self.calibrator.eval_state(self.global_state),
+                    ev = self.evaluate(self.checked_eval_state(round_),
                                        self.calibrator.feature_transform())
+                    divergence.check_evaluation(ev, round_, cfg.lr)
                     record.update(accuracy=ev["accuracy"], loss=ev["loss"],
                                   per_class_accuracy=ev["per_class_accuracy"])
                 info = getattr(self.calibrator, "last_round_info", None)
@@ -210,15 +272,16 @@ class Simulator:
                 self.elapsed += dt
                 record["seconds"] = round(dt, 4)
                 self.history.append(record)
+                self.log.round(record, selected, [r[2] for r in results])
                 if "accuracy" in record:
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(record) + "\n")
                 self.save(round_)
                 if progress:
                     progress(record)
+            return self.finish()
         finally:
-            trainer.close()
-        return self.finish()
+            self.close()
 
     def finish(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -231,8 +294,9 @@ class Simulator:
         except ReleaseSkipped as exc:
             self.notes.append(f"calibration skipped: {exc}")
             extra = {}
-        final_state = self.calibrator.eval_state(self.global_state)
+        final_state = self.checked_eval_state(final_round)
         ev = self.evaluate(final_state, self.calibrator.feature_transform())
+        divergence.check_evaluation(ev, final_round, cfg.lr)
         self.elapsed += time.perf_counter() - t0
         save_checkpoint(self.run_dir / "final", {"model": final_state})
         summary: dict[str, Any] = {
@@ -247,6 +311,7 @@ class Simulator:
             "per_class_accuracy": ev["per_class_accuracy"],
             "wall_seconds": round(self.elapsed, 3),
             "uploaded_bytes": self.transcript.uploaded_bytes(),
+            "calibration_upload_bytes": self.transcript.uploaded_bytes(),
             "model_update_bytes": self.update_bytes,
             "rejected_uploads": list(getattr(self.uplink, "rejected", [])),
             "skipped_releases": list(getattr(self.uplink, "skipped", [])),
@@ -263,6 +328,39 @@ class Simulator:
         summary["notes"] = self.notes + list(getattr(self.uplink, "hints", []))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    # ---- divergence ---------------------------------------------------------------------------
+    def checked_eval_state(self, round_: int) -> State:
+        """The state evaluated this round, checked finite: the global model, or the one the
+        calibrator re-trained (CReFF's, CCVR's or the oracle's head)."""
+        divergence.check_state(self.global_state, round_, "the global model",
+                               divergence.lr_hint(self.cfg.lr))
+        state = self.calibrator.eval_state(self.global_state)
+        if state is not self.global_state:
+            divergence.check_state(state, round_, f"{self.cfg.calibrator} calibration: the "
+                                   "re-trained classifier", "the calibrator's re-training "
+                                   "diverged: lower its learning rate or steps (docs/usage.md)")
+        return state
+
+    def write_diverged(self, exc: Diverged) -> None:
+        """summary.json of a run stopped by the divergence guard: no accuracy of the NaN
+        model, only the last finite evaluation (also in metrics.jsonl)."""
+        cfg = self.cfg
+        last = next((h for h in reversed(self.history) if "accuracy" in h), None)
+        summary = {
+            "method": cfg.method, "local_method": cfg.local_method,
+            "calibrator": cfg.calibrator, "dataset": cfg.dataset, "model": self.exp.model_name,
+            "rounds": cfg.rounds, "diverged": exc.record(), "accuracy": None,
+            "last_finite_evaluation": ({"round": last["round"], "accuracy": last["accuracy"]}
+                                       if last else None),
+            "checkpoint_round": self.history[-1]["round"] if self.history else 0,
+            "wall_seconds": round(self.elapsed, 3),
+            "uploaded_bytes": self.transcript.uploaded_bytes(),
+            "calibration_upload_bytes": self.transcript.uploaded_bytes(),
+            "model_update_bytes": self.update_bytes,
+            "notes": self.notes + [str(exc)],
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
     # ---- checkpoint / resume ------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -295,6 +393,18 @@ class Simulator:
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
+        self.log.restore(self.history)
+
+
+def select_clients(cfg: RunConfig, round_: int) -> list[int]:
+    """The clients of a round: a function of the public config alone (the privacy
+    accounting plans each client's participation from it, privacy/protection.py)."""
+    k = cfg.clients
+    m = max(1, int(round(cfg.participation * k)))
+    if m >= k:
+        return list(range(k))
+    g = make_generator(cfg.seed, round_, 0, 3)
+    return sorted(torch.randperm(k, generator=g)[:m].tolist())
 
 
 def seed_everything(seed: int) -> None:

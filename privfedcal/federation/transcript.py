@@ -2,7 +2,12 @@
 
 Unprotected uploads are recorded per client (that is what an honest-but-curious server
 sees); protected ones as per-client ciphertext sizes plus the decrypted aggregate only.
+Model updates are recorded too (``record_round`` / ``record_model_updates``): once per round
+the global state sent and the participants, then every participant's full local state with
+the aggregation weight the server used, its size on the wire and the public local recipe.
 Files: ``transcript/index.json`` (one entry per release) and one safetensors file per entry.
+Disk: (participants + 1) model states per round; for large models and long runs use
+``--no-transcript`` (docs/privacy.md lists the cost).
 """
 
 from __future__ import annotations
@@ -59,7 +64,33 @@ class Transcript:
             (self.directory / "index.json").write_text(json.dumps(self.entries, indent=1))
 
     def uploaded_bytes(self) -> int:
-        return int(sum(e.get("bytes", 0) for e in self.entries if e["view"] != "aggregate"))
+        """Bytes of the calibration uploads (model updates are counted apart)."""
+        return int(sum(e.get("bytes", 0) for e in self.entries
+                       if e["view"] != "aggregate" and e["label"] != "model-update"))
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return int(sum(v.numel() * v.element_size() for v in state.values()))
+
+
+def record_round(transcript: Transcript, round_: int, state: dict[str, torch.Tensor],
+                 participants: list[int]) -> None:
+    """Once per round, before local training: the global state the server sends."""
+    transcript.record(round_=round_, label="round", view="model-state", client=None,
+                      tensors=state, participants=[int(c) for c in participants])
+
+
+def record_model_updates(transcript: Transcript, round_: int, clients: list[int],
+                         states: list[dict[str, torch.Tensor]], weights: list[float] | None,
+                         recipe: dict[str, Any]) -> None:
+    """Every participant's full local state after training, as the server receives it in
+    the clear, with the aggregation weight it used (None if it never saw one) and the public
+    local recipe (``local_epochs``, ``batch_size``, ``lr``) an attacker can simulate."""
+    for i, (c, st) in enumerate(zip(clients, states, strict=True)):
+        transcript.record(round_=round_, label="model-update", view="plain-upload",
+                          client=int(c), tensors=st,
+                          weight=None if weights is None else float(weights[i]),
+                          bytes=state_bytes(st), **recipe)
 
 
 def load_transcript(directory: Path) -> list[dict[str, Any]]:

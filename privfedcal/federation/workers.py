@@ -41,11 +41,19 @@ class InProcessTrainer:
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
 
     def train(self, global_state: State, jobs: list[Job], round_: int,
-              on_done: Callable[[int], None] | None = None) -> list[Result]:
+              on_done: Callable[[int], None] | None = None,
+              consume: Callable[[State], None] | None = None) -> list[Result]:
+        """Results in job order; with ``consume`` each new state is handed to it at once
+        (in job order) and dropped (its slot in the results is an empty dict)."""
         out = []
         for job in jobs:
-            out.append(train_client(self.model, self.algo, global_state, job.client_state,
-                                    self.x, self.y, job.idx, self.spec, round_, job.client))
+            state, client_state, loss = train_client(
+                self.model, self.algo, global_state, job.client_state, self.x, self.y,
+                job.idx, self.spec, round_, job.client)
+            if consume is not None:
+                consume(state)
+                state = {}
+            out.append((state, client_state, loss))
             if on_done:
                 on_done(job.client)
         return out
@@ -75,6 +83,28 @@ def _worker_train(args: tuple[State, list[Job], int]) -> list[Result]:
                                                  _W["spec"], round_, job.client)
         out.append((pack_state(state), pack_state(client_state), loss))
     return out
+
+
+def _worker_collect(args: tuple[State, object, list[Tensor], object]) -> list:
+    """One payload task on a share of the clients (``Simulator.collect`` on the pool)."""
+    state, task, idxs, bound = args
+    model = _W["model"]
+    model.load_state_dict(state)
+    model.eval()
+    return [pack_state(task.compute(model, _W["x"][idx], _W["y"][idx], bound))  # type: ignore[attr-defined]
+            for idx in idxs]
+
+
+def balanced_shares(sizes: list[int], workers: int) -> list[list[int]]:
+    """Positions of ``sizes`` split into ``workers`` shares of similar total size (largest
+    first onto the least loaded share); each share keeps its positions in ascending order."""
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        w = load.index(min(load))
+        shares[w].append(i)
+        load[w] += sizes[i]
+    return [sorted(s) for s in shares if s]
 
 
 def pack_state(state: State | None) -> tuple[Tensor, list] | None:
@@ -119,30 +149,51 @@ class WorkerPoolTrainer:
                              initargs=(build, x, y, spec, threads))
 
     def train(self, global_state: State, jobs: list[Job], round_: int,
-              on_done: Callable[[int], None] | None = None) -> list[Result]:
-        shared = {k: v.detach().cpu().clone().share_memory_() for k, v in global_state.items()}
+              on_done: Callable[[int], None] | None = None,
+              consume: Callable[[State], None] | None = None) -> list[Result]:
+        shared = _shared(global_state)
         # One task per worker with a balanced share of the clients (largest first): fewer
         # round trips than one task per client, and results come back in client order.
-        shares: list[list[int]] = [[] for _ in range(self.workers)]
-        load = [0] * self.workers
-        for i in sorted(range(len(jobs)), key=lambda i: -int(jobs[i].idx.numel())):
-            w = load.index(min(load))
-            shares[w].append(i)
-            load[w] += int(jobs[i].idx.numel())
+        shares = balanced_shares([int(j.idx.numel()) for j in jobs], self.workers)
         pending = [(share, self.pool.apply_async(
             _worker_train, ((shared, [jobs[i] for i in share], round_),)))
-            for share in shares if share]
+            for share in shares]
         results: list[Result | None] = [None] * len(jobs)
         for share, p in pending:
             for i, (state, client_state, loss) in zip(share, p.get(), strict=True):
                 results[i] = (unpack_state(state), unpack_state(client_state), loss)
                 if on_done:
                     on_done(jobs[i].client)
+        if consume is not None:
+            for i, r in enumerate(results):
+                consume(r[0])  # type: ignore[index]
+                results[i] = ({}, r[1], r[2])  # type: ignore[index]
         return results  # type: ignore[return-value]
+
+    def collect(self, task: object, idxs: list[Tensor], state: State, bound: object
+                ) -> list[dict[str, Tensor]]:
+        """``task.compute`` for every client (its sample indices ``idxs``) with the model in
+        ``state``, spread over the workers; uploads in the order of ``idxs``. Each worker
+        runs with the same thread count as the server process, so the uploads are the ones
+        the serial loop computes."""
+        shared = _shared(state)
+        shares = balanced_shares([int(i.numel()) for i in idxs], self.workers)
+        pending = [(share, self.pool.apply_async(
+            _worker_collect, ((shared, task, [idxs[i].cpu() for i in share], bound),)))
+            for share in shares]
+        out: list[dict[str, Tensor] | None] = [None] * len(idxs)
+        for share, p in pending:
+            for i, packed in zip(share, p.get(), strict=True):
+                out[i] = unpack_state(packed)
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         self.pool.close()
         self.pool.join()
+
+
+def _shared(state: State) -> State:
+    return {k: v.detach().cpu().clone().share_memory_() for k, v in state.items()}
 
 
 def default_threads(workers: int) -> int:

@@ -9,3 +9,12 @@ The components of a Flower app (``[tool.flwr.app.components]``):
 
 See ``docs/flower.md`` and ``examples/flower/``.
 """
+
+try:
+    import flwr  # noqa: F401
+except ModuleNotFoundError as exc:  # the base install has no Flower: say which extra brings it
+    raise ModuleNotFoundError(
+        "privfedcal.flower needs Flower 1.41: install the extra with "
+        "pip install -e \".[flower]\" (from a clone) or pip install \"privfedcal[flower]\"",
+        name=exc.name,
+    ) from exc

@@ -12,7 +12,7 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
   stays on the node, in ``context.state["privfedcal.client-state"]``.
 * ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data.
 * ``query.payload``: ``state``, ``task``/``task-arrays`` (``flower/tasks.py``), ``config``
-  {round, label, n-clients}, ``secagg`` (with secure aggregation) -> ``payload``
+  {round, label}, ``secagg`` (with secure aggregation) -> ``payload``
   (ArrayRecord of the task's sums, DP-noised) or ``ciphertext`` {data: bytes}; the client
   side of the uplink runs here (``flower/protection.py``).
 * ``query.keygen`` / ``query.decrypt``: the key holder's role (client ``flower.key-holder``).
@@ -94,9 +94,15 @@ def client_runtime(context: Context) -> ClientRuntime:
     if key not in _EXPERIMENTS:
         _EXPERIMENTS.clear()
         exp = build_experiment(cfg)
-        _EXPERIMENTS[key] = (exp, build_uplink(cfg, exp))
+        _EXPERIMENTS[key] = (exp, build_uplink(exp.cfg, exp))  # resolved defaults
     exp, uplink = _EXPERIMENTS[key]
     return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.clients))
+
+
+def _reported_size(rt: ClientRuntime) -> int:
+    """The client's size as it tells the server: 0 under --dp-train, where sizes are private
+    data and aggregation weights are uniform (privacy/uplink.py ``update_weights``)."""
+    return 0 if rt.cfg.dp_train else int(rt.idx.numel())
 
 
 def _reply(msg: Message, rt: ClientRuntime, **records: Any) -> Message:
@@ -117,7 +123,7 @@ def train(msg: Message, context: Context) -> Message:
         rt.idx, exp.spec, round_, rt.partition)
     if new_client_state is not None:
         context.state[CLIENT_STATE] = state_to_record(new_client_state)
-    metrics = MetricRecord({"num-examples": int(rt.idx.numel()), "train-loss": float(loss)})
+    metrics = MetricRecord({"num-examples": _reported_size(rt), "train-loss": float(loss)})
     return _reply(msg, rt, local=state_to_record(state), metrics=metrics)
 
 
@@ -128,7 +134,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     state = record_to_state(msg.content["global"], exp.device)
     ev = evaluate(exp.model, state, exp.data.x_train[rt.idx], exp.data.y_train[rt.idx],
                   exp.data.num_classes)
-    metrics = MetricRecord({"num-examples": int(rt.idx.numel()), "loss": float(ev["loss"]),
+    metrics = MetricRecord({"num-examples": _reported_size(rt), "loss": float(ev["loss"]),
                             "accuracy": float(ev["accuracy"])})
     return _reply(msg, rt, metrics=metrics)
 
@@ -147,7 +153,6 @@ def payload(msg: Message, context: Context) -> Message:
     upload = task.compute(model, x, y, rt.uplink.bound)  # bound: inside the task, per sample
     records = client_upload(rt.uplink, upload, label=str(config["label"]),
                             round_=int(config["round"]), client=rt.partition,
-                            n_clients=int(config["n-clients"]),
                             secagg=content.config_records.get(SECAGG))
     return _reply(msg, rt, **records)
 
@@ -170,7 +175,7 @@ def keygen_query(msg: Message, context: Context) -> Message:
 @app.query("decrypt")
 def decrypt_query(msg: Message, context: Context) -> Message:
     rt = _key_holder(context)
-    return _reply(msg, rt, **dict(decrypt(context, msg.content["config"])))
+    return _reply(msg, rt, **dict(decrypt(context, msg.content["config"], rt.uplink)))
 
 
 @app.query("hello")
@@ -178,7 +183,7 @@ def hello(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
     meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.clients})
     return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
-        {"num-examples": int(rt.idx.numel())})}), reply_to=msg)
+        {"num-examples": _reported_size(rt)})}), reply_to=msg)
 
 
 __all__ = ["app", "client_runtime", "node_partition"]

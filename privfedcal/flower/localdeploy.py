@@ -87,6 +87,10 @@ class LocalDeployment:
         repo = str(Path(privfedcal.__file__).resolve().parents[1])
         self.env["PYTHONPATH"] = os.pathsep.join(
             p for p in (repo, self.env.get("PYTHONPATH", "")) if p)
+        # Flower starts its helpers (flower-superexec, flwr-clientapp) by name: find this
+        # environment's first, whether or not it is activated
+        self.env["PATH"] = os.pathsep.join(
+            p for p in (str(Path(sys.executable).parent), self.env.get("PATH", "")) if p)
         self.env.update(FLWR_HOME=str(self.home), OMP_NUM_THREADS="1",
                         FLWR_SUPEREXEC_TASK_POLL_INTERVAL=str(task_poll_interval))
         self.env.pop("FLWR_TELEMETRY_ENABLED", None)
@@ -94,6 +98,7 @@ class LocalDeployment:
 
     # ---- processes -------------------------------------------------------------------------
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        args = [_exe(args[0]), *args[1:]]
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                 cwd=self.workdir, start_new_session=True)
@@ -182,6 +187,7 @@ class LocalDeployment:
         if app.exists():
             shutil.rmtree(app)
         shutil.copytree(app_dir, app, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+        overrides = {"clients": self.num_nodes, **overrides}  # one partition per SuperNode
         override_file = self.workdir / "overrides.toml"
         bad = [k for k in overrides if not _BARE_KEY.fullmatch(k)]
         if bad:
@@ -189,14 +195,105 @@ class LocalDeployment:
         # bare dotted keys nest ("method-params.mu"), as in the app's pyproject
         override_file.write_text("".join(f"{k} = {_toml_value(v)}\n"
                                          for k, v in overrides.items()))
-        flwr = str(Path(sys.executable).with_name("flwr"))
-        cmd = [flwr if Path(flwr).exists() else "flwr", "run", str(app), CONNECTION,
-               "--run-config", str(override_file), "--stream"]
+        cmd = [_flwr(), "run", str(app), CONNECTION, "--run-config", str(override_file),
+               "--stream", *self.run_args()]
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env,
                               cwd=self.workdir, timeout=timeout)
+
+    def run_args(self) -> list[str]:
+        return []
 
     def log_tail(self, chars: int = 3000) -> str:
         parts = []
         for f in sorted(self.logs.glob("*.log")):
             parts.append(f"--- {f.name}\n{f.read_text(errors='replace')[-chars:]}")
         return "\n".join(parts)
+
+
+def _exe(name: str) -> str:
+    """Flower's command ``name`` of this Python environment (found without PATH), else PATH's."""
+    path = Path(sys.executable).with_name(name)
+    return str(path) if path.exists() else name
+
+
+def _flwr() -> str:
+    return _exe("flwr")
+
+
+class LocalSimulation(LocalDeployment):
+    """Flower's simulation engine (``flwr[simulation]``, Ray) behind a SuperLink this object
+    starts and stops: ``with LocalSimulation(10, tmp) as sim: sim.run(app_dir, {})``.
+
+    The SuperLink runs in simulation mode with runtime dependency installation off (the app
+    runs with the installed privfedcal) on free ports, ``FLWR_HOME`` private; ``clients``
+    virtual SuperNodes get partition ids 0..clients-1 from the engine. Every process is
+    stopped afterwards, as for ``LocalDeployment``.
+    """
+
+    def __enter__(self) -> LocalSimulation:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{LOOPBACK}:{self.port}"\ninsecure = true\n')
+        try:
+            link = self._start("superlink", [
+                "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+                "--host", LOOPBACK, "--port", str(self.port),
+                "--control-api-address", f"{LOOPBACK}:{free_port()}",
+                "--disable-runtime-dependency-installation"])
+            self._wait_port(self.port, link)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def run_args(self) -> list[str]:
+        return ["--federation-config", f"num-supernodes={self.num_nodes}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m privfedcal.flower.localdeploy {deploy,simulate} APP_DIR [KEY=VALUE ...]``:
+    run the Flower app on a throwaway local deployment (SuperLink + one SuperNode per
+    client) or on the simulation engine, print the run's output, stop every process."""
+    import argparse
+    import tempfile
+    import tomllib
+
+    ap = argparse.ArgumentParser(prog="python -m privfedcal.flower.localdeploy",
+                                 description=main.__doc__.splitlines()[0] if main.__doc__ else "")
+    ap.add_argument("mode", choices=["deploy", "simulate"])
+    ap.add_argument("app", type=Path, help="the Flower app folder (examples/flower)")
+    ap.add_argument("config", nargs="*", help="run-config overrides KEY=VALUE (TOML values)")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
+    flat: dict[str, Any] = {}
+
+    def walk(table: dict, prefix: str = "") -> None:
+        for k, v in table.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[prefix + k] = v
+
+    walk(overrides)
+    app_cfg = tomllib.loads((args.app / "pyproject.toml").read_text())
+    clients = int(flat.get("clients", app_cfg["tool"]["flwr"]["app"]["config"]["clients"]))
+    flat["clients"] = clients
+    if "out" not in flat:
+        flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
+    kind = LocalDeployment if args.mode == "deploy" else LocalSimulation
+    with tempfile.TemporaryDirectory() as tmp, kind(clients, Path(tmp)) as dep:
+        done = dep.run(args.app.resolve(), flat, timeout=args.timeout)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        ok = (Path(flat["out"]) / "summary.json").exists()
+        if not ok:
+            sys.stderr.write(dep.log_tail())
+    print(f"run folder: {flat['out']}" if ok else "the run failed (logs above)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,8 +4,8 @@ In the simulator one ``Uplink`` object plays every role. Under Flower the roles 
 different machines, built from the same run config with the same ``build_uplink``:
 
 * client (``client_upload``): the payload task already bounded every per-sample row
-  (``uplink.bound``); the node adds its DP noise with the uplink's own noise stage (same
-  generator per (seed, round, client) as the simulator: same noise, same aggregate), then,
+  (``uplink.bound``); the node adds its DP noise with the uplink's own noise stage (OS
+  entropy; its variance share from the run config, never from the server's message), then,
   with secure aggregation, encrypts under the key holder's public context and pads to a
   fixed size with hidden counts. Plain uploads travel as an ArrayRecord, ciphertexts as bytes
   in a ConfigRecord.
@@ -15,12 +15,14 @@ different machines, built from the same run config with the same ``build_uplink`
 * key holder: the SuperNode of client ``flower.key-holder`` (default 0). It draws fresh CKKS
   keys for every release (``query.keygen``), keeps the secret key in its own
   ``context.state`` (which never leaves the node), and decrypts only the server's sum
-  (``query.decrypt``), rounded to twice the CKKS error bound, then forgets the key.
+  (``query.decrypt``), flooded and rounded (privacy/secagg.py), tops the distributed noise up
+  for planned uploads that are missing from the sum (``Uplink.key_holder_topup``, as in the
+  simulator), then forgets the key.
 
 When the guarantees stop: if the key-holder node colludes with the server (it could then
-decrypt single uploads); if an upload is rejected or missing, the Flower path skips the
-release (``ReleaseSkipped``) instead of topping the distributed noise up as the simulator's
-key holder does, so no release ever carries less noise than planned.
+decrypt single uploads). A rejected upload is dropped and the release goes on with the noise
+topped up, as in the simulator; an aggregate that fails the key holder's magnitude check
+(an upload that broke its bound or used a foreign key) is not released (``ReleaseSkipped``).
 """
 
 from __future__ import annotations
@@ -46,11 +48,10 @@ KEY_STATE = "privfedcal.key-holder"
 
 # ---- client side ------------------------------------------------------------------------------
 def client_upload(uplink: Any, payload: Payload, *, label: str, round_: int, client: int,
-                  n_clients: int, secagg: ConfigRecord | None) -> dict[str, Any]:
+                  secagg: ConfigRecord | None) -> dict[str, Any]:
     """The reply records of one client's upload after noise (and encryption)."""
-    share = 1.0 / n_clients if (uplink.dp is not None and uplink.dp.distributed) else 1.0
-    # the uplink's own client noise stage: generator of (seed, round, client) as in simulation
-    noisy = uplink.noise_upload(payload, label, round_, client, share)
+    # the uplink's own client noise stage; the share follows from the run config alone
+    noisy = uplink.noise_upload(payload, label, round_, client, uplink.client_share(label))
     if secagg is None:
         return {"payload": state_to_record(noisy)}
     from privfedcal.privacy.packing import PayloadLayout
@@ -81,8 +82,10 @@ def keygen(context: Any, config: ConfigRecord) -> RecordDict:
     return RecordDict({SECAGG: ConfigRecord({"public-context": holder.public_context_bytes()})})
 
 
-def decrypt(context: Any, config: ConfigRecord) -> RecordDict:
-    """Decrypt the server's sum of ``n-clients`` uploads, rounded; then drop the key."""
+def decrypt(context: Any, config: ConfigRecord, uplink: Any = None) -> RecordDict:
+    """Decrypt the server's sum of ``n-clients`` uploads (flooded, rounded), top the
+    distributed noise up for missing uploads (``uplink``: the node's own, from the run
+    config); then drop the key."""
     from privfedcal.privacy.packing import PayloadLayout
     from privfedcal.privacy.secagg import KeyHolder
 
@@ -101,6 +104,9 @@ def decrypt(context: Any, config: ConfigRecord) -> RecordDict:
                                          n_clients=n, round_to=2 * holder.params.error_bound(n))
     except UploadRejected as exc:  # the release is skipped, never half-made
         return RecordDict({"rejected": ConfigRecord({"reason": str(exc)})})
+    if uplink is not None:
+        label, _, round_ = str(config["release"]).rpartition("-")
+        total = uplink.key_holder_topup(total, label, int(round_), n)
     return RecordDict({"aggregate": state_to_record(total)})
 
 
@@ -157,9 +163,6 @@ class SecureRelease:
                 continue
             transcript.record(round_=self.round_, label=self.label, view="ciphertext",
                               client=client, bytes=len(data))
-        if server.count < len(uploads):
-            uplink.skip(self.round_, self.label, f"{len(uploads) - server.count} upload(s) "
-                 "rejected: the Flower path does not top distributed noise up")
         if server.count < MIN_SECAGG_CLIENTS:
             uplink.skip(self.round_, self.label, f"{server.count} valid upload(s), secure "
                  f"aggregation needs >= {MIN_SECAGG_CLIENTS}")

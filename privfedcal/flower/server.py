@@ -58,7 +58,7 @@ class FlowerTrainer:
         for job in jobs:
             reply = replies[job.client].content
             n = int(reply["metrics"]["num-examples"])
-            if n != int(job.idx.numel()):
+            if self.exp.spec.dp_sgd is None and n != int(job.idx.numel()):
                 raise FlowerRoundError(
                     f"client {job.client} trained on {n} samples where the run config gives "
                     f"{int(job.idx.numel())}: the node runs another dataset/partition config")
@@ -100,7 +100,7 @@ class FlowerSimulator(Simulator):
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=state)
         if up.dp is not None:
-            up.dp.check(label)  # stop before a release that would exceed the budget
+            up.dp.check(label, clients)  # stop before a release that would exceed the budget
         records: dict[str, Any] = {}
         release = None
         if up.secagg is not None:
@@ -110,7 +110,7 @@ class FlowerSimulator(Simulator):
             release = SecureRelease.open(self.link, up.secagg, self.key_holder, label, round_,
                                          self._example_payload(task, state))
             records[SECAGG] = release.client_config()
-        config = ConfigRecord({"round": round_, "label": label, "n-clients": len(clients)})
+        config = ConfigRecord({"round": round_, "label": label})
         content = RecordDict({"state": state_to_record(state), "config": config,
                               **task_to_records(task), **records})
         replies = self.link.exchange(content, clients, "query.payload", f"{label}-{round_}")
@@ -122,7 +122,7 @@ class FlowerSimulator(Simulator):
                        for c in clients]
             total = up.sum_clear(uploads, round_=round_, label=label, transcript=self.transcript)
         if up.dp is not None:
-            up.dp.record(label)
+            up.dp.record(label, clients)
         return {k: v.to(self.exp.device) for k, v in total.items()}
 
     def _example_payload(self, task: PayloadTask, state: State) -> Payload:

@@ -42,6 +42,7 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
     cfg = cfg.replace(out=str(run_dir))
     exp = build_experiment(cfg)
+    cfg = exp.cfg  # model and optimiser resolved per model (config.py)
     calibrator = build_calibrator(cfg, exp)
     uplink = build_uplink(cfg, exp)
     link = GridLink(grid, cfg.clients, options)

@@ -10,7 +10,6 @@ from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.models.cnn import DigitsCNN, SimpleCNN
 from privfedcal.models.mlp import MLP
-from privfedcal.models.mobilenet import MobileNetV2
 from privfedcal.models.resnet import resnet8, resnet18
 from privfedcal.registry import Registry
 
@@ -26,9 +25,17 @@ MODELS.register("digits-cnn")(
 MODELS.register("mlp")(lambda c, ch, s: MLP(num_classes=c, in_channels=ch, image_size=s))
 MODELS.register("resnet8")(lambda c, ch, s: resnet8(num_classes=c, in_channels=ch))
 MODELS.register("resnet18")(lambda c, ch, s: resnet18(num_classes=c, in_channels=ch))
-MODELS.register("mobilenetv2")(
-    lambda c, ch, s: MobileNetV2(num_classes=c, in_channels=ch, image_size=s)
+MODELS.register("resnet18-plain")(
+    lambda c, ch, s: resnet18(num_classes=c, in_channels=ch, projector=False)
 )
+
+
+@MODELS.register("mobilenetv2")
+def _mobilenetv2(c: int, ch: int, s: int) -> FeatureClassifier:
+    # imported here: torchvision's model zoo takes seconds to import and only this model needs it
+    from privfedcal.models.mobilenet import MobileNetV2
+
+    return MobileNetV2(num_classes=c, in_channels=ch, image_size=s)
 
 
 def create_model(

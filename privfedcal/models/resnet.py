@@ -1,9 +1,14 @@
 """CIFAR-style ResNets (He et al., CVPR 2016): a 3x3 stem without max-pool, BasicBlocks.
 
-- ``resnet8``: the ResNet-8 used by CReFF (Shang et al., IJCAI 2022): three stages of one
-  BasicBlock with 16/32/64 channels, global average pooling, d = 64.
-- ``resnet18``: the CIFAR ResNet-18 used by FedUV (Son et al., CVPR 2024): 64-channel 3x3
-  stem, no max-pool, four stages of two BasicBlocks (64/128/256/512), d = 512.
+- ``resnet8``: the ResNet-8 of CReFF (Shang et al., IJCAI 2022) as its authors' code builds
+  it (a CIFAR ResNet of depth 8 with width scaling 4): 64-channel 3x3 stem, three stages of
+  one BasicBlock with 64/128/256 channels (strides 1/2/2), global average pooling, d = 256.
+  Convolutions are initialised N(0, 2/(k*k*out_channels)) as in that code.
+- ``resnet18``: the CIFAR ResNet-18 of FedUV (Son et al., CVPR 2024): 64-channel 3x3 stem,
+  no max-pool, four stages of two BasicBlocks (64/128/256/512), then FedUV's projector of two
+  fully connected layers, each Linear(512) -> BatchNorm1d -> ReLU; z is the projector's
+  output (d = 512), on which FedUV's uniformity loss acts and the classifier reads.
+  ``resnet18-plain`` is the same network without the projector (z = pooled features).
 Shortcuts are identity, or 1x1 conv + BatchNorm where the shape changes.
 """
 
@@ -49,6 +54,7 @@ class CifarResNet(FeatureClassifier):
         widths: Sequence[int],
         blocks: Sequence[int],
         strides: Sequence[int],
+        projector: int = 0,
     ) -> None:
         super().__init__()
         self.stem = nn.Sequential(
@@ -64,6 +70,13 @@ class CifarResNet(FeatureClassifier):
                 in_planes = width
         self.stages = nn.Sequential(*layers)
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.projector: nn.Module = nn.Identity()
+        if projector:
+            self.projector = nn.Sequential(
+                nn.Linear(in_planes, projector), nn.BatchNorm1d(projector), nn.ReLU(),
+                nn.Linear(projector, projector), nn.BatchNorm1d(projector), nn.ReLU(),
+            )
+            in_planes = projector
         self.feature_dim = in_planes
         self.num_classes = num_classes
         self.classifier = nn.Linear(in_planes, num_classes)
@@ -72,24 +85,25 @@ class CifarResNet(FeatureClassifier):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def features(self, x: Tensor) -> Tensor:
-        return self.pool(self.stages(self.stem(x)))
+        return self.projector(self.pool(self.stages(self.stem(x))))
 
 
 def resnet8(*, num_classes: int, in_channels: int = 3) -> CifarResNet:
     return CifarResNet(
         num_classes=num_classes,
         in_channels=in_channels,
-        widths=(16, 32, 64),
+        widths=(64, 128, 256),
         blocks=(1, 1, 1),
         strides=(1, 2, 2),
     )
 
 
-def resnet18(*, num_classes: int, in_channels: int = 3) -> CifarResNet:
+def resnet18(*, num_classes: int, in_channels: int = 3, projector: bool = True) -> CifarResNet:
     return CifarResNet(
         num_classes=num_classes,
         in_channels=in_channels,
         widths=(64, 128, 256, 512),
         blocks=(2, 2, 2, 2),
         strides=(1, 2, 2, 2),
+        projector=512 if projector else 0,
     )

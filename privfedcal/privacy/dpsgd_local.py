@@ -8,7 +8,8 @@ Accounting (sample level): an example of client k is touched only by client k's 
 its epsilon composes the calibration uploads with client k's DP-SGD steps. We plan the noise
 for the client that needs the most (``protection.plan_with_dpsgd``), check every client at
 that noise (``verify_clients``), and assume each takes part in every round
-(client sampling is not used for amplification: conservative). The guarantee then covers the
+(client sampling is not used for amplification: conservative). The Poisson batches and the
+noise come from OS entropy (privacy/noise.py), so the server sees neither. The guarantee then covers the
 model updates too. Methods whose loss couples samples of a batch (FedUV, MOON's reference
 models, proximal terms that opacus would drop) are refused, see ``DPSGD_METHODS``.
 """
@@ -30,6 +31,7 @@ DPSGD_RELEASE = "dp-sgd"
 class DPSGDSpec:
     noise_multiplier: float
     max_grad_norm: float
+    seeded: bool = False  # --insecure-seeded-noise: batches and noise from the public seed
 
 
 def local_steps(n: int, batch_size: int, local_epochs: int) -> int:
@@ -59,10 +61,11 @@ def verify_clients(cfg, exp, upload_entries, sigma: float, delta: float, target:
 def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: int) -> float:
     """Run one client's DP-SGD local training on (x, y); returns the mean loss."""
     from privfedcal.data.augment import augment_batch
+    from privfedcal.privacy.noise import noise_generator
 
-    device = x.device
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
+    # Poisson batches and gradient noise from OS entropy: the server can neither regenerate
+    # the noise nor learn the batches (which is what the amplification assumes)
+    g = noise_generator(seed, seeded=dp.seeded, device=x.device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
     pt = make_private_training(model, opt, x, y, noise_multiplier=dp.noise_multiplier,

@@ -20,6 +20,8 @@ from torch import Tensor
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
 from privfedcal.privacy.dp import L2Clip, gaussian_mechanism, noise_stds, payload_sensitivities
+from privfedcal.privacy.noise import warn_if_seeded
+from privfedcal.privacy.releases import declared_releases
 from privfedcal.privacy.uplink import Uplink
 
 #: release labels the calibrators use, with the payload keys they may carry
@@ -37,9 +39,28 @@ DP_DEFAULT_GRAD_CLIP = 1.0
 DPSGD_METHODS = ("fedavg", "fedavgm", "freeze")
 
 
+#: what every epsilon this module reports assumes (summary.json, docs/privacy.md)
+ASSUMPTIONS = [
+    "sample-level DP: neighbouring datasets differ in one training example of one client",
+    "per-client accounting over the releases the client took part in, q = 1 (no "
+    "amplification by client sampling: the server chooses and sees the participants)",
+    "DP-SGD's Poisson batches are drawn on the client from OS entropy: amplification by "
+    "that subsampling is used (the server never sees the batches)",
+    "noise drawn from OS entropy (no --insecure-seeded-noise)",
+    "with --secagg and distributed noise: the key holder does not collude with the server",
+]
+
+
 @dataclass
 class DPStage:
-    """Noise of the uploads and the run's accountant (one for every release)."""
+    """Noise of the uploads and the run's accounting: one accountant PER CLIENT.
+
+    A release touches the examples of the clients asked for it only, so each client's
+    epsilon composes the releases it took part in; the run reports the largest. No release
+    is amplified by client sampling: the server chooses the participants (from the public
+    seed) and the transcript names them, so a participating client is accounted at q = 1.
+    ``accountant`` logs every release of the run (the summary's list).
+    """
 
     target: float
     delta: float
@@ -52,6 +73,9 @@ class DPStage:
     covers_updates: bool
     planned: list[dict[str, Any]] = field(default_factory=list)
     steps: dict[str, int] = field(default_factory=dict)  # steps per release (DP-SGD: per round)
+    planned_clients: dict[str, int] = field(default_factory=dict)  # participants per release
+    specs: dict[str, Any] = field(default_factory=dict)  # label -> releases.ReleaseSpec
+    per_client: dict[int, PrivacyAccountant] = field(default_factory=dict)
 
     def _z(self, label: str) -> float:
         if label not in self.sigmas:
@@ -59,29 +83,79 @@ class DPStage:
                              "refusing to release it")
         return self.sigmas[label]
 
-    def check(self, label: str) -> None:
-        self.accountant.check_release(self._z(label), self.rates[label],
-                                      self.steps.get(label, 1), target=self.target)
+    def _acc(self, client: int) -> PrivacyAccountant:
+        if client not in self.per_client:
+            self.per_client[client] = PrivacyAccountant(self.accountant.kind, self.delta)
+        return self.per_client[client]
 
-    def record(self, label: str) -> None:
-        self.accountant.record(self._z(label), self.rates[label], self.steps.get(label, 1),
-                               label=label)
+    def _distinct(self, clients) -> list[PrivacyAccountant]:
+        """One accountant per distinct history among ``clients`` (None: the run as one)."""
+        reps: dict[str, PrivacyAccountant] = {}
+        for c in ([-1] if clients is None else clients):
+            acc = self._acc(int(c))
+            reps.setdefault(repr(acc.state_dict()["history"]), acc)
+        return list(reps.values())
 
-    def sensitivities(self, keys) -> dict[str, float]:
+    def check(self, label: str, clients=None) -> None:
+        """Refuse (PrivacyBudgetError) a release that would push any of ``clients`` past the
+        budget; call before the release."""
+        for acc in self._distinct(clients):
+            acc.check_release(self._z(label), self.rates[label], self.steps.get(label, 1),
+                              target=self.target)
+
+    def record(self, label: str, clients=None) -> None:
+        z, q, t = self._z(label), self.rates[label], self.steps.get(label, 1)
+        for c in ([-1] if clients is None else clients):
+            self._acc(int(c)).record(z, q, t, label=label)
+        self.accountant.record(z, q, t, label=label)
+
+    def epsilon(self) -> float:
+        """The largest epsilon any client has spent (0 before any release)."""
+        return max((a.epsilon() for a in self._distinct(list(self.per_client))), default=0.0)
+
+    def share(self, label: str) -> float:
+        """Each client's share of the noise variance. Distributed noise (secure aggregation):
+        ``1/(n - 1)`` for the n planned participants, so that the sum carries the full
+        variance even for one participant (the key holder's node) that knows its own share."""
+        if not self.distributed:
+            return 1.0
+        n = self.planned_clients.get(label, 0)
+        return 1.0 if n <= 2 else 1.0 / (n - 1)
+
+    def topup_share(self, label: str, arrived: int) -> float:
+        """Variance the key holder adds when only ``arrived`` of the planned uploads made it
+        into the sum (0 if none is missing): what the missing clients' shares would have been,
+        so the server always sees at least the full variance."""
+        if not self.distributed:
+            return 0.0
+        n = self.planned_clients.get(label, arrived)
+        missing = max(0, n - arrived)
+        return min(1.0, missing * self.share(label)) if missing else 0.0
+
+    def sensitivities(self, keys, label: str | None = None) -> dict[str, float]:
+        """From the release's declaration (its calibrator's file); the standard table for
+        releases without one."""
+        spec = self.specs.get(label) if label is not None else None
+        if spec is not None:
+            return spec.sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
         return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
 
     def noise(self, payload: dict[str, Tensor], label: str, generator, share: float) -> dict:
-        return gaussian_mechanism(payload, self.sensitivities(payload), self._z(label),
+        return gaussian_mechanism(payload, self.sensitivities(payload, label), self._z(label),
                                   generator, share=share)
 
     def stds(self, keys, label: str) -> dict[str, float]:
-        return noise_stds(self.sensitivities(keys), self._z(label))
+        return noise_stds(self.sensitivities(keys, label), self._z(label))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"accountant": self.accountant.state_dict()}
+        return {"accountant": self.accountant.state_dict(),
+                "clients": {str(c): a.state_dict() for c, a in self.per_client.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.accountant.load_state_dict(state["accountant"])
+        self.per_client = {}
+        for c, st in state.get("clients", {}).items():
+            self._acc(int(c)).load_state_dict(st)
 
     def summary(self) -> dict[str, Any]:
         uploads = any(label != DPSGD_RELEASE for label in self.sigmas)
@@ -90,9 +164,13 @@ class DPStage:
                              ("model updates (DP-SGD)", self.covers_updates)) if on])
         if not self.covers_updates:
             covers += " only"
-        spent = self.accountant.epsilon()
-        statement = (f"({spent:.3f}, {self.delta:.2g})-DP spent of epsilon {self.target:g} "
-                     f"({self.accountant.kind}); covers {covers}")
+        spent = self.epsilon()
+        statement = (f"({spent:.3f}, {self.delta:.2g})-DP per example, sample level, for the "
+                     f"worst-off client, spent of epsilon {self.target:g} "
+                     f"({self.accountant.kind}); covers {covers}; no amplification by client "
+                     "sampling (the server chooses and sees the participants); assumes the "
+                     "noise stays secret (drawn from OS entropy) and, with --secagg, a key "
+                     "holder that does not collude with the server")
         if not self.covers_updates:
             statement += ". Model updates are NOT differentially private (no --dp-train)."
         return {"epsilon_spent": spent, "epsilon_target": self.target, "delta": self.delta,
@@ -100,22 +178,66 @@ class DPStage:
                 "noise_multipliers": dict(self.sigmas), "sample_rates": dict(self.rates),
                 "feature_clip": self.clip, "grad_clip": self.grad_clip,
                 "distributed_noise": self.distributed, "releases": self.accountant.releases,
-                "statement": statement}
+                "per_client_epsilon": {str(c): a.epsilon() for c, a in
+                                       sorted(self.per_client.items()) if c >= 0},
+                "assumptions": ASSUMPTIONS, "statement": statement}
+
+
+def participation_counts(cfg) -> dict[int, int]:
+    """Rounds each client is selected in: the server's choice, a function of the public
+    config (``simulator.select_clients``), known before training."""
+    from privfedcal.federation.simulator import select_clients
+
+    counts = dict.fromkeys(range(cfg.clients), 0)
+    for r in range(1, cfg.rounds + 1):
+        for c in select_clients(cfg, r):
+            counts[c] += 1
+    return counts
+
+
+def planned_participants(cfg) -> dict[str, int]:
+    """Clients asked for each declared release (from the config, never from the server's
+    messages): every client, or each round's selection."""
+    from privfedcal.privacy.releases import declared_releases
+
+    m = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
+    return {r.label: cfg.clients if r.participants == "all" else m
+            for r in declared_releases(cfg.calibrator)}
 
 
 def release_plans(cfg, exp) -> list[ReleasePlan]:
-    """The releases this configuration will make, for the accountant's plan."""
-    calibrator = cfg.calibrator.partition(":")[0]
+    """The releases this configuration will make, from its calibrator's declarations, for the
+    accountant's plan: per client, q = 1 (no amplification from the server's choice of
+    clients), over the most rounds any client takes part in for per-round releases."""
+    from privfedcal.federation.hooks import CALIBRATORS
+    from privfedcal.privacy.releases import declared_releases
+
+    name = cfg.calibrator.partition(":")[0]
+    if name in CALIBRATORS.names() and not CALIBRATORS.get(name).protectable:
+        raise UsageError(f"the {name} calibrator re-trains on raw features of every client: it "
+                         "is an upper bound, not a protocol, and cannot be combined with DP")
     plans = []
-    if calibrator == "ccvr":
-        plans.append(ReleasePlan(CCVR_RELEASE, 1.0, 1))
-    elif calibrator == "creff":
-        q = min(1.0, max(1, round(cfg.participation * cfg.clients)) / cfg.clients)
-        plans.append(ReleasePlan(CREFF_RELEASE, q, cfg.rounds))
-    elif calibrator == "oracle":
-        raise UsageError("the oracle re-trains on raw features of every client: it is an upper "
-                         "bound, not a protocol, and cannot be combined with DP")
+    for r in declared_releases(cfg.calibrator):
+        steps = 1 if r.participants == "all" else max(participation_counts(cfg).values())
+        plans.append(ReleasePlan(r.label, 1.0, steps))
     return plans
+
+
+def check_settings(cfg, exp) -> None:
+    """Refuse, before any work, settings whose guarantee would not hold or would crash later."""
+    n_total = int(sum(int(p.numel()) for p in exp.parts))
+    f32 = 3.0e38  # features and payload sums are float32 on the client
+    for flag, value in (("--dp-clip", cfg.dp_clip), ("--dp-grad-clip", cfg.dp_grad_clip)):
+        if value is None:
+            continue
+        if not math.isfinite(value) or value * value * max(n_total, 1) * 1e3 > f32:
+            raise UsageError(f"{flag} {value:g} is too large: its square times the {n_total} "
+                             "training examples overflows float32 sums (the sensitivity of "
+                             "sum z z^T is R^2)")
+    if cfg.dp_enabled and cfg.dp_delta is not None and cfg.dp_delta >= 1.0 / max(n_total, 1):
+        raise UsageError(f"--dp-delta {cfg.dp_delta:g} must be < 1/N = {1.0 / n_total:.3g} "
+                         f"(N = {n_total} training examples): a mechanism that publishes one "
+                         "random example outright is (0, 1/N)-DP")
 
 
 def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
@@ -138,9 +260,11 @@ def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
 def build_protected_uplink(cfg, exp) -> Uplink:
     from privfedcal.privacy.secagg_stage import SecAggStage
 
-    if cfg.hide_counts and not (cfg.secagg or cfg.dp_enabled):
-        raise UsageError("--hide-counts needs --secagg (counts travel encrypted) or --dp-eps "
-                         "(counts are noised): in the clear every count is visible")
+    if cfg.hide_counts and not cfg.secagg:
+        raise UsageError("--hide-counts needs --secagg: only inside ciphertexts are counts "
+                         "hidden")
+    check_settings(cfg, exp)
+    warn_if_seeded(cfg.insecure_seeded_noise)
     if cfg.dp_train and not cfg.dp_enabled:
         raise UsageError("--dp-train needs a budget: give --dp-eps")
     if cfg.dp_train and cfg.local_method not in DPSGD_METHODS:
@@ -170,7 +294,9 @@ def build_protected_uplink(cfg, exp) -> Uplink:
                      rates={p.name: p.sample_rate for p in plans}, clip=clip,
                      grad_clip=grad_clip, distributed=cfg.secagg, covers_updates=cfg.dp_train,
                      planned=[{"name": p.name, "sample_rate": p.sample_rate, "steps": p.steps}
-                              for p in plans])
+                              for p in plans],
+                     planned_clients=planned_participants(cfg),
+                     specs={r.label: r for r in declared_releases(cfg.calibrator)})
         if cfg.dp_train:
             from privfedcal.privacy.dpsgd_local import verify_clients
 
@@ -184,15 +310,47 @@ def build_protected_uplink(cfg, exp) -> Uplink:
         from privfedcal.privacy.dpsgd_local import DPSGDSpec
 
         exp.spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(
-            dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP))
+            dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
+            seeded=cfg.insecure_seeded_noise))
     secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp) \
         if cfg.secagg else None
+    if secagg is not None:  # CKKS parameters must exist for every release: fail before work
+        from privfedcal.privacy.secagg import CKKSParams
+        from privfedcal.privacy.secagg_stage import PRECISION
+
+        for r in declared_releases(cfg.calibrator):
+            CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
+                                     max_clients=cfg.clients)
     hints = []
-    weighting = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
-        "weighting", "client")
-    if dp_on and cfg.calibrator == "creff" and weighting != "sample":
+    if dp_on and cfg.calibrator == "creff" and dp_creff_weighting(cfg) == "sample" and \
+            not _weighting_given(cfg):
+        hints.append("under DP, CReFF uses sample weighting (class-gradient sums and counts): "
+                     "the paper's client weighting uploads per-class means whose signal does "
+                     "not grow with the data and drowns in the noise (docs/results.md)")
+    elif dp_on and cfg.calibrator == "creff" and dp_creff_weighting(cfg) != "sample":
         hints.append("CReFF's client weighting uploads per-class means, whose signal does not "
                      "grow with the data: under DP, --creff-weighting sample is far more "
                      "accurate (docs/results.md)")
     return Uplink(bound=bound, dp=dp, secagg=secagg, seed=cfg.seed, hide_counts=cfg.hide_counts,
-                  hints=hints)
+                  hints=hints, seeded_noise=cfg.insecure_seeded_noise)
+
+
+def _weighting_given(cfg) -> bool:
+    return any(k in cfg.calibration_params for k in ("creff_weighting", "weighting"))
+
+
+def dp_creff_weighting(cfg) -> str:
+    """CReFF's weighting: the one given, else ``sample`` under DP (the one that survives the
+    noise) and the paper's ``client`` otherwise."""
+    given = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
+        "weighting")
+    if given:
+        return str(given)
+    return "sample" if cfg.dp_enabled else "client"
+
+
+def calibration_defaults(cfg, options: dict[str, Any]) -> dict[str, Any]:
+    """Calibrator options with the privacy-dependent defaults filled in (CReFF under DP)."""
+    if cfg.calibrator == "creff" and cfg.dp_enabled and not _weighting_given(cfg):
+        return {**options, "creff_weighting": "sample"}
+    return options

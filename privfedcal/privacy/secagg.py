@@ -17,10 +17,18 @@ most 4N / 2^scale_bits (measured <= 1.7N), n uploads at most n times that; the s
 
 When the guarantee stops: if the key holder colludes with the server. Exact CKKS
 decryptions handed to a party holding the ciphertexts leak the secret key (Li & Micciancio,
-EUROCRYPT 2021), so the key holder releases aggregates rounded to a grid coarser than the
-error (``round_to``), may flood them with noise (``noise``), and rotates keys per
-calibration (``rotate``). Ciphertexts are malleable; a sender that breaks the declared bound
-or forges a key id is caught only at decryption (``UploadRejected``: discard the round).
+EUROCRYPT 2021). The key holder therefore floods every decryption (``flooding_std``): it adds
+Gaussian noise, drawn from OS entropy, of std ``sigma_f = 2^(s/2) * sqrt(L * Q) * E`` where
+E bounds the per-entry key-dependent error (CKKS encryption error of n uploads), L is the
+number of released entries, Q the decryptions per key (1: keys are fresh per release) and
+s = ``FLOOD_BITS`` = 40 the statistical security level. The noise is added to the aggregate
+ciphertext (as a plaintext) BEFORE decryption, so SEAL's double-precision decoding is
+post-processing of the flooded value. For any two error vectors the released distributions
+are then within statistical distance ``sqrt(L) E / sigma_f = 2^(-s/2)`` (Gaussian shift
+bound), the noise-flooding level Li, Micciancio, Schultz & Sorrell (CRYPTO 2022) show gives
+s bits against key recovery (a search problem). Rounding to a grid coarser than the error (``round_to``) is applied on
+top. Ciphertexts are malleable; a sender that breaks the declared bound or forges a key id is
+caught only at decryption (``UploadRejected``: that release is not made).
 """
 
 from __future__ import annotations
@@ -55,6 +63,18 @@ MARGIN_BITS = 4  # 1 bit: centred lift; 3 bits: error headroom + overflow detect
 SPECIAL_PRIME_BITS = 24  # key switching only; measured not to change the fresh error
 FRESH_ERROR_PER_DEGREE = 4.0  # bound on fresh error (scaled units) / N; measured max ~1.7
 _MIN_PRIME_BITS, _MAX_PRIME_BITS = 20, 60
+#: statistical security level s of decryption flooding (sigma_f = 2^(s/2) sqrt(L Q) E)
+FLOOD_BITS = 40
+
+
+def flooding_std(params: CKKSParams, n_clients: int, entries: int, *,
+                 bits: int = FLOOD_BITS, decryptions: int = 1) -> float:
+    """Std of the key holder's flooding noise for one release of ``entries`` values summed
+    from ``n_clients`` uploads (module docstring): ``2^(bits/2) sqrt(entries decryptions) E``
+    with E = ``error_bound(n_clients)``, the bound on the key-dependent CKKS error."""
+    if entries < 1 or decryptions < 1 or bits < 1:
+        raise ValueError("entries, decryptions and bits must be >= 1")
+    return 2.0 ** (bits / 2) * math.sqrt(entries * decryptions) * params.error_bound(n_clients)
 
 
 @dataclass(frozen=True)
@@ -296,10 +316,13 @@ class KeyHolder:
         round_to: float | None = None,
         noise: float = 0.0,
         generator: torch.Generator | None = None,
+        flood_bits: int | None = FLOOD_BITS,
     ) -> dict[str, Tensor]:
         """Decrypt the server's sum of ``n_clients`` uploads (default ``max_clients``).
 
-        ``noise``: std of Gaussian flooding added before release (needs ``generator``);
+        ``flood_bits``: statistical security of the flooding noise (``flooding_std``, drawn
+        from OS entropy; ``None`` releases without flooding, for tests of the raw error only);
+        ``noise``: std of extra Gaussian noise added before release (needs ``generator``);
         ``round_to``: release grid, at least twice the CKKS error bound of ``n_clients``.
         Raises ``UploadRejected`` if an entry exceeds ``max_abs_sum``: an upload broke the
         declared bound or was encrypted under another key, and the round must be discarded.
@@ -323,15 +346,23 @@ class KeyHolder:
             raise UploadRejected(
                 f"aggregate has {len(ciphertexts)} chunks, layout needs {len(lengths)}"
             )
-        parts = [
-            np.asarray(_load_vector(self._ctx, c, k, f"aggregate chunk {i}").decrypt())
-            for i, (c, k) in enumerate(zip(ciphertexts, lengths, strict=True))
-        ]
+        std = flooding_std(p, n, layout.size, bits=flood_bits) \
+            if flood_bits is not None and layout.size else 0.0
+        if std > 0:
+            from privfedcal.privacy.noise import noise_generator
+
+            g = noise_generator()  # OS entropy, whatever the run's noise setting
+        parts = []
+        for i, (c, k) in enumerate(zip(ciphertexts, lengths, strict=True)):
+            vec = _load_vector(self._ctx, c, k, f"aggregate chunk {i}")
+            if std > 0:  # flood inside the ciphertext: decoding is then post-processing
+                vec = vec + (std * torch.randn(k, generator=g, dtype=torch.float64)).tolist()
+            parts.append(np.asarray(vec.decrypt()))
         vector = np.concatenate(parts) if parts else np.zeros(0)
         if p.max_abs_sum is not None and vector.size:
             worst = float(np.max(np.abs(vector)))
             # Slack: float32 client sums may pass an exact bound by a few ulps.
-            if worst > p.max_abs_sum * (1 + 1e-5) + err:
+            if worst > p.max_abs_sum * (1 + 1e-5) + err + 10 * std:
                 raise UploadRejected(
                     f"aggregate entry {worst:.4g} exceeds the declared bound "
                     f"{p.max_abs_sum:g}: an upload broke the bound or used a foreign key"

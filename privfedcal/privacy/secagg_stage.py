@@ -29,7 +29,7 @@ from privfedcal.privacy.secagg import (
 
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
-PRECISION = 1e-6  # absolute CKKS error per aggregate entry
+PRECISION = 1e-10  # absolute CKKS error per aggregate entry: small, so decryption flooding is small
 
 
 def padded_size(params: CKKSParams, layout: PayloadLayout) -> int:
@@ -99,10 +99,17 @@ class SecAggStage:
 
     @classmethod
     def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp) -> SecAggStage:
+        """Bounds from the calibrator's release declarations (privacy/releases.py)."""
+        from privfedcal.privacy.releases import declared_releases
+
         n = float(sum(int(p.numel()) for p in exp.parts))
         k = float(cfg.clients)
         bounds = {"count": n, "holders": k, "sum": clip * n, "outer": clip * clip * n,
                   "grad": grad_clip * n}
+        for r in declared_releases(cfg.calibrator):
+            for key, b in r.bounds(clip=clip, grad_clip=grad_clip, examples=n,
+                                   clients=k).items():
+                bounds[key] = max(bounds.get(key, 0.0), b)
         return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts)
 
     def max_abs(self, label: str, keys) -> float:

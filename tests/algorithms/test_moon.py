@@ -36,13 +36,20 @@ def test_l_con_matches_formula(seed: int, tau: float, n: int) -> None:
     assert got.item() == pytest.approx(by_hand, rel=1e-9)
 
 
-def test_first_visit_uses_global_as_previous(mlp, batch) -> None:
-    # at the global weights z = z_glob = z_prev, so l_con = log 2 exactly
+def test_first_visit_reports_no_contrastive_term(mlp, batch, perturb) -> None:
+    # Without a previous model z_prev would be z_glob: l_con = log 2 for any z, gradient 0.
+    # The loss is CE alone (l_con reported as 0), also away from the global weights.
     x, y = batch
     algo = create_algorithm("moon", num_classes=3, mu=5.0)
-    algo.begin_client(mlp, mlp.state_dict(), None)
+    glob = {k: v.clone() for k, v in mlp.state_dict().items()}
+    perturb(mlp)
+    algo.begin_client(mlp, glob, None)
     ce = F.cross_entropy(mlp(x), y).item()
-    assert algo.local_loss(mlp, x, y).item() == pytest.approx(ce + 5.0 * math.log(2), rel=1e-6)
+    assert algo.local_loss(mlp, x, y).item() == pytest.approx(ce, rel=1e-9)
+    # the constant it replaces: MOON's loss with z_prev = z_glob is CE + mu * log 2
+    z = mlp.features(x)
+    zg = algo._frozen_features(algo._glob, x)
+    assert moon_contrastive_loss(z, zg, zg, 0.5).item() == pytest.approx(math.log(2), rel=1e-6)
 
 
 def test_uses_stored_global_and_previous_states(make_mlp, batch, perturb) -> None:

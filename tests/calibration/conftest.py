@@ -140,9 +140,13 @@ def make_biased_context(*, normalized: bool = False, seed: int = 0) -> FakeConte
         model.classifier.weight.copy_(torch.eye(num_classes, dim))
         model.classifier.bias.copy_(torch.tensor([6.0, 0.0, 0.0]))
     if normalized:
+        # clsnorm: zero bias; rows 1 and 2 point away from their classes, so only class 0
+        # is recognised before calibration (accuracy about 1/3)
         parametrize.register_parametrization(model.classifier, "weight", RowNormalize())
-        with torch.no_grad():  # unit rows: logits = e_c . z + bias, as in the plain case
-            model.classifier.parametrizations.weight.original.copy_(torch.eye(num_classes, dim))
+        with torch.no_grad():
+            model.classifier.bias.zero_()
+            model.classifier.parametrizations.weight.original.copy_(
+                torch.diag(torch.tensor([1.0, -1.0, -1.0])) @ torch.eye(num_classes, dim))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     return FakeContext(model, clients, test, state, num_classes,
                        torch.Generator().manual_seed(1234))

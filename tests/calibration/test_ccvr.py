@@ -124,8 +124,12 @@ def test_ccvr_with_clsnorm_head(make_context):
     assert "classifier.parametrizations.weight.original" in ctx.global_state
     ccvr = CCVR(CCVRParams(virtual_per_class=200), num_classes=3, feature_dim=4)
     out = ccvr.after_training(ctx)
-    assert set(ccvr.eval_state(ctx.global_state)) == set(ctx.global_state)
+    state = ccvr.eval_state(ctx.global_state)
+    assert set(state) == set(ctx.global_state)
     assert out["calibration"]["accuracy_after"] > 0.9 > 0.6 > out["accuracy_before_calibration"]
+    # a clsnorm head stays bias-free: exactly the stored zero, nothing trained or stored
+    assert torch.equal(state["classifier.bias"], torch.zeros(3))
+    assert "bias" not in ccvr.state_dict()
 
 
 def test_oracle_uses_real_features(make_context):

@@ -16,11 +16,13 @@ from privfedcal.calibration.creff import (
     CReFFParams,
     GradTask,
     aggregate_gradients,
+    capped_per_class,
     class_mean_grads,
     matching_loss,
     per_sample_head_grads,
 )
-from privfedcal.errors import UploadRejected
+from privfedcal.errors import UploadRejected, UsageError
+from privfedcal.federation.hooks import NoBound
 
 torch.set_num_threads(1)
 
@@ -169,3 +171,117 @@ def test_creff_with_clsnorm_head(make_context):
     state = creff.eval_state(ctx.global_state)
     assert set(state) == set(ctx.global_state)
     assert ctx.evaluate(state)["accuracy"] > before + 0.2
+    # a clsnorm head stays bias-free: exactly the stored zero, nothing trained or stored
+    assert torch.equal(state["classifier.bias"], torch.zeros(3))
+    assert creff.bias is None and "bias" not in creff.state_dict()
+
+
+def test_matching_loss_bias_term_hand_value():
+    # d = 2, C = 2; class 0 only (mask). Rows [dW | db]:
+    g_fed = torch.zeros(2, 2, 3)
+    g_agg = torch.ones(2, 2, 3)
+    g_fed[0] = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    g_agg[0] = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 1.0]])
+    mask = torch.tensor([True, False])
+    # "term": weight rows cos 1 and 0 -> 0 + 1; bias vectors (1, 0) vs (0, 1): cos 0 -> 1
+    assert matching_loss(g_fed, g_agg, mask, "sum", "term").item() == pytest.approx(2.0)
+    assert matching_loss(g_fed, g_agg, mask, "mean", "term").item() == pytest.approx(1.0)
+    # "rows": (1,0,1).(1,0,0) -> cos 1/sqrt 2; (0,1,0).(1,0,1) -> cos 0
+    assert matching_loss(g_fed, g_agg, mask, "sum", "rows").item() == pytest.approx(2 - 2 ** -0.5)
+    # bias-free head: the weight rows alone, in either mode
+    for mode in ("term", "rows"):
+        assert matching_loss(g_fed, g_agg, mask, "sum", mode, has_bias=False).item() == pytest.approx(1.0)
+
+
+def test_bias_term_matching_gradient_equals_autograd():
+    c, m, d = 3, 4, 5
+    s = _rand(c, m, d, seed=11).requires_grad_()
+    w, b = _rand(c, d, seed=12), _rand(c, seed=13)
+    target = _rand(c, c, d + 1, seed=14)
+    mask = torch.tensor([True, True, False])
+    wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
+    ref = []
+    for k in range(c):
+        loss = F.cross_entropy(s[k] @ wl.T + bl, torch.full((m,), k))
+        gw, gb = torch.autograd.grad(loss, (wl, bl), create_graph=True)
+        ref.append((gw, gb))
+    # the authors' loss written out: per class, sum_j (1 - cos(dW_j)) + (1 - cos(db))
+    by_hand = sum(
+        (1 - F.cosine_similarity(gw, target[k, :, :d], dim=1)).sum()
+        + (1 - F.cosine_similarity(gb, target[k, :, d], dim=0))
+        for k, (gw, gb) in enumerate(ref) if mask[k])
+    ours = matching_loss(class_mean_grads(s, w, b), target, mask, "sum", "term")
+    torch.testing.assert_close(ours, by_hand)
+    torch.testing.assert_close(torch.autograd.grad(ours, s)[0], torch.autograd.grad(by_hand, s)[0])
+
+
+def test_capped_per_class_draws():
+    y = torch.tensor([0, 1, 0, 0, 1, 0, 0, 2])          # class 0: 5 samples, 1: 2, 2: 1
+    assert capped_per_class(y, 3, 5, seed=0) is None      # nobody above the cap: all samples
+    hits = torch.zeros(8)
+    for seed in range(2000):
+        keep = capped_per_class(y, 3, 3, seed)
+        assert torch.equal(keep, torch.sort(keep).values) and len(keep.unique()) == len(keep)
+        assert torch.bincount(y[keep], minlength=3).tolist() == [3, 2, 1]
+        hits[keep] += 1
+    # uniform without replacement: each class-0 sample kept with probability 3/5
+    freq = hits / 2000
+    assert torch.allclose(freq[y == 0], torch.full((5,), 0.6), atol=0.05)
+    assert torch.equal(freq[y != 0], torch.ones(3))
+
+
+def test_grad_task_with_cap_equals_the_task_on_the_drawn_subset(helpers):
+    model = helpers.TinyModel(3, 3).eval()
+    x = _rand(40, 3, seed=21).float()
+    y = torch.randint(0, 3, (40,), generator=torch.Generator().manual_seed(2))
+    w, b = _rand(3, 3, seed=22).float(), _rand(3, seed=23).float()
+    keep = capped_per_class(y, 3, 4, seed=9)
+    assert keep is not None and len(keep) == 12
+    for weighting in ("client", "sample"):
+        capped = GradTask(w, b, 3, weighting, per_class_cap=4, seed=9).compute(model, x, y, NoBound())
+        subset = GradTask(w, b, 3, weighting).compute(model, x[keep], y[keep], NoBound())
+        for k in capped:
+            torch.testing.assert_close(capped[k], subset[k])
+
+
+def test_retrain_step_count_and_initial_head(make_context):
+    p = CReFFParams()
+    assert (p.retrain_lr, p.retrain_batch_size, p.retrain_unit) == (0.01, 32, "epoch")
+    assert p.num_retrain_steps(1000) == 300 * 32          # 300 epochs of ceil(1000/32) batches
+    assert CReFFParams(retrain_unit="step").num_retrain_steps(1000) == 300
+    assert CReFFParams(retrain_batch_size=None).num_retrain_steps(1000) == 300
+    seen = {}
+    for init in ("fresh", "global"):
+        ctx = make_context()
+        creff = CReFF(CReFFParams(features_per_class=4, match_steps=1, retrain_steps=1,
+                                  initial_head=init), num_classes=3, feature_dim=4)
+        tasks: list = []
+
+        def recording(task, *a, _tasks=tasks, _collect=ctx.collect, **k):
+            _tasks.append(task)
+            return _collect(task, *a, **k)
+
+        ctx.collect = recording
+        creff.after_round(ctx)
+        seen[init] = tasks[0]
+    glob = make_context().global_state
+    assert torch.equal(seen["global"].weight, glob["classifier.weight"])
+    fresh = seen["fresh"].weight
+    assert not torch.equal(fresh, glob["classifier.weight"]) and fresh.abs().max() <= 0.5  # 1/sqrt(4)
+    with pytest.raises(UsageError, match="bias match"):
+        CReFFParams(bias_match="none")
+
+
+def test_client_draws_change_nothing_where_no_class_exceeds_the_cap(make_context):
+    # the synthetic clients hold at most 60 samples of a class: a cap of 10 x 32 never binds,
+    # so the run is bit-identical to one over all samples (the draw's seed consumes nothing)
+    runs = []
+    for draws in (10, None):
+        ctx = make_context()
+        creff = CReFF(CReFFParams(features_per_class=6, match_steps=5, retrain_steps=3,
+                                  client_draws=draws), num_classes=3, feature_dim=4)
+        for r in (1, 2):
+            _round(creff, ctx, r)
+        runs.append(creff.state_dict())
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k

@@ -45,6 +45,24 @@ def test_one_full_batch_step_matches_numpy_gradient():
     np.testing.assert_allclose(b1.numpy(), b_ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("momentum, wd, bs", [(0.0, 0.0, 32), (0.9, 1e-3, 7), (0.5, 0.0, None)])
+def test_closed_form_head_training_equals_autograd(with_bias, momentum, wd, bs):
+    w, b, z, y = _case(3, n=50)
+    kw = dict(steps=23, lr=0.2, batch_size=bs, momentum=momentum, weight_decay=wd)
+    bias = _t(b) if with_bias else None
+    fast = retrain_classifier(_t(w), bias, _t(z), torch.tensor(y),
+                              generator=torch.Generator().manual_seed(5), **kw)
+    slow = retrain_classifier(_t(w), bias, _t(z), torch.tensor(y), closed_form=False,
+                              generator=torch.Generator().manual_seed(5), **kw)
+    torch.testing.assert_close(fast[0], slow[0], rtol=1e-12, atol=1e-12)
+    if with_bias:
+        torch.testing.assert_close(fast[1], slow[1], rtol=1e-12, atol=1e-12)
+    else:
+        assert fast[1] is None and slow[1] is None
+    assert not torch.equal(fast[0], _t(w))
+
+
 def test_normalised_head_step_goes_through_the_row_normalisation():
     w, b, z, y = _case(1)
     norms = np.linalg.norm(w, axis=1, keepdims=True)

@@ -29,7 +29,7 @@ def test_ccvr_dp_secagg_hide_counts(tmp_path, capsys):
     assert s["uploaded_bytes"] > 0 and "accuracy_before_calibration" in s
     assert "NOT differentially private" in capsys.readouterr().out
     entries = load_transcript(out / "transcript")
-    views = {e["view"] for e in entries}
+    views = {e["view"] for e in entries if e["label"] == "ccvr-stats"}
     assert "plain-upload" not in views and {"ciphertext", "aggregate"} <= views
     sizes = {e["bytes"] for e in entries if e["view"] == "ciphertext"}
     assert len(sizes) == 1  # every client's upload has the same size
@@ -67,14 +67,20 @@ def test_plain_run_records_plain_uploads(tmp_path, capsys):
     out = tmp_path / "r"
     main(["train", "--method", "ccvr", *FAST, "--out", str(out)])
     entries = load_transcript(out / "transcript")
-    plain = [e for e in entries if e["view"] == "plain-upload"]
+    plain = [e for e in entries if e["view"] == "plain-upload" and e["label"] == "ccvr-stats"]
     assert len(plain) == 4 and set(plain[0]["tensors"]) == {"count", "sum", "outer"}
     assert summary(out)["uploaded_bytes"] == sum(e["bytes"] for e in plain)
+    updates = [e for e in entries if e["label"] == "model-update"]
+    assert summary(out)["model_update_bytes"] == sum(e["bytes"] for e in updates)
     assert "in the clear" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args,needle", [
     (["--hide-counts"], "hide-counts"),
+    (["--method", "ccvr", "--dp-eps", "8", "--hide-counts"], "--secagg"),
+    (["--method", "ccvr", "--dp-eps", "8", "--dp-clip", "1e300"], "--dp-clip"),
+    (["--method", "creff", "--dp-eps", "8", "--dp-grad-clip", "1e300"], "--dp-grad-clip"),
+    (["--method", "ccvr", "--dp-eps", "8", "--dp-delta", "0.5"], "1/N"),
     (["--dp-eps", "8"], "nothing to protect"),
     (["--dp-eps", "8", "--calibrate", "oracle"], "oracle"),
     (["--method", "moon", "--dp-eps", "8", "--dp-train"], "dp-train"),

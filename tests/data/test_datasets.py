@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -220,3 +222,52 @@ def test_to_denormalize_and_default_model():
     with pytest.raises(UsageError):
         default_model_for("mnist")
     assert "digits" in repr(ds) and "1346" in repr(ds)
+
+
+def test_imagefolder_cache(imagefolder_root, tmp_path, monkeypatch):
+    from privfedcal.data import formats
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PRIVFEDCAL_CACHE", str(cache))
+    monkeypatch.setattr(formats, "CACHE_MIN_IMAGES", 0)
+    root = imagefolder_root["root"]
+    first = load_dataset(f"imagefolder:{root}")
+    entries = sorted((cache / "imagefolder").glob("*.npy"))
+    assert len(entries) == 2  # train and test arrays, no temporary files left behind
+    stored = sorted(np.load(e, allow_pickle=False).shape[0] for e in entries)
+    assert stored == [4, 6]
+
+    def no_decoding(paths):
+        raise AssertionError("decoded although the cache holds these files")
+
+    monkeypatch.setattr(formats, "_decode_files", no_decoding)
+    again = load_dataset(f"imagefolder:{root}")
+    assert torch.equal(again.x_train, first.x_train) and torch.equal(again.x_test, first.x_test)
+    np.testing.assert_array_equal(pixels_255(again, again.x_train), imagefolder_root["x_train"])
+
+    # A changed file (new content, size and mtime) misses the cache and is decoded afresh.
+    monkeypatch.undo()
+    monkeypatch.setenv("PRIVFEDCAL_CACHE", str(cache))
+    monkeypatch.setattr(formats, "CACHE_MIN_IMAGES", 0)
+    changed = np.full((5, 6, 3), 7, np.uint8)
+    write_png(root / "train" / "cat" / "00.png", changed)
+    os.utime(root / "train" / "cat" / "00.png", ns=(1, 1))
+    fresh = load_dataset(f"imagefolder:{root}")
+    np.testing.assert_array_equal(pixels_255(fresh, fresh.x_train[:1])[0], changed.transpose(2, 0, 1))
+    assert len(list((cache / "imagefolder").glob("*.npy"))) == 3
+
+    # A corrupt entry is decoded again and replaced; "off" writes nothing.
+    for e in (cache / "imagefolder").glob("*.npy"):
+        e.write_bytes(b"garbage")
+    assert torch.equal(load_dataset(f"imagefolder:{root}").x_train, fresh.x_train)
+    monkeypatch.setenv("PRIVFEDCAL_CACHE", "off")
+    assert formats.cache_dir() is None
+    monkeypatch.delenv("PRIVFEDCAL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert formats.cache_dir() == tmp_path / "xdg" / "privfedcal"
+
+
+def test_imagefolder_small_folders_are_not_cached(imagefolder_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIVFEDCAL_CACHE", str(tmp_path / "cache"))
+    load_dataset(f"imagefolder:{imagefolder_root['root']}")
+    assert not (tmp_path / "cache").exists()

@@ -120,11 +120,19 @@ def test_longtail_partition_keeps_formula(per_class, c, imbalance, seed, k):
     kept = longtail_subset(labels, imbalance, seed)
     expected = [int(per_class * (1.0 / imbalance) ** (r / (c - 1.0))) for r in range(c)]
     assert np.bincount(labels[kept], minlength=c).tolist() == expected
-    spec = PartitionSpec(scheme="longtail", num_clients=k, imbalance_factor=imbalance,
-                         min_size=0, max_retries=3)
-    parts = partition_indices(labels, spec, seed)
-    check_parts(parts, len(labels), spec, covering=False)
-    assert np.array_equal(np.sort(np.concatenate(parts)), kept)  # every kept sample, once
+    for scheme in ("longtail", "longtail-dirichlet"):
+        spec = PartitionSpec(scheme=scheme, num_clients=k, imbalance_factor=imbalance,
+                             min_size=0, max_retries=3, alpha=1.0)
+        try:
+            parts = partition_indices(labels, spec, seed)
+        except UsageError as exc:  # the block draw's half-mean rule can fail on tiny data
+            assert scheme == "longtail" and "half" not in str(exc) and "\n" not in str(exc)
+            continue
+        check_parts(parts, len(labels), spec, covering=False)
+        assert np.array_equal(np.sort(np.concatenate(parts)), kept)  # every kept sample, once
+        if scheme == "longtail":  # re-cut into equal sizes, the first N mod K one larger
+            sizes = [len(p) for p in parts]
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1
 
 
 @FAST
@@ -190,3 +198,73 @@ def test_class_counts_against_loop():
     parts = partition_indices(labels, PartitionSpec(num_clients=3, alpha=0.5), 1)
     expected = np.array([[np.sum(labels[p] == c) for c in range(4)] for p in parts])
     np.testing.assert_array_equal(class_counts(labels, parts, 4), expected)
+
+
+def reference_creff_blocks(labels, pool, k, alpha, rng):
+    """CReFF's authors' long-tail federation loop, with Python lists as in that code (same
+    draws from ``rng`` in the same order), and its equal-size re-cut."""
+    pairs = list(rng.permutation(pool))
+    n, auxi = len(pairs), 10
+    splits = -(-k // auxi)
+    workers = [auxi if i < splits - 1 else k - auxi * (splits - 1) for i in range(splits)]
+    chunks, start = [], 0
+    for i in range(splits):
+        end = start + int(auxi / k * n)
+        chunks.append(pairs[start:(n if i == splits - 1 else end)])
+        start = end
+    batches = []
+    for chunk, kb in zip(chunks, workers, strict=True):
+        size, smallest = len(chunk), -1
+        while smallest < int(0.50 * size / kb):
+            batch = [[] for _ in range(kb)]
+            for c in np.unique(labels[pool]):
+                idx = [i for i in chunk if labels[i] == c]
+                p = rng.dirichlet(np.repeat(alpha, kb))
+                p = np.array([pj * (len(bj) < size / kb) for pj, bj in zip(p, batch, strict=True)])
+                p = p / p.sum()
+                cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
+                batch = [bj + part.tolist() for bj, part in
+                         zip(batch, np.split(np.array(idx, dtype=np.int64), cuts), strict=True)]
+            smallest = min(len(bj) for bj in batch)
+        batches += batch
+    flat = [i for b in batches for i in b]
+    per, r = len(flat) // k, len(flat) % k
+    parts, i = [], 0
+    for j in range(k):
+        step = per + 1 if j < r else per
+        parts.append(np.sort(np.array(flat[i:i + step], dtype=np.int64)))
+        i += step
+    return batches, parts
+
+
+@pytest.mark.parametrize("k, alpha, imbalance, seed", [(20, 0.5, 10.0, 0), (25, 1.0, 5.0, 3),
+                                                       (7, 0.5, 2.0, 1)])
+def test_longtail_is_creffs_block_draw(k, alpha, imbalance, seed):
+    from privfedcal.data.partition import creff_block_clients
+
+    labels = np.random.default_rng(7).integers(0, 10, size=3000)
+    spec = PartitionSpec(scheme="longtail", num_clients=k, alpha=alpha, imbalance_factor=imbalance)
+    ours = partition_indices(labels, spec, seed)
+    pool = longtail_subset(labels, imbalance, seed)
+    blocks, ref = reference_creff_blocks(labels, pool, k, alpha, np.random.default_rng([seed, 1]))
+    assert all(np.array_equal(a, b) for a, b in zip(ours, ref, strict=True))
+    ours_blocks = creff_block_clients(labels, pool, spec, np.random.default_rng([seed, 1]))
+    assert [b.tolist() for b in ours_blocks] == blocks
+    # by hand: K = 25 -> blocks of floor(10/25 N), floor(10/25 N) and the rest, 10/10/5 clients,
+    # each block client with at least half its block's mean size
+    n = len(pool)
+    step = int(10 / k * n)
+    bounds = [(i * step, n if i == -(-k // 10) - 1 else (i + 1) * step) for i in range(-(-k // 10))]
+    for i, (lo, hi) in enumerate(bounds):
+        kb = 10 if i < len(bounds) - 1 else k - 10 * (len(bounds) - 1)
+        mine = ours_blocks[10 * i: 10 * i + kb]
+        assert sum(map(len, mine)) == hi - lo
+        assert min(map(len, mine)) >= int(0.5 * (hi - lo) / kb)
+    sizes = [len(p) for p in ours]
+    assert sizes == [n // k + (j < n % k) for j in range(k)]
+
+
+def test_min_size_default_is_ten():
+    from privfedcal.config import RunConfig
+
+    assert PartitionSpec().min_size == RunConfig().min_size == 10

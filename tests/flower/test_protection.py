@@ -1,9 +1,9 @@
 """Upload protections under Flower: noise and encryption on the nodes, the same releases.
 
-The client nodes add the uplink's own DP noise (same generator per (seed, round, client) as
-the simulator) and encrypt under the key-holder node's public key; the server adds
-ciphertexts with the public context only and the key holder decrypts the sum. The releases
-must equal the simulator's (exactly without CKKS, within its release grid with it).
+The client nodes add the uplink's own DP noise and encrypt under the key-holder node's public
+key; the server adds ciphertexts with the public context only and the key holder decrypts the
+sum. With --insecure-seeded-noise (noise from the seed, for this comparison only) the releases
+must equal the simulator's (exactly without CKKS, within the key holder's flooding with it).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _close(a, b, atol):
 
 def test_dp_noise_is_added_on_the_nodes_and_matches_the_simulator(flower_cfg, run_simulator,
                                                                   run_flower):
-    cfg = flower_cfg(method="ccvr", dp_eps=8.0, transcript=True,
+    cfg = flower_cfg(method="ccvr", dp_eps=8.0, transcript=True, insecure_seeded_noise=True,
                      calibration_params={"virtual_per_class": 20})
     sim, summary = run_simulator(cfg)
     fl, fl_summary, grid = run_flower(cfg)
@@ -61,8 +61,8 @@ def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, ru
                      calibration_params={"virtual_per_class": 20})
     sim, summary = run_simulator(cfg)
     fl, fl_summary, grid = run_flower(cfg)
-    # CKKS releases are rounded to 2x the error bound: equal up to that grid
-    _close(_calibrated(fl), _calibrated(sim), atol=1e-3)
+    # CKKS releases are flooded by the key holder (privacy/secagg.py): the aggregates agree
+    # up to that noise (below), the re-trained heads only in accuracy
     assert fl_summary["accuracy"] == pytest.approx(summary["accuracy"], abs=0.01)
     views = _views(fl, "ccvr-stats")
     kinds = [r["view"] for r in views]
@@ -70,8 +70,9 @@ def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, ru
     sizes = {r["bytes"] for r in views if r["view"] == "ciphertext"}
     assert len(sizes) == 1  # hidden counts: every upload has the same padded size
     (sim_agg,) = [e for e in _views(sim, "ccvr-stats") if e["view"] == "aggregate"]
-    _close(views[-1]["tensors"], sim_agg["tensors"], atol=1e-4)
-    assert views[-1]["tensors"]["count"].sum() == sum(p.numel() for p in fl.exp.parts)
+    _close(views[-1]["tensors"], sim_agg["tensors"], atol=0.5)  # flooding std ~ 0.02 here
+    total = float(views[-1]["tensors"]["count"].sum())
+    assert abs(total - sum(p.numel() for p in fl.exp.parts)) < 1.0
     # the key holder (client 0) dropped its one-release key after decrypting
     assert KEY_STATE not in grid.contexts[NODE_BASE].state.config_records
     assert fl_summary["privacy"]["secagg"]["params"]["ccvr-stats"]
@@ -87,7 +88,8 @@ def test_secure_aggregation_without_padding(flower_cfg, run_flower):
 
 
 def test_dp_sgd_local_training_runs_on_the_nodes(flower_cfg, run_simulator, run_flower):
-    cfg = flower_cfg(method="fedavg", dp_eps=8.0, dp_train=True, rounds=1)
+    cfg = flower_cfg(method="fedavg", dp_eps=8.0, dp_train=True, rounds=1,
+                     insecure_seeded_noise=True)
     sim, summary = run_simulator(cfg)
     fl, fl_summary, _ = run_flower(cfg)
     _close(fl.global_state, sim.global_state, atol=1e-6)
@@ -118,3 +120,43 @@ def test_only_the_designated_node_acts_as_key_holder(flower_cfg):
     from privfedcal.privacy.secagg import load_public_context
 
     assert not load_public_context(bytes(reply["secagg"]["public-context"])).is_private()
+
+
+def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg):
+    """The Flower key holder, like the simulator's, tops the distributed noise up when an
+    upload is rejected, and the release goes on with the others."""
+    from privfedcal.federation.setup import build_experiment
+    from privfedcal.federation.transcript import Transcript
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.loopback import LoopbackGrid
+    from privfedcal.flower.protection import SecureRelease, client_upload
+    from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.privacy.uplink import build_uplink
+
+    cfg = flower_cfg(method="ccvr", clients=4, dp_eps=8.0, secagg=True)
+    exp = build_experiment(cfg)
+    uplink = build_uplink(cfg, exp)
+    grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 0}, 4)
+    link = GridLink(grid, 4, FlowerOptions(round_timeout=30))
+    c, d = exp.data.num_classes, 8
+    example = {"count": torch.zeros(c, dtype=torch.float64),
+               "sum": torch.zeros(c, d, dtype=torch.float64),
+               "outer": torch.zeros(c, d, d, dtype=torch.float64)}
+    stds = uplink.dp.stds(list(example), "ccvr-stats")
+    devs = []
+    iu = torch.triu_indices(d, d)
+    for rep in range(4):
+        release = SecureRelease.open(link, uplink.secagg, 0, "ccvr-stats", rep + 1, example)
+        cfg_rec = release.client_config()
+        ups = [(k, bytes(client_upload(uplink, example, label="ccvr-stats", round_=rep + 1,
+                                       client=k, secagg=cfg_rec)["ciphertext"]["data"]))
+               for k in range(3)]
+        ups.append((3, b"garbage"))
+        total = release.finish(uplink, ups, Transcript(None))
+        devs.append(total["sum"].flatten() / stds["sum"])
+        devs.append((total["outer"] / stds["outer"])[:, iu[0], iu[1]].flatten())
+    assert [r["client"] for r in uplink.rejected] == [3] * 4 and uplink.skipped == []
+    var = float(torch.cat(devs).var())
+    # 3 shares of 1/3 arrive (variance 1), the top-up adds 1/3: 4/3; 1760 draws (SE ~ 0.05)
+    assert 1.17 < var < 1.5

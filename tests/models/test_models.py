@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from privfedcal.algorithms import create_algorithm
 from privfedcal.errors import UsageError
 from privfedcal.models import MODELS, FeatureClassifier, create_model
 
@@ -15,8 +17,9 @@ NATURAL = {
     "cnn": (3, 32, 256),
     "digits-cnn": (1, 8, 128),
     "mlp": (1, 8, 128),
-    "resnet8": (3, 32, 64),
+    "resnet8": (3, 32, 256),
     "resnet18": (3, 32, 512),
+    "resnet18-plain": (3, 32, 512),
     "mobilenetv2": (3, 32, 1280),
 }
 
@@ -122,7 +125,49 @@ def test_resnet_structure() -> None:
     assert len(r8.stages) == 3 and len(r18.stages) == 8
     assert not any(isinstance(m, torch.nn.MaxPool2d) for m in r18.modules())
     assert r18.stem[0].kernel_size == (3, 3) and r18.stem[0].stride == (1, 1)
-    # resnet8 on 32x32: the last stage works at 8x8 with 64 channels
+    # resnet8 on 32x32: the last stage works at 8x8 with 256 channels (CReFF's scaling 4)
     with torch.no_grad():
         fmap = r8.stages(r8.stem(torch.zeros(1, 3, 32, 32)))
-    assert fmap.shape == (1, 64, 8, 8)
+    assert fmap.shape == (1, 256, 8, 8)
+
+
+def test_resnet8_parameter_count_by_hand() -> None:
+    # CReFF's ResNet_cifar(resnet_size=8, scaling=4), 10 classes (BN: 2 parameters/channel)
+    # stem:    conv 3->64 3x3 = 1728,           BN 64 = 128
+    # stage 1: conv 64->64 3x3 x2 = 2*36864,    BN 64 x2 = 256              (no shortcut conv)
+    # stage 2: conv 64->128 3x3 = 73728, conv 128->128 3x3 = 147456, BN x2 = 512,
+    #          shortcut conv 64->128 1x1 = 8192 + BN 256
+    # stage 3: conv 128->256 3x3 = 294912, conv 256->256 3x3 = 589824, BN x2 = 1024,
+    #          shortcut conv 128->256 1x1 = 32768 + BN 512
+    # classifier 256*10 + 10 = 2570
+    expected = (1728 + 128 + 2 * 36864 + 256 + 73728 + 147456 + 512 + 8192 + 256
+                + 294912 + 589824 + 1024 + 32768 + 512 + 2570)
+    assert expected == 1227594
+    model = create_model("resnet8", num_classes=10, in_channels=3, image_size=32)
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert model.feature_dim == 256 and model.classifier.in_features == 256
+
+
+def test_resnet18_projector_is_feduv_and_feeds_z() -> None:
+    from privfedcal.algorithms.feduv import uniformity_loss, variance_loss
+
+    r18 = _build("resnet18").train()
+    plain = _build("resnet18-plain")
+    # projector: Linear 512->512 + BN + ReLU, twice: 2 * (512*512 + 512 + 2*512) parameters
+    extra = sum(p.numel() for p in r18.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert extra == 2 * (512 * 512 + 512 + 2 * 512)
+    kinds = [type(m).__name__ for m in r18.projector]
+    assert kinds == ["Linear", "BatchNorm1d", "ReLU"] * 2
+    x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    y = torch.tensor([0, 1, 2, 3, 4, 5])
+    with torch.no_grad():
+        pooled = r18.pool(r18.stages(r18.stem(x)))
+        z = r18.projector(pooled)
+        torch.testing.assert_close(r18.features(x), z)
+        assert (z >= 0).all() and z.shape == (6, 512)
+        # FedUV's L_U acts on the projector output, its classifier reads it
+        algo = create_algorithm("feduv", num_classes=7, mu=0.5, lam=1.5)
+        logits = r18.classifier(z)
+        expected = (F.cross_entropy(logits, y) + 0.5 * uniformity_loss(z)
+                    + 1.5 * variance_loss(logits, algo.c))
+        torch.testing.assert_close(algo.local_loss(r18, x, y), expected)

@@ -45,7 +45,7 @@ def aggregate(holder: KeyHolder, payloads, **kw) -> dict[str, torch.Tensor]:
     agg = ServerAggregator(holder.public_context_bytes(), LAYOUT)
     for p in payloads:
         agg.add(encrypt_payload(p, LAYOUT, holder.public_context_bytes()).to_bytes())
-    return holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=agg.count, **kw)
+    return holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=agg.count, **kw, flood_bits=None)
 
 
 def test_for_magnitude_golden():
@@ -82,7 +82,7 @@ def test_three_clients_match_plaintext_sum(n_threads):
     agg = ServerAggregator(holder.public_context_bytes(), LAYOUT, n_threads=n_threads)
     for p in payloads:
         agg.add(encrypt_payload(p, LAYOUT, holder.public_context_bytes(), n_threads=n_threads))
-    out = holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3)
+    out = holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3, flood_bits=None)
     for k in LAYOUT.names:
         want = sum(p[k].double() for p in payloads)
         err = (out[k] - want).abs().max().item()
@@ -104,7 +104,7 @@ def test_sum_right_at_declared_bound():
             agg.add(
                 encrypt_payload({"v": pattern * (m / 3)}, layout, holder.public_context_bytes())
             )
-        out = holder.decrypt_aggregate(agg.result(), layout, n_clients=3)["v"]
+        out = holder.decrypt_aggregate(agg.result(), layout, n_clients=3, flood_bits=None)["v"]
         assert out.abs().max().item() > m - 1e-3  # the sum really reaches the bound
         rel = ((out - pattern * m).abs() / m).max().item()
         assert rel <= 1e-4
@@ -128,7 +128,7 @@ def test_naive_two_prime_chain_wraps_silently():
                     {"v": torch.full((16,), per_client)}, layout, holder.public_context_bytes()
                 )
             )
-        return holder.decrypt_aggregate(agg.result(), layout, n_clients=3)["v"]
+        return holder.decrypt_aggregate(agg.result(), layout, n_clients=3, flood_bits=None)["v"]
 
     ok = total(1.6e5)  # 4.8e5 < 2^19
     assert (ok - 4.8e5).abs().max().item() <= 1e-4 * 4.8e5
@@ -164,7 +164,7 @@ def test_foreign_key_rejected_and_forged_key_id_detected(holder):
     agg.add(encrypt_payload(client_payload(2), LAYOUT, holder.public_context_bytes()))
     agg.add(EncryptedUpload(holder.key_id, foreign.layout_hash, foreign.chunks))
     with pytest.raises(UploadRejected, match="exceeds the declared bound"):
-        holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=2)
+        holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=2, flood_bits=None)
     # Under other parameters the forged upload does not even deserialise.
     big = KeyHolder(CKKSParams.for_magnitude(1e3, 1e-6, max_clients=8 * 2**20))
     assert big.params.coeff_mod_bit_sizes != holder.params.coeff_mod_bit_sizes
@@ -198,10 +198,10 @@ def test_truncated_tampered_and_malformed_uploads_rejected(holder):
         agg.add(EncryptedUpload(up.key_id, up.layout_hash, (odd.serialize(),)))
     assert agg.count == 0
     agg.add(raw)  # the sum was untouched by the rejections
-    out = holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=1)
+    out = holder.decrypt_aggregate(agg.result(), LAYOUT, n_clients=1, flood_bits=None)
     torch.testing.assert_close(out["sum"], client_payload(1)["sum"].double(), atol=1e-4, rtol=0)
     with pytest.raises(UploadRejected, match="chunks"):
-        holder.decrypt_aggregate(agg.result() * 2, LAYOUT, n_clients=1)
+        holder.decrypt_aggregate(agg.result() * 2, LAYOUT, n_clients=1, flood_bits=None)
 
 
 def test_bound_breaking_upload_detected_at_decryption(holder):
@@ -245,7 +245,7 @@ def test_rotate_and_state_dict_resume():
     assert restored.key_id == holder.key_id and restored.params == holder.params
     agg = ServerAggregator(restored.public_context_bytes(), LAYOUT)
     agg.add(up)
-    out = restored.decrypt_aggregate(agg.result(), LAYOUT, n_clients=1)
+    out = restored.decrypt_aggregate(agg.result(), LAYOUT, n_clients=1, flood_bits=None)
     assert np.allclose(out["sum"].numpy(), client_payload(1)["sum"].numpy(), atol=1e-4)
     new_id = holder.rotate()
     assert new_id == holder.key_id != restored.key_id and holder.rotations == 1
@@ -253,3 +253,36 @@ def test_rotate_and_state_dict_resume():
         ServerAggregator(holder.public_context_bytes(), LAYOUT).add(up)
     with pytest.raises(UsageError, match="format"):
         KeyHolder.from_state_dict({"format": "pickle"})
+
+
+def test_flooding_std_formula():
+    """sigma_f = 2^(s/2) sqrt(L Q) error_bound(n), by hand."""
+    from privfedcal.privacy.secagg import flooding_std
+
+    p = CKKSParams.for_magnitude(1e3, 1e-10, max_clients=8)
+    per_entry = 3 * 4.0 * p.poly_modulus_degree / 2.0**p.scale_bits
+    assert flooding_std(p, 3, 100) == pytest.approx(2.0**20 * 10 * per_entry, rel=1e-12)
+    assert flooding_std(p, 3, 100, bits=30, decryptions=4) == pytest.approx(
+        2.0**15 * 20 * per_entry, rel=1e-12)
+
+
+def test_two_decryptions_of_the_same_sum_differ_by_more_than_the_ckks_error():
+    """Flooding (Li-Micciancio): the key holder's noise, from OS entropy, masks the
+    decryption error; the same ciphertext sum decrypted twice gives different releases."""
+    from privfedcal.privacy.secagg import flooding_std
+
+    h = KeyHolder(CKKSParams.for_magnitude(1e3, 1e-10, max_clients=8))
+    agg = ServerAggregator(h.public_context_bytes(), LAYOUT)
+    for s in (1, 2, 3):
+        agg.add(encrypt_payload(client_payload(s), LAYOUT, h.public_context_bytes()))
+    a = h.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3)
+    b = h.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3)
+    raw = h.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3, flood_bits=None)
+    err = h.params.error_bound(3)
+    diff = max((a[k] - b[k]).abs().max().item() for k in LAYOUT.names)
+    assert diff > 10 * err
+    # the flooding has the stated scale: std of (a - raw) near sigma_f
+    std = flooding_std(h.params, 3, LAYOUT.size)
+    dev = torch.cat([(a[k] - raw[k]).flatten() for k in LAYOUT.names])
+    assert dev.abs().max().item() < 8 * std
+    assert diff > err

@@ -36,10 +36,11 @@ def secagg_stage(clients=4, n=100, clip=10.0, dp=None):
     return SecAggStage(bounds=bounds, dp=dp, clients=clients)
 
 
-def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False):
+def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, planned=4):
     return DPStage(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                    sigmas={label: sigma}, rates={label: 1.0}, clip=10.0, grad_clip=1.0,
-                   distributed=distributed, covers_updates=False)
+                   distributed=distributed, covers_updates=False,
+                   planned_clients={label: planned})
 
 
 def plain_sum(uploads):
@@ -53,7 +54,8 @@ def test_secure_sum_matches_plaintext_and_server_sees_no_upload(tmp_path):
     total = up.aggregate(uploads, round_=1, label="ccvr-stats", transcript=tr)
     ref = plain_sum(uploads)
     for k in ref:
-        assert torch.allclose(total[k], ref[k], rtol=1e-4, atol=1e-4), k
+        # the key holder's decryption flooding (privacy/secagg.py) is ~1e-3 here
+        assert torch.allclose(total[k], ref[k], rtol=1e-4, atol=1e-2), k
     views = [e["view"] for e in tr.entries]
     assert views.count("ciphertext") == 3 and views.count("aggregate") == 1
     assert "plain-upload" not in views
@@ -83,7 +85,7 @@ def test_hidden_counts_server_view_independent_of_class_sets(tmp_path):
         views.append(([(e["view"], e["client"], e.get("bytes")) for e in tr.entries], total))
     assert views[0][0] == views[1][0]
     for k in views[0][1]:
-        assert torch.allclose(views[0][1][k], views[1][1][k], atol=1e-4)
+        assert torch.allclose(views[0][1][k], views[1][1][k], atol=1e-2)
 
 
 def test_malformed_uploads_are_rejected_and_round_goes_on():
@@ -140,24 +142,41 @@ def test_budget_guard_stops_before_an_unplanned_release():
     assert dp.accountant.epsilon() <= 5.0
 
 
-def test_distributed_noise_is_topped_up_when_a_client_drops():
-    """n = 4 clients each add 1/4 of the variance; one is rejected; the key holder adds the
-    missing quarter, so the released sum carries the full variance (Monte Carlo)."""
-    sigma = 0.5
-    dp = dp_stage(sigma=sigma, target=1e9, distributed=True)
+def _distributed_noise_variance(n_good, planned=4, reps=20, d=8):
+    """Normalised variance of the released sum's noise, n_good of ``planned`` uploads valid."""
+    dp = dp_stage(sigma=0.5, target=1e9, distributed=True, planned=planned)
     stds = dp.stds(["count", "sum", "outer"], "ccvr-stats")
+    iu = torch.triu_indices(d, d)
     samples = []
-    for rep in range(12):
-        up = Uplink(dp=dp, secagg=secagg_stage(dp=dp), seed=rep)
-        good = [(k, stats_payload([3, 3], seed=k)) for k in range(3)]
-        bad = (3, stats_payload([3, 3, 3]))
-        total = up.aggregate([*good, bad], round_=1, label="ccvr-stats",
+    for _ in range(reps):
+        up = Uplink(dp=dp, secagg=secagg_stage(dp=dp))
+        good = [(k, stats_payload([3, 3], d=d, seed=k)) for k in range(n_good)]
+        bad = [(k, stats_payload([3, 3, 3], d=d)) for k in range(n_good, planned)]
+        total = up.aggregate([*good, *bad], round_=1, label="ccvr-stats",
                              transcript=Transcript(None))
-        samples.append((total["sum"] - plain_sum(good)["sum"]) / stds["sum"])
-    z = torch.stack(samples).flatten()
-    # 72 standard normal draws if topped up (var 1); 0.75 if not: the test separates them
-    assert 0.7 < float(z.var()) < 1.45
-    assert abs(float(z.mean())) < 0.4
+        ref = plain_sum(good)
+        samples.append(((total["sum"] - ref["sum"]) / stds["sum"]).flatten())
+        outer = (total["outer"] - ref["outer"]) / stds["outer"]
+        samples.append(outer[:, iu[0], iu[1]].flatten())
+    return float(torch.cat(samples).var())
+
+
+def test_distributed_noise_shares_and_top_up():
+    """Each of n = 4 planned clients adds 1/(n-1) of the variance, so the sum carries
+    n/(n-1) = 4/3 of it (the full variance even against a participant that knows its own
+    share). One upload rejected: the key holder tops up the missing 1/3, so the release still
+    carries 4/3 (without the top-up it would be 1). 1760 normal draws per case: SE ~ 0.05."""
+    assert 1.17 < _distributed_noise_variance(3) < 1.5
+    assert 1.17 < _distributed_noise_variance(4) < 1.5
+
+
+def test_distributed_share_comes_from_the_config_not_the_server():
+    dp = dp_stage(distributed=True, planned=5)
+    assert dp.share("ccvr-stats") == pytest.approx(1 / 4)
+    assert dp.topup_share("ccvr-stats", arrived=5) == 0
+    assert dp.topup_share("ccvr-stats", arrived=3) == pytest.approx(2 / 4)
+    assert dp_stage(distributed=False).share("ccvr-stats") == 1.0
+    assert dp_stage(distributed=True, planned=2).share("ccvr-stats") == 1.0
 
 
 def test_refuses_to_start_when_budget_cannot_be_met(tiny_cfg):

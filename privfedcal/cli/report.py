@@ -1,0 +1,34 @@
+"""``privfedcal report DIR``: one self-contained ``report.html`` of a run folder (written by
+``privfedcal train``) or of an audit folder (written by ``privfedcal audit``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from privfedcal.errors import UsageError
+
+
+def report(
+    folder: Annotated[Path, typer.Argument(help="A run folder (summary.json) or an audit folder (audit.csv).")],
+    out: Annotated[Path | None, typer.Option(help="Where to write the page (default FOLDER/report.html).")] = None,
+) -> None:
+    """Write FOLDER/report.html: plots, tables, privacy ledger; opens from disk, no network."""
+    from privfedcal.report.audit import build_audit_report
+    from privfedcal.report.run import build_run_report
+
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder")
+    if (folder / "audit.csv").is_file():
+        path = build_audit_report(folder, out)
+    elif (folder / "summary.json").is_file() or (folder / "config.json").is_file():
+        path = build_run_report(folder, out)
+    else:
+        raise UsageError(f"{folder} holds neither a run (summary.json) nor an audit (audit.csv)")
+    print(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)

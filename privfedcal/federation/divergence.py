@@ -1,0 +1,71 @@
+"""The divergence guard: non-finite losses, model states, evaluations or calibration
+results stop a run at the round where they appear (``errors.Diverged``, exit code 4).
+
+The simulator calls these checks; each raises ``Diverged`` naming the round, the client
+where known, what was non-finite and a hint. A NaN model is never evaluated as a result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from privfedcal.errors import Diverged
+
+
+def nonfinite_key(tensors: Mapping[str, Any]) -> str | None:
+    """The first floating-point entry holding NaN or Inf, else None."""
+    for key, value in tensors.items():
+        if isinstance(value, Tensor) and value.is_floating_point() \
+                and not bool(torch.isfinite(value).all()):
+            return key
+    return None
+
+
+def lr_hint(lr: float | None) -> str:
+    now = f" (now {lr:g})" if lr is not None else ""
+    return f"lower the learning rate with --lr{now}, e.g. --lr {lr / 5:g}" if lr else \
+        f"lower the learning rate with --lr{now}"
+
+
+def check_local(results: Sequence[tuple], selected: Sequence[int], averaged: Mapping[str, Tensor],
+                round_: int, lr: float | None) -> None:
+    """Per-client training losses, then the averaged update (a client is named when its
+    own state is the non-finite one)."""
+    for client, r in zip(selected, results, strict=True):
+        if not math.isfinite(float(r[2])):
+            raise Diverged(round_, "the local training loss is not finite", client=client,
+                           hint=lr_hint(lr))
+    key = nonfinite_key(averaged)
+    if key is None:
+        return
+    for client, r in zip(selected, results, strict=True):
+        bad = nonfinite_key(r[0])
+        if bad is not None:
+            raise Diverged(round_, f"the trained model's {bad} is not finite", client=client,
+                           hint=lr_hint(lr))
+    raise Diverged(round_, f"the averaged model's {key} is not finite", hint=lr_hint(lr))
+
+
+def check_state(state: Mapping[str, Tensor], round_: int, what: str, hint: str) -> None:
+    key = nonfinite_key(state)
+    if key is not None:
+        raise Diverged(round_, f"{what}: {key} is not finite", hint=hint)
+
+
+def check_payload(payload: Mapping[str, Any], round_: int, label: str) -> None:
+    """An aggregated calibration payload (statistics, class gradients)."""
+    key = nonfinite_key(payload)
+    if key is not None:
+        raise Diverged(round_, f"the aggregated {label} upload's {key} is not finite",
+                       hint="the model's features overflow: lower --lr, or bound the uploads "
+                            "(--dp-clip)")
+
+
+def check_evaluation(ev: Mapping[str, Any], round_: int, lr: float | None) -> None:
+    if not (math.isfinite(float(ev["loss"])) and math.isfinite(float(ev["accuracy"]))):
+        raise Diverged(round_, f"the test loss is not finite ({ev['loss']})", hint=lr_hint(lr))

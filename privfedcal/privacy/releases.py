@@ -1,0 +1,90 @@
+"""What a calibrator releases, declared next to the calibrator (``releases`` class attribute).
+
+A ``ReleaseSpec`` names a release (its label in the transcript and the accountant), the
+payload keys it may carry, each key's L2 sensitivity to one example and the bound on each
+key's aggregate entries (for CKKS parameters), who is asked for it and how often. The
+privacy code (``privacy/protection.py``, ``secagg_stage.py``) reads only these declarations,
+so a new calibrator declares its releases in its own file and touches nothing else.
+
+Sensitivities and bounds are products of symbols, written as strings so the declarations
+stay plain data: ``1``, ``R`` (feature clip ``--dp-clip``), ``G`` (gradient clip
+``--dp-grad-clip``), ``N`` (training examples in the federation), ``K`` (clients), each
+optionally squared (``R^2``), joined by ``*`` (``R^2*N``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from privfedcal.errors import UsageError
+
+PARTICIPANTS = ("all", "selected")  # all clients once after training, or each round's
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    label: str
+    sensitivity: Mapping[str, str]  # payload key -> L2 sensitivity (symbols)
+    magnitude: Mapping[str, str]    # payload key -> bound on |aggregate entry| (symbols)
+    participants: str = "all"       # "all": once, every client; "selected": every round
+
+    def __post_init__(self) -> None:
+        if set(self.sensitivity) != set(self.magnitude):
+            raise ValueError(f"release {self.label!r}: sensitivity and magnitude keys differ")
+        if self.participants not in PARTICIPANTS:
+            raise ValueError(f"release {self.label!r}: participants must be one of "
+                             f"{PARTICIPANTS}")
+        for expr in (*self.sensitivity.values(), *self.magnitude.values()):
+            evaluate(expr, {"R": 1.0, "G": 1.0, "N": 1.0, "K": 1.0})  # parses
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.sensitivity)
+
+    def sensitivities(self, keys, *, clip: float, grad_clip: float) -> dict[str, float]:
+        env = {"R": clip, "G": grad_clip, "N": 1.0, "K": 1.0}
+        out = {}
+        for k in keys:
+            if k not in self.sensitivity:
+                raise UsageError(f"release {self.label!r} declares no sensitivity for payload "
+                                 f"key {k!r} (declared: {', '.join(self.keys)}); refusing to "
+                                 "release it")
+            out[k] = evaluate(self.sensitivity[k], env)
+        return out
+
+    def bounds(self, *, clip: float, grad_clip: float, examples: float,
+               clients: float) -> dict[str, float]:
+        env = {"R": clip, "G": grad_clip, "N": examples, "K": clients}
+        return {k: evaluate(v, env) for k, v in self.magnitude.items()}
+
+
+def evaluate(expr: str, env: Mapping[str, float]) -> float:
+    """Value of a product of symbols (``R^2*N``) under ``env``."""
+    value = 1.0
+    for factor in str(expr).split("*"):
+        factor = factor.strip()
+        base, _, power = factor.partition("^")
+        if base == "1" and not power:
+            continue
+        if base not in env or power not in ("", "2"):
+            raise ValueError(f"cannot read {factor!r} in {expr!r}: use 1, R, G, N, K, X^2, *")
+        value *= env[base] ** (2 if power else 1)
+    if not math.isfinite(value):
+        raise UsageError(f"{expr} overflows at {dict(env)}")
+    return value
+
+
+def declared_releases(calibrator: str) -> tuple[ReleaseSpec, ...]:
+    """The releases the calibrator named by ``--calibrate``/``--method`` declares."""
+    from privfedcal.calibration import create_calibrator  # noqa: F401  (registers them)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    name = calibrator.partition(":")[0]
+    if name not in CALIBRATORS.names():
+        return ()
+    return tuple(getattr(CALIBRATORS.get(name), "releases", ()))
+
+
+__all__ = ["ReleaseSpec", "declared_releases", "evaluate"]

@@ -1,0 +1,350 @@
+"""``report.html`` of one run folder: whatever the folder holds is shown, nothing is required
+but ``summary.json`` (a run that has not finished has no report)."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from privfedcal.errors import UsageError
+from privfedcal.report import html as H
+
+ANALYSIS_CAPTIONS = {
+    "classifier_norms.png": "L2 norm of each class's classifier row, global model and after "
+                            "calibration (CCVR fig. 3): uneven norms mean a biased classifier",
+    "cka.png": "mean pairwise CKA between client models per layer (CCVR figs. 1-2): lower = "
+               "clients disagree more; the scale starts near the smallest value",
+    "singular_values.png": "singular values of the classifier weights (FedUV fig. 1): a fast "
+                           "decay means a collapsed classifier",
+}
+
+
+ATTACK_CAPTIONS = {
+    "reconstructions.png": "per target: true images (upper row) and the attack's "
+                           "reconstructions (lower row, with their PSNR)",
+    "classes.png": "class sets inferred from the uploads: shade = true count; dot = found, "
+                   "x = false positive, open circle = missed",
+}
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary, config) of a finished run folder; a clear UsageError otherwise."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is not a folder")
+    summary = load_json(run_dir / "summary.json")
+    if summary is None:
+        hint = " (the run has not finished: see metrics.jsonl)" if (
+            run_dir / "config.json").exists() else ""
+        raise UsageError(f"{run_dir} has no summary.json{hint}")
+    return summary, load_json(run_dir / "config.json") or {}
+
+
+def worst_class(summary: dict[str, Any], key: str = "per_class_accuracy"
+                ) -> tuple[int, float] | None:
+    values = summary.get(key) or []
+    present = [(i, v) for i, v in enumerate(values) if v is not None]
+    return min(present, key=lambda iv: iv[1]) if present else None
+
+
+def ledger(privacy: dict[str, Any]) -> list[dict[str, Any]]:
+    """The release ledger with the epsilon spent after each release group, recomputed with
+    the run's accountant and delta over the releases up to it (a group = consecutive equal
+    releases, as the accountant records them). A value already in the record wins."""
+    rows = [dict(r) for r in privacy.get("releases") or []]
+    kind, delta = privacy.get("accountant"), privacy.get("delta")
+    entries: list[tuple[float, float, int]] = []
+    for r in rows:
+        entries.append((float(r["noise_multiplier"]), float(r.get("sample_rate", 1.0)),
+                        int(r.get("steps", 1))))
+        if "epsilon_spent" in r or kind is None or delta is None:
+            continue
+        try:
+            from privfedcal.privacy.accounting import compute_epsilon
+
+            r["epsilon_spent"] = compute_epsilon(list(entries), kind, float(delta))
+        except Exception:  # an unknown accountant in an old folder: leave the cell empty
+            r["epsilon_spent"] = None
+    return rows
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[str]] | None:
+    """Client x class counts: partition.json when the run wrote one, else recomputed from the
+    config (same loader and seed as the run); None when neither works."""
+    rec = load_json(run_dir / "partition.json")
+    if rec and "counts" in rec:
+        return rec["counts"], rec.get("classes") or []
+    if not config:
+        return None
+    try:
+        from privfedcal.config import RunConfig
+        from privfedcal.data.datasets import load_dataset
+        from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+
+        cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "versions"})
+        data = load_dataset(cfg.dataset, cfg.data_root, download=False)
+        spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
+                             imbalance_factor=cfg.imbalance_factor,
+                             shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+        labels = data.y_train.cpu().numpy()
+        domains = data.domains_train.cpu().numpy() if data.domains_train is not None else None
+        parts = partition_indices(labels, spec, cfg.seed, domains=domains)
+        return class_counts(labels, parts, data.num_classes).tolist(), list(data.classes)
+    except Exception:  # data moved or not readable: the report says so instead of failing
+        return None
+
+
+def _mean(key: str, rs: list[dict[str, Any]]) -> float:
+    vals = [r[key] for r in rs if isinstance(r.get(key), int | float)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _best(rs: list[dict[str, Any]]) -> float:
+    """Highest PSNR of any single image: ``psnr_best`` where records carry it, else the
+    highest per-record mean."""
+    vals = [r.get("psnr_best", r.get("psnr")) for r in rs]
+    vals = [v for v in vals if isinstance(v, int | float)]
+    return max(vals) if vals else math.nan
+
+
+def _n_range(rs: list[dict[str, Any]]) -> str:
+    ns = [r["n"] for r in rs if isinstance(r.get("n"), int)]
+    if not ns:
+        return "-"
+    return str(min(ns)) if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}"
+
+
+def _groups(recon: list[dict[str, Any]]) -> list[tuple[tuple[str, str], list[dict[str, Any]]]]:
+    from privfedcal.attacks.report import TARGET_ORDER
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in recon:
+        groups.setdefault((str(r.get("target")), str(r.get("view"))), []).append(r)
+    order = {t: i for i, t in enumerate(TARGET_ORDER)}
+    return sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1]))
+
+
+def _attack_sections(run_dir: Path) -> str:
+    from privfedcal.attacks.report import VIEW_NAMES
+
+    parts = []
+    for folder in sorted(p for p in run_dir.glob("attack-*") if p.is_dir()):
+        records = load_json(folder / "attack.json") or []
+        parts.append(f"<h3>{H.esc(folder.name)}</h3>")
+        recon = [r for r in records if "psnr" in r]
+        if recon:
+            parts.append(H.table(
+                ["target", "view", "targets", "n", "PSNR (dB)", "best PSNR", "prior PSNR",
+                 "SSIM", "feature cos", "nearest is true"],
+                [[t, VIEW_NAMES.get(v, v), len(rs), _n_range(rs),
+                  *(H.fmt_fixed(f(rs), 3) for f in (
+                      lambda rs: _mean("psnr", rs), _best, lambda rs: _mean("prior_psnr", rs),
+                      lambda rs: _mean("ssim", rs), lambda rs: _mean("feature_cosine", rs),
+                      lambda rs: _mean("nearest_is_true", rs)))]
+                 for (t, v), rs in _groups(recon)],
+                numeric=[False, False, True, True, True, True, True, True, True, True]))
+            # the hypothetical raw-feature baseline is no release: pick among real views
+            real = [r for r in recon if r.get("view") != "hypothetical"] or recon
+            best = max(real, key=lambda r: _best([r]) if math.isfinite(_best([r])) else -1e9)
+            who = ("the aggregate of all clients" if best.get("client") is None
+                   else f"client {best['client']}")
+            parts.append(f'<p>Most exposed target: <b>{H.esc(best.get("target"))}</b> of '
+                         f'{H.esc(who)}, class {H.esc(best.get("class"))}'
+                         f' at {H.fmt_fixed(_best([best]), 2)} dB (data-free prior '
+                         f'{H.fmt_fixed(best.get("prior_psnr"), 2)} dB).</p>')
+        classes = [r for r in records if "precision" in r and "psnr" not in r]
+        if classes:
+            mean = _mean
+
+            groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for r in classes:
+                groups.setdefault((str(r.get("label")), str(r.get("view"))), []).append(r)
+            parts.append(H.table(
+                ["release", "view", "uploads", "accuracy", "precision", "recall"],
+                [[lab, view, len(rs), *(H.fmt_fixed(mean(k, rs), 3) for k in
+                                        ("accuracy", "precision", "recall"))]
+                 for (lab, view), rs in sorted(groups.items())],
+                numeric=[False, False, True, True, True, True]))
+        for png in sorted(folder.glob("*.png")):
+            parts.append(H.figure(png, f"{folder.name}: {png.stem}", ATTACK_CAPTIONS.get(
+                png.name, png.stem.replace("_", " ")), tall=True))
+    return "".join(parts)
+
+
+def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``run_dir/report.html`` (or ``out``) and return its path."""
+    from privfedcal.data.plots import plot_partition
+    from privfedcal.plots import plot_accuracy, plot_per_class, plot_train_loss
+
+    run_dir = Path(run_dir)
+    summary, config = load_run(run_dir)
+    out = Path(out) if out else run_dir / "report.html"
+    counts = _partition_counts(run_dir, config)
+    classes = counts[1] if counts else []
+    body: list[str] = []
+
+    # headline numbers
+    cards = [H.card("test accuracy", H.checked(H.fmt_pct(summary.get("accuracy")), "accuracy",
+                                               summary.get("accuracy"), 100),
+                    f"after {summary.get('calibrator')}" if summary.get("calibrator") not in (
+                        None, "none") else "final global model")]
+    if "accuracy_before_calibration" in summary:
+        cards.append(H.card("before calibration", H.checked(
+            H.fmt_pct(summary["accuracy_before_calibration"]), "accuracy_before_calibration",
+            summary["accuracy_before_calibration"], 100)))
+    worst = worst_class(summary)
+    if worst:
+        name = classes[worst[0]] if worst[0] < len(classes) else str(worst[0])
+        cards.append(H.card("worst class", H.checked(H.fmt_pct(worst[1]), "min:per_class_accuracy",
+                                                     worst[1], 100), f"class {name}"))
+    privacy = summary.get("privacy") or {}
+    if "epsilon_spent" in privacy:
+        cards.append(H.card("epsilon spent", H.checked(
+            f"{privacy['epsilon_spent']:.3f}", "privacy.epsilon_spent", privacy["epsilon_spent"]),
+            f"of {H.fmt_num(privacy.get('epsilon_target'))}, delta {privacy.get('delta', 0):.2g}"))
+    else:
+        cards.append(H.card("differential privacy", "none",
+                            "secure aggregation only" if privacy.get("secagg") else
+                            "uploads in the clear" if summary.get("calibrator") not in (
+                                None, "none") else "no calibration upload"))
+    up_key = next((k for k in ("calibration_upload_bytes", "uploaded_bytes") if k in summary),
+                  None)  # older run folders have only uploaded_bytes
+    if up_key:
+        cards.append(H.card("calibration uploads", H.checked(
+            H.fmt_bytes(summary[up_key]), up_key, summary[up_key]), f"{summary[up_key]:,} bytes"))
+    if "model_update_bytes" in summary:
+        cards.append(H.card("model updates", H.checked(
+            H.fmt_bytes(summary["model_update_bytes"]), "model_update_bytes",
+            summary["model_update_bytes"]), f"{summary['model_update_bytes']:,} bytes"))
+    if "wall_seconds" in summary:
+        cards.append(H.card("wall time", H.checked(f"{summary['wall_seconds']:.1f} s",
+                                                   "wall_seconds", summary["wall_seconds"])))
+    body.append(f'<div class="cards">{"".join(cards)}</div>')
+    for note in summary.get("notes") or []:
+        if note != privacy.get("statement"):
+            body.append(f'<div class="note">{H.esc(note)}</div>')
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        body.append("<h2>Accuracy</h2><div class=\"grid2\">")
+        body.append(H.figure(plot_accuracy(run_dir / "metrics.jsonl", t / "acc.png", summary),
+                             "accuracy per round", "test accuracy of the global model at each "
+                             "evaluated round; the star is the accuracy after post-hoc "
+                             "calibration"))
+        loss_png = plot_train_loss(run_dir, t / "loss.png")
+        if loss_png:
+            body.append(H.figure(loss_png, "training loss per round",
+                                 "mean local training loss of the sampled clients, every round"))
+        body.append("</div>")
+        pca = summary.get("per_class_accuracy")
+        if pca:
+            before = summary.get("per_class_accuracy_before_calibration")
+            body.append("<h3>Per-class accuracy</h3>")
+            body.append(H.figure(plot_per_class(pca, t / "pc.png", before=before,
+                                                class_names=classes or None),
+                                 "per-class accuracy",
+                                 "test accuracy of each class" + (
+                                     " before (hatched) and after calibration" if before else "")))
+        body.append("<h2>Partition</h2>")
+        if counts:
+            import numpy as np
+
+            mat = np.asarray(counts[0])
+            title = f"{summary.get('dataset')}: {config.get('partition', '?')}, " \
+                    f"K={mat.shape[0]}"
+            body.append(H.figure(plot_partition(mat, t / "part.png", classes=classes or None,
+                                                title=title), "partition heatmap",
+                                 "training samples of each class (columns) held by each client "
+                                 "(rows)"))
+        else:
+            body.append("<p>The partition could not be recomputed (dataset not readable from "
+                        "here) and the run folder holds no partition.json.</p>")
+
+    # privacy
+    body.append("<h2>Privacy</h2>")
+    if privacy.get("statement"):
+        body.append(f'<div class="statement">{H.esc(privacy["statement"])}</div>')
+    elif summary.get("calibrator") not in (None, "none"):
+        body.append('<div class="flag">No protection: the server saw every client\'s '
+                    "calibration upload in the clear.</div>")
+    else:
+        body.append("<p>No calibration upload; model updates travel in the clear.</p>")
+    rows = ledger(privacy)
+    if rows:
+        body.append("<h3>Release ledger</h3>")
+        body.append(H.table(
+            ["#", "release", "noise multiplier", "sample rate", "steps", "epsilon spent so far"],
+            [[i + 1, r.get("label", ""), H.fmt_num(r["noise_multiplier"]),
+              H.fmt_num(r.get("sample_rate")), r.get("steps", 1),
+              H.checked(H.fmt_num(r.get("epsilon_spent")), f"privacy.releases.{i}.epsilon_spent",
+                        r.get("epsilon_spent")) if i == len(rows) - 1 else
+              H.esc(H.fmt_num(r.get("epsilon_spent")))]
+             for i, r in enumerate(rows)], numeric=[True, False, True, True, True, True],
+            raw=True, table_id="ledger"))
+        body.append("<p>Each row is a group of equal releases as the accountant composed them; "
+                    f"epsilon at delta {H.fmt_num(privacy.get('delta'))} "
+                    f"({H.esc(privacy.get('accountant', ''))} accountant) over every release up "
+                    "to and including the row.</p>")
+    details = [(k, v) for k, v in privacy.items()
+               if k not in ("releases", "statement", "noise_multipliers", "sample_rates")]
+    if details:
+        body.append(H.table(["setting", "value"],
+                            [[k, json.dumps(v) if isinstance(v, dict | list) else H.fmt_num(v)]
+                             for k, v in _flatten(dict(details))]))
+    for key, title in (("rejected_uploads", "Rejected uploads"),
+                       ("skipped_releases", "Skipped releases")):
+        if summary.get(key):
+            body.append(f"<h3>{title}</h3><ul>" + "".join(
+                f"<li><code>{H.esc(json.dumps(x))}</code></li>" for x in summary[key]) + "</ul>")
+
+    analysis = load_json(run_dir / "analysis.json")
+    if analysis:
+        body.append("<h2>Analysis</h2><div class=\"grid2\">")
+        for name in analysis.get("plots", []):
+            if (run_dir / name).is_file():
+                body.append(H.figure(run_dir / name, name, ANALYSIS_CAPTIONS.get(
+                    name, name.removesuffix(".png").replace("_", " "))))
+        body.append("</div>")
+        sep = analysis.get("separability") or {}
+        if "mean_sliced_wasserstein" in sep:
+            body.append(f"<p>Mean sliced Wasserstein distance between classes: "
+                        f"{H.fmt_num(sep['mean_sliced_wasserstein'])}.</p>")
+    attacks = _attack_sections(run_dir)
+    if attacks:
+        body.append("<h2>Attacks</h2>" + attacks)
+
+    body.append("<h2>Configuration</h2>")
+    cfg_rows = [(k, v) for k, v in _flatten(config) if not k.startswith("versions.")]
+    body.append(H.table(["setting", "value"],
+                        [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
+                         for k, v in cfg_rows]))
+    versions = config.get("versions") or {}
+    footer = "privfedcal report of " + str(run_dir.resolve()) + (
+        " · " + ", ".join(f"{k} {v}" for k, v in versions.items()) if versions else "")
+    title = f"{summary.get('method', '?')} on {summary.get('dataset', '?')}"
+    subtitle = (f"{summary.get('rounds', '?')} rounds · model {summary.get('model', '?')} · "
+                f"local {summary.get('local_method', '?')} · calibration "
+                f"{summary.get('calibrator', 'none')} · {run_dir}")
+    return H.write(out, H.page(title, subtitle, "\n".join(body), footer))

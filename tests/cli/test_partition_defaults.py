@@ -1,0 +1,30 @@
+"""``privfedcal partition`` shares ``train``'s defaults and ``--config`` files."""
+
+from __future__ import annotations
+
+import json
+
+from privfedcal.cli.main import main
+from privfedcal.config import RunConfig
+
+
+def test_partition_defaults_are_trains(tmp_path, capsys):
+    out = tmp_path / "p"
+    main(["partition", "--out", str(out)])
+    capsys.readouterr()
+    part = json.loads((out / "partition.json").read_text())
+    d = RunConfig()
+    assert (part["imbalance_factor"], part["clients"], part["alpha"], part["min_size"]) == \
+        (d.imbalance_factor, d.clients, d.alpha, d.min_size)
+
+
+def test_partition_reads_the_train_config_and_matches_the_run(tmp_path, capsys):
+    conf = tmp_path / "c.toml"
+    conf.write_text('clients = 3\nalpha = 0.3\nseed = 5\nrounds = 1\nlocal_epochs = 1\n'
+                    'threads = 1\ndevice = "cpu"\ntranscript = false\n')
+    main(["partition", "--config", str(conf), "--out", str(tmp_path / "p")])
+    main(["train", "--config", str(conf), "--out", str(tmp_path / "run")])
+    capsys.readouterr()
+    shown = json.loads((tmp_path / "p" / "partition.json").read_text())
+    used = json.loads((tmp_path / "run" / "partition.json").read_text())
+    assert shown["counts"] == used["counts"] and shown["seed"] == used["seed"] == 5

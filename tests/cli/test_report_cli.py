@@ -1,0 +1,53 @@
+"""``privfedcal report`` / ``compare`` and ``train --report`` end to end; bad input is one
+line and exit 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from cli_helpers import assert_usage_error
+
+from privfedcal.cli.main import main
+from privfedcal.cli.partition import class_label
+
+FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
+        "--threads", "1", "--alpha", "0.5", "--no-transcript"]
+
+
+def test_train_report_then_report_and_compare(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    main(["train", *FAST, "--out", str(a), "--report"])
+    assert (a / "report.html").is_file() and (a / "metrics.csv").is_file()
+    (a / "report.html").unlink()
+    main(["report", str(a)])
+    assert (a / "report.html").is_file()
+    main(["train", *FAST, "--seed", "1", "--out", str(b)])
+    capsys.readouterr()
+    main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
+    out = capsys.readouterr()
+    assert "privfedcal compare" in out.out and "warning" not in out.err
+    rows = list(csv.DictReader((tmp_path / "cmp" / "compare.csv").open()))
+    sa = json.loads((a / "summary.json").read_text())
+    assert float(rows[0]["accuracy_after"]) == sa["accuracy"]
+    assert float(rows[0]["bytes"]) == sa["calibration_upload_bytes"] + sa["model_update_bytes"]
+    assert (tmp_path / "cmp" / "compare.html").is_file()
+
+
+def test_report_of_an_audit_folder(tmp_path, capsys):
+    (tmp_path / "audit.csv").write_text("method,eps,secagg,accuracy,psnr\nccvr,inf,off,0.8,14\n")
+    main(["report", str(tmp_path), "--out", str(tmp_path / "page.html")])
+    assert "privacy audit" in (tmp_path / "page.html").read_text()
+
+
+def test_bad_input(tmp_path, capsys):
+    assert_usage_error(["report", str(tmp_path / "missing")], capsys, "not a folder")
+    assert_usage_error(["report", str(tmp_path)], capsys, "neither a run")
+    assert_usage_error(["compare", str(tmp_path)], capsys, "no summary.json")
+    assert_usage_error(["train", *FAST, "--log", "wandb", "--out", str(tmp_path / "r")], capsys,
+                       "--log takes tensorboard")
+
+
+def test_partition_table_class_label():
+    assert class_label(["0", "1", "2"], 2) == "#2"
+    assert class_label(["apple", "bee"], 1) == "bee (#1)"

@@ -1,0 +1,83 @@
+"""Calibration payloads on the worker pool: the same uploads and numbers as the serial loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from privfedcal.calibration.ccvr import StatsTask
+from privfedcal.cli.run import build_simulator
+from privfedcal.federation.workers import balanced_shares
+
+
+def test_balanced_shares_cover_every_position_once() -> None:
+    shares = balanced_shares([5, 1, 9, 3, 3, 7], 2)
+    flat = sorted(i for s in shares for i in s)
+    assert flat == list(range(6))
+    # largest first onto the lighter share (ties: the first): 9->A 7->B 5->B 3->A 3->A 1->B
+    loads = sorted(sum([5, 1, 9, 3, 3, 7][i] for i in s) for s in shares)
+    assert loads == [13, 15]
+    assert all(s == sorted(s) for s in shares)
+    assert balanced_shares([4], 3) == [[0]]
+
+
+def _uploads_equal(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_pool_collect_equals_serial_collect(tiny_cfg, tmp_path) -> None:
+    cfg = tiny_cfg(method="ccvr", workers=2, threads=1)
+    pooled = build_simulator(cfg, tmp_path / "pool")
+    serial = build_simulator(cfg.replace(workers=1), tmp_path / "serial")
+    task = StatsTask(num_classes=10)
+    clients = [0, 1, 2, 3]
+    try:
+        pooled.trainer()
+        calls: list = []
+        original = pooled._trainer_obj.collect
+
+        def spy(*a, **kw):
+            calls.append(1)
+            return original(*a, **kw)
+
+        pooled._trainer_obj.collect = spy
+        got = pooled.collect(task, clients, pooled.global_state, "t", 1)
+        assert calls, "the pool did not compute the payloads"
+    finally:
+        pooled.close()
+    want = serial.collect(task, clients, serial.global_state, "t", 1)
+    _uploads_equal(got, want)
+
+
+@pytest.mark.parametrize("method", ["ccvr", pytest.param("creff", marks=pytest.mark.slow)])
+def test_calibrated_run_same_numbers_with_workers(method, tiny_cfg, tmp_path) -> None:
+    base = tiny_cfg(method=method, threads=1, rounds=2)
+    if method == "creff":
+        base = base.replace(calibration_params={"match_steps": 5, "retrain_steps": 10})
+    one = build_simulator(base, tmp_path / "one").run()
+    two = build_simulator(base.replace(workers=2), tmp_path / "two").run()
+    assert one["accuracy"] == two["accuracy"]
+    assert one["per_class_accuracy"] == two["per_class_accuracy"]
+    assert one["loss"] == two["loss"]
+
+
+def test_running_average_equals_weighted_average_bitwise() -> None:
+    from privfedcal.federation.local import RunningAverage, weighted_average
+
+    g = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(3, 4, generator=g), "d": torch.randn(2, generator=g).double(),
+               "n": torch.tensor(int(torch.randint(0, 9, (1,), generator=g)))}
+              for _ in range(5)]
+    weights = [3.0, 17.0, 1.0, 8.0, 5.0]
+    running = RunningAverage(weights)
+    for s in states:
+        running.add(s)
+    got, want = running.result(), weighted_average(states, weights)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    assert running.bytes == sum(v.numel() * v.element_size() for s in states for v in s.values())
+    with pytest.raises(RuntimeError):
+        RunningAverage([1.0, 2.0]).result()

@@ -1,0 +1,43 @@
+"""The example Flower app runs `privfedcal train`'s default experiment."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from privfedcal.config import RunConfig  # noqa: E402
+from privfedcal.flower.records import parse_run_config  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower" / "pyproject.toml"
+
+
+def _flatten(table: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_example_defaults_are_train_defaults() -> None:
+    project = tomllib.loads(EXAMPLE.read_text())
+    cfg, _ = parse_run_config(_flatten(project["tool"]["flwr"]["app"]["config"]))
+    default = RunConfig()
+    for f in dataclasses.fields(RunConfig):
+        got, want = getattr(cfg, f.name), getattr(default, f.name)
+        if f.name in ("method_params", "calibration_params"):
+            got = {k: v for k, v in got.items() if v is not None}
+        assert got == want, f"example {f.name} = {got!r}, privfedcal train's default {want!r}"
+
+
+def test_example_simulation_has_one_supernode_per_client() -> None:
+    project = tomllib.loads(EXAMPLE.read_text())
+    sim = project["tool"]["flwr"]["federations"]["local-simulation"]
+    assert sim["options"]["num-supernodes"] == RunConfig().clients

@@ -1,0 +1,55 @@
+"""Release declarations: each calibrator declares label, keys, sensitivities and magnitudes in
+its own file; the privacy code plans, noises and sizes CKKS parameters from them alone."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from privfedcal.calibration.ccvr import CCVR
+from privfedcal.calibration.creff import CReFF
+from privfedcal.errors import UsageError
+from privfedcal.federation.hooks import CALIBRATORS, Calibrator
+from privfedcal.privacy.protection import participation_counts, planned_participants, release_plans
+from privfedcal.privacy.releases import ReleaseSpec, evaluate
+
+
+def test_symbol_products_by_hand():
+    env = {"R": 3.0, "G": 0.5, "N": 100.0, "K": 4.0}
+    assert evaluate("1", env) == 1.0
+    assert evaluate("R^2*N", env) == 900.0
+    assert evaluate("G*N", env) == 50.0
+    with pytest.raises(ValueError):
+        evaluate("R^3", env)
+
+
+def test_declared_sensitivities_match_the_derivation():
+    (ccvr,) = CCVR.releases
+    assert ccvr.sensitivities(["count", "sum", "outer"], clip=3.0, grad_clip=9.0) == {
+        "count": 1.0, "sum": 3.0, "outer": 9.0}
+    (creff,) = CReFF.releases
+    assert creff.sensitivities(["grad", "holders"], clip=3.0, grad_clip=0.5) == {
+        "grad": 0.5, "holders": 1.0}
+    with pytest.raises(UsageError, match="declares no sensitivity"):
+        creff.sensitivities(["outer"], clip=1.0, grad_clip=1.0)
+    assert ccvr.bounds(clip=2.0, grad_clip=1.0, examples=10.0, clients=3.0) == {
+        "count": 10.0, "sum": 20.0, "outer": 40.0}
+
+
+def test_a_new_calibrator_only_declares_its_releases(tiny_cfg):
+    @CALIBRATORS.register("decl-test")
+    class Probe(Calibrator):
+        name: ClassVar[str] = "decl-test"
+        releases: ClassVar[tuple] = (
+            ReleaseSpec("probe-once", {"sum": "R"}, {"sum": "R*N"}, "all"),
+            ReleaseSpec("probe-rounds", {"count": "1"}, {"count": "N"}, "selected"))
+
+    try:
+        cfg = tiny_cfg(calibrate="decl-test", clients=10, participation=0.3, rounds=5)
+        plans = {p.name: p for p in release_plans(cfg, None)}
+        assert plans["probe-once"].steps == 1 and plans["probe-once"].sample_rate == 1.0
+        assert plans["probe-rounds"].steps == max(participation_counts(cfg).values())
+        assert planned_participants(cfg) == {"probe-once": 10, "probe-rounds": 3}
+    finally:
+        CALIBRATORS._items.pop("decl-test", None)

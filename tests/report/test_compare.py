@@ -1,0 +1,55 @@
+"""compare: rows from summaries, flags for runs that are not comparable, CSV round trip."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from privfedcal.report.compare import collect, write_csv, write_html
+
+
+def fake_run(path: Path, dataset="digits", eps=None, acc=0.5, method="fedavg") -> Path:
+    path.mkdir(parents=True)
+    summary = {"method": method, "calibrator": "none", "dataset": dataset, "rounds": 3,
+               "accuracy": acc, "per_class_accuracy": [acc, 0.25], "wall_seconds": 2.5,
+               "uploaded_bytes": 100, "model_update_bytes": 924}
+    if eps is not None:
+        summary["privacy"] = {"epsilon_target": eps, "epsilon_spent": eps - 0.01, "delta": 1e-5}
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "config.json").write_text(json.dumps({"partition": "dirichlet", "alpha": 0.1,
+                                                  "clients": 10}))
+    (path / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": r, "accuracy": acc * r / 3}) + "\n" for r in (1, 2, 3)))
+    return path
+
+
+def test_comparable_runs_are_not_flagged(tmp_path):
+    rows, warnings = collect([fake_run(tmp_path / "a"), fake_run(tmp_path / "b", acc=0.7)])
+    assert warnings == [] and all(r["flags"] == "" for r in rows)
+    assert rows[0]["bytes"] == 1024 and rows[0]["worst_class"] == 0.25
+    assert rows[0]["partition"] == "dirichlet a=0.1 K=10"
+    assert rows[1]["_curve"][-1] == (3, pytest.approx(0.7))
+
+
+def test_different_dataset_and_budget_are_flagged(tmp_path):
+    runs = [fake_run(tmp_path / "a"), fake_run(tmp_path / "b"),
+            fake_run(tmp_path / "c", dataset="cifar10"), fake_run(tmp_path / "d", eps=4.0)]
+    rows, warnings = collect(runs)
+    assert len(warnings) == 2
+    assert [r["flag"] for r in rows] == ["", "", "dataset", "eps"]
+    # no majority: every run is flagged
+    rows, _ = collect([fake_run(tmp_path / "e", eps=1.0), fake_run(tmp_path / "f", eps=8.0)])
+    assert all(r["flag"] == "eps" for r in rows)
+
+
+def test_csv_and_html(tmp_path):
+    rows, warnings = collect([fake_run(tmp_path / "a"), fake_run(tmp_path / "b", eps=2.0)])
+    with write_csv(rows, tmp_path / "c.csv").open() as f:
+        got = list(csv.DictReader(f))
+    assert [g["accuracy_after"] for g in got] == ["0.5", "0.5"]
+    assert got[1]["epsilon"] == "1.99" and got[0]["epsilon"] == ""
+    page = write_html(rows, warnings, tmp_path / "c.html").read_text()
+    assert 'class="flagged"' in page and "differ in privacy budget" in page

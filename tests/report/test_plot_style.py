@@ -1,0 +1,70 @@
+"""The shared plot style and the readability fixes: whole-number round ticks, a CKA scale
+that starts at the data, series that differ in more than colour, partition ticks that never
+crowd, and plot functions that write PNGs for every input shape."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from privfedcal.analysis.plots import _cka_floor, plot_cka
+from privfedcal.data.plots import _ticks, plot_partition
+from privfedcal.plots import _round_axis, plot_accuracy, plot_curves, plot_per_class
+from privfedcal.plotstyle import PALETTE, new_figure, series_style, styled
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_round_ticks_are_whole_numbers():
+    with styled():
+        fig = new_figure(4, 3)
+        ax = fig.add_subplot()
+        ax.plot([1, 2, 3], [0.1, 0.2, 0.3])  # matplotlib's default ticks here: 1.0, 1.25, ...
+        _round_axis(ax)
+        fig.canvas.draw()
+        ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks == [1, 2, 3]
+
+
+def test_cka_scale_starts_at_the_data():
+    # hand-computed: floor(0.963 * 20) / 20 = 19 / 20 = 0.95
+    assert _cka_floor(np.array([[0.997, 0.963]])) == pytest.approx(0.95)
+    assert _cka_floor(np.array([[0.31, 0.9]])) == pytest.approx(0.30)
+    assert _cka_floor(np.array([[np.nan]])) == 0.0
+    assert _cka_floor(np.array([[1.0, 1.0]])) == pytest.approx(0.95)  # never an empty scale
+
+
+def test_series_differ_beyond_colour():
+    a, b = series_style(0), series_style(1)
+    assert a["color"] != b["color"] and a["linestyle"] != b["linestyle"]
+    assert a["marker"] != b["marker"] and b["markerfacecolor"] == "none"
+    assert b["zorder"] > a["zorder"]  # the later series is drawn on top
+    # Okabe-Ito, in a fixed order
+    assert PALETTE[:3] == ("#0072B2", "#E69F00", "#009E73")
+
+
+def test_partition_ticks_do_not_crowd():
+    assert _ticks(10) == list(range(10))
+    assert _ticks(100) == list(range(0, 100, 10))
+    assert _ticks(400)[:3] == [0, 20, 40]
+
+
+def test_plots_write_pngs(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"round": r, "accuracy": 0.1 * r}) + "\n"
+                               for r in (1, 2, 3)))
+    outs = [
+        plot_accuracy(metrics, tmp_path / "a.png", {"method": "m", "dataset": "d",
+                                                    "accuracy": 0.5,
+                                                    "accuracy_before_calibration": 0.3}),
+        plot_accuracy(tmp_path / "missing.jsonl", tmp_path / "empty.png"),
+        plot_per_class([0.5, None, 1.0], tmp_path / "pc.png", before=[0.4, None, 0.9]),
+        plot_per_class(list(np.linspace(0, 1, 100)), tmp_path / "pc100.png"),
+        plot_curves({"a": [(1, 0.1), (2, 0.2)], "b": []}, tmp_path / "c.png"),
+        plot_cka({"conv": 0.99, "fc": 0.97}, tmp_path / "cka.png"),
+        plot_partition(np.arange(2000).reshape(20, 100) % 7, tmp_path / "p.png"),
+    ]
+    for out in outs:
+        assert out.read_bytes().startswith(PNG_MAGIC)
