@@ -79,11 +79,12 @@ def scored(view, images, idx, *, paired) -> dict:
 
 def guess(view, cls: int, idx: torch.Tensor, size: int, *, seed: int) -> dict:
     """The control: ``size`` random TEST images of the class (public data, nothing from the
-    client), scored exactly like a reconstruction. Its numbers are chance level."""
+    client; as many as the attack reconstructs), scored exactly like a reconstruction. Its
+    numbers are chance level."""
     d = view.exp.data
     pool = torch.nonzero(d.y_test == cls).flatten()
     g = make_generator(seed, cls, size, 74)
-    pick = pool[torch.randperm(pool.numel(), generator=g)[:min(size, pool.numel(), idx.numel())]]
+    pick = pool[torch.randperm(pool.numel(), generator=g)[:min(size, pool.numel())]]
     images = d.denormalize(d.x_test[pick]).clamp(0, 1)
     return scored(view, images, idx, paired=False)
 
@@ -224,7 +225,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
             for (c2, n), idx in sets.items():
                 if c2 != cls:
                     continue
-                add("secagg", n, cls, "guess", guess(view, cls, idx, n, seed=cls + 6))
+                add("secagg", n, cls, "guess", guess(view, cls, idx, k, seed=cls + 6))
                 add("secagg", n, cls, "mean", {**scored(view, mean_res.images, idx,
                                                         paired=False),
                                                **mean_res.convergence.as_record()})

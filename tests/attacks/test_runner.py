@@ -226,7 +226,17 @@ def test_class_gradients_and_update(creff_view):
     rel = creff_view.release(GRAD_LABEL, None)
     assert rel.round == 2
     opts = AttackOptions(steps=5, restarts=1, update_batch=1)
-    plan = plan_gradients(creff_view, opts, clients=[0], updates=True)
+    recorded = plan_gradients(creff_view, opts, clients=[0], updates=True)
+    (up,) = [j for j in recorded.jobs if j.base["target"] == "model-update"]
+    assert up.base["view"] == "plain-upload" and up.base["round"] == 2
+    assert up.base["n"] == int(creff_view.exp.counts[0].sum())  # the weight FedAvg used
+    # a transcript without recorded updates: one simulated SGD step instead
+    import dataclasses
+
+    older = dataclasses.replace(creff_view, entries=[
+        e for e in creff_view.entries if e["label"] not in ("model-update", "round")])
+    plan = plan_gradients(older, opts, clients=[0], updates=True)
+    assert any("records no model updates" in n for n in plan.notes)
     grads = [j for j in plan.jobs if j.base["target"] == "class-gradient"]
     assert [j.base["class"] for j in grads] == \
         [c for c in range(10) if creff_view.exp.counts[0][c] > 0]

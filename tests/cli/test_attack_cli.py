@@ -46,7 +46,8 @@ def check_records(path, kinds):
 
 def first_held_class(run, client):
     index = json.loads((run / "transcript" / "index.json").read_text())
-    (entry,) = [e for e in index if e["view"] == "plain-upload" and e["client"] == client]
+    (entry,) = [e for e in index if e["view"] == "plain-upload" and e["client"] == client
+                and e["label"] == "ccvr-stats"]
     count = load_file(str(run / "transcript" / entry["file"]))["count"]
     return int(torch.nonzero(count > 0)[0])
 
@@ -71,7 +72,11 @@ def test_invert_gradients_with_update(runs, tmp_path):
     records = check_records(out / "attack.json", TARGETS)
     kinds = [r["target"] for r in records]
     assert kinds[-1] == "model-update" and set(kinds[:-1]) == {"class-gradient"}
-    assert records[-1]["n"] == 2 and (out / "reconstructions.png").read_bytes()[:8] == PNG
+    # the recorded update of client 1: all of its images, n from the FedAvg weight
+    update = records[-1]
+    assert update["view"] == "plain-upload" and update["client"] == 1
+    assert update["n"] == update["n_true"] == update["candidates"] > 2
+    assert update["steps_run"] == 20 and (out / "reconstructions.png").read_bytes()[:8] == PNG
 
 
 def test_classes(runs, tmp_path, capsys):
