@@ -43,9 +43,6 @@ MODEL_FAMILY: dict[str, str] = {"mlp": "small", "digits-cnn": "small"}
 MODEL_MIN_INPUT: dict[str, int] = {"cnn": 16, "resnet8": 16, "resnet18": 16, "mobilenetv2": 16}
 #: keys of a run's config.json that record the run rather than set it
 RUN_RECORD_KEYS = ("versions", "flower_run_id")
-#: settings resolved at build time when left None
-RESOLVED_FIELDS = ("model", "lr", "momentum", "weight_decay", "batch_size", "local_epochs",
-                   "augment")
 
 
 @dataclass(frozen=True)

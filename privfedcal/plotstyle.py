@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-from cycler import cycler
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.rcsetup import cycler
 
 #: Okabe & Ito (2008), ordered so that neighbours differ in hue and lightness
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000",

@@ -169,7 +169,7 @@ def retrain_classifier(weight: Tensor, bias: Tensor | None, features: Tensor, la
             yield z[idx], y[idx]
 
     if use_closed:
-        return _sgd_closed_form(w, b, batches(), lr, momentum, weight_decay)
+        return _sgd_closed_form(w, b, z, y, steps, bs, generator, lr, momentum, weight_decay)
     with torch.inference_mode(False), torch.enable_grad():
         w = w.requires_grad_(True)
         params = [w]
@@ -185,31 +185,46 @@ def retrain_classifier(weight: Tensor, bias: Tensor | None, features: Tensor, la
     return w.detach(), None if b is None else b.detach()
 
 
-def _sgd_closed_form(w: Tensor, b: Tensor | None, batches: Any, lr: float, momentum: float,
+def _sgd_closed_form(w: Tensor, b: Tensor | None, z: Tensor, y: Tensor, steps: int, bs: int,
+                     generator: torch.Generator, lr: float, momentum: float,
                      weight_decay: float) -> tuple[Tensor, Tensor | None]:
     """Plain-linear-head SGD with the analytic CE gradient (``torch.optim.SGD`` semantics,
-    dampening 0, no Nesterov). ``w``/``b`` are updated in place and returned."""
-    buf_w: Tensor | None = None
-    buf_b: Tensor | None = None
-    for zb, yb in batches:
-        r = torch.softmax(F.linear(zb, w, b), dim=1)
-        r[torch.arange(len(yb), device=r.device), yb] -= 1.0
-        r /= len(yb)
-        gw = r.T @ zb
-        gb = None if b is None else r.sum(dim=0)
+    dampening 0, no Nesterov), the same batches as the autograd path.
+
+    The head is one (C, d+1) matrix ``[W | b]`` over rows ``[z, 1]``, and every sample row
+    carries its one-hot label, so a step is one gather, two matmuls and a softmax."""
+    n, d = z.shape
+    num_classes = w.shape[0]
+    # rows [z | 1 | onehot(y)]: one gather per step yields features and targets together
+    rows = torch.cat([z, torch.ones(n, 1, dtype=z.dtype, device=z.device),
+                      F.one_hot(y, num_classes).to(z.dtype)], dim=1)
+    width = d + 1 if b is not None else d
+    head = torch.cat([w, b[:, None]], dim=1) if b is not None else w.clone()
+    buf: Tensor | None = None
+    order = torch.arange(n, device=z.device)
+    pos = n
+    for _ in range(steps):
+        if bs == n:
+            batch = rows
+        else:
+            if pos >= n:
+                order = torch.randperm(n, generator=generator, device=generator.device).to(z.device)
+                pos = 0
+            batch = rows[order[pos:pos + bs]]
+            pos += bs
+        feats = batch[:, :width]
+        r = torch.softmax(feats @ head.T, dim=1).sub_(batch[:, d + 1:])
+        grad = r.T @ feats
+        grad.div_(len(batch))
         if weight_decay:
-            gw = gw.add(w, alpha=weight_decay)
-            gb = None if b is None else gb.add(b, alpha=weight_decay)
+            grad.add_(head, alpha=weight_decay)
         if momentum:
-            buf_w = gw if buf_w is None else buf_w.mul_(momentum).add_(gw)
-            gw = buf_w
-            if b is not None:
-                buf_b = gb if buf_b is None else buf_b.mul_(momentum).add_(gb)
-                gb = buf_b
-        w.sub_(gw, alpha=lr)
-        if b is not None:
-            b.sub_(gb, alpha=lr)
-    return w, b
+            buf = grad if buf is None else buf.mul_(momentum).add_(grad)
+            grad = buf
+        head.sub_(grad, alpha=lr)
+    if b is None:
+        return head, None
+    return head[:, :d].contiguous(), head[:, d].contiguous()
 
 
 def retrain_head_of(state: State, features: Tensor, labels: Tensor, params: RetrainParams,

@@ -32,23 +32,23 @@ def lr_hint(lr: float | None) -> str:
         f"lower the learning rate with --lr{now}"
 
 
-def check_local(results: Sequence[tuple], selected: Sequence[int], averaged: Mapping[str, Tensor],
-                round_: int, lr: float | None) -> None:
-    """Per-client training losses, then the averaged update (a client is named when its
-    own state is the non-finite one)."""
+def check_local(results: Sequence[tuple], selected: Sequence[int],
+                averaged: Mapping[str, Tensor] | None, round_: int, lr: float | None) -> None:
+    """Every selected client's training loss and trained model (``results[i][0]``: its
+    state, or a marker holding its first non-finite entry), then the average: the client is
+    named where one is at fault."""
     for client, r in zip(selected, results, strict=True):
         if not math.isfinite(float(r[2])):
             raise Diverged(round_, "the local training loss is not finite", client=client,
                            hint=lr_hint(lr))
-    key = nonfinite_key(averaged)
-    if key is None:
-        return
     for client, r in zip(selected, results, strict=True):
         bad = nonfinite_key(r[0])
         if bad is not None:
             raise Diverged(round_, f"the trained model's {bad} is not finite", client=client,
                            hint=lr_hint(lr))
-    raise Diverged(round_, f"the averaged model's {key} is not finite", hint=lr_hint(lr))
+    key = nonfinite_key(averaged) if averaged is not None else None
+    if key is not None:
+        raise Diverged(round_, f"the averaged model's {key} is not finite", hint=lr_hint(lr))
 
 
 def check_state(state: Mapping[str, Tensor], round_: int, what: str, hint: str) -> None:

@@ -248,6 +248,8 @@ class Simulator:
                         averaged[k] = sent[k]
                 self.global_state, self.server_state = exp.algo.server_update(
                     sent, averaged, self.server_state)
+                divergence.check_state(self.global_state, round_, "the aggregated model",
+                                       divergence.lr_hint(cfg.lr))
                 for c, r in zip(selected, results, strict=True):
                     if r[1] is not None:
                         self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}

@@ -124,6 +124,16 @@ def plot_tradeoff(rows: list[dict[str, Any]], columns: list[str], out: Path) -> 
         return save(fig, out, dpi=100)
 
 
+def _cell(column: str, value: Any) -> str:
+    """Whole numbers as such (eps 2, targets 18); PSNR in dB with 2 decimals; other
+    fractions with 3 (so epsilon spent 1.998 never shows as 2)."""
+    if isinstance(value, float) and math.isfinite(value):
+        if value.is_integer() and column in ("eps", "targets", "worst_client", "worst_class"):
+            return str(int(value))
+        return H.fmt_fixed(value, 2 if "psnr" in column else 3)
+    return H.fmt_num(value)
+
+
 def _exposed(setting_dir: Path) -> list[dict[str, Any]]:
     records = load_json(setting_dir / "attack.json") or []
     def exposure(r: dict[str, Any]) -> float:  # best single image where records carry it
@@ -167,7 +177,7 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
     shown = [c for c in columns if c != "note"]  # notes have their own section below
     numeric = [c not in ("method", "secagg") for c in shown]
     body.append(H.table([HEADERS.get(c, c.replace("_", " ")) for c in shown],
-                        [[H.fmt_num(r.get(c), 3) for c in shown] for r in rows],
+                        [[_cell(c, r.get(c)) for c in shown] for r in rows],
                         numeric=numeric, table_id="audit"))
     body.append("<p>PSNR, SSIM, feature cosine: mean over the attacked targets (higher = more "
                 "leakage); prior PSNR: a guess that uses no client data; NN true: share of "

@@ -295,21 +295,40 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
     if rows:
         body.append("<h3>Release ledger</h3>")
         body.append(H.table(
-            ["#", "release", "noise multiplier", "sample rate", "steps", "epsilon spent so far"],
+            ["#", "release", "noise multiplier", "sample rate", "steps",
+             "epsilon after it, all releases"],
             [[i + 1, r.get("label", ""), H.fmt_num(r["noise_multiplier"]),
               H.fmt_num(r.get("sample_rate")), r.get("steps", 1),
-              H.checked(H.fmt_num(r.get("epsilon_spent")), f"privacy.releases.{i}.epsilon_spent",
-                        r.get("epsilon_spent")) if i == len(rows) - 1 else
-              H.esc(H.fmt_num(r.get("epsilon_spent")))]
+              H.fmt_fixed(r.get("epsilon_spent"), 3)]
              for i, r in enumerate(rows)], numeric=[True, False, True, True, True, True],
-            raw=True, table_id="ledger"))
-        body.append("<p>Each row is a group of equal releases as the accountant composed them; "
-                    f"epsilon at delta {H.fmt_num(privacy.get('delta'))} "
-                    f"({H.esc(privacy.get('accountant', ''))} accountant) over every release up "
-                    "to and including the row.</p>")
+            table_id="ledger"))
+        per_client = privacy.get("per_client_epsilon") or {}
+        body.append("<p>Each row is a group of equal releases as the accountant logged them; the "
+                    "last column composes every release up to and including the row at delta "
+                    f"{H.fmt_num(privacy.get('delta'))} ({H.esc(privacy.get('accountant', ''))}"
+                    " accountant): the epsilon of a client that took part in all of them. "
+                    + ("Each client is accounted over the releases it took part in only; the run "
+                       "reports the worst-off client's epsilon, "
+                       + H.checked(H.fmt_fixed(privacy.get("epsilon_spent"), 3),
+                                   "privacy.epsilon_spent", privacy.get("epsilon_spent"))
+                       + ", at most the last row." if per_client else "") + "</p>")
+        if per_client:
+            worst = sorted(per_client.items(), key=lambda kv: -kv[1])
+            shown = worst[:10]
+            body.append(H.table(
+                ["client", "epsilon"], [[c, H.fmt_fixed(e, 3)] for c, e in shown],
+                numeric=[True, True], table_id="per-client-epsilon"))
+            if len(worst) > len(shown):
+                body.append(f"<p>{len(shown)} of {len(worst)} clients, largest epsilon first; "
+                            f"the smallest is {worst[-1][1]:.3f}.</p>")
+    if privacy.get("assumptions"):
+        body.append("<h3>Assumptions</h3><ul>" + "".join(
+            f"<li>{H.esc(a)}</li>" for a in privacy["assumptions"]) + "</ul>")
     details = [(k, v) for k, v in privacy.items()
-               if k not in ("releases", "statement", "noise_multipliers", "sample_rates")]
+               if k not in ("releases", "statement", "noise_multipliers", "sample_rates",
+                            "per_client_epsilon", "assumptions")]
     if details:
+        body.append("<h3>Settings</h3>")
         body.append(H.table(["setting", "value"],
                             [[k, json.dumps(v) if isinstance(v, dict | list) else H.fmt_num(v)]
                              for k, v in _flatten(dict(details))]))
@@ -336,10 +355,12 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
         body.append("<h2>Attacks</h2>" + attacks)
 
     body.append("<h2>Configuration</h2>")
-    cfg_rows = [(k, v) for k, v in _flatten(config) if not k.startswith("versions.")]
-    body.append(H.table(["setting", "value"],
-                        [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
-                         for k, v in cfg_rows]))
+    cfg_rows = [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
+                for k, v in _flatten(config) if not k.startswith("versions.")]
+    half = (len(cfg_rows) + 1) // 2  # two columns side by side: half the scrolling
+    body.append('<div class="grid2">' + "".join(
+        H.table(["setting", "value"], chunk) for chunk in (cfg_rows[:half], cfg_rows[half:])
+        if chunk) + "</div>")
     versions = config.get("versions") or {}
     footer = "privfedcal report of " + str(run_dir.resolve()) + (
         " · " + ", ".join(f"{k} {v}" for k, v in versions.items()) if versions else "")

@@ -27,15 +27,17 @@ def test_check_local_names_the_client():
     good = ({"w": torch.ones(2)}, None, 0.5)
     bad_loss = ({"w": torch.ones(2)}, None, math.nan)
     with pytest.raises(Diverged) as exc:
-        divergence.check_local([good, bad_loss], [3, 7], {"w": torch.ones(2)}, 4, 0.1)
+        divergence.check_local([good, bad_loss], [3, 7], None, 4, 0.1)
     assert (exc.value.round, exc.value.client) == (4, 7)
     assert "--lr" in str(exc.value) and "round 4, client 7" in str(exc.value)
     bad_state = ({"w": torch.tensor([1.0, math.nan])}, None, 0.5)
     with pytest.raises(Diverged) as exc:
-        divergence.check_local([good, bad_state], [3, 7], {"w": torch.tensor([math.nan, 1.0])},
-                               2, 0.1)
+        divergence.check_local([good, bad_state], [3, 7], None, 2, 0.1)
     assert exc.value.client == 7 and "w" in exc.value.what
-    divergence.check_local([good, good], [0, 1], {"w": torch.ones(2)}, 1, 0.1)  # finite: quiet
+    divergence.check_local([good, good], [0, 1], {"w": torch.ones(2)}, 1, 0.1)  # quiet
+    with pytest.raises(Diverged) as exc:  # only the average overflowed: no client to name
+        divergence.check_local([good, good], [0, 1], {"w": torch.tensor([math.inf])}, 3, 0.1)
+    assert exc.value.client is None and exc.value.round == 3
 
 
 def test_check_payload_and_evaluation():

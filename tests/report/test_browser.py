@@ -91,8 +91,6 @@ def test_run_report_in_chromium(run_dir, tmp_path):
     dom = loaded_dom(page, tmp_path)
     assert_images_loaded(dom, 4)
     summary = json.loads((run_dir / "summary.json").read_text())
-    if "epsilon_spent" not in summary["privacy"]["releases"][-1]:
-        summary["privacy"]["releases"][-1]["epsilon_spent"] = summary["privacy"]["epsilon_spent"]
     shown = re.findall(r'<span data-check="([^"]+)"[^>]*>([^<]*)</span>', dom)
     keys = {k for k, _ in shown}
     assert {"accuracy", "accuracy_before_calibration", "min:per_class_accuracy",
