@@ -60,7 +60,7 @@ RUN = ["--dataset", "digits", "--clients", "5", "--alpha", "0.3", "--local-epoch
        "--device", "cpu", "--threads", "1"]
 KEYS = ("psnr", "psnr_best", "ssim", "feature_cosine", "nearest_is_true", "nearest_of_best",
         "prior_psnr", "prior_psnr_best")
-PARTS = ("plain", "grad", "dp", "secagg", "trace")
+PARTS = ("plain", "grad", "dp", "secagg", "trace", "update")
 
 
 def train_run(out: Path, rounds: int) -> Path:
@@ -79,11 +79,12 @@ def scored(view, images, idx, *, paired) -> dict:
 
 def guess(view, cls: int, idx: torch.Tensor, size: int, *, seed: int) -> dict:
     """The control: ``size`` random TEST images of the class (public data, nothing from the
-    client), scored exactly like a reconstruction. Its numbers are chance level."""
+    client; as many as the attack reconstructs), scored exactly like a reconstruction. Its
+    numbers are chance level."""
     d = view.exp.data
     pool = torch.nonzero(d.y_test == cls).flatten()
     g = make_generator(seed, cls, size, 74)
-    pick = pool[torch.randperm(pool.numel(), generator=g)[:min(size, pool.numel(), idx.numel())]]
+    pick = pool[torch.randperm(pool.numel(), generator=g)[:min(size, pool.numel())]]
     images = d.denormalize(d.x_test[pick]).clamp(0, 1)
     return scored(view, images, idx, paired=False)
 
@@ -224,7 +225,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
             for (c2, n), idx in sets.items():
                 if c2 != cls:
                     continue
-                add("secagg", n, cls, "guess", guess(view, cls, idx, n, seed=cls + 6))
+                add("secagg", n, cls, "guess", guess(view, cls, idx, k, seed=cls + 6))
                 add("secagg", n, cls, "mean", {**scored(view, mean_res.images, idx,
                                                         paired=False),
                                                **mean_res.convergence.as_record()})
@@ -232,6 +233,39 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
                     add("secagg", n, cls, "mean+cov",
                         {**scored(view, stats_res.images, idx, paired=False),
                          **stats_res.convergence.as_record(), "aggregate_n": k})
+
+    if "update" in args.parts:
+        # the FedAvg update of the smallest client, as the transcript records it (its full
+        # state after local training with the run's recipe and batch order), inverted
+        from privfedcal.attacks.feature_inversion import InversionConfig
+        from privfedcal.attacks.gradient_inversion import (
+            LocalRecipe,
+            invert_model_update,
+            simulate_local_training,
+        )
+
+        cfg = view.cfg
+        client = int(min(range(len(view.exp.parts)), key=lambda c: view.exp.parts[c].numel()))
+        idx = view.exp.parts[client]
+        recipe = LocalRecipe(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.momentum,
+                             cfg.weight_decay)
+        g = make_generator(cfg.seed, rel.round, client, 1)
+        order = [torch.randperm(idx.numel(), generator=g) for _ in range(cfg.local_epochs)]
+        start = dict(rel.state)
+        after = {**start, **{k: v.detach() for k, v in simulate_local_training(
+            model, start, d.x_train[idx], d.y_train[idx], recipe, order=order).items()}}
+        res = invert_model_update(
+            model, start, after, recipe, n=int(idx.numel()), image_shape=d.x_train.shape[1:],
+            mean=d.mean, std=d.std, generator=make_generator(args.seed, client, 0, 76),
+            config=InversionConfig(steps=args.steps, restarts=1, tv_weight=1e-2,
+                                   l2_weight=0.0, jitter=0, bn_weight=0.0))
+        view.load_state(rel.state)
+        true_counts = torch.bincount(d.y_train[idx], minlength=d.num_classes)
+        got_counts = torch.bincount(res.labels, minlength=d.num_classes)
+        add("plain", int(idx.numel()), "all", f"update k{client}", {
+            **scored(view, res.images, idx, paired=False), **res.convergence.as_record(),
+            "label_count_error": int((true_counts - got_counts).abs().sum()),
+            "update_cosine": res.gradient_cosine})
 
     if "trace" in args.parts:
         cls = args.classes[0]

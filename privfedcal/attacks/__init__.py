@@ -33,6 +33,12 @@ _WHERE = {
     "score": "privfedcal.attacks.class_inference",
     "split_class_gradient": "privfedcal.attacks.gradient_inversion",
     "ssim": "privfedcal.attacks.metrics",
+    "LocalRecipe": "privfedcal.attacks.gradient_inversion",
+    "invert_model_update": "privfedcal.attacks.gradient_inversion",
+    "labels_from_update": "privfedcal.attacks.gradient_inversion",
+    "recover_rank_n": "privfedcal.attacks.gradient_inversion",
+    "simulate_local_training": "privfedcal.attacks.gradient_inversion",
+    "eval_mode": "privfedcal.attacks.modes",
 }
 
 
@@ -66,4 +72,10 @@ __all__ = [
     "score",
     "split_class_gradient",
     "ssim",
+    "LocalRecipe",
+    "invert_model_update",
+    "labels_from_update",
+    "recover_rank_n",
+    "simulate_local_training",
+    "eval_mode",
 ]

@@ -6,9 +6,12 @@ attacks its transcript exactly as ``privfedcal attack`` would: class statistics 
 class gradients for CReFF (the raw-feature baseline is left out: it does not depend on the
 protection), and class-set inference for both. The inversions assume the attacker knows
 the attacked client's label set even where noise hides it (``known_classes``): an upper
-bound on the attacker, so that every setting gets a PSNR. One row per setting:
-accuracy, the attacks' mean PSNR / SSIM / feature cosine over targets (plus the data-free
-prior's PSNR, the level of an attack that learnt nothing), class-inference accuracy, and the
+bound on the attacker, so that every setting gets a PSNR. Inversions run to convergence
+(cap ``steps``). One row per setting, worst case over individuals first (the best
+reconstruction's PSNR, whether its nearest training image is its true one, the client /
+class / target it came from, the data-free prior's best PSNR under the same rule), then
+accuracy, the attacks' mean PSNR / SSIM / feature cosine over targets (plus the prior's
+mean PSNR, the level of an attack that learnt nothing), class-inference accuracy, and the
 epsilon actually spent. Settings the library refuses (a budget that cannot be met, a method
 with no calibration upload to protect) are kept as rows with a note, never a crash.
 """

@@ -1,18 +1,20 @@
 """Scoring and presentation of attack results: metrics per target, attack.json, the PNG grid
 of true vs reconstructed images, and rich summary tables.
 
-Scoring (our choices): reconstructions are matched to the true images behind their target:
-in order for per-image targets (raw features), by best PSNR when one image stands for
-several (a class mean, a class gradient), by the Hungarian assignment on MSE for a batch
-(class statistics, a model update; ``metrics.matched_psnr``). ``feature_cosine`` compares
-the reconstructions' features with the TRUE features of their matched images (what the
-attack really recovered; ``target_cosine`` in a record is the agreement with what the
-attacker optimised). ``nearest_is_true`` asks whether the nearest training image of the
-whole training set (MSE) is the matched true one; for a single image standing for a set
-that means "is one of the set", so ``nearest_chance`` gives the rate of a random image of
-the right class (set size / class size; 1 / class size for matched targets). ``prior_psnr`` is the PSNR of a guess
-that needs no client data, the test-set mean image of the class: an attack at or below it
-has learnt nothing visual about the client's images.
+Scoring (our choices): one rule for every target and for the controls. Reconstructions
+are matched to the attacked individuals' true images (one client's class; under secure
+aggregation the attacked client's, never the federation's): in order for per-image targets
+(raw features), by best PSNR when one image stands for several (a class mean, a weighted-
+mean class gradient), by the Hungarian assignment on MSE for a batch (class statistics,
+rank-n features, a model update; ``metrics.matched_psnr``). The data-free prior (the
+test-set mean image of the class) is matched to the same set by the same rule, so
+``psnr`` / ``prior_psnr`` and their worst cases ``psnr_best`` / ``prior_psnr_best`` compare
+in every row. ``feature_cosine`` compares the reconstructions' features with the TRUE
+features of their matched images. ``nearest_is_true`` asks whether the nearest training
+image of the whole training set (MSE) is the matched true one (``nearest_of_best``: for the
+best reconstruction); for a single image standing for a set that means "is one of the
+set", so ``nearest_chance`` gives the rate of a random image of the right class. Tables
+and audit rows put the worst case over individuals first (``worst_case``).
 """
 
 from __future__ import annotations

@@ -35,10 +35,12 @@ from privfedcal.attacks.feature_inversion import (
 )
 from privfedcal.attacks.gradient_inversion import (
     LocalRecipe,
+    gradient_rank,
     invert_class_gradient,
     invert_model_update,
     invert_update,
     recover_from_class_gradient,
+    recover_rank_n,
     split_class_gradient,
 )
 from privfedcal.attacks.report import score
@@ -64,6 +66,7 @@ class AttackOptions:
     raw_samples: int = 3  # real images per (client, class) for the raw-feature baseline
     max_n: int = 256  # class-stats batches above this many images are skipped (noted)
     update_batch: int = 4  # local batch of the simulated model update
+    rank_max: int = 3  # largest n for rank-n feature recovery from a class gradient
     default_clients: int = 2  # clients attacked when none are named (the first uploaders)
     known_classes: bool = False  # also attack held classes the upload hides (side knowledge)
     round: int | None = None  # release round to attack; None: the last one
@@ -254,22 +257,65 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
     return plan
 
 
+def creff_head(view: RunView, rel: Release) -> tuple[Tensor, Tensor | None] | None:
+    """The head (W, b) the clients differentiated in a CReFF release, when the transcript
+    pins it: in the first release CReFF with ``initial_head="global"`` starts from the sent
+    state's classifier; a fresh round-1 head and later releases use the server's own head,
+    which the transcript does not record."""
+    from privfedcal.calibration.creff import CReFFParams
+    from privfedcal.calibration.retrain import effective_weight, read_head
+
+    first = min((r.round for r in view.releases(GRAD_LABEL)), default=None)
+    initial = view.cfg.calibration_params.get(
+        "initial_head", getattr(CReFFParams, "initial_head", "global"))
+    if rel.state is None or rel.round != first or initial != "global":
+        return None
+    head = read_head(rel.state)
+    return effective_weight(head.weight.double(), head.normalized), (
+        None if head.bias is None else head.bias.double())
+
+
 def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], block: Tensor,
-                  truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
+                  truth_idx: Tensor, base: dict[str, Any], seed: int,
+                  head: tuple[Tensor, Tensor | None] | None = None,
+                  n_known: int | None = None) -> Job:
+    """Class-gradient attack: with the head known and n <= ``opts.rank_max`` (n from the
+    uploaded count, else the gradient's rank when below C - 1) the n features are recovered
+    exactly (``recover_rank_n``) and inverted as a batch; otherwise the least-squares
+    weighted-mean feature is inverted to one image."""
+
     def run() -> Attacked:
         t0 = time.perf_counter()
         view.load_state(state)
         d = view.exp.data
         gw, gb = split_class_gradient(block.to(view.exp.device).float())
         _, info = recover_from_class_gradient(gw, gb)
-        res = invert_class_gradient(view.model, gw, gb, image_shape=d.x_train.shape[1:],
-                                    mean=d.mean, std=d.std, config=opts.inversion,
-                                    generator=make_generator(opts.seed, seed, 0, 63))
+        rank = gradient_rank(gw)
+        n_est = n_known if n_known is not None else (rank if rank < gw.shape[0] - 1 else None)
+        extra: dict[str, Any] = {"gradient_rank": rank, "n_used": n_est}
+        if head is not None and n_est is not None and 1 <= n_est <= opts.rank_max:
+            rn = recover_rank_n(block.to(view.exp.device).double(), head[0], head[1],
+                                int(info.label), n_est,
+                                generator=make_generator(opts.seed, seed, 0, 67))
+            res = invert_features(view.model, FeatureTarget.raw(rn.features.float()),
+                                  image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                                  generator=make_generator(opts.seed, seed, 0, 63),
+                                  config=opts.inversion)
+            mode = "rank-n+" + res.mode
+            extra.update(rank_n_residual=rn.residual,
+                         needed=["the head the client used", "n (count or gradient rank)"])
+        else:
+            res = invert_class_gradient(view.model, gw, gb, image_shape=d.x_train.shape[1:],
+                                        mean=d.mean, std=d.std, config=opts.inversion,
+                                        generator=make_generator(opts.seed, seed, 0, 63))
+            mode = "analytic+" + res.mode
+            extra["needed"] = ["the class gradient only"]
         rec, matched = score(view, res.images, truth_idx, paired=False)
         label = int(info.label)
-        record = {**base, **rec, "mode": "analytic+" + res.mode, "target_cosine": res.cosine,
+        record = {**base, **rec, "mode": mode, "target_cosine": res.cosine,
                   "recovered_label": label, "label_correct": label == base["class"],
                   "fit_residual": float(info.residual), "single_sample": bool(info.single_sample),
+                  **extra, **_convergence(res.convergence),
                   "seconds": round(time.perf_counter() - t0, 3)}
         return Attacked(record, matched, res.images.detach().cpu())
 
@@ -315,14 +361,21 @@ def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -
 
 
 def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | None = None,
-                   classes: Sequence[int] | None = None, *, updates: bool = False) -> Plan:
+                   classes: Sequence[int] | None = None, *, updates: bool = False,
+                   gradients: bool = True) -> Plan:
     """Analytic + feature inversion of CReFF class gradients; with ``updates``, inversion of
     a simulated local model update of each attacked client (model updates are never
     encrypted, so this works under secure aggregation too)."""
     plan = Plan()
     has_grad = any(e["label"] == GRAD_LABEL for e in view.entries)
-    if has_grad or not updates:
+    if gradients and (has_grad or not updates):
         rel = view.release(GRAD_LABEL, opts.round)
+        head = creff_head(view, rel)
+        if head is None:
+            plan.notes.append(f"class gradients of round {rel.round}: the head CReFF sent is "
+                              "not in the transcript, so no rank-n recovery (weighted-mean "
+                              "features); only the first release of a run with "
+                              "initial_head=global uses the sent model's head")
         for client, payload, seen in _sources(view, rel, clients, plan, opts.default_clients):
             stds = view.noise_stds(GRAD_LABEL, list(payload))
             noisy = any(s > 0 for s in stds.values())
@@ -333,9 +386,14 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                         "n": int(truth.numel()), "n_observed": n_obs, "round": rel.round,
                         "view": seen, "dp": noisy, "n_true": int(truth.numel()),
                         "class_inferred": inferred}
-                tag = c + 1000 * (client if client is not None else 999) + 10**6 * rel.round
-                plan.jobs.append(_gradient_job(view, opts, rel.state, payload["grad"][c], truth,
-                                               base, tag))
+                tag = c + 1000 * client + 10**6 * rel.round
+                n_known = (max(1, int(round(n_obs))) if n_obs is not None and not noisy
+                           else None)
+                block = payload["grad"][c]  # a sum under sample weighting: make it a mean
+                block = block / max(n_obs, 1.0) if n_obs is not None else block
+                plan.jobs.append(_gradient_job(view, opts, rel.state, block, truth,
+                                               base, tag, head=None if noisy else head,
+                                               n_known=n_known))
     if updates:
         recorded = plan_updates(view, opts, clients)
         if recorded.jobs:

@@ -97,7 +97,7 @@ def print_notes(notes: list[str]) -> None:
 def invert(
     stats: Annotated[bool, Opt("--stats", help="Invert CCVR class statistics (and means).")] = False,
     gradients: Annotated[bool, Opt("--gradients", help="Invert CReFF class gradients.")] = False,
-    updates: Annotated[bool, Opt("--updates", help="Also invert a simulated model update (with --gradients).")] = False,
+    updates: Annotated[bool, Opt("--updates", help="Invert the recorded per-client model updates (a simulated one if the transcript has none); alone or with --gradients.")] = False,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
     steps: Annotated[int, Opt(help="Step cap per inversion (each stops earlier once converged); lower it for a quick look.")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Random restarts per inversion (best kept).")] = 4,
@@ -124,11 +124,11 @@ def invert(
         plan_stats,
     )
 
-    if stats == gradients:
-        raise UsageError("give exactly one of --stats or --gradients")
-    if updates and not gradients:
-        raise UsageError("--updates goes with --gradients")
-    kind = "stats" if stats else "gradients"
+    if stats and gradients or not (stats or gradients or updates):
+        raise UsageError("give exactly one of --stats or --gradients (and/or --updates)")
+    if updates and stats:
+        raise UsageError("--updates goes with --gradients or alone, not with --stats")
+    kind = "stats" if stats else "gradients" if gradients else "updates"
     opts = AttackOptions(steps=steps, restarts=restarts, raw_samples=raw_samples, max_n=max_n,
                          update_batch=update_batch, round=round_, seed=seed,
                          known_classes=known_classes)
@@ -140,7 +140,8 @@ def invert(
     if stats:
         plan = plan_stats(view, opts, client_ids, class_ids)
     else:
-        plan = plan_gradients(view, opts, client_ids, class_ids, updates=updates)
+        plan = plan_gradients(view, opts, client_ids, class_ids, updates=updates,
+                              gradients=gradients)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     with progress_bar() as bar:

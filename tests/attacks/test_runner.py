@@ -226,7 +226,17 @@ def test_class_gradients_and_update(creff_view):
     rel = creff_view.release(GRAD_LABEL, None)
     assert rel.round == 2
     opts = AttackOptions(steps=5, restarts=1, update_batch=1)
-    plan = plan_gradients(creff_view, opts, clients=[0], updates=True)
+    recorded = plan_gradients(creff_view, opts, clients=[0], updates=True)
+    (up,) = [j for j in recorded.jobs if j.base["target"] == "model-update"]
+    assert up.base["view"] == "plain-upload" and up.base["round"] == 2
+    assert up.base["n"] == int(creff_view.exp.counts[0].sum())  # the weight FedAvg used
+    # a transcript without recorded updates: one simulated SGD step instead
+    import dataclasses
+
+    older = dataclasses.replace(creff_view, entries=[
+        e for e in creff_view.entries if e["label"] not in ("model-update", "round")])
+    plan = plan_gradients(older, opts, clients=[0], updates=True)
+    assert any("records no model updates" in n for n in plan.notes)
     grads = [j for j in plan.jobs if j.base["target"] == "class-gradient"]
     assert [j.base["class"] for j in grads] == \
         [c for c in range(10) if creff_view.exp.counts[0][c] > 0]
@@ -311,3 +321,24 @@ def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     # gradients planner: recorded updates replace the simulated one
     plain = plan_updates(ccvr_view, AttackOptions())
     assert not plain.jobs and "records no model updates" in plain.notes[0]
+
+
+def test_creff_head_is_pinned_by_the_first_release_only(creff_view):
+    import dataclasses
+
+    from privfedcal.attacks.runner import creff_head
+    from privfedcal.calibration.retrain import read_head
+
+    def with_head(kind):
+        params = {**creff_view.cfg.calibration_params, "initial_head": kind}
+        return dataclasses.replace(creff_view, cfg=creff_view.cfg.replace(
+            calibration_params=params))
+
+    first, second = creff_view.releases(GRAD_LABEL)[:2]
+    w, b = creff_head(with_head("global"), first)
+    head = read_head(first.state)
+    assert torch.equal(w, head.weight.double()) and torch.equal(b, head.bias.double())
+    assert creff_head(with_head("global"), second) is None
+    assert creff_head(with_head("fresh"), first) is None  # a fresh head is the server's own
+    plan = plan_gradients(creff_view, TINY, clients=[0])  # the last round: a note, no rank-n
+    assert any("the head CReFF sent is not in the transcript" in n for n in plan.notes)

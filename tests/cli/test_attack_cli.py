@@ -47,7 +47,7 @@ def check_records(path, kinds):
 def first_held_class(run, client):
     index = json.loads((run / "transcript" / "index.json").read_text())
     (entry,) = [e for e in index if e["view"] == "plain-upload" and e["client"] == client
-                and e["label"] != "model-update"]
+                and e["label"] == "ccvr-stats"]
     count = load_file(str(run / "transcript" / entry["file"]))["count"]
     return int(torch.nonzero(count > 0)[0])
 
@@ -72,11 +72,11 @@ def test_invert_gradients_with_update(runs, tmp_path):
     records = check_records(out / "attack.json", TARGETS)
     kinds = [r["target"] for r in records]
     assert kinds[-1] == "model-update" and set(kinds[:-1]) == {"class-gradient"}
-    # the transcript records client 1's real update: all of its examples (its FedAvg weight)
-    index = json.loads((runs / "creff" / "transcript" / "index.json").read_text())
-    (upd,) = [e for e in index if e["label"] == "model-update" and e["client"] == 1]
-    assert records[-1]["n"] == int(upd["weight"])
-    assert (out / "reconstructions.png").read_bytes()[:8] == PNG
+    # the recorded update of client 1: all of its images, n from the FedAvg weight
+    update = records[-1]
+    assert update["view"] == "plain-upload" and update["client"] == 1
+    assert update["n"] == update["n_true"] == update["candidates"] > 2
+    assert update["steps_run"] == 20 and (out / "reconstructions.png").read_bytes()[:8] == PNG
 
 
 def test_classes(runs, tmp_path, capsys):
@@ -111,6 +111,10 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
                        "round 5")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--steps", "-1"], capsys,
                        "steps")
+    assert_usage_error(["attack", "invert", "--stats", "--run", run, "--threads", "0"], capsys,
+                       "--threads")
+    assert_usage_error(["attack", "classes", "--run", run, "--threads", "0"], capsys,
+                       "--threads")
     assert_usage_error(["attack", "invert", "--gradients", "--run", run], capsys, "creff-grad")
     assert_usage_error(["attack", "classes", "--run", str(tmp_path)], capsys, "not a run folder")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--nope"], capsys, "nope")
