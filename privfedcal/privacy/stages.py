@@ -2,15 +2,15 @@
 
 As pfl-research's postprocessors do, every stage has a client half, run in order on each
 client's payload, and a server half, run in reverse order. The last stage is the wire: its
-server half turns the list of uploads into their sum (a plain sum, or a homomorphic sum the
+``deliver`` (the server's side of it) turns the list of uploads into their sum (a plain sum, or a homomorphic sum the
 key holder decrypts) and then hands that sum to ``finish``, which runs the server halves of
 the earlier stages in reverse, wherever the sum first exists in the clear (the server in
 the clear, the key holder under encryption: the top-up noise it draws must stay secret from
 the server). ``open`` runs on the server before any client computes (the budget check, the
 release's keys), ``close`` after the release is made (the accountant records it).
 
-To add a protection, subclass ``Stage`` here and put it in its place in
-``privacy.protection.build_protected_uplink``; the calibrators never know which stages ran.
+To add a protection, subclass ``Stage`` here (or in its own module, as the encrypt stage in
+privacy/secagg_stage.py) and put it in its place in ``privacy.protection.uplink_stages``; the calibrators never know which stages ran.
 """
 
 from __future__ import annotations
