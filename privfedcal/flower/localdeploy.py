@@ -97,6 +97,14 @@ class LocalDeployment:
         self.env["FLWR_TELEMETRY_ENABLED"] = "0"
 
     # ---- processes -------------------------------------------------------------------------
+    def _prepare_home(self) -> None:
+        """Log folder and a private FLWR_HOME whose config points ``flwr`` at our SuperLink."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{LOOPBACK}:{self.port}"\ninsecure = true\n')
+
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         args = [_exe(args[0]), *args[1:]]
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
@@ -120,11 +128,7 @@ class LocalDeployment:
                            f"{self.startup_timeout:g} s\n" + self.log_tail())
 
     def __enter__(self) -> LocalDeployment:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "{LOOPBACK}:{self.port}"\ninsecure = true\n')
+        self._prepare_home()
         try:
             link = self._start("superlink", [
                 "flower-superlink", "--insecure", "--host", LOOPBACK, "--port", str(self.port),
@@ -231,11 +235,7 @@ class LocalSimulation(LocalDeployment):
     """
 
     def __enter__(self) -> LocalSimulation:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "{LOOPBACK}:{self.port}"\ninsecure = true\n')
+        self._prepare_home()
         try:
             link = self._start("superlink", [
                 "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
