@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from privfedcal.cli.run import console, err_console  # full width when piped: never truncated
+from privfedcal.cli.console import console, err_console  # full width when piped
 
 
 def _fmt(value: float | None) -> str:

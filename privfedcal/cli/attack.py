@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+from privfedcal.cli.console import console, err_console
 from privfedcal.errors import UsageError
 
-console = Console()
-err_console = Console(stderr=True)
 Opt = typer.Option
 
 attack_app = typer.Typer(help="Attack what an honest-but-curious server observed in a run.",

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+from privfedcal.cli.console import console
 from privfedcal.errors import UsageError
 
-console = Console()
 Opt = typer.Option
 
 _ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from privfedcal.cli.console import console, err_console
 from privfedcal.errors import UsageError
 
 
@@ -18,7 +19,6 @@ def compare(
 ) -> None:
     """Compare finished runs: accuracy before/after calibration, worst class, epsilon, bytes, time."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     from privfedcal.report.compare import (
@@ -39,12 +39,9 @@ def compare(
                          else "right", overflow="fold")
     for cells, r in zip(display_rows(rows), rows, strict=True):
         table.add_row(*cells[1:-1], r["flag"], style="yellow" if r["flags"] else None)
-    console = Console()
-    if not console.is_terminal:  # piped: no terminal width to fit, keep rows on one line
-        console = Console(width=160)
     console.print(table)
     for w in warnings:
-        Console(stderr=True).print(f"[yellow]warning:[/yellow] {w}")
+        err_console.print(f"[yellow]warning:[/yellow] {w}")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "compare.csv")
     write_html(rows, warnings, out / "compare.html")

@@ -79,7 +79,7 @@ def partition(
 def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
     from rich.table import Table
 
-    from privfedcal.cli.run import console  # full width when piped: never truncated
+    from privfedcal.cli.console import console  # full width when piped
 
     table = Table(title=title)
     table.add_column("client", justify="right")

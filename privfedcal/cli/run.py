@@ -10,28 +10,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from privfedcal.cli.console import console, err_console
 from privfedcal.config import RUN_RECORD_KEYS, RunConfig, resolved_line
 from privfedcal.errors import Diverged, UsageError
-
-
-def _width(stream) -> int | None:
-    """None (the terminal's width) on a terminal, else wide enough never to truncate."""
-    try:
-        return None if stream.isatty() else 10_000
-    except (AttributeError, ValueError):
-        return 10_000
-
-
-console = Console(width=_width(sys.stdout))
-err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def build_simulator(cfg: RunConfig, run_dir: Path):
