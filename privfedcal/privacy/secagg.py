@@ -37,15 +37,24 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tenseal as ts
 import torch
 from torch import Tensor
 
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.privacy.packing import EncryptedUpload, PayloadLayout
+
+if TYPE_CHECKING:
+    import tenseal as ts
+
+
+def _tenseal() -> Any:
+    """TenSEAL, imported on first use: runs without secure aggregation never load it."""
+    import tenseal
+
+    return tenseal
 
 __all__ = [
     "CKKSParams",
@@ -208,7 +217,7 @@ def _chunk_lengths(size: int, slots: int) -> list[int]:
 
 def _load_vector(ctx: ts.Context, data: bytes, expected_len: int, what: str) -> ts.CKKSVector:
     try:
-        vec = ts.ckks_vector_from(ctx, data)
+        vec = _tenseal().ckks_vector_from(ctx, data)
     except Exception as exc:  # TenSEAL/SEAL raise ValueError, RuntimeError or TypeError
         raise UploadRejected(f"{what} does not deserialise under this key ({exc})") from exc
     if vec.size() != expected_len:
@@ -232,7 +241,7 @@ def _load_vector(ctx: ts.Context, data: bytes, expected_len: int, what: str) -> 
 def load_public_context(public_context_bytes: bytes, *, n_threads: int = 1) -> ts.Context:
     """Load a context for encrypting or adding; refuses one that carries a secret key."""
     try:
-        ctx = ts.context_from(public_context_bytes, n_threads=n_threads)
+        ctx = _tenseal().context_from(public_context_bytes, n_threads=n_threads)
     except Exception as exc:
         raise UsageError(f"public CKKS context does not deserialise ({exc})") from exc
     if ctx.is_private():
@@ -251,7 +260,7 @@ def encrypt_payload(
     n_threads: int = 1,
 ) -> EncryptedUpload:
     """Client side: pack ``payload`` and encrypt it in as few ciphertexts as the slots allow."""
-    if isinstance(public, ts.Context):
+    if isinstance(public, _tenseal().Context):
         ctx, key_id = public, key_id_of(_serialise_public(public))
     else:
         ctx, key_id = load_public_context(public, n_threads=n_threads), key_id_of(public)
@@ -260,7 +269,7 @@ def encrypt_payload(
     chunks = []
     for start in range(0, vector.size, slots):
         try:
-            vec = ts.ckks_vector(ctx, vector[start : start + slots].tolist())
+            vec = _tenseal().ckks_vector(ctx, vector[start : start + slots].tolist())
         except ValueError as exc:  # SEAL: "encoded values are too large"
             raise UploadRejected(f"payload does not fit the CKKS parameters ({exc})") from exc
         chunks.append(vec.serialize())
@@ -284,8 +293,8 @@ class KeyHolder:
     def _new_keys(self) -> None:
         p = self.params
         try:
-            ctx = ts.context(
-                ts.SCHEME_TYPE.CKKS,
+            ctx = _tenseal().context(
+                _tenseal().SCHEME_TYPE.CKKS,
                 poly_modulus_degree=p.poly_modulus_degree,
                 coeff_mod_bit_sizes=list(p.coeff_mod_bit_sizes),
                 n_threads=p.n_threads,
@@ -396,7 +405,7 @@ class KeyHolder:
         if state.get("format") != self._FORMAT:
             raise UsageError(f"not a KeyHolder state (format {state.get('format')!r})")
         params = CKKSParams(**state["params"])
-        ctx = ts.context_from(bytes(state["secret_context"]), n_threads=params.n_threads)
+        ctx = _tenseal().context_from(bytes(state["secret_context"]), n_threads=params.n_threads)
         if not ctx.is_private():
             raise UsageError("KeyHolder state holds no secret key")
         public = bytes(state["public_context"])
