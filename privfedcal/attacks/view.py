@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from torch import Tensor
 
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
+from privfedcal.federation.transcript import TASK_PREFIX
 from privfedcal.models.base import FeatureClassifier
 
 STATS_LABEL, GRAD_LABEL = "ccvr-stats", "creff-grad"
@@ -32,6 +33,9 @@ class Release:
     uploads: dict[int, dict[str, Tensor]]
     aggregate: dict[str, Tensor] | None
     ciphertext_bytes: dict[int, int]
+    #: public tensors the server sent with the release besides the model (CReFF: the head
+    #: ``head.weight`` / ``head.bias`` the clients differentiated); empty in older runs
+    task: dict[str, Tensor] = field(default_factory=dict)
 
 
 class UploadedFeatures(FeatureClassifier):
@@ -118,14 +122,18 @@ class RunView:
                 continue
             g = groups.setdefault(e["round"], {"state": None, "uploads": {}, "agg": None, "ct": {}})
             if e["view"] == "model-state":
-                g["state"] = e.get("tensors")
+                sent = e.get("tensors")
+                g["state"] = None if sent is None else {
+                    k: v for k, v in sent.items() if not k.startswith(TASK_PREFIX)}
+                g["task"] = {} if sent is None else {
+                    k[len(TASK_PREFIX):]: v for k, v in sent.items() if k.startswith(TASK_PREFIX)}
             elif e["view"] == "plain-upload":
                 g["uploads"][int(e["client"])] = e["tensors"]
             elif e["view"] == "aggregate":
                 g["agg"] = e["tensors"]
             elif e["view"] == "ciphertext":
                 g["ct"][int(e["client"])] = int(e.get("bytes", 0))
-        return [Release(r, label, g["state"], g["uploads"], g["agg"], g["ct"])
+        return [Release(r, label, g["state"], g["uploads"], g["agg"], g["ct"], g.get("task", {}))
                 for r, g in sorted(groups.items())]
 
     def release(self, label: str, round_: int | None) -> Release:

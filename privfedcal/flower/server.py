@@ -29,6 +29,7 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import Calibrator, NoBound, Payload, PayloadTask, State
 from privfedcal.federation.setup import Experiment
 from privfedcal.federation.simulator import Simulator
+from privfedcal.federation.transcript import sent_tensors
 from privfedcal.federation.workers import Job, Result
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.protection import SECAGG, RemoteKeys, received_upload, sealing_record
@@ -100,7 +101,7 @@ class FlowerSimulator(Simulator):
         up = self.uplink
         # the server knows the model it asked clients to use (as Simulator.collect records)
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
-                               tensors=state)
+                               tensors=sent_tensors(state, task))
         example = self._example_payload(task, state) if up.wire.hides_uploads else {}
         rel = up.release(label, round_, clients, clients, example, self.transcript)
         up.open(rel)  # the budget check; under --secagg a fresh key from the key holder
