@@ -28,6 +28,10 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
    attacks on the aggregate, scored against the SAME n images as the per-client rows.
 6. ``--parts trace``: PSNR / nearest = true of the best restart at every convergence check
    of raw n = 1 and mean + covariance n = 2, 3, 10 (the plot of docs/privacy-audit.md).
+7. ``--parts rounds``: a CReFF run (``--creff-run``, else trained with the same recipe);
+   the n images' class gradients under the model state and head the transcript records
+   for each of its last ``--rounds-combined`` releases, attacked from the last release
+   alone (as ``grad``) and from all of them together (``invert_class_gradients``).
 
 Run: ``python benchmarks/audit_findings.py --out runs/findings --parts plain`` (one part per
 process parallelises well). Writes findings-<parts>.json / .md and, for ``trace``,
@@ -60,16 +64,69 @@ RUN = ["--dataset", "digits", "--clients", "5", "--alpha", "0.3", "--local-epoch
        "--device", "cpu", "--threads", "1"]
 KEYS = ("psnr", "psnr_best", "ssim", "feature_cosine", "nearest_is_true", "nearest_of_best",
         "prior_psnr", "prior_psnr_best")
-PARTS = ("plain", "grad", "dp", "secagg", "trace", "update")
+PARTS = ("plain", "grad", "dp", "secagg", "trace", "update", "rounds")
 
 
-def train_run(out: Path, rounds: int) -> Path:
+def train_run(out: Path, rounds: int, method: str = "ccvr") -> Path:
     from privfedcal.cli.main import main
 
-    run = out / "run"
+    run = out / ("run" if method == "ccvr" else f"run-{method}")
     if not (run / "summary.json").exists():
-        main(["train", "--method", "ccvr", *RUN, "--rounds", str(rounds), "--out", str(run)])
+        main(["train", "--method", method, *RUN, "--rounds", str(rounds), "--out", str(run)])
     return run
+
+
+def rounds_findings(args, sets: dict, add) -> None:
+    """CReFF class gradients of the same n images in the last ``--rounds-combined`` releases
+    of a CReFF run (each under the model state and head the transcript recorded for it),
+    attacked one release at a time (the last) and all together."""
+    from privfedcal.attacks.gradient_inversion import invert_class_gradients
+    from privfedcal.attacks.runner import GRAD_LABEL, creff_head
+
+    view = load_run(args.creff_run or train_run(args.out, args.rounds, "creff"))
+    rels = [r for r in view.releases(GRAD_LABEL) if r.state is not None
+            and "head.weight" in r.task][-args.rounds_combined:]
+    if not rels:
+        raise SystemExit("the CReFF run's transcript records no heads (re-train it)")
+    d = view.exp.data
+    for (cls, n), idx in sets.items():
+        x, seed = d.x_train[idx], 100 * cls + n
+        heads, grads = [creff_head(view, r) for r in rels], []
+        for r, (w, b) in zip(rels, heads, strict=True):
+            view.load_state(r.state)
+            with torch.no_grad():
+                z = view.model.features(x).double()
+            grads.append(_class_gradient_of(z, w, b, cls))
+        view.load_state(rels[-1].state)
+        w, b = heads[-1]
+        if n <= args.rank_max:
+            rn = recover_rank_n(grads[-1], w, b, cls, n,
+                                generator=make_generator(args.seed, seed, 0, 75))
+            target, kind = FeatureTarget.raw(rn.features.float()), "1 round rank-n"
+        else:
+            z_hat, _ = recover_from_class_gradient(grads[-1][:, :-1], grads[-1][:, -1])
+            target, kind = FeatureTarget.raw(z_hat.float()[None]), "1 round mean"
+        add("creff", n, cls, kind, attack(view, view.model, target, idx, paired=False,
+                                          seed=seed + 6, args=args))
+        from privfedcal.attacks.feature_inversion import InversionConfig
+
+        res = invert_class_gradients(
+            view.model, [r.state for r in rels], heads, grads, cls, n,
+            image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+            generator=make_generator(args.seed, seed, 0, 77),
+            config=InversionConfig(steps=args.steps, restarts=args.restarts, tv_weight=1e-2,
+                                   l2_weight=0.0, jitter=0, bn_weight=0.0))
+        view.load_state(rels[-1].state)
+        add("creff", n, cls, f"{len(rels)} rounds", {
+            **scored(view, res.images, idx, paired=False), **res.convergence.as_record(),
+            "gradient_cosine": res.gradient_cosine, "rounds": [r.round for r in rels]})
+
+
+def _class_gradient_of(z: torch.Tensor, w: torch.Tensor, b, cls: int) -> torch.Tensor:
+    from privfedcal.calibration.creff import per_sample_head_grads
+
+    y = torch.full((len(z),), cls, dtype=torch.long)
+    return per_sample_head_grads(z, y, w.double(), None if b is None else b.double()).mean(0)
 
 
 def scored(view, images, idx, *, paired) -> dict:
@@ -267,6 +324,9 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
             "label_count_error": int((true_counts - got_counts).abs().sum()),
             "update_cosine": res.gradient_cosine})
 
+    if "rounds" in args.parts:
+        rounds_findings(args, sets, add)
+
     if "trace" in args.parts:
         cls = args.classes[0]
         for n in (1, 2, 3, 10):
@@ -357,6 +417,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="step cap")
     p.add_argument("--restarts", type=int, default=2)
     p.add_argument("--rank-max", type=int, default=3, help="largest n for rank-n recovery")
+    p.add_argument("--creff-run", type=Path, default=None,
+                   help="a CReFF run folder for --parts rounds (default: train one)")
+    p.add_argument("--rounds-combined", type=int, default=3,
+                   help="CReFF releases combined by --parts rounds")
     p.add_argument("--max-n", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
