@@ -21,6 +21,8 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
    default stopping rule, cap --steps). Scored with ``attacks.report.score``: PSNR of the
    reconstructions (mean) and of the best one (the worst-off individual), nearest training
    image, and the data-free prior under the same rule.
+   ``--parts update``: the smallest client's FedAvg update (``--update-n`` keeps a seeded
+   subset of its images: a smaller client with the same recipe), inverted.
 4. ``--parts dp``: the same statistics under DP: features clipped to R = 10 (the default),
    the Gaussian mechanism with the noise multiplier the accountant plans for one release
    at epsilon (delta = min(1e-5, 1/(10 N))), moments from the noisy sums.
@@ -304,6 +306,11 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
         cfg = view.cfg
         client = int(min(range(len(view.exp.parts)), key=lambda c: view.exp.parts[c].numel()))
         idx = view.exp.parts[client]
+        if args.update_n is not None and args.update_n < idx.numel():
+            # a client holding only --update-n of those images (seeded pick): the same
+            # recipe on fewer images, where a CPU can run the attack to convergence
+            g = make_generator(args.seed, client, args.update_n, 78)
+            idx = idx[torch.randperm(idx.numel(), generator=g)[:args.update_n]]
         recipe = LocalRecipe(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.momentum,
                              cfg.weight_decay)
         g = make_generator(cfg.seed, rel.round, client, 1)
@@ -417,6 +424,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="step cap")
     p.add_argument("--restarts", type=int, default=2)
     p.add_argument("--rank-max", type=int, default=3, help="largest n for rank-n recovery")
+    p.add_argument("--update-n", type=int, default=None,
+                   help="--parts update: keep this many of the smallest client's images")
     p.add_argument("--creff-run", type=Path, default=None,
                    help="a CReFF run folder for --parts rounds (default: train one)")
     p.add_argument("--rounds-combined", type=int, default=3,
