@@ -382,29 +382,27 @@ def table(rows: list[dict]) -> str:
 
 
 def plot_traces(traces: list[dict], path: Path) -> None:
-    import matplotlib
+    from privfedcal.plotstyle import new_figure, save, series_style, styled
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for i, key in enumerate(dict.fromkeys((t["attack"], t["n"]) for t in traces)):
-        ts = [t for t in traces if (t["attack"], t["n"]) == key]
-        steps = [t["step"] for t in ts]
-        label = f"{key[0]} n={key[1]}"
-        axes[0].plot(steps, [t["psnr"] for t in ts], color=f"C{i}", label=label + " mean")
-        axes[0].plot(steps, [t["psnr_best"] for t in ts], color=f"C{i}", ls=":", lw=1)
-        axes[1].plot(steps, [t["nearest_is_true"] for t in ts], color=f"C{i}", label=label)
-    axes[0].set_ylabel("PSNR dB (solid mean, dotted best image)")
-    axes[1].set_ylabel("nearest training image = true")
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.set_xlabel("Adam steps (run stops at the convergence criterion)")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with styled():
+        fig = new_figure(9, 3.4)
+        axes = fig.subplots(1, 2)
+        for i, key in enumerate(dict.fromkeys((t["attack"], t["n"]) for t in traces)):
+            ts = [t for t in traces if (t["attack"], t["n"]) == key]
+            steps = [t["step"] for t in ts]
+            label = f"{key[0]} n={key[1]}"
+            style = series_style(i, markers=False)
+            axes[0].plot(steps, [t["psnr"] for t in ts], **style, label=label + " mean")
+            axes[0].plot(steps, [t["psnr_best"] for t in ts], color=style["color"], ls=":",
+                         lw=1)
+            axes[1].plot(steps, [t["nearest_is_true"] for t in ts], **style, label=label)
+        axes[0].set_ylabel("PSNR dB (mean; dotted: best image)")
+        axes[1].set_ylabel("nearest training image = true")
+        for ax in axes:
+            ax.set_xscale("log")
+            ax.set_xlabel("Adam steps (run stops at the convergence criterion)")
+        axes[1].legend(fontsize=7)
+        save(fig, path, dpi=110)
 
 
 def main() -> None:
