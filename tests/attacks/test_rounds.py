@@ -95,3 +95,18 @@ def test_invert_class_gradients_uses_each_rounds_state_and_head(toy, images):
     with pytest.raises(UsageError, match="one model state, head and class gradient"):
         invert_class_gradients(model, states, heads[:1], grads, label, 1, image_shape=(1, 4, 4),
                                mean=MEAN, std=STD, generator=torch.Generator())
+
+
+def test_sent_tensors_add_the_tasks_public_tensors_under_a_prefix():
+    from privfedcal.calibration.creff import GradTask
+    from privfedcal.federation.transcript import TASK_PREFIX, sent_tensors
+
+    state = {"classifier.weight": torch.zeros(3, 4)}
+    assert sent_tensors(state, object()) is state  # a task without public tensors
+    w, b = torch.randn(3, 4), torch.randn(3)
+    sent = sent_tensors(state, GradTask(w, b, 3))
+    assert set(sent) == {"classifier.weight", TASK_PREFIX + "head.weight",
+                         TASK_PREFIX + "head.bias"}
+    assert sent[TASK_PREFIX + "head.weight"] is w and sent[TASK_PREFIX + "head.bias"] is b
+    assert set(sent_tensors(state, GradTask(w, None, 3))) == {"classifier.weight",
+                                                             TASK_PREFIX + "head.weight"}
