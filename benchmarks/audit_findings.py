@@ -207,7 +207,10 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
 
     def add(setting, n, cls, kind, rec):
         rows.append({"setting": setting, "n": n, "class": cls, "attack": kind, **rec})
-        steps = f" steps {rec['steps_run']:>5} {rec['stopped']}" if "steps_run" in rec else ""
+        err = rec.get("feature_error")
+        steps = (f" steps {rec['steps_run']:>5} {rec['stopped']} rel. error "
+                 f"{'-' if err is None else format(err, '.2g')} feature cos "
+                 f"{rec.get('feature_cosine', float('nan')):.3f}" if "steps_run" in rec else "")
         print(f"{setting:>10} n={n:<4} class {cls} {kind:<14} PSNR {rec['psnr']:6.2f} max "
               f"{rec['psnr_best']:6.2f} (prior {rec['prior_psnr']:5.2f} max "
               f"{rec['prior_psnr_best']:5.2f}) NN {rec['nearest_is_true']:.2f} NN@max "
