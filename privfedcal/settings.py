@@ -257,7 +257,8 @@ def _toml_key(s: Setting) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """``text`` safe in a markdown table cell (``|`` splits cells, ``<x>`` is HTML)."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def usage_table() -> str:
