@@ -13,6 +13,10 @@ help text, help group and flag spelling live there, and everything else is deriv
   and ``examples/flower/pyproject.toml``, whose values a test compares);
 - the tables of docs/usage.md and docs/flower.md (``python -m privfedcal.settings --write``
   rewrites them, ``--check`` fails when they differ; a test runs the check).
+
+Adding a setting: one ``setting(...)`` field on ``RunConfig`` (or one entry in the tuples
+below), then ``python -m privfedcal.settings --write`` and the new key with its default in
+``examples/flower/pyproject.toml`` (``tests/flower/test_example.py`` names what is missing).
 """
 
 from __future__ import annotations
