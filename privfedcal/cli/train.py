@@ -117,12 +117,12 @@ def _train_options(
 
 def train(**flags: Any) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
-    config, resume, report, log = (flags.pop(k) for k in ("config", "resume", "report", "log"))
-    rounds, threads = flags["rounds"], flags["threads"]
+    config, resume, report, log = (flags.pop(k, None) for k in ("config", "resume", "report", "log"))
+    rounds, threads = flags.get("rounds"), flags.get("threads")
     from privfedcal.cli.run import check_calibration_params, execute, resume_run
     from privfedcal.federation.runlog import parse_log
 
-    extras = {"log": parse_log(log), "report_html": report}
+    extras = {"log": parse_log(log), "report_html": bool(report)}
 
     if resume is not None:
         other = [k for k, v in flags.items() if v is not None and k not in RESUME_FLAGS]
