@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a script
 
-from privfedcal.cli.run import build_calibrator
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_calibrator
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.setup import build_experiment
 from privfedcal.federation.simulator import RoundContext, Simulator

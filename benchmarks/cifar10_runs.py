@@ -73,8 +73,8 @@ def run_all(args: argparse.Namespace) -> None:
 
 def run_oracle(src: Path, dst: Path) -> None:
     """Post-hoc oracle calibration of ``src``'s final global model (before CCVR)."""
-    from privfedcal.cli.run import build_simulator
     from privfedcal.config import RunConfig
+    from privfedcal.experiment import build_simulator
     from privfedcal.federation.checkpoint import load_checkpoint
 
     raw = json.loads((src / "config.json").read_text())

@@ -86,20 +86,11 @@ class RunState:
 
 def load_run(run_dir: Path, device: str | None = None) -> RunState:
     """Rebuild the experiment from ``config.json`` and load ``checkpoint/`` and ``final/``."""
+    from privfedcal.federation.runfolder import read_run_config
     from privfedcal.federation.setup import build_experiment
 
     run_dir = Path(run_dir)
-    cfg_file = run_dir / "config.json"
-    if not cfg_file.is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {cfg_file}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{cfg_file} does not hold a settings object")
-    raw.pop("versions", None)
-    cfg = RunConfig.from_dict(raw)
+    cfg = read_run_config(run_dir)
     if device is not None:
         cfg = cfg.replace(device=device)
     for sub in ("checkpoint", "final"):

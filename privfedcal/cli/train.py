@@ -10,8 +10,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from privfedcal.config import METHOD_ALIASES, RunConfig, load_toml
+from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
+from privfedcal.experiment import check_calibration_params, check_method, method_choices
 
 Opt = typer.Option
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)
@@ -40,17 +41,6 @@ CALIBRATION_FLAGS = ("virtual_per_class", "virtual_mode", "tukey", "features_per
                      "match_steps", "retrain_steps", "feature_lr", "creff_weighting")
 
 
-def method_choices() -> list[str]:
-    from privfedcal.algorithms import ALGORITHMS
-
-    return sorted(set(ALGORITHMS.names()) | set(METHOD_ALIASES))
-
-
-def check_method(name: str) -> None:
-    if name not in method_choices():
-        raise UsageError(f"unknown method {name!r}; valid choices: {', '.join(method_choices())}")
-
-
 def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> RunConfig:
     """The config file first, then every flag the user gave (flags override the file)."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
@@ -74,12 +64,6 @@ def default_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = cfg.dataset.split(":")[0]
     return Path("runs") / f"{cfg.method}-{name}-{stamp}"
-
-
-def versions() -> dict[str, str]:
-    from privfedcal.federation.setup import versions as _versions
-
-    return _versions()
 
 
 def choices_epilog() -> str:
@@ -163,7 +147,7 @@ def train(
 ) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "resume", "report", "log")}
-    from privfedcal.cli.run import check_calibration_params, execute, resume_run
+    from privfedcal.cli.run import execute, resume_run
     from privfedcal.federation.runlog import parse_log
 
     extras = {"log": parse_log(log), "report_html": report}

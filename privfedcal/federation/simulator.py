@@ -32,8 +32,9 @@ from privfedcal.federation.local import (
     evaluate,
     make_generator,
 )
+from privfedcal.federation.runfolder import write_run_files
 from privfedcal.federation.runlog import RunLogger
-from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
+from privfedcal.federation.setup import Experiment, build_experiment
 from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
 from privfedcal.federation.workers import (
     InProcessTrainer,
@@ -78,13 +79,14 @@ class Simulator:
     """Runs one experiment into a run folder; resumable from its last checkpoint."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, *, calibrator: Calibrator | None = None,
-                 uplink: Any = None, exp: Experiment | None = None) -> None:
+                 uplink: Any = None, exp: Experiment | None = None,
+                 run_record: dict[str, Any] | None = None) -> None:
         from privfedcal.privacy.uplink import Uplink
 
         self.run_dir = Path(run_dir)
         self.exp = exp or build_experiment(cfg)
         self.cfg = self.exp.cfg  # resolved: model and optimiser filled in per model
-        write_run_files(self.run_dir, self.exp)  # config.json, partition.json
+        write_run_files(self.run_dir, self.exp, **(run_record or {}))
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
         self.threads = cfg.threads or default_threads(cfg.workers)

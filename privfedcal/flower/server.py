@@ -73,7 +73,8 @@ class FlowerSimulator(Simulator):
 
     def __init__(self, cfg: RunConfig, run_dir: Path, link: GridLink, *,
                  calibrator: Calibrator | None = None, uplink: Any = None,
-                 exp: Experiment | None = None, key_holder: int = 0) -> None:
+                 exp: Experiment | None = None, key_holder: int = 0,
+                 run_record: dict[str, Any] | None = None) -> None:
         if cfg.calibrator.startswith("oracle"):
             raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
                              "no federated form and cannot run under Flower")
@@ -82,7 +83,8 @@ class FlowerSimulator(Simulator):
                              "updates would reach the server in the clear before encryption")
         if not 0 <= key_holder < cfg.clients:
             raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
-        super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
+        super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp,
+                         run_record=run_record)
         self.link = link
         self.key_holder = key_holder
         wire = self.uplink.wire

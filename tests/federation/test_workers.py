@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from privfedcal.calibration.ccvr import StatsTask
-from privfedcal.cli.run import build_simulator
+from privfedcal.experiment import build_simulator
 from privfedcal.federation.workers import balanced_shares
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from privfedcal.cli.run import build_simulator
+from privfedcal.experiment import build_simulator
 from privfedcal.federation.transcript import load_transcript
 
 
