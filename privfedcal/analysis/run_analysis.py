@@ -32,7 +32,8 @@ from privfedcal.analysis.separability import mean_sliced_wasserstein
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import load_checkpoint
-from privfedcal.federation.local import make_generator, train_client
+from privfedcal.federation.local import train_client
+from privfedcal.seeding import make_generator
 
 __all__ = ["AnalysisOptions", "RunState", "analyze_run", "cka_layers", "classifier_weight_key",
            "client_cka", "load_run", "probe_indices", "separability"]

@@ -1,7 +1,7 @@
 """Attack a run folder: transcript -> targets -> attacks -> scored records.
 
 Threat model: an honest-but-curious server that holds the global model and the run's
-transcript (``federation/transcript.py``): the model state it sent for each release, every
+transcript (``privacy/transcript.py``): the model state it sent for each release, every
 client's plain upload (DP-noised when DP is on), or, under secure aggregation, ciphertext
 sizes and the decrypted aggregate only. The planners below build targets from that view
 alone; the clients' data (``exp.parts``) is used for two things only: to SCORE the
@@ -53,8 +53,8 @@ from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
     load_run,
 )
 from privfedcal.errors import UsageError
-from privfedcal.federation.local import make_generator
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.seeding import make_generator
 
 
 @dataclass(frozen=True)

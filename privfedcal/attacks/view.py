@@ -151,7 +151,7 @@ def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
     """Rebuild a run folder written by ``privfedcal train`` (``exp`` reuses a built one)."""
     from privfedcal.federation.runfolder import read_run_config
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.federation.transcript import load_transcript
+    from privfedcal.privacy.transcript import load_transcript
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

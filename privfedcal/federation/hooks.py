@@ -17,29 +17,11 @@ import torch
 from torch import Tensor
 
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
 
 State = dict[str, Tensor]
-Payload = dict[str, Tensor]
 FeatureTransform = Callable[[Tensor], Tensor]
-
-
-class Bound(Protocol):
-    """The client-side bounding stage: clips per-sample rows before they are summed.
-
-    ``rows`` is (n, ...) with one entry per local sample; each entry's flattened L2 norm is
-    clipped to the configured bound (identity when bounding is off). Tasks must pass every
-    per-sample quantity they sum through ``clip`` so that sensitivities hold.
-    """
-
-    def clip(self, rows: Tensor, kind: str) -> Tensor: ...
-
-
-class NoBound:
-    """Bounding off: the identity."""
-
-    def clip(self, rows: Tensor, kind: str) -> Tensor:
-        return rows
 
 
 class PayloadTask(Protocol):

@@ -11,25 +11,13 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms.base import Algorithm, State
 from privfedcal.models.base import FeatureClassifier
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (run seed, round, client, purpose), collision-resistant."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2,
-               dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def make_generator(*parts: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(derive_seed(*parts))
-    return g
+from privfedcal.seeding import derive_seed, make_generator
 
 
 @dataclass(frozen=True)
@@ -236,24 +224,8 @@ def evaluate(model: FeatureClassifier, state: State, x: Tensor, y: Tensor, num_c
     }
 
 
-def weighted_average(states: list[State], weights: list[float]) -> State:
-    """Sample-weighted average of client states; integer buffers (BN counters) take the max."""
-    total = float(sum(weights))
-    out: State = {}
-    for key in states[0]:
-        ref = states[0][key]
-        if ref.is_floating_point():
-            acc = torch.zeros_like(ref, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32)
-            for s, w in zip(states, weights, strict=True):
-                acc.add_(s[key], alpha=w / total)
-            out[key] = acc.to(ref.dtype)
-        else:
-            out[key] = torch.stack([s[key] for s in states]).amax(0)
-    return out
-
-
 class RunningAverage:
-    """``weighted_average`` computed as the states arrive, in the same order and with the same
+    """``algorithms.base.weighted_average`` computed as the states arrive, in the same order and with the same
     operations (so bitwise the same result), holding one accumulator instead of every
     client's state: peak memory does not grow with the number of clients per round."""
 

@@ -21,10 +21,10 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.local import (
     LocalSpec,
     choose_mixed_precision,
-    make_generator,
     set_deterministic,
 )
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.seeding import make_generator
 
 
 def resolve_device(name: str) -> torch.device:

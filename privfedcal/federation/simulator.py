@@ -9,7 +9,6 @@ checkpoint. After the last round the calibrator's post-hoc hook runs (CCVR, orac
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,20 +27,19 @@ from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, P
 from privfedcal.federation.local import (
     RunningAverage,
     clone_state,
-    derive_seed,
     evaluate,
-    make_generator,
 )
 from privfedcal.federation.runfolder import write_run_files
 from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment
-from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
 from privfedcal.federation.workers import (
     InProcessTrainer,
     Job,
     WorkerPoolTrainer,
     default_threads,
 )
+from privfedcal.privacy.transcript import Transcript, record_model_updates, record_round
+from privfedcal.seeding import make_generator, select_clients
 
 
 @dataclass
@@ -399,22 +397,3 @@ class Simulator:
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
         self.log.restore(self.history)
-
-
-def select_clients(cfg: RunConfig, round_: int) -> list[int]:
-    """The clients of a round: a function of the public config alone (the privacy
-    accounting plans each client's participation from it, privacy/protection.py)."""
-    k = cfg.clients
-    m = max(1, int(round(cfg.participation * k)))
-    if m >= k:
-        return list(range(k))
-    g = make_generator(cfg.seed, round_, 0, 3)
-    return sorted(torch.randperm(k, generator=g)[:m].tolist())
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(derive_seed(seed, 0, 0, 9))
-    np.random.seed(seed % (2**32))
-
-
-__all__ = ["Simulator", "RoundContext", "seed_everything", "math"]

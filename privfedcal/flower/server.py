@@ -26,7 +26,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.federation.hooks import Calibrator, NoBound, Payload, PayloadTask, State
+from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State
 from privfedcal.federation.setup import Experiment
 from privfedcal.federation.simulator import Simulator
 from privfedcal.federation.workers import Job, Result
@@ -34,6 +34,7 @@ from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.protection import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.flower.tasks import task_to_records
+from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.secagg_stage import EncryptStage
 
 log = logging.getLogger("privfedcal.flower")

@@ -24,6 +24,7 @@ from privfedcal.privacy.noise import warn_if_seeded
 from privfedcal.privacy.releases import declared_releases
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Stage
 from privfedcal.privacy.uplink import Uplink
+from privfedcal.seeding import select_clients
 
 #: release labels the calibrators use, with the payload keys they may carry
 CCVR_RELEASE = "ccvr-stats"
@@ -186,9 +187,7 @@ class DPStage:
 
 def participation_counts(cfg) -> dict[int, int]:
     """Rounds each client is selected in: the server's choice, a function of the public
-    config (``simulator.select_clients``), known before training."""
-    from privfedcal.federation.simulator import select_clients
-
+    config (``seeding.select_clients``), known before training."""
     counts = dict.fromkeys(range(cfg.clients), 0)
     for r in range(1, cfg.rounds + 1):
         for c in select_clients(cfg, r):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from privfedcal.errors import UploadRejected
-from privfedcal.federation.hooks import Payload
+from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg import (
     CKKSParams,

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from privfedcal.errors import UploadRejected
-from privfedcal.federation.hooks import Bound, NoBound, Payload
-from privfedcal.federation.transcript import Transcript
+from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.transcript import Transcript
 
 if TYPE_CHECKING:
     from privfedcal.privacy.protection import DPStage

@@ -21,10 +21,10 @@ import time
 import torch
 
 from privfedcal.errors import UploadRejected
-from privfedcal.federation.transcript import Transcript
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg import CKKSParams, KeyHolder, ServerAggregator, encrypt_payload
 from privfedcal.privacy.secagg_stage import PRECISION
+from privfedcal.privacy.transcript import Transcript
 
 PARAM_BOUND = 100.0  # |parameter| assumed <= this; sums are bounded by it times sum(w_k)
 WEIGHT_KEY = "__weight"

@@ -27,8 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from privfedcal.errors import ReleaseSkipped, UploadRejected, UsageError
-from privfedcal.federation.hooks import Bound, NoBound, Payload
-from privfedcal.federation.transcript import Transcript
+from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import INSECURE_STATEMENT
 from privfedcal.privacy.stages import (
     MIN_SECAGG_CLIENTS,
@@ -42,6 +41,7 @@ from privfedcal.privacy.stages import (
     symmetrise_outer,
     validate_upload,
 )
+from privfedcal.privacy.transcript import Transcript
 
 log = logging.getLogger("privfedcal.uplink")
 
@@ -177,8 +177,8 @@ class Uplink:
         clear (each update recorded with its weight), or under --secagg-updates as a CKKS sum
         (ciphertext sizes and the aggregate recorded; an aggregate that fails the key
         holder's check leaves the global state as it was)."""
-        from privfedcal.federation.local import weighted_average
-        from privfedcal.federation.transcript import record_model_updates
+        from privfedcal.algorithms.base import weighted_average
+        from privfedcal.privacy.transcript import record_model_updates
 
         if self.updates is None:
             record_model_updates(transcript, round_, clients, states, weights, recipe)

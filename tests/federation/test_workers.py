@@ -64,7 +64,8 @@ def test_calibrated_run_same_numbers_with_workers(method, tiny_cfg, tmp_path) ->
 
 
 def test_running_average_equals_weighted_average_bitwise() -> None:
-    from privfedcal.federation.local import RunningAverage, weighted_average
+    from privfedcal.algorithms.base import weighted_average
+    from privfedcal.federation.local import RunningAverage
 
     g = torch.Generator().manual_seed(0)
     states = [{"w": torch.randn(3, 4, generator=g), "d": torch.randn(2, generator=g).double(),

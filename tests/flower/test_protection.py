@@ -19,7 +19,7 @@ from privfedcal.flower.protection import KEY_STATE  # noqa: E402
 
 
 def _views(sim, label):
-    from privfedcal.federation.transcript import load_transcript
+    from privfedcal.privacy.transcript import load_transcript
 
     return [e for e in load_transcript(sim.transcript.directory) if e["label"] == label]
 
@@ -127,13 +127,13 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     upload is rejected, and the release goes on with the others: the server and the nodes
     run the uplink's own stages, the key holder reached through ``RemoteKeys``."""
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.federation.transcript import Transcript
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.loopback import LoopbackGrid
     from privfedcal.flower.protection import RemoteKeys, client_upload, sealing_record
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.privacy.stages import NoiseStage
+    from privfedcal.privacy.transcript import Transcript
     from privfedcal.privacy.uplink import build_uplink
 
     cfg = flower_cfg(method="ccvr", clients=4, dp_eps=8.0, secagg=True)

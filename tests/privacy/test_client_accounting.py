@@ -8,7 +8,6 @@ from opacus.accountants import RDPAccountant
 
 from privfedcal.errors import PrivacyBudgetError
 from privfedcal.federation.setup import build_experiment
-from privfedcal.federation.simulator import select_clients
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.protection import (
     CREFF_RELEASE,
@@ -18,6 +17,7 @@ from privfedcal.privacy.protection import (
     release_plans,
 )
 from privfedcal.privacy.stages import NoiseStage
+from privfedcal.seeding import select_clients
 
 
 def opacus_eps(z, q, steps, delta):
