@@ -245,7 +245,7 @@ class Simulator:
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)
-                    if k.startswith(exp.algo.frozen_prefixes or ("\0",)):
+                    if k.startswith(exp.algo.frozen_prefixes):
                         averaged[k] = sent[k]
                 self.global_state, self.server_state = exp.algo.server_update(
                     sent, averaged, self.server_state)
@@ -316,8 +316,8 @@ class Simulator:
             "uploaded_bytes": self.transcript.uploaded_bytes(),
             "calibration_upload_bytes": self.transcript.uploaded_bytes(),
             "model_update_bytes": self.update_bytes,
-            "rejected_uploads": list(getattr(self.uplink, "rejected", [])),
-            "skipped_releases": list(getattr(self.uplink, "skipped", [])),
+            "rejected_uploads": list(self.uplink.rejected),
+            "skipped_releases": list(self.uplink.skipped),
             **extra,
         }
         privacy = self.uplink.summary()
@@ -328,7 +328,7 @@ class Simulator:
         elif self.cfg.calibrator != "none":
             self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
                               "--secagg): the server saw every client's payload")
-        summary["notes"] = self.notes + list(getattr(self.uplink, "hints", []))
+        summary["notes"] = self.notes + list(self.uplink.hints)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
@@ -374,7 +374,7 @@ class Simulator:
             "server": self.server_state,
             "clients": {str(c): s for c, s in self.client_states.items()},
             "calibrator": self.calibrator.state_dict(),
-            "uplink": self.uplink.state_dict() if hasattr(self.uplink, "state_dict") else {},
+            "uplink": self.uplink.state_dict(),
             "history": self.history,
             "notes": self.notes,
             "update_bytes": self.update_bytes,
@@ -388,8 +388,7 @@ class Simulator:
         self.server_state = ck["server"]
         self.client_states = {int(c): s for c, s in ck["clients"].items()}
         self.calibrator.load_state_dict(ck["calibrator"])
-        if hasattr(self.uplink, "load_state_dict"):
-            self.uplink.load_state_dict(ck.get("uplink") or {})
+        self.uplink.load_state_dict(ck.get("uplink") or {})
         self.history = ck["history"]
         self.notes = list(ck.get("notes", []))
         self.update_bytes = int(ck.get("update_bytes", 0))
