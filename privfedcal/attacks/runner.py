@@ -54,6 +54,7 @@ from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
 )
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 from privfedcal.seeding import make_generator
 
 
@@ -414,7 +415,7 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
     return plan
 
 
-UPDATE_LABEL, ROUND_LABEL = "model-update", "round"
+UPDATE_LABEL, ROUND_LABEL = UPDATE_RELEASE, ROUND_RECORD
 
 
 def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,

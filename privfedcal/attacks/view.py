@@ -18,8 +18,9 @@ from torch import Tensor
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 
-STATS_LABEL, GRAD_LABEL = "ccvr-stats", "creff-grad"
+STATS_LABEL, GRAD_LABEL = CCVR_RELEASE, CREFF_RELEASE
 
 
 @dataclass(frozen=True, eq=False)

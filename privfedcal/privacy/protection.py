@@ -19,17 +19,19 @@ from torch import Tensor
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
-from privfedcal.privacy.dp import L2Clip, gaussian_mechanism, noise_stds, payload_sensitivities
+from privfedcal.privacy.dp import (
+    L2Clip,
+    default_delta,
+    gaussian_mechanism,
+    noise_stds,
+    payload_sensitivities,
+)
 from privfedcal.privacy.noise import warn_if_seeded
-from privfedcal.privacy.releases import declared_releases
+from privfedcal.privacy.releases import DPSGD_RELEASE, declared_releases
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Stage
 from privfedcal.privacy.uplink import Uplink
 from privfedcal.seeding import select_clients
 
-#: release labels the calibrators use, with the payload keys they may carry
-CCVR_RELEASE = "ccvr-stats"
-CREFF_RELEASE = "creff-grad"
-DPSGD_RELEASE = "dp-sgd"
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)
 SECAGG_DEFAULT_CLIP = 1000.0
@@ -279,7 +281,7 @@ def build_protected_uplink(cfg, exp) -> Uplink:
     dp = None
     if dp_on:
         n_total = int(sum(int(p.numel()) for p in exp.parts))
-        delta = cfg.dp_delta if cfg.dp_delta is not None else min(1e-5, 1.0 / (10 * n_total))
+        delta = cfg.dp_delta if cfg.dp_delta is not None else default_delta(n_total)
         plans = release_plans(cfg, exp)
         if not plans and not cfg.dp_train:
             raise UsageError("--dp-eps has nothing to protect: no calibration uploads "

@@ -20,6 +20,14 @@ from dataclasses import dataclass
 
 from privfedcal.errors import UsageError
 
+#: the label of every release and transcript record: the transcript, the accountant, the
+#: Flower task registry and the attacks key on these
+CCVR_RELEASE = "ccvr-stats"      # CCVR's class statistics, once after training
+CREFF_RELEASE = "creff-grad"     # CReFF's per-class classifier gradients, every round
+DPSGD_RELEASE = "dp-sgd"         # the model updates' DP-SGD (accountant only)
+UPDATE_RELEASE = "model-update"  # a participant's model state after local training
+ROUND_RECORD = "round"           # the global state sent at the start of a round
+
 PARTICIPANTS = ("all", "selected")  # all clients once after training, or each round's
 
 

@@ -25,6 +25,7 @@ import torch
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.transcript import Transcript
 
 if TYPE_CHECKING:
@@ -201,12 +202,12 @@ class NoiseStage(Stage):
         self.dp.record(rel.label, rel.asked)
 
     def before_training(self, clients: list[int] | None) -> None:
-        if "dp-sgd" in self.dp.sigmas:
-            self.dp.check("dp-sgd", clients)
+        if DPSGD_RELEASE in self.dp.sigmas:
+            self.dp.check(DPSGD_RELEASE, clients)
 
     def after_training(self, clients: list[int] | None) -> None:
-        if "dp-sgd" in self.dp.sigmas:
-            self.dp.record("dp-sgd", clients)
+        if DPSGD_RELEASE in self.dp.sigmas:
+            self.dp.record(DPSGD_RELEASE, clients)
 
     @property
     def uniform_weights(self) -> bool:

@@ -29,6 +29,7 @@ import torch
 from privfedcal.errors import ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import INSECURE_STATEMENT
+from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.stages import (
     MIN_SECAGG_CLIENTS,
     BoundStage,
@@ -188,7 +189,7 @@ class Uplink:
                                         transcript=transcript)
         except UploadRejected as exc:
             log.warning("round %d model-update: secure aggregate rejected: %s", round_, exc)
-            self.skipped.append({"round": round_, "label": "model-update", "reason": str(exc)})
+            self.skipped.append({"round": round_, "label": UPDATE_RELEASE, "reason": str(exc)})
             return dict(sent)
 
     @staticmethod

@@ -10,12 +10,12 @@ from privfedcal.errors import PrivacyBudgetError
 from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.protection import (
-    CREFF_RELEASE,
     DPStage,
     build_protected_uplink,
     participation_counts,
     release_plans,
 )
+from privfedcal.privacy.releases import CREFF_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.seeding import select_clients
 
