@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.attacks.class_inference import infer_classes
-from privfedcal.attacks.class_inference import score as score_classes
+from privfedcal.attacks.class_inference import infer_classes, score_class_sets
 from privfedcal.attacks.feature_inversion import (
     DEFAULT_MAX_STEPS,
     Convergence,
@@ -544,7 +543,7 @@ def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str,
                     "target": "class-set", "client": client, "class": None,
                     "n": int(true_counts.sum()), "round": rel.round, "label": label,
                     "view": seen, "dp": any(s > 0 for s in stds.values()),
-                    **score_classes(pred, true_counts),
+                    **score_class_sets(pred, true_counts),
                     "present": torch.nonzero(pred[0]).flatten().tolist(),
                     "true_classes": torch.nonzero(true_counts > 0).flatten().tolist(),
                     "counts": None if pred[1] is None else [round(float(v), 2) for v in pred[1]],

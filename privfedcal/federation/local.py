@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -145,9 +145,17 @@ def clone_state(model: torch.nn.Module) -> State:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+class LocalResult(NamedTuple):
+    """What one client's local training returns to the server."""
+
+    state: State                # the trained model's state ({} once handed to ``consume``)
+    client_state: State | None  # the method's per-client state kept between rounds, or None
+    loss: float                 # the mean local training loss
+
+
 def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
                  client_state: State | None, x_all: Tensor, y_all: Tensor, idx: Tensor,
-                 spec: LocalSpec, round_: int, client: int) -> tuple[State, State | None, float]:
+                 spec: LocalSpec, round_: int, client: int) -> LocalResult:
     """Train ``model`` from ``global_state`` on the client's samples ``idx``.
 
     Returns (new local state, per-client state to keep, mean training loss).
@@ -163,7 +171,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
 
         loss = train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
                            derive_seed(spec.seed, round_, client, 6))
-        return clone_state(model), algo.end_client(model), loss
+        return LocalResult(clone_state(model), algo.end_client(model), loss)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())
@@ -191,7 +199,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
             total += loss.detach().float()
             steps += 1
     new_client_state = algo.end_client(model)
-    return clone_state(model), new_client_state, float(total) / max(steps, 1)
+    return LocalResult(clone_state(model), new_client_state, float(total) / max(steps, 1))
 
 
 @torch.no_grad()

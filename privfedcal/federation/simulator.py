@@ -34,7 +34,7 @@ from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment
 from privfedcal.federation.workers import (
     InProcessTrainer,
-    Job,
+    TrainJob,
     WorkerPoolTrainer,
     default_threads,
 )
@@ -185,7 +185,7 @@ class Simulator:
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
-    def receive_updates(self, trainer, jobs: list[Job], selected: list[int],
+    def receive_updates(self, trainer, jobs: list[TrainJob], selected: list[int],
                         weights: list[float], round_: int) -> tuple[list, State, int, list]:
         """Train the round's clients and obtain the weighted average as the server does.
 
@@ -205,13 +205,13 @@ class Simulator:
                 running.add(state)
 
             results = trainer.train(self.global_state, jobs, round_, consume=consume)
-            checked = [(running.nonfinite_marker(i), r[1], r[2]) for i, r in enumerate(results)]
+            checked = [r._replace(state=running.nonfinite_marker(i)) for i, r in enumerate(results)]
             return results, running.result(), running.bytes, checked
         results = trainer.train(self.global_state, jobs, round_)
-        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r[0].values())
+        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())
                          for r in results)
         averaged = self.uplink.average_updates(
-            self.global_state, [r[0] for r in results], weights, selected, round_=round_,
+            self.global_state, [r.state for r in results], weights, selected, round_=round_,
             transcript=self.transcript, recipe=recipe)
         return results, averaged, sent_bytes, results
 
@@ -232,7 +232,7 @@ class Simulator:
             for round_ in range(self.start_round, cfg.rounds + 1):
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
-                jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
+                jobs = [TrainJob(c, exp.parts[c], self.client_states.get(c)) for c in selected]
                 self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
                 record_round(self.transcript, round_, self.global_state, selected)
                 weights = self.uplink.update_weights([float(exp.parts[c].numel())
@@ -252,15 +252,15 @@ class Simulator:
                 divergence.check_state(self.global_state, round_, "the aggregated model",
                                        divergence.lr_hint(cfg.lr))
                 for c, r in zip(selected, results, strict=True):
-                    if r[1] is not None:
-                        self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}
+                    if r.client_state is not None:
+                        self.client_states[c] = {k: v.to(exp.device) for k, v in r.client_state.items()}
                 ctx = RoundContext(self, round_, self.global_state, sent, selected,
                                    make_generator(cfg.seed, round_, 0, 4))
                 try:
                     self.calibrator.after_round(ctx)
                 except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
                     self.notes.append(str(exc))
-                train_loss = float(np.mean([r[2] for r in results]))
+                train_loss = float(np.mean([r.loss for r in results]))
                 record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
                 if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
                     ev = self.evaluate(self.checked_eval_state(round_),
@@ -275,7 +275,7 @@ class Simulator:
                 self.elapsed += dt
                 record["seconds"] = round(dt, 4)
                 self.history.append(record)
-                self.log.round(record, selected, [r[2] for r in results])
+                self.log.round(record, selected, [r.loss for r in results])
                 if "accuracy" in record:
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(record) + "\n")

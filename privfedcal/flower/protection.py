@@ -148,7 +148,7 @@ class RemoteKeys:
         reply = self.link.exchange(content, [self.key_holder], "query.decrypt",
                                    release)[self.key_holder].content
         if "rejected" in reply:
-            rel.log.skip(rel.round_, rel.label, "aggregate failed the key holder's check: "
+            rel.log.raise_skipped(rel.round_, rel.label, "aggregate failed the key holder's check: "
                          + str(reply["rejected"]["reason"]))
         return record_to_state(reply["aggregate"])
 

@@ -81,7 +81,8 @@ class DPStage:
     specs: dict[str, Any] = field(default_factory=dict)  # label -> releases.ReleaseSpec
     per_client: dict[int, PrivacyAccountant] = field(default_factory=dict)
 
-    def _z(self, label: str) -> float:
+    def _noise_multiplier(self, label: str) -> float:
+        """The planned noise multiplier z of ``label`` (refused if it was never planned)."""
         if label not in self.sigmas:
             raise UsageError(f"release {label!r} was not planned in the privacy budget; "
                              "refusing to release it")
@@ -104,11 +105,11 @@ class DPStage:
         """Refuse (PrivacyBudgetError) a release that would push any of ``clients`` past the
         budget; call before the release."""
         for acc in self._distinct(clients):
-            acc.check_release(self._z(label), self.rates[label], self.steps.get(label, 1),
+            acc.check_release(self._noise_multiplier(label), self.rates[label], self.steps.get(label, 1),
                               target=self.target)
 
     def record(self, label: str, clients=None) -> None:
-        z, q, t = self._z(label), self.rates[label], self.steps.get(label, 1)
+        z, q, t = self._noise_multiplier(label), self.rates[label], self.steps.get(label, 1)
         for c in ([-1] if clients is None else clients):
             self._acc(int(c)).record(z, q, t, label=label)
         self.accountant.record(z, q, t, label=label)
@@ -145,11 +146,11 @@ class DPStage:
         return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
 
     def noise(self, payload: dict[str, Tensor], label: str, generator, share: float) -> dict:
-        return gaussian_mechanism(payload, self.sensitivities(payload, label), self._z(label),
+        return gaussian_mechanism(payload, self.sensitivities(payload, label), self._noise_multiplier(label),
                                   generator, share=share)
 
     def stds(self, keys, label: str) -> dict[str, float]:
-        return noise_stds(self.sensitivities(keys, label), self._z(label))
+        return noise_stds(self.sensitivities(keys, label), self._noise_multiplier(label))
 
     def state_dict(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(),

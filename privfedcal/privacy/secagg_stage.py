@@ -161,7 +161,7 @@ class LocalKeys:
         try:
             total = key_holder_release(holder, ciphertexts, layout, rel.arrived)
         except UploadRejected as exc:
-            rel.log.skip(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
+            rel.log.raise_skipped(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
         return finish(total, rel)
 
 
@@ -176,7 +176,7 @@ class EncryptStage(Wire):
 
     def open(self, rel: Release) -> None:
         if len(rel.clients) < MIN_SECAGG_CLIENTS:
-            rel.log.skip(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
+            rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
                          f"aggregation needs >= {MIN_SECAGG_CLIENTS}")
         st = self.secagg
         layout = PayloadLayout.from_payload(rel.example,
@@ -207,7 +207,7 @@ class EncryptStage(Wire):
                                   client=client, bytes=len(data))
         rel.arrived = server.count
         if server.count < MIN_SECAGG_CLIENTS:
-            rel.log.skip(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
+            rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
                          "server's checks")
         rel.hidden = True
         return self.keys.decrypt(server.result(), sealing.layout, rel, finish)

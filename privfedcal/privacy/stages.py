@@ -41,7 +41,9 @@ class ReleaseLog(Protocol):
 
     def reject(self, round_: int, label: str, client: int, reason: str) -> None: ...
 
-    def skip(self, round_: int, label: str, reason: str) -> None: ...
+    def raise_skipped(self, round_: int, label: str, reason: str) -> None:
+        """Record that the release is not made, then raise ``ReleaseSkipped``."""
+        ...
 
 
 @dataclass
@@ -248,6 +250,6 @@ class ClearWire(Wire):
                     total[k] += v.to(torch.float64)
             rel.arrived += 1
         if total is None:
-            rel.log.skip(rel.round_, rel.label, "no valid upload")
+            rel.log.raise_skipped(rel.round_, rel.label, "no valid upload")
         assert total is not None
         return finish(total, rel)

@@ -145,7 +145,8 @@ class Uplink:
         self.rejected.append({"round": round_, "label": label, "client": client,
                               "reason": reason})
 
-    def skip(self, round_: int, label: str, reason: str) -> None:
+    def raise_skipped(self, round_: int, label: str, reason: str) -> None:
+        """Record that the release is not made and stop it (``ReleaseSkipped``)."""
         log.warning("round %d %s: release skipped: %s", round_, label, reason)
         self.skipped.append({"round": round_, "label": label, "reason": reason})
         raise ReleaseSkipped(f"round {round_} {label}: {reason}")
@@ -160,7 +161,7 @@ class Uplink:
                 continue
             valid.append((client, payload))
         if not valid:
-            self.skip(round_, label, "no valid upload")
+            self.raise_skipped(round_, label, "no valid upload")
         return valid
 
     # ---- model updates --------------------------------------------------------------------
