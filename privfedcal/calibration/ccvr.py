@@ -9,8 +9,7 @@ cross-entropy (sec. 4, "Classifier Re-Training").
 Choices where the paper is silent (documented in ``CCVRParams``):
 
 * re-training: SGD lr 0.01, momentum 0.9, batch 64, 10 epochs over the virtual set and at
-  least 100 steps (``RetrainParams``); the paper's hyperparameter table (its Table 8) is not
-  in the text we have;
+  least 100 steps (``RetrainParams``);
 * ``virtual_mode="proportional"`` distributes ``M * C`` features by ``N_c / N`` (largest
   remainder rounding, so the total is exact);
 * covariances are repaired before sampling: eigenvalues are floored at

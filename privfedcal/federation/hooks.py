@@ -3,7 +3,7 @@
 A calibrator never sees client data. It asks the simulator to run a ``PayloadTask`` on some
 clients; each client's result is a dict of named tensors that are **sums over its local
 samples** (plus counts), so that the server side only ever needs their sum over clients.
-Every upload travels through the uplink (bound -> noise -> encrypt, privacy issue); the
+Every upload travels through the uplink (bound -> noise -> wire, privacy/uplink.py); the
 calibrator receives the cross-client sum and cannot tell which stages ran.
 """
 

@@ -1,4 +1,4 @@
-"""The federated round loop (DESIGN.md, "The data path of one round").
+"""The federated round loop (docs/architecture.md, "A round's data path").
 
 Methods and calibrators are objects with hooks; the loop never branches on their names.
 Each round: sample clients -> local training (in-process or workers) -> sample-weighted
