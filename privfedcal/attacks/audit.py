@@ -31,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS  # noqa: E402
+from privfedcal.attacks.report import save_figure  # noqa: E402
 from privfedcal.errors import PrivacyBudgetError, UsageError  # noqa: E402
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
@@ -216,8 +217,4 @@ def plot_audit(rows: list[dict[str, Any]], path: Path) -> Path:
     axes[0].set_ylabel("test accuracy (%)")
     fig.suptitle("privacy audit, worst case over individuals (open marker: mean over targets);"
                  " star = unprotected, square = secure aggregation", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
