@@ -74,8 +74,9 @@ class TimedSimulator(Simulator):
 
 def simulator(cfg: RunConfig, run_dir: Path) -> TimedSimulator:
     exp = build_experiment(cfg)
-    return TimedSimulator(cfg, run_dir, calibrator=build_calibrator(cfg, exp),
-                          uplink=build_uplink(cfg, exp), exp=exp)
+    calibrator = build_calibrator(cfg, exp)
+    return TimedSimulator(cfg, run_dir, calibrator=calibrator,
+                          uplink=build_uplink(cfg, exp, calibrator), exp=exp)
 
 
 def posthoc_context(sim: Simulator) -> RoundContext:

@@ -53,6 +53,15 @@ def check_calibration_params(cfg: RunConfig) -> None:
                          f"{', '.join(fields) or 'none'}")
 
 
+def calibrator_class(cfg: RunConfig):
+    """The registered class of the calibrator ``cfg.calibrator`` names: its ``releases`` and
+    ``protectable`` are what the privacy planner protects."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    return CALIBRATORS.get(cfg.calibrator.partition(":")[0])
+
+
 def build_calibrator(cfg: RunConfig, exp: Any):
     """The calibrator ``cfg.calibrator`` names (``name`` or ``name:N``), with its options."""
     from privfedcal.calibration import create_calibrator
@@ -76,7 +85,8 @@ def build_parts(cfg: RunConfig) -> tuple[Any, Any, Any]:
     check_method(cfg.method)
     check_calibration_params(cfg)
     exp = build_experiment(cfg)
-    return exp, build_calibrator(exp.cfg, exp), build_uplink(exp.cfg, exp)
+    calibrator = build_calibrator(exp.cfg, exp)
+    return exp, calibrator, build_uplink(exp.cfg, exp, calibrator)
 
 
 def build_simulator(cfg: RunConfig, run_dir: Path):

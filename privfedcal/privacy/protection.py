@@ -27,7 +27,7 @@ from privfedcal.privacy.dp import (
     payload_sensitivities,
 )
 from privfedcal.privacy.noise import warn_if_seeded
-from privfedcal.privacy.releases import DPSGD_RELEASE, declared_releases
+from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Stage
 from privfedcal.privacy.uplink import Uplink
 from privfedcal.seeding import select_clients
@@ -198,29 +198,27 @@ def participation_counts(cfg) -> dict[int, int]:
     return counts
 
 
-def planned_participants(cfg) -> dict[str, int]:
-    """Clients asked for each declared release (from the config, never from the server's
-    messages): every client, or each round's selection."""
-    from privfedcal.privacy.releases import declared_releases
-
+def planned_participants(cfg, calibrator) -> dict[str, int]:
+    """Clients asked for each release ``calibrator`` declares (from the config, never from
+    the server's messages): every client, or each round's selection."""
     m = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
     return {r.label: cfg.clients if r.participants == "all" else m
-            for r in declared_releases(cfg.calibrator)}
+            for r in calibrator.releases}
 
 
-def release_plans(cfg, exp) -> list[ReleasePlan]:
+def release_plans(cfg, calibrator) -> list[ReleasePlan]:
     """The releases this configuration will make, from its calibrator's declarations, for the
     accountant's plan: per client, q = 1 (no amplification from the server's choice of
-    clients), over the most rounds any client takes part in for per-round releases."""
-    from privfedcal.federation.hooks import CALIBRATORS
-    from privfedcal.privacy.releases import declared_releases
+    clients), over the most rounds any client takes part in for per-round releases.
 
-    name = cfg.calibrator.partition(":")[0]
-    if name in CALIBRATORS.names() and not CALIBRATORS.get(name).protectable:
-        raise UsageError(f"the {name} calibrator re-trains on raw features of every client: it "
-                         "is an upper bound, not a protocol, and cannot be combined with DP")
+    ``calibrator`` is the run's calibrator (class or object: ``name``, ``releases``,
+    ``protectable``), looked up by ``experiment.calibrator_class``."""
+    if not calibrator.protectable:
+        raise UsageError(f"the {calibrator.name} calibrator re-trains on raw features of every "
+                         "client: it is an upper bound, not a protocol, and cannot be combined "
+                         "with DP")
     plans = []
-    for r in declared_releases(cfg.calibrator):
+    for r in calibrator.releases:
         steps = 1 if r.participants == "all" else max(participation_counts(cfg).values())
         plans.append(ReleasePlan(r.label, 1.0, steps))
     return plans
@@ -260,7 +258,9 @@ def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
     return best
 
 
-def build_protected_uplink(cfg, exp) -> Uplink:
+def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
+    """The uplink of a run with DP, secure aggregation or hidden counts; ``calibrator``
+    declares the releases it protects (``release_plans``)."""
     from privfedcal.privacy.secagg_stage import SecAggStage
 
     if cfg.hide_counts and not cfg.secagg:
@@ -283,7 +283,7 @@ def build_protected_uplink(cfg, exp) -> Uplink:
     if dp_on:
         n_total = int(sum(int(p.numel()) for p in exp.parts))
         delta = cfg.dp_delta if cfg.dp_delta is not None else default_delta(n_total)
-        plans = release_plans(cfg, exp)
+        plans = release_plans(cfg, calibrator)
         if not plans and not cfg.dp_train:
             raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
                              "(--method ccvr/creff or --calibrate ccvr) and no --dp-train")
@@ -298,8 +298,8 @@ def build_protected_uplink(cfg, exp) -> Uplink:
                      grad_clip=grad_clip, distributed=cfg.secagg, covers_updates=cfg.dp_train,
                      planned=[{"name": p.name, "sample_rate": p.sample_rate, "steps": p.steps}
                               for p in plans],
-                     planned_clients=planned_participants(cfg),
-                     specs={r.label: r for r in declared_releases(cfg.calibrator)})
+                     planned_clients=planned_participants(cfg, calibrator),
+                     specs={r.label: r for r in calibrator.releases})
         if cfg.dp_train:
             from privfedcal.privacy.dpsgd_local import verify_clients
 
@@ -315,13 +315,13 @@ def build_protected_uplink(cfg, exp) -> Uplink:
         exp.spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(
             dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
             seeded=cfg.insecure_seeded_noise))
-    secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp) \
-        if cfg.secagg else None
+    secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp,
+                                 releases=calibrator.releases) if cfg.secagg else None
     if secagg is not None:  # CKKS parameters must exist for every release: fail before work
         from privfedcal.privacy.secagg import CKKSParams
         from privfedcal.privacy.secagg_stage import PRECISION
 
-        for r in declared_releases(cfg.calibrator):
+        for r in calibrator.releases:
             CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
                                      max_clients=cfg.clients)
     hints = []

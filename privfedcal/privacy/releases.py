@@ -84,15 +84,4 @@ def evaluate(expr: str, env: Mapping[str, float]) -> float:
     return value
 
 
-def declared_releases(calibrator: str) -> tuple[ReleaseSpec, ...]:
-    """The releases the calibrator named by ``--calibrate``/``--method`` declares."""
-    from privfedcal.calibration import create_calibrator  # noqa: F401  (registers them)
-    from privfedcal.federation.hooks import CALIBRATORS
-
-    name = calibrator.partition(":")[0]
-    if name not in CALIBRATORS.names():
-        return ()
-    return tuple(getattr(CALIBRATORS.get(name), "releases", ()))
-
-
-__all__ = ["ReleaseSpec", "declared_releases", "evaluate"]
+__all__ = ["ReleaseSpec", "evaluate"]

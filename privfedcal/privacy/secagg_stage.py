@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
+from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg import (
     CKKSParams,
     KeyHolder,
@@ -77,15 +78,14 @@ class SecAggStage:
     params_used: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp) -> SecAggStage:
+    def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
+                releases: tuple[ReleaseSpec, ...]) -> SecAggStage:
         """Bounds from the calibrator's release declarations (privacy/releases.py)."""
-        from privfedcal.privacy.releases import declared_releases
-
         n = float(sum(int(p.numel()) for p in exp.parts))
         k = float(cfg.clients)
         bounds = {"count": n, "holders": k, "sum": clip * n, "outer": clip * clip * n,
                   "grad": grad_clip * n}
-        for r in declared_releases(cfg.calibrator):
+        for r in releases:
             for key, b in r.bounds(clip=clip, grad_clip=grad_clip, examples=n,
                                    clients=k).items():
                 bounds[key] = max(bounds.get(key, 0.0), b)

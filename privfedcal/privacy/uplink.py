@@ -251,14 +251,15 @@ class Uplink:
         return out
 
 
-def build_uplink(cfg, exp) -> Uplink:
-    """The uplink a configuration asks for (see privacy/protection.py)."""
+def build_uplink(cfg, exp, calibrator) -> Uplink:
+    """The uplink a configuration asks for (see privacy/protection.py); ``calibrator`` (its
+    class or object) declares the releases to protect."""
     if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
             or cfg.secagg_updates):
         return Uplink()
     from privfedcal.privacy.protection import build_protected_uplink
 
-    up = build_protected_uplink(cfg, exp)
+    up = build_protected_uplink(cfg, exp, calibrator)
     if cfg.secagg_updates:
         from privfedcal.privacy.update_secagg import SecureUpdates
 

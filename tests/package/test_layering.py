@@ -11,7 +11,6 @@ at module level or inside a function (a lazy import is still a dependency).
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -86,23 +85,9 @@ def violations(root: Path, layers: dict[str, int] = LAYERS) -> list[str]:
     return out
 
 
-#: Known edges still against the layers, each to be removed, never added to: the privacy
-#: planner looks a calibrator's declared releases up by name in the registry, which only the
-#: calibration layer fills (the fix: the assembly, privfedcal/experiment.py, passes the
-#: declarations down). A listed edge that no longer exists fails the test, so the list shrinks.
-KNOWN = {
-    "privfedcal/privacy/protection.py: privacy (2) -> privfedcal.federation.hooks (3)",
-    "privfedcal/privacy/releases.py: privacy (2) -> privfedcal.calibration (4)",
-    "privfedcal/privacy/releases.py: privacy (2) -> privfedcal.federation.hooks (3)",
-}
-
-
 def test_layers_import_downwards_only():
     found = violations(Path(privfedcal.__file__).parent)
-    unlined = {re.sub(r"\.py:\d+:", ".py:", v) for v in found}
-    new = [v for v in found if re.sub(r"\.py:\d+:", ".py:", v) not in KNOWN]
-    assert new == [], "imports against the layers:\n" + "\n".join(new)
-    assert KNOWN <= unlined, f"fixed, remove from KNOWN: {sorted(KNOWN - unlined)}"
+    assert found == [], "imports against the layers:\n" + "\n".join(found)
 
 
 def _plant(root: Path, files: dict[str, str]) -> Path:
