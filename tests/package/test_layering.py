@@ -1,7 +1,7 @@
 """The package's layers import downwards only (docs/architecture.md).
 
 Layer of each top-level module of ``privfedcal`` (a package counts as one module):
-foundations (errors, registry, config, seeding, palette, plotstyle) < data, models <
+foundations (errors, registry, config, settings, seeding, palette, plotstyle) < data, models <
 algorithms, privacy < federation < calibration, attacks, analysis, experiment, plots,
 accuracy_png < report < flower < cli. A module may import its own layer and the layers
 below; nothing outside ``privfedcal.cli`` imports the CLI. Every import statement counts,
@@ -18,7 +18,8 @@ import pytest
 import privfedcal
 
 LAYERS: dict[str, int] = {
-    "": 0, "errors": 0, "registry": 0, "config": 0, "seeding": 0, "palette": 0, "plotstyle": 0,
+    "": 0, "errors": 0, "registry": 0, "config": 0, "settings": 0, "seeding": 0, "palette": 0,
+    "plotstyle": 0,
     "data": 1, "models": 1,
     "algorithms": 2, "privacy": 2,
     "federation": 3,
