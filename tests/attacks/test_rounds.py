@@ -99,7 +99,7 @@ def test_invert_class_gradients_uses_each_rounds_state_and_head(toy, images):
 
 def test_sent_tensors_add_the_tasks_public_tensors_under_a_prefix():
     from privfedcal.calibration.creff import GradTask
-    from privfedcal.federation.transcript import TASK_PREFIX, sent_tensors
+    from privfedcal.privacy.transcript import TASK_PREFIX, sent_tensors
 
     state = {"classifier.weight": torch.zeros(3, 4)}
     assert sent_tensors(state, object()) is state  # a task without public tensors
