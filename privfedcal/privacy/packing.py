@@ -273,7 +273,8 @@ class EncryptedUpload:
         if meta["format"] != UPLOAD_FORMAT:
             raise UploadRejected(f"encrypted upload: unknown format {meta['format'][:64]!r}")
         count = meta["chunks"]
-        if not (count.isascii() and count.isdigit()) or int(count) != len(header):
+        if not (count.isascii() and count.isdigit() and len(count) <= 9) \
+                or int(count) != len(header):
             raise UploadRejected(f"encrypted upload: metadata says {count[:16]!r} chunks, "
                                  f"header lists {len(header)} tensors")
         if set(header) != {_chunk_name(i) for i in range(len(header))}:

@@ -184,8 +184,9 @@ def test_frame_rejections_have_reasons():
         EncryptedUpload.from_bytes(safetensors.numpy.save(chunks))
     with pytest.raises(UploadRejected, match="format"):
         EncryptedUpload.from_bytes(_frame({**meta, "format": "other/1"}, chunks))
-    with pytest.raises(UploadRejected, match="chunks"):
-        EncryptedUpload.from_bytes(_frame({**meta, "chunks": "2"}, chunks))
+    for count in ("2", "-3", "3.0", "\u0663", "9" * 5000):  # 5000 digits: past int()'s limit
+        with pytest.raises(UploadRejected, match="chunks"):
+            EncryptedUpload.from_bytes(_frame({**meta, "chunks": count}, chunks))
     with pytest.raises(UploadRejected, match="names"):
         EncryptedUpload.from_bytes(_frame(meta, {**{k: v for k, v in chunks.items()
                                                     if k != "chunk000001"}, "x": chunks["chunk000001"]}))
@@ -254,3 +255,17 @@ def test_well_formed_foreign_safetensors_are_rejected(meta, specs):
 def test_frame_round_trips(key_id, layout_hash, chunks):
     up = EncryptedUpload(key_id, layout_hash, tuple(chunks))
     assert EncryptedUpload.from_bytes(up.to_bytes()) == up
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.fixed_dictionaries({"format": st.just(UPLOAD_FORMAT), "key_id": st.text(max_size=8),
+                              "layout_hash": st.text(max_size=8),
+                              "chunks": st.one_of(st.text(max_size=12),
+                                                  st.integers(0, 3).map(str)),
+                              "sha256": st.text(max_size=64)}),
+       st.lists(st.binary(max_size=16), max_size=3))
+def test_our_metadata_with_arbitrary_values_is_rejected(meta, chunks):
+    """Right keys, arbitrary values: only a correct digest over these chunks gets through."""
+    tensors = {f"chunk{i:06d}": np.frombuffer(c, np.uint8) for i, c in enumerate(chunks)}
+    with pytest.raises(UploadRejected):
+        EncryptedUpload.from_bytes(safetensors.numpy.save(tensors, metadata=meta))
