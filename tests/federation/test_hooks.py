@@ -7,7 +7,8 @@ import torch
 
 import privfedcal.calibration  # noqa: F401  (registers the calibrators)
 from privfedcal.errors import UsageError
-from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator, NoBound
+from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator
+from privfedcal.privacy.bound import NoBound
 
 
 def test_registry_holds_the_four_calibrators_and_names_them_on_a_typo():

@@ -1,4 +1,5 @@
-"""federation/local.py: seeds, aggregation, evaluation (PlainSGD: test_plain_sgd.py)."""
+"""federation/local.py: seeds, the running average, evaluation (PlainSGD: test_plain_sgd.py;
+seeds and ``weighted_average`` live in seeding.py and algorithms/base.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from privfedcal.federation.local import (
-    RunningAverage,
-    derive_seed,
-    evaluate,
-    make_generator,
-    weighted_average,
-)
+from privfedcal.algorithms.base import weighted_average
+from privfedcal.federation.local import RunningAverage, evaluate
+from privfedcal.seeding import derive_seed, make_generator
 
 
 def test_derive_seed_is_numpy_seedsequence_halved():

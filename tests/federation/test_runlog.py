@@ -26,16 +26,13 @@ from privfedcal.federation.runlog import (
 def run_dir(tmp_path_factory):
     """A tiny real run: 4 clients, half of them per round, evaluated every second round."""
     from privfedcal.config import RunConfig
-    from privfedcal.federation.setup import write_run_files
     from privfedcal.federation.simulator import Simulator
 
     path = tmp_path_factory.mktemp("runlog") / "run"
     cfg = RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
                     batch_size=32, device="cpu", threads=1, seed=0, transcript=False,
                     participation=0.5, eval_every=2, out=str(path))
-    sim = Simulator(cfg, path)
-    write_run_files(path, sim.exp)
-    sim.run()
+    Simulator(cfg, path).run()
     return path
 
 

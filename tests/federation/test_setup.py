@@ -1,21 +1,13 @@
-"""federation/setup.py: the experiment built from a RunConfig and the run-folder files."""
+"""federation/setup.py: the experiment built from a RunConfig."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 import torch
 
 from privfedcal.errors import UsageError
-from privfedcal.federation.setup import (
-    build_experiment,
-    fit_warning,
-    resolve_device,
-    versions,
-    write_run_files,
-)
+from privfedcal.federation.setup import build_experiment, fit_warning, resolve_device
 
 
 def test_resolve_device():
@@ -59,14 +51,3 @@ def test_experiment_resolves_defaults_and_partitions_the_data(experiment):
     for k, ix in enumerate(rec["indices"]):
         assert np.bincount(y[ix], minlength=10).tolist() == rec["counts"][k]
     assert rec["class_totals"] == np.bincount(y, minlength=10).tolist()
-
-
-def test_run_files(experiment, tmp_path):
-    write_run_files(tmp_path / "run", experiment)
-    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert cfg["versions"] == versions() and cfg["versions"]["torch"] == torch.__version__
-    assert {k: cfg[k] for k in ("dataset", "clients", "alpha", "seed", "model", "lr")} == {
-        "dataset": "digits", "clients": 4, "alpha": 0.5, "seed": 0, "model": "mlp",
-        "lr": 0.05}
-    part = json.loads((tmp_path / "run" / "partition.json").read_text())
-    assert part == json.loads(json.dumps(experiment.partition_record()))

@@ -1,4 +1,4 @@
-"""federation/transcript.py: the server's view, release by release, on disk."""
+"""privacy/transcript.py: the server's view, release by release, on disk."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from privfedcal.errors import UsageError
-from privfedcal.federation.transcript import (
+from privfedcal.privacy.transcript import (
     Transcript,
     load_transcript,
     record_model_updates,
