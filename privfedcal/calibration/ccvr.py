@@ -167,6 +167,7 @@ class CCVR(PosthocCalibrator):
                  feature_dim: int | None = None) -> None:
         super().__init__(params if params is not None else CCVRParams(),
                          num_classes=num_classes, feature_dim=feature_dim)
+        self._transform: FeatureTransform | None = None
 
     def after_training(self, ctx: ServerContext) -> dict[str, Any]:
         p: CCVRParams = self.params
@@ -193,7 +194,10 @@ class CCVR(PosthocCalibrator):
         """ReLU + Tukey at inference, only once the head re-trained on transformed features
         is in place (the uncalibrated head was trained on raw features)."""
         if self.params.tukey and self._head is not None:
-            return functools.partial(relu_tukey, lam=self.params.tukey_lambda)
+            # one object per calibrator: the simulator reuses an evaluation by identity
+            if self._transform is None:
+                self._transform = functools.partial(relu_tukey, lam=self.params.tukey_lambda)
+            return self._transform
         return None
 
 

@@ -254,12 +254,18 @@ class PosthocCalibrator(Calibrator):
         self.num_classes = num_classes
         self.feature_dim = feature_dim
         self._head: tuple[Tensor, Tensor | None] | None = None
+        self._evaluated: tuple[State, State] | None = None  # (global state, its eval_state)
 
     def _install(self, ctx: ServerContext, weight: Tensor, bias: Tensor | None,
                  details: dict[str, Any]) -> dict[str, Any]:
-        """Evaluate before/after, keep the new head; the summary fields for the run."""
+        """Evaluate before/after, keep the new head; the summary fields for the run.
+
+        Neither evaluation is repeated in a run: "before" is the global model the final round
+        has just evaluated, and ``eval_state``/``feature_transform`` return the same objects
+        for the same global state, so the summary's evaluation of the calibrated model is
+        the one made here (the simulator keeps its last evaluation by object identity)."""
         before = ctx.evaluate(ctx.global_state)
-        self._head = (weight, bias)
+        self._head, self._evaluated = (weight, bias), None
         after = ctx.evaluate(self.eval_state(ctx.global_state), self.feature_transform())
         return {
             "accuracy_before_calibration": before["accuracy"],
@@ -270,7 +276,9 @@ class PosthocCalibrator(Calibrator):
     def eval_state(self, global_state: State) -> State:
         if self._head is None:
             return global_state
-        return write_head(global_state, *self._head)
+        if self._evaluated is None or self._evaluated[0] is not global_state:
+            self._evaluated = (global_state, write_head(global_state, *self._head))
+        return self._evaluated[1]
 
     def state_dict(self) -> dict[str, Any]:
         if self._head is None:
@@ -280,3 +288,4 @@ class PosthocCalibrator(Calibrator):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._head = (state["weight"], state.get("bias")) if state else None
+        self._evaluated = None
