@@ -193,24 +193,25 @@ def _sgd_closed_form(w: Tensor, b: Tensor | None, z: Tensor, y: Tensor, steps: i
     """Plain-linear-head SGD with the analytic CE gradient (``torch.optim.SGD`` semantics,
     dampening 0, no Nesterov), the same batches as the autograd path.
 
-    The head is one (C, d+1) matrix ``[W | b]`` over rows ``[z, 1]``, and every sample row
-    carries its one-hot label. The epoch's permutations are drawn up front (the same draws,
-    in the same order, as one per epoch) and each epoch's rows are gathered once, so a
-    minibatch is a view and a step is four kernels: ``logits = F H^T``, softmax, ``- Y``, and
-    one ``addmm`` that applies ``-(lr / B) R^T F`` (with momentum: accumulates the buffer
-    ``m buf + R^T F / B``). No host synchronisation inside the loop."""
+    The head is kept as one (d+1, C) matrix ``H = [W | b]^T`` over rows ``[z, 1]`` (stored
+    transposed: ``F H`` is 2-3x faster than ``F W^T`` for these small shapes on a CPU), and
+    every sample row carries its one-hot label. The epochs' permutations are drawn up front
+    (the same draws, in the same order, as one per epoch) and each epoch's rows are gathered
+    once, so a minibatch is a view and a step is four kernels: ``logits = F H``, softmax,
+    ``- Y``, and one ``addmm`` that applies ``-(lr / B) F^T R`` (with momentum: accumulates
+    the buffer ``m buf + F^T R / B``). No host synchronisation inside the loop."""
     n, d = z.shape
     num_classes = w.shape[0]
     # rows [z | 1 | onehot(y)]: one gather per epoch yields features and targets together
     rows = torch.cat([z, torch.ones(n, 1, dtype=z.dtype, device=z.device),
                       F.one_hot(y, num_classes).to(z.dtype)], dim=1)
     width = d + 1 if b is not None else d
-    head = torch.cat([w, b[:, None]], dim=1) if b is not None else w.clone()
+    head = (torch.cat([w, b[:, None]], dim=1) if b is not None else w).T.contiguous()
     buf = torch.zeros_like(head) if momentum else None  # m * 0 + g = g: torch's first step
     per_epoch = math.ceil(n / bs)
     epochs = math.ceil(steps / per_epoch)
     if bs == n:
-        orders = [None] * epochs
+        orders: list[Tensor | None] = [None] * epochs
     else:
         orders = [torch.randperm(n, generator=generator, device=generator.device).to(z.device)
                   for _ in range(epochs)]
@@ -220,18 +221,19 @@ def _sgd_closed_form(w: Tensor, b: Tensor | None, z: Tensor, y: Tensor, steps: i
         feats_all = shuffled[:, :width].split(bs)
         targets_all = shuffled[:, d + 1:].split(bs)
         for feats, targets in zip(feats_all[:left], targets_all[:left], strict=True):
-            r = torch.softmax(feats @ head.T, dim=1).sub_(targets)
+            r = torch.softmax(feats @ head, dim=1).sub_(targets)
             scale = 1.0 / feats.shape[0]
             if buf is not None:
-                buf.addmm_(r.T, feats, beta=momentum, alpha=scale)
+                buf.addmm_(feats.T, r, beta=momentum, alpha=scale)
                 if weight_decay:
                     buf.add_(head, alpha=weight_decay)
                 head.sub_(buf, alpha=lr)
             else:
-                head.addmm_(r.T, feats, beta=1.0 - lr * weight_decay, alpha=-lr * scale)
+                head.addmm_(feats.T, r, beta=1.0 - lr * weight_decay, alpha=-lr * scale)
         left -= len(feats_all)
+    head = head.T
     if b is None:
-        return head, None
+        return head.contiguous(), None
     return head[:, :d].contiguous(), head[:, d].contiguous()
 
 
