@@ -211,10 +211,10 @@ def _sgd_closed_form(w: Tensor, b: Tensor | None, z: Tensor, y: Tensor, steps: i
     per_epoch = math.ceil(n / bs)
     epochs = math.ceil(steps / per_epoch)
     if bs == n:
-        orders: list[Tensor | None] = [None] * epochs
-    else:
-        orders = [torch.randperm(n, generator=generator, device=generator.device).to(z.device)
-                  for _ in range(epochs)]
+        orders: list[Tensor | None] | Tensor = [None] * epochs
+    else:  # one copy to the device for all epochs
+        orders = torch.stack([torch.randperm(n, generator=generator, device=generator.device)
+                              for _ in range(epochs)]).to(z.device)
     left = steps
     for order in orders:
         shuffled = rows if order is None else rows[order]

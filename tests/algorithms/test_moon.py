@@ -124,7 +124,6 @@ def test_autocast_precast_frozen_states_equal_per_step_casting(model_name, tiny_
     else:
         live = tiny_bn
         x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
-    y = torch.tensor([0, 1, 2, 0, 1, 2])
     glob = {k: v.clone() for k, v in live.state_dict().items()}
     prev = {k: v + 0.25 if v.is_floating_point() else v.clone() for k, v in glob.items()}
     algo = create_algorithm("moon", num_classes=3, mu=1.0)
