@@ -142,8 +142,9 @@ def retrain_classifier(weight: Tensor, bias: Tensor | None, features: Tensor, la
     softmax cross-entropy, ``dW = (softmax(Z W^T + b) - Y)^T Z / B``, ``db = sum(P - Y) / B``,
     and ``torch.optim.SGD``'s update written out (weight decay added to the gradient, momentum
     buffer seeded with the first gradient); the result equals the autograd path up to float
-    rounding (tested), without building a graph per step. ``closed_form=False`` forces autograd (a clsnorm head
-    always uses it: its gradient goes through the row normalisation).
+    rounding (tested), without building a graph per step. ``closed_form=False`` forces
+    autograd (a clsnorm head always uses it: its gradient goes through the row
+    normalisation).
     """
     n = features.shape[0]
     if n == 0 or steps == 0:
