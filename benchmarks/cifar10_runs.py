@@ -71,14 +71,22 @@ def run_all(args: argparse.Namespace) -> None:
             run_oracle(args.out / name, args.out / oracle)
 
 
-def run_oracle(src: Path, dst: Path) -> None:
-    """Post-hoc oracle calibration of ``src``'s final global model (before CCVR)."""
+def run_oracle(src: Path, dst: Path, *, data: str | None = None, device: str | None = None) -> None:
+    """Post-hoc oracle calibration of ``src``'s final global model (before CCVR).
+
+    ``data`` / ``device`` replace the run's dataset folder and device, for a run trained on
+    another machine (its ``config.json`` names that machine's paths)."""
     from privfedcal.cli.run import build_simulator
     from privfedcal.config import RunConfig
     from privfedcal.federation.checkpoint import load_checkpoint
 
     raw = json.loads((src / "config.json").read_text())
     raw.pop("versions", None)
+    raw.pop("calibration_params", None)  # CCVR's options; the oracle takes its own defaults
+    if data:
+        raw["dataset"] = f"imagefolder:{data}"
+    if device:
+        raw["device"] = device
     cfg = RunConfig.from_dict({**raw, "method": "fedavg", "calibrate": "oracle",
                                "out": str(dst), "workers": 1})
     sim = build_simulator(cfg, dst)
@@ -109,9 +117,15 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", nargs="*", help="run only experiments whose name contains one")
     p.add_argument("--table", action="store_true", help="print the results table and exit")
+    p.add_argument("--oracle", nargs=2, type=Path, metavar=("RUN", "OUT"),
+                   help="only the oracle calibration of RUN's trained model, into OUT "
+                        "(with --data for a run trained on another machine; on the CPU)")
     args = p.parse_args()
     if args.table:
         table(args.out)
+        return
+    if args.oracle:
+        run_oracle(*args.oracle, data=args.data, device="cpu")
         return
     if not args.data:
         sys.exit("--data is required to run experiments")

@@ -1,5 +1,9 @@
 """Every setting of a run, in one frozen dataclass: the one place that holds the defaults.
 
+Each field is also the setting's description (help, group, flag; privfedcal/settings.py),
+from which the CLI options, settings-file checks, the Flower run config and the docs'
+settings table are derived.
+
 CLI flags and ``--config FILE`` (TOML, or a run's own ``config.json``) map onto ``RunConfig``
 (flags override the file); ``config.json`` in the run folder is the *resolved*
 ``RunConfig.to_dict()`` plus versions. Settings left ``None`` (model, optimiser, local epochs,
@@ -13,11 +17,19 @@ import dataclasses
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from privfedcal.errors import UsageError
+from privfedcal.settings import (
+    CALIBRATION_SETTINGS,
+    METHOD_SETTINGS,
+    PER_MODEL,
+    check_value,
+    setting,
+    settings_of,
+)
 
 #: ``--method`` shorthands: (local method, calibrator)
 METHOD_ALIASES: dict[str, tuple[str, str]] = {
@@ -48,56 +60,79 @@ RUN_RECORD_KEYS = ("versions", "flower_run_id")
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A whole experiment. Field names are the CLI flags with ``-`` as ``_``."""
+    """A whole experiment, and the description of every setting (privfedcal/settings.py):
+    each field carries its help text, help group and flag spelling. Field names are the CLI
+    flags with ``-`` as ``_``."""
 
     # what to train
-    method: str = "fedavg"
-    model: str | None = None  # None: the dataset's default model
-    method_params: dict[str, Any] = field(default_factory=dict)  # --mu, --tau, ... (None = default)
+    method: str = setting("fedavg", "Local method or shorthand (ccvr, creff).", group="Method")
+    model: str | None = setting(None, "Model (default: the dataset's).", group="Method",
+                                shown="the dataset's, see docs/usage.md")
+    method_params: dict[str, Any] = setting(
+        None, "Method hyperparameters by name (None: the method's default).",
+        group="Method hyperparameters", factory=dict, cli=False, shown="{}")
     # data
-    dataset: str = "digits"
-    data_root: str | None = None
-    download: bool = False
-    augment: bool | None = None  # None: on for natural-image sets, off for digits/npz
-    clients: int = 10
-    partition: str = "dirichlet"
-    alpha: float = 0.1
-    imbalance_factor: float = 10.0  # used by the longtail partition only
-    shards_per_client: int = 2
-    min_size: int = 10
+    dataset: str = setting("digits", "digits | cifar10 | cifar100 | stl10 | imagefolder:PATH | "
+                           "npz:PATH", group="Data")
+    data_root: str | None = setting(None, "Folder holding the dataset files.", group="Data")
+    download: bool = setting(False, "Download if missing (needs network).", group="Data")
+    augment: bool | None = setting(None, "Random crop + flip.", group="Data",
+                                   shown="the dataset's, see docs/usage.md")
+    clients: int = setting(10, "Number of clients K.", group="Data")
+    partition: str = setting("dirichlet", "iid | dirichlet | longtail | longtail-dirichlet | "
+                             "shards | domains", group="Data")
+    alpha: float = setting(0.1, "Dirichlet concentration (smaller = more skew).", group="Data")
+    imbalance_factor: float = setting(10.0, "Long-tail imbalance factor IF.", group="Data")
+    shards_per_client: int = setting(2, "Shards per client (shards partition).", group="Data")
+    min_size: int = setting(10, "Fewest samples any client may hold.", group="Data")
     # training
-    rounds: int = 30
-    local_epochs: int | None = None  # None: per model (TRAINING_DEFAULTS)
-    batch_size: int | None = None
-    lr: float | None = None
-    momentum: float | None = None
-    weight_decay: float | None = None
-    participation: float = 1.0
-    eval_every: int = 1
-    seed: int = 0
-    device: str = "auto"
-    workers: int = 1
-    threads: int | None = None  # torch threads per process; None: cores // workers
-    precision: str = "auto"  # auto (bf16 autocast on CUDA for large models) | fp32 | bf16
-    deterministic: bool = False  # deterministic kernels (reproducible GPU runs)
+    rounds: int = setting(30, "Communication rounds.", group="Training")
+    local_epochs: int | None = setting(None, "Local epochs E.", group="Training", shown=PER_MODEL)
+    batch_size: int | None = setting(None, "Local batch size.", group="Training", shown=PER_MODEL)
+    lr: float | None = setting(None, "Local SGD learning rate.", group="Training",
+                               shown=PER_MODEL)
+    momentum: float | None = setting(None, "Local SGD momentum.", group="Training",
+                                     shown=PER_MODEL)
+    weight_decay: float | None = setting(None, "Local SGD weight decay.", group="Training",
+                                         shown=PER_MODEL)
+    participation: float = setting(1.0, "Fraction of clients per round.", group="Training")
+    eval_every: int = setting(1, "Evaluate every N rounds.", group="Training")
+    seed: int = setting(0, "Random seed.", group="Training")
+    device: str = setting("auto", "auto | cpu | cuda", group="Hardware", choices=DEVICES)
+    workers: int = setting(1, "Worker processes for local training and calibration payloads.",
+                           group="Hardware")
+    threads: int | None = setting(None, "Torch threads per process.", group="Hardware")
+    precision: str = setting("auto", "auto | fp32 | bf16: bf16 autocast on CUDA (auto: for "
+                             "models of 5M+ parameters).", group="Hardware", choices=PRECISIONS)
+    deterministic: bool = setting(False, "Deterministic kernels: reproducible GPU runs "
+                                  "(slower).", group="Hardware")
     # calibration
-    calibrate: str = "none"  # none | ccvr | creff | oracle | oracle:N
-    calibration_params: dict[str, Any] = field(default_factory=dict)
+    calibrate: str = setting("none", "none | ccvr | creff | oracle | oracle:N",
+                             group="Calibration")
+    calibration_params: dict[str, Any] = setting(
+        None, "Calibrator options by name (None: the calibrator's default).",
+        group="Calibration", factory=dict, cli=False, shown="{}")
     # privacy of the uploads
-    dp_eps: float = math.inf
-    dp_delta: float | None = None
-    dp_clip: float | None = None
-    dp_grad_clip: float | None = None
-    accountant: str = "rdp"
-    dp_train: bool = False
-    dp_train_share: float = 0.5
-    secagg: bool = False
-    hide_counts: bool = False
-    insecure_seeded_noise: bool = False  # DP noise from the public seed: tests/benchmarks only
-    secagg_updates: bool = False  # model updates as CKKS sums (privacy/update_secagg.py)
+    dp_eps: float = setting(math.inf, "Total epsilon for the uploads (inf = off).",
+                            group="Privacy")
+    dp_delta: float | None = setting(None, "DP delta (default below 1/N).", group="Privacy")
+    dp_clip: float | None = setting(None, "Feature norm bound R.", group="Privacy")
+    dp_grad_clip: float | None = setting(None, "Per-sample class-gradient norm bound.",
+                                         group="Privacy")
+    accountant: str = setting("rdp", "rdp | prv", group="Privacy")
+    dp_train: bool = setting(False, "DP-SGD local training.", group="Privacy")
+    dp_train_share: float = setting(0.5, "Budget share of DP-SGD.", group="Privacy")
+    secagg: bool = setting(False, "CKKS secure aggregation.", group="Privacy")
+    hide_counts: bool = setting(False, "Hide class counts.", group="Privacy",
+                                flag="--hide-counts/--show-counts")
+    insecure_seeded_noise: bool = setting(
+        False, "INSECURE: draw DP noise from the seed (tests only).", group="Privacy",
+        flag="--insecure-seeded-noise")
+    secagg_updates: bool = setting(False, "CKKS sums of model updates.", group="Privacy")
     # outputs
-    out: str | None = None
-    transcript: bool = True
+    out: str | None = setting(None, "Run folder (default runs/<method>-<dataset>-<time>).",
+                              group="Output", shown="")
+    transcript: bool = setting(True, "Record the server's view.", group="Output")
 
     def __post_init__(self) -> None:
         checks = [
@@ -115,9 +150,6 @@ class RunConfig:
             (self.eval_every >= 1, "--eval-every must be >= 1"),
             (self.workers >= 1, "--workers must be >= 1"),
             (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
-            (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}"),
-            (self.precision in PRECISIONS,
-             f"--precision must be one of {', '.join(PRECISIONS)}"),
             (self.dp_eps > 0, "--dp-eps must be > 0 (inf = off)"),
             (self.dp_delta is None or 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
@@ -126,6 +158,9 @@ class RunConfig:
             (not self.hide_counts or self.secagg,
              "--hide-counts needs --secagg: only inside ciphertexts are counts hidden"),
         ]
+        checks += [(getattr(self, s.name) in s.choices,
+                    f"{s.flag_name} must be one of {', '.join(s.choices)}")
+                   for s in settings_of(RunConfig, "run") if s.choices]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
@@ -164,46 +199,34 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any], *, where: str = "") -> RunConfig:
         """Build from plain values (a TOML/JSON file, flags); unknown names and wrong types
         raise a one-line UsageError (``where`` prefixes it, e.g. the file name)."""
-        prefix = f"{where}: " if where else ""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise UsageError(f"{prefix}unknown setting(s) {', '.join(unknown)}; valid names: "
-                             f"{', '.join(sorted(names))}")
-        d = dict(d)
-        if d.get("dp_eps", 0) is None:
-            d["dp_eps"] = math.inf
-        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-        for key, value in d.items():
-            d[key] = _check_type(key, types[key], value, prefix)
-        return cls(**d)
+        return cls(**check_settings(d, f"{where}: " if where else ""))
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,),
-                                       "bool": (bool,)}
-_KIND_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
-
-
-def _check_type(key: str, annotation: str, value: Any, prefix: str = "") -> Any:
-    """``value`` if it fits the field's annotation (ints widen to float), else UsageError.
-    Annotations this does not know (added fields with richer types) are not checked."""
-    optional = annotation.endswith(" | None")
-    kind = annotation.removesuffix(" | None")
-    if value is None and optional:
-        return None
-    if kind.startswith("dict"):
-        if not isinstance(value, dict):
-            raise UsageError(f"{prefix}{key} must be a table of name = value, got {value!r}")
-        return {k.replace("-", "_"): v for k, v in value.items()}
-    if kind not in _KINDS:
-        return value
-    ok = isinstance(value, _KINDS[kind]) and (kind == "bool" or not isinstance(value, bool))
-    if not ok:
-        raise UsageError(f"{prefix}{key} must be {_KIND_NAMES[kind]}, got {value!r}")
-    return float(value) if kind == "float" else value
+def check_settings(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``d`` (RunConfig field names) with every value checked against its setting's type
+    (privfedcal/settings.py); the ``method_params`` / ``calibration_params`` tables' values
+    too, for the names that have a flag (the rest are checked by the method or calibrator).
+    Unknown names and wrong types raise a one-line UsageError starting with ``prefix``.
+    ``dp_eps = None`` (config.json's "off") is inf."""
+    known = {s.name: s for s in settings_of(RunConfig, "run")}
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise UsageError(f"{prefix}unknown setting(s) {', '.join(unknown)}; valid names: "
+                         f"{', '.join(sorted(known))}")
+    out = dict(d)
+    if "dp_eps" in out and out["dp_eps"] is None:
+        out["dp_eps"] = math.inf
+    out = {k: check_value(known[k], v, prefix) for k, v in out.items()}
+    for table, described in (("method_params", METHOD_SETTINGS),
+                             ("calibration_params", CALIBRATION_SETTINGS)):
+        by_name = {s.name: s for s in described}
+        if table in out:
+            out[table] = {k: check_value(by_name[k], v, f"{prefix}{table}.")
+                          if k in by_name else v for k, v in out[table].items()}
+    return out
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -232,16 +255,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if is_json:
         for key in RUN_RECORD_KEYS + ("out",):
             raw.pop(key, None)
-    out = {k.replace("-", "_"): v for k, v in raw.items()}
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    unknown = sorted(set(out) - names)
-    if unknown:
-        raise UsageError(f"config file {p}: unknown setting(s) {', '.join(unknown)}; valid "
-                         f"names: {', '.join(sorted(names))}")
-    if "dp_eps" in out and out["dp_eps"] is None:  # config.json writes "off" (inf) as null
-        out["dp_eps"] = math.inf
-    types = {f.name: str(f.type) for f in dataclasses.fields(RunConfig)}
-    return {k: _check_type(k, types[k], v, f"config file {p}: ") for k, v in out.items()}
+    return check_settings({k.replace("-", "_"): v for k, v in raw.items()},
+                          f"config file {p}: ")
 
 
 def resolve_training_defaults(cfg: RunConfig, *, model: str, augment: bool) -> RunConfig:

@@ -34,8 +34,13 @@ def plot_accuracy(metrics_file: Path, out: Path, summary: dict[str, Any] | None 
     with styled():
         fig = new_figure(5.2, 3.3)
         ax = fig.add_subplot()
+        # a calibrator that re-trains the head every round (CReFF) is what the rounds evaluate
+        per_round = next((r["calibration"]["name"] for r in reversed(rows)
+                          if isinstance(r.get("calibration"), dict) and "name" in r["calibration"]),
+                         None)
         ax.plot([r["round"] for r in rows], [100 * r["accuracy"] for r in rows],
-                label="global model", **series_style(0))
+                label=f"{per_round}'s re-trained head" if per_round else "global model",
+                **series_style(0))
         if summary and "accuracy_before_calibration" in summary and rows:
             ax.scatter([rows[-1]["round"]], [100 * summary["accuracy"]], color=series_style(3)[
                 "color"], marker="*", s=140, zorder=5, edgecolors="black", linewidths=0.6,

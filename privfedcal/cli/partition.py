@@ -8,15 +8,18 @@ settings are ignored here). Samples the long-tail shaping drops belong to no cli
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 
-from privfedcal.cli.train import _d
-from privfedcal.data.partition import PARTITIONS, PartitionSpec
+from privfedcal.cli.train import command_options, setting_options
+from privfedcal.config import RunConfig
+from privfedcal.data.partition import PartitionSpec
+from privfedcal.settings import settings_of
 
 Opt = typer.Option
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
@@ -25,27 +28,22 @@ PARTITION_KEYS = ("dataset", "data_root", "download", "clients", "partition", "a
                   "imbalance_factor", "shards_per_client", "min_size", "seed")
 
 
-def partition(
-    dataset: Annotated[str | None, Opt(help="digits | cifar10 | cifar100 | stl10 | imagefolder:PATH | npz:PATH", show_default=_d("dataset"))] = None,
-    data_root: Annotated[str | None, Opt(help="Folder holding the dataset files.", show_default=_d("data_root"))] = None,
-    download: Annotated[bool | None, Opt("--download/--no-download", help="Download if missing (needs network).", show_default=_d("download"))] = None,
-    clients: Annotated[int | None, Opt(help="Number of clients K.", show_default=_d("clients"))] = None,
-    partition: Annotated[str | None, Opt(help=" | ".join(PARTITIONS), show_default=_d("partition"))] = None,
-    alpha: Annotated[float | None, Opt(help="Dirichlet concentration (smaller = more skew).", show_default=_d("alpha"))] = None,
-    imbalance_factor: Annotated[float | None, Opt(help="Long-tail imbalance factor IF (longtail only).", show_default=_d("imbalance_factor"))] = None,
-    shards_per_client: Annotated[int | None, Opt(help="Shards per client (shards partition).", show_default=_d("shards_per_client"))] = None,
-    min_size: Annotated[int | None, Opt(help="Fewest samples any client may hold.", show_default=_d("min_size"))] = None,
-    seed: Annotated[int | None, Opt(help="Partition seed.", show_default=_d("seed"))] = None,
-    config: Annotated[Path | None, Opt(help="The TOML file or run config.json train takes; flags override it.")] = None,
-    out: Annotated[Path, Opt(help="Output folder for partition.png and partition.json.")] = Path("runs/partition"),
+def _partition_options(
+    config: Annotated[Path | None, Opt(help="The TOML file or run config.json train takes; flags override it.", rich_help_panel="Output")] = None,
+    out: Annotated[Path, Opt(help="Output folder for partition.png and partition.json.", rich_help_panel="Output")] = Path("runs/partition"),
 ) -> None:
+    """``partition``'s options that are not settings of a run."""
+
+
+def partition(**given: Any) -> None:
     """Partition a training set over clients; print per-client class counts, write a heatmap."""
-    from privfedcal.config import RunConfig, load_toml
+    from privfedcal.config import load_toml
     from privfedcal.data.datasets import load_dataset
     from privfedcal.data.partition import class_counts, partition_indices
     from privfedcal.data.plots import plot_partition
 
-    given = {k: v for k, v in locals().items() if k in PARTITION_KEYS and v is not None}
+    config, out = given.pop("config"), given.pop("out")
+    given = {k: v for k, v in given.items() if v is not None}
     merged = {k: v for k, v in (load_toml(config) if config else {}).items()
               if k in PARTITION_KEYS}
     cfg = RunConfig.from_dict({**merged, **given})
@@ -110,6 +108,12 @@ def class_label(classes: list[str], index: int) -> str:
     reads like a sample count."""
     name = str(classes[index]) if index < len(classes) else str(index)
     return f"#{index}" if name == str(index) else f"{name} (#{index})"
+
+
+# The settings' options are train's (privfedcal/settings.py), so are their defaults.
+partition.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    setting_options(s for s in settings_of(RunConfig, "run") if s.name in PARTITION_KEYS)
+    + command_options(_partition_options))
 
 
 def register(app: typer.Typer) -> None:

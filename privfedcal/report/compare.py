@@ -136,8 +136,10 @@ def write_html(rows: list[dict[str, Any]], warnings: list[str], path: Path) -> P
     with tempfile.TemporaryDirectory() as tmp:
         curves = dict(zip(_labels(rows), (r["_curve"] for r in rows), strict=True))
         png = plot_curves(curves, Path(tmp) / "curves.png")
-        body.append(H.figure(png, "accuracy curves", "test accuracy of each run's global model "
-                             "per evaluated round (before post-hoc calibration)"))
+        body.append(H.figure(png, "accuracy curves", "test accuracy per evaluated round of what each "
+                             "run evaluates: the global model before post-hoc calibration, or "
+                             "for a calibrator that re-trains the head every round (CReFF) "
+                             "the model with that head"))
     cells = display_rows(rows)
     numeric = [k in ("rounds", "accuracy_before", "accuracy_after", "worst_class", "epsilon",
                      "bytes", "wall_seconds") for k in COLUMNS]

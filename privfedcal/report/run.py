@@ -250,8 +250,9 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
         t = Path(tmp)
         body.append("<h2>Accuracy</h2><div class=\"grid2\">")
         body.append(H.figure(plot_accuracy(run_dir / "metrics.jsonl", t / "acc.png", summary),
-                             "accuracy per round", "test accuracy of the global model at each "
-                             "evaluated round; the star is the accuracy after post-hoc "
+                             "accuracy per round", "test accuracy at each evaluated round (the "
+                             "global model, or with the head a per-round calibrator re-trained "
+                             "that round); the star is the accuracy after post-hoc "
                              "calibration"))
         loss_png = plot_train_loss(run_dir, t / "loss.png")
         if loss_png:

@@ -41,3 +41,15 @@ def test_example_simulation_has_one_supernode_per_client() -> None:
     project = tomllib.loads(EXAMPLE.read_text())
     sim = project["tool"]["flwr"]["federations"]["local-simulation"]
     assert sim["options"]["num-supernodes"] == RunConfig().clients
+
+
+def test_example_declares_exactly_the_described_keys_and_defaults() -> None:
+    """Every key of ``[tool.flwr.app.config]`` with the default of the settings' description
+    (the Flower timeouts had drifted to 600/120 s here while the code said 3600/300 s)."""
+    from privfedcal.settings import flower_defaults
+
+    project = tomllib.loads(EXAMPLE.read_text())
+    declared = _flatten(project["tool"]["flwr"]["app"]["config"])
+    want = flower_defaults()
+    assert declared == want
+    assert declared["flower.round-timeout"] == 3600.0 and declared["flower.node-wait"] == 300.0

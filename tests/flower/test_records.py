@@ -130,3 +130,23 @@ def test_batchnorm_state_loads_back_into_the_model():
     model.load_state_dict(back)  # strict: same keys, shapes and dtypes
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"rounds": "3"}, "run config: rounds must be an integer, got '3'"),
+    ({"alpha": True}, "run config: alpha must be a number"),
+    ({"method-params.mu": "big"}, "run config: mu must be a number"),
+    ({"calibration-params.virtual-per-class": 2.5}, "virtual_per_class must be an integer"),
+    ({"flower.key-holder": 1.5}, "flower.key_holder must be an integer"),
+    ({"flower.round-timeout": "600"}, "flower.round_timeout must be a number"),
+])
+def test_run_config_types_are_the_described_ones(bad, message):
+    with pytest.raises(UsageError, match=message):
+        parse_run_config(bad)
+
+
+def test_run_config_accepts_either_spelling_and_widens_ints():
+    cfg, opts = parse_run_config({"local_epochs": 2, "calibration-params.virtual_per_class": 5,
+                                  "alpha": 1, "flower.node-wait": 30})
+    assert cfg.local_epochs == 2 and cfg.calibration_params == {"virtual_per_class": 5}
+    assert type(cfg.alpha) is float and opts.node_wait == 30

@@ -68,3 +68,18 @@ def test_plots_write_pngs(tmp_path):
     ]
     for out in outs:
         assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(("calibration", "label"), [(None, "global model"),
+                                                    ({"name": "creff"}, "creff's re-trained head")])
+def test_accuracy_curve_names_what_the_rounds_evaluated(tmp_path, monkeypatch, calibration, label):
+    import privfedcal.plots as plots
+
+    rows = [{"round": r, "accuracy": 0.1 * r, **({"calibration": calibration} if calibration
+                                                 else {})} for r in (1, 2)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen = {}
+    monkeypatch.setattr(plots, "save", lambda fig, out: seen.setdefault("fig", fig) and out)
+    plots.plot_accuracy(metrics, tmp_path / "a.png")
+    assert [t.get_text() for t in seen["fig"].axes[0].get_legend().get_texts()] == [label]
