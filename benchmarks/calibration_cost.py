@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a script
 
-from privfedcal.cli.run import build_calibrator
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_calibrator
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.setup import build_experiment
 from privfedcal.federation.simulator import RoundContext, Simulator
@@ -78,8 +78,9 @@ class TimedSimulator(Simulator):
 
 def simulator(cfg: RunConfig, run_dir: Path) -> TimedSimulator:
     exp = build_experiment(cfg)
-    return TimedSimulator(cfg, run_dir, calibrator=build_calibrator(cfg, exp),
-                          uplink=build_uplink(cfg, exp), exp=exp)
+    calibrator = build_calibrator(cfg, exp)
+    return TimedSimulator(cfg, run_dir, calibrator=calibrator,
+                          uplink=build_uplink(cfg, exp, calibrator), exp=exp)
 
 
 def posthoc_context(sim: Simulator) -> RoundContext:

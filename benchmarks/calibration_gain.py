@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from privfedcal.cli.run import build_calibrator, build_simulator
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_calibrator, build_simulator
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.simulator import RoundContext, Simulator
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from privfedcal.cli.run import build_simulator
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_simulator
 
 
 def run(method: str, eps: float, seed: int, secagg: bool, out: Path, rounds: int,

@@ -42,7 +42,7 @@ def per_round(history: list[dict]) -> float:
 
 
 def run_simulator(cfg: RunConfig, out: Path) -> float:
-    from privfedcal.cli.run import build_simulator
+    from privfedcal.experiment import build_simulator
 
     sim = build_simulator(cfg.replace(out=str(out)), out)
     sim.run()

@@ -20,10 +20,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from privfedcal.federation.transcript import Transcript
 from privfedcal.models import create_model
 from privfedcal.privacy.secagg import ServerAggregator
 from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, key_holder_release, unpad
+from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
 
 C, D = 10, 256

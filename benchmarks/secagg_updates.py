@@ -18,8 +18,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from privfedcal.cli.run import build_simulator
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_simulator
 
 
 def run(out: Path, **kw) -> tuple[dict, object]:

@@ -93,16 +93,14 @@ def role_phases(rounds: int, out: Path) -> None:
     import torch  # noqa: F401
 
     lap("import torch")
+    from privfedcal import experiment
     from privfedcal.cli import run as cli_run
     from privfedcal.cli import train as cli_train
     from privfedcal.federation.simulator import Simulator
 
     lap("import privfedcal")
     cfg = cli_train.resolve_config(None, {"rounds": rounds, "threads": 1, "out": str(out)})
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**cfg.to_dict(),
-                                                 "versions": cli_train.versions()}))
-    sim = cli_run.build_simulator(cfg, out)
+    sim = experiment.build_simulator(cfg, out)
     lap("set-up")
     finish = Simulator.finish
     times: list[tuple[float, float]] = []

@@ -6,7 +6,8 @@ behave as if its data were IID::
     c   = 1/D sum_j std(I_D[:, j]) = 1/sqrt(D)                                          (Eq. 3)
     L_U = E_{x != y} exp(-||x - y||^2 / (2 sigma))  over the rows of z                  (Eq. 4)
 
-Convention (we follow the paper's equations, see METHODS.md for the authors' code):
+Convention (the paper's equations; docs/methods.md "Local methods" says where the authors'
+code differs):
 - every std is the unbiased one (torch.std default), in c and in std_j alike, so c = 1/sqrt(D);
 - sigma = median of the squared distances over pairs x != y, without gradient;
 - L_U is the mean over pairs x != y; z = ``model.features(x)`` (the penultimate output).

@@ -32,7 +32,8 @@ from privfedcal.analysis.separability import mean_sliced_wasserstein
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import load_checkpoint
-from privfedcal.federation.local import make_generator, train_client
+from privfedcal.federation.local import train_client
+from privfedcal.seeding import make_generator
 
 __all__ = ["AnalysisOptions", "RunState", "analyze_run", "cka_layers", "classifier_weight_key",
            "client_cka", "load_run", "probe_indices", "separability"]
@@ -86,20 +87,11 @@ class RunState:
 
 def load_run(run_dir: Path, device: str | None = None) -> RunState:
     """Rebuild the experiment from ``config.json`` and load ``checkpoint/`` and ``final/``."""
+    from privfedcal.federation.runfolder import read_run_config
     from privfedcal.federation.setup import build_experiment
 
     run_dir = Path(run_dir)
-    cfg_file = run_dir / "config.json"
-    if not cfg_file.is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {cfg_file}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{cfg_file} does not hold a settings object")
-    raw.pop("versions", None)
-    cfg = RunConfig.from_dict(raw)
+    cfg = read_run_config(run_dir)
     if device is not None:
         cfg = cfg.replace(device=device)
     for sub in ("checkpoint", "final"):

@@ -1,7 +1,7 @@
 """Privacy audit: sweep protection settings, train, attack, and tabulate utility vs leakage.
 
 For every (method, epsilon, secure aggregation) setting the audit trains a run through the
-same code as ``privfedcal train`` (``cli.run.build_simulator`` + ``Simulator.run``), then
+same code as ``privfedcal train`` (``experiment.build_simulator`` + ``Simulator.run``), then
 attacks its transcript exactly as ``privfedcal attack`` would: class statistics for CCVR,
 class gradients for CReFF (the raw-feature baseline is left out: it does not depend on the
 protection), and class-set inference for both. The inversions assume the attacker knows
@@ -19,7 +19,6 @@ with no calibration upload to protect) are kept as rows with a note, never a cra
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS  # noqa: E402
+from privfedcal.attacks.report import save_figure  # noqa: E402
 from privfedcal.errors import PrivacyBudgetError, UsageError  # noqa: E402
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
@@ -107,9 +107,8 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
         plan_gradients,
         plan_stats,
     )
-    from privfedcal.cli.run import build_simulator
-    from privfedcal.cli.train import versions
     from privfedcal.config import RunConfig
+    from privfedcal.experiment import build_simulator
 
     row: dict[str, Any] = {"method": setting.method, "eps": setting.eps,
                            "secagg": setting.secagg, "note": ""}
@@ -125,10 +124,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
         if cfg.calibrator not in ATTACKED_CALIBRATORS:
             return {**row, "note": f"skipped: {setting.method} uploads no calibration payload "
                                    "(nothing to attack)"}
-        sim = build_simulator(cfg, run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps({**sim.cfg.to_dict(),
-                                                         "versions": versions()}, indent=2))
+        sim = build_simulator(cfg, run_dir)  # writes config.json
         summary = sim.run()
     except (UsageError, PrivacyBudgetError) as exc:
         return {**row, "note": f"skipped: {exc}"}
@@ -221,8 +217,4 @@ def plot_audit(rows: list[dict[str, Any]], path: Path) -> Path:
     axes[0].set_ylabel("test accuracy (%)")
     fig.suptitle("privacy audit, worst case over individuals (open marker: mean over targets);"
                  " star = unprotected, square = secure aggregation", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -110,7 +110,7 @@ def count_lower_bound(payload: Payload) -> Tensor:
     return torch.ceil(bound - 1e-9).clamp_min(0).float()
 
 
-def score(pred: tuple[Tensor, Tensor | None], truth: Tensor) -> dict[str, float]:
+def score_class_sets(pred: tuple[Tensor, Tensor | None], truth: Tensor) -> dict[str, float]:
     """Compare inferred ``(present, counts)`` with true per-class counts (same shape).
 
     Returns presence accuracy, precision, recall (1.0 when nothing was predicted / held)

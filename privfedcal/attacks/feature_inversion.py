@@ -9,7 +9,7 @@ total variation and a small L2 prior, random jitter, several restarts run as one
 (the best by final objective is kept), and DeepInversion's BatchNorm prior (Yin et al.
 2020: the batch mean/variance of every BN input matched to its running statistics).
 
-Statistics pin features down (METHODS.md, last section): with ``D`` the n x d matrix of
+Statistics pin features down (docs/privacy-audit.md): with ``D`` the n x d matrix of
 centred features, ``D^T D = (n-1) Sigma`` and ``1^T D = 0``, so D is known up to a rotation
 inside the (n-1)-dimensional space orthogonal to ``1``. For n = 2 there is no freedom left
 but the order: ``z = mu +- sqrt(lambda/2) v`` (lambda, v: top eigenpair of Sigma). Hence

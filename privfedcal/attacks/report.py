@@ -49,6 +49,15 @@ if TYPE_CHECKING:
 TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient", "model-update")
 
 
+def save_figure(fig, path: Path) -> Path:
+    """``fig`` laid out, written as PNG at 110 dpi (parent folders created), closed."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def nearest_training_image(view: RunView, recon: Tensor, chunk: int = 4096) -> Tensor:
     """Index of the nearest (MSE) training image of every reconstruction, in chunks."""
     n = view.exp.data.x_train.shape[0]
@@ -179,11 +188,7 @@ def save_grid(results: Sequence[Attacked], path: Path, *, max_targets: int = 16,
         axes[2 * i + 1, 0].set_ylabel(f"recon\n{r['psnr']:.1f} dB", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---- tables -----------------------------------------------------------------------------------
@@ -307,8 +312,4 @@ def plot_class_sets(records: Sequence[dict[str, Any]], path: Path) -> Path:
     ax.set_xlabel("class")
     ax.set_title("class sets: shade = true count; dot found, x false positive, o missed",
                  fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

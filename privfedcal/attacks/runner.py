@@ -1,7 +1,7 @@
 """Attack a run folder: transcript -> targets -> attacks -> scored records.
 
 Threat model: an honest-but-curious server that holds the global model and the run's
-transcript (``federation/transcript.py``): the model state it sent for each release, every
+transcript (``privacy/transcript.py``): the model state it sent for each release, every
 client's plain upload (DP-noised when DP is on), or, under secure aggregation, ciphertext
 sizes and the decrypted aggregate only. The planners below build targets from that view
 alone; the clients' data (``exp.parts``) is used for two things only: to SCORE the
@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.attacks.class_inference import infer_classes
-from privfedcal.attacks.class_inference import score as score_classes
+from privfedcal.attacks.class_inference import infer_classes, score_class_sets
 from privfedcal.attacks.feature_inversion import (
     DEFAULT_MAX_STEPS,
     Convergence,
@@ -53,8 +52,9 @@ from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
     load_run,
 )
 from privfedcal.errors import UsageError
-from privfedcal.federation.local import make_generator
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
+from privfedcal.seeding import make_generator
 
 
 @dataclass(frozen=True)
@@ -414,7 +414,7 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
     return plan
 
 
-UPDATE_LABEL, ROUND_LABEL = "model-update", "round"
+UPDATE_LABEL, ROUND_LABEL = UPDATE_RELEASE, ROUND_RECORD
 
 
 def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
@@ -543,7 +543,7 @@ def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str,
                     "target": "class-set", "client": client, "class": None,
                     "n": int(true_counts.sum()), "round": rel.round, "label": label,
                     "view": seen, "dp": any(s > 0 for s in stds.values()),
-                    **score_classes(pred, true_counts),
+                    **score_class_sets(pred, true_counts),
                     "present": torch.nonzero(pred[0]).flatten().tolist(),
                     "true_classes": torch.nonzero(true_counts > 0).flatten().tolist(),
                     "counts": None if pred[1] is None else [round(float(v), 2) for v in pred[1]],

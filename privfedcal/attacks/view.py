@@ -18,8 +18,9 @@ from torch import Tensor
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 
-STATS_LABEL, GRAD_LABEL = "ccvr-stats", "creff-grad"
+STATS_LABEL, GRAD_LABEL = CCVR_RELEASE, CREFF_RELEASE
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,19 +150,15 @@ class RunView:
 
 def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
     """Rebuild a run folder written by ``privfedcal train`` (``exp`` reuses a built one)."""
-    from privfedcal.config import RunConfig
+    from privfedcal.federation.runfolder import read_run_config
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.federation.transcript import load_transcript
+    from privfedcal.privacy.transcript import load_transcript
 
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
+    cfg = read_run_config(run_dir)
     if not (run_dir / "transcript" / "index.json").is_file():
         raise UsageError(f"{run_dir} has no transcript (trained with --no-transcript?): "
                          "there is nothing the server observed to attack")
-    raw = json.loads((run_dir / "config.json").read_text())
-    raw.pop("versions", None)
-    cfg = RunConfig.from_dict(raw)
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     if exp is None:

@@ -26,7 +26,7 @@ from privfedcal.calibration.ccvr import (
 from privfedcal.calibration.creff import CReFF, CReFFParams, GradTask
 from privfedcal.calibration.oracle import Oracle, OracleParams
 from privfedcal.calibration.retrain import RetrainParams, retrain_classifier
-from privfedcal.calibration.stats import ClassStats, merge_eq34
+from privfedcal.calibration.stats import ClassStats, merge_client_moments
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator
@@ -59,6 +59,6 @@ def create_calibrator(spec: CalibrationSpec, *, num_classes: int, feature_dim: i
 
 __all__ = [
     "CCVR", "CCVRParams", "CReFF", "CReFFParams", "ClassStats", "GradTask", "Oracle",
-    "OracleParams", "RetrainParams", "StatsTask", "create_calibrator", "merge_eq34",
+    "OracleParams", "RetrainParams", "StatsTask", "create_calibrator", "merge_client_moments",
     "relu_tukey", "retrain_classifier", "sample_virtual_features", "virtual_counts",
 ]

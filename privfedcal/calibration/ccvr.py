@@ -9,8 +9,7 @@ cross-entropy (sec. 4, "Classifier Re-Training").
 Choices where the paper is silent (documented in ``CCVRParams``):
 
 * re-training: SGD lr 0.01, momentum 0.9, batch 64, 10 epochs over the virtual set and at
-  least 100 steps (``RetrainParams``); the paper's hyperparameter table (its Table 8) is not
-  in the text we have;
+  least 100 steps (``RetrainParams``);
 * ``virtual_mode="proportional"`` distributes ``M * C`` features by ``N_c / N`` (largest
   remainder rounding, so the total is exact);
 * covariances are repaired before sampling: eigenvalues are floored at
@@ -37,7 +36,7 @@ from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import ReleaseSpec
+from privfedcal.privacy.releases import CCVR_RELEASE, ReleaseSpec
 
 VIRTUAL_MODES = ("balanced", "proportional")
 
@@ -168,7 +167,7 @@ class CCVR(PosthocCalibrator):
     arg_field: ClassVar[str] = "virtual_per_class"
     #: one release after training, from every client (docs/privacy-dp.md, sensitivities)
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
-        "ccvr-stats", sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
+        CCVR_RELEASE, sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
         magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all"),)
 
     def __init__(self, params: CCVRParams | None = None, *, num_classes: int,
@@ -182,7 +181,7 @@ class CCVR(PosthocCalibrator):
         t0 = time.perf_counter()
         task = StatsTask(self.num_classes, p.tukey, p.tukey_lambda, p.feature_batch_size)
         payload = ctx.collect(task, clients=list(range(ctx.num_clients)),
-                              state=ctx.global_state, label="ccvr-stats")
+                              state=ctx.global_state, label=CCVR_RELEASE)
         stats = ClassStats.from_payload(payload, num_classes=self.num_classes,
                                         dim=self.feature_dim)
         counts = virtual_counts(stats.count.cpu(), p.virtual_per_class, p.virtual_mode)

@@ -70,7 +70,7 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import ReleaseSpec
+from privfedcal.privacy.releases import CREFF_RELEASE, ReleaseSpec
 
 WEIGHTINGS = ("client", "sample")
 REDUCTIONS = ("sum", "mean")
@@ -266,7 +266,7 @@ class CReFF(Calibrator):
     #: one release per round from its selected clients: sample weighting uploads grad +
     #: count, client weighting grad (per-class means) + holders (docs/privacy-dp.md)
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
-        "creff-grad", sensitivity={"grad": "G", "count": "1", "holders": "1"},
+        CREFF_RELEASE, sensitivity={"grad": "G", "count": "1", "holders": "1"},
         magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected"),)
 
     def __init__(self, params: CReFFParams | None = None, *, num_classes: int,
@@ -308,7 +308,7 @@ class CReFF(Calibrator):
         task = GradTask(w_eff.cpu(), None if bias is None else bias.cpu(), c, p.weighting,
                         p.feature_batch_size, cap, seed)
         payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
-                              label="creff-grad")
+                              label=CREFF_RELEASE)
         g_agg, mask = aggregate_gradients(payload, p.weighting, c)
         s = self.features.to(ctx.device).float()
         w_eff, bias = w_eff.to(s.device), None if bias is None else bias.to(s.device)

@@ -4,7 +4,7 @@ A client summarises its features of class c by the sums ``N_c`` (count), ``s_c =
 ``S_c = sum z z^T``. Unlike the paper's (N, mu, Sigma) upload these merge by plain addition,
 which secure aggregation and DP noise need; the server recovers
 ``mu_c = s_c / N_c`` and the unbiased ``Sigma_c = (S_c - N_c mu_c mu_c^T) / (N_c - 1)``,
-identical to the paper's Eq. 3-4 merge (``merge_eq34``, kept to prove it in tests).
+identical to the paper's Eq. 3-4 merge (``merge_client_moments``, kept to prove it in tests).
 
 Conventions (ours where the paper is silent):
 
@@ -149,7 +149,7 @@ class ClassStats:
         return torch.where(ok[:, None, None], cov, torch.zeros_like(cov))
 
 
-def merge_eq34(counts: Tensor, means: Tensor, covs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def merge_client_moments(counts: Tensor, means: Tensor, covs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The paper's merge of per-client (N_ck, mu_ck, Sigma_ck), Eq. 3-4.
 
     ``counts`` (K, C), ``means`` (K, C, d), ``covs`` (K, C, d, d) -> (N_c, mu_c, Sigma_c) with

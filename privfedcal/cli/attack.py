@@ -9,7 +9,6 @@ RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -58,9 +57,9 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
 def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
               threads: int | None = None) -> Path:
     """Train a small ``method`` run on digits through the same code as ``privfedcal train``."""
-    from privfedcal.cli.run import build_simulator, run_with_progress
-    from privfedcal.cli.train import versions
+    from privfedcal.cli.run import run_with_progress
     from privfedcal.config import RunConfig
+    from privfedcal.experiment import build_simulator
 
     if run_dir is None:
         run_dir = Path("runs") / f"quick-{method}-digits-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -71,9 +70,6 @@ def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
     quick = {**QUICK_RUN, "threads": threads or QUICK_RUN["threads"]}
     cfg = RunConfig(method=method, seed=seed, device=device, out=str(run_dir),
                     calibration_params=dict(params), **quick)  # type: ignore[arg-type]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({**cfg.to_dict(), "versions": versions()},
-                                                    indent=2))
     summary = run_with_progress(build_simulator(cfg, run_dir), cfg)
     console.print(f"no --run given: trained a quick {method} run on digits into {run_dir} "
                   f"(accuracy {summary['accuracy']:.4f})")

@@ -47,7 +47,7 @@ def parse_secagg(text: str) -> tuple[bool, ...]:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
-    from privfedcal.cli.train import check_method
+    from privfedcal.experiment import check_method
 
     out = [t.strip() for t in text.split(",") if t.strip()]
     if not out:

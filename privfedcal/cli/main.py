@@ -12,6 +12,7 @@ import sys
 import click
 import typer
 
+from privfedcal.cli import analyze, attack, audit, compare, partition, report, train
 from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
 
 app = typer.Typer(
@@ -23,22 +24,10 @@ app = typer.Typer(
 )
 
 
-def _register_commands() -> None:
-    # Imported here so that `privfedcal --help` stays fast and each command owns its module.
-    import importlib
-
-    for module in ("train", "partition", "analyze", "attack", "audit",
-                   "report", "compare"):
-        try:
-            mod = importlib.import_module(f"privfedcal.cli.{module}")
-        except ModuleNotFoundError as exc:  # a command not built yet
-            if exc.name == f"privfedcal.cli.{module}":
-                continue
-            raise
-        mod.register(app)
-
-
-_register_commands()
+# One module per command; each keeps its heavy imports inside the command so that
+# `privfedcal --help` stays fast.
+for command in (train, partition, analyze, attack, audit, report, compare):
+    command.register(app)
 
 
 def fail(message: str, code: int = 2) -> None:

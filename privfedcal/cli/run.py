@@ -7,7 +7,6 @@ full width (never truncated).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -17,60 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from privfedcal.cli.console import console, err_console
-from privfedcal.config import RUN_RECORD_KEYS, RunConfig, resolved_line
+from privfedcal.config import RunConfig, resolved_line
 from privfedcal.errors import Diverged, UsageError
-
-
-def build_simulator(cfg: RunConfig, run_dir: Path):
-    from privfedcal.federation.setup import build_experiment
-    from privfedcal.federation.simulator import Simulator
-    from privfedcal.privacy.uplink import build_uplink
-
-    check_calibration_params(cfg)
-    exp = build_experiment(cfg)
-    calibrator = build_calibrator(exp.cfg, exp)
-    uplink = build_uplink(exp.cfg, exp)
-    return Simulator(exp.cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
-
-
-def check_calibration_params(cfg: RunConfig) -> None:
-    """Calibration options need a calibrator that takes them: anything else is refused,
-    naming the valid options (a typo must not silently run with the default)."""
-    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
-    from privfedcal.federation.hooks import CALIBRATORS
-
-    given = sorted(k for k, v in cfg.calibration_params.items() if v is not None)
-    if not given:
-        return
-    name = cfg.calibrator.partition(":")[0]
-    if name == "none":
-        flags = ", ".join(k.replace("_", "-") for k in given)
-        raise UsageError(f"calibration option(s) {flags} given but no calibrator runs: add "
-                         f"--calibrate {' | '.join(n for n in CALIBRATORS.names() if n != 'none')}"
-                         " (or --method ccvr | creff)")
-    cls = CALIBRATORS.get(name)
-    params = getattr(cls, "Params", None)
-    fields = sorted(f.name for f in dataclasses.fields(params)) if params else []
-    valid = set(fields) | {f"{name}_{f}" for f in fields}
-    unknown = [k for k in given if k not in valid]
-    if unknown:
-        raise UsageError(f"calibrator {name!r} takes no {', '.join(unknown)}; its options: "
-                         f"{', '.join(fields) or 'none'}")
-
-
-def build_calibrator(cfg: RunConfig, exp):
-    from privfedcal.calibration import create_calibrator
-    from privfedcal.federation.hooks import CalibrationSpec
-
-    name, _, arg = cfg.calibrator.partition(":")
-    if arg and not arg.isdigit():
-        raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
-    from privfedcal.privacy.protection import calibration_defaults
-
-    spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
-    options = calibration_defaults(cfg, {**cfg.calibration_params, "seed": cfg.seed})
-    return create_calibrator(spec, num_classes=exp.data.num_classes,
-                             feature_dim=exp.model.feature_dim, options=options)
+from privfedcal.experiment import build_simulator
+from privfedcal.federation.runfolder import read_run_config
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
@@ -180,13 +129,7 @@ def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = N
     uninterrupted run of ``rounds`` rounds. Not allowed: fewer rounds than trained, a
     diverged run (it would diverge again), and a different round count with DP (every
     release's noise was calibrated for the planned number of rounds)."""
-    cfg_file = run_dir / "config.json"
-    if not cfg_file.is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
-    raw = json.loads(cfg_file.read_text())
-    for key in RUN_RECORD_KEYS:
-        raw.pop(key, None)
-    cfg = RunConfig.from_dict(raw, where=str(cfg_file))
+    cfg = read_run_config(run_dir)
     summary_file = run_dir / "summary.json"
     previous = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if previous and previous.get("diverged"):

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from privfedcal.config import METHOD_ALIASES, RunConfig, load_toml
+from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
+from privfedcal.experiment import check_calibration_params, check_method, method_choices
 from privfedcal.settings import CALIBRATION_SETTINGS, METHOD_SETTINGS, Setting, cli_settings
 
 Opt = typer.Option
@@ -43,17 +44,6 @@ def command_options(func: Callable[..., Any]) -> list[inspect.Parameter]:
             for p in inspect.signature(func, eval_str=True).parameters.values()]
 
 
-def method_choices() -> list[str]:
-    from privfedcal.algorithms import ALGORITHMS
-
-    return sorted(set(ALGORITHMS.names()) | set(METHOD_ALIASES))
-
-
-def check_method(name: str) -> None:
-    if name not in method_choices():
-        raise UsageError(f"unknown method {name!r}; valid choices: {', '.join(method_choices())}")
-
-
 def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> RunConfig:
     """The config file first, then every flag the user gave (flags override the file)."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
@@ -77,12 +67,6 @@ def default_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = cfg.dataset.split(":")[0]
     return Path("runs") / f"{cfg.method}-{name}-{stamp}"
-
-
-def versions() -> dict[str, str]:
-    from privfedcal.federation.setup import versions as _versions
-
-    return _versions()
 
 
 def choices_epilog() -> str:
@@ -119,7 +103,7 @@ def train(**flags: Any) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
     config, resume, report, log = (flags.pop(k, None) for k in ("config", "resume", "report", "log"))
     rounds, threads = flags.get("rounds"), flags.get("threads")
-    from privfedcal.cli.run import check_calibration_params, execute, resume_run
+    from privfedcal.cli.run import execute, resume_run
     from privfedcal.federation.runlog import parse_log
 
     extras = {"log": parse_log(log), "report_html": bool(report)}

@@ -1,6 +1,6 @@
 """Client partitions of a training set: iid, Dirichlet label skew, long tail, shards, domains.
 
-- ``dirichlet`` (label skew, the procedure of the MOON/CCVR/NIID-Bench code, METHODS.md
+- ``dirichlet`` (label skew, the procedure of the MOON/CCVR/NIID-Bench code, docs/methods.md
   "Partitions"): for every class i, shuffle its indices, draw ``p_i ~ Dir_K(alpha)`` and
   cut the class at ``floor(cumsum(p_i) * n_i)``. As in that code, a client that already holds
   ``>= N/K`` samples gets no share of later classes (its ``p_{i,k}`` is zeroed and the rest

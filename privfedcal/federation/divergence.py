@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import Diverged
+from privfedcal.federation.local import LocalResult
 
 
 def nonfinite_key(tensors: Mapping[str, Any]) -> str | None:
@@ -32,17 +33,17 @@ def lr_hint(lr: float | None) -> str:
         f"lower the learning rate with --lr{now}"
 
 
-def check_local(results: Sequence[tuple], selected: Sequence[int],
+def check_local(results: Sequence[LocalResult], selected: Sequence[int],
                 averaged: Mapping[str, Tensor] | None, round_: int, lr: float | None) -> None:
-    """Every selected client's training loss and trained model (``results[i][0]``: its
+    """Every selected client's training loss and trained model (``LocalResult.state``: its
     state, or a marker holding its first non-finite entry), then the average: the client is
     named where one is at fault."""
     for client, r in zip(selected, results, strict=True):
-        if not math.isfinite(float(r[2])):
+        if not math.isfinite(float(r.loss)):
             raise Diverged(round_, "the local training loss is not finite", client=client,
                            hint=lr_hint(lr))
     for client, r in zip(selected, results, strict=True):
-        bad = nonfinite_key(r[0])
+        bad = nonfinite_key(r.state)
         if bad is not None:
             raise Diverged(round_, f"the trained model's {bad} is not finite", client=client,
                            hint=lr_hint(lr))

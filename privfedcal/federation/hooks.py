@@ -3,7 +3,7 @@
 A calibrator never sees client data. It asks the simulator to run a ``PayloadTask`` on some
 clients; each client's result is a dict of named tensors that are **sums over its local
 samples** (plus counts), so that the server side only ever needs their sum over clients.
-Every upload travels through the uplink (bound -> noise -> encrypt, privacy issue); the
+Every upload travels through the uplink (bound -> noise -> wire, privacy/uplink.py); the
 calibrator receives the cross-client sum and cannot tell which stages ran.
 """
 
@@ -17,29 +17,11 @@ import torch
 from torch import Tensor
 
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
 
 State = dict[str, Tensor]
-Payload = dict[str, Tensor]
 FeatureTransform = Callable[[Tensor], Tensor]
-
-
-class Bound(Protocol):
-    """The client-side bounding stage: clips per-sample rows before they are summed.
-
-    ``rows`` is (n, ...) with one entry per local sample; each entry's flattened L2 norm is
-    clipped to the configured bound (identity when bounding is off). Tasks must pass every
-    per-sample quantity they sum through ``clip`` so that sensitivities hold.
-    """
-
-    def clip(self, rows: Tensor, kind: str) -> Tensor: ...
-
-
-class NoBound:
-    """Bounding off: the identity."""
-
-    def clip(self, rows: Tensor, kind: str) -> Tensor:
-        return rows
 
 
 class PayloadTask(Protocol):

@@ -9,27 +9,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms.base import Algorithm, State
 from privfedcal.models.base import FeatureClassifier
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (run seed, round, client, purpose), collision-resistant."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(2,
-               dtype=np.uint64)[0] >> np.uint64(1))
-
-
-def make_generator(*parts: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(derive_seed(*parts))
-    return g
+from privfedcal.seeding import derive_seed, make_generator
 
 
 @dataclass(frozen=True)
@@ -157,9 +145,17 @@ def clone_state(model: torch.nn.Module) -> State:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+class LocalResult(NamedTuple):
+    """What one client's local training returns to the server."""
+
+    state: State                # the trained model's state ({} once handed to ``consume``)
+    client_state: State | None  # the method's per-client state kept between rounds, or None
+    loss: float                 # the mean local training loss
+
+
 def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
                  client_state: State | None, x_all: Tensor, y_all: Tensor, idx: Tensor,
-                 spec: LocalSpec, round_: int, client: int) -> tuple[State, State | None, float]:
+                 spec: LocalSpec, round_: int, client: int) -> LocalResult:
     """Train ``model`` from ``global_state`` on the client's samples ``idx``.
 
     Returns (new local state, per-client state to keep, mean training loss).
@@ -175,7 +171,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
 
         loss = train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
                            derive_seed(spec.seed, round_, client, 6))
-        return clone_state(model), algo.end_client(model), loss
+        return LocalResult(clone_state(model), algo.end_client(model), loss)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())
@@ -203,7 +199,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
             total += loss.detach().float()
             steps += 1
     new_client_state = algo.end_client(model)
-    return clone_state(model), new_client_state, float(total) / max(steps, 1)
+    return LocalResult(clone_state(model), new_client_state, float(total) / max(steps, 1))
 
 
 @torch.no_grad()
@@ -236,24 +232,8 @@ def evaluate(model: FeatureClassifier, state: State, x: Tensor, y: Tensor, num_c
     }
 
 
-def weighted_average(states: list[State], weights: list[float]) -> State:
-    """Sample-weighted average of client states; integer buffers (BN counters) take the max."""
-    total = float(sum(weights))
-    out: State = {}
-    for key in states[0]:
-        ref = states[0][key]
-        if ref.is_floating_point():
-            acc = torch.zeros_like(ref, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32)
-            for s, w in zip(states, weights, strict=True):
-                acc.add_(s[key], alpha=w / total)
-            out[key] = acc.to(ref.dtype)
-        else:
-            out[key] = torch.stack([s[key] for s in states]).amax(0)
-    return out
-
-
 class RunningAverage:
-    """``weighted_average`` computed as the states arrive, in the same order and with the same
+    """``algorithms.base.weighted_average`` computed as the states arrive, in the same order and with the same
     operations (so bitwise the same result), holding one accumulator instead of every
     client's state: peak memory does not grow with the number of clients per round."""
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,10 +21,10 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.local import (
     LocalSpec,
     choose_mixed_precision,
-    make_generator,
     set_deterministic,
 )
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.seeding import make_generator
 
 
 def resolve_device(name: str) -> torch.device:
@@ -91,23 +89,6 @@ class Experiment:
         if d.domain_names is not None and cfg.partition == "domains":
             record["client_domains"] = d.domain_names
         return record
-
-
-def versions() -> dict[str, str]:
-    import platform
-
-    import privfedcal
-
-    return {"privfedcal": privfedcal.__version__, "torch": torch.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}
-
-
-def write_run_files(run_dir: Path, exp: Experiment) -> None:
-    """``config.json`` (the resolved settings plus versions) and ``partition.json``."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(
-        json.dumps({**exp.cfg.to_dict(), "versions": versions()}, indent=2))
-    (run_dir / "partition.json").write_text(json.dumps(exp.partition_record()) + "\n")
 
 
 def fit_warning(model: str, dataset: str, image_size: int) -> str | None:

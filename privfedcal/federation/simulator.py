@@ -1,4 +1,4 @@
-"""The federated round loop (DESIGN.md, "The data path of one round").
+"""The federated round loop (docs/architecture.md, "A round's data path").
 
 Methods and calibrators are objects with hooks; the loop never branches on their names.
 Each round: sample clients -> local training (in-process or workers) -> sample-weighted
@@ -9,7 +9,6 @@ checkpoint. After the last round the calibrator's post-hoc hook runs (CCVR, orac
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,19 +27,19 @@ from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, P
 from privfedcal.federation.local import (
     RunningAverage,
     clone_state,
-    derive_seed,
     evaluate,
-    make_generator,
 )
+from privfedcal.federation.runfolder import write_run_files
 from privfedcal.federation.runlog import RunLogger
-from privfedcal.federation.setup import Experiment, build_experiment, write_run_files
-from privfedcal.federation.transcript import Transcript, record_model_updates, record_round
+from privfedcal.federation.setup import Experiment, build_experiment
 from privfedcal.federation.workers import (
     InProcessTrainer,
-    Job,
+    TrainJob,
     WorkerPoolTrainer,
     default_threads,
 )
+from privfedcal.privacy.transcript import Transcript, record_model_updates, record_round
+from privfedcal.seeding import make_generator, select_clients
 
 
 @dataclass
@@ -78,13 +77,14 @@ class Simulator:
     """Runs one experiment into a run folder; resumable from its last checkpoint."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, *, calibrator: Calibrator | None = None,
-                 uplink: Any = None, exp: Experiment | None = None) -> None:
+                 uplink: Any = None, exp: Experiment | None = None,
+                 run_record: dict[str, Any] | None = None) -> None:
         from privfedcal.privacy.uplink import Uplink
 
         self.run_dir = Path(run_dir)
         self.exp = exp or build_experiment(cfg)
         self.cfg = self.exp.cfg  # resolved: model and optimiser filled in per model
-        write_run_files(self.run_dir, self.exp)  # config.json, partition.json
+        write_run_files(self.run_dir, self.exp, **(run_record or {}))
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
         self.threads = cfg.threads or default_threads(cfg.workers)
@@ -185,7 +185,7 @@ class Simulator:
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
-    def receive_updates(self, trainer, jobs: list[Job], selected: list[int],
+    def receive_updates(self, trainer, jobs: list[TrainJob], selected: list[int],
                         weights: list[float], round_: int) -> tuple[list, State, int, list]:
         """Train the round's clients and obtain the weighted average as the server does.
 
@@ -205,13 +205,13 @@ class Simulator:
                 running.add(state)
 
             results = trainer.train(self.global_state, jobs, round_, consume=consume)
-            checked = [(running.nonfinite_marker(i), r[1], r[2]) for i, r in enumerate(results)]
+            checked = [r._replace(state=running.nonfinite_marker(i)) for i, r in enumerate(results)]
             return results, running.result(), running.bytes, checked
         results = trainer.train(self.global_state, jobs, round_)
-        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r[0].values())
+        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())
                          for r in results)
         averaged = self.uplink.average_updates(
-            self.global_state, [r[0] for r in results], weights, selected, round_=round_,
+            self.global_state, [r.state for r in results], weights, selected, round_=round_,
             transcript=self.transcript, recipe=recipe)
         return results, averaged, sent_bytes, results
 
@@ -232,7 +232,7 @@ class Simulator:
             for round_ in range(self.start_round, cfg.rounds + 1):
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
-                jobs = [Job(c, exp.parts[c], self.client_states.get(c)) for c in selected]
+                jobs = [TrainJob(c, exp.parts[c], self.client_states.get(c)) for c in selected]
                 self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
                 record_round(self.transcript, round_, self.global_state, selected)
                 weights = self.uplink.update_weights([float(exp.parts[c].numel())
@@ -245,22 +245,22 @@ class Simulator:
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
                 sent = self.global_state
                 for k in averaged:  # parts a method never aggregates (frozen heads)
-                    if k.startswith(exp.algo.frozen_prefixes or ("\0",)):
+                    if k.startswith(exp.algo.frozen_prefixes):
                         averaged[k] = sent[k]
                 self.global_state, self.server_state = exp.algo.server_update(
                     sent, averaged, self.server_state)
                 divergence.check_state(self.global_state, round_, "the aggregated model",
                                        divergence.lr_hint(cfg.lr))
                 for c, r in zip(selected, results, strict=True):
-                    if r[1] is not None:
-                        self.client_states[c] = {k: v.to(exp.device) for k, v in r[1].items()}
+                    if r.client_state is not None:
+                        self.client_states[c] = {k: v.to(exp.device) for k, v in r.client_state.items()}
                 ctx = RoundContext(self, round_, self.global_state, sent, selected,
                                    make_generator(cfg.seed, round_, 0, 4))
                 try:
                     self.calibrator.after_round(ctx)
                 except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
                     self.notes.append(str(exc))
-                train_loss = float(np.mean([r[2] for r in results]))
+                train_loss = float(np.mean([r.loss for r in results]))
                 record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
                 if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
                     ev = self.evaluate(self.checked_eval_state(round_),
@@ -275,7 +275,7 @@ class Simulator:
                 self.elapsed += dt
                 record["seconds"] = round(dt, 4)
                 self.history.append(record)
-                self.log.round(record, selected, [r[2] for r in results])
+                self.log.round(record, selected, [r.loss for r in results])
                 if "accuracy" in record:
                     with open(self.run_dir / "metrics.jsonl", "a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -316,8 +316,8 @@ class Simulator:
             "uploaded_bytes": self.transcript.uploaded_bytes(),
             "calibration_upload_bytes": self.transcript.uploaded_bytes(),
             "model_update_bytes": self.update_bytes,
-            "rejected_uploads": list(getattr(self.uplink, "rejected", [])),
-            "skipped_releases": list(getattr(self.uplink, "skipped", [])),
+            "rejected_uploads": list(self.uplink.rejected),
+            "skipped_releases": list(self.uplink.skipped),
             **extra,
         }
         privacy = self.uplink.summary()
@@ -328,7 +328,7 @@ class Simulator:
         elif self.cfg.calibrator != "none":
             self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
                               "--secagg): the server saw every client's payload")
-        summary["notes"] = self.notes + list(getattr(self.uplink, "hints", []))
+        summary["notes"] = self.notes + list(self.uplink.hints)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
@@ -374,7 +374,7 @@ class Simulator:
             "server": self.server_state,
             "clients": {str(c): s for c, s in self.client_states.items()},
             "calibrator": self.calibrator.state_dict(),
-            "uplink": self.uplink.state_dict() if hasattr(self.uplink, "state_dict") else {},
+            "uplink": self.uplink.state_dict(),
             "history": self.history,
             "notes": self.notes,
             "update_bytes": self.update_bytes,
@@ -388,8 +388,7 @@ class Simulator:
         self.server_state = ck["server"]
         self.client_states = {int(c): s for c, s in ck["clients"].items()}
         self.calibrator.load_state_dict(ck["calibrator"])
-        if hasattr(self.uplink, "load_state_dict"):
-            self.uplink.load_state_dict(ck.get("uplink") or {})
+        self.uplink.load_state_dict(ck.get("uplink") or {})
         self.history = ck["history"]
         self.notes = list(ck.get("notes", []))
         self.update_bytes = int(ck.get("update_bytes", 0))
@@ -397,22 +396,3 @@ class Simulator:
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
         self.log.restore(self.history)
-
-
-def select_clients(cfg: RunConfig, round_: int) -> list[int]:
-    """The clients of a round: a function of the public config alone (the privacy
-    accounting plans each client's participation from it, privacy/protection.py)."""
-    k = cfg.clients
-    m = max(1, int(round(cfg.participation * k)))
-    if m >= k:
-        return list(range(k))
-    g = make_generator(cfg.seed, round_, 0, 3)
-    return sorted(torch.randperm(k, generator=g)[:m].tolist())
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(derive_seed(seed, 0, 0, 9))
-    np.random.seed(seed % (2**32))
-
-
-__all__ = ["Simulator", "RoundContext", "seed_everything", "math"]

@@ -19,18 +19,17 @@ import torch.multiprocessing as tmp
 from torch import Tensor
 
 from privfedcal.algorithms.base import Algorithm, State
-from privfedcal.federation.local import LocalSpec, set_deterministic, train_client
+from privfedcal.federation.local import LocalResult, LocalSpec, set_deterministic, train_client
 from privfedcal.models.base import FeatureClassifier
 
 
 @dataclass
-class Job:
+class TrainJob:
+    """One client's local training in a round: its sample indices and its kept state."""
+
     client: int
     idx: Tensor
     client_state: State | None
-
-
-Result = tuple[State, State | None, float]
 
 
 class InProcessTrainer:
@@ -40,9 +39,9 @@ class InProcessTrainer:
                  spec: LocalSpec) -> None:
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
 
-    def train(self, global_state: State, jobs: list[Job], round_: int,
+    def train(self, global_state: State, jobs: list[TrainJob], round_: int,
               on_done: Callable[[int], None] | None = None,
-              consume: Callable[[State], None] | None = None) -> list[Result]:
+              consume: Callable[[State], None] | None = None) -> list[LocalResult]:
         """Results in job order; with ``consume`` each new state is handed to it at once
         (in job order) and dropped (its slot in the results is an empty dict)."""
         out = []
@@ -53,7 +52,7 @@ class InProcessTrainer:
             if consume is not None:
                 consume(state)
                 state = {}
-            out.append((state, client_state, loss))
+            out.append(LocalResult(state, client_state, loss))
             if on_done:
                 on_done(job.client)
         return out
@@ -84,7 +83,7 @@ def _on_device(state: State | None) -> State | None:
     return {k: v.to(_W["device"]) for k, v in state.items()}
 
 
-def _worker_train(args: tuple[State, list[Job], int]) -> list[Result]:
+def _worker_train(args: tuple[State, list[TrainJob], int]) -> list[tuple]:
     global_state, jobs, round_ = args
     out = []
     for job in jobs:
@@ -166,9 +165,9 @@ class WorkerPoolTrainer:
         self.pool = ctx.Pool(workers, initializer=_worker_init,
                              initargs=(build, x, y, spec, threads, str(device), deterministic))
 
-    def train(self, global_state: State, jobs: list[Job], round_: int,
+    def train(self, global_state: State, jobs: list[TrainJob], round_: int,
               on_done: Callable[[int], None] | None = None,
-              consume: Callable[[State], None] | None = None) -> list[Result]:
+              consume: Callable[[State], None] | None = None) -> list[LocalResult]:
         shared = _shared(global_state)
         # One task per worker with a balanced share of the clients (largest first): fewer
         # round trips than one task per client, and results come back in client order.
@@ -176,16 +175,16 @@ class WorkerPoolTrainer:
         pending = [(share, self.pool.apply_async(
             _worker_train, ((shared, [_cpu_job(jobs[i]) for i in share], round_),)))
             for share in shares]
-        results: list[Result | None] = [None] * len(jobs)
+        results: list[LocalResult | None] = [None] * len(jobs)
         for share, p in pending:
             for i, (state, client_state, loss) in zip(share, p.get(), strict=True):
-                results[i] = (unpack_state(state), unpack_state(client_state), loss)
+                results[i] = LocalResult(unpack_state(state), unpack_state(client_state), loss)
                 if on_done:
                     on_done(jobs[i].client)
         if consume is not None:
             for i, r in enumerate(results):
-                consume(r[0])  # type: ignore[index]
-                results[i] = ({}, r[1], r[2])  # type: ignore[index]
+                consume(r.state)  # type: ignore[union-attr]
+                results[i] = r._replace(state={})  # type: ignore[union-attr]
         return results  # type: ignore[return-value]
 
     def collect(self, task: object, idxs: list[Tensor], state: State, bound: object
@@ -210,9 +209,9 @@ class WorkerPoolTrainer:
         self.pool.join()
 
 
-def _cpu_job(job: Job) -> Job:
+def _cpu_job(job: TrainJob) -> TrainJob:
     cs = job.client_state
-    return Job(job.client, job.idx.cpu(),
+    return TrainJob(job.client, job.idx.cpu(),
                None if cs is None else {k: v.cpu() for k, v in cs.items()})
 
 

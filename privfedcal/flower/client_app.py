@@ -85,6 +85,7 @@ def client_runtime(context: Context) -> ClientRuntime:
     ``build_uplink`` runs here too: it plans the DP noise and, with ``--dp-train``, switches
     the experiment's local training to DP-SGD, exactly as on the simulator's side.
     """
+    from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.uplink import build_uplink
 
     cfg, _ = parse_run_config(context.run_config)
@@ -94,7 +95,8 @@ def client_runtime(context: Context) -> ClientRuntime:
     if key not in _EXPERIMENTS:
         _EXPERIMENTS.clear()
         exp = build_experiment(cfg)
-        _EXPERIMENTS[key] = (exp, build_uplink(exp.cfg, exp))  # resolved defaults
+        uplink = build_uplink(exp.cfg, exp, calibrator_class(exp.cfg))  # resolved defaults
+        _EXPERIMENTS[key] = (exp, uplink)
     exp, uplink = _EXPERIMENTS[key]
     return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.clients))
 

@@ -38,12 +38,12 @@ from flwr.app import ConfigRecord, RecordDict
 
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import Payload
-from privfedcal.federation.transcript import Transcript
 from privfedcal.flower.link import GridLink
 from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg_stage import Sealing
 from privfedcal.privacy.stages import Finish, Release
+from privfedcal.privacy.transcript import Transcript
 
 SECAGG = "secagg"            # ConfigRecord sent to clients: public context, layout, pad size
 CIPHERTEXT = "ciphertext"    # ConfigRecord in a client's reply: {"data": bytes}
@@ -148,7 +148,7 @@ class RemoteKeys:
         reply = self.link.exchange(content, [self.key_holder], "query.decrypt",
                                    release)[self.key_holder].content
         if "rejected" in reply:
-            rel.log.skip(rel.round_, rel.label, "aggregate failed the key holder's check: "
+            rel.log.raise_skipped(rel.round_, rel.label, "aggregate failed the key holder's check: "
                          + str(reply["rejected"]["reason"]))
         return record_to_state(reply["aggregate"])
 

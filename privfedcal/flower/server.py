@@ -26,14 +26,16 @@ from flwr.app import ConfigRecord, RecordDict
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.federation.hooks import Calibrator, NoBound, Payload, PayloadTask, State
+from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State
+from privfedcal.federation.local import LocalResult
 from privfedcal.federation.setup import Experiment
 from privfedcal.federation.simulator import Simulator
-from privfedcal.federation.workers import Job, Result
+from privfedcal.federation.workers import TrainJob
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.protection import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.flower.tasks import task_to_records
+from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.secagg_stage import EncryptStage
 
 log = logging.getLogger("privfedcal.flower")
@@ -45,12 +47,12 @@ class FlowerTrainer:
     def __init__(self, link: GridLink, exp: Experiment) -> None:
         self.link, self.exp = link, exp
 
-    def train(self, global_state: State, jobs: list[Job], round_: int,
-              on_done: Any = None) -> list[Result]:
+    def train(self, global_state: State, jobs: list[TrainJob], round_: int,
+              on_done: Any = None) -> list[LocalResult]:
         content = RecordDict({"global": state_to_record(global_state),
                               "config": ConfigRecord({"round": round_})})
         replies = self.link.exchange(content, [j.client for j in jobs], "train", str(round_))
-        out: list[Result] = []
+        out: list[LocalResult] = []
         for job in jobs:
             reply = replies[job.client].content
             n = int(reply["metrics"]["num-examples"])
@@ -59,7 +61,7 @@ class FlowerTrainer:
                     f"client {job.client} trained on {n} samples where the run config gives "
                     f"{int(job.idx.numel())}: the node runs another dataset/partition config")
             state = record_to_state(reply["local"], self.exp.device)
-            out.append((state, None, float(reply["metrics"]["train-loss"])))
+            out.append(LocalResult(state, None, float(reply["metrics"]["train-loss"])))
             if on_done:
                 on_done(job.client)
         return out
@@ -73,7 +75,8 @@ class FlowerSimulator(Simulator):
 
     def __init__(self, cfg: RunConfig, run_dir: Path, link: GridLink, *,
                  calibrator: Calibrator | None = None, uplink: Any = None,
-                 exp: Experiment | None = None, key_holder: int = 0) -> None:
+                 exp: Experiment | None = None, key_holder: int = 0,
+                 run_record: dict[str, Any] | None = None) -> None:
         if cfg.calibrator.startswith("oracle"):
             raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
                              "no federated form and cannot run under Flower")
@@ -82,7 +85,8 @@ class FlowerSimulator(Simulator):
                              "updates would reach the server in the clear before encryption")
         if not 0 <= key_holder < cfg.clients:
             raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
-        super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
+        super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp,
+                         run_record=run_record)
         self.link = link
         self.key_holder = key_holder
         wire = self.uplink.wire

@@ -31,26 +31,16 @@ app = ServerApp()
 
 def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     """The ``FlowerSimulator`` for this run (data, model, method, calibrator, uplink)."""
-    from privfedcal.cli.run import build_calibrator
-    from privfedcal.cli.train import check_method, versions
-    from privfedcal.federation.setup import build_experiment
-    from privfedcal.privacy.uplink import build_uplink
+    from privfedcal.experiment import build_parts
 
     cfg, options = parse_run_config(context.run_config)
-    check_method(cfg.method)
     cfg = cfg.replace(workers=1)
     run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
-    cfg = cfg.replace(out=str(run_dir))
-    exp = build_experiment(cfg)
-    cfg = exp.cfg  # model and optimiser resolved per model (config.py)
-    calibrator = build_calibrator(cfg, exp)
-    uplink = build_uplink(cfg, exp)
-    link = GridLink(grid, cfg.clients, options)
-    sim = FlowerSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
-                          key_holder=options.key_holder)
-    (run_dir / "config.json").write_text(json.dumps(
-        {**cfg.to_dict(), "versions": versions(), "flower_run_id": context.run_id}, indent=2))
-    return sim
+    exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)))
+    link = GridLink(grid, exp.cfg.clients, options)
+    return FlowerSimulator(exp.cfg, run_dir, link, calibrator=calibrator, uplink=uplink,
+                           exp=exp, key_holder=options.key_holder,
+                           run_record={"flower_run_id": context.run_id})
 
 
 def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str, Any]]:

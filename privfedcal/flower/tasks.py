@@ -39,8 +39,9 @@ _SCALARS = (bool, int, float, str)
 def _register_builtin() -> None:
     from privfedcal.calibration.ccvr import StatsTask
     from privfedcal.calibration.creff import GradTask
+    from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 
-    for name, cls in (("ccvr-stats", StatsTask), ("creff-grad", GradTask)):
+    for name, cls in ((CCVR_RELEASE, StatsTask), (CREFF_RELEASE, GradTask)):
         if name not in TASKS:
             TASKS.register(name)(cls)
 

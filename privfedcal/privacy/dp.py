@@ -34,70 +34,19 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import UsageError
-from privfedcal.privacy.accounting import ACCOUNTANT_KINDS
 
 # Kinds that payload tasks pass to ``Bound.clip(rows, kind)`` (calibration/ccvr.py, creff.py).
 FEATURES = "feature"
 GRADIENTS = "class-gradient"
 
 
-@dataclass(frozen=True)
-class DPConfig:
-    """Differential-privacy settings of a run (``epsilon = inf`` turns DP off).
-
-    ``delta=None`` resolves to ``min(1e-5, 1/(10 N))`` with N the total number of training
-    examples in the federation (``resolve_delta``): delta must stay well below 1/N, since a
-    mechanism that publishes one random example outright is (0, 1/N)-DP.
-    ``train_share`` is the fraction of epsilon given to DP-SGD when ``train`` is on; the
-    uploads get the rest through composition (``accounting.plan_noise``).
-    ``distributed`` splits the noise variance across the n clients of a release (each adds
-    ``1/n`` of it); it is only sound under secure aggregation, where the server sees the sum
-    alone, and only if all n shares arrive (drop-outs leave the sum short of noise).
-    """
-
-    epsilon: float = math.inf
-    delta: float | None = None
-    clip: float = 1.0
-    grad_clip: float = 1.0
-    accountant: str = "rdp"
-    train: bool = False
-    train_share: float = 0.5
-    distributed: bool = False
-
-    def __post_init__(self) -> None:
-        if math.isnan(self.epsilon) or self.epsilon <= 0:
-            raise UsageError(f"DP epsilon must be > 0 (inf = off), got {self.epsilon}")
-        if self.delta is not None and not 0 < self.delta < 1:
-            raise UsageError(f"DP delta must be in (0, 1), got {self.delta}")
-        for name in ("clip", "grad_clip"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise UsageError(f"DP {name} must be a finite number > 0, got {value}")
-        if self.accountant not in ACCOUNTANT_KINDS:
-            raise UsageError(f"unknown accountant {self.accountant!r}; valid choices: "
-                             f"{', '.join(ACCOUNTANT_KINDS)}")
-        if not 0 < self.train_share < 1:
-            raise UsageError(f"DP train_share must be in (0, 1), got {self.train_share}")
-
-    @property
-    def enabled(self) -> bool:
-        return math.isfinite(self.epsilon)
-
-    def resolve_delta(self, num_examples: int) -> float:
-        """The delta in force: the configured one, else ``min(1e-5, 1/(10 N))``."""
-        if self.delta is not None:
-            return self.delta
-        if num_examples < 1:
-            raise UsageError(f"cannot choose delta for {num_examples} training examples")
-        return min(1e-5, 1.0 / (10 * num_examples))
-
-    def bound(self) -> L2Clip:
-        """The bounding stage: features clipped to ``clip``, class gradients to ``grad_clip``."""
-        return L2Clip({FEATURES: self.clip, GRADIENTS: self.grad_clip})
-
-    def sensitivities(self, keys: Iterable[str]) -> dict[str, float]:
-        """L2 sensitivities of the standard payload keys (see module docstring)."""
-        return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
+def default_delta(num_examples: int) -> float:
+    """The delta of a run without ``--dp-delta``: ``min(1e-5, 1/(10 N))`` with N the total
+    number of training examples in the federation. Delta must stay well below 1/N, since a
+    mechanism that publishes one random example outright is (0, 1/N)-DP."""
+    if num_examples < 1:
+        raise UsageError(f"cannot choose delta for {num_examples} training examples")
+    return min(1e-5, 1.0 / (10 * num_examples))
 
 
 def payload_sensitivities(keys: Iterable[str], *, clip: float, grad_clip: float) -> dict[str, float]:

@@ -24,8 +24,6 @@ from torch import Tensor
 
 from privfedcal.privacy.dpsgd import dpsgd_sample_rate, make_private_training
 
-DPSGD_RELEASE = "dp-sgd"
-
 
 @dataclass(frozen=True)
 class DPSGDSpec:

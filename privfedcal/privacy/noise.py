@@ -22,6 +22,8 @@ import secrets
 
 import torch
 
+from privfedcal.seeding import derive_seed
+
 log = logging.getLogger("privfedcal.noise")
 
 #: what summary.json and the start-up warning say when noise is seeded
@@ -41,8 +43,6 @@ def noise_generator(*parts: int, seeded: bool = False,
     generator of ``parts`` = (seed, round, client, purpose) for reproducible tests."""
     g = torch.Generator(device=device)
     if seeded:
-        from privfedcal.federation.local import derive_seed
-
         g.manual_seed(derive_seed(*parts))
     else:
         g.manual_seed(os_entropy_seed())

@@ -19,16 +19,19 @@ from torch import Tensor
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
-from privfedcal.privacy.dp import L2Clip, gaussian_mechanism, noise_stds, payload_sensitivities
+from privfedcal.privacy.dp import (
+    L2Clip,
+    default_delta,
+    gaussian_mechanism,
+    noise_stds,
+    payload_sensitivities,
+)
 from privfedcal.privacy.noise import warn_if_seeded
-from privfedcal.privacy.releases import declared_releases
+from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Stage
 from privfedcal.privacy.uplink import Uplink
+from privfedcal.seeding import select_clients
 
-#: release labels the calibrators use, with the payload keys they may carry
-CCVR_RELEASE = "ccvr-stats"
-CREFF_RELEASE = "creff-grad"
-DPSGD_RELEASE = "dp-sgd"
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)
 SECAGG_DEFAULT_CLIP = 1000.0
@@ -78,7 +81,8 @@ class DPStage:
     specs: dict[str, Any] = field(default_factory=dict)  # label -> releases.ReleaseSpec
     per_client: dict[int, PrivacyAccountant] = field(default_factory=dict)
 
-    def _z(self, label: str) -> float:
+    def _noise_multiplier(self, label: str) -> float:
+        """The planned noise multiplier z of ``label`` (refused if it was never planned)."""
         if label not in self.sigmas:
             raise UsageError(f"release {label!r} was not planned in the privacy budget; "
                              "refusing to release it")
@@ -101,11 +105,11 @@ class DPStage:
         """Refuse (PrivacyBudgetError) a release that would push any of ``clients`` past the
         budget; call before the release."""
         for acc in self._distinct(clients):
-            acc.check_release(self._z(label), self.rates[label], self.steps.get(label, 1),
+            acc.check_release(self._noise_multiplier(label), self.rates[label], self.steps.get(label, 1),
                               target=self.target)
 
     def record(self, label: str, clients=None) -> None:
-        z, q, t = self._z(label), self.rates[label], self.steps.get(label, 1)
+        z, q, t = self._noise_multiplier(label), self.rates[label], self.steps.get(label, 1)
         for c in ([-1] if clients is None else clients):
             self._acc(int(c)).record(z, q, t, label=label)
         self.accountant.record(z, q, t, label=label)
@@ -142,11 +146,11 @@ class DPStage:
         return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
 
     def noise(self, payload: dict[str, Tensor], label: str, generator, share: float) -> dict:
-        return gaussian_mechanism(payload, self.sensitivities(payload, label), self._z(label),
+        return gaussian_mechanism(payload, self.sensitivities(payload, label), self._noise_multiplier(label),
                                   generator, share=share)
 
     def stds(self, keys, label: str) -> dict[str, float]:
-        return noise_stds(self.sensitivities(keys, label), self._z(label))
+        return noise_stds(self.sensitivities(keys, label), self._noise_multiplier(label))
 
     def state_dict(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(),
@@ -186,9 +190,7 @@ class DPStage:
 
 def participation_counts(cfg) -> dict[int, int]:
     """Rounds each client is selected in: the server's choice, a function of the public
-    config (``simulator.select_clients``), known before training."""
-    from privfedcal.federation.simulator import select_clients
-
+    config (``seeding.select_clients``), known before training."""
     counts = dict.fromkeys(range(cfg.clients), 0)
     for r in range(1, cfg.rounds + 1):
         for c in select_clients(cfg, r):
@@ -196,29 +198,27 @@ def participation_counts(cfg) -> dict[int, int]:
     return counts
 
 
-def planned_participants(cfg) -> dict[str, int]:
-    """Clients asked for each declared release (from the config, never from the server's
-    messages): every client, or each round's selection."""
-    from privfedcal.privacy.releases import declared_releases
-
+def planned_participants(cfg, calibrator) -> dict[str, int]:
+    """Clients asked for each release ``calibrator`` declares (from the config, never from
+    the server's messages): every client, or each round's selection."""
     m = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
     return {r.label: cfg.clients if r.participants == "all" else m
-            for r in declared_releases(cfg.calibrator)}
+            for r in calibrator.releases}
 
 
-def release_plans(cfg, exp) -> list[ReleasePlan]:
+def release_plans(cfg, calibrator) -> list[ReleasePlan]:
     """The releases this configuration will make, from its calibrator's declarations, for the
     accountant's plan: per client, q = 1 (no amplification from the server's choice of
-    clients), over the most rounds any client takes part in for per-round releases."""
-    from privfedcal.federation.hooks import CALIBRATORS
-    from privfedcal.privacy.releases import declared_releases
+    clients), over the most rounds any client takes part in for per-round releases.
 
-    name = cfg.calibrator.partition(":")[0]
-    if name in CALIBRATORS.names() and not CALIBRATORS.get(name).protectable:
-        raise UsageError(f"the {name} calibrator re-trains on raw features of every client: it "
-                         "is an upper bound, not a protocol, and cannot be combined with DP")
+    ``calibrator`` is the run's calibrator (class or object: ``name``, ``releases``,
+    ``protectable``), looked up by ``experiment.calibrator_class``."""
+    if not calibrator.protectable:
+        raise UsageError(f"the {calibrator.name} calibrator re-trains on raw features of every "
+                         "client: it is an upper bound, not a protocol, and cannot be combined "
+                         "with DP")
     plans = []
-    for r in declared_releases(cfg.calibrator):
+    for r in calibrator.releases:
         steps = 1 if r.participants == "all" else max(participation_counts(cfg).values())
         plans.append(ReleasePlan(r.label, 1.0, steps))
     return plans
@@ -258,7 +258,9 @@ def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
     return best
 
 
-def build_protected_uplink(cfg, exp) -> Uplink:
+def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
+    """The uplink of a run with DP, secure aggregation or hidden counts; ``calibrator``
+    declares the releases it protects (``release_plans``)."""
     from privfedcal.privacy.secagg_stage import SecAggStage
 
     if cfg.hide_counts and not cfg.secagg:
@@ -280,8 +282,8 @@ def build_protected_uplink(cfg, exp) -> Uplink:
     dp = None
     if dp_on:
         n_total = int(sum(int(p.numel()) for p in exp.parts))
-        delta = cfg.dp_delta if cfg.dp_delta is not None else min(1e-5, 1.0 / (10 * n_total))
-        plans = release_plans(cfg, exp)
+        delta = cfg.dp_delta if cfg.dp_delta is not None else default_delta(n_total)
+        plans = release_plans(cfg, calibrator)
         if not plans and not cfg.dp_train:
             raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
                              "(--method ccvr/creff or --calibrate ccvr) and no --dp-train")
@@ -296,8 +298,8 @@ def build_protected_uplink(cfg, exp) -> Uplink:
                      grad_clip=grad_clip, distributed=cfg.secagg, covers_updates=cfg.dp_train,
                      planned=[{"name": p.name, "sample_rate": p.sample_rate, "steps": p.steps}
                               for p in plans],
-                     planned_clients=planned_participants(cfg),
-                     specs={r.label: r for r in declared_releases(cfg.calibrator)})
+                     planned_clients=planned_participants(cfg, calibrator),
+                     specs={r.label: r for r in calibrator.releases})
         if cfg.dp_train:
             from privfedcal.privacy.dpsgd_local import verify_clients
 
@@ -313,13 +315,13 @@ def build_protected_uplink(cfg, exp) -> Uplink:
         exp.spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(
             dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
             seeded=cfg.insecure_seeded_noise))
-    secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp) \
-        if cfg.secagg else None
+    secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp,
+                                 releases=calibrator.releases) if cfg.secagg else None
     if secagg is not None:  # CKKS parameters must exist for every release: fail before work
         from privfedcal.privacy.secagg import CKKSParams
         from privfedcal.privacy.secagg_stage import PRECISION
 
-        for r in declared_releases(cfg.calibrator):
+        for r in calibrator.releases:
             CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
                                      max_clients=cfg.clients)
     hints = []

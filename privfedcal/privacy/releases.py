@@ -20,6 +20,14 @@ from dataclasses import dataclass
 
 from privfedcal.errors import UsageError
 
+#: the label of every release and transcript record: the transcript, the accountant, the
+#: Flower task registry and the attacks key on these
+CCVR_RELEASE = "ccvr-stats"      # CCVR's class statistics, once after training
+CREFF_RELEASE = "creff-grad"     # CReFF's per-class classifier gradients, every round
+DPSGD_RELEASE = "dp-sgd"         # the model updates' DP-SGD (accountant only)
+UPDATE_RELEASE = "model-update"  # a participant's model state after local training
+ROUND_RECORD = "round"           # the global state sent at the start of a round
+
 PARTICIPANTS = ("all", "selected")  # all clients once after training, or each round's
 
 
@@ -76,15 +84,4 @@ def evaluate(expr: str, env: Mapping[str, float]) -> float:
     return value
 
 
-def declared_releases(calibrator: str) -> tuple[ReleaseSpec, ...]:
-    """The releases the calibrator named by ``--calibrate``/``--method`` declares."""
-    from privfedcal.calibration import create_calibrator  # noqa: F401  (registers them)
-    from privfedcal.federation.hooks import CALIBRATORS
-
-    name = calibrator.partition(":")[0]
-    if name not in CALIBRATORS.names():
-        return ()
-    return tuple(getattr(CALIBRATORS.get(name), "releases", ()))
-
-
-__all__ = ["ReleaseSpec", "declared_releases", "evaluate"]
+__all__ = ["ReleaseSpec", "evaluate"]

@@ -1,6 +1,6 @@
 """CKKS secure aggregation of calibration uploads with TenSEAL (addition only).
 
-Roles (DESIGN.md "Privacy model"): clients encrypt packed payloads under the key holder's
+Roles (docs/threat-model.md, docs/secagg.md): clients encrypt packed payloads under the key holder's
 public context (``encrypt_payload``); the server (``ServerAggregator``) holds that public
 context only and adds ciphertexts; the ``KeyHolder``, who must not collude with the server,
 decrypts the aggregate, never an individual upload.

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from privfedcal.errors import UploadRejected
-from privfedcal.federation.hooks import Payload
+from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
+from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg import (
     CKKSParams,
     KeyHolder,
@@ -77,15 +78,14 @@ class SecAggStage:
     params_used: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp) -> SecAggStage:
+    def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
+                releases: tuple[ReleaseSpec, ...]) -> SecAggStage:
         """Bounds from the calibrator's release declarations (privacy/releases.py)."""
-        from privfedcal.privacy.releases import declared_releases
-
         n = float(sum(int(p.numel()) for p in exp.parts))
         k = float(cfg.clients)
         bounds = {"count": n, "holders": k, "sum": clip * n, "outer": clip * clip * n,
                   "grad": grad_clip * n}
-        for r in declared_releases(cfg.calibrator):
+        for r in releases:
             for key, b in r.bounds(clip=clip, grad_clip=grad_clip, examples=n,
                                    clients=k).items():
                 bounds[key] = max(bounds.get(key, 0.0), b)
@@ -161,7 +161,7 @@ class LocalKeys:
         try:
             total = key_holder_release(holder, ciphertexts, layout, rel.arrived)
         except UploadRejected as exc:
-            rel.log.skip(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
+            rel.log.raise_skipped(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
         return finish(total, rel)
 
 
@@ -176,7 +176,7 @@ class EncryptStage(Wire):
 
     def open(self, rel: Release) -> None:
         if len(rel.clients) < MIN_SECAGG_CLIENTS:
-            rel.log.skip(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
+            rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
                          f"aggregation needs >= {MIN_SECAGG_CLIENTS}")
         st = self.secagg
         layout = PayloadLayout.from_payload(rel.example,
@@ -207,7 +207,7 @@ class EncryptStage(Wire):
                                   client=client, bytes=len(data))
         rel.arrived = server.count
         if server.count < MIN_SECAGG_CLIENTS:
-            rel.log.skip(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
+            rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
                          "server's checks")
         rel.hidden = True
         return self.keys.decrypt(server.result(), sealing.layout, rel, finish)

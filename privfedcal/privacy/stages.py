@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from privfedcal.errors import UploadRejected
-from privfedcal.federation.hooks import Bound, NoBound, Payload
-from privfedcal.federation.transcript import Transcript
+from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.transcript import Transcript
 
 if TYPE_CHECKING:
     from privfedcal.privacy.protection import DPStage
@@ -40,7 +41,9 @@ class ReleaseLog(Protocol):
 
     def reject(self, round_: int, label: str, client: int, reason: str) -> None: ...
 
-    def skip(self, round_: int, label: str, reason: str) -> None: ...
+    def raise_skipped(self, round_: int, label: str, reason: str) -> None:
+        """Record that the release is not made, then raise ``ReleaseSkipped``."""
+        ...
 
 
 @dataclass
@@ -201,12 +204,12 @@ class NoiseStage(Stage):
         self.dp.record(rel.label, rel.asked)
 
     def before_training(self, clients: list[int] | None) -> None:
-        if "dp-sgd" in self.dp.sigmas:
-            self.dp.check("dp-sgd", clients)
+        if DPSGD_RELEASE in self.dp.sigmas:
+            self.dp.check(DPSGD_RELEASE, clients)
 
     def after_training(self, clients: list[int] | None) -> None:
-        if "dp-sgd" in self.dp.sigmas:
-            self.dp.record("dp-sgd", clients)
+        if DPSGD_RELEASE in self.dp.sigmas:
+            self.dp.record(DPSGD_RELEASE, clients)
 
     @property
     def uniform_weights(self) -> bool:
@@ -247,6 +250,6 @@ class ClearWire(Wire):
                     total[k] += v.to(torch.float64)
             rel.arrived += 1
         if total is None:
-            rel.log.skip(rel.round_, rel.label, "no valid upload")
+            rel.log.raise_skipped(rel.round_, rel.label, "no valid upload")
         assert total is not None
         return finish(total, rel)

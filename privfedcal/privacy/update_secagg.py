@@ -21,14 +21,14 @@ import time
 import torch
 
 from privfedcal.errors import UploadRejected
-from privfedcal.federation.transcript import Transcript
 from privfedcal.privacy.packing import PayloadLayout
+from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.secagg import CKKSParams, KeyHolder, ServerAggregator, encrypt_payload
 from privfedcal.privacy.secagg_stage import PRECISION
+from privfedcal.privacy.transcript import Transcript
 
 PARAM_BOUND = 100.0  # |parameter| assumed <= this; sums are bounded by it times sum(w_k)
 WEIGHT_KEY = "__weight"
-LABEL = "model-update"
 
 
 class SecureUpdates:
@@ -59,7 +59,7 @@ class SecureUpdates:
                        **{k: st[k].detach().double().cpu() * float(w) for k in keys}}
             data = encrypt_payload(payload, layout, public).to_bytes()  # on the client
             server.add(data)
-            transcript.record(round_=round_, label=LABEL, view="ciphertext", client=int(c),
+            transcript.record(round_=round_, label=UPDATE_RELEASE, view="ciphertext", client=int(c),
                               bytes=len(data))
         total = holder.decrypt_aggregate(server.result(), layout, n_clients=server.count)
         weight = float(total.pop(WEIGHT_KEY)[0])
@@ -69,7 +69,7 @@ class SecureUpdates:
         for k in keys:
             out[k] = (total[k] / weight).to(sent[k].dtype).to(sent[k].device)
         # what the server obtained: the averaged state, and the summed weight
-        transcript.record(round_=round_, label=LABEL, view="aggregate", client=None,
+        transcript.record(round_=round_, label=UPDATE_RELEASE, view="aggregate", client=None,
                           tensors=out, clients=server.count, weight_sum=weight)
         self.seconds.append(time.perf_counter() - t0)
         return out

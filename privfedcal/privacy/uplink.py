@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 import torch
 
 from privfedcal.errors import ReleaseSkipped, UploadRejected, UsageError
-from privfedcal.federation.hooks import Bound, NoBound, Payload
-from privfedcal.federation.transcript import Transcript
+from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import INSECURE_STATEMENT
+from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.stages import (
     MIN_SECAGG_CLIENTS,
     BoundStage,
@@ -42,6 +42,7 @@ from privfedcal.privacy.stages import (
     symmetrise_outer,
     validate_upload,
 )
+from privfedcal.privacy.transcript import Transcript
 
 log = logging.getLogger("privfedcal.uplink")
 
@@ -144,7 +145,8 @@ class Uplink:
         self.rejected.append({"round": round_, "label": label, "client": client,
                               "reason": reason})
 
-    def skip(self, round_: int, label: str, reason: str) -> None:
+    def raise_skipped(self, round_: int, label: str, reason: str) -> None:
+        """Record that the release is not made and stop it (``ReleaseSkipped``)."""
         log.warning("round %d %s: release skipped: %s", round_, label, reason)
         self.skipped.append({"round": round_, "label": label, "reason": reason})
         raise ReleaseSkipped(f"round {round_} {label}: {reason}")
@@ -159,7 +161,7 @@ class Uplink:
                 continue
             valid.append((client, payload))
         if not valid:
-            self.skip(round_, label, "no valid upload")
+            self.raise_skipped(round_, label, "no valid upload")
         return valid
 
     # ---- model updates --------------------------------------------------------------------
@@ -177,8 +179,8 @@ class Uplink:
         clear (each update recorded with its weight), or under --secagg-updates as a CKKS sum
         (ciphertext sizes and the aggregate recorded; an aggregate that fails the key
         holder's check leaves the global state as it was)."""
-        from privfedcal.federation.local import weighted_average
-        from privfedcal.federation.transcript import record_model_updates
+        from privfedcal.algorithms.base import weighted_average
+        from privfedcal.privacy.transcript import record_model_updates
 
         if self.updates is None:
             record_model_updates(transcript, round_, clients, states, weights, recipe)
@@ -188,7 +190,7 @@ class Uplink:
                                         transcript=transcript)
         except UploadRejected as exc:
             log.warning("round %d model-update: secure aggregate rejected: %s", round_, exc)
-            self.skipped.append({"round": round_, "label": "model-update", "reason": str(exc)})
+            self.skipped.append({"round": round_, "label": UPDATE_RELEASE, "reason": str(exc)})
             return dict(sent)
 
     @staticmethod
@@ -249,14 +251,15 @@ class Uplink:
         return out
 
 
-def build_uplink(cfg, exp) -> Uplink:
-    """The uplink a configuration asks for (see privacy/protection.py)."""
+def build_uplink(cfg, exp, calibrator) -> Uplink:
+    """The uplink a configuration asks for (see privacy/protection.py); ``calibrator`` (its
+    class or object) declares the releases to protect."""
     if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
             or cfg.secagg_updates):
         return Uplink()
     from privfedcal.privacy.protection import build_protected_uplink
 
-    up = build_protected_uplink(cfg, exp)
+    up = build_protected_uplink(cfg, exp, calibrator)
     if cfg.secagg_updates:
         from privfedcal.privacy.update_secagg import SecureUpdates
 

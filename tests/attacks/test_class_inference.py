@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chi2, norm
 
-from privfedcal.attacks.class_inference import count_lower_bound, infer_classes, score
+from privfedcal.attacks.class_inference import count_lower_bound, infer_classes, score_class_sets
 from privfedcal.errors import UsageError
 
 C, D = 5, 4
@@ -32,7 +32,7 @@ def test_plaintext_counts_exact():
     pred = infer_classes(_ccvr_payload())
     assert pred[0].tolist() == [True, False, True, False, True]
     assert torch.equal(pred[1], TRUE_COUNTS)
-    assert score(pred, TRUE_COUNTS) == {
+    assert score_class_sets(pred, TRUE_COUNTS) == {
         "accuracy": 1.0,
         "precision": 1.0,
         "recall": 1.0,
@@ -106,8 +106,8 @@ def test_score_hand_values():
     truth = torch.tensor([2.0, 0.0, 1.0, 0.0])
     present = torch.tensor([True, True, False, False])
     counts = torch.tensor([3.0, 1.0, 0.0, 0.0])
-    s = score((present, counts), truth)
+    s = score_class_sets((present, counts), truth)
     # tp = 1 (class 0), predicted 2, held 2; correct entries: 0 and 3 -> 2/4
     assert s["accuracy"] == 0.5 and s["precision"] == 0.5 and s["recall"] == 0.5
     assert s["count_mae"] == pytest.approx((1 + 1 + 1 + 0) / 4)
-    assert math.isnan(score((present, None), truth)["count_mae"])
+    assert math.isnan(score_class_sets((present, None), truth)["count_mae"])

@@ -39,6 +39,14 @@ def _gen(seed=1):
     return torch.Generator().manual_seed(seed)
 
 
+def _invert_unregularised(model, target, *, steps, lr, restarts):
+    """``invert_features`` on the 4x4 test images with the priors off (tv and l2 weight 0),
+    so that only the feature match drives the reconstruction."""
+    return invert_features(model, target, image_shape=SHAPE, mean=MEAN, std=STD,
+                           generator=_gen(), steps=steps, lr=lr, restarts=restarts,
+                           tv_weight=0.0, l2_weight=0.0)
+
+
 def test_features_from_stats_n2_exact_against_numpy():
     rng = np.random.default_rng(0)
     z = rng.normal(size=(2, 6))
@@ -69,19 +77,8 @@ def test_features_from_stats_reproduce_mean_and_covariance(n, d, seed):
 
 def test_raw_feature_inversion_through_injective_extractor(linear_model, images):
     z = _feats(linear_model, images[:1])
-    res = invert_features(
-        linear_model,
-        FeatureTarget.raw(z[0]),
-        image_shape=SHAPE,
-        mean=MEAN,
-        std=STD,
-        generator=_gen(),
-        steps=200,
-        lr=0.1,
-        restarts=2,
-        tv_weight=0.0,
-        l2_weight=0.0,
-    )
+    res = _invert_unregularised(linear_model, FeatureTarget.raw(z[0]), steps=200, lr=0.1,
+                                restarts=2)
     assert res.mode == "raw-feature" and res.images.shape == (1, *SHAPE)
     assert psnr(res.images, images[:1]).item() > 30
     assert res.cosine > 0.9999
@@ -92,19 +89,8 @@ def test_raw_feature_inversion_through_injective_extractor(linear_model, images)
 def test_stats_attack_recovers_both_features_for_n2(mlp_model, images):
     z = _feats(mlp_model, images[:2])
     mu, cov = z.mean(0), torch.cov(z.T)
-    res = invert_features(
-        mlp_model,
-        FeatureTarget.class_stats(2, mu, cov),
-        image_shape=SHAPE,
-        mean=MEAN,
-        std=STD,
-        generator=_gen(),
-        steps=200,
-        lr=0.3,
-        restarts=2,
-        tv_weight=0.0,
-        l2_weight=0.0,
-    )
+    res = _invert_unregularised(mlp_model, FeatureTarget.class_stats(2, mu, cov), steps=200, lr=0.3,
+                                restarts=2)
     assert res.mode == "class-stats-features"  # automatic for n = 2
     assert (_matched_cos(res.features, z) > 0.99).all()
     assert torch.allclose(res.target_features.double(), features_from_stats(2, mu, cov).double())
@@ -113,19 +99,8 @@ def test_stats_attack_recovers_both_features_for_n2(mlp_model, images):
 def test_direct_mean_and_covariance_matching_also_pins_n2(mlp_model, images):
     z = _feats(mlp_model, images[:2])
     target = FeatureTarget.class_stats(2, z.mean(0), torch.cov(z.T), mode="direct")
-    res = invert_features(
-        mlp_model,
-        target,
-        image_shape=SHAPE,
-        mean=MEAN,
-        std=STD,
-        generator=_gen(),
-        steps=200,
-        lr=0.3,
-        restarts=2,
-        tv_weight=0.0,
-        l2_weight=0.0,
-    )
+    res = _invert_unregularised(mlp_model, target, steps=200, lr=0.3,
+                                restarts=2)
     assert res.mode == "class-stats-direct"
     assert (_matched_cos(res.features, z) > 0.99).all()
 
@@ -133,19 +108,8 @@ def test_direct_mean_and_covariance_matching_also_pins_n2(mlp_model, images):
 def test_mean_only_batch_matches_the_mean_but_not_the_features(mlp_model, images):
     z = _feats(mlp_model, images[:2])
     target = FeatureTarget.class_mean(z.mean(0), 2, batch=True)
-    res = invert_features(
-        mlp_model,
-        target,
-        image_shape=SHAPE,
-        mean=MEAN,
-        std=STD,
-        generator=_gen(),
-        steps=200,
-        lr=0.3,
-        restarts=2,
-        tv_weight=0.0,
-        l2_weight=0.0,
-    )
+    res = _invert_unregularised(mlp_model, target, steps=200, lr=0.3,
+                                restarts=2)
     assert res.mode == "class-mean-batch" and res.images.shape == (2, *SHAPE)
     assert res.cosine > 0.999  # the mean is matched ...
     assert _matched_cos(res.features, z).min() < 0.95  # ... the individual features are not
@@ -153,19 +117,8 @@ def test_mean_only_batch_matches_the_mean_but_not_the_features(mlp_model, images
 
 def test_class_mean_single_image_targets_the_mean(linear_model, images):
     z = _feats(linear_model, images)
-    res = invert_features(
-        linear_model,
-        FeatureTarget.class_mean(z.mean(0), 3),
-        image_shape=SHAPE,
-        mean=MEAN,
-        std=STD,
-        generator=_gen(),
-        steps=150,
-        lr=0.1,
-        restarts=1,
-        tv_weight=0.0,
-        l2_weight=0.0,
-    )
+    res = _invert_unregularised(linear_model, FeatureTarget.class_mean(z.mean(0), 3), steps=150, lr=0.1,
+                                restarts=1)
     assert res.mode == "class-mean" and res.images.shape == (1, *SHAPE)
     # a linear extractor maps the mean image to the mean feature
     assert psnr(res.images, images.mean(0, keepdim=True)).item() > 30

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from privfedcal.federation.hooks import NoBound
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.privacy.bound import NoBound
 
 torch.set_num_threads(1)
 

@@ -22,7 +22,7 @@ from privfedcal.calibration.creff import (
     per_sample_head_grads,
 )
 from privfedcal.errors import UploadRejected, UsageError
-from privfedcal.federation.hooks import NoBound
+from privfedcal.privacy.bound import NoBound
 
 torch.set_num_threads(1)
 

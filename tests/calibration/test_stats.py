@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privfedcal.calibration.stats import ClassStats, merge_eq34
+from privfedcal.calibration.stats import ClassStats, merge_client_moments
 from privfedcal.errors import UploadRejected
 
 torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def test_merge_of_any_split_equals_pooled_numpy_and_eq34(case):
 
     # the paper's form, from per-client (N_ck, mu_ck, Sigma_ck) computed by numpy
     per_client = [numpy_reference(z[owner == k], y[owner == k], num_classes) for k in range(clients)]
-    n_c, mu_c, sigma_c = merge_eq34(*(torch.from_numpy(np.stack(a)) for a in zip(*per_client, strict=True)))
+    n_c, mu_c, sigma_c = merge_client_moments(*(torch.from_numpy(np.stack(a)) for a in zip(*per_client, strict=True)))
     np.testing.assert_allclose(n_c.numpy(), counts)
     np.testing.assert_allclose(mu_c.numpy(), means, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(sigma_c.numpy(), covs, rtol=1e-9, atol=1e-9)

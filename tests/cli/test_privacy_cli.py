@@ -7,7 +7,7 @@ import json
 import pytest
 
 from privfedcal.cli.main import main
-from privfedcal.federation.transcript import load_transcript
+from privfedcal.privacy.transcript import load_transcript
 
 FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5"]

@@ -13,6 +13,7 @@ from privfedcal.errors import Diverged
 from privfedcal.federation import divergence
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.hooks import Calibrator
+from privfedcal.federation.local import LocalResult
 from privfedcal.federation.simulator import Simulator
 
 
@@ -24,13 +25,13 @@ def test_nonfinite_key_finds_nan_and_inf_only_in_floats():
 
 
 def test_check_local_names_the_client():
-    good = ({"w": torch.ones(2)}, None, 0.5)
-    bad_loss = ({"w": torch.ones(2)}, None, math.nan)
+    good = LocalResult({"w": torch.ones(2)}, None, 0.5)
+    bad_loss = LocalResult({"w": torch.ones(2)}, None, math.nan)
     with pytest.raises(Diverged) as exc:
         divergence.check_local([good, bad_loss], [3, 7], None, 4, 0.1)
     assert (exc.value.round, exc.value.client) == (4, 7)
     assert "--lr" in str(exc.value) and "round 4, client 7" in str(exc.value)
-    bad_state = ({"w": torch.tensor([1.0, math.nan])}, None, 0.5)
+    bad_state = LocalResult({"w": torch.tensor([1.0, math.nan])}, None, 0.5)
     with pytest.raises(Diverged) as exc:
         divergence.check_local([good, bad_state], [3, 7], None, 2, 0.1)
     assert exc.value.client == 7 and "w" in exc.value.what

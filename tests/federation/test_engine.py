@@ -6,8 +6,9 @@ import json
 
 import torch
 
-from privfedcal.federation.local import derive_seed, weighted_average
+from privfedcal.algorithms.base import weighted_average
 from privfedcal.federation.simulator import Simulator
+from privfedcal.seeding import derive_seed
 
 
 def run(cfg, path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from privfedcal.calibration.ccvr import StatsTask
-from privfedcal.cli.run import build_simulator
+from privfedcal.experiment import build_simulator
 from privfedcal.federation.workers import balanced_shares
 
 
@@ -64,7 +64,8 @@ def test_calibrated_run_same_numbers_with_workers(method, tiny_cfg, tmp_path) ->
 
 
 def test_running_average_equals_weighted_average_bitwise() -> None:
-    from privfedcal.federation.local import RunningAverage, weighted_average
+    from privfedcal.algorithms.base import weighted_average
+    from privfedcal.federation.local import RunningAverage
 
     g = torch.Generator().manual_seed(0)
     states = [{"w": torch.randn(3, 4, generator=g), "d": torch.randn(2, generator=g).double(),

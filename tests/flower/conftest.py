@@ -14,7 +14,7 @@ def flower_cfg(tiny_cfg):
 @pytest.fixture
 def run_simulator(tmp_path):
     """Run ``cfg`` with the in-process simulator; returns (simulator, summary)."""
-    from privfedcal.cli.run import build_simulator
+    from privfedcal.experiment import build_simulator
 
     def run(cfg):
         out = tmp_path / "simulator"

@@ -19,7 +19,7 @@ from privfedcal.flower.protection import KEY_STATE  # noqa: E402
 
 
 def _views(sim, label):
-    from privfedcal.federation.transcript import load_transcript
+    from privfedcal.privacy.transcript import load_transcript
 
     return [e for e in load_transcript(sim.transcript.directory) if e["label"] == label]
 
@@ -126,19 +126,20 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     """The Flower key holder, like the simulator's, tops the distributed noise up when an
     upload is rejected, and the release goes on with the others: the server and the nodes
     run the uplink's own stages, the key holder reached through ``RemoteKeys``."""
+    from privfedcal.experiment import calibrator_class
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.federation.transcript import Transcript
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.loopback import LoopbackGrid
     from privfedcal.flower.protection import RemoteKeys, client_upload, sealing_record
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.privacy.stages import NoiseStage
+    from privfedcal.privacy.transcript import Transcript
     from privfedcal.privacy.uplink import build_uplink
 
     cfg = flower_cfg(method="ccvr", clients=4, dp_eps=8.0, secagg=True)
     exp = build_experiment(cfg)
-    client_side = build_uplink(cfg, exp)  # every node builds the same uplink
+    client_side = build_uplink(cfg, exp, calibrator_class(cfg))  # every node builds the same uplink
     grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 0}, 4)
     link = GridLink(grid, 4, FlowerOptions(round_timeout=30))
     c, d = exp.data.num_classes, 8
@@ -149,7 +150,7 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     devs, rejected, skipped = [], [], []
     iu = torch.triu_indices(d, d)
     for rep in range(4):
-        server = build_uplink(cfg, exp)  # a fresh budget per repetition
+        server = build_uplink(cfg, exp, calibrator_class(cfg))  # a fresh budget per repetition
         server.wire.keys = RemoteKeys(link, 0)
         rel = server.release("ccvr-stats", rep + 1, [0, 1, 2, 3], [0, 1, 2, 3], example,
                              Transcript(None))
@@ -205,8 +206,9 @@ def test_flower_and_simulator_run_the_same_stages(flags, flower_cfg, run_simulat
 
 
 def _uplink_stages(flower_cfg, flags):
+    from privfedcal.experiment import calibrator_class
     from privfedcal.federation.setup import build_experiment
     from privfedcal.privacy.uplink import build_uplink
 
     cfg = flower_cfg(method="ccvr", rounds=1, **flags)
-    return build_uplink(cfg, build_experiment(cfg)).stages
+    return build_uplink(cfg, build_experiment(cfg), calibrator_class(cfg)).stages

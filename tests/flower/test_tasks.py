@@ -14,7 +14,6 @@ from flwr.app import ArrayRecord, ConfigRecord  # noqa: E402
 from privfedcal.calibration.ccvr import StatsTask  # noqa: E402
 from privfedcal.calibration.creff import GradTask  # noqa: E402
 from privfedcal.errors import UsageError  # noqa: E402
-from privfedcal.federation.hooks import NoBound  # noqa: E402
 from privfedcal.flower.loopback import over_the_wire  # noqa: E402
 from privfedcal.flower.tasks import (  # noqa: E402
     TASK_ARRAYS,
@@ -24,6 +23,7 @@ from privfedcal.flower.tasks import (  # noqa: E402
     task_to_records,
 )
 from privfedcal.models import create_model  # noqa: E402
+from privfedcal.privacy.bound import NoBound  # noqa: E402
 
 torch.manual_seed(0)
 

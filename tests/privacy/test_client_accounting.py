@@ -7,17 +7,18 @@ import pytest
 from opacus.accountants import RDPAccountant
 
 from privfedcal.errors import PrivacyBudgetError
+from privfedcal.experiment import calibrator_class
 from privfedcal.federation.setup import build_experiment
-from privfedcal.federation.simulator import select_clients
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.protection import (
-    CREFF_RELEASE,
     DPStage,
     build_protected_uplink,
     participation_counts,
     release_plans,
 )
+from privfedcal.privacy.releases import CREFF_RELEASE
 from privfedcal.privacy.stages import NoiseStage
+from privfedcal.seeding import select_clients
 
 
 def opacus_eps(z, q, steps, delta):
@@ -44,14 +45,14 @@ def test_participation_counts_follow_the_public_selection(tiny_cfg):
 
 def test_creff_plan_has_no_amplification_from_server_sampling(tiny_cfg):
     cfg = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=20)
-    (plan,) = release_plans(cfg, None)
+    (plan,) = release_plans(cfg, calibrator_class(cfg))
     assert plan.sample_rate == 1.0
     assert plan.steps == max(participation_counts(cfg).values())
 
 
 def test_planned_noise_meets_the_budget_without_amplification(tiny_cfg):
     cfg = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=20, dp_eps=8.0)
-    up = build_protected_uplink(cfg, build_experiment(cfg))
+    up = build_protected_uplink(cfg, build_experiment(cfg), calibrator_class(cfg))
     dp = up.find(NoiseStage).dp
     z, delta = dp.sigmas[CREFF_RELEASE], dp.delta
     t_max = max(participation_counts(cfg).values())

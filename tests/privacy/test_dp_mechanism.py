@@ -14,8 +14,8 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.dp import (
     FEATURES,
     GRADIENTS,
-    DPConfig,
     L2Clip,
+    default_delta,
     gaussian_mechanism,
     noise_stds,
     noisy_stats_to_moments,
@@ -28,36 +28,28 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# --- DPConfig -----------------------------------------------------------------------------
+# --- defaults and sensitivities ------------------------------------------------------------
 
-@pytest.mark.parametrize("kw", [dict(epsilon=0), dict(epsilon=-1), dict(epsilon=math.nan),
-                                dict(delta=0), dict(delta=1.0), dict(clip=0),
-                                dict(clip=math.inf), dict(grad_clip=-1), dict(accountant="gdp"),
-                                dict(train_share=0), dict(train_share=1)])
-def test_config_rejects_bad_values(kw):
+def test_default_delta_is_below_one_over_ten_n():
+    assert default_delta(1000) == 1e-5                      # 1/(10*1000) = 1e-4 > 1e-5
+    assert default_delta(50_000) == pytest.approx(2e-6)     # 1/(10*50000)
     with pytest.raises(UsageError):
-        DPConfig(**kw)
+        default_delta(0)
 
 
-def test_config_delta_and_enabled():
-    assert not DPConfig().enabled and DPConfig(epsilon=8).enabled
-    assert DPConfig().resolve_delta(1000) == 1e-5            # 1/(10*1000) = 1e-4 > 1e-5
-    assert DPConfig().resolve_delta(50_000) == pytest.approx(2e-6)   # 1/(10*50000)
-    assert DPConfig(delta=1e-3).resolve_delta(50_000) == 1e-3
-
-
-def test_config_bound_and_sensitivities():
-    cfg = DPConfig(epsilon=1, clip=2.0, grad_clip=0.5)
+def test_bound_and_sensitivities():
+    bound = L2Clip({FEATURES: 2.0, GRADIENTS: 0.5})
     rows = torch.full((3, 4), 10.0)
-    assert torch.allclose(cfg.bound().clip(rows, FEATURES).norm(dim=1), torch.full((3,), 2.0))
-    assert torch.allclose(cfg.bound().clip(rows, GRADIENTS).norm(dim=1), torch.full((3,), 0.5))
+    assert torch.allclose(bound.clip(rows, FEATURES).norm(dim=1), torch.full((3,), 2.0))
+    assert torch.allclose(bound.clip(rows, GRADIENTS).norm(dim=1), torch.full((3,), 0.5))
     with pytest.raises(ValueError, match="known kinds"):
-        cfg.bound().clip(rows, "gradients")
-    assert cfg.sensitivities(["count", "sum", "outer"]) == {"count": 1.0, "sum": 2.0, "outer": 4.0}
+        bound.clip(rows, "gradients")
+    assert payload_sensitivities(["count", "sum", "outer"], clip=2.0, grad_clip=0.5) == {
+        "count": 1.0, "sum": 2.0, "outer": 4.0}
     assert payload_sensitivities(["grad", "holders"], clip=2.0, grad_clip=0.5) == {
         "grad": 0.5, "holders": 1.0}
     with pytest.raises(UsageError, match="no known sensitivity"):
-        cfg.sensitivities(["mean"])
+        payload_sensitivities(["mean"], clip=2.0, grad_clip=0.5)
 
 
 # --- L2Clip -------------------------------------------------------------------------------

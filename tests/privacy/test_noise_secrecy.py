@@ -11,9 +11,9 @@ import torch
 from privfedcal.cli.main import main
 from privfedcal.config import RunConfig
 from privfedcal.federation.setup import build_experiment
-from privfedcal.federation.transcript import load_transcript
 from privfedcal.privacy.dp import noise_stds, payload_sensitivities
 from privfedcal.privacy.noise import INSECURE_STATEMENT, noise_generator
+from privfedcal.privacy.transcript import load_transcript
 
 FAST = ["--method", "ccvr", "--dp-eps", "8", "--clients", "4", "--rounds", "1",
         "--local-epochs", "1", "--device", "cpu", "--threads", "1", "--alpha", "0.5",

@@ -10,6 +10,7 @@ import pytest
 from privfedcal.calibration.ccvr import CCVR
 from privfedcal.calibration.creff import CReFF
 from privfedcal.errors import UsageError
+from privfedcal.experiment import calibrator_class
 from privfedcal.federation.hooks import CALIBRATORS, Calibrator
 from privfedcal.privacy.protection import participation_counts, planned_participants, release_plans
 from privfedcal.privacy.releases import ReleaseSpec, evaluate
@@ -47,9 +48,11 @@ def test_a_new_calibrator_only_declares_its_releases(tiny_cfg):
 
     try:
         cfg = tiny_cfg(calibrate="decl-test", clients=10, participation=0.3, rounds=5)
-        plans = {p.name: p for p in release_plans(cfg, None)}
+        probe = calibrator_class(cfg)  # found by name, as every run finds its calibrator
+        assert probe is Probe
+        plans = {p.name: p for p in release_plans(cfg, probe)}
         assert plans["probe-once"].steps == 1 and plans["probe-once"].sample_rate == 1.0
         assert plans["probe-rounds"].steps == max(participation_counts(cfg).values())
-        assert planned_participants(cfg) == {"probe-once": 10, "probe-rounds": 3}
+        assert planned_participants(cfg, probe) == {"probe-once": 10, "probe-rounds": 3}
     finally:
         CALIBRATORS._items.pop("decl-test", None)

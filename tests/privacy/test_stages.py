@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from privfedcal.errors import UsageError
-from privfedcal.federation.transcript import Transcript
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Release, Stage
+from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
 
 
@@ -54,7 +54,7 @@ def test_server_halves_run_in_reverse_order_of_client_halves():
 
 def test_the_server_sees_uploads_after_every_client_half(tmp_path):
     """The transcript records what crossed the wire: 3 + 1 + 10 for client 3."""
-    from privfedcal.federation.transcript import load_transcript
+    from privfedcal.privacy.transcript import load_transcript
 
     tr = Transcript(tmp_path / "t")
     up = Uplink([Recording("a", 1.0), Recording("b", 10.0), ClearWire()])

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from privfedcal.cli.run import build_simulator
-from privfedcal.federation.local import weighted_average
-from privfedcal.federation.transcript import load_transcript
+from privfedcal.algorithms.base import weighted_average
+from privfedcal.experiment import build_simulator
+from privfedcal.privacy.transcript import load_transcript
 
 
 def run(tmp_path, cfg):

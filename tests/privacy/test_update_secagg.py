@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from privfedcal.cli.run import build_simulator
-from privfedcal.federation.transcript import load_transcript
+from privfedcal.experiment import build_simulator
+from privfedcal.privacy.transcript import load_transcript
 
 
 def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):

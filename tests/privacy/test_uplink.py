@@ -9,12 +9,13 @@ import tenseal as ts
 import torch
 
 from privfedcal.errors import PrivacyBudgetError, ReleaseSkipped
-from privfedcal.federation.transcript import Transcript
+from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.protection import DPStage, build_protected_uplink
 from privfedcal.privacy.secagg import ServerAggregator
 from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, unpad
 from privfedcal.privacy.stages import ClearWire, NoiseStage
+from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
 
 
@@ -192,4 +193,4 @@ def test_refuses_to_start_when_budget_cannot_be_met(tiny_cfg):
     cfg = tiny_cfg(method="creff", dp_eps=1e-6, rounds=50)
     exp = build_experiment(cfg)
     with pytest.raises(PrivacyBudgetError):
-        build_protected_uplink(cfg, exp)
+        build_protected_uplink(cfg, exp, calibrator_class(cfg))

@@ -10,17 +10,14 @@ import pytest
 
 
 def train_run(path: Path, **overrides) -> Path:
-    from privfedcal.cli.run import build_simulator
-    from privfedcal.cli.train import versions
     from privfedcal.config import RunConfig
+    from privfedcal.experiment import build_simulator
 
     base = dict(method="ccvr", dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
                 batch_size=32, device="cpu", threads=1, seed=0, transcript=False,
                 participation=0.5, eval_every=2, dp_eps=8.0, out=str(path))
     base.update(overrides)
     cfg = RunConfig(**base)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**cfg.to_dict(), "versions": versions()}))
     build_simulator(cfg, path).run()
     return path
 

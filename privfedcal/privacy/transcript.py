@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from privfedcal.errors import UsageError
+from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 
 
 class Transcript:
@@ -66,7 +67,7 @@ class Transcript:
     def uploaded_bytes(self) -> int:
         """Bytes of the calibration uploads (model updates are counted apart)."""
         return int(sum(e.get("bytes", 0) for e in self.entries
-                       if e["view"] != "aggregate" and e["label"] != "model-update"))
+                       if e["view"] != "aggregate" and e["label"] != UPDATE_RELEASE))
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
@@ -76,7 +77,7 @@ def state_bytes(state: dict[str, torch.Tensor]) -> int:
 def record_round(transcript: Transcript, round_: int, state: dict[str, torch.Tensor],
                  participants: list[int]) -> None:
     """Once per round, before local training: the global state the server sends."""
-    transcript.record(round_=round_, label="round", view="model-state", client=None,
+    transcript.record(round_=round_, label=ROUND_RECORD, view="model-state", client=None,
                       tensors=state, participants=[int(c) for c in participants])
 
 
@@ -87,7 +88,7 @@ def record_model_updates(transcript: Transcript, round_: int, clients: list[int]
     the clear, with the aggregation weight it used (None if it never saw one) and the public
     local recipe (``local_epochs``, ``batch_size``, ``lr``) an attacker can simulate."""
     for i, (c, st) in enumerate(zip(clients, states, strict=True)):
-        transcript.record(round_=round_, label="model-update", view="plain-upload",
+        transcript.record(round_=round_, label=UPDATE_RELEASE, view="plain-upload",
                           client=int(c), tensors=st,
                           weight=None if weights is None else float(weights[i]),
                           bytes=state_bytes(st), **recipe)

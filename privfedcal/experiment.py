@@ -1,0 +1,97 @@
+"""Assemble a run from its settings: data, model, method, calibrator, uplink, simulator.
+
+One set of factories for every front end: ``privfedcal train``/``attack``/``audit`` (cli/),
+the privacy audit (attacks/audit.py) and the Flower ServerApp (flower/server_app.py). It sits
+above the calibrators, which it looks up by name, and below the CLI and Flower
+(docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from privfedcal.config import METHOD_ALIASES, RunConfig
+from privfedcal.errors import UsageError
+
+
+def method_choices() -> list[str]:
+    """Every name ``--method`` accepts: the registered methods and their shorthands."""
+    from privfedcal.algorithms import ALGORITHMS
+
+    return sorted(set(ALGORITHMS.names()) | set(METHOD_ALIASES))
+
+
+def check_method(name: str) -> None:
+    if name not in method_choices():
+        raise UsageError(f"unknown method {name!r}; valid choices: {', '.join(method_choices())}")
+
+
+def check_calibration_params(cfg: RunConfig) -> None:
+    """Calibration options need a calibrator that takes them: anything else is refused,
+    naming the valid options (a typo must not silently run with the default)."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    given = sorted(k for k, v in cfg.calibration_params.items() if v is not None)
+    if not given:
+        return
+    name = cfg.calibrator.partition(":")[0]
+    if name == "none":
+        flags = ", ".join(k.replace("_", "-") for k in given)
+        raise UsageError(f"calibration option(s) {flags} given but no calibrator runs: add "
+                         f"--calibrate {' | '.join(n for n in CALIBRATORS.names() if n != 'none')}"
+                         " (or --method ccvr | creff)")
+    cls = CALIBRATORS.get(name)
+    params = getattr(cls, "Params", None)
+    fields = sorted(f.name for f in dataclasses.fields(params)) if params else []
+    valid = set(fields) | {f"{name}_{f}" for f in fields}
+    unknown = [k for k in given if k not in valid]
+    if unknown:
+        raise UsageError(f"calibrator {name!r} takes no {', '.join(unknown)}; its options: "
+                         f"{', '.join(fields) or 'none'}")
+
+
+def calibrator_class(cfg: RunConfig):
+    """The registered class of the calibrator ``cfg.calibrator`` names: its ``releases`` and
+    ``protectable`` are what the privacy planner protects."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    return CALIBRATORS.get(cfg.calibrator.partition(":")[0])
+
+
+def build_calibrator(cfg: RunConfig, exp: Any):
+    """The calibrator ``cfg.calibrator`` names (``name`` or ``name:N``), with its options."""
+    from privfedcal.calibration import create_calibrator
+    from privfedcal.federation.hooks import CalibrationSpec
+    from privfedcal.privacy.protection import calibration_defaults
+
+    name, _, arg = cfg.calibrator.partition(":")
+    if arg and not arg.isdigit():
+        raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+    spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
+    options = calibration_defaults(cfg, {**cfg.calibration_params, "seed": cfg.seed})
+    return create_calibrator(spec, num_classes=exp.data.num_classes,
+                             feature_dim=exp.model.feature_dim, options=options)
+
+
+def build_parts(cfg: RunConfig) -> tuple[Any, Any, Any]:
+    """The experiment (holding the resolved settings), its calibrator and its uplink."""
+    from privfedcal.federation.setup import build_experiment
+    from privfedcal.privacy.uplink import build_uplink
+
+    check_method(cfg.method)
+    check_calibration_params(cfg)
+    exp = build_experiment(cfg)
+    calibrator = build_calibrator(exp.cfg, exp)
+    return exp, calibrator, build_uplink(exp.cfg, exp, calibrator)
+
+
+def build_simulator(cfg: RunConfig, run_dir: Path):
+    """The in-process ``Simulator`` of ``cfg``; it writes ``config.json`` into ``run_dir``."""
+    from privfedcal.federation.simulator import Simulator
+
+    exp, calibrator, uplink = build_parts(cfg)
+    return Simulator(exp.cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)

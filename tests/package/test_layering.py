@@ -1,0 +1,117 @@
+"""The package's layers import downwards only (docs/architecture.md).
+
+Layer of each top-level module of ``privfedcal`` (a package counts as one module):
+foundations (errors, registry, config, settings, seeding, palette, plotstyle) < data, models <
+algorithms, privacy < federation < calibration, attacks, analysis, experiment, plots,
+accuracy_png < report < flower < cli. A module may import its own layer and the layers
+below; nothing outside ``privfedcal.cli`` imports the CLI. Every import statement counts,
+at module level or inside a function (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import privfedcal
+
+LAYERS: dict[str, int] = {
+    "": 0, "errors": 0, "registry": 0, "config": 0, "settings": 0, "seeding": 0, "palette": 0,
+    "plotstyle": 0,
+    "data": 1, "models": 1,
+    "algorithms": 2, "privacy": 2,
+    "federation": 3,
+    "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "plots": 4,
+    "accuracy_png": 4,
+    "report": 5,
+    "flower": 6,
+    "cli": 7,
+}
+
+
+def _part(module: str) -> str:
+    """The top-level part of a dotted ``privfedcal.*`` name ('' for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, dotted name) of every ``privfedcal`` module the file's statements import."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[:len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name == "privfedcal":  # from privfedcal import experiment
+                found += [(node.lineno, f"privfedcal.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, name))
+    return [(line, n) for line, n in found if n == "privfedcal" or n.startswith("privfedcal.")]
+
+
+def violations(root: Path, layers: dict[str, int] = LAYERS) -> list[str]:
+    """Every import in the package at ``root`` that goes up a layer or reaches the CLI, as
+    ``file:line: importer (layer) -> imported (layer)``; a module missing from ``layers``
+    is reported too, so that a new one is placed on purpose."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        parts = list(rel.parts)
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        own = _part(module)
+        if own not in layers:
+            out.append(f"{rel}.py: module {own!r} has no layer")
+            continue
+        for line, name in _imported(ast.parse(path.read_text()), module, is_package):
+            target = _part(name)
+            if target == own:
+                continue
+            if target not in layers:
+                level = "no layer"
+            elif target == "cli" or layers[target] > layers[own]:
+                level = str(layers[target])
+            else:
+                continue
+            out.append(f"{rel}.py:{line}: {own} ({layers[own]}) -> {name} ({level})")
+    return out
+
+
+def test_layers_import_downwards_only():
+    found = violations(Path(privfedcal.__file__).parent)
+    assert found == [], "imports against the layers:\n" + "\n".join(found)
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "privfedcal"
+    for name, text in {"__init__.py": "", **files}.items():
+        path = pkg / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"privacy/__init__.py": "", "privacy/x.py": "from privfedcal.federation.hooks import A\n"},
+     ["privfedcal/privacy/x.py:1: privacy (2) -> privfedcal.federation.hooks (3)"]),
+    ({"attacks/__init__.py": "", "attacks/a.py": "def f():\n    import privfedcal.cli.run\n"},
+     ["privfedcal/attacks/a.py:2: attacks (4) -> privfedcal.cli.run (7)"]),
+    ({"flower/__init__.py": "from privfedcal import cli\n"},
+     ["privfedcal/flower/__init__.py:1: flower (6) -> privfedcal.cli (7)"]),
+    ({"data/__init__.py": "", "data/d.py": "from ..models import m\n"}, []),
+    ({"models/m.py": "from ..federation import simulator\n"},
+     ["privfedcal/models/m.py:1: models (1) -> privfedcal.federation (3)"]),
+    ({"newpart.py": ""}, ["privfedcal/newpart.py: module 'newpart' has no layer"]),
+    ({"cli/main.py": "from privfedcal.flower import server_app\nimport privfedcal.errors\n"}, []),
+])
+def test_a_planted_violation_is_caught(tmp_path, files, expected):
+    assert violations(_plant(tmp_path, files)) == expected
