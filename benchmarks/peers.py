@@ -17,7 +17,9 @@ momentum 0.9, weight decay 1e-5), one torch thread per process.
         [--ways privfedcal,bare,flower]
 
 Prints, per way, wall seconds of the whole process tree (start-up included; min / median
-over repeats) and the ratios privfedcal / bare and flower / privfedcal.
+over repeats), CPU seconds (user + system) of the processes the run reaped (Ray's daemons
+may escape this count, so Flower's CPU time is a lower bound), the ratios privfedcal / bare
+and flower / privfedcal, and the load average before and after.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -177,7 +180,7 @@ def role_flower(args) -> None:
 
 
 # ---- the driver ---------------------------------------------------------------------------
-def run_way(way: str, args, tmp: Path, repeat: int) -> float:
+def run_way(way: str, args, tmp: Path, repeat: int) -> tuple[float, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_DEDUP_LOGS="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     common = ["--rounds", str(args.rounds), "--clients", str(args.clients), "--alpha",
@@ -193,12 +196,15 @@ def run_way(way: str, args, tmp: Path, repeat: int) -> float:
         cmd += ["--model", "cnn", "--no-augment"] if args.cnn else ["--model", "mlp"]
     else:
         cmd = [sys.executable, __file__, "--role", way, *common]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{way} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return dt
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return dt, cpu
 
 
 def main() -> None:
@@ -227,20 +233,33 @@ def main() -> None:
             args.dataset = f"npz:{make_npz(tmp_path / 'cifar-shaped.npz', args.cnn_images)}"
             args.cnn = True
         times: dict[str, list[float]] = {w: [] for w in ways}
+        cpus: dict[str, list[float]] = {w: [] for w in ways}
+        load_before = os.getloadavg()
         for r in range(args.repeats):
             for w in ways:
-                times[w].append(run_way(w, args, tmp_path, r))
+                dt, cpu = run_way(w, args, tmp_path, r)
+                times[w].append(dt)
+                cpus[w].append(cpu)
+        load_after = os.getloadavg()
     what = (f"CNN, {args.cnn_images} CIFAR-shaped images" if args.cnn else "digits, MLP")
     print(f"FedAvg, {what}, {args.clients} clients (Dirichlet {args.alpha}), {args.rounds} "
           f"rounds, 2 local epochs, 1 thread; whole process, {args.repeats} repeats")
+    print(f"load average (1, 5, 15 min) before {', '.join(f'{v:.1f}' for v in load_before)}; "
+          f"after {', '.join(f'{v:.1f}' for v in load_after)} ({os.cpu_count()} CPUs)")
     for w in ways:
-        print(f"  {w:>10}: min {min(times[w]):7.2f} s   median {statistics.median(times[w]):7.2f} s")
+        print(f"  {w:>10}: min {min(times[w]):7.2f} s   median {statistics.median(times[w]):7.2f} s"
+              f"   CPU (user + system of reaped processes) min {min(cpus[w]):7.2f} s   "
+              f"median {statistics.median(cpus[w]):7.2f} s")
     if "privfedcal" in times:
         for w, label in (("bare", "privfedcal / bare"), ("flower", "flower / privfedcal")):
             if w in times:
                 num, den = (times["privfedcal"], times[w]) if w == "bare" else \
                     (times[w], times["privfedcal"])
                 print(f"  ratio {label}: min-to-min {min(num) / min(den):.2f}   "
+                      f"median-to-median {statistics.median(num) / statistics.median(den):.2f}")
+                num, den = (cpus["privfedcal"], cpus[w]) if w == "bare" else \
+                    (cpus[w], cpus["privfedcal"])
+                print(f"  ratio {label}, CPU: min-to-min {min(num) / min(den):.2f}   "
                       f"median-to-median {statistics.median(num) / statistics.median(den):.2f}")
     return None
 

@@ -13,6 +13,11 @@ Our choice: z_glob and z_prev are computed with ``torch.func.functional_call`` o
 module (no model copies), under ``torch.no_grad()`` and with the module in eval mode, so
 BatchNorm uses the stored running statistics and no buffer of the live model, or of the
 stored states, is touched (MOON's code also runs the global and previous nets in eval mode).
+Under mixed precision (autocast), the weights and biases of the frozen models' linear and
+convolution layers are cast to the autocast dtype once per client instead of on every step
+(autocast re-casts tensors that need no gradient at every call); the other entries
+(normalisation layers, buffers) stay as stored, so the features are the same as with
+per-step casting (tested).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class Moon(Algorithm):
     _view: _FeatureView | None = None
     _glob: State | None = None
     _prev: State | None = None
+    _cast: dict[torch.dtype, tuple[State, State | None]] | None = None
 
     def begin_client(
         self, model: FeatureClassifier, global_state: State, client_state: State | None
@@ -79,6 +85,20 @@ class Moon(Algorithm):
         self._view = _FeatureView(model)
         self._glob = _view_state(global_state, device)
         self._prev = None if client_state is None else _view_state(client_state, device)
+        self._cast = {}
+
+    def _frozen_states(self, device_type: str) -> tuple[State, State | None]:
+        """The frozen (global, previous) states for this step: as stored, or with their
+        autocast-cast entries pre-cast (once per client) when autocast is on."""
+        assert self._view is not None and self._glob is not None and self._cast is not None
+        if not torch.is_autocast_enabled(device_type):
+            return self._glob, self._prev
+        dtype = torch.get_autocast_dtype(device_type)
+        if dtype not in self._cast:
+            keys = _autocast_keys(self._view)
+            self._cast[dtype] = (_precast(self._glob, keys, dtype),
+                                 None if self._prev is None else _precast(self._prev, keys, dtype))
+        return self._cast[dtype]
 
     def _frozen_features(self, state: State, x: Tensor) -> Tensor:
         assert self._view is not None
@@ -98,12 +118,14 @@ class Moon(Algorithm):
         ce = F.cross_entropy(model.classifier(z), y)
         if self._prev is None:  # first round of this client: z_prev = z_glob, l_con = log 2
             return ce
-        z_glob = self._frozen_features(self._glob, x)
-        z_prev = self._frozen_features(self._prev, x)
+        glob, prev = self._frozen_states(x.device.type)
+        assert prev is not None
+        z_glob = self._frozen_features(glob, x)
+        z_prev = self._frozen_features(prev, x)
         return ce + self.params.mu * moon_contrastive_loss(z, z_glob, z_prev, self.params.tau)
 
     def end_client(self, model: FeatureClassifier) -> State | None:
-        self._view = self._glob = self._prev = None
+        self._view = self._glob = self._prev = self._cast = None
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -114,3 +136,22 @@ def _view_state(state: State, device: torch.device) -> State:
         for k, v in state.items()
         if not k.startswith("classifier.")
     }
+
+
+#: layers whose weight and bias autocast casts to its lower-precision dtype (linear, conv)
+_AUTOCAST_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _autocast_keys(view: nn.Module) -> frozenset[str]:
+    """State keys of ``view`` that autocast would cast on every call: linear/conv params."""
+    keys = set()
+    for name, module in view.named_modules():
+        if isinstance(module, _AUTOCAST_LAYERS):
+            keys.update(f"{name}.{p}" for p, _ in module.named_parameters(recurse=False))
+    return frozenset(keys)
+
+
+def _precast(state: State, keys: frozenset[str], dtype: torch.dtype) -> State:
+    """``state`` with the floating entries in ``keys`` cast to ``dtype`` (the rest shared)."""
+    return {k: v.to(dtype) if k in keys and v.is_floating_point() else v
+            for k, v in state.items()}

@@ -4,7 +4,11 @@ Every release is a (Poisson-)subsampled Gaussian mechanism ``(noise_multiplier z
 sample_rate q, steps T)``; composition uses opacus's RDP accountant (Mironov 2017; Mironov,
 Talwar & Zhang 2019, default) or its PRV accountant (Gopi, Lee & Wutschitz 2021), which
 reports an upper bound that is markedly tighter for few, un-subsampled releases such as
-CCVR's one-shot statistics (q = 1, T = 1).
+CCVR's one-shot statistics (q = 1, T = 1). Histories reach opacus through its public
+accountant API (``load_state_dict`` of (z, q, steps) triples, then ``get_epsilon``); RDP
+composes cached one-step curves from the analysis functions ``RDPAccountant`` itself calls,
+and ``_adapter`` proves once per process that this equals the accountant, raising
+``OpacusMismatch`` on an opacus that behaves otherwise (tested: ``OPACUS_TESTED``).
 
 Sample rates: the amplification in both accountants assumes each example (here: each
 client's upload, hence each of its examples) takes part in a step independently with
@@ -51,34 +55,107 @@ def _check_entry(noise_multiplier: float, sample_rate: float, steps: int) -> Ent
     return float(noise_multiplier), float(sample_rate), int(steps)
 
 
+class OpacusMismatch(UsageError):
+    """The installed opacus does not behave as the adapter below was written for (the CLI
+    prints it as one line; the fix is installing a tested opacus)."""
+
+
+# The adapter below was written for, and is tested against, these opacus releases.
+OPACUS_TESTED = ("1.6",)
+_CHECK_STEPS = ((1.3, 0.25), (1.3, 0.25), (2.0, 1.0))  # two releases, one merged
+_CHECK_HISTORY = [(1.3, 0.25, 2), (2.0, 1.0, 1)]
+
+
+def _mismatch(what: str) -> OpacusMismatch:
+    import opacus
+
+    return OpacusMismatch(
+        f"opacus {opacus.__version__} does not match privfedcal's accountant adapter "
+        f"(written for opacus {', '.join(OPACUS_TESTED)}): {what}; install "
+        f"'opacus>={OPACUS_TESTED[0]},<1.7' or update privfedcal/privacy/accounting.py")
+
+
+def _load_history(kind: str, history: list[Entry]) -> Any:
+    """An opacus accountant of ``kind`` holding ``history`` through its public
+    ``load_state_dict`` (the form its own ``state_dict`` writes: (z, q, steps) triples)."""
+    from opacus.accountants import create_accountant
+
+    acc = create_accountant(kind)
+    acc.load_state_dict({"history": list(history), "mechanism": acc.mechanism()})
+    return acc
+
+
+@functools.lru_cache(maxsize=1)
+def _adapter() -> tuple[Callable[..., Any], Callable[..., Any], tuple[float, ...]]:
+    """Check, once per process, that the installed opacus behaves as this module assumes;
+    return ``compute_rdp``, ``get_privacy_spent`` and the RDP accountant's default orders.
+
+    Assumptions: (1) an accountant's history, as its ``state_dict`` writes it and its
+    ``load_state_dict`` reads it, is a list of (z, q, steps) triples with consecutive equal
+    steps merged; (2) ``RDPAccountant.get_epsilon`` is the sum over that history of
+    ``compute_rdp(q, z, 1) * steps`` converted by ``get_privacy_spent`` at ``DEFAULT_ALPHAS``.
+    ``RDPAccountant.get_epsilon`` recomputes every entry's curve on every call (about 0.2 s
+    per subsampled entry) while noise planning and per-round reporting ask for hundreds of
+    epsilons, so (2) lets ``_rdp_curve`` cache one curve per (z, q). Any departure raises
+    ``OpacusMismatch`` (one line) instead of a silently different epsilon.
+    """
+    try:
+        from opacus.accountants import RDPAccountant, create_accountant
+        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+        orders = tuple(float(a) for a in RDPAccountant.DEFAULT_ALPHAS)
+    except (ImportError, AttributeError) as exc:
+        raise _mismatch(f"RDP analysis not found ({exc})") from None
+    with warnings.catch_warnings(), np.errstate(divide="ignore", over="ignore",
+                                                invalid="ignore"):
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            for kind in ACCOUNTANT_KINDS:
+                acc = create_accountant(kind)
+                for z, q in _CHECK_STEPS:
+                    acc.step(noise_multiplier=z, sample_rate=q)
+                state = acc.state_dict()
+                if [tuple(h) for h in state.get("history", [])] != _CHECK_HISTORY:
+                    raise _mismatch(f"the {kind} accountant's history is not (z, q, steps) "
+                                    f"triples: {state.get('history')!r}")
+                loaded = _load_history(kind, _CHECK_HISTORY)
+                if [tuple(h) for h in loaded.state_dict()["history"]] != _CHECK_HISTORY:
+                    raise _mismatch(f"the {kind} accountant does not load its own history")
+                if kind == "rdp":
+                    ref = float(acc.get_epsilon(delta=1e-5))
+            rdp = sum(np.asarray(compute_rdp(q=q, noise_multiplier=z, steps=1, orders=orders))
+                      * t for z, q, t in _CHECK_HISTORY)
+            ours = float(get_privacy_spent(orders=orders, rdp=rdp, delta=1e-5)[0])
+        except OpacusMismatch:
+            raise
+        except Exception as exc:  # any API change: one clear line, not a traceback
+            raise _mismatch(f"{type(exc).__name__}: {exc}") from None
+    if not math.isclose(ours, ref, rel_tol=1e-12):
+        raise _mismatch(f"cached RDP composition gives {ours!r}, the stepped accountant "
+                        f"{ref!r}")
+    return compute_rdp, get_privacy_spent, orders
+
+
 @functools.lru_cache(maxsize=4096)
 def _rdp_curve(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     """RDP of ONE subsampled Gaussian step at opacus's default orders (cached: composition
     only scales and adds these curves, and the fractional orders are slow to evaluate)."""
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis.rdp import compute_rdp
-
-    curve = compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
-                        orders=RDPAccountant.DEFAULT_ALPHAS)
+    compute_rdp, _, orders = _adapter()
+    curve = np.asarray(compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
+                                   orders=orders), dtype=np.float64)
     curve.setflags(write=False)
     return curve
 
 
 def _opacus_epsilon(history: list[Entry], kind: str, delta: float) -> float:
     if kind == "rdp":
-        # Exactly RDPAccountant.get_epsilon: sum of compute_rdp(q, z, steps) over the history
-        # (compute_rdp returns its one-step curve times steps), converted at the same orders.
-        from opacus.accountants import RDPAccountant
-        from opacus.accountants.analysis.rdp import get_privacy_spent
-
+        # Equal to RDPAccountant.get_epsilon on this history (checked by _adapter):
+        # the sum of the one-step curves times their steps, converted at the same orders.
+        _, get_privacy_spent, orders = _adapter()
         rdp = sum(_rdp_curve(z, q) * t for z, q, t in history)
-        eps, _ = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+        eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
         return float(eps)
-    from opacus.accountants import create_accountant
-
-    acc = create_accountant(kind)
-    acc.history = list(history)
-    return float(acc.get_epsilon(delta=delta))
+    return float(_load_history(kind, history).get_epsilon(delta=delta))
 
 
 def compute_epsilon(history: list[Entry], kind: str, delta: float) -> float:
@@ -94,6 +171,7 @@ def compute_epsilon(history: list[Entry], kind: str, delta: float) -> float:
     if not merged:
         return 0.0
     entries = [(z, q, t) for (z, q), t in merged.items()]
+    _adapter()  # raises OpacusMismatch (not PrivacyBudgetError) on an untested opacus
     with warnings.catch_warnings(), np.errstate(divide="ignore", over="ignore",
                                                 invalid="ignore"):
         # opacus warns when the best RDP order sits at the edge of its grid; the value is

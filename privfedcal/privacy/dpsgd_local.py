@@ -70,7 +70,8 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
                                max_grad_norm=dp.max_grad_norm, batch_size=spec.batch_size,
                                generator=g, steps=local_steps(len(x), spec.batch_size,
                                                               spec.local_epochs))
-    total, steps = 0.0, 0
+    # the loss is summed on the device and read back once, after the loop (no per-step sync)
+    total, steps = torch.zeros((), device=x.device), 0
     # opacus's hooks fire on the first layer, whose inputs need no gradient: harmless
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
@@ -84,7 +85,7 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
             loss.backward()
             pt.optimizer.step()
             if xb.shape[0]:
-                total += float(loss.detach())
+                total += loss.detach().float()
                 steps += 1
     finally:
         pt.close()
@@ -93,4 +94,4 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
         with torch.no_grad():
             for p in params:
                 p.mul_(1 - spec.lr * spec.weight_decay)
-    return total / max(steps, 1)
+    return float(total) / max(steps, 1)

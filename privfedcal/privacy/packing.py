@@ -10,9 +10,12 @@ ciphertext bytes of CCVR statistics. ``unpack`` mirrors them back.
 ``pack`` is the client-side gate of the uplink: a payload with missing/extra keys, a wrong
 shape, NaN/Inf or an asymmetric "symmetric" entry raises ``UploadRejected`` with a reason.
 
-``EncryptedUpload`` is the wire frame of one encrypted upload (magic header, length-prefixed
-fields, SHA-256 trailer; never pickle): its digest catches truncation and corruption in
-transit, not a malicious sender, who can recompute it (that needs authenticated transport).
+``EncryptedUpload`` is the wire frame of one encrypted upload: a safetensors file whose
+uint8 tensors are the ciphertext chunks and whose metadata names the key, the layout (by
+``PayloadLayout.digest``), the chunk count and a SHA-256 over all of them (never pickle).
+``from_bytes`` validates untrusted bytes strictly and raises ``UploadRejected`` on anything
+else. The digest catches truncation and corruption in transit, not a malicious sender, who
+can recompute it (that needs authenticated transport).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+import safetensors.numpy
 import torch
 from torch import Tensor
 
@@ -196,7 +199,24 @@ class PayloadLayout:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
 
-_MAGIC = b"PFCKKS\x01\n"
+UPLOAD_FORMAT = "privfedcal.encrypted-upload/1"
+# A frame's header lists ~80 bytes per chunk; 4 MiB covers ~50,000 chunks (~200 million
+# packed values at N = 8192) and bounds what a hostile header can make the parser read.
+MAX_HEADER_BYTES = 1 << 22
+_META_KEYS = frozenset({"format", "key_id", "layout_hash", "chunks", "sha256"})
+
+
+def _chunk_name(i: int) -> str:
+    return f"chunk{i:06d}"
+
+
+def _frame_digest(key_id: str, layout_hash: str, chunks: tuple[bytes, ...]) -> str:
+    """SHA-256 over the ids, the chunk lengths and the chunk bytes, in order."""
+    h = hashlib.sha256(json.dumps([UPLOAD_FORMAT, key_id, layout_hash,
+                                   [len(c) for c in chunks]]).encode())
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -212,38 +232,62 @@ class EncryptedUpload:
         return sum(len(c) for c in self.chunks)
 
     def to_bytes(self) -> bytes:
-        """Frame: magic, length-prefixed ids, chunk count, length-prefixed chunks, SHA-256."""
-        parts = [_MAGIC]
-        for s in (self.key_id, self.layout_hash):
-            b = s.encode("ascii")
-            parts += [struct.pack("<H", len(b)), b]
-        parts.append(struct.pack("<I", len(self.chunks)))
-        for c in self.chunks:
-            parts += [struct.pack("<Q", len(c)), c]
-        body = b"".join(parts)
-        return body + hashlib.sha256(body).digest()
+        """A safetensors file: chunk ``i`` is the uint8 tensor ``chunk{i:06d}``; its
+        ``__metadata__`` holds the format, ``key_id``, ``layout_hash``, the chunk count and
+        the SHA-256 of all of them (``_frame_digest``)."""
+        for what, s in (("key id", self.key_id), ("layout hash", self.layout_hash)):
+            if not (isinstance(s, str) and s.isascii()):
+                raise UsageError(f"encrypted upload: {what} must be an ASCII string")
+        chunks = tuple(bytes(c) for c in self.chunks)
+        meta = {"format": UPLOAD_FORMAT, "key_id": self.key_id,
+                "layout_hash": self.layout_hash, "chunks": str(len(chunks)),
+                "sha256": _frame_digest(self.key_id, self.layout_hash, chunks)}
+        tensors = {_chunk_name(i): np.frombuffer(c, dtype=np.uint8)
+                   for i, c in enumerate(chunks)}
+        return safetensors.numpy.save(tensors, metadata=meta)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> EncryptedUpload:
-        """Parse a frame; truncation, bad magic, trailing bytes or a bad digest are rejected."""
+        """Parse untrusted bytes. Anything but a frame written by ``to_bytes`` (a header
+        over ``MAX_HEADER_BYTES``, other tensors, dtypes, shapes or metadata, offsets that
+        safetensors refuses, a digest mismatch) raises ``UploadRejected``; nothing is
+        unpickled, and no tensor is allocated beyond the bytes received."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise UploadRejected(f"encrypted upload: expected bytes, got {type(data).__name__}")
         data = bytes(data)
-        if len(data) < len(_MAGIC) + 32 or not data.startswith(_MAGIC):
-            raise UploadRejected("encrypted upload: bad magic header or too short")
-        body, digest = data[:-32], data[-32:]
-        if hashlib.sha256(body).digest() != digest:
+        if len(data) < 8:
+            raise UploadRejected("encrypted upload: shorter than a safetensors header")
+        n = int.from_bytes(data[:8], "little")
+        if n > MAX_HEADER_BYTES or 8 + n > len(data):
+            raise UploadRejected(f"encrypted upload: header of {n} bytes is oversized or "
+                                 f"truncated ({len(data)} bytes received)")
+        try:
+            header = json.loads(data[8 : 8 + n])
+        except (ValueError, RecursionError) as exc:
+            raise UploadRejected(f"encrypted upload: header is not JSON ({exc})") from None
+        meta = header.pop("__metadata__", None) if isinstance(header, dict) else None
+        if not isinstance(meta, dict) or set(meta) != _META_KEYS \
+                or not all(isinstance(v, str) for v in meta.values()):
+            raise UploadRejected(f"encrypted upload: metadata must hold exactly "
+                                 f"{sorted(_META_KEYS)} as strings")
+        if meta["format"] != UPLOAD_FORMAT:
+            raise UploadRejected(f"encrypted upload: unknown format {meta['format'][:64]!r}")
+        count = meta["chunks"]
+        if not (count.isascii() and count.isdigit() and len(count) <= 9) \
+                or int(count) != len(header):
+            raise UploadRejected(f"encrypted upload: metadata says {count[:16]!r} chunks, "
+                                 f"header lists {len(header)} tensors")
+        if set(header) != {_chunk_name(i) for i in range(len(header))}:
+            raise UploadRejected("encrypted upload: tensor names are not chunk000000, ...")
+        for name, info in header.items():
+            if not isinstance(info, dict) or info.get("dtype") != "U8" \
+                    or not isinstance(info.get("shape"), list) or len(info["shape"]) != 1:
+                raise UploadRejected(f"encrypted upload: {name} is not a 1-d uint8 tensor")
+        try:
+            arrays = safetensors.numpy.load(data)
+        except Exception as exc:  # safetensors' own checks: offsets, sizes, overlaps
+            raise UploadRejected(f"encrypted upload: malformed safetensors ({exc})") from None
+        chunks = tuple(arrays[_chunk_name(i)].tobytes() for i in range(len(header)))
+        if _frame_digest(meta["key_id"], meta["layout_hash"], chunks) != meta["sha256"]:
             raise UploadRejected("encrypted upload: digest mismatch (truncated or corrupted)")
-        pos = len(_MAGIC)
-
-        def take(n: int) -> bytes:
-            nonlocal pos
-            if pos + n > len(body):
-                raise UploadRejected("encrypted upload: truncated frame")
-            pos += n
-            return body[pos - n : pos]
-
-        ids = [take(struct.unpack("<H", take(2))[0]).decode("ascii", "replace") for _ in range(2)]
-        count = struct.unpack("<I", take(4))[0]
-        chunks = tuple(take(struct.unpack("<Q", take(8))[0]) for _ in range(count))
-        if pos != len(body):
-            raise UploadRejected("encrypted upload: trailing bytes after the last chunk")
-        return cls(ids[0], ids[1], chunks)
+        return cls(meta["key_id"], meta["layout_hash"], chunks)

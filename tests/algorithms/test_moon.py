@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.moon import moon_contrastive_loss
 from privfedcal.errors import UsageError
+from privfedcal.models import create_model
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -109,3 +110,37 @@ def test_end_client_returns_detached_clone(mlp) -> None:
 def test_bad_params(kwargs) -> None:
     with pytest.raises(UsageError):
         create_algorithm("moon", num_classes=3, **kwargs)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_bn", "cnn"])
+def test_autocast_precast_frozen_states_equal_per_step_casting(model_name, tiny_bn) -> None:
+    """Under autocast the frozen models' linear/conv entries are cast once per client; the
+    features equal autocast's own per-call casting of the fp32 states, bit for bit, and the
+    normalisation entries stay fp32 (casting them would change BatchNorm's arithmetic)."""
+    if model_name == "cnn":
+        live = create_model("cnn", num_classes=3, in_channels=3, image_size=16,
+                            generator=torch.Generator().manual_seed(0))
+        x = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    else:
+        live = tiny_bn
+        x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    glob = {k: v.clone() for k, v in live.state_dict().items()}
+    prev = {k: v + 0.25 if v.is_floating_point() else v.clone() for k, v in glob.items()}
+    algo = create_algorithm("moon", num_classes=3, mu=1.0)
+    live.train()
+    algo.begin_client(live, glob, prev)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast_glob, fast_prev = algo._frozen_states("cpu")
+        z_glob = algo._frozen_features(fast_glob, x)
+        z_prev = algo._frozen_features(fast_prev, x)
+        ref_glob = algo._frozen_features(algo._glob, x)   # fp32 states, cast by autocast
+        ref_prev = algo._frozen_features(algo._prev, x)
+        again = algo._frozen_states("cpu")
+    assert again[0] is fast_glob                            # cast once per client
+    assert torch.equal(z_glob, ref_glob) and torch.equal(z_prev, ref_prev)
+    cast = {k for k, v in fast_glob.items() if v.dtype == torch.bfloat16}
+    assert cast and all(".weight" in k or ".bias" in k for k in cast)
+    assert not any("running" in k for k in cast)
+    if model_name == "tiny_bn":
+        assert fast_glob["model.body.1.weight"].dtype == torch.float32   # BatchNorm's affine
+    assert algo._frozen_states("cpu")[0] is algo._glob     # outside autocast: as stored

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from privfedcal.calibration.ccvr import (
@@ -140,3 +141,25 @@ def test_oracle_uses_real_features(make_context):
     assert out["calibration"]["accuracy_after"] > 0.9
     full = Oracle(num_classes=3, feature_dim=4).after_training(make_context())
     assert full["calibration"]["real_features"] == sum(len(c[1]) for c in ctx.clients)
+
+
+@pytest.mark.parametrize("tukey", [False, True])
+def test_a_ccvr_run_evaluates_the_test_set_twice(tiny_cfg, tmp_path, monkeypatch, tukey):
+    """The final round's evaluation serves as CCVR's "before", and the summary reuses the
+    calibrated evaluation: two test passes in a run, where three were made before."""
+    import privfedcal.federation.simulator as simulator
+    from privfedcal.cli.run import build_simulator
+
+    calls: list[int] = []
+    real = simulator.evaluate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulator, "evaluate", counting)
+    cfg = tiny_cfg(calibrate="ccvr", rounds=2, eval_every=10**6,
+                   calibration_params={"tukey": True} if tukey else {})
+    summary = build_simulator(cfg, tmp_path / "run").run()
+    assert len(calls) == 2
+    assert summary["accuracy"] == summary["calibration"]["accuracy_after"]

@@ -46,7 +46,8 @@ def test_one_full_batch_step_matches_numpy_gradient():
 
 
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("momentum, wd, bs", [(0.0, 0.0, 32), (0.9, 1e-3, 7), (0.5, 0.0, None)])
+@pytest.mark.parametrize("momentum, wd, bs", [(0.0, 0.0, 32), (0.9, 1e-3, 7), (0.5, 0.0, None),
+                                               (0.0, 1e-2, 9)])
 def test_closed_form_head_training_equals_autograd(with_bias, momentum, wd, bs):
     w, b, z, y = _case(3, n=50)
     kw = dict(steps=23, lr=0.2, batch_size=bs, momentum=momentum, weight_decay=wd)
@@ -61,6 +62,46 @@ def test_closed_form_head_training_equals_autograd(with_bias, momentum, wd, bs):
     else:
         assert fast[1] is None and slow[1] is None
     assert not torch.equal(fast[0], _t(w))
+
+
+@pytest.mark.parametrize("steps, bs", [(23, 9), (12, 9), (5, None)])
+def test_closed_form_draws_one_permutation_per_epoch(steps, bs):
+    """The permutations drawn up front are the per-epoch draws: the generator ends where
+    ceil(steps / batches per epoch) randperm calls leave it (none for full batches)."""
+    w, b, z, y = _case(3, n=50)
+    g = torch.Generator().manual_seed(11)
+    retrain_classifier(_t(w), _t(b), _t(z), torch.tensor(y), steps=steps, lr=0.1,
+                       batch_size=bs, generator=g)
+    ref = torch.Generator().manual_seed(11)
+    for _ in range(0 if bs is None else -(-steps // -(-50 // bs))):
+        torch.randperm(50, generator=ref)
+    assert torch.equal(g.get_state(), ref.get_state())
+
+
+def test_autograd_path_equals_torch_sgd_loop():
+    """The clsnorm (autograd) path against torch.optim.SGD on the same minibatches."""
+    w, b, z, y = _case(5, n=30)
+    lr, mom, wd, bs, steps = 0.3, 0.9, 1e-3, 8, 10
+    got, _ = retrain_classifier(_t(w), None, _t(z), torch.tensor(y), steps=steps, lr=lr,
+                                batch_size=bs, momentum=mom, weight_decay=wd,
+                                generator=torch.Generator().manual_seed(2), normalized=True)
+    g = torch.Generator().manual_seed(2)
+    wt = _t(w).requires_grad_(True)
+    opt = torch.optim.SGD([wt], lr=lr, momentum=mom, weight_decay=wd)
+    zt, yt, done = _t(z), torch.tensor(y), 0
+    while done < steps:
+        order = torch.randperm(30, generator=g)
+        for i in range(0, 30, bs):
+            if done == steps:
+                break
+            idx = order[i:i + bs]
+            u = wt / wt.norm(dim=1, keepdim=True)
+            loss = torch.nn.functional.cross_entropy(zt[idx] @ u.T, yt[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            done += 1
+    torch.testing.assert_close(got, wt.detach(), rtol=0, atol=0)
 
 
 def test_normalised_head_step_goes_through_the_row_normalisation():

@@ -92,7 +92,12 @@ def test_classes(runs, tmp_path, capsys):
 def test_classes_without_run_trains_a_quick_run(tmp_path, capsys):
     out = tmp_path / "quick"
     main(["attack", "classes", "--device", "cpu", "--out", str(out)])
-    assert (out / "run" / "summary.json").is_file() and (out / "attack.json").is_file()
+    cfg = json.loads((out / "run" / "config.json").read_text())
+    assert (cfg["method"], cfg["dataset"]) == ("ccvr", "digits")
+    records = json.loads((out / "attack.json").read_text())
+    # plaintext counts: every client's class set and counts are read exactly
+    assert [r["client"] for r in records] == list(range(cfg["clients"]))
+    assert all(r["accuracy"] == 1.0 and r["count_mae"] == 0.0 for r in records)
     assert "quick ccvr run" in capsys.readouterr().out
 
 

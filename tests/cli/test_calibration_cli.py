@@ -48,7 +48,6 @@ def test_ccvr_before_calibration_is_the_fedavg_run(tmp_path, capsys):
 def test_creff_runs_and_records_every_round(tmp_path, capsys):
     s = train(tmp_path, "--method", "creff", "--match-steps", "10", "--retrain-steps", "20")
     assert s["calibrator"] == "creff" and s["local_method"] == "fedavg"
-    assert 0.0 <= s["accuracy"] <= 1.0
     assert "accuracy_before_calibration" not in s      # CReFF has no post-hoc step
     rounds = [json.loads(line) for line in
               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

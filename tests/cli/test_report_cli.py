@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 from cli_helpers import assert_usage_error
 
 from privfedcal.cli.main import main
 from privfedcal.cli.partition import class_label
+from privfedcal.federation.runlog import read_metrics_csv
+
+
+def checked_values(page: str) -> dict[str, str]:
+    """The numbers a report marks ``data-check`` (they mirror summary.json's keys)."""
+    return dict(re.findall(r'data-check="([^"]+)"[^>]*>([^<]*)<', page))
 
 FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--no-transcript"]
@@ -18,20 +25,26 @@ FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "c
 def test_train_report_then_report_and_compare(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     main(["train", *FAST, "--out", str(a), "--report"])
-    assert (a / "report.html").is_file() and (a / "metrics.csv").is_file()
+    sa = json.loads((a / "summary.json").read_text())
+    first = (a / "report.html").read_text()
+    assert checked_values(first)["accuracy"] == f"{100 * sa['accuracy']:.2f} %"
+    assert [r["round"] for r in read_metrics_csv(a / "metrics.csv")] == [1.0, 2.0]
     (a / "report.html").unlink()
     main(["report", str(a)])
-    assert (a / "report.html").is_file()
+    # the command rebuilds the same page from the run folder
+    assert checked_values((a / "report.html").read_text()) == checked_values(first)
     main(["train", *FAST, "--seed", "1", "--out", str(b)])
     capsys.readouterr()
     main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
     out = capsys.readouterr()
     assert "privfedcal compare" in out.out and "warning" not in out.err
     rows = list(csv.DictReader((tmp_path / "cmp" / "compare.csv").open()))
-    sa = json.loads((a / "summary.json").read_text())
     assert float(rows[0]["accuracy_after"]) == sa["accuracy"]
     assert float(rows[0]["bytes"]) == sa["calibration_upload_bytes"] + sa["model_update_bytes"]
-    assert (tmp_path / "cmp" / "compare.html").is_file()
+    sb = json.loads((b / "summary.json").read_text())
+    assert float(rows[1]["accuracy_after"]) == sb["accuracy"]
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    assert f"{100 * sa['accuracy']:.2f}" in page and f"{100 * sb['accuracy']:.2f}" in page
 
 
 def test_report_of_an_audit_folder(tmp_path, capsys):

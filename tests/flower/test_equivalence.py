@@ -13,7 +13,10 @@ import torch
 
 pytest.importorskip("flwr")
 
+import privfedcal.calibration  # noqa: E402, F401  (registers the calibrators)
 from privfedcal.algorithms import ALGORITHMS  # noqa: E402
+from privfedcal.errors import UsageError  # noqa: E402
+from privfedcal.federation.hooks import CALIBRATORS  # noqa: E402
 
 TOL = 1e-6
 
@@ -52,22 +55,29 @@ def test_every_method_matches_simulator(method, flower_cfg, run_simulator, run_f
         assert sum(k is not None for k in kept) == len(sim.client_states) >= 2
 
 
-@pytest.mark.parametrize("method", ["ccvr", "creff"])
-def test_calibrators_match_simulator(method, flower_cfg, run_simulator, run_flower):
-    params = {"features_per_class": 10, "match_steps": 5, "retrain_steps": 20} \
-        if method == "creff" else {"virtual_per_class": 20}
-    cfg = flower_cfg(method=method, calibration_params=params)
+#: small server-side settings per calibrator (a calibrator not listed runs its defaults)
+SMALL_CALIBRATION = {"ccvr": {"virtual_per_class": 20},
+                     "creff": {"features_per_class": 10, "match_steps": 5, "retrain_steps": 20}}
+
+
+@pytest.mark.parametrize("name", [n for n in CALIBRATORS.names() if n != "none"])
+def test_calibrators_match_simulator(name, flower_cfg, run_simulator, run_flower):
+    cfg = flower_cfg(calibrate=name, calibration_params=SMALL_CALIBRATION.get(name, {}))
+    if not CALIBRATORS.get(name).protectable:  # reads pooled raw data: no federated form
+        with pytest.raises(UsageError, match="no federated form"):
+            run_flower(cfg)
+        return
     sim, summary = run_simulator(cfg)
     fl, fl_summary, _ = run_flower(cfg)
     assert_same_state(fl.global_state, sim.global_state)
     assert_same_state(fl.calibrator.eval_state(fl.global_state),
                       sim.calibrator.eval_state(sim.global_state), tol=1e-5)
     assert fl_summary["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-9)
-    if method == "ccvr":
+    if name == "ccvr":
         assert fl_summary["calibration"]["virtual_features"] == 200
         assert fl_summary["accuracy_before_calibration"] == pytest.approx(
             summary["accuracy_before_calibration"], abs=1e-12)
-    else:  # CReFF's per-round matching saw the same aggregated gradients
+    if name == "creff":  # the per-round matching saw the same aggregated gradients
         for a, b in zip(fl.history, sim.history, strict=True):
             assert a["calibration"]["match_loss_before"] == pytest.approx(
                 b["calibration"]["match_loss_before"], abs=1e-6)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord  # noqa: E402
+from flwr.app import Array  # noqa: E402
 from flwr.common.config import flatten_dict  # noqa: E402
 
 from privfedcal.config import RunConfig  # noqa: E402
@@ -111,7 +111,10 @@ def test_example_app_declares_every_setting():
     feds = raw["tool"]["flwr"]["federations"]
     assert {"local-simulation", "local-deployment"} <= set(feds)
     assert feds["local-deployment"]["address"].startswith("127.0.0.1:")
-    assert isinstance(opts, FlowerOptions) and ArrayRecord is not None
+    assert opts == FlowerOptions(round_timeout=config["flower.round-timeout"],
+                                 poll_interval=config["flower.poll-interval"],
+                                 node_wait=config["flower.node-wait"],
+                                 key_holder=config["flower.key-holder"])
 
 
 def test_batchnorm_state_loads_back_into_the_model():

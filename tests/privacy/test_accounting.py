@@ -12,6 +12,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
 from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.privacy import accounting
 from privfedcal.privacy.accounting import (
     PrivacyAccountant,
     ReleasePlan,
@@ -158,3 +159,52 @@ def test_recording_a_plan_never_exceeds_the_target(target, plans, sgd):
             acc.check_release(z, plan.sample_rate, target=target)
             acc.record(z, plan.sample_rate, label=plan.name)
     assert acc.epsilon() <= target
+
+
+@pytest.fixture
+def fresh_adapter():
+    """Re-run the opacus conformance check inside the test (and again after it)."""
+    accounting._adapter.cache_clear()
+    accounting._rdp_curve.cache_clear()
+    yield
+    accounting._adapter.cache_clear()
+    accounting._rdp_curve.cache_clear()
+
+
+def test_adapter_accepts_the_installed_opacus(fresh_adapter):
+    import opacus
+
+    assert ".".join(opacus.__version__.split(".")[:2]) in accounting.OPACUS_TESTED
+    compute_rdp, get_privacy_spent, orders = accounting._adapter()
+    assert orders == tuple(RDPAccountant.DEFAULT_ALPHAS)
+    # the cached composition equals opacus's accountant on a heterogeneous history
+    hist = [(0.9, 0.3, 5), (2.5, 1.0, 1), (0.9, 0.3, 2)]
+    ref = opacus_eps(RDPAccountant, [(0.9, 0.3)] * 5 + [(2.5, 1.0)] + [(0.9, 0.3)] * 2)
+    assert compute_epsilon(hist, "rdp", DELTA) == pytest.approx(ref, rel=1e-12)
+
+
+def test_adapter_fails_loudly_when_opacus_changes_its_rdp(fresh_adapter, monkeypatch):
+    # e.g. a release whose accountant no longer composes the analysis functions it exports
+    real = RDPAccountant.get_epsilon
+    monkeypatch.setattr(RDPAccountant, "get_epsilon", lambda self, delta, **kw:
+                        real(self, delta, **kw) * 1.01)
+    with pytest.raises(accounting.OpacusMismatch, match=r"^opacus [0-9.]+ does not match") as e:
+        compute_epsilon([(1.0, 1.0, 1)], "rdp", DELTA)
+    assert "\n" not in str(e.value) and "1.6" in str(e.value)
+    # a UsageError (one line, exit 2 at the CLI), never taken for an infeasible budget
+    assert isinstance(e.value, UsageError) and not isinstance(e.value, PrivacyBudgetError)
+
+
+def test_adapter_fails_loudly_when_the_history_form_changes(fresh_adapter, monkeypatch):
+    from opacus.accountants import PRVAccountant as Prv
+
+    real = Prv.state_dict
+
+    def as_dicts(self, destination=None):
+        state = real(self, destination)
+        state["history"] = [{"z": z, "q": q, "steps": t} for z, q, t in state["history"]]
+        return state
+
+    monkeypatch.setattr(Prv, "state_dict", as_dicts)
+    with pytest.raises(accounting.OpacusMismatch, match="prv accountant's history"):
+        compute_epsilon([(1.0, 1.0, 1)], "prv", DELTA)

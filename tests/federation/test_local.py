@@ -1,0 +1,81 @@
+"""federation/local.py: seeds, the running average, evaluation (PlainSGD: test_plain_sgd.py;
+seeds and ``weighted_average`` live in seeding.py and algorithms/base.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from privfedcal.algorithms.base import weighted_average
+from privfedcal.federation.local import RunningAverage, evaluate
+from privfedcal.seeding import derive_seed, make_generator
+
+
+def test_derive_seed_is_numpy_seedsequence_halved():
+    ref = int(np.random.SeedSequence([0, 1, 2, 3]).generate_state(2, dtype=np.uint64)[0]) >> 1
+    assert derive_seed(0, 1, 2, 3) == ref == 6463705122041852897
+    assert 0 <= derive_seed(7) < 2**63
+    # parts are taken modulo 2^32
+    assert derive_seed(2**32 + 5) == derive_seed(5)
+    g1, g2 = make_generator(0, 1, 2, 3), make_generator(0, 1, 2, 3)
+    assert g1.initial_seed() == ref
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+
+
+def test_weighted_average_and_running_average_agree_bitwise():
+    g = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(3, 2, generator=g), "b": torch.randn(2, generator=g).double(),
+               "n": torch.tensor(i + 3)} for i in range(3)]
+    weights = [10.0, 30.0, 60.0]
+    avg = weighted_average(states, weights)
+    ref = sum(w / 100.0 * s["w"] for s, w in zip(states, weights, strict=True))
+    torch.testing.assert_close(avg["w"], ref)
+    assert avg["b"].dtype == torch.float64 and avg["w"].dtype == torch.float32
+    assert int(avg["n"]) == 5  # integer buffers: the max
+    run = RunningAverage(weights)
+    for s in states:
+        run.add(s)
+    out = run.result()
+    assert all(torch.equal(out[k], avg[k]) for k in avg)
+    assert run.bytes == 3 * (6 * 4 + 2 * 8 + 8)
+    assert [run.nonfinite_marker(i) for i in range(3)] == [{}, {}, {}]
+
+
+def test_running_average_marks_nonfinite_states_and_counts_arrivals():
+    run = RunningAverage([1.0, 1.0])
+    run.add({"a": torch.ones(2), "b": torch.tensor([1.0, math.inf])})
+    marker = run.nonfinite_marker(0)
+    assert list(marker) == ["b"] and math.isnan(float(marker["b"]))
+    with pytest.raises(RuntimeError, match="averaged 1 of 2"):
+        run.result()
+
+
+class _Linear(nn.Module):
+    """features = identity, classifier = a fixed 2x2 linear map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classifier = nn.Linear(2, 2, bias=False)
+
+    def features(self, x):
+        return x
+
+
+def test_evaluate_accuracy_per_class_and_loss_by_hand():
+    model = _Linear()
+    state = {"classifier.weight": torch.eye(2)}
+    x = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 0.0], [3.0, 0.0]])
+    y = torch.tensor([0, 1, 1, 0])
+    # logits = x; predictions 0, 1, 0, 0: class 0 both right, class 1 one of two
+    out = evaluate(model, state, x, y, num_classes=3, batch_size=3)
+    assert out["accuracy"] == 0.75
+    assert out["per_class_accuracy"] == [1.0, 0.5, None]  # class 2 absent from the test set
+    ce = [math.log1p(math.exp(-d)) for d in (2.0, 1.0, -1.0, 3.0)]  # CE of 2 logits, margin d
+    assert out["loss"] == pytest.approx(sum(ce) / 4, rel=1e-6)
+    # a feature transform is applied before the classifier
+    flip = evaluate(model, state, x, y, 2, transform=lambda z: z.flip(1))
+    assert flip["accuracy"] == 0.25 and flip["per_class_accuracy"] == [0.0, 0.5]

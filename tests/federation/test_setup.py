@@ -1,0 +1,53 @@
+"""federation/setup.py: the experiment built from a RunConfig."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from privfedcal.errors import UsageError
+from privfedcal.federation.setup import build_experiment, fit_warning, resolve_device
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_fit_warning_names_the_minimum_input():
+    assert fit_warning("cnn", "cifar10", 32) is None
+    assert fit_warning("mlp", "digits", 8) is None  # no minimum
+    msg = fit_warning("resnet8", "digits", 8)
+    assert msg is not None and msg.startswith(
+        "model resnet8 is built for images of at least 16x16 pixels but digits has 8x8")
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    from privfedcal.config import RunConfig
+
+    return build_experiment(RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=2,
+                                      batch_size=32, device="cpu", threads=1, seed=0,
+                                      transcript=False))
+
+
+def test_experiment_resolves_defaults_and_partitions_the_data(experiment):
+    e = experiment
+    assert e.model_name == "mlp" and e.cfg.model == "mlp" and e.cfg.lr == 0.05
+    assert (e.spec.local_epochs, e.spec.batch_size, e.spec.lr, e.spec.momentum,
+            e.spec.augment, e.spec.mixed_precision) == (2, 32, 0.05, 0.9, False, False)
+    assert e.warnings == []
+    rec = e.partition_record()
+    # Dirichlet(0.5) over 4 clients, seed 0: pinned sizes; every sample assigned once
+    assert rec["sizes"] == [264, 308, 404, 370]
+    assert rec["num_train"] == rec["num_assigned"] == 1346
+    idx = np.concatenate(rec["indices"])
+    assert len(np.unique(idx)) == idx.size == 1346
+    y = e.data.y_train.cpu().numpy()
+    for k, ix in enumerate(rec["indices"]):
+        assert np.bincount(y[ix], minlength=10).tolist() == rec["counts"][k]
+    assert rec["class_totals"] == np.bincount(y, minlength=10).tolist()

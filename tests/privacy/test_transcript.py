@@ -1,0 +1,81 @@
+"""privacy/transcript.py: the server's view, release by release, on disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from privfedcal.errors import UsageError
+from privfedcal.privacy.transcript import (
+    Transcript,
+    load_transcript,
+    record_model_updates,
+    record_round,
+    state_bytes,
+)
+
+
+def test_record_writes_index_and_one_safetensors_file_per_entry(tmp_path):
+    tr = Transcript(tmp_path / "transcript")
+    tr.record(round_=1, label="ccvr-stats", view="plain-upload", client=3,
+              tensors={"sum": torch.tensor([1.0, 2.0])}, bytes=8)
+    tr.record(round_=1, label="ccvr-stats", view="ciphertext", client=4, bytes=1000)
+    tr.record(round_=1, label="ccvr-stats", view="aggregate", client=None,
+              tensors={"sum": torch.tensor([3.0, 5.0])}, bytes=16)
+    index = json.loads((tmp_path / "transcript" / "index.json").read_text())
+    assert index == [
+        {"round": 1, "label": "ccvr-stats", "view": "plain-upload", "client": 3, "bytes": 8,
+         "file": "00000-r1-ccvr-stats-plain-upload-c3.safetensors"},
+        {"round": 1, "label": "ccvr-stats", "view": "ciphertext", "client": 4, "bytes": 1000},
+        {"round": 1, "label": "ccvr-stats", "view": "aggregate", "client": None, "bytes": 16,
+         "file": "00002-r1-ccvr-stats-aggregate.safetensors"},
+    ]
+    # calibration uploads only: the aggregate is not an upload
+    assert tr.uploaded_bytes() == 1008
+    loaded = load_transcript(tmp_path / "transcript")
+    assert torch.equal(loaded[0]["tensors"]["sum"], torch.tensor([1.0, 2.0]))
+    assert "tensors" not in loaded[1]
+    assert torch.equal(loaded[2]["tensors"]["sum"], torch.tensor([3.0, 5.0]))
+
+
+def test_resume_keeps_entries_and_truncate_drops_later_rounds(tmp_path):
+    d = tmp_path / "t"
+    tr = Transcript(d)
+    for r in (1, 2, 3):
+        tr.record(round_=r, label="creff-grad", view="aggregate", client=None, bytes=r)
+    again = Transcript(d)
+    assert [e["round"] for e in again.entries] == [1, 2, 3]
+    again.truncate_after(1)
+    assert [e["round"] for e in json.loads((d / "index.json").read_text())] == [1]
+
+
+def test_no_directory_keeps_nothing_on_disk(tmp_path):
+    tr = Transcript(None)
+    tr.record(round_=1, label="x", view="plain-upload", client=0,
+              tensors={"a": torch.ones(1)}, bytes=4)
+    assert tr.entries == [{"round": 1, "label": "x", "view": "plain-upload", "client": 0,
+                           "bytes": 4, "file": None}]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UsageError, match="no transcript"):
+        load_transcript(tmp_path)
+
+
+def test_model_states_and_updates_are_recorded_with_weights_sizes_and_recipe(tmp_path):
+    tr = Transcript(tmp_path)
+    state = {"w": torch.zeros(2, 3), "n": torch.zeros(1, dtype=torch.int64)}
+    assert state_bytes(state) == 2 * 3 * 4 + 8
+    record_round(tr, 2, state, [5, 1])
+    recipe = {"local_epochs": 1, "batch_size": 32, "lr": 0.01}
+    record_model_updates(tr, 2, [5, 1], [state, state], [0.25, 0.75], recipe)
+    record_model_updates(tr, 3, [0], [state], None, recipe)
+    e = tr.entries
+    assert e[0] == {"round": 2, "label": "round", "view": "model-state", "client": None,
+                    "participants": [5, 1], "file": "00000-r2-round-model-state.safetensors"}
+    assert [(x["client"], x["weight"], x["bytes"]) for x in e[1:]] == [(5, 0.25, 32),
+                                                                       (1, 0.75, 32),
+                                                                       (0, None, 32)]
+    assert all(x["label"] == "model-update" and x["lr"] == 0.01 for x in e[1:])
+    # model updates are counted apart from the calibration uploads
+    assert tr.uploaded_bytes() == 0
