@@ -21,6 +21,8 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
    default stopping rule, cap --steps). Scored with ``attacks.report.score``: PSNR of the
    reconstructions (mean) and of the best one (the worst-off individual), nearest training
    image, and the data-free prior under the same rule.
+   ``--parts update``: the smallest client's FedAvg update (``--update-n`` keeps a seeded
+   subset of its images: a smaller client with the same recipe), inverted.
 4. ``--parts dp``: the same statistics under DP: features clipped to R = 10 (the default),
    the Gaussian mechanism with the noise multiplier the accountant plans for one release
    at epsilon (delta = min(1e-5, 1/(10 N))), moments from the noisy sums.
@@ -28,6 +30,10 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
    attacks on the aggregate, scored against the SAME n images as the per-client rows.
 6. ``--parts trace``: PSNR / nearest = true of the best restart at every convergence check
    of raw n = 1 and mean + covariance n = 2, 3, 10 (the plot of docs/privacy-audit.md).
+7. ``--parts rounds``: a CReFF run (``--creff-run``, else trained with the same recipe);
+   the n images' class gradients under the model state and head the transcript records
+   for each of its last ``--rounds-combined`` releases, attacked from the last release
+   alone (as ``grad``) and from all of them together (``invert_class_gradients``).
 
 Run: ``python benchmarks/audit_findings.py --out runs/findings --parts plain`` (one part per
 process parallelises well). Writes findings-<parts>.json / .md and, for ``trace``,
@@ -51,25 +57,78 @@ from privfedcal.attacks.gradient_inversion import (
 from privfedcal.attacks.report import score
 from privfedcal.attacks.runner import STATS_LABEL, UploadedFeatures, load_run
 from privfedcal.calibration.stats import ClassStats
-from privfedcal.federation.local import make_generator
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import gaussian_mechanism, noisy_stats_to_moments, payload_sensitivities
 from privfedcal.privacy.protection import DP_DEFAULT_CLIP
+from privfedcal.seeding import make_generator
 
 RUN = ["--dataset", "digits", "--clients", "5", "--alpha", "0.3", "--local-epochs", "2",
        "--device", "cpu", "--threads", "1"]
 KEYS = ("psnr", "psnr_best", "ssim", "feature_cosine", "nearest_is_true", "nearest_of_best",
         "prior_psnr", "prior_psnr_best")
-PARTS = ("plain", "grad", "dp", "secagg", "trace", "update")
+PARTS = ("plain", "grad", "dp", "secagg", "trace", "update", "rounds")
 
 
-def train_run(out: Path, rounds: int) -> Path:
+def train_run(out: Path, rounds: int, method: str = "ccvr") -> Path:
     from privfedcal.cli.main import main
 
-    run = out / "run"
+    run = out / ("run" if method == "ccvr" else f"run-{method}")
     if not (run / "summary.json").exists():
-        main(["train", "--method", "ccvr", *RUN, "--rounds", str(rounds), "--out", str(run)])
+        main(["train", "--method", method, *RUN, "--rounds", str(rounds), "--out", str(run)])
     return run
+
+
+def rounds_findings(args, sets: dict, add) -> None:
+    """CReFF class gradients of the same n images in the last ``--rounds-combined`` releases
+    of a CReFF run (each under the model state and head the transcript recorded for it),
+    attacked one release at a time (the last) and all together."""
+    from privfedcal.attacks.gradient_inversion import invert_class_gradients
+    from privfedcal.attacks.runner import GRAD_LABEL, creff_head
+
+    view = load_run(args.creff_run or train_run(args.out, args.rounds, "creff"))
+    rels = [r for r in view.releases(GRAD_LABEL) if r.state is not None
+            and "head.weight" in r.task][-args.rounds_combined:]
+    if not rels:
+        raise SystemExit("the CReFF run's transcript records no heads (re-train it)")
+    d = view.exp.data
+    for (cls, n), idx in sets.items():
+        x, seed = d.x_train[idx], 100 * cls + n
+        heads, grads = [creff_head(view, r) for r in rels], []
+        for r, (w, b) in zip(rels, heads, strict=True):
+            view.load_state(r.state)
+            with torch.no_grad():
+                z = view.model.features(x).double()
+            grads.append(_class_gradient_of(z, w, b, cls))
+        view.load_state(rels[-1].state)
+        w, b = heads[-1]
+        if n <= args.rank_max:
+            rn = recover_rank_n(grads[-1], w, b, cls, n,
+                                generator=make_generator(args.seed, seed, 0, 75))
+            target, kind = FeatureTarget.raw(rn.features.float()), "1 round rank-n"
+        else:
+            z_hat, _ = recover_from_class_gradient(grads[-1][:, :-1], grads[-1][:, -1])
+            target, kind = FeatureTarget.raw(z_hat.float()[None]), "1 round mean"
+        add("creff", n, cls, kind, attack(view, view.model, target, idx, paired=False,
+                                          seed=seed + 6, args=args))
+        from privfedcal.attacks.feature_inversion import InversionConfig
+
+        res = invert_class_gradients(
+            view.model, [r.state for r in rels], heads, grads, cls, n,
+            image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+            generator=make_generator(args.seed, seed, 0, 77),
+            config=InversionConfig(steps=args.steps, restarts=args.restarts, tv_weight=1e-2,
+                                   l2_weight=0.0, jitter=0, bn_weight=0.0))
+        view.load_state(rels[-1].state)
+        add("creff", n, cls, f"{len(rels)} rounds", {
+            **scored(view, res.images, idx, paired=False), **res.convergence.as_record(),
+            "gradient_cosine": res.gradient_cosine, "rounds": [r.round for r in rels]})
+
+
+def _class_gradient_of(z: torch.Tensor, w: torch.Tensor, b, cls: int) -> torch.Tensor:
+    from privfedcal.calibration.creff import per_sample_head_grads
+
+    y = torch.full((len(z),), cls, dtype=torch.long)
+    return per_sample_head_grads(z, y, w.double(), None if b is None else b.double()).mean(0)
 
 
 def scored(view, images, idx, *, paired) -> dict:
@@ -148,7 +207,10 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
 
     def add(setting, n, cls, kind, rec):
         rows.append({"setting": setting, "n": n, "class": cls, "attack": kind, **rec})
-        steps = f" steps {rec['steps_run']:>5} {rec['stopped']}" if "steps_run" in rec else ""
+        err = rec.get("feature_error")
+        steps = (f" steps {rec['steps_run']:>5} {rec['stopped']} rel. error "
+                 f"{'-' if err is None else format(err, '.2g')} feature cos "
+                 f"{rec.get('feature_cosine', float('nan')):.3f}" if "steps_run" in rec else "")
         print(f"{setting:>10} n={n:<4} class {cls} {kind:<14} PSNR {rec['psnr']:6.2f} max "
               f"{rec['psnr_best']:6.2f} (prior {rec['prior_psnr']:5.2f} max "
               f"{rec['prior_psnr_best']:5.2f}) NN {rec['nearest_is_true']:.2f} NN@max "
@@ -247,6 +309,11 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
         cfg = view.cfg
         client = int(min(range(len(view.exp.parts)), key=lambda c: view.exp.parts[c].numel()))
         idx = view.exp.parts[client]
+        if args.update_n is not None and args.update_n < idx.numel():
+            # a client holding only --update-n of those images (seeded pick): the same
+            # recipe on fewer images, where a CPU can run the attack to convergence
+            g = make_generator(args.seed, client, args.update_n, 78)
+            idx = idx[torch.randperm(idx.numel(), generator=g)[:args.update_n]]
         recipe = LocalRecipe(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.momentum,
                              cfg.weight_decay)
         g = make_generator(cfg.seed, rel.round, client, 1)
@@ -266,6 +333,9 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
             **scored(view, res.images, idx, paired=False), **res.convergence.as_record(),
             "label_count_error": int((true_counts - got_counts).abs().sum()),
             "update_cosine": res.gradient_cosine})
+
+    if "rounds" in args.parts:
+        rounds_findings(args, sets, add)
 
     if "trace" in args.parts:
         cls = args.classes[0]
@@ -315,29 +385,27 @@ def table(rows: list[dict]) -> str:
 
 
 def plot_traces(traces: list[dict], path: Path) -> None:
-    import matplotlib
+    from privfedcal.plotstyle import new_figure, save, series_style, styled
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for i, key in enumerate(dict.fromkeys((t["attack"], t["n"]) for t in traces)):
-        ts = [t for t in traces if (t["attack"], t["n"]) == key]
-        steps = [t["step"] for t in ts]
-        label = f"{key[0]} n={key[1]}"
-        axes[0].plot(steps, [t["psnr"] for t in ts], color=f"C{i}", label=label + " mean")
-        axes[0].plot(steps, [t["psnr_best"] for t in ts], color=f"C{i}", ls=":", lw=1)
-        axes[1].plot(steps, [t["nearest_is_true"] for t in ts], color=f"C{i}", label=label)
-    axes[0].set_ylabel("PSNR dB (solid mean, dotted best image)")
-    axes[1].set_ylabel("nearest training image = true")
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.set_xlabel("Adam steps (run stops at the convergence criterion)")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with styled():
+        fig = new_figure(9, 3.4)
+        axes = fig.subplots(1, 2)
+        for i, key in enumerate(dict.fromkeys((t["attack"], t["n"]) for t in traces)):
+            ts = [t for t in traces if (t["attack"], t["n"]) == key]
+            steps = [t["step"] for t in ts]
+            label = f"{key[0]} n={key[1]}"
+            style = series_style(i, markers=False)
+            axes[0].plot(steps, [t["psnr"] for t in ts], **style, label=label + " mean")
+            axes[0].plot(steps, [t["psnr_best"] for t in ts], color=style["color"], ls=":",
+                         lw=1)
+            axes[1].plot(steps, [t["nearest_is_true"] for t in ts], **style, label=label)
+        axes[0].set_ylabel("PSNR dB (mean; dotted: best image)")
+        axes[1].set_ylabel("nearest training image = true")
+        for ax in axes:
+            ax.set_xscale("log")
+            ax.set_xlabel("Adam steps (run stops at the convergence criterion)")
+        axes[1].legend(fontsize=7)
+        save(fig, path, dpi=110)
 
 
 def main() -> None:
@@ -357,6 +425,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="step cap")
     p.add_argument("--restarts", type=int, default=2)
     p.add_argument("--rank-max", type=int, default=3, help="largest n for rank-n recovery")
+    p.add_argument("--update-n", type=int, default=None,
+                   help="--parts update: keep this many of the smallest client's images")
+    p.add_argument("--creff-run", type=Path, default=None,
+                   help="a CReFF run folder for --parts rounds (default: train one)")
+    p.add_argument("--rounds-combined", type=int, default=3,
+                   help="CReFF releases combined by --parts rounds")
     p.add_argument("--max-n", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

@@ -25,14 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS  # noqa: E402
-from privfedcal.attacks.report import save_figure  # noqa: E402
-from privfedcal.errors import PrivacyBudgetError, UsageError  # noqa: E402
+from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.plotstyle import colour, new_figure, save, styled
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
@@ -185,29 +180,38 @@ def plot_audit(rows: list[dict[str, Any]], path: Path) -> Path:
     star, secure aggregation a square; the dashed line is the data-free prior's best PSNR
     under the same scoring rule (an attack left of it learnt nothing visual)."""
     done = [r for r in rows if "accuracy" in r]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    with styled():
+        fig = new_figure(10, 4)
+        axes = fig.subplots(1, 2, sharey=True)
+        _draw_audit(axes, done)
+        fig.suptitle("privacy audit, worst case over individuals (open marker: mean over "
+                     "targets); star = unprotected, square = secure aggregation", fontsize=9)
+        return save(fig, path, dpi=110)
+
+
+def _draw_audit(axes, done: list[dict[str, Any]]) -> None:
     panels = ((axes[0], "psnr_max", "worst-case reconstruction PSNR (dB, best individual)"),
               (axes[1], "class_inference_accuracy", "class-inference accuracy"))
     for ax, key, label in panels:
         for i, method in enumerate(dict.fromkeys(r["method"] for r in done)):
+            c = colour(i)
             for r in (r for r in done if r["method"] == method):
                 if not math.isfinite(r.get(key, math.nan)):
                     continue  # trained but not attacked
                 s = Setting(r["method"], r["eps"], r["secagg"])
                 marker = "*" if s.unprotected else ("s" if r["secagg"] else "o")
                 y = 100 * r["accuracy"]
-                ax.scatter(r[key], y, marker=marker, color=f"C{i}",
+                ax.scatter(r[key], y, marker=marker, color=c,
                            s=160 if s.unprotected else 40, zorder=3,
                            edgecolors="black" if s.unprotected else None)
                 if key == "psnr_max" and math.isfinite(r.get("psnr", math.nan)):
                     ax.scatter(r["psnr"], y, marker=marker, facecolors="none",
-                               edgecolors=f"C{i}", s=25, zorder=2)
-                    ax.plot([r["psnr"], r[key]], [y, y], color=f"C{i}", lw=0.6, alpha=0.5)
+                               edgecolors=c, s=25, zorder=2)
+                    ax.plot([r["psnr"], r[key]], [y, y], color=c, lw=0.6, alpha=0.5)
                 eps = "inf" if math.isinf(r["eps"]) else f"{r['eps']:g}"
                 ax.annotate(f"{method} eps={eps}{' sa' if r['secagg'] else ''}",
                             (r[key], y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel(label)
-        ax.grid(alpha=0.3)
     prior = max([r["prior_psnr_max"] for r in done
                  if math.isfinite(r.get("prior_psnr_max", math.nan))], default=math.nan)
     if math.isfinite(prior):
@@ -215,6 +219,3 @@ def plot_audit(rows: list[dict[str, Any]], path: Path) -> Path:
         axes[0].text(prior, axes[0].get_ylim()[0], " data-free prior (best)", fontsize=6,
                      color="grey", va="bottom")
     axes[0].set_ylabel("test accuracy (%)")
-    fig.suptitle("privacy audit, worst case over individuals (open marker: mean over targets);"
-                 " star = unprotected, square = secure aggregation", fontsize=9)
-    return save_figure(fig, path)

@@ -308,26 +308,63 @@ def recover_rank_n(
     Exact up to the order of the samples when the fit residual is ~0: n = 1 gives
     ``dW_j / db_j``, n = 2 is pinned by a test. Needs the head the client used.
     """
+    return recover_rank_n_rounds([grad], [(weight, bias)], label, n, generator=generator,
+                                 restarts=restarts, max_iter=max_iter, stop=stop)
+
+
+def recover_rank_n_rounds(
+    grads: Sequence[Tensor],
+    heads: Sequence[tuple[Tensor, Tensor | None]],
+    label: int,
+    n: int,
+    *,
+    generator: torch.Generator,
+    restarts: int = 16,
+    max_iter: int = 500,
+    stop: float = 1e-7,
+) -> RankNResult:
+    """``recover_rank_n`` from several releases of the SAME n features under different
+    heads: CReFF class gradients of one client's class from several rounds, each with the
+    head the server sent that round (``Release.task``), while the features are unchanged
+    (the extractor is fixed between those releases and the client draws the same samples;
+    for a changing extractor see ``invert_class_gradients``).
+
+    One release has rank at most min(n, C - 1): with n > C - 1 the features have a component
+    its gradient's row space does not show. Every release adds C (d + 1) equations and its
+    own row space, so the stacked weight gradients ``[dW_1; dW_2; ...]`` span the rows of Z
+    once their ranks add up to n: ``Z = A V^T`` with V the top right singular vectors of
+    the stack, and A (n x k) is fitted to all releases at once (relative residual
+    ``sqrt(sum_r ||G_r(Z) - g_r||^2 / sum_r ||g_r||^2)``). ``rank`` is that of the stack.
+    """
     if n < 1:
         raise UsageError(f"rank-n recovery needs n >= 1, got {n}")
-    g = grad.detach().double()
-    w = weight.detach().double().to(g.device)
-    b = None if bias is None else bias.detach().double().to(g.device)
-    gw = g[:, :-1]
-    rank = gradient_rank(gw)
-    _, s, vh = torch.linalg.svd(gw, full_matrices=False)
+    if not grads or len(grads) != len(heads):
+        raise UsageError(f"need one head per class gradient, got {len(grads)} gradients and "
+                         f"{len(heads)} heads")
+    gs = [g.detach().double() for g in grads]
+    dev = gs[0].device
+    hs = [(w.detach().double().to(dev), None if b is None else b.detach().double().to(dev))
+          for w, b in heads]
+    stack = torch.cat([g[:, :-1] for g in gs])
+    rank = gradient_rank(stack)
+    _, s, vh = torch.linalg.svd(stack, full_matrices=False)
     k = min(n, vh.shape[0])
     v = vh[:k].T  # (d, k)
-    target = g
-    scale = target.norm().clamp_min(1e-300)
-    z_ls, _ = recover_from_class_gradient(gw, g[:, -1])
+    scale2 = sum(g.pow(2).sum() for g in gs).clamp_min(1e-300)
+    # start: the least-squares weighted-mean feature of the first release, repeated
+    z_ls, _ = recover_from_class_gradient(gs[0][:, :-1], gs[0][:, -1])
+
+    def misfit(z: Tensor) -> Tensor:
+        return sum((_head_gradient(z, w, b, label) - g).pow(2).sum()
+                   for g, (w, b) in zip(gs, hs, strict=True)) / scale2
+
     best: tuple[float, Tensor] | None = None
     for r in range(restarts):
         init = (z_ls @ v).expand(n, k).clone()
         if r:  # spread the starts around the weighted mean
             spread = (s[:k].sum() / s[0].clamp_min(1e-300)).item()
             noise = torch.randn(n, k, generator=generator, dtype=torch.float64)
-            init = init + noise.to(g.device) * init.norm() * 0.5 * spread / max(k, 1) ** 0.5
+            init = init + noise.to(dev) * init.norm() * 0.5 * spread / max(k, 1) ** 0.5
         a = init.requires_grad_(True)
         opt = torch.optim.LBFGS([a], lr=1, max_iter=max_iter, tolerance_grad=1e-14,
                                 tolerance_change=1e-16, history_size=50,
@@ -335,8 +372,7 @@ def recover_rank_n(
 
         def closure(a: Tensor = a, opt: torch.optim.LBFGS = opt) -> Tensor:
             opt.zero_grad()
-            loss = ((_head_gradient(a @ v.T, w, b, label) - target).pow(2).sum()
-                    / scale.pow(2))
+            loss = misfit(a @ v.T)
             loss.backward()
             return loss
 
@@ -344,13 +380,88 @@ def recover_rank_n(
             opt.step(closure)
         with torch.no_grad():
             z = a.detach() @ v.T
-            res = float((_head_gradient(z, w, b, label) - target).norm() / scale)
+            res = float(misfit(z).sqrt())
         if best is None or res < best[0]:
             best = (res, z)
         if res < stop:
             break
     assert best is not None
-    return RankNResult(best[1].to(grad.dtype), best[0], rank)
+    return RankNResult(best[1].to(grads[0].dtype), best[0], rank)
+
+
+def invert_class_gradients(
+    model: FeatureClassifier,
+    states: Sequence[Mapping[str, Tensor]],
+    heads: Sequence[tuple[Tensor, Tensor | None]],
+    grads: Sequence[Tensor],
+    label: int,
+    n: int,
+    *,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generator: torch.Generator,
+    config: InversionConfig | None = None,
+) -> GradientInversionResult:
+    """n images of class ``label`` whose CReFF class gradients reproduce those a client
+    uploaded in several rounds: release r was computed with the extractor of ``states[r]``
+    (the model state the server sent) and the head ``heads[r]``; the objective is the mean
+    over releases of ``1 - cos(G_r(x), g_r)`` over ``[dW | db]`` (Geiping et al. 2020's
+    cosine, one term per round), with the TV prior, box constraint and convergence test of
+    ``optimise_images``. Every release adds C (d + 1) equations on the same images, so
+    rounds together pin images one release leaves open (n > C - 1, or features the
+    extractor maps alike). Needs the same samples in every release (CReFF's per-class cap
+    ``client_draws * draw_size`` is above n) and the model runs in eval mode.
+    """
+    from torch.func import functional_call
+
+    if not states or not (len(states) == len(heads) == len(grads)):
+        raise UsageError("need one model state, head and class gradient per release")
+    cfg = config or InversionConfig(restarts=1, tv_weight=1e-2, l2_weight=0.0, jitter=0,
+                                    bn_weight=0.0)
+    device = next(model.parameters()).device
+    wrapped = _Features(model)  # functional_call with each release's state, model untouched
+    sent = [{"model." + k: v.to(device) for k, v in st.items()} for st in states]
+    hs = [(w.to(device).float(), None if b is None else b.to(device).float()) for w, b in heads]
+    gs = [g.to(device).float().flatten() for g in grads]
+
+    def objective(x: Tensor) -> Tensor:
+        out = []
+        for xr in x.split(n):
+            terms = []
+            for st, (w, b), g in zip(sent, hs, gs, strict=True):
+                z = functional_call(wrapped, st, (xr,))
+                sim = _head_gradient(z, w, b, label).flatten()
+                terms.append(1 - (sim @ g) / (sim.norm().clamp_min(1e-12)
+                                              * g.norm().clamp_min(1e-12)))
+            out.append(torch.stack(terms).mean())
+        return torch.stack(out)
+
+    def error(x: Tensor) -> Tensor:
+        with torch.enable_grad():
+            return torch.sqrt(2 * objective(x).detach().clamp_min(0))
+
+    with eval_mode(model):
+        x, final, best, conv = optimise_images(
+            objective, restarts=cfg.restarts, batch=n, image_shape=image_shape, mean=mean,
+            std=std, config=cfg, generator=generator, device=device,
+            dtype=next(model.parameters()).dtype, error=error)
+        with torch.no_grad():
+            cos = 1 - float(objective(x)[0])
+    return GradientInversionResult(
+        images=to_pixels(x, mean, std), labels=torch.full((n,), int(label), dtype=torch.long),
+        gradient_cosine=cos, loss=float(final[best]), restart_losses=final, convergence=conv)
+
+
+class _Features(torch.nn.Module):
+    """``model.features`` as a module's forward, for ``torch.func.functional_call``."""
+
+    def __init__(self, model: FeatureClassifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.features(x)
 
 
 # ---- recorded model updates: multi-step local training, simulated ------------------------------

@@ -25,37 +25,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
+import torch
+from rich import box
+from rich.table import Table
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from rich import box  # noqa: E402
-from rich.table import Table  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from privfedcal.attacks.metrics import (  # noqa: E402
+from privfedcal.attacks.metrics import (
     best_match,
     feature_cosine,
     matched_psnr,
     psnr,
     ssim,
 )
-from privfedcal.attacks.modes import eval_mode  # noqa: E402
+from privfedcal.attacks.modes import eval_mode
+from privfedcal.plotstyle import colour, new_figure, save, styled
 
 if TYPE_CHECKING:
     from privfedcal.attacks.runner import Attacked, RunView
 
-TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient", "model-update")
-
-
-def save_figure(fig, path: Path) -> Path:
-    """``fig`` laid out, written as PNG at 110 dpi (parent folders created), closed."""
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient",
+                "class-gradient-rounds", "model-update")
 
 
 def nearest_training_image(view: RunView, recon: Tensor, chunk: int = 4096) -> Tensor:
@@ -164,6 +153,7 @@ def _show(ax, img: Tensor) -> None:
         ax.imshow(img.permute(1, 2, 0).numpy(), interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
+    ax.grid(False)
 
 
 def save_grid(results: Sequence[Attacked], path: Path, *, max_targets: int = 16,
@@ -172,8 +162,14 @@ def save_grid(results: Sequence[Attacked], path: Path, *, max_targets: int = 16,
     most ``max_images`` pairs per target and ``max_targets`` targets (the first ones)."""
     shown = list(results)[:max_targets]
     cols = max([min(max_images, r.recon.shape[0]) for r in shown] or [1])
-    fig, axes = plt.subplots(2 * max(1, len(shown)), cols, squeeze=False,
-                             figsize=(1.1 * cols + 1.8, 2.2 * max(1, len(shown))))
+    with styled():
+        fig = new_figure(1.1 * cols + 1.8, 2.2 * max(1, len(shown)))
+        axes = fig.subplots(2 * max(1, len(shown)), cols, squeeze=False)
+        _draw_grid(fig, axes, shown, cols, title)
+        return save(fig, path, dpi=110)
+
+
+def _draw_grid(fig, axes, shown: Sequence[Attacked], cols: int, title: str | None) -> None:
     for ax in axes.flat:
         ax.axis("off")
     for i, res in enumerate(shown):
@@ -188,7 +184,6 @@ def save_grid(results: Sequence[Attacked], path: Path, *, max_targets: int = 16,
         axes[2 * i + 1, 0].set_ylabel(f"recon\n{r['psnr']:.1f} dB", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    return save_figure(fig, path)
 
 
 # ---- tables -----------------------------------------------------------------------------------
@@ -295,21 +290,25 @@ def plot_class_sets(records: Sequence[dict[str, Any]], path: Path) -> Path:
         last[(r["label"], r["client"])] = r  # records come in release order
     rows = list(last.values())
     counts = torch.tensor([r["true_counts"] for r in rows], dtype=torch.float64)
-    fig, ax = plt.subplots(figsize=(0.45 * counts.shape[1] + 2.5, 0.35 * len(rows) + 1.6))
-    ax.imshow(counts.numpy(), cmap="Greys", aspect="auto", alpha=0.6)
-    for i, r in enumerate(rows):
-        pred, true = set(r["present"]), set(r["true_classes"])
-        for c in pred & true:
-            ax.plot(c, i, "o", color="C2", ms=5)
-        for c in pred - true:
-            ax.plot(c, i, "x", color="C3", ms=7)
-        for c in true - pred:
-            ax.plot(c, i, "o", mfc="none", color="C1", ms=7)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{r['label']} k{'all' if r['client'] is None else r['client']}"
-                        for r in rows], fontsize=7)
-    ax.set_xticks(range(counts.shape[1]))
-    ax.set_xlabel("class")
-    ax.set_title("class sets: shade = true count; dot found, x false positive, o missed",
-                 fontsize=8)
-    return save_figure(fig, path)
+    found, wrong, missed = colour(2), colour(5), colour(1)
+    with styled():
+        fig = new_figure(0.45 * counts.shape[1] + 2.5, 0.35 * len(rows) + 1.6)
+        ax = fig.add_subplot()
+        ax.imshow(counts.numpy(), cmap="Greys", aspect="auto", alpha=0.6)
+        ax.grid(False)
+        for i, r in enumerate(rows):
+            pred, true = set(r["present"]), set(r["true_classes"])
+            for c in pred & true:
+                ax.plot(c, i, "o", color=found, ms=5)
+            for c in pred - true:
+                ax.plot(c, i, "x", color=wrong, ms=7)
+            for c in true - pred:
+                ax.plot(c, i, "o", mfc="none", color=missed, ms=7)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{r['label']} k{'all' if r['client'] is None else r['client']}"
+                            for r in rows], fontsize=7)
+        ax.set_xticks(range(counts.shape[1]))
+        ax.set_xlabel("class")
+        ax.set_title("class sets: shade = true count; dot found, x false positive, o missed",
+                     fontsize=8)
+        return save(fig, path, dpi=110)

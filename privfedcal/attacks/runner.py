@@ -36,6 +36,7 @@ from privfedcal.attacks.gradient_inversion import (
     LocalRecipe,
     gradient_rank,
     invert_class_gradient,
+    invert_class_gradients,
     invert_model_update,
     invert_update,
     recover_from_class_gradient,
@@ -67,6 +68,7 @@ class AttackOptions:
     max_n: int = 256  # class-stats batches above this many images are skipped (noted)
     update_batch: int = 4  # local batch of the simulated model update
     rank_max: int = 3  # largest n for rank-n feature recovery from a class gradient
+    rounds_combined: int = 3  # CReFF releases whose class gradients are inverted together
     default_clients: int = 2  # clients attacked when none are named (the first uploaders)
     known_classes: bool = False  # also attack held classes the upload hides (side knowledge)
     round: int | None = None  # release round to attack; None: the last one
@@ -78,6 +80,8 @@ class AttackOptions:
             raise UsageError("attacks need --steps >= 0 and --restarts >= 1")
         if self.raw_samples < 0 or self.max_n < 1 or self.update_batch < 1:
             raise UsageError("need --raw-samples >= 0, --max-n >= 1 and --update-batch >= 1")
+        if self.rounds_combined < 1:
+            raise UsageError("--rounds-combined must be >= 1 (1: one release at a time)")
         if self.default_clients < 1:
             raise UsageError("at least one client must be attacked")
         if not 0 < self.false_positive_rate < 1:
@@ -258,13 +262,16 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
 
 
 def creff_head(view: RunView, rel: Release) -> tuple[Tensor, Tensor | None] | None:
-    """The head (W, b) the clients differentiated in a CReFF release, when the transcript
-    pins it: in the first release CReFF with ``initial_head="global"`` starts from the sent
-    state's classifier; a fresh round-1 head and later releases use the server's own head,
-    which the transcript does not record."""
+    """The head (W, b) the clients differentiated in a CReFF release: the one the server sent
+    with it (``Release.task``, recorded with every release). Transcripts written before the
+    head was recorded pin it only in the first release of a run with
+    ``initial_head="global"`` (the sent state's classifier); else None."""
     from privfedcal.calibration.creff import CReFFParams
     from privfedcal.calibration.retrain import effective_weight, read_head
 
+    if "head.weight" in rel.task:
+        b = rel.task.get("head.bias")
+        return rel.task["head.weight"].double(), None if b is None else b.double()
     first = min((r.round for r in view.releases(GRAD_LABEL)), default=None)
     initial = view.cfg.calibration_params.get(
         "initial_head", getattr(CReFFParams, "initial_head", "global"))
@@ -373,9 +380,10 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
         head = creff_head(view, rel)
         if head is None:
             plan.notes.append(f"class gradients of round {rel.round}: the head CReFF sent is "
-                              "not in the transcript, so no rank-n recovery (weighted-mean "
-                              "features); only the first release of a run with "
-                              "initial_head=global uses the sent model's head")
+                              "not in the transcript (written before heads were recorded), "
+                              "so no rank-n recovery (weighted-mean features); only the first "
+                              "release of a run with initial_head=global uses the sent "
+                              "model's head")
         for client, payload, seen in _sources(view, rel, clients, plan, opts.default_clients):
             stds = view.noise_stds(GRAD_LABEL, list(payload))
             noisy = any(s > 0 for s in stds.values())
@@ -394,6 +402,8 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                 plan.jobs.append(_gradient_job(view, opts, rel.state, block, truth,
                                                base, tag, head=None if noisy else head,
                                                n_known=n_known))
+        if opts.rounds_combined > 1:
+            _plan_rounds(view, opts, rel, clients, classes, plan)
     if updates:
         recorded = plan_updates(view, opts, clients)
         if recorded.jobs:
@@ -412,6 +422,81 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                 raise UsageError(f"client {c} out of range 0..{len(view.exp.parts) - 1}")
             plan.jobs.append(_update_job(view, opts, rel, c))
     return plan
+
+
+def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
+                 clients: Sequence[int] | None, classes: Sequence[int] | None,
+                 plan: Plan) -> None:
+    """One job per attacked (client, class) that combines the client's class gradients of
+    up to ``opts.rounds_combined`` releases ending at ``last`` (each with the model state
+    and head the server sent; ``invert_class_gradients``). Only plain, noise-free uploads
+    with a recorded head; n from the uploaded count, else from the gradient's rank when
+    below C - 1, else not attacked (noted)."""
+    rels = [r for r in view.releases(GRAD_LABEL) if r.round <= last.round and r.uploads
+            and r.state is not None and "head.weight" in r.task][-opts.rounds_combined:]
+    if len(rels) < 2 or any(s > 0 for s in view.noise_stds(GRAD_LABEL, ["grad"]).values()):
+        return
+    chosen = list(clients) if clients else sorted(last.uploads)[:opts.default_clients]
+    for client in chosen:
+        having = [r for r in rels if client in r.uploads]
+        if len(having) < 2:
+            continue
+        payload = having[-1].uploads[client]
+        present = torch.nonzero(payload["grad"].flatten(1).abs().sum(1) > 0).flatten().tolist()
+        for c in present if classes is None else [c for c in classes if c in present]:
+            truth = view.truth(client, c)
+            if truth.numel() == 0:
+                continue
+            blocks = []
+            for r in having:
+                up = r.uploads[client]
+                cnt = float(up["count"][c]) if "count" in up else None
+                blocks.append(up["grad"][c] / max(cnt, 1.0) if cnt is not None
+                              else up["grad"][c])
+            if "count" in payload:
+                n_est: int | None = max(1, int(round(float(payload["count"][c]))))
+            else:
+                rank = gradient_rank(split_class_gradient(blocks[-1].double())[0])
+                n_est = rank if rank < view.exp.data.num_classes - 1 else None
+            if n_est is None or n_est > opts.max_n:
+                plan.notes.append(f"class gradients across rounds, client {client} class {c}: "
+                                  "n unknown (no count uploaded, gradient of full rank) or "
+                                  "above --max-n; not attacked")
+                continue
+            base = {"target": "class-gradient-rounds", "client": client, "class": c,
+                    "n": int(truth.numel()), "n_used": n_est, "round": last.round,
+                    "rounds": [r.round for r in having], "view": "plain-upload", "dp": False,
+                    "n_true": int(truth.numel()), "class_inferred": True}
+            plan.jobs.append(_rounds_job(view, opts, having, blocks, truth, base,
+                                         c + 1000 * client + 10**6 * last.round + 7))
+
+
+def _rounds_job(view: RunView, opts: AttackOptions, rels: list[Release], blocks: list[Tensor],
+                truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        d = view.exp.data
+        heads = [creff_head(view, r) for r in rels]
+        view.load_state(rels[-1].state)
+        res = invert_class_gradients(
+            view.model, [r.state for r in rels], heads, blocks, base["class"], base["n_used"],
+            image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+            generator=make_generator(opts.seed, seed, 0, 68),
+            config=dataclasses.replace(opts.inversion, restarts=1, tv_weight=1e-2,
+                                       l2_weight=0.0, jitter=0, bn_weight=0.0))
+        view.load_state(rels[-1].state)
+        rec, matched = score(view, res.images, truth_idx, paired=False)
+        record = {**base, **rec, "mode": "class-gradients-across-rounds",
+                  "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
+                  "needed": ["the model state and head sent in every combined round",
+                             "n (count or gradient rank)",
+                             "the same samples in every round (n within CReFF's per-class "
+                             "draw cap)"],
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        return Attacked(record, matched, res.images.detach().cpu())
+
+    return Job(f"class gradients client {base['client']} class {base['class']} rounds "
+               f"{','.join(map(str, base['rounds']))} (n={base['n']})", run, blocks, base)
 
 
 UPDATE_LABEL, ROUND_LABEL = UPDATE_RELEASE, ROUND_RECORD

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
+from privfedcal.privacy.transcript import TASK_PREFIX
 
 STATS_LABEL, GRAD_LABEL = CCVR_RELEASE, CREFF_RELEASE
 
@@ -33,6 +34,9 @@ class Release:
     uploads: dict[int, dict[str, Tensor]]
     aggregate: dict[str, Tensor] | None
     ciphertext_bytes: dict[int, int]
+    #: public tensors the server sent with the release besides the model (CReFF: the head
+    #: ``head.weight`` / ``head.bias`` the clients differentiated); empty in older runs
+    task: dict[str, Tensor] = field(default_factory=dict)
 
 
 class UploadedFeatures(FeatureClassifier):
@@ -119,14 +123,18 @@ class RunView:
                 continue
             g = groups.setdefault(e["round"], {"state": None, "uploads": {}, "agg": None, "ct": {}})
             if e["view"] == "model-state":
-                g["state"] = e.get("tensors")
+                sent = e.get("tensors")
+                g["state"] = None if sent is None else {
+                    k: v for k, v in sent.items() if not k.startswith(TASK_PREFIX)}
+                g["task"] = {} if sent is None else {
+                    k[len(TASK_PREFIX):]: v for k, v in sent.items() if k.startswith(TASK_PREFIX)}
             elif e["view"] == "plain-upload":
                 g["uploads"][int(e["client"])] = e["tensors"]
             elif e["view"] == "aggregate":
                 g["agg"] = e["tensors"]
             elif e["view"] == "ciphertext":
                 g["ct"][int(e["client"])] = int(e.get("bytes", 0))
-        return [Release(r, label, g["state"], g["uploads"], g["agg"], g["ct"])
+        return [Release(r, label, g["state"], g["uploads"], g["agg"], g["ct"], g.get("task", {}))
                 for r, g in sorted(groups.items())]
 
     def release(self, label: str, round_: int | None) -> Release:

@@ -202,6 +202,11 @@ class GradTask:
     per_class_cap: int | None = None
     seed: int = 0
 
+    def public_tensors(self) -> dict[str, Tensor]:
+        """The head every client differentiates this round: the server sends it, so the
+        transcript records it with the release (the attacks need it; docs/privacy-audit.md)."""
+        return {"head.weight": self.weight} | ({} if self.bias is None else {"head.bias": self.bias})
+
     def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
         if self.per_class_cap is not None:
             keep = capped_per_class(y, self.num_classes, self.per_class_cap, self.seed)

@@ -38,7 +38,12 @@ from privfedcal.federation.workers import (
     WorkerPoolTrainer,
     default_threads,
 )
-from privfedcal.privacy.transcript import Transcript, record_model_updates, record_round
+from privfedcal.privacy.transcript import (
+    Transcript,
+    record_model_updates,
+    record_round,
+    sent_tensors,
+)
 from privfedcal.seeding import make_generator, select_clients
 
 
@@ -113,7 +118,7 @@ class Simulator:
         model.eval()
         # the server knows the model it asked clients to use: the attacks need it
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
-                               tensors=state)
+                               tensors=sent_tensors(state, task))
         trainer = self._trainer_obj
         if isinstance(trainer, WorkerPoolTrainer) and len(clients) > 1:
             computed = trainer.collect(task, [self.exp.parts[c] for c in clients], state,

@@ -37,6 +37,7 @@ from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.flower.tasks import task_to_records
 from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.secagg_stage import EncryptStage
+from privfedcal.privacy.transcript import sent_tensors
 
 log = logging.getLogger("privfedcal.flower")
 
@@ -104,7 +105,7 @@ class FlowerSimulator(Simulator):
         up = self.uplink
         # the server knows the model it asked clients to use (as Simulator.collect records)
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
-                               tensors=state)
+                               tensors=sent_tensors(state, task))
         example = self._example_payload(task, state) if up.wire.hides_uploads else {}
         rel = up.release(label, round_, clients, clients, example, self.transcript)
         up.open(rel)  # the budget check; under --secagg a fresh key from the key holder

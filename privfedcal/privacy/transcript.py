@@ -81,6 +81,19 @@ def record_round(transcript: Transcript, round_: int, state: dict[str, torch.Ten
                       tensors=state, participants=[int(c) for c in participants])
 
 
+TASK_PREFIX = "task."
+
+
+def sent_tensors(state: dict[str, torch.Tensor], task: Any) -> dict[str, torch.Tensor]:
+    """What the server sends for a release: the model state plus the public tensors of the
+    task (``task.public_tensors()`` when it has one, e.g. the head CReFF clients
+    differentiate), the latter under ``TASK_PREFIX`` so the state loads on its own."""
+    extra = getattr(task, "public_tensors", None)
+    if extra is None:
+        return state
+    return {**state, **{TASK_PREFIX + k: v for k, v in extra().items()}}
+
+
 def record_model_updates(transcript: Transcript, round_: int, clients: list[int],
                          states: list[dict[str, torch.Tensor]], weights: list[float] | None,
                          recipe: dict[str, Any]) -> None:

@@ -243,7 +243,8 @@ def test_class_gradients_and_update(creff_view):
     for j in grads:
         assert torch.equal(j.target, rel.uploads[0]["grad"][j.base["class"]])
     results = execute(plan)
-    for r in results[:-1]:  # the bias gradient of class c's block is negative only at c
+    for r in [r for r in results if r.record["target"] == "class-gradient"]:
+        # the bias gradient of class c's block is negative only at c
         assert r.record["label_correct"] and r.record["recovered_label"] == r.record["class"]
     update = results[-1].record
     assert update["target"] == "model-update" and update["n"] == 1
@@ -323,22 +324,73 @@ def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     assert not plain.jobs and "records no model updates" in plain.notes[0]
 
 
-def test_creff_head_is_pinned_by_the_first_release_only(creff_view):
+def test_creff_head_is_recorded_with_every_release(creff_view):
+    """The head in every release reproduces the client's upload from its own features
+    (per_sample_head_grads, computed independently here), so rank-n recovery runs in
+    every round; a transcript without it falls back to the first release's sent head."""
     import dataclasses
 
     from privfedcal.attacks.runner import creff_head
+    from privfedcal.calibration.creff import per_sample_head_grads
     from privfedcal.calibration.retrain import read_head
+
+    rels = creff_view.releases(GRAD_LABEL)
+    assert [r.round for r in rels] == [1, 2]
+    d = creff_view.exp.data
+    for rel in rels:
+        assert set(rel.task) == {"head.weight", "head.bias"}
+        assert set(rel.state) == set(creff_view.model.state_dict())  # the state loads alone
+        w, b = creff_head(creff_view, rel)
+        creff_view.load_state(rel.state)
+        idx = creff_view.exp.parts[0]
+        with torch.no_grad():
+            z = creff_view.model.features(d.x_train[idx]).double()
+        g = per_sample_head_grads(z, d.y_train[idx], w, b)
+        for c in torch.unique(d.y_train[idx]).tolist():
+            mean = g[d.y_train[idx] == c].mean(0)
+            assert torch.allclose(rel.uploads[0]["grad"][c].double(), mean, atol=1e-5)
+    assert not torch.equal(rels[0].task["head.weight"], rels[1].task["head.weight"])
+    plan = plan_gradients(creff_view, TINY, clients=[0])
+    assert not any("not in the transcript" in n for n in plan.notes)
 
     def with_head(kind):
         params = {**creff_view.cfg.calibration_params, "initial_head": kind}
         return dataclasses.replace(creff_view, cfg=creff_view.cfg.replace(
             calibration_params=params))
 
-    first, second = creff_view.releases(GRAD_LABEL)[:2]
+    first, second = (dataclasses.replace(r, task={}) for r in rels)  # an older transcript
     w, b = creff_head(with_head("global"), first)
     head = read_head(first.state)
     assert torch.equal(w, head.weight.double()) and torch.equal(b, head.bias.double())
     assert creff_head(with_head("global"), second) is None
     assert creff_head(with_head("fresh"), first) is None  # a fresh head is the server's own
-    plan = plan_gradients(creff_view, TINY, clients=[0])  # the last round: a note, no rank-n
-    assert any("the head CReFF sent is not in the transcript" in n for n in plan.notes)
+
+
+def test_class_gradients_across_rounds_job(creff_view):
+    """One job per attacked (client, class) combines both releases; it records the rounds,
+    what it needed and its convergence; ``rounds_combined=1`` plans none."""
+    import dataclasses
+
+    opts = dataclasses.replace(TINY, rounds_combined=2)
+    counts = creff_view.exp.counts[0]
+    # n from the gradient's rank (client weighting uploads no count): a class of < C - 1
+    small = [c for c in range(10) if 1 <= int(counts[c]) < 9]
+    large = [c for c in range(10) if int(counts[c]) >= 9]
+    assert small and large, "the fixed-seed partition has both kinds of class"
+    plan = plan_gradients(creff_view, opts, clients=[0], classes=[small[0], large[0]])
+    jobs = [j for j in plan.jobs if j.base["target"] == "class-gradient-rounds"]
+    (job,) = jobs
+    assert job.base["class"] == small[0] and job.base["n_used"] == int(counts[small[0]])
+    assert any(f"class {large[0]}: n unknown" in n for n in plan.notes)
+    assert job.base["rounds"] == [1, 2] and job.base["n"] == int(counts[small[0]])
+    rels = creff_view.releases(GRAD_LABEL)
+    for blk, rel in zip(job.target, rels, strict=True):
+        assert torch.equal(blk, rel.uploads[0]["grad"][small[0]])
+    (done,) = execute(dataclasses.replace(plan, jobs=[job]))
+    rec = done.record
+    assert rec["mode"] == "class-gradients-across-rounds" and rec["steps_run"] <= 5
+    assert "the model state and head sent in every combined round" in rec["needed"]
+    assert {"psnr", "psnr_best", "nearest_is_true"} <= set(rec)
+    one = plan_gradients(creff_view, dataclasses.replace(TINY, rounds_combined=1),
+                         clients=[0], classes=small[:1])
+    assert not [j for j in one.jobs if j.base["target"] == "class-gradient-rounds"]
