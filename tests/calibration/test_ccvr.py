@@ -148,7 +148,7 @@ def test_a_ccvr_run_evaluates_the_test_set_twice(tiny_cfg, tmp_path, monkeypatch
     """The final round's evaluation serves as CCVR's "before", and the summary reuses the
     calibrated evaluation: two test passes in a run, where three were made before."""
     import privfedcal.federation.simulator as simulator
-    from privfedcal.cli.run import build_simulator
+    from privfedcal.experiment import build_simulator
 
     calls: list[int] = []
     real = simulator.evaluate
