@@ -101,6 +101,7 @@ def invert(
     raw_samples: Annotated[int, Opt(help="Real images per client/class for the raw-feature baseline (0: none).")] = 3,
     max_n: Annotated[int, Opt(help="Largest class-stats batch to invert.")] = 256,
     update_batch: Annotated[int, Opt(help="Local batch of the simulated model update.")] = 4,
+    rounds_combined: Annotated[int, Opt(help="CReFF releases of one client and class inverted together (1: one release at a time).")] = 3,
     known_classes: Annotated[bool, Opt("--known-classes", help="Also attack held classes that noise hides (attacker knows the label set).")] = False,
     seed: Annotated[int, Opt(help="Seed of the attacks (and of the quick run).")] = 0,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
@@ -125,7 +126,7 @@ def invert(
     kind = "stats" if stats else "gradients" if gradients else "updates"
     opts = AttackOptions(steps=steps, restarts=restarts, raw_samples=raw_samples, max_n=max_n,
                          update_batch=update_batch, round=round_, seed=seed,
-                         known_classes=known_classes)
+                         known_classes=known_classes, rounds_combined=rounds_combined)
     client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
     if run is None:
         run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,

@@ -79,6 +79,19 @@ def test_invert_gradients_with_update(runs, tmp_path):
     assert update["steps_run"] == 20 and (out / "reconstructions.png").read_bytes()[:8] == PNG
 
 
+@pytest.mark.parametrize(("combined", "expect_rounds_job"), [(2, True), (1, False)])
+def test_rounds_combined_flag(tmp_path, combined, expect_rounds_job):
+    run = tmp_path / "creff2"
+    main(["train", *FAST[:2], "--rounds", "2", *FAST[4:], "--method", "creff",
+          "--match-steps", "5", "--retrain-steps", "5", "--out", str(run)])
+    out = tmp_path / "grad"
+    main(["attack", "invert", "--gradients", "--run", str(run), *ATTACK, "--clients", "1",
+          "--rounds-combined", str(combined), "--out", str(out)])
+    records = check_records(out / "attack.json", TARGETS | {"class-gradient-rounds"})
+    rounds_rows = [r for r in records if r["target"] == "class-gradient-rounds"]
+    assert bool(rounds_rows) == expect_rounds_job
+
+
 def test_classes(runs, tmp_path, capsys):
     out = tmp_path / "cls"
     main(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out)])
@@ -121,5 +134,7 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
     assert_usage_error(["attack", "classes", "--run", run, "--threads", "0"], capsys,
                        "--threads")
     assert_usage_error(["attack", "invert", "--gradients", "--run", run], capsys, "creff-grad")
+    assert_usage_error(["attack", "invert", "--gradients", "--run", str(runs / "creff"),
+                        "--rounds-combined", "0"], capsys, "--rounds-combined")
     assert_usage_error(["attack", "classes", "--run", str(tmp_path)], capsys, "not a run folder")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--nope"], capsys, "nope")
