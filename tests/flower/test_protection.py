@@ -61,9 +61,13 @@ def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, ru
                      calibration_params={"virtual_per_class": 20})
     sim, summary = run_simulator(cfg)
     fl, fl_summary, grid = run_flower(cfg)
-    # CKKS releases are flooded by the key holder (privacy/secagg.py): the aggregates agree
-    # up to that noise (below), the re-trained heads only in accuracy
-    assert fl_summary["accuracy"] == pytest.approx(summary["accuracy"], abs=0.01)
+    # CKKS releases are flooded by the key holder (privacy/secagg.py) with noise from OS
+    # entropy, fresh in every run: the aggregates agree up to that noise (below), the
+    # re-trained heads only in accuracy. Over 10 simulator runs of this configuration the
+    # calibrated accuracy had std 0.0043 (range 0.016), so the difference of two runs has
+    # std ~0.006: 0.03 is 5 of those, where 0.01 failed about one run in ten.
+    assert fl_summary["accuracy"] == pytest.approx(summary["accuracy"], abs=0.03)
+    assert fl_summary["accuracy"] > fl_summary["accuracy_before_calibration"]
     views = _views(fl, "ccvr-stats")
     kinds = [r["view"] for r in views]
     assert kinds == ["model-state", "ciphertext", "ciphertext", "aggregate"]
