@@ -105,6 +105,9 @@ class InversionConfig:
     l2_weight: float = 1e-5  # mean squared normalised input
     jitter: int | None = None  # max shift in pixels per step; None: 0 below 16 px, else side//16
     bn_weight: float = 1e-2  # only used when the model has BatchNorm layers
+    # start: pixels uniform in [0.5 - s/2, 0.5 + s/2]; 1 = uniform on [0, 1]. Components of
+    # the image the model ignores keep their start, so a smaller s leaves less noise there
+    init_scale: float = 1.0
     tol: float = 1e-4  # relative feature error at which the inversion counts as converged
     check_every: int = 100  # steps between checks (one host sync per check)
     patience: int = 2  # checks without improvement before the step size is halved
@@ -118,6 +121,8 @@ class InversionConfig:
             raise UsageError(f"inversion lr must be > 0, got {self.lr}")
         if min(self.tv_weight, self.l2_weight, self.bn_weight) < 0:
             raise UsageError("prior weights must be >= 0")
+        if not 0 <= self.init_scale <= 1:
+            raise UsageError(f"init_scale must be in [0, 1], got {self.init_scale}")
         if self.jitter is not None and self.jitter < 0:
             raise UsageError(f"jitter must be >= 0, got {self.jitter}")
         if self.tol < 0 or self.check_every < 1 or self.patience < 1:
@@ -274,6 +279,8 @@ def optimise_images(
     m, s = channel_stats(mean, std, c, device, dtype)
     lo, hi = (0 - m) / s, (1 - m) / s
     pixels = torch.rand(restarts * batch, c, h, w, generator=generator, device=generator.device)
+    if config.init_scale != 1.0:  # 1.0 keeps the plain uniform draw bit for bit
+        pixels = 0.5 + config.init_scale * (pixels - 0.5)
     x = ((pixels.to(device=device, dtype=dtype) - m) / s).requires_grad_(True)
     opt = torch.optim.Adam([x], lr=config.lr)
     jitter = config.jitter_for(h, w)
@@ -401,6 +408,7 @@ def invert_features(
     l2_weight: float | None = None,
     jitter: int | None = None,
     bn_weight: float | None = None,
+    init_scale: float | None = None,
     config: InversionConfig | None = None,
     trace: Callable[[int, Tensor], None] | None = None,
 ) -> InversionResult:
@@ -414,6 +422,7 @@ def invert_features(
         l2_weight=l2_weight,
         jitter=jitter,
         bn_weight=bn_weight,
+        init_scale=init_scale,
     )
     overrides = {k: v for k, v in given.items() if v is not None}
     cfg = dataclasses.replace(config or InversionConfig(), **overrides)

@@ -175,3 +175,24 @@ def test_validation_errors():
         InversionConfig(restarts=0)
     assert InversionConfig().jitter_for(8, 8) == 0
     assert InversionConfig().jitter_for(32, 32) == 2
+
+
+def test_init_scale_sets_the_start_and_one_keeps_the_uniform_draw(linear_model, images):
+    """With no steps the result is the start: init_scale s draws 0.5 + s (u - 0.5) from the
+    same uniform u the default draws (s = 1 is that u bit for bit)."""
+    z = _feats(linear_model, images[:1])[0]
+    kw = dict(image_shape=SHAPE, mean=MEAN, std=STD, steps=0, restarts=1)
+    u = torch.rand(1, *SHAPE, generator=_gen(5))
+    plain = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(5), **kw)
+    one = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(5),
+                          init_scale=1.0, **kw)
+    small = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(5),
+                            init_scale=0.2, **kw)
+    # pixels pass through normalise / denormalise: equal up to float rounding
+    assert torch.allclose(plain.images, u, atol=1e-6)
+    assert torch.equal(one.images, plain.images)
+    assert torch.allclose(small.images, 0.5 + 0.2 * (u - 0.5), atol=1e-6)
+    assert float(small.images.min()) >= 0.4 - 1e-6 and float(small.images.max()) <= 0.6 + 1e-6
+    for bad in (-0.1, 1.5):
+        with pytest.raises(UsageError):
+            InversionConfig(init_scale=bad)
