@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.transcript import (
