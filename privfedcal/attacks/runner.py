@@ -514,14 +514,17 @@ def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
                          weight_decay=float(cfg.weight_decay))
     weight = entry.get("weight")
     truth = view.exp.parts[client]
-    n_from_weight = weight is not None and float(weight) >= 1
+    # Under --dp-train the server averages with uniform public weights (1 per client): the
+    # weight is no sample count, and inverting one image would under-report the leak.
+    dp_sgd = bool(getattr(cfg, "dp_train", False))
+    n_from_weight = weight is not None and float(weight) >= 1 and not dp_sgd
     n = int(round(float(weight))) if n_from_weight else int(truth.numel())
     needed = ["global state of the round", "the client's state after local training",
               "recipe (local_epochs, batch_size, lr; momentum, weight_decay from config.json)",
               "n = aggregation weight" if n_from_weight else
               "n = the client's sample count (side knowledge: no sample-count weight seen)"]
     base = {"target": "model-update", "client": client, "class": None, "n": n,
-            "round": round_, "view": "plain-upload", "dp": False, "n_true": int(truth.numel()),
+            "round": round_, "view": "plain-upload", "dp": dp_sgd, "n_true": int(truth.numel()),
             "needed": needed}
 
     def run() -> Attacked:

@@ -35,6 +35,7 @@ from privfedcal.calibration.stats import ClassStats
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
+from privfedcal.federation.local import CPU_INFERENCE_BATCH
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.privacy.releases import CCVR_RELEASE, ReleaseSpec
 
@@ -67,15 +68,11 @@ class CCVRParams(RetrainParams):
 
 
 #: largest inference batch on a CPU: the CNN's activations of 256 images stay in cache, and
-#: one thread extracts features ~1.5x faster than in batches of 1024 (same features)
-CPU_FEATURE_BATCH = 256
-
-
 def extract_features(model: FeatureClassifier, x: Tensor, batch_size: int) -> Tensor:
     """``model.features`` over ``x`` in batches of ``batch_size`` (at most
-    ``CPU_FEATURE_BATCH`` on a CPU), without gradients."""
+    ``CPU_INFERENCE_BATCH`` on a CPU), without gradients."""
     if x.device.type == "cpu":
-        batch_size = min(batch_size, CPU_FEATURE_BATCH)
+        batch_size = min(batch_size, CPU_INFERENCE_BATCH)
     with torch.no_grad():
         parts = [model.features(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)]
     if not parts:

@@ -71,6 +71,7 @@ from privfedcal.federation.hooks import (
 )
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.privacy.releases import CREFF_RELEASE, ReleaseSpec
+from privfedcal.tensors import all_finite
 
 WEIGHTINGS = ("client", "sample")
 REDUCTIONS = ("sum", "mean")
@@ -253,7 +254,7 @@ def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> t
     grad, denom = payload["grad"].double(), payload[key].double()
     if grad.dim() != 3 or grad.shape[:2] != (num_classes, num_classes) or denom.shape != (num_classes,):
         raise UploadRejected(f"CReFF payload shapes grad {tuple(grad.shape)}, {key} {tuple(denom.shape)}")
-    if not (torch.isfinite(grad).all() and torch.isfinite(denom).all()):
+    if not (all_finite(grad) and all_finite(denom)):
         raise UploadRejected("CReFF payload has NaN/Inf values")
     mask = denom > 0.5
     safe = torch.where(mask, denom, torch.ones_like(denom))

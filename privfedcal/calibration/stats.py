@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import UploadRejected
+from privfedcal.tensors import all_finite
 
 #: a class counts as present above this (possibly noisy) count
 PRESENT_THRESHOLD = 0.5
@@ -93,7 +94,7 @@ class ClassStats:
             t = payload[key]
             if not isinstance(t, Tensor) or not (t.is_floating_point() or t.dtype == torch.long):
                 raise UploadRejected(f"class-statistics payload entry {key!r} is not a real tensor")
-            if not bool(torch.isfinite(t).all()):
+            if not all_finite(t):
                 raise UploadRejected(f"class-statistics payload entry {key!r} has NaN/Inf values")
         count, total, outer = (payload[k] for k in PAYLOAD_KEYS)
         try:

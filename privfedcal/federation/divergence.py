@@ -11,18 +11,18 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from privfedcal.errors import Diverged
 from privfedcal.federation.local import LocalResult
+from privfedcal.tensors import all_finite
 
 
 def nonfinite_key(tensors: Mapping[str, Any]) -> str | None:
     """The first floating-point entry holding NaN or Inf, else None."""
     for key, value in tensors.items():
         if isinstance(value, Tensor) and value.is_floating_point() \
-                and not bool(torch.isfinite(value).all()):
+                and not all_finite(value):
             return key
     return None
 

@@ -202,10 +202,18 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     return LocalResult(clone_state(model), new_client_state, float(total) / max(steps, 1))
 
 
+#: Largest inference batch on a CPU. The CNN's activations then stay in cache: one thread
+#: runs its forward ~1.5-1.8x faster than in batches of 1,024-2,048 (same outputs per image).
+CPU_INFERENCE_BATCH = 256
+
+
 @torch.no_grad()
 def evaluate(model: FeatureClassifier, state: State, x: Tensor, y: Tensor, num_classes: int,
              transform=None, batch_size: int = 2048) -> dict[str, Any]:
-    """Top-1 accuracy (fraction), per-class accuracy and mean CE loss on (x, y)."""
+    """Top-1 accuracy (fraction), per-class accuracy and mean CE loss on (x, y); batches of at
+    most ``CPU_INFERENCE_BATCH`` on a CPU."""
+    if x.device.type == "cpu":
+        batch_size = min(batch_size, CPU_INFERENCE_BATCH)
     model.load_state_dict(state)
     model.eval()
     correct = torch.zeros(num_classes, device=x.device)

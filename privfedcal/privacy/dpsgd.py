@@ -66,8 +66,14 @@ def prepare_model(model: nn.Module) -> nn.Module:
 class PoissonBatches:
     """``steps`` Poisson batches of ``(x, y)``, gathered by index on the tensors' device.
 
-    Batch sizes vary (possibly 0); the mask is drawn on ``generator``'s device.
+    Batch sizes vary (possibly 0); the masks are drawn on ``generator``'s device. A batch of
+    variable size needs its size on the host, so the masks of ``CHUNK_ELEMENTS // n`` steps at
+    a time (all of a small client's steps) are drawn together and their sizes read back in
+    one transfer: one host synchronisation per chunk instead of one per step.
     """
+
+    #: uniforms drawn per chunk (16 MiB of float32), which bounds the memory of the masks
+    CHUNK_ELEMENTS = 1 << 22
 
     def __init__(self, x: Tensor, y: Tensor, sample_rate: float, steps: int,
                  generator: torch.Generator) -> None:
@@ -83,10 +89,16 @@ class PoissonBatches:
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         n = len(self.x)
-        for _ in range(self.steps):
-            u = torch.rand(n, generator=self.generator, device=self.generator.device)
-            idx = (u < self.sample_rate).nonzero().squeeze(1).to(self.x.device)
-            yield self.x[idx], self.y[idx]
+        per_chunk = max(1, self.CHUNK_ELEMENTS // n)
+        for first in range(0, self.steps, per_chunk):
+            rows = min(per_chunk, self.steps - first)
+            mask = torch.rand(rows, n, generator=self.generator,
+                              device=self.generator.device) < self.sample_rate
+            sizes = mask.sum(1).tolist()  # the chunk's one host synchronisation
+            # row-major: step by step, each step's indices ascending
+            members = mask.nonzero()[:, 1].to(self.x.device)
+            for idx in members.split(sizes):
+                yield self.x[idx], self.y[idx]
 
 
 @dataclass

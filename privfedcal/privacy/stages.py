@@ -27,6 +27,7 @@ from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import noise_generator
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.transcript import Transcript
+from privfedcal.tensors import all_finite
 
 if TYPE_CHECKING:
     from privfedcal.privacy.protection import DPStage
@@ -146,7 +147,7 @@ def validate_upload(payload: Payload, reference: Payload | None) -> None:
     for k, v in payload.items():
         if not isinstance(v, torch.Tensor):
             raise UploadRejected(f"{k!r} is not a tensor")
-        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+        if not all_finite(v):
             raise UploadRejected(f"{k!r} contains NaN or Inf")
     if reference is not None:
         if set(payload) != set(reference):

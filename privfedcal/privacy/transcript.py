@@ -29,11 +29,16 @@ class Transcript:
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self.entries: list[dict[str, Any]] = []
+        # Each entry is encoded once, when recorded (json's C encoder: no indent), and the
+        # index is rewritten from these strings; re-encoding the whole growing index on every
+        # record made the default digits run spend a fifth of its time in json.
+        self._encoded: list[str] = []
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             index = directory / "index.json"
             if index.exists():  # resumed run: keep what was recorded so far
                 self.entries = json.loads(index.read_text())
+                self._encoded = [json.dumps(e) for e in self.entries]
 
     def _write(self, name: str, tensors: dict[str, torch.Tensor]) -> str | None:
         if self.directory is None:
@@ -53,16 +58,21 @@ class Transcript:
             tag = f"r{round_}-{label}-{view}" + (f"-c{client}" if client is not None else "")
             entry["file"] = self._write(tag, tensors)
         self.entries.append(entry)
+        self._encoded.append(json.dumps(entry))
         self.flush()
 
     def truncate_after(self, round_: int) -> None:
         """On resume, forget releases of rounds after the checkpoint (they are redone)."""
-        self.entries = [e for e in self.entries if e["round"] <= round_]
+        keep = [i for i, e in enumerate(self.entries) if e["round"] <= round_]
+        self.entries = [self.entries[i] for i in keep]
+        self._encoded = [self._encoded[i] for i in keep]
         self.flush()
 
     def flush(self) -> None:
+        """Rewrite ``index.json``: a JSON array, one entry per line."""
         if self.directory is not None:
-            (self.directory / "index.json").write_text(json.dumps(self.entries, indent=1))
+            text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
+            (self.directory / "index.json").write_text(text)
 
     def uploaded_bytes(self) -> int:
         """Bytes of the calibration uploads (model updates are counted apart)."""

@@ -318,9 +318,14 @@ def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     assert rec["target"] == "model-update" and rec["candidates"] == n
     assert rec["steps_run"] == 2 and isinstance(rec["label_count_error"], int)
     with pytest.raises(UsageError, match="sent no model update"):
-        plan_updates(view, AttackOptions(), clients=[2])
-    # gradients planner: recorded updates replace the simulated one
-    plain = plan_updates(ccvr_view, AttackOptions())
+        plan_updates(view, AttackOptions(), clients=[7])  # the run has clients 0-2
+    # a transcript without recorded updates (older runs): noted, the simulated one is used
+    bare = tmp_path / "bare"
+    shutil.copytree(ccvr_view.run_dir, bare)
+    index = bare / "transcript" / "index.json"
+    index.write_text(json.dumps([e for e in json.loads(index.read_text())
+                                 if e["label"] != "model-update"]))
+    plain = plan_updates(load_run(bare, exp=ccvr_view.exp), AttackOptions())
     assert not plain.jobs and "records no model updates" in plain.notes[0]
 
 
@@ -394,3 +399,24 @@ def test_class_gradients_across_rounds_job(creff_view):
     one = plan_gradients(creff_view, dataclasses.replace(TINY, rounds_combined=1),
                          clients=[0], classes=small[:1])
     assert not [j for j in one.jobs if j.base["target"] == "class-gradient-rounds"]
+
+
+def test_uniform_dp_sgd_weight_is_not_taken_for_a_sample_count(ccvr_view, tmp_path):
+    """Under --dp-train the server averages with weight 1 per client: the update attack must
+    not invert a single image for a client of n (it would under-report), and the record says
+    the update was DP-SGD's."""
+    from privfedcal.attacks.runner import plan_updates
+
+    run, _ = updates_copy(ccvr_view, tmp_path / "dpsgd")
+    index = run / "transcript" / "index.json"
+    entries = json.loads(index.read_text())
+    entries[-1]["weight"] = 1.0
+    index.write_text(json.dumps(entries))
+    config = json.loads((run / "config.json").read_text())
+    n = int(ccvr_view.exp.parts[0].numel())
+    for dp_train, want_n in ((False, 1), (True, n)):
+        config["dp_train"] = dp_train
+        (run / "config.json").write_text(json.dumps(config))
+        (job,) = plan_updates(load_run(run, exp=ccvr_view.exp), AttackOptions(steps=2)).jobs
+        assert job.base["n"] == want_n and job.base["dp"] is dp_train
+        assert any(("side knowledge" in s) is dp_train for s in job.base["needed"])

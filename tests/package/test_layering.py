@@ -19,7 +19,7 @@ import privfedcal
 
 LAYERS: dict[str, int] = {
     "": 0, "errors": 0, "registry": 0, "config": 0, "settings": 0, "seeding": 0, "palette": 0,
-    "plotstyle": 0,
+    "plotstyle": 0, "tensors": 0,
     "data": 1, "models": 1,
     "algorithms": 2, "privacy": 2,
     "federation": 3,

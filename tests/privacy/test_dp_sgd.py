@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -169,3 +170,22 @@ def test_poisson_batches_include_each_example_with_probability_q():
     assert all(torch.equal(a, b) for a, b in zip(batches(1), batches(1), strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(batches(1), batches(2), strict=True))
     assert sum(sizes) / len(sizes) == pytest.approx(10, rel=0.03)
+
+
+def test_poisson_batches_chunked_draw_equals_one_mask_per_step():
+    # The masks of several steps are drawn as one (steps, n) block; each step's batch must be
+    # exactly the members of its row, whatever the chunking (independent reference: the same
+    # uniforms drawn as a block, thresholded and read row by row with numpy).
+    x = torch.arange(37.0)
+    q, steps = 0.3, 11
+    for chunk in (37 * 11, 37 * 4, 37, 1):
+        loader = PoissonBatches(x, x, q, steps, torch.Generator().manual_seed(5))
+        loader.CHUNK_ELEMENTS = chunk
+        got = [b[0].long().tolist() for b in loader]
+        g = torch.Generator().manual_seed(5)
+        per = max(1, chunk // 37)
+        want = []
+        for first in range(0, steps, per):
+            u = torch.rand(min(per, steps - first), 37, generator=g).numpy()
+            want += [list(np.flatnonzero(row < q)) for row in u]
+        assert got == want and len(got) == steps

@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.transcript import (
@@ -79,3 +81,24 @@ def test_model_states_and_updates_are_recorded_with_weights_sizes_and_recipe(tmp
     assert all(x["label"] == "model-update" and x["lr"] == 0.01 for x in e[1:])
     # model updates are counted apart from the calibration uploads
     assert tr.uploaded_bytes() == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.one_of(st.integers(1, 4), st.just("truncate"), st.just("reopen")),
+                max_size=12))
+def test_index_on_disk_always_equals_the_entries_in_memory(tmp_path_factory, ops):
+    # Entries are encoded once when recorded; whatever sequence of records, truncations
+    # (resume) and re-openings, the index file must hold exactly the entries in memory.
+    d = tmp_path_factory.mktemp("t") / "transcript"
+    tr = Transcript(d)
+    for op in ops:
+        if op == "truncate":
+            tr.truncate_after(2)
+        elif op == "reopen":
+            tr = Transcript(d)
+        else:
+            tr.record(round_=op, label="creff-grad", view="plain-upload", client=op % 3,
+                      tensors={"g": torch.full((2,), float(op))}, bytes=8, note=[op, "x"])
+        if d.exists() and (d / "index.json").exists():
+            assert json.loads((d / "index.json").read_text()) == tr.entries
+    assert Transcript(d).entries == tr.entries
