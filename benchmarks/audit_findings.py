@@ -35,6 +35,9 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
    for each of its last ``--rounds-combined`` releases, attacked from the last release
    alone (as ``grad``) and from all of them together (``invert_class_gradients``).
 
+``--tv``, ``--lr``, ``--jitter``, ``--init-scale`` override the library's settings of the
+feature inversions (``benchmarks/inversion_strength.py`` compares settings on raw n = 1).
+
 Run: ``python benchmarks/audit_findings.py --out runs/findings --parts plain`` (one part per
 process parallelises well). Writes findings-<parts>.json / .md and, for ``trace``,
 steps.png.
