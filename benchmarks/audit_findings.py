@@ -35,6 +35,9 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
    for each of its last ``--rounds-combined`` releases, attacked from the last release
    alone (as ``grad``) and from all of them together (``invert_class_gradients``).
 
+``--tv``, ``--lr``, ``--jitter``, ``--init-scale`` override the library's settings of the
+feature inversions (``benchmarks/inversion_strength.py`` compares settings on raw n = 1).
+
 Run: ``python benchmarks/audit_findings.py --out runs/findings --parts plain`` (one part per
 process parallelises well). Writes findings-<parts>.json / .md and, for ``trace``,
 steps.png.
@@ -152,7 +155,9 @@ def invert(view, model, target, *, seed, args, trace=None):
     d = view.exp.data
     return invert_features(model, target, image_shape=d.x_train.shape[1:], mean=d.mean,
                            std=d.std, generator=make_generator(args.seed, seed, 0, 71),
-                           steps=args.steps, restarts=args.restarts, trace=trace)
+                           steps=args.steps, restarts=args.restarts, tv_weight=args.tv,
+                           lr=args.lr, jitter=args.jitter, init_scale=args.init_scale,
+                           trace=trace)
 
 
 def attack(view, model, target, idx, *, paired, seed, args) -> dict:
@@ -424,6 +429,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10, help="rounds of the trained run")
     p.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS, help="step cap")
     p.add_argument("--restarts", type=int, default=2)
+    p.add_argument("--tv", type=float, default=None,
+                   help="TV weight of the feature inversions (default: the library's)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="Adam step of the feature inversions (default: the library's)")
+    p.add_argument("--jitter", type=int, default=None,
+                   help="jitter of the feature inversions in pixels (default: the library's)")
+    p.add_argument("--init-scale", type=float, default=None,
+                   help="start pixels uniform in 0.5 +- s/2 (default: the library's, 1)")
     p.add_argument("--rank-max", type=int, default=3, help="largest n for rank-n recovery")
     p.add_argument("--update-n", type=int, default=None,
                    help="--parts update: keep this many of the smallest client's images")

@@ -173,5 +173,55 @@ def test_validation_errors():
         InversionConfig(lr=0.0)
     with pytest.raises(UsageError):
         InversionConfig(restarts=0)
-    assert InversionConfig().jitter_for(8, 8) == 0
-    assert InversionConfig().jitter_for(32, 32) == 2
+    with pytest.raises(UsageError):
+        InversionConfig(tv_weight=-1e-3)
+
+
+def test_default_priors_by_image_size():
+    """Digits (8x8) keep TV 1e-3 and no jitter; 32x32 colour images get TV 0.3 and no
+    jitter (the CIFAR-10 strength check); set values win at every size."""
+    cfg = InversionConfig()
+    assert cfg.jitter_for(8, 8) == 0 and cfg.jitter_for(32, 32) == 0
+    assert cfg.tv_for(8, 8) == 1e-3 and cfg.tv_for(15, 32) == 1e-3
+    assert cfg.tv_for(16, 16) == 0.3 and cfg.tv_for(32, 32) == 0.3
+    set_ = InversionConfig(tv_weight=0.05, jitter=3)
+    assert set_.tv_for(32, 32) == 0.05 and set_.tv_for(8, 8) == 0.05
+    assert set_.jitter_for(32, 32) == 3
+    assert InversionConfig(tv_weight=0.0).tv_for(32, 32) == 0.0
+
+
+def test_default_tv_is_the_size_rule_in_the_objective():
+    """The objective uses the size rule: on a 16x16 image the default config gives the same
+    reconstruction as tv_weight=0.3 set explicitly and a different one from 1e-3."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(256, 8))
+    model.features = model.forward  # type: ignore[attr-defined]
+    z = torch.randn(1, 8)
+    kw = dict(image_shape=(1, 16, 16), mean=MEAN, std=STD, steps=30, restarts=1)
+    default = invert_features(model, FeatureTarget.raw(z), generator=_gen(2), **kw)
+    heavy = invert_features(model, FeatureTarget.raw(z), generator=_gen(2), tv_weight=0.3, **kw)
+    light = invert_features(model, FeatureTarget.raw(z), generator=_gen(2), tv_weight=1e-3,
+                            **kw)
+    assert torch.equal(default.images, heavy.images)
+    assert not torch.allclose(default.images, light.images, atol=1e-4)
+
+
+def test_init_scale_sets_the_start_and_one_keeps_the_uniform_draw(linear_model, images):
+    """With no steps the result is the start: init_scale s draws 0.5 + s (u - 0.5) from the
+    same uniform u the default draws (s = 1 is that u bit for bit)."""
+    z = _feats(linear_model, images[:1])[0]
+    kw = dict(image_shape=SHAPE, mean=MEAN, std=STD, steps=0, restarts=1)
+    u = torch.rand(1, *SHAPE, generator=_gen(5))
+    plain = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(5), **kw)
+    one = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(5),
+                          init_scale=1.0, **kw)
+    small = invert_features(linear_model, FeatureTarget.raw(z), generator=_gen(5),
+                            init_scale=0.2, **kw)
+    # pixels pass through normalise / denormalise: equal up to float rounding
+    assert torch.allclose(plain.images, u, atol=1e-6)
+    assert torch.equal(one.images, plain.images)
+    assert torch.allclose(small.images, 0.5 + 0.2 * (u - 0.5), atol=1e-6)
+    assert float(small.images.min()) >= 0.4 - 1e-6 and float(small.images.max()) <= 0.6 + 1e-6
+    for bad in (-0.1, 1.5):
+        with pytest.raises(UsageError):
+            InversionConfig(init_scale=bad)
