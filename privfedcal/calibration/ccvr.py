@@ -67,7 +67,6 @@ class CCVRParams(RetrainParams):
             raise UsageError(f"feature batch size must be >= 1, got {self.feature_batch_size}")
 
 
-#: largest inference batch on a CPU: the CNN's activations of 256 images stay in cache, and
 def extract_features(model: FeatureClassifier, x: Tensor, batch_size: int) -> Tensor:
     """``model.features`` over ``x`` in batches of ``batch_size`` (at most
     ``CPU_INFERENCE_BATCH`` on a CPU), without gradients."""

@@ -21,8 +21,7 @@ from privfedcal.tensors import all_finite
 def nonfinite_key(tensors: Mapping[str, Any]) -> str | None:
     """The first floating-point entry holding NaN or Inf, else None."""
     for key, value in tensors.items():
-        if isinstance(value, Tensor) and value.is_floating_point() \
-                and not all_finite(value):
+        if isinstance(value, Tensor) and not all_finite(value):
             return key
     return None
 

@@ -68,8 +68,8 @@ class PoissonBatches:
 
     Batch sizes vary (possibly 0); the masks are drawn on ``generator``'s device. A batch of
     variable size needs its size on the host, so the masks of ``CHUNK_ELEMENTS // n`` steps at
-    a time (all of a small client's steps) are drawn together and their sizes read back in
-    one transfer: one host synchronisation per chunk instead of one per step.
+    a time (all of a small client's steps) are drawn together; the host waits for the device
+    once per chunk (on a GPU twice: the sizes and ``nonzero``), not once per step.
     """
 
     #: uniforms drawn per chunk (16 MiB of float32), which bounds the memory of the masks
@@ -94,7 +94,7 @@ class PoissonBatches:
             rows = min(per_chunk, self.steps - first)
             mask = torch.rand(rows, n, generator=self.generator,
                               device=self.generator.device) < self.sample_rate
-            sizes = mask.sum(1).tolist()  # the chunk's one host synchronisation
+            sizes = mask.sum(1).tolist()  # read back once per chunk
             # row-major: step by step, each step's indices ascending
             members = mask.nonzero()[:, 1].to(self.x.device)
             for idx in members.split(sizes):
