@@ -10,9 +10,13 @@ client of ``--images`` CIFAR-shaped random images through the CCVR/MOON CNN:
 * one local training epoch (``PlainSGD``, batch 32, the training loop's update),
 
 and the ratio payload / (E x epoch): the client part of CCVR against a round, before any
-server work, pool transfer or test evaluation.
+server work, pool transfer or test evaluation. Two parts of the calibration path beside it:
+the test evaluation of ``--test-images`` images in one batch of 2,048 against batches of
+``CPU_INFERENCE_BATCH`` (256), and the NaN/Inf check of one client's covariance upload
+(10 x 256 x 256 float64) by ``torch.isfinite(t).all()`` against ``all_finite``.
 
     python benchmarks/calibration_floor.py [--images 500] [--local-epochs 2] [--repeats 5]
+        [--test-images 1000]
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from privfedcal.calibration.ccvr import StatsTask, extract_features
-from privfedcal.federation.local import PlainSGD
+from privfedcal.federation.local import CPU_INFERENCE_BATCH, PlainSGD, evaluate
 from privfedcal.models.registry import create_model
 from privfedcal.privacy.bound import NoBound
+from privfedcal.tensors import all_finite
 
 
 def cpu_times(fn, repeats: int) -> list[float]:
@@ -45,6 +50,7 @@ def main() -> None:
     ap.add_argument("--local-epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--test-images", type=int, default=1000)
     args = ap.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -76,6 +82,30 @@ def main() -> None:
     print(f"  forward / epoch            {min(fwd) / min(ep):.3f}")
     print(f"  client part of CCVR / round of E = {e}: {min(stats) / (e * min(ep)):.3f} "
           f"(forward alone {min(fwd) / (e * min(ep)):.3f})")
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    xt = torch.rand(args.test_images, 3, 32, 32, generator=g)
+    yt = torch.randint(0, 10, (args.test_images,), generator=g)
+    # evaluate() caps its batch on a CPU; the uncapped cost is one batch of 2,048, measured
+    # by calling it on the CPU tensors through the same forward with the cap lifted
+    big = cpu_times(lambda: _evaluate_uncapped(model, state, xt, yt), args.repeats)
+    capped = cpu_times(lambda: evaluate(model, state, xt, yt, 10), args.repeats)
+    cov = torch.randn(10, 256, 256, dtype=torch.float64, generator=g)
+    mask = cpu_times(lambda: [bool(torch.isfinite(cov).all()) for _ in range(100)], args.repeats)
+    fast = cpu_times(lambda: [all_finite(cov) for _ in range(100)], args.repeats)
+    print(f"  test pass, {args.test_images} images: batch 2048 {min(big):.4f}, batches of "
+          f"{CPU_INFERENCE_BATCH} {min(capped):.4f}")
+    print(f"  NaN/Inf check of a 10 x 256 x 256 float64 upload: isfinite().all() "
+          f"{min(mask) * 10:.2f} ms, all_finite {min(fast) * 10:.2f} ms")
+
+
+@torch.no_grad()
+def _evaluate_uncapped(model, state, x, y) -> None:
+    """The forward and loss of ``evaluate`` in one batch of 2,048 (its size before the cap)."""
+    model.load_state_dict(state)
+    model.eval()
+    for s in range(0, x.shape[0], 2048):
+        F.cross_entropy(model(x[s:s + 2048]), y[s:s + 2048], reduction="sum")
 
 
 if __name__ == "__main__":
