@@ -10,7 +10,8 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
 * ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
   metrics {num-examples, train-loss}. The method's per-client state (MOON's previous model)
   stays on the node, in ``context.state["privfedcal.client-state"]``.
-* ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data.
+* ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data;
+  privfedcal's ServerApp never sends it, and a client refuses it under any DP setting.
 * ``query.payload``: ``state``, ``task``/``task-arrays`` (``flower/tasks.py``), ``config``
   {round, label}, ``secagg`` (with secure aggregation) -> ``payload``
   (ArrayRecord of the task's sums, DP-noised) or ``ciphertext`` {data: bytes}; the client
@@ -132,6 +133,10 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
+    if rt.cfg.dp_enabled or rt.cfg.dp_train:
+        # the local loss and accuracy are functions of the client's data outside any budget
+        raise UsageError("local evaluation is refused under DP: its loss and accuracy on the "
+                         "client's data would leave the client uncharged")
     exp = rt.exp
     state = record_to_state(msg.content["global"], exp.device)
     ev = evaluate(exp.model, state, exp.data.x_train[rt.idx], exp.data.y_train[rt.idx],

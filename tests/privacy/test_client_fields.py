@@ -1,0 +1,81 @@
+"""The simulator's server view holds only declared client fields (privacy/client_fields.py).
+
+Runs with every protection on write their transcript (the server's view); every recorded
+tensor and every entry key that comes from a client must map to a field of
+``CLIENT_FIELDS``. The Flower side walks the real wire messages
+(tests/flower/test_client_fields.py). The table in docs/threat-model.md is the code's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from privfedcal.experiment import build_simulator
+from privfedcal.privacy.client_fields import (
+    CLIENT_FIELDS,
+    TRANSCRIPT_ENTRY_KEYS,
+    TRANSCRIPT_FIELDS,
+    declared,
+    markdown_table,
+)
+from privfedcal.privacy.transcript import load_transcript
+
+#: entry keys the server writes itself: its own bookkeeping or the public config
+BOOKKEEPING = {"round", "label", "view", "client", "file", "tensors", "participants",
+               "clients", "local_epochs", "batch_size", "lr"}
+
+
+def undeclared_fields(entries: list[dict]) -> list[str]:
+    bad = []
+    for e in entries:
+        where = f"{e['label']}/{e['view']}"
+        if e["view"] == "model-state":  # what the server itself sent
+            continue
+        for key in set(e) - BOOKKEEPING:
+            if key == "weight_sum" and e["view"] == "aggregate":
+                continue  # the decrypted weight slot of the aggregate
+            if key not in TRANSCRIPT_ENTRY_KEYS:
+                bad.append(f"{where}: entry key {key!r}")
+        tensors = e.get("tensors") or {}
+        if not tensors:
+            continue
+        field = TRANSCRIPT_FIELDS.get((e["label"], e["view"]))
+        if field is None:
+            bad.append(f"{where}: tensors of an undeclared record")
+            continue
+        message, record, *star = field.split("/")
+        bad += [f"{where}: tensor {k!r}" for k in tensors
+                if declared(message, record, star[0] if star else k) is None]
+    return bad
+
+
+@pytest.mark.parametrize("flags", [
+    dict(method="ccvr", dp_eps=8.0, secagg=True, hide_counts=True, dp_train=True),
+    dict(method="creff", dp_eps=8.0, secagg=True, hide_counts=True),
+    dict(method="ccvr", secagg=True, secagg_updates=True),
+    dict(method="creff", dp_eps=8.0),
+    dict(method="ccvr"),
+], ids=["ccvr-all", "creff-secagg", "secagg-updates", "creff-dp-plain", "ccvr-plain"])
+def test_server_view_holds_only_declared_fields(flags, tmp_path, tiny_cfg):
+    cfg = tiny_cfg(rounds=1, clients=3, transcript=True, out=str(tmp_path / "run"), **flags)
+    sim = build_simulator(cfg, tmp_path / "run")
+    sim.run()
+    entries = load_transcript(Path(sim.transcript.directory))
+    assert [e for e in entries if e["view"] != "model-state"]
+    assert undeclared_fields(entries) == []
+
+
+def test_the_walk_catches_an_undeclared_tensor_and_entry_key():
+    entries = [{"round": 1, "label": "ccvr-stats", "view": "plain-upload", "client": 0,
+                "tensors": {"sum": 0, "labels": 0}, "loss": 0.3}]
+    assert undeclared_fields(entries) == ["ccvr-stats/plain-upload: entry key 'loss'",
+                                          "ccvr-stats/plain-upload: tensor 'labels'"]
+
+
+def test_every_field_is_named_once_and_the_doc_prints_the_table():
+    names = [f.name for f in CLIENT_FIELDS]
+    assert len(names) == len(set(names))
+    doc = (Path(__file__).parents[2] / "docs" / "threat-model.md").read_text()
+    assert markdown_table() in doc, "docs/threat-model.md must hold markdown_table() verbatim"
