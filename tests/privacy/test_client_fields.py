@@ -3,7 +3,7 @@
 Runs with every protection on write their transcript (the server's view); every recorded
 tensor and every entry key that comes from a client must map to a field of
 ``CLIENT_FIELDS``. The Flower side walks the real wire messages
-(tests/flower/test_client_fields.py). The table in docs/threat-model.md is the code's.
+(tests/flower/test_wire_fields.py). The table in docs/threat-model.md is the code's.
 """
 
 from __future__ import annotations
