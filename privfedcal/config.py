@@ -122,6 +122,9 @@ class RunConfig:
     accountant: str = setting("rdp", "rdp | prv", group="Privacy")
     dp_train: bool = setting(False, "DP-SGD local training.", group="Privacy")
     dp_train_share: float = setting(0.5, "Budget share of DP-SGD.", group="Privacy")
+    dp_nominal_size: int | None = setting(
+        None, "Public client size DP-SGD plans with (steps, sample rate); default: training "
+        "examples / clients.", group="Privacy")
     secagg: bool = setting(False, "CKKS secure aggregation.", group="Privacy")
     hide_counts: bool = setting(False, "Hide class counts.", group="Privacy",
                                 flag="--hide-counts/--show-counts")
@@ -155,6 +158,8 @@ class RunConfig:
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
             (self.dp_grad_clip is None or self.dp_grad_clip > 0, "--dp-grad-clip must be > 0"),
             (0 < self.dp_train_share < 1, "--dp-train-share must be in (0, 1)"),
+            (self.dp_nominal_size is None or self.dp_nominal_size >= 1,
+             "--dp-nominal-size must be >= 1"),
             (not self.hide_counts or self.secagg,
              "--hide-counts needs --secagg: only inside ciphertexts are counts hidden"),
         ]

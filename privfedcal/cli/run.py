@@ -24,8 +24,9 @@ from privfedcal.federation.runfolder import read_run_config
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
     """The line printed (stdout) per evaluated round when stderr is not a terminal."""
+    train = "withheld (DP-SGD)" if rec["train_loss"] is None else f"{rec['train_loss']:.4f}"
     return (f"round {rec['round']}/{total}: accuracy {rec['accuracy']:.4f}, test loss "
-            f"{rec['loss']:.4f}, train loss {rec['train_loss']:.4f}, {rec['seconds']:.1f} s")
+            f"{rec['loss']:.4f}, train loss {train}, {rec['seconds']:.1f} s")
 
 
 def run_with_progress(sim, cfg: RunConfig) -> dict[str, Any]:

@@ -38,7 +38,8 @@ def check_local(results: Sequence[LocalResult], selected: Sequence[int],
     state, or a marker holding its first non-finite entry), then the average: the client is
     named where one is at fault."""
     for client, r in zip(selected, results, strict=True):
-        if not math.isfinite(float(r.loss)):
+        # under DP-SGD no loss leaves the client (None): the trained model is checked below
+        if r.loss is not None and not math.isfinite(float(r.loss)):
             raise Diverged(round_, "the local training loss is not finite", client=client,
                            hint=lr_hint(lr))
     for client, r in zip(selected, results, strict=True):

@@ -150,7 +150,7 @@ class LocalResult(NamedTuple):
 
     state: State                # the trained model's state ({} once handed to ``consume``)
     client_state: State | None  # the method's per-client state kept between rounds, or None
-    loss: float                 # the mean local training loss
+    loss: float | None          # the mean local training loss; None under DP-SGD (private)
 
 
 def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
@@ -158,7 +158,8 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
                  spec: LocalSpec, round_: int, client: int) -> LocalResult:
     """Train ``model`` from ``global_state`` on the client's samples ``idx``.
 
-    Returns (new local state, per-client state to keep, mean training loss).
+    Returns (new local state, per-client state to keep, mean training loss; None under
+    DP-SGD, where the loss is private and never leaves the client).
     """
     from privfedcal.data.augment import apply_augmentation, draw_augmentation
 
@@ -169,9 +170,9 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     if spec.dp_sgd is not None:
         from privfedcal.privacy.dpsgd_local import train_dpsgd
 
-        loss = train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
-                           derive_seed(spec.seed, round_, client, 6))
-        return LocalResult(clone_state(model), algo.end_client(model), loss)
+        train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
+                    derive_seed(spec.seed, round_, client, 6))
+        return LocalResult(clone_state(model), algo.end_client(model), None)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())

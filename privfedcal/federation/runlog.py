@@ -81,9 +81,10 @@ class RunLogger:
             self.writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def round(self, record: dict[str, Any], selected: Sequence[int],
-              losses: Sequence[float]) -> None:
+              losses: Sequence[float | None]) -> None:
         """Log one finished round: ``record`` is the round's history entry, ``losses`` the
-        sampled clients' mean local losses in the order of ``selected``."""
+        sampled clients' mean local losses in the order of ``selected`` (None under DP-SGD:
+        the loss never leaves a client, and the cells stay empty)."""
         row = csv_row({**record, "clients": len(selected)})
         path = self.run_dir / "metrics.csv"
         new = not path.exists()
@@ -93,16 +94,19 @@ class RunLogger:
                 w.writeheader()
             w.writerow({k: _cell(v) for k, v in row.items()})
         clients = [{"client": int(c), "samples": self._clients.get(int(c)),
-                    "train_loss": float(loss)} for c, loss in zip(selected, losses, strict=True)]
+                    "train_loss": None if loss is None else float(loss)}
+                   for c, loss in zip(selected, losses, strict=True)]
         with (self.run_dir / "clients.jsonl").open("a") as f:
             f.write(json.dumps({"round": record["round"], "sampled": [int(c) for c in selected],
                                 "clients": clients}) + "\n")
         if self.writer is not None:
             step = int(record["round"])
-            self.writer.add_scalar("train/loss", record["train_loss"], step)
+            if record["train_loss"] is not None:
+                self.writer.add_scalar("train/loss", record["train_loss"], step)
             for c in clients:
-                self.writer.add_scalar(f"clients/train_loss/{c['client']:03d}",
-                                       c["train_loss"], step)
+                if c["train_loss"] is not None:
+                    self.writer.add_scalar(f"clients/train_loss/{c['client']:03d}",
+                                           c["train_loss"], step)
             for key in ("accuracy", "loss", "worst_class_accuracy"):
                 if row.get(key) is not None:
                     self.writer.add_scalar(f"test/{key}", row[key], step)

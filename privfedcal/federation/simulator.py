@@ -265,7 +265,8 @@ class Simulator:
                     self.calibrator.after_round(ctx)
                 except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
                     self.notes.append(str(exc))
-                train_loss = float(np.mean([r.loss for r in results]))
+                losses = [r.loss for r in results if r.loss is not None]
+                train_loss = float(np.mean(losses)) if losses else None  # None: DP-SGD
                 record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
                 if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
                     ev = self.evaluate(self.checked_eval_state(round_),

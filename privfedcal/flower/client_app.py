@@ -8,7 +8,7 @@ partition, same model and method objects as the simulator) and trains with the s
 Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``):
 
 * ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
-  metrics {num-examples, train-loss}. The method's per-client state (MOON's previous model)
+  metrics {num-examples, train-loss} (no train-loss under --dp-train). The method's per-client state (MOON's previous model)
   stays on the node, in ``context.state["privfedcal.client-state"]``.
 * ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data;
   privfedcal's ServerApp never sends it, and a client refuses it under any DP setting.
@@ -126,7 +126,10 @@ def train(msg: Message, context: Context) -> Message:
         rt.idx, exp.spec, round_, rt.partition)
     if new_client_state is not None:
         context.state[CLIENT_STATE] = state_to_record(new_client_state)
-    metrics = MetricRecord({"num-examples": _reported_size(rt), "train-loss": float(loss)})
+    metrics = {"num-examples": _reported_size(rt)}
+    if loss is not None:  # None under DP-SGD: the loss is private and stays on the node
+        metrics["train-loss"] = float(loss)
+    metrics = MetricRecord(metrics)
     return _reply(msg, rt, local=state_to_record(state), metrics=metrics)
 
 

@@ -62,7 +62,8 @@ class FlowerTrainer:
                     f"client {job.client} trained on {n} samples where the run config gives "
                     f"{int(job.idx.numel())}: the node runs another dataset/partition config")
             state = record_to_state(reply["local"], self.exp.device)
-            out.append(LocalResult(state, None, float(reply["metrics"]["train-loss"])))
+            loss = reply["metrics"].get("train-loss")  # absent under DP-SGD
+            out.append(LocalResult(state, None, None if loss is None else float(loss)))
             if on_done:
                 on_done(job.client)
         return out

@@ -51,8 +51,10 @@ def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str,
 
     def progress(record: dict[str, Any]) -> None:
         acc = f" accuracy {record['accuracy']:.4f}" if "accuracy" in record else ""
-        log.info("round %d: train loss %.4f%s (%.2f s)", record["round"],
-                 record["train_loss"], acc, record["seconds"])
+        loss = record["train_loss"]
+        train = "withheld (DP-SGD)" if loss is None else f"{loss:.4f}"
+        log.info("round %d: train loss %s%s (%.2f s)", record["round"], train, acc,
+                 record["seconds"])
 
     summary = sim.run(progress=progress)
     log.info("privfedcal summary: accuracy %.4f, %s", summary["accuracy"],

@@ -127,10 +127,15 @@ class PrivateTraining:
 def make_private_training(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor,
                           y: Tensor, *, noise_multiplier: float, max_grad_norm: float,
                           batch_size: int, generator: torch.Generator,
-                          steps: int | None = None) -> PrivateTraining:
+                          steps: int | None = None, sample_rate: float | None = None,
+                          expected_batch_size: float | None = None) -> PrivateTraining:
     """Wrap ``model``/``optimizer`` for DP-SGD on one client's ``(x, y)``.
 
-    ``steps`` defaults to one epoch in expectation, ``round(1/q)``. ``generator`` drives both
+    ``sample_rate`` and ``expected_batch_size`` (the divisor of every step's noisy clipped
+    sum) default to ``batch_size / len(x)`` and ``q * len(x)``. The federation passes public
+    ones planned for a public nominal size, so that neither the rate nor the update's scale
+    depends on ``len(x)``. ``steps`` defaults to one epoch in expectation, ``round(1/q)``.
+    ``generator`` drives both
     the Poisson sampling and the noise; it must live on the parameters' device. The model
     must already be DP-compatible (``prepare_model``) and ``optimizer`` must optimise its
     parameters; violations raise UsageError rather than silently breaking the guarantee.
@@ -147,11 +152,20 @@ def make_private_training(model: nn.Module, optimizer: torch.optim.Optimizer, x:
     if not opt_params or any(id(p) not in own for p in opt_params):
         raise UsageError("the optimizer must optimise the parameters of the model passed to "
                          "make_private_training (create it after prepare_model)")
-    q = dpsgd_sample_rate(batch_size, len(x))
+    if (sample_rate is None) != (expected_batch_size is None):
+        raise UsageError("give DP-SGD's sample rate and expected batch size together")
+    if sample_rate is None:
+        q = dpsgd_sample_rate(batch_size, len(x))
+        expected_batch_size = q * len(x)
+    else:
+        q = float(sample_rate)
+        if not 0 < q <= 1 or not expected_batch_size > 0:
+            raise UsageError(f"bad DP-SGD sample rate {q} or expected batch size "
+                             f"{expected_batch_size}")
     steps = max(1, round(1 / q)) if steps is None else int(steps)
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     dp_opt = DPOptimizer(optimizer, noise_multiplier=noise_multiplier,
-                         max_grad_norm=max_grad_norm, expected_batch_size=q * len(x),
+                         max_grad_norm=max_grad_norm, expected_batch_size=expected_batch_size,
                          loss_reduction="mean", generator=generator)
     loader = PoissonBatches(x, y, q, steps, generator)
     return PrivateTraining(model, dp_opt, loader, q, wrapped)

@@ -1,17 +1,24 @@
 """DP-SGD local training inside the federation (``--dp-train``), over ``privacy/dpsgd.py``.
 
-Every selected client runs ``E * round(1/q)`` Poisson-sampled DP-SGD steps (q = B / n_k: one
-epoch in expectation per local epoch), with per-sample clipping to ``--dp-grad-clip`` and
-noise multiplier planned by the run's accountant with ``--dp-train-share`` of the budget.
+Every selected client runs the same public schedule: ``E * round(n_nom / B)`` Poisson-sampled
+DP-SGD steps per round at sample rate ``q = B / n_nom``, where ``n_nom`` is a public nominal
+client size (``--dp-nominal-size``, default the federation's training examples over the
+clients, both fixed by the public config and dataset), and every step divides the noisy
+clipped sum by the public expected batch size ``q * n_nom``. Neither the number of steps nor
+the sample rate nor the scale of an update depends on the client's private size n_k, so
+neighbouring datasets (one example added or removed) produce the same schedule, the same
+message shapes and the same accounted epsilon. Poisson sampling amplifies with q alone,
+whatever n_k is (each example joins a batch independently with probability q).
 
 Accounting (sample level): an example of client k is touched only by client k's updates, so
-its epsilon composes the calibration uploads with client k's DP-SGD steps. We plan the noise
-for the client that needs the most (``protection.plan_with_dpsgd``), check every client at
-that noise (``verify_clients``), and assume each takes part in every round
-(client sampling is not used for amplification: conservative). The Poisson batches and the
-noise come from OS entropy (privacy/noise.py), so the server sees neither. The guarantee then covers the
-model updates too. Methods whose loss couples samples of a batch (FedUV, MOON's reference
-models, proximal terms that opacus would drop) are refused, see ``DPSGD_METHODS``.
+its epsilon composes the calibration uploads with client k's DP-SGD steps. Every client runs
+the same schedule, so one plan covers all (``protection.plan_with_dpsgd``); each client is
+assumed to take part in every round (client sampling is not used for amplification:
+conservative). The Poisson batches and the noise come from OS entropy (privacy/noise.py),
+so the server sees neither. The local training loss never leaves the client: the server
+detects divergence from the (DP) update itself. The guarantee then covers the model updates
+too. Methods whose loss couples samples of a batch (FedUV, MOON's reference models, proximal
+terms that opacus would drop) are refused, see ``DPSGD_METHODS``.
 """
 
 from __future__ import annotations
@@ -29,18 +36,31 @@ from privfedcal.privacy.dpsgd import dpsgd_sample_rate, make_private_training
 class DPSGDSpec:
     noise_multiplier: float
     max_grad_norm: float
+    sample_rate: float  # public: min(1, B / n_nom)
+    steps: int          # public: DP-SGD steps per round, the same for every client
+    expected_batch_size: float  # public: q * n_nom, the divisor of every step's noisy sum
     seeded: bool = False  # --insecure-seeded-noise: batches and noise from the public seed
 
 
-def local_steps(n: int, batch_size: int, local_epochs: int) -> int:
-    return local_epochs * max(1, round(1 / dpsgd_sample_rate(batch_size, n)))
+def nominal_size(cfg, exp) -> int:
+    """The public client size the schedule is planned with: ``--dp-nominal-size``, else the
+    federation's training examples over the clients (rounded down, at least 1)."""
+    if cfg.dp_nominal_size is not None:
+        return int(cfg.dp_nominal_size)
+    total = sum(int(p.numel()) for p in exp.parts)
+    return max(1, total // cfg.clients)
+
+
+def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, int]:
+    """(sample rate, steps per round) of every client: ``q = min(1, B / n_nom)`` and one
+    nominal epoch in expectation per local epoch."""
+    q = dpsgd_sample_rate(batch_size, nominal)
+    return q, local_epochs * max(1, round(1 / q))
 
 
 def client_rates(cfg, exp) -> list[tuple[float, int]]:
-    """(sample rate, steps per round) of every client (distinct values)."""
-    sizes = sorted({int(p.numel()) for p in exp.parts})
-    return [(dpsgd_sample_rate(cfg.batch_size, n), local_steps(n, cfg.batch_size,
-                                                               cfg.local_epochs)) for n in sizes]
+    """(sample rate, steps per round) of the clients: one public schedule for all."""
+    return [schedule(nominal_size(cfg, exp), cfg.batch_size, cfg.local_epochs)]
 
 
 def verify_clients(cfg, exp, upload_entries, sigma: float, delta: float, target: float) -> None:
@@ -56,8 +76,9 @@ def verify_clients(cfg, exp, upload_entries, sigma: float, delta: float, target:
                                      f"epsilon {eps:.3f} > {target:g}")
 
 
-def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: int) -> float:
-    """Run one client's DP-SGD local training on (x, y); returns the mean loss."""
+def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: int) -> None:
+    """Run one client's DP-SGD local training on (x, y) with the public schedule of ``dp``.
+    Returns nothing: the loss is a function of the private data outside the budget."""
     from privfedcal.data.augment import augment_batch
     from privfedcal.privacy.noise import noise_generator
 
@@ -68,10 +89,8 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
     opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
     pt = make_private_training(model, opt, x, y, noise_multiplier=dp.noise_multiplier,
                                max_grad_norm=dp.max_grad_norm, batch_size=spec.batch_size,
-                               generator=g, steps=local_steps(len(x), spec.batch_size,
-                                                              spec.local_epochs))
-    # the loss is summed on the device and read back once, after the loop (no per-step sync)
-    total, steps = torch.zeros((), device=x.device), 0
+                               generator=g, steps=dp.steps, sample_rate=dp.sample_rate,
+                               expected_batch_size=dp.expected_batch_size)
     # opacus's hooks fire on the first layer, whose inputs need no gradient: harmless
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
@@ -84,9 +103,6 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
             loss = algo.local_loss(model, xb, yb)
             loss.backward()
             pt.optimizer.step()
-            if xb.shape[0]:
-                total += loss.detach().float()
-                steps += 1
     finally:
         pt.close()
     # weight decay is data-independent: applied after the private step (post-processing)
@@ -94,4 +110,3 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
         with torch.no_grad():
             for p in params:
                 p.mul_(1 - spec.lr * spec.weight_decay)
-    return float(total) / max(steps, 1)

@@ -243,19 +243,14 @@ def check_settings(cfg, exp) -> None:
 
 def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
                     ) -> tuple[list[ReleasePlan], list[float]]:
-    """Plans and noise multipliers with DP-SGD: every client has its own (q, steps); plan for
-    each and keep the one that needs the most noise, so that every client fits the budget."""
+    """Plans and noise multipliers with DP-SGD: every client runs the same public schedule
+    (``dpsgd_local.schedule``), so one plan covers them all."""
     from privfedcal.privacy.dpsgd_local import client_rates
 
     share = cfg.dp_train_share if uploads else None  # alone, DP-SGD gets the whole budget
-    best: tuple[list[ReleasePlan], list[float]] | None = None
-    for q, steps in client_rates(cfg, exp):
-        plans = [*uploads, ReleasePlan(DPSGD_RELEASE, q, steps * cfg.rounds, share=share)]
-        sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
-        if best is None or sigmas[-1] > best[1][-1]:
-            best = (plans, sigmas)
-    assert best is not None
-    return best
+    ((q, steps),) = client_rates(cfg, exp)
+    plans = [*uploads, ReleasePlan(DPSGD_RELEASE, q, steps * cfg.rounds, share=share)]
+    return plans, plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
 
 
 def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
@@ -310,10 +305,13 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
     if cfg.dp_train:
         import dataclasses
 
-        from privfedcal.privacy.dpsgd_local import DPSGDSpec
+        from privfedcal.privacy.dpsgd_local import DPSGDSpec, nominal_size, schedule
 
+        nominal = nominal_size(cfg, exp)
+        q, steps = schedule(nominal, cfg.batch_size, cfg.local_epochs)
         exp.spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(
             dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
+            sample_rate=q, steps=steps, expected_batch_size=q * nominal,
             seeded=cfg.insecure_seeded_noise))
     secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp,
                                  releases=calibrator.releases) if cfg.secagg else None

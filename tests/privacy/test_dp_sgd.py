@@ -189,3 +189,76 @@ def test_poisson_batches_chunked_draw_equals_one_mask_per_step():
             u = torch.rand(min(per, steps - first), 37, generator=g).numpy()
             want += [list(np.flatnonzero(row < q)) for row in u]
         assert got == want and len(got) == steps
+
+
+# ---- a public schedule: nothing depends on the private client size (docs/threat-model.md) ---
+
+@pytest.mark.parametrize("n", [1, 31, 80, 81, 500])
+def test_public_rate_fixes_steps_and_scale_whatever_the_client_size(n):
+    """With the federation's public (q, steps, expected batch), clients of n and n+1 examples
+    take the same number of steps and divide by the same expected batch size (the old
+    schedule, E * round(n / B) steps at q = B / n, told 80 from 81 examples apart)."""
+    from privfedcal.privacy.dpsgd_local import schedule
+
+    q, steps = schedule(200, 32, 2)
+    assert (q, steps) == (0.16, 2 * round(200 / 32))
+    seen = []
+    for size in (n, n + 1):
+        x, y = data(size)
+        net = TinyNet(norm=False)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        pt = make_private_training(net, opt, x, y, noise_multiplier=1.0, max_grad_norm=1.0,
+                                   batch_size=32, generator=torch.Generator().manual_seed(0),
+                                   steps=steps, sample_rate=q, expected_batch_size=q * 200)
+        seen.append((len(pt.loader), pt.sample_rate, pt.optimizer.expected_batch_size))
+        pt.close()
+    assert seen[0] == seen[1] == (steps, q, q * 200)
+
+
+def test_rate_and_expected_batch_go_together():
+    x, y = data(10)
+    net = TinyNet(norm=False)
+    with pytest.raises(UsageError, match="together"):
+        make_private_training(net, torch.optim.SGD(net.parameters(), lr=0.1), x, y,
+                              noise_multiplier=1.0, max_grad_norm=1.0, batch_size=4,
+                              generator=torch.Generator(), sample_rate=0.5)
+
+
+def test_run_schedule_and_epsilon_do_not_depend_on_client_sizes(tmp_path, tiny_cfg,
+                                                                monkeypatch):
+    """Two partitions of very different client sizes: every client runs the same number of
+    Poisson steps at the same rate (the old schedule gave clients of 358 and 512 examples 11
+    and 16 steps), the same noise, the same accounted epsilon, and no loss is recorded."""
+    import json
+
+    import privfedcal.privacy.dpsgd as dpsgd
+    from privfedcal.experiment import build_simulator
+
+    used = []  # (sample rate, steps) of every client's Poisson batches, as run
+    init = dpsgd.PoissonBatches.__init__
+
+    def spy(self, x, y, sample_rate, steps, generator):
+        used.append((sample_rate, steps))
+        init(self, x, y, sample_rate, steps, generator)
+
+    monkeypatch.setattr(dpsgd.PoissonBatches, "__init__", spy)
+    specs, eps = [], []
+    for alpha in (0.1, 100.0):
+        cfg = tiny_cfg(method="fedavg", dp_eps=4.0, dp_train=True, clients=3, rounds=1,
+                       alpha=alpha, out=str(tmp_path / f"a{alpha}"))
+        sim = build_simulator(cfg, tmp_path / f"a{alpha}")
+        sizes = sorted(int(p.numel()) for p in sim.exp.parts)
+        summary = sim.run()
+        dp = sim.exp.spec.dp_sgd
+        specs.append((dp.sample_rate, dp.steps, dp.expected_batch_size, dp.noise_multiplier))
+        per_client = summary["privacy"]["per_client_epsilon"]
+        assert len(set(per_client.values())) == 1, per_client
+        eps.append(next(iter(per_client.values())))
+        rows = [json.loads(line) for line in (tmp_path / f"a{alpha}" / "clients.jsonl").open()]
+        assert all(c["train_loss"] is None for r in rows for c in r["clients"])
+        assert sim.history[-1]["train_loss"] is None
+        if alpha == 0.1:
+            assert sizes[-1] > sizes[0] + 100  # the client sizes really differ
+    assert specs[0] == specs[1]
+    assert eps[0] == pytest.approx(eps[1])
+    assert len(used) == 6 and set(used) == {specs[0][:2]}

@@ -115,7 +115,7 @@ def test_dpsgd_noise_is_not_seeded(tiny_cfg):
     state = clone_state(model)
 
     def once(seeded):
-        spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(1.0, 1.0, seeded=seeded))
+        spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(1.0, 1.0, 0.1, 2, 3.2, seeded=seeded))
         out, _, _ = train_client(model, exp.algo, state, None, exp.data.x_train,
                                  exp.data.y_train, exp.parts[0], spec, 1, 0)
         return torch.cat([v.flatten().float() for v in out.values()])
