@@ -18,10 +18,11 @@ Defaults follow the authors' code wherever the paper's tables came from it:
   previous round; ``initial_head="fresh"`` (authors) makes round 1's ``v_hat`` a fresh head
   drawn like ``nn.Linear``, ``"global"`` uses the global model's initial classifier;
 * a client uses at most ``client_draws * draw_size`` (10 x 32) samples per class, drawn
-  uniformly without replacement (the authors average 10 batches of 32 images per class,
-  augmented; same expectation, bounded client cost, each sample counted at most once so the
-  clipping bound of the uplink holds); ``client_draws=None`` uses every sample; no
-  augmentation;
+  uniformly without replacement by keys computed from each sample's content (the authors
+  average 10 batches of 32 images per class, augmented; same expectation, bounded client
+  cost, each sample counted at most once, and a neighbouring dataset changes the draw by one
+  swap, so the sensitivity the DP noise assumes holds: ``GradTask``); ``client_draws=None``
+  uses every sample; no augmentation;
 * ``weighting="client"`` is the paper's unweighted mean over holders (``grad`` = per-class
   mean, ``holders`` indicators); ``"sample"`` uploads sums and counts only, the form DP noise
   and secure aggregation prefer;
@@ -193,6 +194,14 @@ class GradTask:
     Payload: ``grad`` (C, C, d+1) and ``count`` (C,) sums for sample weighting; per-class
     mean ``grad`` and ``holders`` (C,) 0/1 indicators for client weighting. Every per-sample
     gradient goes through ``bound.clip`` (kind ``"class-gradient"``) before it is summed.
+
+    The per-class cap keeps the ``cap`` samples of a class with the smallest keys, each key a
+    function of the sample's own content (``content_keys``), so adding or removing one
+    example changes the kept set by at most one swap. A swap moves a sum of clipped
+    gradients by up to twice the clip, so with a cap the summed (sample-weighted) gradients
+    are halved: the released ``grad`` then moves by at most the clip G the noise is
+    calibrated to (CReFF matches gradient directions, which the halving leaves unchanged).
+    A per-class mean over at least 2 kept samples moves by at most 2G/2 = G, unhalved.
     """
 
     weight: Tensor
@@ -209,8 +218,11 @@ class GradTask:
         return {"head.weight": self.weight} | ({} if self.bias is None else {"head.bias": self.bias})
 
     def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
+        scale = 1.0
         if self.per_class_cap is not None:
-            keep = capped_per_class(y, self.num_classes, self.per_class_cap, self.seed)
+            if self.weighting == "sample" or self.per_class_cap < 2:
+                scale = 0.5  # a swap moves a sum by 2 clips: keep the sensitivity at one
+            keep = capped_per_class(x, y, self.num_classes, self.per_class_cap, self.seed)
             if keep is not None:
                 x, y = x[keep.to(x.device)], y[keep.to(y.device)]
         z = extract_features(model, x, self.batch_size)
@@ -222,7 +234,7 @@ class GradTask:
         chunk = max(1, (1 << 22) // width)      # bounds the (chunk, C, d+1) block in memory
         for i in range(0, z.shape[0], chunk):
             g = per_sample_head_grads(z[i:i + chunk], y[i:i + chunk], w, b).reshape(-1, width)
-            total.index_add_(0, y[i:i + chunk], bound.clip(g, "class-gradient").double())
+            total.index_add_(0, y[i:i + chunk], bound.clip(g, "class-gradient").double() * scale)
         count = torch.bincount(y, minlength=c).double()
         grad = total.reshape(c, c, -1)
         if self.weighting == "sample":
@@ -231,15 +243,26 @@ class GradTask:
         return {"grad": mean, "holders": (count > 0).double()}
 
 
-def capped_per_class(y: Tensor, num_classes: int, cap: int, seed: int) -> Tensor | None:
-    """Sorted indices of at most ``cap`` samples per class, uniformly without replacement
-    (a generator seeded by ``seed``); None when no class has more than ``cap`` samples."""
+def content_keys(x: Tensor, seed: int) -> Tensor:
+    """A key in [0, 1) per sample that depends on the sample's content and ``seed`` only (a
+    hash of a seeded random projection), never on its position among the others."""
+    flat = x.detach().reshape(len(x), -1).to("cpu", torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    proj = flat @ torch.randn(flat.shape[1], dtype=torch.float64, generator=g)
+    return torch.frac(torch.sin(proj * 12.9898 + 0.5) * 43758.5453).abs()
+
+
+def capped_per_class(x: Tensor, y: Tensor, num_classes: int, cap: int,
+                     seed: int) -> Tensor | None:
+    """Sorted indices of at most ``cap`` samples per class: those with the smallest
+    ``content_keys`` (a uniform draw without replacement for distinct samples); None when no
+    class has more than ``cap`` samples. A neighbouring dataset (one sample added or
+    removed) changes the kept set by at most one swap."""
     y = y.detach().to("cpu", torch.long)
     counts = torch.bincount(y, minlength=num_classes)
     if not bool((counts > cap).any()):
         return None
-    keys = torch.rand(len(y), generator=torch.Generator().manual_seed(seed))
-    order = torch.argsort(keys)                                   # a random order ...
+    order = torch.argsort(content_keys(x, seed), stable=True)    # a random order ...
     order = order[torch.argsort(y[order], stable=True)]           # ... grouped by class
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(len(y)) - starts[y[order]]

@@ -17,6 +17,7 @@ from privfedcal.calibration.creff import (
     GradTask,
     aggregate_gradients,
     capped_per_class,
+    content_keys,
     class_mean_grads,
     matching_loss,
     per_sample_head_grads,
@@ -217,17 +218,53 @@ def test_bias_term_matching_gradient_equals_autograd():
 
 def test_capped_per_class_draws():
     y = torch.tensor([0, 1, 0, 0, 1, 0, 0, 2])          # class 0: 5 samples, 1: 2, 2: 1
-    assert capped_per_class(y, 3, 5, seed=0) is None      # nobody above the cap: all samples
+    x = _rand(8, 5, seed=3)
+    assert capped_per_class(x, y, 3, 5, seed=0) is None   # nobody above the cap: all samples
     hits = torch.zeros(8)
     for seed in range(2000):
-        keep = capped_per_class(y, 3, 3, seed)
+        keep = capped_per_class(x, y, 3, 3, seed)
         assert torch.equal(keep, torch.sort(keep).values) and len(keep.unique()) == len(keep)
         assert torch.bincount(y[keep], minlength=3).tolist() == [3, 2, 1]
         hits[keep] += 1
-    # uniform without replacement: each class-0 sample kept with probability 3/5
+    # uniform without replacement over seeds: each class-0 sample kept with probability 3/5
     freq = hits / 2000
     assert torch.allclose(freq[y == 0], torch.full((5,), 0.6), atol=0.05)
     assert torch.equal(freq[y != 0], torch.ones(3))
+
+
+def test_content_keys_follow_the_sample_not_its_position():
+    x = _rand(10, 4, seed=5)
+    keys = content_keys(x, seed=7)
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(content_keys(x[perm], seed=7), keys[perm])
+    torch.testing.assert_close(content_keys(x[1:], seed=7), keys[1:])
+    assert ((keys >= 0) & (keys < 1)).all() and len(keys.unique()) == 10
+
+
+@pytest.mark.parametrize("weighting", ["sample", "client"])
+@pytest.mark.parametrize("cap", [1, 4, None])
+def test_release_moves_by_at_most_the_clip_when_one_example_is_removed(weighting, cap, helpers):
+    """The sensitivity the DP noise is calibrated to (G, ``ReleaseSpec`` "grad"): removing
+    each example in turn moves the released class gradients by at most G in L2, with a cap
+    that binds (class 0 holds 14 samples) or without one. With the positional draw the cap
+    had before, one removal re-drew the whole class and moved a sum by many G."""
+    from privfedcal.privacy.dp import L2Clip
+
+    clip = 0.3
+    model = helpers.TinyModel(3, 3).eval()
+    x = _rand(20, 3, seed=31).float() * 3
+    y = torch.tensor([0] * 14 + [1] * 4 + [2] * 2)
+    w, b = _rand(3, 3, seed=32).float(), _rand(3, seed=33).float()
+    bound = L2Clip({"feature": 10.0, "class-gradient": clip})
+    task = GradTask(w, b, 3, weighting, per_class_cap=cap, seed=5)
+    base = task.compute(model, x, y, bound)["grad"].double()
+    worst = 0.0
+    for i in range(len(x)):
+        keep = torch.arange(len(x)) != i
+        moved = task.compute(model, x[keep], y[keep], bound)["grad"].double() - base
+        worst = max(worst, float(moved.norm()))
+    assert worst <= clip * (1 + 1e-6)
+    assert worst > 0.1 * clip  # the check is not vacuous: removals do move the release
 
 
 def test_grad_task_with_cap_equals_the_task_on_the_drawn_subset(helpers):
@@ -235,13 +272,14 @@ def test_grad_task_with_cap_equals_the_task_on_the_drawn_subset(helpers):
     x = _rand(40, 3, seed=21).float()
     y = torch.randint(0, 3, (40,), generator=torch.Generator().manual_seed(2))
     w, b = _rand(3, 3, seed=22).float(), _rand(3, seed=23).float()
-    keep = capped_per_class(y, 3, 4, seed=9)
+    keep = capped_per_class(x, y, 3, 4, seed=9)
     assert keep is not None and len(keep) == 12
     for weighting in ("client", "sample"):
         capped = GradTask(w, b, 3, weighting, per_class_cap=4, seed=9).compute(model, x, y, NoBound())
         subset = GradTask(w, b, 3, weighting).compute(model, x[keep], y[keep], NoBound())
+        half = 0.5 if weighting == "sample" else 1.0  # capped sums are halved (sensitivity)
         for k in capped:
-            torch.testing.assert_close(capped[k], subset[k])
+            torch.testing.assert_close(capped[k], subset[k] * (half if k == "grad" else 1.0))
 
 
 def test_retrain_step_count_and_initial_head(make_context):
