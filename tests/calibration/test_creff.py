@@ -17,8 +17,8 @@ from privfedcal.calibration.creff import (
     GradTask,
     aggregate_gradients,
     capped_per_class,
-    content_keys,
     class_mean_grads,
+    content_keys,
     matching_loss,
     per_sample_head_grads,
 )
