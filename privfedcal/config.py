@@ -32,6 +32,9 @@ from privfedcal.settings import (
 )
 
 #: ``--method`` shorthands: (local method, calibrator)
+#: the largest --dp-eps accepted: beyond it the guarantee says nothing (e^100 ~ 2.7e43)
+MAX_EPSILON = 100.0
+
 METHOD_ALIASES: dict[str, tuple[str, str]] = {
     "ccvr": ("fedavg", "ccvr"),
     "creff": ("fedavg", "creff"),
@@ -132,6 +135,9 @@ class RunConfig:
         False, "INSECURE: draw DP noise from the seed (tests only).", group="Privacy",
         flag="--insecure-seeded-noise")
     secagg_updates: bool = setting(False, "CKKS sums of model updates.", group="Privacy")
+    secagg_min_clients: int = setting(
+        2, "Fewest uploads a secure aggregate may sum (>= 2); the key holder refuses fewer.",
+        group="Privacy")
     # outputs
     out: str | None = setting(None, "Run folder (default runs/<method>-<dataset>-<time>).",
                               group="Output", shown="")
@@ -153,7 +159,11 @@ class RunConfig:
             (self.eval_every >= 1, "--eval-every must be >= 1"),
             (self.workers >= 1, "--workers must be >= 1"),
             (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
-            (self.dp_eps > 0, "--dp-eps must be > 0 (inf = off)"),
+            (self.dp_eps == math.inf or 0 < self.dp_eps <= MAX_EPSILON,
+             f"--dp-eps must be in (0, {MAX_EPSILON:g}] (omit it for no DP): a larger "
+             "epsilon protects nothing"),
+            (self.secagg_min_clients >= 2,
+             "--secagg-min-clients must be >= 2: a secure aggregate of one is that upload"),
             (self.dp_delta is None or 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
             (self.dp_grad_clip is None or self.dp_grad_clip > 0, "--dp-grad-clip must be > 0"),
@@ -169,11 +179,35 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
+        self._check_privacy_flags()
         if self.method in METHOD_ALIASES and self.calibrate not in ("none", self.calibrator_of_alias):
             raise UsageError(
                 f"--method {self.method} already calibrates with {self.calibrator_of_alias}; "
                 f"--calibrate {self.calibrate} would be ambiguous: use --method "
                 f"{METHOD_ALIASES[self.method][0]} --calibrate {self.calibrate}")
+
+    def _check_privacy_flags(self) -> None:
+        """Privacy settings without the protection they belong to would be ignored, and a
+        user would believe them in force: refuse them."""
+        dp_only = [("--dp-delta", self.dp_delta is not None),
+                   ("--accountant", self.accountant != "rdp")]
+        if not self.dp_enabled:
+            given = [flag for flag, on in dp_only if on]
+            if not self.secagg:  # the clip bounds also size CKKS parameters under --secagg
+                given += [flag for flag, on in (("--dp-clip", self.dp_clip is not None),
+                                                ("--dp-grad-clip", self.dp_grad_clip is not None))
+                          if on]
+            if given:
+                raise UsageError(f"{', '.join(given)} belong(s) to a DP budget: give --dp-eps")
+        if not self.dp_train:
+            given = [flag for flag, on in (("--dp-train-share", self.dp_train_share != 0.5),
+                                           ("--dp-nominal-size", self.dp_nominal_size is not None))
+                     if on]
+            if given:
+                raise UsageError(f"{', '.join(given)} belong(s) to DP-SGD: give --dp-train")
+        if not (self.secagg or self.secagg_updates) and self.secagg_min_clients != 2:
+            raise UsageError("--secagg-min-clients belongs to secure aggregation: give "
+                             "--secagg or --secagg-updates")
 
     @property
     def calibrator_of_alias(self) -> str:

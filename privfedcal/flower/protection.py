@@ -113,7 +113,9 @@ def decrypt(context: Any, config: ConfigRecord, uplink: Any) -> RecordDict:
     n = int(config["n-clients"])
     layout = PayloadLayout.from_json(str(config["layout"]))
     try:
-        total = key_holder_release(holder, [bytes(c) for c in config["ciphertexts"]], layout, n)
+        # the minimum is this node's own run config, never a number the server sends
+        total = key_holder_release(holder, [bytes(c) for c in config["ciphertexts"]], layout, n,
+                                   uplink.wire.secagg.min_clients)
     except UploadRejected as exc:  # the release is skipped, never half-made
         return RecordDict({"rejected": ConfigRecord({"reason": str(exc)})})
     label, _, round_ = str(config["release"]).rpartition("-")

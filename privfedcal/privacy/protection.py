@@ -253,6 +253,26 @@ def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
     return plans, plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
 
 
+def check_secure_aggregation(cfg, calibrator) -> None:
+    """Refuse secure aggregation that protects nothing, or whose plan can sum fewer uploads
+    than ``--secagg-min-clients`` (an aggregate of one is that client's upload)."""
+    releases = list(getattr(calibrator, "releases", ()))
+    if cfg.secagg and not releases:
+        raise UsageError(f"--secagg protects calibration uploads, and {cfg.method} with "
+                         f"--calibrate {cfg.calibrate} uploads none: use --secagg-updates to "
+                         "hide the model updates")
+    per_round = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
+    sums = []
+    if cfg.secagg:
+        sums += [cfg.clients if r.participants == "all" else per_round for r in releases]
+    if cfg.secagg_updates:
+        sums.append(per_round)
+    if sums and min(sums) < cfg.secagg_min_clients:
+        raise UsageError(f"secure aggregation would sum {min(sums)} upload(s) per release, "
+                         f"fewer than --secagg-min-clients {cfg.secagg_min_clients}: raise "
+                         "--clients or --participation")
+
+
 def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
     """The uplink of a run with DP, secure aggregation or hidden counts; ``calibrator``
     declares the releases it protects (``release_plans``)."""
@@ -262,6 +282,7 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
         raise UsageError("--hide-counts needs --secagg: only inside ciphertexts are counts "
                          "hidden")
     check_settings(cfg, exp)
+    check_secure_aggregation(cfg, calibrator)
     warn_if_seeded(cfg.insecure_seeded_noise)
     if cfg.dp_train and not cfg.dp_enabled:
         raise UsageError("--dp-train needs a budget: give --dp-eps")

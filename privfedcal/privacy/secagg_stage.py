@@ -75,6 +75,7 @@ class SecAggStage:
     dp: Any
     clients: int
     hide_counts: bool = True
+    min_clients: int = MIN_SECAGG_CLIENTS  # --secagg-min-clients: fewest uploads in a sum
     params_used: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
@@ -89,7 +90,8 @@ class SecAggStage:
             for key, b in r.bounds(clip=clip, grad_clip=grad_clip, examples=n,
                                    clients=k).items():
                 bounds[key] = max(bounds.get(key, 0.0), b)
-        return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts)
+        return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts,
+                   min_clients=cfg.secagg_min_clients)
 
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)
@@ -98,7 +100,7 @@ class SecAggStage:
 
     def summary(self) -> dict[str, Any]:
         return {"scheme": "CKKS (TenSEAL)", "params": self.params_used,
-                "min_clients": 2, "keys": "fresh per release; server holds the public context only",
+                "min_clients": self.min_clients, "keys": "fresh per release; server holds the public context only",
                 "release_rounding": "2 x CKKS error bound"}
 
 
@@ -139,9 +141,14 @@ class KeyService(Protocol):
 
 
 def key_holder_release(holder: KeyHolder, ciphertexts: list[bytes], layout: PayloadLayout,
-                       n: int) -> Payload:
+                       n: int, min_clients: int) -> Payload:
     """The key holder's decryption of a sum of ``n`` uploads: flooded, then rounded to twice
-    the CKKS error bound (privacy/secagg.py); raises UploadRejected on a failed check."""
+    the CKKS error bound (privacy/secagg.py); raises UploadRejected on a failed check, and
+    for a sum of fewer than ``min_clients`` uploads (the key holder's own setting, whatever
+    the server asks: an aggregate of one would be that client's upload)."""
+    if n < min_clients:
+        raise UploadRejected(f"a sum of {n} upload(s) is below this key holder's minimum of "
+                             f"{min_clients}: not decrypted")
     return holder.decrypt_aggregate(ciphertexts, layout, n_clients=n,
                                     round_to=2 * holder.params.error_bound(n))
 
@@ -155,11 +162,14 @@ class LocalKeys:
         rel.state["key-holder"] = holder
         return holder.public_context_bytes()
 
+    min_clients: int = MIN_SECAGG_CLIENTS
+
     def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
                 finish: Finish) -> Payload:
         holder = rel.state.pop("key-holder")  # one key per release, used once
         try:
-            total = key_holder_release(holder, ciphertexts, layout, rel.arrived)
+            total = key_holder_release(holder, ciphertexts, layout, rel.arrived,
+                                       self.min_clients)
         except UploadRejected as exc:
             rel.log.raise_skipped(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
         return finish(total, rel)
@@ -174,11 +184,15 @@ class EncryptStage(Wire):
     name = "encrypt"
     hides_uploads = True
 
+    def __post_init__(self) -> None:
+        if isinstance(self.keys, LocalKeys):  # the in-process key holder: the run's minimum
+            self.keys.min_clients = self.secagg.min_clients
+
     def open(self, rel: Release) -> None:
-        if len(rel.clients) < MIN_SECAGG_CLIENTS:
-            rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
-                         f"aggregation needs >= {MIN_SECAGG_CLIENTS}")
         st = self.secagg
+        if len(rel.clients) < st.min_clients:
+            rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
+                         f"aggregation needs >= {st.min_clients}")
         layout = PayloadLayout.from_payload(rel.example,
                                             symmetric=frozenset({"outer"} & set(rel.example)))
         params = CKKSParams.for_magnitude(st.max_abs(rel.label, rel.example), PRECISION,
@@ -206,7 +220,7 @@ class EncryptStage(Wire):
             rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
                                   client=client, bytes=len(data))
         rel.arrived = server.count
-        if server.count < MIN_SECAGG_CLIENTS:
+        if server.count < self.secagg.min_clients:
             rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
                          "server's checks")
         rel.hidden = True

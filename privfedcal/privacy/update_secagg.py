@@ -34,9 +34,10 @@ WEIGHT_KEY = "__weight"
 class SecureUpdates:
     """One object per run; ``average`` is called once per round."""
 
-    def __init__(self, max_weight_sum: float, clients: int) -> None:
+    def __init__(self, max_weight_sum: float, clients: int, min_clients: int = 2) -> None:
         self.max_weight_sum = float(max_weight_sum)
         self.clients = clients
+        self.min_clients = min_clients  # the key holder decrypts no sum of fewer updates
         self.seconds: list[float] = []  # wall time of each round's secure aggregation
         self.params: dict | None = None
 
@@ -61,6 +62,9 @@ class SecureUpdates:
             server.add(data)
             transcript.record(round_=round_, label=UPDATE_RELEASE, view="ciphertext", client=int(c),
                               bytes=len(data))
+        if server.count < self.min_clients:  # the key holder's check, from its own setting
+            raise UploadRejected(f"a sum of {server.count} update(s) is below the key holder's "
+                                 f"minimum of {self.min_clients}: not decrypted")
         total = holder.decrypt_aggregate(server.result(), layout, n_clients=server.count)
         weight = float(total.pop(WEIGHT_KEY)[0])
         if not weight > 0:

@@ -265,7 +265,8 @@ def build_uplink(cfg, exp, calibrator) -> Uplink:
 
         uniform = any(s.uniform_weights for s in up.stages)  # weights 1 under --dp-train
         n_total = float(sum(int(p.numel()) for p in exp.parts))
-        up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients)
+        up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients,
+                                   cfg.secagg_min_clients)
     return up
 
 

@@ -114,3 +114,59 @@ def test_bad_privacy_settings_one_line(args, needle, capsys):
     err = capsys.readouterr().err
     assert exc.value.code in (2, 3)
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    # an epsilon that protects nothing, or none at all
+    (["--method", "ccvr", "--dp-eps", "1e300"], "--dp-eps must be in (0, 100]"),
+    (["--method", "ccvr", "--dp-eps", "100.5"], "--dp-eps must be in (0, 100]"),
+    (["--method", "ccvr", "--dp-eps", "0"], "--dp-eps must be in (0, 100]"),
+    (["--method", "ccvr", "--dp-eps", "-1"], "--dp-eps must be in (0, 100]"),
+    (["--method", "ccvr", "--dp-eps", "nan"], "--dp-eps must be in (0, 100]"),
+    # DP parameters without the budget they belong to would be silently ignored
+    (["--method", "ccvr", "--dp-delta", "1e-6"], "--dp-delta belong(s) to a DP budget"),
+    (["--method", "ccvr", "--dp-clip", "2"], "--dp-clip belong(s) to a DP budget"),
+    (["--method", "creff", "--dp-grad-clip", "2"], "--dp-grad-clip belong(s) to a DP budget"),
+    (["--method", "ccvr", "--accountant", "prv"], "--accountant belong(s) to a DP budget"),
+    (["--method", "ccvr", "--dp-eps", "8", "--dp-nominal-size", "100"], "belong(s) to DP-SGD"),
+    (["--method", "ccvr", "--dp-eps", "8", "--dp-train-share", "0.3"], "belong(s) to DP-SGD"),
+    # secure aggregation that protects nothing, or sums too few uploads
+    (["--method", "fedavg", "--secagg"], "--secagg-updates"),
+    (["--method", "ccvr", "--secagg", "--clients", "1"], "fewer than --secagg-min-clients 2"),
+    (["--method", "creff", "--secagg", "--clients", "4", "--participation", "0.25"],
+     "fewer than --secagg-min-clients"),
+    (["--secagg-updates", "--clients", "4", "--secagg-min-clients", "5"],
+     "fewer than --secagg-min-clients 5"),
+    (["--method", "ccvr", "--secagg", "--secagg-min-clients", "1"], ">= 2"),
+    (["--method", "ccvr", "--secagg-min-clients", "3"], "belongs to secure aggregation"),
+])
+def test_settings_that_weaken_a_guarantee_are_refused(args, needle, tmp_path, capsys):
+    """One line, exit 2, and no run folder written."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *FAST[:4], *args, "--device", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_key_holder_refuses_a_sum_below_its_own_minimum():
+    """The key holder decrypts no sum of fewer uploads than its own --secagg-min-clients,
+    whatever number the server asks it to decrypt for."""
+    import torch
+
+    from privfedcal.errors import UploadRejected
+    from privfedcal.privacy.packing import PayloadLayout
+    from privfedcal.privacy.secagg import CKKSParams, KeyHolder, ServerAggregator, encrypt_payload
+    from privfedcal.privacy.secagg_stage import key_holder_release
+
+    payload = {"sum": torch.ones(4, dtype=torch.float64)}
+    layout = PayloadLayout.from_payload(payload, symmetric=frozenset())
+    holder = KeyHolder(CKKSParams.for_magnitude(10.0, max_clients=4))
+    server = ServerAggregator(holder.public_context_bytes(), layout)
+    server.add(encrypt_payload(payload, layout, holder.public_context_bytes()).to_bytes())
+    with pytest.raises(UploadRejected, match="below this key holder's minimum of 3"):
+        key_holder_release(holder, server.result(), layout, 2, min_clients=3)
+    with pytest.raises(UploadRejected, match="minimum of 2"):
+        key_holder_release(holder, server.result(), layout, 1, min_clients=2)

@@ -65,7 +65,7 @@ def test_arrays_are_npy_without_pickle():
 def test_run_config_round_trip():
     cfg = RunConfig(method="fedprox", method_params={"mu": 0.05}, clients=3, alpha=0.3,
                     calibrate="ccvr", calibration_params={"virtual_per_class": 7},
-                    dp_delta=1e-5, threads=None, augment=False)
+                    dp_eps=4.0, dp_delta=1e-5, threads=None, augment=False)
     opts = FlowerOptions(round_timeout=30.0, poll_interval=0.5, node_wait=9.0)
     back, back_opts = parse_run_config(to_run_config(cfg, opts))
     assert back == cfg and back_opts == opts
