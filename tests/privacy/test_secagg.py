@@ -286,3 +286,27 @@ def test_two_decryptions_of_the_same_sum_differ_by_more_than_the_ckks_error():
     dev = torch.cat([(a[k] - raw[k]).flatten() for k in LAYOUT.names])
     assert dev.abs().max().item() < 8 * std
     assert diff > err
+
+
+def test_flooding_has_the_40_bit_scale():
+    """The flooding std, measured over repeated decryptions of one sum, is the one 40-bit
+    statistical security asks for (Li-Micciancio: 2^20 sqrt(entries) times the CKKS error
+    bound E = n 4 N / 2^scale_bits, written out here independently of ``flooding_std``).
+    Flooding reduced by 2^10 (FLOOD_BITS 20) or to 1 bit fails it."""
+    import math
+
+    p = CKKSParams.for_magnitude(1e3, 1e-10, max_clients=8)
+    h = KeyHolder(p)
+    agg = ServerAggregator(h.public_context_bytes(), LAYOUT)
+    for s in (1, 2, 3):
+        agg.add(encrypt_payload(client_payload(s), LAYOUT, h.public_context_bytes()))
+    raw = h.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3, flood_bits=None)
+    devs = []
+    for _ in range(8):
+        a = h.decrypt_aggregate(agg.result(), LAYOUT, n_clients=3)
+        devs.append(torch.cat([(a[k] - raw[k]).flatten() for k in LAYOUT.names]))
+    dev = torch.cat(devs).double()
+    error_bound = 3 * 4.0 * p.poly_modulus_degree / 2.0 ** p.scale_bits
+    expected = 2.0 ** 20 * math.sqrt(LAYOUT.size) * error_bound
+    measured = float(dev.std())
+    assert 0.8 * expected < measured < 1.25 * expected, (measured, expected)
