@@ -21,6 +21,7 @@ NATURAL = {
     "resnet18": (3, 32, 512),
     "resnet18-plain": (3, 32, 512),
     "mobilenetv2": (3, 32, 1280),
+    "uv-cnn": (3, 32, 256),
 }
 
 
@@ -171,3 +172,21 @@ def test_resnet18_projector_is_feduv_and_feeds_z() -> None:
         expected = (F.cross_entropy(logits, y) + 0.5 * uniformity_loss(z)
                     + 1.5 * variance_loss(logits, algo.c))
         torch.testing.assert_close(algo.local_loss(r18, x, y), expected)
+
+
+def test_uv_cnn_has_feduv_bn_projector_feeding_z() -> None:
+    net = _build("uv-cnn").train()
+    kinds = [type(m).__name__ for m in net.projector]
+    assert kinds == ["Linear", "BatchNorm1d", "ReLU"] * 2
+    assert net.projector[0].in_features == 64 and net.projector[0].out_features == 256
+    convs = [m for m in net.convs if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs] == [
+        (16, 3, 1), (16, 1, 1), (32, 3, 2), (32, 3, 1), (32, 1, 1), (64, 3, 2), (64, 3, 1),
+        (64, 1, 1)]
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        z = net.projector(net.convs(x))
+        torch.testing.assert_close(net.features(x), z)
+        assert (z >= 0).all()
+    with pytest.raises(UsageError):
+        create_model("uv-cnn", num_classes=3, in_channels=1, image_size=8)
