@@ -10,17 +10,30 @@ classifier reads it. Any image of at least 15x15 pixels fits (global pooling).
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 
 
+class ProjectorBatchNorm(nn.BatchNorm1d):
+    """BatchNorm1d that normalises a training batch of ONE row with its running statistics
+    (and leaves them unchanged) instead of raising: batch statistics of one row are undefined,
+    and a client holding a single sample trains on it (docs/methods.md)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and x.shape[0] == 1 and self.running_mean is not None:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                training=False, eps=self.eps)
+        return super().forward(x)
+
+
 def bn_projector(in_dim: int, out_dim: int) -> nn.Sequential:
     """FedUV's projector: (Linear -> BatchNorm1d -> ReLU) twice."""
     return nn.Sequential(
-        nn.Linear(in_dim, out_dim), nn.BatchNorm1d(out_dim), nn.ReLU(),
-        nn.Linear(out_dim, out_dim), nn.BatchNorm1d(out_dim), nn.ReLU(),
+        nn.Linear(in_dim, out_dim), ProjectorBatchNorm(out_dim), nn.ReLU(),
+        nn.Linear(out_dim, out_dim), ProjectorBatchNorm(out_dim), nn.ReLU(),
     )
 
 
