@@ -10,9 +10,10 @@ lambda = D/4). After each epoch it prints the mean feature norm ||z|| and the la
 
     python benchmarks/feduv_scale.py --data CIFAR10_DIR [--epochs 8] [--major 2000] [--minor 60]
 
-L_U's sigma (the median squared pairwise distance) carries no gradient, so every step of
-L_U pushes all pairwise distances up against the current sigma; on a model without
-normalisation layers nothing holds the feature scale back.
+L_U's sigma (the median of the non-zero squared pairwise distances) is differentiated, as in
+the authors' code, so L_U is scale-invariant; an earlier L_U with sigma detached pushed every
+pairwise distance up against the current sigma, which on a model without normalisation
+layers nothing held back (docs/results.md has both measurements).
 """
 
 from __future__ import annotations

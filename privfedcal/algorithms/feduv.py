@@ -4,17 +4,21 @@ behave as if its data were IID::
     L = CE + mu * L_U(z) + lambda * L_V(logits)
     L_V = 1/D sum_j max(0, c - std(P[:, j])),   P = softmax(logits) over the mini-batch  (Eq. 2)
     c   = 1/D sum_j std(I_D[:, j]) = 1/sqrt(D)                                          (Eq. 3)
-    L_U = E_{x != y} exp(-||x - y||^2 / (2 sigma))  over the rows of z                  (Eq. 4)
+    L_U = mean over pairs {x, y} of exp(-||x - y||^2 / sigma)  over the rows of z          (Eq. 4)
 
-Convention (the paper's equations; docs/methods.md "Local methods" says where the authors'
-code differs):
+Convention (the authors' code, sonhamin/FedUV ``algs/feduv.py``, where it is more precise
+than the paper; docs/methods.md "Local methods" lists every difference):
 - every std is the unbiased one (torch.std default), in c and in std_j alike, so c = 1/sqrt(D);
-- sigma = median of the squared distances over pairs x != y, without gradient;
-- L_U is the mean over pairs x != y; z = ``model.features(x)`` (the penultimate output).
+- L_U: the exponent is ``-d^2 / sigma`` (no factor 2), sigma = the median of the NON-ZERO
+  squared pairwise distances, the lower middle value when their count is even (torch.median's
+  rule), and the gradient flows through sigma as well (it is a function of z, not a constant);
+  the mean runs over all unordered pairs, zero distances included (as torch.pdist's pairs);
+- z = ``model.features(x)``: the output of the model's projector where the model has one.
 Defaults mu = 0.5, lambda = D/4. For a batch of one both terms are undefined and skipped.
 Numerical guards (ours): std_j = sqrt(max(var_j, 1e-12)) so a constant column has a finite
-gradient; sigma is at least 1e-12; distances are computed in float32 (float64 if given)
-outside autocast, from batch-centred features.
+gradient; if every pairwise distance is zero (the authors' median would be NaN) L_U is the
+constant 1 with zero gradient; distances are computed in float32 (float64 if given) outside
+autocast, as squared norms of row differences (exact zeros for equal rows, smooth gradient).
 """
 
 from __future__ import annotations
@@ -46,20 +50,20 @@ def variance_loss(logits: Tensor, c: float) -> Tensor:
 
 
 def uniformity_loss(z: Tensor) -> Tensor:
-    """L_U (Eq. 4): mean Gaussian energy over pairs x != y, sigma = median squared distance."""
-    # At least float32 and outside autocast: a bf16 Gram matrix would swamp small distances.
-    # Centring changes no distance and reduces cancellation in |x|^2 + |y|^2 - 2 x.y.
+    """L_U (Eq. 4, the authors' form): mean of exp(-d^2 / sigma) over unordered pairs, sigma =
+    lower median of the non-zero squared distances, differentiated through sigma too."""
+    # At least float32 and outside autocast: bf16 distances would swamp small ones.
     with torch.autocast(device_type=z.device.type, enabled=False):
         z = z if z.dtype == torch.float64 else z.float()
-        z = z - z.mean(dim=0, keepdim=True)
-        sq = (z * z).sum(dim=1)
-        d2 = (sq[:, None] + sq[None, :] - 2.0 * (z @ z.T)).clamp_min(0.0)
-    rows, cols = torch.triu_indices(z.shape[0], z.shape[0], offset=1, device=z.device)
-    pair_d2 = d2[rows, cols]  # each unordered pair once: same mean and median as ordered pairs
-    ordered = pair_d2.detach().sort().values
-    n = ordered.numel()
-    sigma = (0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])).clamp_min(_EPS)
-    return torch.exp(-pair_d2 / (2.0 * sigma)).mean()
+        rows, cols = torch.triu_indices(z.shape[0], z.shape[0], offset=1, device=z.device)
+        diff = z[rows] - z[cols]
+        pair_d2 = (diff * diff).sum(dim=1)
+        nonzero = pair_d2[pair_d2 > 0]
+        if nonzero.numel() == 0:
+            return pair_d2.sum() * 0.0 + 1.0  # every row equal: exp(0) = 1 for every pair
+        ordered = nonzero.sort().values  # sort keeps the gradient to the selected element
+        sigma = ordered[(ordered.numel() - 1) // 2]
+        return torch.exp(-pair_d2 / sigma).mean()
 
 
 @dataclasses.dataclass(frozen=True)

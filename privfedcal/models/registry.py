@@ -11,6 +11,7 @@ from privfedcal.models.base import FeatureClassifier
 from privfedcal.models.cnn import DigitsCNN, SimpleCNN
 from privfedcal.models.mlp import MLP
 from privfedcal.models.resnet import resnet8, resnet18
+from privfedcal.models.uvcnn import UVCNN
 from privfedcal.registry import Registry
 
 #: a builder takes (num_classes, in_channels, image_size) and returns a fresh model
@@ -23,6 +24,7 @@ MODELS.register("digits-cnn")(
     lambda c, ch, s: DigitsCNN(num_classes=c, in_channels=ch, image_size=s)
 )
 MODELS.register("mlp")(lambda c, ch, s: MLP(num_classes=c, in_channels=ch, image_size=s))
+MODELS.register("uv-cnn")(lambda c, ch, s: UVCNN(num_classes=c, in_channels=ch, image_size=s))
 MODELS.register("resnet8")(lambda c, ch, s: resnet8(num_classes=c, in_channels=ch))
 MODELS.register("resnet18")(lambda c, ch, s: resnet18(num_classes=c, in_channels=ch))
 MODELS.register("resnet18-plain")(

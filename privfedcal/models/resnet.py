@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.uvcnn import bn_projector
 
 
 class BasicBlock(nn.Module):
@@ -72,10 +73,7 @@ class CifarResNet(FeatureClassifier):
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.projector: nn.Module = nn.Identity()
         if projector:
-            self.projector = nn.Sequential(
-                nn.Linear(in_planes, projector), nn.BatchNorm1d(projector), nn.ReLU(),
-                nn.Linear(projector, projector), nn.BatchNorm1d(projector), nn.ReLU(),
-            )
+            self.projector = bn_projector(in_planes, projector)
             in_planes = projector
         self.feature_dim = in_planes
         self.num_classes = num_classes

@@ -1,4 +1,5 @@
-"""FedUV: c, L_V and L_U against numpy; sigma without gradient; invariances; B = 1."""
+"""FedUV: c, L_V and L_U against numpy; L_U's gradient (through sigma too) against an
+independent torch expression of the authors' formula and finite differences; invariances; B = 1."""
 
 from __future__ import annotations
 
@@ -21,10 +22,20 @@ def _np_variance_loss(logits: np.ndarray, c: float) -> float:
 
 
 def _np_uniformity_loss(z: np.ndarray) -> float:
-    d2 = ((z[:, None, :] - z[None, :, :]) ** 2).sum(-1)
-    off = ~np.eye(len(z), dtype=bool)
-    sigma = np.median(d2[off])  # over ordered pairs x != y
-    return float(np.mean(np.exp(-d2[off] / (2 * sigma))))
+    """The authors' L_U: unordered pairs, sigma = lower median of the non-zero squared
+    distances, mean of exp(-d^2 / sigma) over every pair."""
+    i, j = np.triu_indices(len(z), k=1)
+    d2 = ((z[i] - z[j]) ** 2).sum(-1)
+    nonzero = np.sort(d2[d2 > 0])
+    sigma = nonzero[(len(nonzero) - 1) // 2]
+    return float(np.mean(np.exp(-d2 / sigma)))
+
+
+def _torch_authors_uniformity(z: torch.Tensor, detach_sigma: bool = False) -> torch.Tensor:
+    """An independent torch expression of the same formula (pdist + torch.median)."""
+    d2 = torch.pdist(z, p=2).pow(2)
+    sigma = torch.median(d2[d2 != 0])
+    return torch.exp(-d2 / (sigma.detach() if detach_sigma else sigma)).mean()
 
 
 def test_c_is_unbiased_identity_std() -> None:
@@ -49,23 +60,47 @@ def test_uniformity_loss_tiny_batch() -> None:
     z = torch.tensor(
         [[0.0, 1.0], [1.0, 1.0], [3.0, -1.0], [0.5, 2.0], [2.0, 2.0]], dtype=torch.float64
     )
+    # 10 pairs: an even count, so the lower of the two middle distances is sigma
     assert uniformity_loss(z).item() == pytest.approx(_np_uniformity_loss(z.numpy()), rel=1e-10)
-    # two points: sigma = their squared distance, so L_U = exp(-1/2)
+    # two points: sigma = their squared distance, so L_U = exp(-1)
     two = torch.tensor([[0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
-    assert uniformity_loss(two).item() == pytest.approx(np.exp(-0.5), rel=1e-12)
+    assert uniformity_loss(two).item() == pytest.approx(np.exp(-1.0), rel=1e-12)
+    # hand-worked: points 0, 1, 3 on a line: d2 = 1, 9, 4; sigma = 4; mean(e^-1/4, e^-9/4, e^-1)
+    line = torch.tensor([[0.0], [1.0], [3.0]], dtype=torch.float64)
+    expected = np.mean(np.exp(-np.array([1.0, 9.0, 4.0]) / 4.0))
+    assert uniformity_loss(line).item() == pytest.approx(expected, rel=1e-12)
 
 
-def test_sigma_carries_no_gradient() -> None:
-    g = torch.Generator().manual_seed(3)
-    z = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+def test_sigma_ignores_zero_distances() -> None:
+    # duplicated rows: zero distances count in the mean but not in the median
+    z = torch.tensor([[0.0], [0.0], [0.0], [1.0], [3.0]], dtype=torch.float64)
+    # d2: three zeros, 1 x3, 9 x3, 4 -> non-zero 1,1,1,4,9,9,9: median 4 (with zeros it would be 1)
+    got = uniformity_loss(z).item()
+    assert got == pytest.approx(_np_uniformity_loss(z.numpy()), rel=1e-12)
+    d2 = np.array([0, 0, 0, 1, 1, 1, 9, 9, 9, 4.0])
+    assert got == pytest.approx(np.mean(np.exp(-d2 / 4.0)), rel=1e-12)
+    every_equal = torch.ones(4, 3, dtype=torch.float64, requires_grad=True)
+    loss = uniformity_loss(every_equal)
+    loss.backward()
+    assert loss.item() == 1.0 and torch.count_nonzero(every_equal.grad) == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gradient_flows_through_sigma(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(7, 4, generator=g, dtype=torch.float64, requires_grad=True)
     uniformity_loss(z).backward()
-    # the same energy with sigma as a plain constant
-    z2 = z.detach().clone().requires_grad_(True)
-    d2 = ((z2[:, None] - z2[None]) ** 2).sum(-1)
-    off = ~torch.eye(6, dtype=torch.bool)
-    sigma = float(np.median(d2.detach().numpy()[off.numpy()]))
-    torch.exp(-d2[off] / (2 * sigma)).mean().backward()
-    torch.testing.assert_close(z.grad, z2.grad)
+    ours = z.grad.clone()
+    # against the independent torch expression of the authors' formula ...
+    ref = z.detach().clone().requires_grad_(True)
+    _torch_authors_uniformity(ref).backward()
+    torch.testing.assert_close(ours, ref.grad, rtol=1e-10, atol=1e-12)
+    # ... and against central finite differences (no autograd involved)
+    torch.autograd.gradcheck(uniformity_loss, (z.detach().clone().requires_grad_(True),))
+    # the part through sigma is not negligible: detaching it changes the gradient
+    det = z.detach().clone().requires_grad_(True)
+    _torch_authors_uniformity(det, detach_sigma=True).backward()
+    assert (ours - det.grad).norm() > 0.05 * ours.norm()
 
 
 @settings(max_examples=30, deadline=None)

@@ -21,6 +21,7 @@ NATURAL = {
     "resnet18": (3, 32, 512),
     "resnet18-plain": (3, 32, 512),
     "mobilenetv2": (3, 32, 1280),
+    "uv-cnn": (3, 32, 256),
 }
 
 
@@ -157,7 +158,7 @@ def test_resnet18_projector_is_feduv_and_feeds_z() -> None:
     extra = sum(p.numel() for p in r18.parameters()) - sum(p.numel() for p in plain.parameters())
     assert extra == 2 * (512 * 512 + 512 + 2 * 512)
     kinds = [type(m).__name__ for m in r18.projector]
-    assert kinds == ["Linear", "BatchNorm1d", "ReLU"] * 2
+    assert kinds == ["Linear", "ProjectorBatchNorm", "ReLU"] * 2
     x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     y = torch.tensor([0, 1, 2, 3, 4, 5])
     with torch.no_grad():
@@ -171,3 +172,42 @@ def test_resnet18_projector_is_feduv_and_feeds_z() -> None:
         expected = (F.cross_entropy(logits, y) + 0.5 * uniformity_loss(z)
                     + 1.5 * variance_loss(logits, algo.c))
         torch.testing.assert_close(algo.local_loss(r18, x, y), expected)
+
+
+def test_uv_cnn_has_feduv_bn_projector_feeding_z() -> None:
+    net = _build("uv-cnn").train()
+    kinds = [type(m).__name__ for m in net.projector]
+    assert kinds == ["Linear", "ProjectorBatchNorm", "ReLU"] * 2
+    assert net.projector[0].in_features == 64 and net.projector[0].out_features == 256
+    convs = [m for m in net.convs if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs] == [
+        (16, 3, 1), (16, 1, 1), (32, 3, 2), (32, 3, 1), (32, 1, 1), (64, 3, 2), (64, 3, 1),
+        (64, 1, 1)]
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        z = net.projector(net.convs(x))
+        torch.testing.assert_close(net.features(x), z)
+        assert (z >= 0).all()
+    with pytest.raises(UsageError):
+        create_model("uv-cnn", num_classes=3, in_channels=1, image_size=8)
+
+
+@pytest.mark.parametrize("name", ["uv-cnn", "resnet18"])
+def test_projector_trains_on_a_batch_of_one(name: str) -> None:
+    # a one-sample client: BatchNorm1d would raise; the projector uses its running statistics
+    net = _build(name).train()
+    ch, size, _ = NATURAL[name]
+    x = torch.randn(3, ch, size, size, generator=torch.Generator().manual_seed(4))
+    net(x[:2])  # one ordinary step moves the running statistics off their initial values
+    bn = net.projector[1]
+    assert isinstance(bn, torch.nn.BatchNorm1d)
+    before = bn.running_mean.clone()
+    out = net(x[2:])
+    torch.testing.assert_close(bn.running_mean, before, rtol=0, atol=0)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+    # the projector's value on the row equals the eval-mode projector (running statistics)
+    h = net.convs(x[2:]) if name == "uv-cnn" else net.pool(net.stages(net.stem(x[2:])))
+    train_z = net.projector(h)
+    net.projector.eval()
+    torch.testing.assert_close(train_z, net.projector(h))
