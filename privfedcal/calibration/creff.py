@@ -243,19 +243,40 @@ class GradTask:
         return {"grad": mean, "holders": (count > 0).double()}
 
 
+#: a Mersenne prime: products of two residues fit in int64, so the hash below is exact
+_HASH_PRIME = 2**31 - 1
+
+
 def content_keys(x: Tensor, seed: int) -> Tensor:
-    """A key in [0, 1) per sample that depends on the sample's content and ``seed`` only (a
-    hash of a seeded random projection), never on its position among the others."""
-    flat = x.detach().reshape(len(x), -1).to("cpu", torch.float64)
+    """An int64 key per sample that depends on the sample's bytes and ``seed`` only, never
+    on its position or on the other samples: two seeded affine hashes modulo a prime of the
+    sample's 32-bit words (``a0 + sum_j a_j w_j mod p``, a 2-universal family), combined into
+    one key. Integer arithmetic makes it exact, so removing one sample leaves every other
+    key unchanged bit for bit (a float projection is not: BLAS sums rows of different
+    matrices in different orders)."""
+    flat = x.detach().reshape(len(x), -1).contiguous()
+    if flat.is_floating_point() and flat.element_size() in (4, 8):
+        words = flat.view(torch.int32)
+    elif flat.is_floating_point():
+        words = flat.view(torch.int16)
+    else:
+        words = flat
     g = torch.Generator().manual_seed(seed)
-    proj = flat @ torch.randn(flat.shape[1], dtype=torch.float64, generator=g)
-    return torch.frac(torch.sin(proj * 12.9898 + 0.5) * 43758.5453).abs()
+    coef = torch.randint(1, _HASH_PRIME, (2, words.shape[1] + 1), generator=g).to(words.device)
+    out = torch.empty(len(x), dtype=torch.int64, device=words.device)
+    step = max(1, (1 << 22) // max(1, words.shape[1]))   # bounds the int64 block in memory
+    for i in range(0, len(x), step):
+        w = torch.remainder(words[i:i + step].to(torch.int64), _HASH_PRIME)
+        h = [(coef[k, 0] + torch.remainder(w * coef[k, 1:], _HASH_PRIME).sum(1)) % _HASH_PRIME
+             for k in range(2)]
+        out[i:i + step] = h[0] * _HASH_PRIME + h[1]
+    return out.cpu()
 
 
 def capped_per_class(x: Tensor, y: Tensor, num_classes: int, cap: int,
                      seed: int) -> Tensor | None:
     """Sorted indices of at most ``cap`` samples per class: those with the smallest
-    ``content_keys`` (a uniform draw without replacement for distinct samples); None when no
+    ``content_keys`` (a draw without replacement, uniform over seeds); None when no
     class has more than ``cap`` samples. A neighbouring dataset (one sample added or
     removed) changes the kept set by at most one swap."""
     y = y.detach().to("cpu", torch.long)
