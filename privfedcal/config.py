@@ -31,10 +31,10 @@ from privfedcal.settings import (
     settings_of,
 )
 
-#: ``--method`` shorthands: (local method, calibrator)
 #: the largest --dp-eps accepted: beyond it the guarantee says nothing (e^100 ~ 2.7e43)
 MAX_EPSILON = 100.0
 
+#: ``--method`` shorthands: (local method, calibrator)
 METHOD_ALIASES: dict[str, tuple[str, str]] = {
     "ccvr": ("fedavg", "ccvr"),
     "creff": ("fedavg", "creff"),

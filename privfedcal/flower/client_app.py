@@ -8,8 +8,9 @@ partition, same model and method objects as the simulator) and trains with the s
 Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``):
 
 * ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
-  metrics {num-examples, train-loss} (no train-loss under --dp-train). The method's per-client state (MOON's previous model)
-  stays on the node, in ``context.state["privfedcal.client-state"]``.
+  metrics {num-examples, train-loss} (no train-loss under --dp-train). The method's
+  per-client state (MOON's previous model) stays on the node, in
+  ``context.state["privfedcal.client-state"]``.
 * ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data;
   privfedcal's ServerApp never sends it, and a client refuses it under any DP setting.
 * ``query.payload``: ``state``, ``task``/``task-arrays`` (``flower/tasks.py``), ``config``
