@@ -158,6 +158,8 @@ CALIBRATION_SETTINGS: tuple[Setting, ...] = (
     _hyper("retrain_steps", int, "CReFF classifier re-training steps J.", scope="calibration"),
     _hyper("feature_lr", float, "CReFF federated-feature learning rate.", scope="calibration"),
     _hyper("creff_weighting", str, "CReFF g_agg: client (paper) | sample", scope="calibration"),
+    _hyper("creff_dsa", str, "CReFF client-gradient augmentation (DSA): a strategy such as "
+           "color_crop_cutout_flip_scale_rotate (authors, default) | none", scope="calibration"),
 )
 
 

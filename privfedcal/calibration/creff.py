@@ -22,7 +22,15 @@ Defaults follow the authors' code wherever the paper's tables came from it:
   average 10 batches of 32 images per class, augmented; same expectation, bounded client
   cost, each sample counted at most once, and a neighbouring dataset changes the draw by one
   swap, so the sensitivity the DP noise assumes holds: ``GradTask``); ``client_draws=None``
-  uses every sample; no augmentation;
+  uses every sample;
+* client gradients are computed on images under the authors' differentiable Siamese
+  augmentation (``dsa``, default their strategy ``color_crop_cutout_flip_scale_rotate``;
+  ``"none"`` turns it off; ``privfedcal/data/dsa.py``): the authors augment each class batch
+  of 32 with one transform; here the kept samples of a class fall into ``client_draws``
+  groups by a second hash of their content, and each (class, group) gets one transform
+  drawn from the round's seed, so a sample's transform never depends on the other samples
+  and the sensitivity stays as it is. The server matches federated features in feature
+  space, where the authors' code augments nothing, and so does ours;
 * ``weighting="client"`` is the paper's unweighted mean over holders (``grad`` = per-class
   mean, ``holders`` indicators); ``"sample"`` uploads sums and counts only, the form DP noise
   and secure aggregation prefer;
@@ -61,6 +69,7 @@ from privfedcal.calibration.retrain import (
     retrain_classifier,
     write_head,
 )
+from privfedcal.data.dsa import AUTHORS_STRATEGY, apply_transforms, draw_transforms, parse_strategy
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import (
     CALIBRATORS,
@@ -72,6 +81,7 @@ from privfedcal.federation.hooks import (
 )
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.privacy.releases import CREFF_RELEASE, ReleaseSpec
+from privfedcal.seeding import derive_seed
 from privfedcal.tensors import all_finite
 
 WEIGHTINGS = ("client", "sample")
@@ -86,7 +96,8 @@ class CReFFParams:
     """Paper: m = 100, I = 100, J = 300, SGD lr 0.1 for the features. The remaining defaults
     follow the authors' code (the paper's tables): re-training for J epochs of batch-32
     minibatches at lr 0.01 from a fresh head, a fresh round-1 ``v_hat``, the bias gradient
-    as one more cosine term, summed terms, at most 10 x 32 samples per class on a client.
+    as one more cosine term, summed terms, at most 10 x 32 samples per class on a client,
+    differentiable Siamese augmentation of the client's images (``dsa``).
 
     The earlier recipe (J full-batch steps at lr 0.1, ``v_hat`` from the global classifier,
     bias entries in the rows, all samples) is ``retrain_unit="step", retrain_lr=0.1,
@@ -108,8 +119,10 @@ class CReFFParams:
     weighting: str = "client"
     match_reduction: str = "sum"
     feature_batch_size: int = 1024
+    dsa: str = AUTHORS_STRATEGY
 
     def __post_init__(self) -> None:
+        parse_strategy(self.dsa)  # refuses an unknown strategy with a one-line UsageError
         for name in ("features_per_class", "feature_batch_size", "draw_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"CReFF {name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}")
@@ -211,6 +224,8 @@ class GradTask:
     batch_size: int = 1024
     per_class_cap: int | None = None
     seed: int = 0
+    dsa: str = "none"
+    dsa_groups: int = 10
 
     def public_tensors(self) -> dict[str, Tensor]:
         """The head every client differentiates this round: the server sends it, so the
@@ -219,12 +234,16 @@ class GradTask:
 
     def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
         scale = 1.0
+        augment = bool(parse_strategy(self.dsa))
+        keys = content_keys(x, self.seed) if self.per_class_cap is not None or augment else None
         if self.per_class_cap is not None:
             if self.weighting == "sample" or self.per_class_cap < 2:
                 scale = 0.5  # a swap moves a sum by 2 clips: keep the sensitivity at one
-            keep = capped_per_class(x, y, self.num_classes, self.per_class_cap, self.seed)
+            keep = _keep_smallest(keys, y, self.num_classes, self.per_class_cap)
             if keep is not None:
-                x, y = x[keep.to(x.device)], y[keep.to(y.device)]
+                x, y, keys = x[keep.to(x.device)], y[keep.to(y.device)], keys[keep]
+        if augment:
+            x = self.augment(x, y, keys)
         z = extract_features(model, x, self.batch_size)
         w = self.weight.to(device=z.device, dtype=z.dtype)
         b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
@@ -242,6 +261,17 @@ class GradTask:
         mean = grad / count.clamp_min(1)[:, None, None]
         return {"grad": mean, "holders": (count > 0).double()}
 
+    def augment(self, x: Tensor, y: Tensor, keys: Tensor) -> Tensor:
+        """``x`` under DSA: sample i gets transform set ``y_i * dsa_groups + group_i``, its
+        group a hash of its content (``keys`` mod the prime: independent of the key's high
+        part that the cap sorts by), the sets drawn from the round's seed alone. Samples of a
+        (class, group) share one transform, as the authors' class batches do."""
+        group = torch.remainder(torch.remainder(keys, _HASH_PRIME), self.dsa_groups)
+        index = y.to("cpu", torch.long) * self.dsa_groups + group
+        g = torch.Generator().manual_seed(derive_seed(self.seed, 0x05A))
+        t = draw_transforms(self.num_classes * self.dsa_groups, self.dsa, g)
+        return apply_transforms(x, t, index)
+
 
 #: a Mersenne prime: products of two residues fit in int64, so the hash below is exact
 _HASH_PRIME = 2**31 - 1
@@ -254,7 +284,7 @@ def content_keys(x: Tensor, seed: int) -> Tensor:
     one key. Integer arithmetic makes it exact, so removing one sample leaves every other
     key unchanged bit for bit (a float projection is not: BLAS sums rows of different
     matrices in different orders)."""
-    flat = x.detach().reshape(len(x), -1).contiguous()
+    flat = x.detach().flatten(1).contiguous()
     if flat.is_floating_point() and flat.element_size() in (4, 8):
         words = flat.view(torch.int32)
     elif flat.is_floating_point():
@@ -280,10 +310,18 @@ def capped_per_class(x: Tensor, y: Tensor, num_classes: int, cap: int,
     class has more than ``cap`` samples. A neighbouring dataset (one sample added or
     removed) changes the kept set by at most one swap."""
     y = y.detach().to("cpu", torch.long)
+    if not bool((torch.bincount(y, minlength=num_classes) > cap).any()):
+        return None
+    return _keep_smallest(content_keys(x, seed), y, num_classes, cap)
+
+
+def _keep_smallest(keys: Tensor, y: Tensor, num_classes: int, cap: int) -> Tensor | None:
+    """Sorted indices of the ``cap`` smallest ``keys`` of every class (None: none over)."""
+    y = y.detach().to("cpu", torch.long)
     counts = torch.bincount(y, minlength=num_classes)
     if not bool((counts > cap).any()):
         return None
-    order = torch.argsort(content_keys(x, seed), stable=True)    # a random order ...
+    order = torch.argsort(keys, stable=True)                      # a random order ...
     order = order[torch.argsort(y[order], stable=True)]           # ... grouped by class
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.arange(len(y)) - starts[y[order]]
@@ -356,7 +394,7 @@ class CReFF(Calibrator):
         # more than ``cap`` samples of a class, the run is identical to ``client_draws=None``.
         seed = (ctx.generator.initial_seed() * 1_000_003 + 17) % 2**63
         task = GradTask(w_eff.cpu(), None if bias is None else bias.cpu(), c, p.weighting,
-                        p.feature_batch_size, cap, seed)
+                        p.feature_batch_size, cap, seed, p.dsa, p.client_draws or 10)
         payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
                               label=CREFF_RELEASE)
         g_agg, mask = aggregate_gradients(payload, p.weighting, c)
@@ -399,6 +437,10 @@ class CReFF(Calibrator):
             "matched_classes": int(mask.sum()),
             "seconds": round(time.perf_counter() - t0, 4),
         }
+
+    def after_training(self, ctx: ServerContext) -> dict[str, Any]:
+        """The augmentation the client gradients ran under, for summary.json."""
+        return {"creff_dsa": self.params.dsa}
 
     def eval_state(self, global_state: State) -> State:
         if self.weight is None:

@@ -49,8 +49,9 @@ def ccvr_view(tmp_path_factory) -> RunView:
 @pytest.fixture(scope="module")
 def creff_view(tmp_path_factory) -> RunView:
     run = tmp_path_factory.mktemp("runner") / "creff"
+    # without DSA: the tests below recompute the uploads from the clients' raw images
     main(["train", *FAST, "--rounds", "2", "--method", "creff", "--match-steps", "5",
-          "--retrain-steps", "5", "--out", str(run)])
+          "--retrain-steps", "5", "--creff-dsa", "none", "--out", str(run)])
     return load_run(run)
 
 

@@ -114,15 +114,16 @@ def _round(creff, ctx, r):
     return creff.last_round_info
 
 
+# the fake clients hold 4-d feature vectors, not images: no DSA (tested on images below)
 PARAMS = CReFFParams(features_per_class=8, match_steps=30, retrain_steps=100,
-                     feature_momentum=0.5)
+                     feature_momentum=0.5, dsa="none")
 
 
 @pytest.mark.parametrize("weighting,reduction", [("client", "sum"), ("sample", "mean")])
 def test_matching_loss_decreases_and_head_is_used(make_context, weighting, reduction):
     ctx = make_context()
     creff = CReFF(CReFFParams(features_per_class=8, match_steps=30, retrain_steps=100,
-                              weighting=weighting, match_reduction=reduction),
+                              weighting=weighting, match_reduction=reduction, dsa="none"),
                   num_classes=3, feature_dim=4)
     assert creff.eval_state(ctx.global_state) is ctx.global_state
     info = _round(creff, ctx, 1)
@@ -152,7 +153,7 @@ def test_state_dict_round_trip_gives_identical_continuation(make_context):
 
 def test_creff_debiases_on_the_synthetic_case(make_context):
     ctx = make_context()
-    creff = CReFF(CReFFParams(features_per_class=10, match_steps=100, retrain_steps=200),
+    creff = CReFF(CReFFParams(features_per_class=10, match_steps=100, retrain_steps=200, dsa="none"),
                   num_classes=3, feature_dim=4)
     before = ctx.evaluate(ctx.global_state)["accuracy"]
     for r in (1, 2, 3):
@@ -164,7 +165,7 @@ def test_creff_debiases_on_the_synthetic_case(make_context):
 
 def test_creff_with_clsnorm_head(make_context):
     ctx = make_context(normalized=True)
-    creff = CReFF(CReFFParams(features_per_class=10, match_steps=50, retrain_steps=200),
+    creff = CReFF(CReFFParams(features_per_class=10, match_steps=50, retrain_steps=200, dsa="none"),
                   num_classes=3, feature_dim=4)
     before = ctx.evaluate(ctx.global_state)["accuracy"]
     for r in (1, 2):
@@ -310,7 +311,7 @@ def test_retrain_step_count_and_initial_head(make_context):
     for init in ("fresh", "global"):
         ctx = make_context()
         creff = CReFF(CReFFParams(features_per_class=4, match_steps=1, retrain_steps=1,
-                                  initial_head=init), num_classes=3, feature_dim=4)
+                                  initial_head=init, dsa="none"), num_classes=3, feature_dim=4)
         tasks: list = []
 
         def recording(task, *a, _tasks=tasks, _collect=ctx.collect, **k):
@@ -335,7 +336,7 @@ def test_client_draws_change_nothing_where_no_class_exceeds_the_cap(make_context
     for draws in (10, None):
         ctx = make_context()
         creff = CReFF(CReFFParams(features_per_class=6, match_steps=5, retrain_steps=3,
-                                  client_draws=draws), num_classes=3, feature_dim=4)
+                                  client_draws=draws, dsa="none"), num_classes=3, feature_dim=4)
         for r in (1, 2):
             _round(creff, ctx, r)
         runs.append(creff.state_dict())

@@ -43,6 +43,7 @@ def test_spec_argument_and_options():
 @pytest.mark.parametrize("name,options", [
     ("ccvr", {"virtual_mode": "uniform"}), ("ccvr", {"lr": -1.0}),
     ("creff", {"creff_weighting": "median"}), ("creff", {"features_per_class": 0}),
+    ("creff", {"creff_dsa": "color_blur"}), ("creff", {"dsa": "flip_flip"}),
     ("oracle", {"batch_size": 0}),
 ])
 def test_bad_values_are_usage_errors(name, options):
@@ -53,7 +54,9 @@ def test_bad_values_are_usage_errors(name, options):
 @pytest.mark.parametrize("name", [n for n in CALIBRATORS.names() if n != "none"])
 def test_every_calibrator_state_dict_is_tensors_only(name, make_context):
     ctx = make_context()
-    cal = make(name, None, match_steps=2, retrain_steps=2, features_per_class=2, steps=2)
+    # the fake clients hold feature vectors, not images: CReFF without its image augmentation
+    cal = make(name, None, match_steps=2, retrain_steps=2, features_per_class=2, steps=2,
+               dsa="none")
     cal.after_round(ctx)
     cal.after_training(ctx)
     state = cal.state_dict()

@@ -49,6 +49,7 @@ def test_creff_runs_and_records_every_round(tmp_path, capsys):
     s = train(tmp_path, "--method", "creff", "--match-steps", "10", "--retrain-steps", "20")
     assert s["calibrator"] == "creff" and s["local_method"] == "fedavg"
     assert "accuracy_before_calibration" not in s      # CReFF has no post-hoc step
+    assert s["creff_dsa"] == "color_crop_cutout_flip_scale_rotate"  # the authors' default
     rounds = [json.loads(line) for line in
               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2, 3]
@@ -58,6 +59,14 @@ def test_creff_runs_and_records_every_round(tmp_path, capsys):
         assert info["name"] == "creff" and info["matched_classes"] == 10
         # gradient matching decreases the matching loss of Eq. 6 within a round
         assert info["match_loss_after"] < info["match_loss_before"]
+
+
+def test_creff_without_augmentation_is_recorded(tmp_path, capsys):
+    s = train(tmp_path, "--method", "creff", "--match-steps", "2", "--retrain-steps", "2",
+              "--creff-dsa", "none")
+    assert s["creff_dsa"] == "none"
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["calibration_params"]["creff_dsa"] == "none"
 
 
 def test_creff_reaches_a_sane_accuracy(tmp_path, capsys):
