@@ -221,6 +221,10 @@ class GradTask:
     are halved: the released ``grad`` then moves by at most the clip G the noise is
     calibrated to (CReFF matches gradient directions, which the halving leaves unchanged).
     A per-class mean over at least 2 kept samples moves by at most 2G/2 = G, unhalved.
+
+    With ``dsa`` (a strategy of ``privfedcal/data/dsa.py``), the kept images are augmented
+    before their features are taken (``augment``): each sample's transform depends on its
+    own content and the public seed only, so the bounds above hold unchanged.
     """
 
     weight: Tensor
