@@ -66,6 +66,10 @@ def run_config(args: argparse.Namespace, **kw: Any) -> RunConfig:
 
 
 def parse_value(text: str) -> Any:
+    """A number, true/false, none (None: the default), or a string; quotes keep a string as
+    it is (``creff_dsa='none'`` is the string "none", augmentation off)."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
     for kind in (int, float):
         try:
             return kind(text)
@@ -74,9 +78,10 @@ def parse_value(text: str) -> Any:
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
-def posthoc(sim: Simulator, calibrate: str) -> dict[str, Any]:
-    """Calibrate the finished simulator's global model with ``calibrate``; test accuracy."""
-    cfg = sim.cfg
+def posthoc(sim: Simulator, calibrate: str, cfg: RunConfig) -> dict[str, Any]:
+    """Calibrate the finished simulator's global model with ``calibrate`` and the calibration
+    options of ``cfg`` (the benchmark's); test accuracy."""
+    cfg = sim.cfg.replace(calibration_params=cfg.calibration_params)
     calibrator = build_calibrator(cfg.replace(calibrate=calibrate), sim.exp)
     ctx = RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
                        list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
@@ -95,6 +100,8 @@ def train(cfg: RunConfig, run_dir: Path) -> tuple[Simulator, dict[str, Any]]:
     curve = [[h["round"], h["accuracy"]] for h in sim.history if "accuracy" in h]
     out = {"accuracy": summary["accuracy"], "per_class_accuracy": summary["per_class_accuracy"],
            "seconds": round(time.perf_counter() - t0, 3), "curve": curve}
+    if "creff_dsa" in summary:
+        out["creff_dsa"] = summary["creff_dsa"]
     info = sim.history[-1].get("calibration")
     if info:
         out["last_round"] = info
@@ -108,12 +115,14 @@ def tail_classes(sim: Simulator) -> list[int]:
 
 def setting_runs(cfg: RunConfig, tmp: Path, posthocs: list[str], creff: bool,
                  diagnose: bool = False) -> dict[str, Any]:
-    """One FedAvg training calibrated by every name in ``posthocs``; CReFF as its own run."""
-    sim, fedavg = train(cfg, tmp / "fedavg")
+    """One FedAvg training calibrated by every name in ``posthocs``; CReFF as its own run.
+    The FedAvg run itself takes no calibration options (a run without a calibrator refuses
+    them); the post-hoc calibrations and CReFF get them."""
+    sim, fedavg = train(cfg.replace(calibration_params={}), tmp / "fedavg")
     out: dict[str, Any] = {"fedavg": fedavg, "tail_classes": tail_classes(sim),
                            "train_counts": np.asarray(sim.exp.counts).sum(axis=0).tolist()}
     for name in posthocs:
-        out[name] = posthoc(sim, name)
+        out[name] = posthoc(sim, name, cfg)
     if creff:
         creff_sim, out["creff"] = train(cfg.replace(method="creff"), tmp / "creff")
         if diagnose:

@@ -62,6 +62,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.calibration.ccvr import extract_features
+from privfedcal.calibration.draws import (  # noqa: F401  (capped_per_class: re-exported)
+    HASH_PRIME,
+    capped_per_class,
+    content_keys,
+    keep_smallest,
+)
 from privfedcal.calibration.retrain import (
     effective_weight,
     fresh_head,
@@ -215,6 +221,10 @@ class GradTask:
     are halved: the released ``grad`` then moves by at most the clip G the noise is
     calibrated to (CReFF matches gradient directions, which the halving leaves unchanged).
     A per-class mean over at least 2 kept samples moves by at most 2G/2 = G, unhalved.
+
+    With ``dsa`` (a strategy of ``privfedcal/data/dsa.py``), the kept images are augmented
+    before their features are taken (``augment``): each sample's transform depends on its
+    own content and the public seed only, so the bounds above hold unchanged.
     """
 
     weight: Tensor
@@ -239,7 +249,7 @@ class GradTask:
         if self.per_class_cap is not None:
             if self.weighting == "sample" or self.per_class_cap < 2:
                 scale = 0.5  # a swap moves a sum by 2 clips: keep the sensitivity at one
-            keep = _keep_smallest(keys, y, self.num_classes, self.per_class_cap)
+            keep = keep_smallest(keys, y, self.num_classes, self.per_class_cap)
             if keep is not None:
                 x, y, keys = x[keep.to(x.device)], y[keep.to(y.device)], keys[keep]
         if augment:
@@ -266,66 +276,11 @@ class GradTask:
         group a hash of its content (``keys`` mod the prime: independent of the key's high
         part that the cap sorts by), the sets drawn from the round's seed alone. Samples of a
         (class, group) share one transform, as the authors' class batches do."""
-        group = torch.remainder(torch.remainder(keys, _HASH_PRIME), self.dsa_groups)
+        group = torch.remainder(torch.remainder(keys, HASH_PRIME), self.dsa_groups)
         index = y.to("cpu", torch.long) * self.dsa_groups + group
         g = torch.Generator().manual_seed(derive_seed(self.seed, 0x05A))
         t = draw_transforms(self.num_classes * self.dsa_groups, self.dsa, g)
         return apply_transforms(x, t, index)
-
-
-#: a Mersenne prime: products of two residues fit in int64, so the hash below is exact
-_HASH_PRIME = 2**31 - 1
-
-
-def content_keys(x: Tensor, seed: int) -> Tensor:
-    """An int64 key per sample that depends on the sample's bytes and ``seed`` only, never
-    on its position or on the other samples: two seeded affine hashes modulo a prime of the
-    sample's 32-bit words (``a0 + sum_j a_j w_j mod p``, a 2-universal family), combined into
-    one key. Integer arithmetic makes it exact, so removing one sample leaves every other
-    key unchanged bit for bit (a float projection is not: BLAS sums rows of different
-    matrices in different orders)."""
-    flat = x.detach().flatten(1).contiguous()
-    if flat.is_floating_point() and flat.element_size() in (4, 8):
-        words = flat.view(torch.int32)
-    elif flat.is_floating_point():
-        words = flat.view(torch.int16)
-    else:
-        words = flat
-    g = torch.Generator().manual_seed(seed)
-    coef = torch.randint(1, _HASH_PRIME, (2, words.shape[1] + 1), generator=g).to(words.device)
-    out = torch.empty(len(x), dtype=torch.int64, device=words.device)
-    step = max(1, (1 << 22) // max(1, words.shape[1]))   # bounds the int64 block in memory
-    for i in range(0, len(x), step):
-        w = torch.remainder(words[i:i + step].to(torch.int64), _HASH_PRIME)
-        h = [(coef[k, 0] + torch.remainder(w * coef[k, 1:], _HASH_PRIME).sum(1)) % _HASH_PRIME
-             for k in range(2)]
-        out[i:i + step] = h[0] * _HASH_PRIME + h[1]
-    return out.cpu()
-
-
-def capped_per_class(x: Tensor, y: Tensor, num_classes: int, cap: int,
-                     seed: int) -> Tensor | None:
-    """Sorted indices of at most ``cap`` samples per class: those with the smallest
-    ``content_keys`` (a draw without replacement, uniform over seeds); None when no
-    class has more than ``cap`` samples. A neighbouring dataset (one sample added or
-    removed) changes the kept set by at most one swap."""
-    y = y.detach().to("cpu", torch.long)
-    if not bool((torch.bincount(y, minlength=num_classes) > cap).any()):
-        return None
-    return _keep_smallest(content_keys(x, seed), y, num_classes, cap)
-
-
-def _keep_smallest(keys: Tensor, y: Tensor, num_classes: int, cap: int) -> Tensor | None:
-    """Sorted indices of the ``cap`` smallest ``keys`` of every class (None: none over)."""
-    y = y.detach().to("cpu", torch.long)
-    counts = torch.bincount(y, minlength=num_classes)
-    if not bool((counts > cap).any()):
-        return None
-    order = torch.argsort(keys, stable=True)                      # a random order ...
-    order = order[torch.argsort(y[order], stable=True)]           # ... grouped by class
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(len(y)) - starts[y[order]]
-    return torch.sort(order[rank < cap]).values
 
 
 def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> tuple[Tensor, Tensor]:
