@@ -3,11 +3,15 @@
 The run config (``[tool.flwr.app.config]``, see ``flower/records.py``) is a ``RunConfig``;
 the server builds the method, calibrator and uplink with the same factories as
 ``privfedcal train`` and writes the same run folder (``metrics.jsonl``, ``summary.json``,
-``transcript/``, ``checkpoint/``, ``final/``) to ``out`` (default
+``server/transcript/``, ``checkpoint/``, ``final/``) to ``out`` (default
 ``runs/flower-<method>-<run id>`` under the ServerApp's working directory).
 
-The server builds the experiment to get the model, the test set and the partition sizes it
-checks the clients' replies against; it never reads a client's training samples.
+The server builds the server's experiment (``federation/setup.py``
+``build_server_experiment``): the model, the public test set it evaluates on and public
+sizes. It never holds training samples, the partition or the data seed (which the nodes
+take from their node config, ``data-seed``): clients' sample counts are what the nodes
+report. Its run folder has ``server/`` (its view) and the experimenter's records, and no
+``private/``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     cfg, options = parse_run_config(context.run_config)
     cfg = cfg.replace(workers=1)
     run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
-    exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)))
+    exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
     link = GridLink(grid, exp.cfg.clients, options)
     return FlowerSimulator(exp.cfg, run_dir, link, calibrator=calibrator, uplink=uplink,
                            exp=exp, key_holder=options.key_holder,
