@@ -19,7 +19,7 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
     for k, v in plain.global_state.items():
         if v.is_floating_point():
             torch.testing.assert_close(sec.global_state[k], v, atol=1e-3, rtol=0)
-    entries = [e for e in load_transcript(tmp_path / "b" / "transcript")
+    entries = [e for e in load_transcript(tmp_path / "b" / "server" / "transcript")
                if e["label"] == "model-update"]
     views = [e["view"] for e in entries]
     assert views.count("ciphertext") == cfg.clients and views.count("aggregate") == 1
