@@ -27,6 +27,7 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,20 +90,29 @@ def node_partition(context: Context, num_clients: int) -> int:
     return k
 
 
+#: where a node finds the data seed when its node config has none: the environment of the
+#: SuperNode (or, on the simulation engine, whose virtual nodes' configs Flower writes, of
+#: the SuperLink that runs them)
+DATA_SEED_ENV = "PRIVFEDCAL_DATA_SEED"
+
+
 def node_data_seed(context: Context, cfg: RunConfig) -> RunConfig:
-    """``cfg`` with the data seed of the node config (``data-seed``), which wins over the run
-    config's. Under a protection (``partition_is_secret``) one of them must give it: every
-    node must draw the same partition, from a seed the server does not hold."""
-    raw = context.node_config.get("data-seed", "")
-    if raw not in ("", None):
-        try:
-            cfg = cfg.replace(data_seed=int(raw))
-        except (TypeError, ValueError):
-            raise UsageError(f"node config data-seed={raw!r} is not an integer") from None
+    """``cfg`` with the node's data seed: its node config's ``data-seed``, else the
+    environment's ``PRIVFEDCAL_DATA_SEED``, else the run config's (which the ServerApp
+    refuses on a protected run: the server reads the run config). Under a protection
+    (``partition_is_secret``) one of them must give it: every node must draw the same
+    partition, from a seed the server does not hold."""
+    for where, raw in (("node config data-seed", context.node_config.get("data-seed", "")),
+                       (DATA_SEED_ENV, os.environ.get(DATA_SEED_ENV, ""))):
+        if raw not in ("", None):
+            try:
+                return cfg.replace(data_seed=int(raw))
+            except (TypeError, ValueError):
+                raise UsageError(f"{where}={raw!r} is not an integer") from None
     if cfg.data_seed is None and partition_is_secret(cfg):
         raise UsageError("this run's protections need a partition the server cannot redraw: "
                          "give every SuperNode the same secret --node-config 'data-seed=S' "
-                         "(docs/flower.md)")
+                         f"(or {DATA_SEED_ENV}=S in its environment; docs/flower.md)")
     return cfg
 
 

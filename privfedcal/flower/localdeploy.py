@@ -32,6 +32,9 @@ CONNECTION = "privfedcal-local"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
+#: the environment variable a node reads its data seed from (``flower/client_app.py``)
+DATA_SEED_ENV = "PRIVFEDCAL_DATA_SEED"
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((LOOPBACK, 0))
@@ -242,6 +245,9 @@ class LocalSimulation(LocalDeployment):
     def __enter__(self) -> LocalSimulation:
         self._prepare_home()
         try:
+            # the virtual nodes' node configs are Flower's: they read the data seed from
+            # the environment the SuperLink passes down (flower/client_app.py)
+            self.env[DATA_SEED_ENV] = str(self.data_seed)
             link = self._start("superlink", [
                 "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
                 "--host", LOOPBACK, "--port", str(self.port),

@@ -24,6 +24,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from privfedcal.errors import UsageError
 from privfedcal.flower.link import GridLink
 from privfedcal.flower.records import parse_run_config
 from privfedcal.flower.server import FlowerSimulator
@@ -36,8 +37,15 @@ app = ServerApp()
 def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     """The ``FlowerSimulator`` for this run (data, model, method, calibrator, uplink)."""
     from privfedcal.experiment import build_parts
+    from privfedcal.federation.setup import partition_is_secret
 
     cfg, options = parse_run_config(context.run_config)
+    if cfg.data_seed is not None and partition_is_secret(cfg):
+        # the run config is the server's: a data seed in it is a partition the server holds
+        raise UsageError("data-seed is in the run config, which the server reads, on a run "
+                         "whose protections need a partition the server cannot redraw: give "
+                         "it to every SuperNode instead (--node-config 'data-seed=S', "
+                         "docs/flower.md)")
     cfg = cfg.replace(workers=1)
     run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
     exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
