@@ -204,7 +204,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
     rel = view.release(STATS_LABEL, None)
     view.load_state(rel.state)
     model, d = view.model, view.exp.data
-    n_total = int(sum(p.numel() for p in view.exp.parts))
+    n_total = int(sum(p.numel() for p in view.truth_exp.parts))
     delta = min(1e-5, 1 / (10 * n_total))
     clipped = UploadedFeatures(model, None, DP_DEFAULT_CLIP)
     rows: list[dict] = []
@@ -223,7 +223,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
 
     sets = {}
     for cls in args.classes:
-        owner = int(view.exp.counts[:, cls].argmax())
+        owner = int(view.truth_exp.counts[:, cls].argmax())
         pool = view.truth(owner, cls)
         for n in args.ns:
             if pool.numel() < n:
@@ -312,8 +312,8 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
         )
 
         cfg = view.cfg
-        client = int(min(range(len(view.exp.parts)), key=lambda c: view.exp.parts[c].numel()))
-        idx = view.exp.parts[client]
+        client = int(min(range(len(view.truth_exp.parts)), key=lambda c: view.truth_exp.parts[c].numel()))
+        idx = view.truth_exp.parts[client]
         if args.update_n is not None and args.update_n < idx.numel():
             # a client holding only --update-n of those images (seeded pick): the same
             # recipe on fewer images, where a CPU can run the attack to convergence

@@ -48,7 +48,7 @@ def ints(text: str) -> list[int]:
 
 def pick(view, cls: int, seed: int) -> torch.Tensor:
     """The n = 1 set of ``audit_findings.py`` for class ``cls`` (same owner, same draw)."""
-    owner = int(view.exp.counts[:, cls].argmax())
+    owner = int(view.truth_exp.counts[:, cls].argmax())
     pool = view.truth(owner, cls)
     g = make_generator(seed, cls, 1, 72)
     return pool[torch.randperm(pool.numel(), generator=g)[:1]]

@@ -37,7 +37,7 @@ def main() -> None:
         plain, _ = run(Path(tmp) / "plain", rounds=a.rounds, clients=a.clients)
         sec, sim = run(Path(tmp) / "sec", rounds=a.rounds, clients=a.clients,
                        secagg_updates=True)
-        index = json.loads((Path(tmp) / "sec" / "transcript" / "index.json").read_text())
+        index = json.loads((Path(tmp) / "sec" / "server" / "transcript" / "index.json").read_text())
     round_s = plain["wall_seconds"] / a.rounds
     agg_s = sec["privacy"]["secagg_updates"]["mean_seconds_per_round"]
     ct = [e["bytes"] for e in index if e["label"] == "model-update" and e["view"] == "ciphertext"]

@@ -101,6 +101,9 @@ class RunConfig:
     participation: float = setting(1.0, "Fraction of clients per round.", group="Training")
     eval_every: int = setting(1, "Evaluate every N rounds.", group="Training")
     seed: int = setting(0, "Random seed.", group="Training")
+    data_seed: int | None = setting(
+        None, "Seed of the data partition, never sent to the server (docs/threat-model.md).",
+        group="Training", shown="--seed; OS entropy under a protection")
     device: str = setting("auto", "auto | cpu | cuda", group="Hardware", choices=DEVICES)
     workers: int = setting(1, "Worker processes for local training and calibration payloads.",
                            group="Hardware")
@@ -157,6 +160,7 @@ class RunConfig:
             (self.weight_decay is None or self.weight_decay >= 0, "--weight-decay must be >= 0"),
             (0 < self.participation <= 1, "--participation must be in (0, 1]"),
             (self.eval_every >= 1, "--eval-every must be >= 1"),
+            (self.data_seed is None or self.data_seed >= 0, "--data-seed must be >= 0"),
             (self.workers >= 1, "--workers must be >= 1"),
             (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
             (self.dp_eps == math.inf or 0 < self.dp_eps <= MAX_EPSILON,
@@ -294,6 +298,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if is_json:
         for key in RUN_RECORD_KEYS + ("out",):
             raw.pop(key, None)
+        if "data_seed" not in raw and "seed" in raw:  # a run from before the data seed
+            raw["data_seed"] = raw["seed"]
     return check_settings({k.replace("-", "_"): v for k, v in raw.items()},
                           f"config file {p}: ")
 

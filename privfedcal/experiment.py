@@ -77,14 +77,16 @@ def build_calibrator(cfg: RunConfig, exp: Any):
                              feature_dim=exp.model.feature_dim, options=options)
 
 
-def build_parts(cfg: RunConfig) -> tuple[Any, Any, Any]:
-    """The experiment (holding the resolved settings), its calibrator and its uplink."""
-    from privfedcal.federation.setup import build_experiment
+def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]:
+    """The experiment (holding the resolved settings), its calibrator and its uplink;
+    ``server``: the server's experiment (no training data, no partition: the Flower
+    ServerApp's, ``federation/setup.py`` ``build_server_experiment``)."""
+    from privfedcal.federation.setup import build_experiment, build_server_experiment
     from privfedcal.privacy.uplink import build_uplink
 
     check_method(cfg.method)
     check_calibration_params(cfg)
-    exp = build_experiment(cfg)
+    exp = build_server_experiment(cfg) if server else build_experiment(cfg)
     calibrator = build_calibrator(exp.cfg, exp)
     return exp, calibrator, build_uplink(exp.cfg, exp, calibrator)
 

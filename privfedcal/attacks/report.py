@@ -49,7 +49,7 @@ TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient",
 
 def nearest_training_image(view: RunView, recon: Tensor, chunk: int = 4096) -> Tensor:
     """Index of the nearest (MSE) training image of every reconstruction, in chunks."""
-    n = view.exp.data.x_train.shape[0]
+    n = view.truth_exp.data.x_train.shape[0]
     best_idx = torch.zeros(recon.shape[0], dtype=torch.long)
     best_psnr = torch.full((recon.shape[0],), -math.inf)
     for start in range(0, n, chunk):
@@ -77,7 +77,7 @@ def matching_rule(n_images: int, n_truth: int, *, paired: bool) -> str:
     return "best" if n_images == 1 or n_images > n_truth else "hungarian"
 
 
-def score(view: RunView, recon: Tensor, truth_idx: Tensor, *,
+def score(view: RunView, recon: Tensor, truth_idx: Tensor | None, *,
           paired: bool) -> tuple[dict[str, Any], Tensor]:
     """Metrics of ``recon`` (B,C,H,W pixels) against the training images ``truth_idx``.
 
@@ -88,15 +88,19 @@ def score(view: RunView, recon: Tensor, truth_idx: Tensor, *,
     individuals: ``psnr_best`` (the best reconstruction), ``nearest_of_best`` (is ITS
     nearest training image its matched true image), ``prior_psnr_best``.
 
-    Returns the metric dict and the matched true images (B,C,H,W) for the grid.
+    Returns the metric dict and the matched true images (B,C,H,W) for the grid. Without the
+    experimenter's side (``truth_idx`` None: a server view alone) nothing is scored: the
+    record says ``"scored": false`` and no true images come back.
     """
     recon = recon.detach().cpu().float()
+    if truth_idx is None or view.truth_exp is None:
+        return {"scored": False}, recon[:0]
     truth = view.pixels(truth_idx)
     rule = matching_rule(recon.shape[0], truth.shape[0], paired=paired)
     index = _assign(recon, truth, rule)
     matched_idx = truth_idx.cpu()[index]
     matched = truth[index]
-    d = view.exp.data
+    d = view.truth_exp.data
     dev = d.x_train.device
     with eval_mode(view.model), torch.no_grad():
         z_true = view.model.features(d.x_train[matched_idx.to(dev)])
@@ -177,11 +181,15 @@ def _draw_grid(fig, axes, shown: Sequence[Attacked], cols: int, title: str | Non
         who = "all" if r["client"] is None else r["client"]
         cls = "" if r["class"] is None else f" c{r['class']}"
         for j in range(min(cols, res.recon.shape[0])):
-            for row, img in ((2 * i, res.truth[j]), (2 * i + 1, res.recon[j])):
-                axes[row, j].axis("on")
-                _show(axes[row, j], img)
+            pairs = ((2 * i, res.truth[j] if j < res.truth.shape[0] else None),
+                     (2 * i + 1, res.recon[j]))
+            for row, img in pairs:
+                if img is not None:  # unscored: no true image
+                    axes[row, j].axis("on")
+                    _show(axes[row, j], img)
         axes[2 * i, 0].set_ylabel(f"{r['target']}\nk{who}{cls} n={r['n']}\ntrue", fontsize=7)
-        axes[2 * i + 1, 0].set_ylabel(f"recon\n{r['psnr']:.1f} dB", fontsize=7)
+        shown = "unscored" if r.get("psnr") is None else f"{r['psnr']:.1f} dB"
+        axes[2 * i + 1, 0].set_ylabel(f"recon\n{shown}", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
 
@@ -219,7 +227,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (target, view), rs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99),
                                                                      kv[0][1])):
-        ns = [r["n"] for r in rs]
+        ns = [r["n"] or 0 for r in rs]
         rows.append({"target": target, "view": view, "targets": len(rs),
                      "n": f"{min(ns)}" if min(ns) == max(ns) else f"{min(ns)}-{max(ns)}",
                      **worst_case(rs),
@@ -274,10 +282,10 @@ def classes_table(records: Sequence[dict[str, Any]], title: str) -> Table:
     for col in ("release", "view", "uploads", "accuracy", "precision", "recall", "count MAE"):
         table.add_column(col, justify="left" if col in ("release", "view") else "right")
     for (label, view), rs in sorted(groups.items()):
-        mae = _mean([r["count_mae"] for r in rs])
+        mae = _mean([r.get("count_mae") for r in rs])
         table.add_row(label, view, str(len(rs)),
-                      *(f"{_mean([r[k] for r in rs]):.3f}" for k in ("accuracy", "precision",
-                                                                      "recall")),
+                      *(f"{_mean([r.get(k) for r in rs]):.3f}" for k in ("accuracy",
+                                                                         "precision", "recall")),
                       "n/a" if math.isnan(mae) else f"{mae:.2f}")
     return table
 
@@ -289,7 +297,10 @@ def plot_class_sets(records: Sequence[dict[str, Any]], path: Path) -> Path:
     for r in records:
         last[(r["label"], r["client"])] = r  # records come in release order
     rows = list(last.values())
-    counts = torch.tensor([r["true_counts"] for r in rows], dtype=torch.float64)
+    width = max(max(len(r["true_counts"] or []) for r in rows),
+                1 + max((c for r in rows for c in r["present"]), default=0))
+    # unscored (a server view alone): no shade, and every found class counts as found
+    counts = torch.tensor([r["true_counts"] or [0] * width for r in rows], dtype=torch.float64)
     found, wrong, missed = colour(2), colour(5), colour(1)
     with styled():
         fig = new_figure(0.45 * counts.shape[1] + 2.5, 0.35 * len(rows) + 1.6)
@@ -297,7 +308,8 @@ def plot_class_sets(records: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.imshow(counts.numpy(), cmap="Greys", aspect="auto", alpha=0.6)
         ax.grid(False)
         for i, r in enumerate(rows):
-            pred, true = set(r["present"]), set(r["true_classes"])
+            pred = set(r["present"])
+            true = pred if r["true_classes"] is None else set(r["true_classes"])
             for c in pred & true:
                 ax.plot(c, i, "o", color=found, ms=5)
             for c in pred - true:

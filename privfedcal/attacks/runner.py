@@ -4,9 +4,13 @@ Threat model: an honest-but-curious server that holds the global model and the r
 transcript (``privacy/transcript.py``): the model state it sent for each release, every
 client's plain upload (DP-noised when DP is on), or, under secure aggregation, ciphertext
 sizes and the decrypted aggregate only. The planners below build targets from that view
-alone; the clients' data (``exp.parts``) is used for two things only: to SCORE the
+alone (``RunView``: ``RUN/server/``). The clients' data (``view.truth_exp``, the
+experimenter's side of the run folder) is used for two things only: to SCORE the
 reconstructions, and to build the two hypothetical baselines a server never sees (raw
 features of real images, and a model update simulated from a few of a client's images).
+Without it (a copy of ``server/`` alone) every attack runs, unscored, and the baselines are
+left out with a note. Side knowledge an attack takes beyond the server's view is named in
+its record (``needed``, ``class_inferred``).
 
 Scoring is in ``report.py``. Every job loads the model state of its release itself, so
 jobs can run in any order on the one model object.
@@ -168,11 +172,11 @@ def _sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: P
             raise UsageError(f"client(s) {missing} uploaded nothing in round {rel.round}; "
                              f"clients with uploads: {', '.join(map(str, seen))}")
         return [(c, rel.uploads[c], "plain-upload") for c in chosen]
-    senders = sorted(rel.ciphertext_bytes) or list(range(len(view.exp.parts)))
+    senders = sorted(rel.ciphertext_bytes) or list(range(view.cfg.clients))
     chosen = list(clients) if clients else senders[:default_clients]
-    bad = [c for c in chosen if not 0 <= c < len(view.exp.parts)]
+    bad = [c for c in chosen if not 0 <= c < view.cfg.clients]
     if bad:
-        raise UsageError(f"client(s) {bad} out of range 0..{len(view.exp.parts) - 1}")
+        raise UsageError(f"client(s) {bad} out of range 0..{view.cfg.clients - 1}")
     plan.notes.append(f"secure aggregation: round {rel.round} has no per-client uploads "
                       f"({len(rel.ciphertext_bytes)} ciphertexts); attacking the aggregate (the "
                       "statistics of the whole federation) and scoring it against the images "
@@ -190,12 +194,16 @@ def _classes(view: RunView, client: int | None, payload: dict[str, Tensor], stds
     present, _ = infer_classes(payload, noise_std=stds,
                                false_positive_rate=opts.false_positive_rate)
     who = "the federation" if client is None else f"client {client}"
+    if opts.known_classes and not view.scored:
+        plan.notes.append("--known-classes needs the clients' class sets (the experimenter's "
+                          "side of the run folder): not available here")
     out = []
     for c in (wanted if wanted else range(present.shape[-1])):
         if not 0 <= c < present.shape[-1]:
             raise UsageError(f"class {c} out of range 0..{present.shape[-1] - 1}")
-        held = view.truth(client, c).numel() > 0
-        if bool(present[c]) and not held:
+        truth = view.truth(client, c)
+        held = None if truth is None else truth.numel() > 0  # None: unknown (unscored)
+        if bool(present[c]) and held is False:
             plan.notes.append(f"class {c} looks present for {who} (DP noise) but is not held: "
                               "a false positive, nothing to reconstruct")
         elif bool(present[c]) or (held and opts.known_classes):
@@ -230,16 +238,19 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
             truth = view.truth(client, c)
             n = max(1, int(round(float(count[c]))))
             base = {"client": client, "class": c, "round": rel.round, "view": seen,
-                    "dp": noisy, "n_true": int(truth.numel()), "class_inferred": inferred}
+                    "dp": noisy, "n_true": _size(truth), "class_inferred": inferred}
             tag = c + 1000 * client
             agg_tag = c + 1000 * 999 if seen == "aggregate" else tag
-            if opts.raw_samples:
+            if opts.raw_samples and truth is None:
+                plan.notes.append("no raw-feature baseline: it needs the clients' images (the "
+                                  "experimenter's side of the run folder); attacks run unscored")
+            elif opts.raw_samples:
                 g = make_generator(opts.seed, tag, 0, 62)
                 pick = truth[torch.randperm(truth.numel(), generator=g)[:opts.raw_samples]
                              .to(truth.device)]
                 with torch.no_grad():
                     view.load_state(rel.state)
-                    z = extractor.features(view.exp.data.x_train[pick]).detach()
+                    z = extractor.features(view.truth_exp.data.x_train[pick]).detach()
                 plan.jobs.append(_inversion_job(
                     view, opts, rel.state, FeatureTarget.raw(z), pick,
                     {**base, "target": "raw-feature", "n": 1, "view": "hypothetical",
@@ -259,6 +270,10 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
                 {**base, "target": "class-stats", "n": n}, agg_tag * 4 + 2, paired=False,
                 extractor=extractor, shared=plan.shared))
     return plan
+
+
+def _size(idx: Tensor | None) -> int | None:
+    return None if idx is None else int(idx.numel())
 
 
 def creff_head(view: RunView, rel: Release) -> tuple[Tensor, Tensor | None] | None:
@@ -337,8 +352,8 @@ def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -
 
     def run() -> Attacked:
         t0 = time.perf_counter()
-        d, model = view.exp.data, view.model
-        idx = view.exp.parts[client]
+        d, model = view.truth_exp.data, view.model
+        idx = view.truth_exp.parts[client]
         g = make_generator(opts.seed, client, rel.round, 64)
         pick = idx[torch.randperm(idx.numel(), generator=g)[:opts.update_batch].to(idx.device)]
         view.load_state(rel.state)
@@ -390,9 +405,11 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
             for c, inferred in _classes(view, client, payload, stds, classes, opts, plan):
                 truth = view.truth(client, c)
                 n_obs = float(payload["count"][c]) if "count" in payload else None
+                n_shown = _size(truth) if truth is not None else (
+                    max(1, int(round(n_obs))) if n_obs is not None else 0)
                 base = {"target": "class-gradient", "client": client, "class": c,
-                        "n": int(truth.numel()), "n_observed": n_obs, "round": rel.round,
-                        "view": seen, "dp": noisy, "n_true": int(truth.numel()),
+                        "n": n_shown, "n_observed": n_obs, "round": rel.round,
+                        "view": seen, "dp": noisy, "n_true": _size(truth),
                         "class_inferred": inferred}
                 tag = c + 1000 * client + 10**6 * rel.round
                 n_known = (max(1, int(round(n_obs))) if n_obs is not None and not noisy
@@ -418,8 +435,12 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
         rel = view.release(GRAD_LABEL if has_grad else labels[-1], opts.round)
         chosen = list(clients) if clients else [0]  # one client's update by default
         for c in chosen:
-            if not 0 <= c < len(view.exp.parts):
-                raise UsageError(f"client {c} out of range 0..{len(view.exp.parts) - 1}")
+            if not 0 <= c < view.cfg.clients:
+                raise UsageError(f"client {c} out of range 0..{view.cfg.clients - 1}")
+            if not view.scored:
+                plan.notes.append("no simulated model update: it needs a client's images (the "
+                                  "experimenter's side of the run folder)")
+                continue
             plan.jobs.append(_update_job(view, opts, rel, c))
     return plan
 
@@ -445,7 +466,7 @@ def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
         present = torch.nonzero(payload["grad"].flatten(1).abs().sum(1) > 0).flatten().tolist()
         for c in present if classes is None else [c for c in classes if c in present]:
             truth = view.truth(client, c)
-            if truth.numel() == 0:
+            if truth is not None and truth.numel() == 0:
                 continue
             blocks = []
             for r in having:
@@ -464,9 +485,10 @@ def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
                                   "above --max-n; not attacked")
                 continue
             base = {"target": "class-gradient-rounds", "client": client, "class": c,
-                    "n": int(truth.numel()), "n_used": n_est, "round": last.round,
-                    "rounds": [r.round for r in having], "view": "plain-upload", "dp": False,
-                    "n_true": int(truth.numel()), "class_inferred": True}
+                    "n": _size(truth) if truth is not None else n_est, "n_used": n_est,
+                    "round": last.round, "rounds": [r.round for r in having],
+                    "view": "plain-upload", "dp": False, "n_true": _size(truth),
+                    "class_inferred": True}
             plan.jobs.append(_rounds_job(view, opts, having, blocks, truth, base,
                                          c + 1000 * client + 10**6 * last.round + 7))
 
@@ -513,18 +535,23 @@ def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
                          lr=float(entry.get("lr", cfg.lr)), momentum=float(cfg.momentum),
                          weight_decay=float(cfg.weight_decay))
     weight = entry.get("weight")
-    truth = view.exp.parts[client]
+    truth = view.client_indices(client)
     # Under --dp-train the server averages with uniform public weights (1 per client): the
     # weight is no sample count, and inverting one image would under-report the leak.
     dp_sgd = bool(getattr(cfg, "dp_train", False))
     n_from_weight = weight is not None and float(weight) >= 1 and not dp_sgd
-    n = int(round(float(weight))) if n_from_weight else int(truth.numel())
+    if n_from_weight:
+        n, how = int(round(float(weight))), "n = aggregation weight"
+    elif truth is not None:
+        n, how = int(truth.numel()), ("n = the client's sample count (side knowledge: no "
+                                      "sample-count weight seen)")
+    else:  # no weight, no side knowledge: guess one local batch (public recipe)
+        n, how = recipe.batch_size, "n = one local batch (a guess: no sample count seen)"
     needed = ["global state of the round", "the client's state after local training",
               "recipe (local_epochs, batch_size, lr; momentum, weight_decay from config.json)",
-              "n = aggregation weight" if n_from_weight else
-              "n = the client's sample count (side knowledge: no sample-count weight seen)"]
+              how]
     base = {"target": "model-update", "client": client, "class": None, "n": n,
-            "round": round_, "view": "plain-upload", "dp": dp_sgd, "n_true": int(truth.numel()),
+            "round": round_, "view": "plain-upload", "dp": dp_sgd, "n_true": _size(truth),
             "needed": needed}
 
     def run() -> Attacked:
@@ -539,11 +566,12 @@ def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
                                       l2_weight=0.0, jitter=0, bn_weight=0.0))
         view.load_state(start)
         rec, matched = score(view, res.images, truth, paired=False)
-        true_labels = sorted(view.exp.data.y_train[truth].tolist())
         got = sorted(res.labels.tolist())
+        error = None if truth is None else _count_error(
+            got, sorted(view.truth_exp.data.y_train[truth].tolist()), d.num_classes)
         record = {**base, **rec, "mode": "update-simulated-training",
                   "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
-                  "label_count_error": _count_error(got, true_labels, d.num_classes),
+                  "recovered_labels": got, "label_count_error": error,
                   "seconds": round(time.perf_counter() - t0, 3)}
         return Attacked(record, matched, res.images.detach().cpu())
 
@@ -610,13 +638,19 @@ def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str,
     scored against the partition; under secure aggregation only the federation's."""
     records: list[dict[str, Any]] = []
     notes: list[str] = []
-    truth = torch.as_tensor(view.exp.counts, dtype=torch.float64)
+    truth = None if view.truth_exp is None else torch.as_tensor(view.truth_exp.counts,
+                                                                 dtype=torch.float64)
+    if truth is None:
+        notes.append("unscored: the clients' class counts are on the experimenter's side of "
+                     "the run folder, not in the server's view")
     for label in (STATS_LABEL, GRAD_LABEL):
         for rel in view.releases(label):
             if rel.uploads:
-                sources = [(c, p, "plain-upload", truth[c]) for c, p in sorted(rel.uploads.items())]
+                sources = [(c, p, "plain-upload", None if truth is None else truth[c])
+                           for c, p in sorted(rel.uploads.items())]
             elif rel.aggregate is not None:
-                sources = [(None, rel.aggregate, "aggregate", truth.sum(0))]
+                sources = [(None, rel.aggregate, "aggregate",
+                            None if truth is None else truth.sum(0))]
                 note = (f"{label}: secure aggregation hides per-client class sets; the aggregate "
                         "only tells which classes the federation holds")
                 if note not in notes:
@@ -627,15 +661,17 @@ def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str,
                 stds = view.noise_stds(label, list(payload))
                 pred = infer_classes(payload, noise_std=stds,
                                      false_positive_rate=opts.false_positive_rate)
+                known = true_counts is not None
                 records.append({
                     "target": "class-set", "client": client, "class": None,
-                    "n": int(true_counts.sum()), "round": rel.round, "label": label,
-                    "view": seen, "dp": any(s > 0 for s in stds.values()),
-                    **score_class_sets(pred, true_counts),
+                    "n": int(true_counts.sum()) if known else None, "round": rel.round,
+                    "label": label, "view": seen, "dp": any(s > 0 for s in stds.values()),
+                    **(score_class_sets(pred, true_counts) if known else {"scored": False}),
                     "present": torch.nonzero(pred[0]).flatten().tolist(),
-                    "true_classes": torch.nonzero(true_counts > 0).flatten().tolist(),
+                    "true_classes": (torch.nonzero(true_counts > 0).flatten().tolist()
+                                     if known else None),
                     "counts": None if pred[1] is None else [round(float(v), 2) for v in pred[1]],
-                    "true_counts": [int(v) for v in true_counts],
+                    "true_counts": [int(v) for v in true_counts] if known else None,
                 })
     if not records:
         raise UsageError(f"the transcript of {view.run_dir} holds no calibration uploads "

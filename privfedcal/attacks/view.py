@@ -1,11 +1,17 @@
 """A finished run as an attacker sees it: the model it sent and the transcript it recorded.
 
-``load_run`` rebuilds the experiment from ``config.json`` (for the model object and, only to
-score attacks, the clients' data) and reads the transcript into ``Release`` objects.
+``load_run`` reads the server's view only (``RUN/server/``: the public ``config.json``, the
+transcript, ``summary.json``) and rebuilds from it the server's experiment (the model
+object and the public test set; no training samples, no partition). The clients' data is
+the experimenter's: when the attacked folder is a whole run folder, its top-level
+``config.json`` (with the data seed) rebuilds it into ``RunView.truth_exp``, used only to
+SCORE reconstructions and for the hypothetical baselines no server sees. A copy of
+``server/`` alone is attacked unscored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,13 +68,21 @@ class UploadedFeatures(FeatureClassifier):
 
 @dataclass(eq=False)
 class RunView:
-    """A finished run rebuilt for attacking: config, summary, experiment, transcript."""
+    """A finished run rebuilt for attacking: the public config, summary and transcript of
+    the server's view, the server's experiment (``exp``: model and test set, no partition)
+    and, when the experimenter's side is at hand, ``truth_exp`` (the clients' data, to
+    score with; None: unscored)."""
 
     run_dir: Path
-    cfg: Any  # RunConfig
+    cfg: Any  # RunConfig, public (no data seed)
     summary: dict[str, Any]
-    exp: Any  # federation.setup.Experiment
+    exp: Any  # federation.setup.Experiment of the server
     entries: list[dict[str, Any]]
+    truth_exp: Any = None  # federation.setup.Experiment of the experimenter, or None
+
+    @property
+    def scored(self) -> bool:
+        return self.truth_exp is not None
 
     @property
     def model(self):  # noqa: ANN201 - FeatureClassifier
@@ -90,13 +104,22 @@ class RunView:
         self.model.load_state_dict({k: v.to(self.exp.device) for k, v in state.items()})
         self.model.eval()
 
-    def truth(self, client: int | None, cls: int) -> Tensor:
-        """Global training indices of class ``cls`` held by ``client`` (None: by anyone)."""
-        idx = torch.cat(self.exp.parts) if client is None else self.exp.parts[client]
-        return idx[self.exp.data.y_train[idx] == cls]
+    def client_indices(self, client: int) -> Tensor | None:
+        """The client's training indices (experimenter's side; None when unscored)."""
+        return None if self.truth_exp is None else self.truth_exp.parts[client]
+
+    def truth(self, client: int | None, cls: int) -> Tensor | None:
+        """Global training indices of class ``cls`` held by ``client`` (None: by anyone);
+        None when the experimenter's side is not at hand."""
+        if self.truth_exp is None:
+            return None
+        parts = self.truth_exp.parts
+        idx = torch.cat(parts) if client is None else parts[client]
+        return idx[self.truth_exp.data.y_train[idx] == cls]
 
     def pixels(self, idx: Tensor) -> Tensor:
-        return self.exp.data.denormalize(self.exp.data.x_train[idx]).clamp(0, 1).cpu()
+        d = self.truth_exp.data
+        return d.denormalize(d.x_train[idx]).clamp(0, 1).cpu()
 
     def prior(self, labels: Tensor) -> Tensor:
         """Test-set mean image of each label: a guess needing no client data."""
@@ -157,18 +180,37 @@ class RunView:
 
 
 def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
-    """Rebuild a run folder written by ``privfedcal train`` (``exp`` reuses a built one)."""
-    from privfedcal.federation.runfolder import read_run_config
-    from privfedcal.federation.setup import build_experiment
+    """Rebuild a run for attacking from its server's view (``RUN/server/``, or a copy of it);
+    ``exp`` reuses a built experiment of the run as the experimenter's truth."""
+    from privfedcal.federation.runfolder import (
+        CONFIG_FILE,
+        SUMMARY_FILE,
+        TRANSCRIPT_DIR,
+        read_run_config,
+        server_view,
+    )
+    from privfedcal.federation.setup import build_server_experiment, server_dataset
     from privfedcal.privacy.transcript import load_transcript
 
     run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
-    if not (run_dir / "transcript" / "index.json").is_file():
+    view_dir = server_view(run_dir)
+    cfg = read_run_config(view_dir).replace(device=device, workers=1)
+    if not (view_dir / TRANSCRIPT_DIR / "index.json").is_file():
         raise UsageError(f"{run_dir} has no transcript (trained with --no-transcript?): "
                          "there is nothing the server observed to attack")
-    summary_file = run_dir / "summary.json"
+    summary_file = view_dir / SUMMARY_FILE
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    if exp is None:
-        exp = build_experiment(cfg.replace(device=device, workers=1))
-    return RunView(run_dir, cfg, summary, exp, load_transcript(run_dir / "transcript"))
+    truth = exp
+    if truth is None and (run_dir / CONFIG_FILE).is_file():
+        full = read_run_config(run_dir)
+        if full.data_seed is not None:  # the experimenter's config: the partition is known
+            from privfedcal.federation.setup import build_experiment
+
+            truth = build_experiment(full.replace(device=device, workers=1))
+    if truth is None:
+        server = build_server_experiment(cfg)
+    else:  # the same model object, seen through the server's public data only
+        server = dataclasses.replace(truth, cfg=cfg, data=server_dataset(truth.data),
+                                     parts=None, counts=None)
+    return RunView(run_dir, cfg, summary, server, load_transcript(view_dir / TRANSCRIPT_DIR),
+                   truth)

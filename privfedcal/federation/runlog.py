@@ -4,7 +4,8 @@
   ``loss`` and ``worst_class_accuracy`` empty on rounds that were not evaluated), for
   spreadsheets and pandas;
 - ``clients.jsonl``: per round, the clients sampled and each one's sample count and mean
-  local training loss;
+  local training loss (an experimenter's record at the top of the run folder, not in the
+  server's view ``server/``; a Flower server, which holds no partition, writes no counts);
 - optionally TensorBoard event files under ``tensorboard/`` (``--log tensorboard``, the
   ``tensorboard`` extra), flushed every round so ``tensorboard --logdir RUN_DIR`` shows a run
   while it goes.
@@ -68,7 +69,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.writer = None
         self._clients: dict[int, int] = {}
-        if exp is not None:
+        if exp is not None and exp.parts is not None:  # a Flower server holds no partition
             self._clients = {c: int(p.numel()) for c, p in enumerate(exp.parts)}
 
     def enable(self, targets: Sequence[str]) -> None:

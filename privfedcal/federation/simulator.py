@@ -29,7 +29,7 @@ from privfedcal.federation.local import (
     clone_state,
     evaluate,
 )
-from privfedcal.federation.runfolder import write_run_files
+from privfedcal.federation.runfolder import transcript_dir, write_run_files, write_summary
 from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment
 from privfedcal.federation.workers import (
@@ -102,7 +102,7 @@ class Simulator:
         self.update_bytes = 0
         self.start_round = 1
         self.elapsed = 0.0
-        self.transcript = Transcript(self.run_dir / "transcript" if cfg.transcript else None)
+        self.transcript = Transcript(transcript_dir(self.run_dir) if cfg.transcript else None)
         self._trainer_obj: Any = None
         self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
 
@@ -168,6 +168,16 @@ class Simulator:
     # ---- the loop ------------------------------------------------------------------------
     def select_clients(self, round_: int) -> list[int]:
         return select_clients(self.cfg, round_)
+
+    def client_index(self, client: int) -> Tensor | None:
+        """The client's training indices (the simulator plays the clients; under Flower the
+        node holds them and this is None)."""
+        return self.exp.parts[client]
+
+    def client_sizes(self, selected: list[int]) -> list[float]:
+        """Each selected client's sample count, as its update's weight states it (under
+        Flower: what the node reported)."""
+        return [float(self.exp.parts[c].numel()) for c in selected]
 
     def trainer(self):
         """The trainer of this run (the worker pool with ``--workers N``), started on first
@@ -237,11 +247,11 @@ class Simulator:
             for round_ in range(self.start_round, cfg.rounds + 1):
                 t0 = time.perf_counter()
                 selected = self.select_clients(round_)
-                jobs = [TrainJob(c, exp.parts[c], self.client_states.get(c)) for c in selected]
+                jobs = [TrainJob(c, self.client_index(c), self.client_states.get(c))
+                        for c in selected]
                 self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
                 record_round(self.transcript, round_, self.global_state, selected)
-                weights = self.uplink.update_weights([float(exp.parts[c].numel())
-                                                      for c in selected])
+                weights = self.uplink.update_weights(self.client_sizes(selected))
                 results, averaged, sent_bytes, checked = self.receive_updates(
                     trainer, jobs, selected, weights, round_)
                 self.uplink.after_local_training(selected)
@@ -335,7 +345,7 @@ class Simulator:
             self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
                               "--secagg): the server saw every client's payload")
         summary["notes"] = self.notes + list(self.uplink.hints)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(self.run_dir, summary)
         return summary
 
     # ---- divergence ---------------------------------------------------------------------------
@@ -369,7 +379,7 @@ class Simulator:
             "model_update_bytes": self.update_bytes,
             "notes": self.notes + [str(exc)],
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_summary(self.run_dir, summary)
 
     # ---- checkpoint / resume ------------------------------------------------------------------
     def save(self, round_: int) -> None:

@@ -1,9 +1,11 @@
 """The privfedcal ClientApp: one SuperNode is one client of the in-process simulator.
 
-The node's partition comes from its node config (``partition-id``, ``num-partitions``); the
-client rebuilds the experiment from the run config with ``build_experiment`` (same seed, same
-partition, same model and method objects as the simulator) and trains with the simulator's
-``train_client``, so a client computes bit for bit what the simulator computes for it.
+The node's partition comes from its node config (``partition-id``, ``num-partitions``, and
+``data-seed``: the seed of the partition, which every node of a run shares and the server
+never sees; ``node_data_seed``); the client rebuilds the experiment from the run config with
+``build_experiment`` (same seed, same partition, same model and method objects as the
+simulator) and trains with the simulator's ``train_client``, so a client computes bit for
+bit what the simulator computes for it.
 
 Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``):
 
@@ -18,12 +20,14 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
   (ArrayRecord of the task's sums, DP-noised) or ``ciphertext`` {data: bytes}; the client
   side of the uplink runs here (``flower/protection.py``).
 * ``query.keygen`` / ``query.decrypt``: the key holder's role (client ``flower.key-holder``).
-* ``query.hello``: -> meta {partition-id, num-partitions}, metrics {num-examples}.
+* ``query.hello``: -> meta {partition-id, num-partitions, settings (a digest of the data
+  settings, ``partition_settings_digest``)}, metrics {num-examples}.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +38,12 @@ from flwr.clientapp import ClientApp
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import evaluate, train_client
-from privfedcal.federation.setup import Experiment, build_experiment
+from privfedcal.federation.setup import (
+    Experiment,
+    build_experiment,
+    partition_is_secret,
+    partition_settings_digest,
+)
 from privfedcal.federation.workers import default_threads
 from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
@@ -81,6 +90,32 @@ def node_partition(context: Context, num_clients: int) -> int:
     return k
 
 
+#: where a node finds the data seed when its node config has none: the environment of the
+#: SuperNode (or, on the simulation engine, whose virtual nodes' configs Flower writes, of
+#: the SuperLink that runs them)
+DATA_SEED_ENV = "PRIVFEDCAL_DATA_SEED"
+
+
+def node_data_seed(context: Context, cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the node's data seed: its node config's ``data-seed``, else the
+    environment's ``PRIVFEDCAL_DATA_SEED``, else the run config's (which the ServerApp
+    refuses on a protected run: the server reads the run config). Under a protection
+    (``partition_is_secret``) one of them must give it: every node must draw the same
+    partition, from a seed the server does not hold."""
+    for where, raw in (("node config data-seed", context.node_config.get("data-seed", "")),
+                       (DATA_SEED_ENV, os.environ.get(DATA_SEED_ENV, ""))):
+        if raw not in ("", None):
+            try:
+                return cfg.replace(data_seed=int(raw))
+            except (TypeError, ValueError):
+                raise UsageError(f"{where}={raw!r} is not an integer") from None
+    if cfg.data_seed is None and partition_is_secret(cfg):
+        raise UsageError("this run's protections need a partition the server cannot redraw: "
+                         "give every SuperNode the same secret --node-config 'data-seed=S' "
+                         f"(or {DATA_SEED_ENV}=S in its environment; docs/flower.md)")
+    return cfg
+
+
 def client_runtime(context: Context) -> ClientRuntime:
     """The node's experiment and uplink, built as the simulator builds them.
 
@@ -91,7 +126,7 @@ def client_runtime(context: Context) -> ClientRuntime:
     from privfedcal.privacy.uplink import build_uplink
 
     cfg, _ = parse_run_config(context.run_config)
-    cfg = cfg.replace(workers=1)
+    cfg = node_data_seed(context, cfg.replace(workers=1))
     torch.set_num_threads(cfg.threads or default_threads(1))
     key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     if key not in _EXPERIMENTS:
@@ -192,7 +227,8 @@ def decrypt_query(msg: Message, context: Context) -> Message:
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
-    meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.clients})
+    meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.clients,
+                         "settings": partition_settings_digest(rt.cfg)})
     return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
         {"num-examples": _reported_size(rt)})}), reply_to=msg)
 

@@ -47,9 +47,9 @@ class GridLink:
                                        f"connected within {self.options.node_wait:g} s")
             time.sleep(self.options.poll_interval)
 
-    def discover(self) -> None:
-        """Ask every node for its partition id (``query.hello``)."""
-        self._send(RecordDict(), "query.hello", self.wait_for_nodes(), group="hello")
+    def discover(self) -> dict[int, Message]:
+        """Ask every node for its partition id (``query.hello``); its replies by client."""
+        return self._send(RecordDict(), "query.hello", self.wait_for_nodes(), group="hello")
 
     def exchange(self, content: RecordDict, clients: Iterable[int], message_type: str,
                  group: str) -> dict[int, Message]:

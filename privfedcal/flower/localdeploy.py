@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -30,6 +31,9 @@ LOOPBACK = "127.0.0.1"
 CONNECTION = "privfedcal-local"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
+
+#: the environment variable a node reads its data seed from (``flower/client_app.py``)
+DATA_SEED_ENV = "PRIVFEDCAL_DATA_SEED"
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -75,8 +79,11 @@ class LocalDeployment:
     """``with LocalDeployment(2, tmp) as dep: dep.run(app_dir, {"rounds": 2})``."""
 
     def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
-                 startup_timeout: float = 60.0) -> None:
+                 startup_timeout: float = 60.0, data_seed: int | None = None) -> None:
         self.num_nodes = num_nodes
+        # the partition's seed, shared by the nodes and never given to the SuperLink/server:
+        # OS entropy unless given
+        self.data_seed = secrets.randbits(63) if data_seed is None else data_seed
         self.workdir = Path(workdir)
         self.startup_timeout = startup_timeout
         self.port = free_port()
@@ -138,7 +145,8 @@ class LocalDeployment:
                 self._start(f"supernode-{k}", [
                     "flower-supernode", "--insecure", "--superlink", f"{LOOPBACK}:{self.port}",
                     "--host", LOOPBACK, "--port", str(free_port()),
-                    "--node-config", f"partition-id={k} num-partitions={self.num_nodes}"])
+                    "--node-config", f"partition-id={k} num-partitions={self.num_nodes} "
+                    f"data-seed={self.data_seed}"])
         except BaseException:
             self.stop()
             raise
@@ -237,6 +245,9 @@ class LocalSimulation(LocalDeployment):
     def __enter__(self) -> LocalSimulation:
         self._prepare_home()
         try:
+            # the virtual nodes' node configs are Flower's: they read the data seed from
+            # the environment the SuperLink passes down (flower/client_app.py)
+            self.env[DATA_SEED_ENV] = str(self.data_seed)
             link = self._start("superlink", [
                 "flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
                 "--host", LOOPBACK, "--port", str(self.port),

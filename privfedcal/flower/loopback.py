@@ -37,20 +37,22 @@ def over_the_wire(msg: Message) -> tuple[Message, int]:
 
 
 class LoopbackGrid(Grid):
-    """Nodes ``NODE_BASE + k`` with node config ``partition-id = k``, ``num-partitions = K``.
+    """Nodes ``NODE_BASE + k`` with node config ``partition-id = k``, ``num-partitions = K``
+    and the entries of ``node_config`` (every node's: e.g. the secret ``data-seed``).
 
     Creating one sets Flower's process-wide ``TaskIdentity`` to a ServerApp task of
     ``run_id`` (the SuperLink runtime does this for a real ServerApp process).
     """
 
     def __init__(self, client_app: ClientApp, run_config: Mapping[str, Any], num_nodes: int,
-                 run_id: int = 1) -> None:
+                 run_id: int = 1, node_config: Mapping[str, Any] | None = None) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 0
         self.client_app = client_app
         self.run_id = run_id
         self.contexts = {
             NODE_BASE + k: Context(run_id=run_id, node_id=NODE_BASE + k,
-                           node_config={"partition-id": k, "num-partitions": num_nodes},
+                           node_config={"partition-id": k, "num-partitions": num_nodes,
+                                        **(node_config or {})},
                            state=RecordDict(), run_config=dict(run_config))
             for k in range(num_nodes)
         }

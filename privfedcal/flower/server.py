@@ -14,6 +14,13 @@ it only replaces the two places where the simulator touches client data:
 
 The per-client state of a method (MOON's previous model) never leaves its node. The oracle
 calibrator reads pooled raw training features and has no federated form: refused here.
+
+The server's experiment (``federation/setup.py`` ``build_server_experiment``) holds the
+model, the public test set and public sizes, never training samples or the partition (its
+``parts`` are None): each client's sample count, the weight of its update, is what the node
+reports (``query.hello``, checked again with every update), and a node is checked to run
+the run's data settings by a digest of them (``partition_settings_digest``), not by
+redrawing its partition.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State
 from privfedcal.federation.local import LocalResult
-from privfedcal.federation.setup import Experiment
+from privfedcal.federation.setup import Experiment, partition_settings_digest
 from privfedcal.federation.simulator import Simulator
 from privfedcal.federation.workers import TrainJob
 from privfedcal.flower.link import FlowerRoundError, GridLink
@@ -45,8 +52,8 @@ log = logging.getLogger("privfedcal.flower")
 class FlowerTrainer:
     """The simulator's trainer interface, with SuperNodes doing the local training."""
 
-    def __init__(self, link: GridLink, exp: Experiment) -> None:
-        self.link, self.exp = link, exp
+    def __init__(self, link: GridLink, exp: Experiment, sizes: dict[int, int]) -> None:
+        self.link, self.exp, self.sizes = link, exp, sizes
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
               on_done: Any = None) -> list[LocalResult]:
@@ -57,10 +64,10 @@ class FlowerTrainer:
         for job in jobs:
             reply = replies[job.client].content
             n = int(reply["metrics"]["num-examples"])
-            if self.exp.spec.dp_sgd is None and n != int(job.idx.numel()):
+            if n != self.sizes[job.client]:
                 raise FlowerRoundError(
-                    f"client {job.client} trained on {n} samples where the run config gives "
-                    f"{int(job.idx.numel())}: the node runs another dataset/partition config")
+                    f"client {job.client} trained on {n} samples where it reported "
+                    f"{self.sizes[job.client]}: the node changed its data during the run")
             state = record_to_state(reply["local"], self.exp.device)
             loss = reply["metrics"].get("train-loss")  # absent under DP-SGD
             out.append(LocalResult(state, None, None if loss is None else float(loss)))
@@ -91,12 +98,30 @@ class FlowerSimulator(Simulator):
                          run_record=run_record)
         self.link = link
         self.key_holder = key_holder
+        self.sizes: dict[int, int] = {}  # each client's sample count, as its node reports it
         wire = self.uplink.wire
         if isinstance(wire, EncryptStage):  # the key holder is a node, reached by messages
             wire.keys = RemoteKeys(link, key_holder)
 
     def _trainer(self) -> FlowerTrainer:
-        return FlowerTrainer(self.link, self.exp)
+        return FlowerTrainer(self.link, self.exp, self.sizes)
+
+    def client_index(self, client: int) -> None:
+        return None  # the node holds its partition
+
+    def client_sizes(self, selected: list[int]) -> list[float]:
+        """The sample counts the nodes report (``query.hello``, asked once; 0 under
+        --dp-train, where sizes are private and weights uniform), after checking every node
+        runs this run's data settings."""
+        if not self.sizes:
+            want = partition_settings_digest(self.cfg)
+            for client, reply in sorted(self.link.discover().items()):
+                if str(reply.content["meta"].get("settings", "")) != want:
+                    raise FlowerRoundError(
+                        f"client {client} runs another dataset/partition config than this "
+                        "run's (its digest of the data settings differs)")
+                self.sizes[client] = int(reply.content["metrics"]["num-examples"])
+        return [float(self.sizes[c]) for c in selected]
 
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,
                 round_: int) -> Payload:

@@ -3,11 +3,15 @@
 The run config (``[tool.flwr.app.config]``, see ``flower/records.py``) is a ``RunConfig``;
 the server builds the method, calibrator and uplink with the same factories as
 ``privfedcal train`` and writes the same run folder (``metrics.jsonl``, ``summary.json``,
-``transcript/``, ``checkpoint/``, ``final/``) to ``out`` (default
+``server/transcript/``, ``checkpoint/``, ``final/``) to ``out`` (default
 ``runs/flower-<method>-<run id>`` under the ServerApp's working directory).
 
-The server builds the experiment to get the model, the test set and the partition sizes it
-checks the clients' replies against; it never reads a client's training samples.
+The server builds the server's experiment (``federation/setup.py``
+``build_server_experiment``): the model, the public test set it evaluates on and public
+sizes. It never holds training samples, the partition or the data seed (which the nodes
+take from their node config, ``data-seed``): clients' sample counts are what the nodes
+report. Its run folder has ``server/`` (its view) and the experimenter's records, and no
+``private/``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from privfedcal.errors import UsageError
 from privfedcal.flower.link import GridLink
 from privfedcal.flower.records import parse_run_config
 from privfedcal.flower.server import FlowerSimulator
@@ -32,11 +37,18 @@ app = ServerApp()
 def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     """The ``FlowerSimulator`` for this run (data, model, method, calibrator, uplink)."""
     from privfedcal.experiment import build_parts
+    from privfedcal.federation.setup import partition_is_secret
 
     cfg, options = parse_run_config(context.run_config)
+    if cfg.data_seed is not None and partition_is_secret(cfg):
+        # the run config is the server's: a data seed in it is a partition the server holds
+        raise UsageError("data-seed is in the run config, which the server reads, on a run "
+                         "whose protections need a partition the server cannot redraw: give "
+                         "it to every SuperNode instead (--node-config 'data-seed=S', "
+                         "docs/flower.md)")
     cfg = cfg.replace(workers=1)
     run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
-    exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)))
+    exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
     link = GridLink(grid, exp.cfg.clients, options)
     return FlowerSimulator(exp.cfg, run_dir, link, calibrator=calibrator, uplink=uplink,
                            exp=exp, key_holder=options.key_holder,

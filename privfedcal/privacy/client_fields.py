@@ -108,6 +108,10 @@ CLIENT_FIELDS: tuple[ClientField, ...] = (
                 _ID),
     ClientField("query.hello", "meta", "num-partitions", "number of clients (int)",
                 "start of a Flower run", "none", "public: in the run config"),
+    ClientField("query.hello", "meta", "settings", "a 16-hex digest of the run's public data "
+                "settings (dataset, partition scheme and its parameters, clients)",
+                "start of a Flower run", "none",
+                "public: a function of the public run config only, never of the data seed"),
     ClientField("query.hello", "metrics", "num-examples", "client size n_k (int)",
                 "start of a Flower run", "none; a constant 0 with --dp-train",
                 "public without --dp-train (FedAvg weights); carries nothing with --dp-train"),

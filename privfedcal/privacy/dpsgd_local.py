@@ -44,11 +44,12 @@ class DPSGDSpec:
 
 def nominal_size(cfg, exp) -> int:
     """The public client size the schedule is planned with: ``--dp-nominal-size``, else the
-    federation's training examples over the clients (rounded down, at least 1)."""
+    federation's training examples over the clients (rounded down, at least 1). The
+    federation's size is public (``federation/setup.py`` ``held_examples``): the server
+    plans with it too, without the partition."""
     if cfg.dp_nominal_size is not None:
         return int(cfg.dp_nominal_size)
-    total = sum(int(p.numel()) for p in exp.parts)
-    return max(1, total // cfg.clients)
+    return max(1, int(exp.num_examples) // cfg.clients)
 
 
 def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, int]:

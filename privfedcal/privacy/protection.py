@@ -226,7 +226,7 @@ def release_plans(cfg, calibrator) -> list[ReleasePlan]:
 
 def check_settings(cfg, exp) -> None:
     """Refuse, before any work, settings whose guarantee would not hold or would crash later."""
-    n_total = int(sum(int(p.numel()) for p in exp.parts))
+    n_total = exp.num_examples  # public: federation/setup.py held_examples
     f32 = 3.0e38  # features and payload sums are float32 on the client
     for flag, value in (("--dp-clip", cfg.dp_clip), ("--dp-grad-clip", cfg.dp_grad_clip)):
         if value is None:
@@ -297,7 +297,7 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
     bound = L2Clip({"feature": clip, "class-gradient": grad_clip})
     dp = None
     if dp_on:
-        n_total = int(sum(int(p.numel()) for p in exp.parts))
+        n_total = exp.num_examples  # public: federation/setup.py held_examples
         delta = cfg.dp_delta if cfg.dp_delta is not None else default_delta(n_total)
         plans = release_plans(cfg, calibrator)
         if not plans and not cfg.dp_train:

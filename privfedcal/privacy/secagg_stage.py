@@ -82,7 +82,7 @@ class SecAggStage:
     def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
                 releases: tuple[ReleaseSpec, ...]) -> SecAggStage:
         """Bounds from the calibrator's release declarations (privacy/releases.py)."""
-        n = float(sum(int(p.numel()) for p in exp.parts))
+        n = float(exp.num_examples)  # public: federation/setup.py held_examples
         k = float(cfg.clients)
         bounds = {"count": n, "holders": k, "sum": clip * n, "outer": clip * clip * n,
                   "grad": grad_clip * n}

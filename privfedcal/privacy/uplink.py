@@ -264,7 +264,7 @@ def build_uplink(cfg, exp, calibrator) -> Uplink:
         from privfedcal.privacy.update_secagg import SecureUpdates
 
         uniform = any(s.uniform_weights for s in up.stages)  # weights 1 under --dp-train
-        n_total = float(sum(int(p.numel()) for p in exp.parts))
+        n_total = float(exp.num_examples)  # public (held_examples)
         up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients,
                                    cfg.secagg_min_clients)
     return up

@@ -91,12 +91,17 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[str]] | None:
-    """Client x class counts: partition.json when the run wrote one, else recomputed from the
-    config (same loader and seed as the run); None when neither works."""
-    rec = load_json(run_dir / "partition.json")
+    """Client x class counts: ``private/partition.json`` when the run wrote one, else
+    recomputed from the experimenter's config (same loader and data seed as the run); None
+    when neither works (a server view, or a Flower server's folder, holds no data seed)."""
+    from privfedcal.federation.runfolder import partition_file
+
+    found = partition_file(run_dir)
+    rec = load_json(found) if found else None
     if rec and "counts" in rec:
         return rec["counts"], rec.get("classes") or []
-    if not config:
+    data_seed = config.get("data_seed", config.get("seed")) if config else None
+    if data_seed is None:
         return None
     try:
         from privfedcal.config import RunConfig
@@ -110,7 +115,7 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
                              shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
         labels = data.y_train.cpu().numpy()
         domains = data.domains_train.cpu().numpy() if data.domains_train is not None else None
-        parts = partition_indices(labels, spec, cfg.seed, domains=domains)
+        parts = partition_indices(labels, spec, int(data_seed), domains=domains)
         return class_counts(labels, parts, data.num_classes).tolist(), list(data.classes)
     except Exception:  # data moved or not readable: the report says so instead of failing
         return None
@@ -281,7 +286,8 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
                                  "(rows)"))
         else:
             body.append("<p>The partition could not be recomputed (dataset not readable from "
-                        "here) and the run folder holds no partition.json.</p>")
+                        "here, or no data seed in the run folder) and the run folder holds no "
+                        "private/partition.json.</p>")
 
     # privacy
     body.append("<h2>Privacy</h2>")

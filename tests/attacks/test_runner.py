@@ -60,7 +60,7 @@ def true_features(view: RunView, client: int | None, cls: int) -> np.ndarray:
     view.load_state(rel.state)
     idx = view.truth(client, cls)
     with torch.no_grad():
-        return view.model.features(view.exp.data.x_train[idx]).double().numpy()
+        return view.model.features(view.truth_exp.data.x_train[idx]).double().numpy()
 
 
 def test_releases_group_model_state_and_uploads(ccvr_view):
@@ -89,7 +89,7 @@ def test_noise_stds_follow_the_gaussian_mechanism_scale():
 
 def test_stats_targets_equal_independent_class_statistics(ccvr_view):
     plan = plan_stats(ccvr_view, TINY, clients=[0])
-    held = [c for c in range(10) if ccvr_view.exp.counts[0][c] > 0]
+    held = [c for c in range(10) if ccvr_view.truth_exp.counts[0][c] > 0]
     means = [j for j in plan.jobs if j.base["target"] == "class-mean"]
     stats = [j for j in plan.jobs if j.base["target"] == "class-stats"]
     raws = [j for j in plan.jobs if j.base["target"] == "raw-feature"]
@@ -105,11 +105,11 @@ def test_stats_targets_equal_independent_class_statistics(ccvr_view):
 
 
 def test_stats_attack_records(ccvr_view):
-    cls = int(np.flatnonzero(ccvr_view.exp.counts[1])[0])
+    cls = int(np.flatnonzero(ccvr_view.truth_exp.counts[1])[0])
     plan = plan_stats(ccvr_view, TINY, clients=[1], classes=[cls])
     results = execute(plan)
     assert [r.record["target"] for r in results] == ["raw-feature", "class-mean", "class-stats"]
-    n = int(ccvr_view.exp.counts[1][cls])
+    n = int(ccvr_view.truth_exp.counts[1][cls])
     for r in results:
         rec = r.record
         for key in ("client", "class", "n", "psnr", "ssim", "feature_cosine",
@@ -123,7 +123,7 @@ def test_stats_attack_records(ccvr_view):
 def test_score_matches_hand_computed_psnr(ccvr_view):
     view = ccvr_view
     view.load_state(view.release(STATS_LABEL, None).state)
-    idx = view.truth(0, int(np.flatnonzero(view.exp.counts[0])[0]))[:3]
+    idx = view.truth(0, int(np.flatnonzero(view.truth_exp.counts[0])[0]))[:3]
     truth = view.pixels(idx)
     recon = 0.9 * truth + 0.05
     mse = ((recon - truth) ** 2).flatten(1).mean(1).double().numpy()
@@ -135,8 +135,8 @@ def test_score_matches_hand_computed_psnr(ccvr_view):
     rec2, matched2 = score(view, recon[perm], idx, paired=False)  # Hungarian undoes perm
     np.testing.assert_allclose(rec2["psnr_per_image"], expected[perm.numpy()], atol=1e-3)
     assert torch.equal(matched2, truth[perm]) and rec2["nearest_is_true"] == 1.0
-    label = int(view.exp.data.y_train[idx[0]])
-    d = view.exp.data
+    label = int(view.truth_exp.data.y_train[idx[0]])
+    d = view.truth_exp.data
     prior = d.denormalize(d.x_test[d.y_test == label].mean(0)).clamp(0, 1)
     expected_prior = np.mean([10 * np.log10(1 / float(((prior - t) ** 2).mean())) for t in truth])
     assert rec["prior_psnr"] == pytest.approx(expected_prior, abs=1e-3)
@@ -147,13 +147,13 @@ def test_class_sets_of_plain_uploads_are_exact(ccvr_view):
     assert notes == [] and [r["client"] for r in records] == [0, 1, 2]
     for r in records:
         assert r["accuracy"] == r["precision"] == r["recall"] == 1.0 and r["count_mae"] == 0.0
-        assert r["true_counts"] == [int(v) for v in ccvr_view.exp.counts[r["client"]]]
+        assert r["true_counts"] == [int(v) for v in ccvr_view.truth_exp.counts[r["client"]]]
 
 
 def secagg_copy(view: RunView, dest: Path) -> Path:
     """The run with its transcript rewritten as the encrypted uplink records it."""
     shutil.copytree(view.run_dir, dest)
-    tdir = dest / "transcript"
+    tdir = dest / "server" / "transcript"
     entries = json.loads((tdir / "index.json").read_text())
     rel = view.release(STATS_LABEL, None)
     total = {k: sum(u[k] for u in rel.uploads.values()) for k in ("count", "sum", "outer")}
@@ -168,10 +168,10 @@ def secagg_copy(view: RunView, dest: Path) -> Path:
 
 
 def test_secure_aggregation_attacks_the_federation_statistics(ccvr_view, tmp_path):
-    view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.exp)
+    view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.truth_exp)
     plan = plan_stats(view, AttackOptions(raw_samples=0), clients=[0])
     assert any("secure aggregation" in n and "client(s) 0 only" in n for n in plan.notes)
-    totals, own = ccvr_view.exp.counts.sum(0), ccvr_view.exp.counts[0]
+    totals, own = ccvr_view.truth_exp.counts.sum(0), ccvr_view.truth_exp.counts[0]
     # the aggregate is attacked for the classes client 0 holds, and scored on ITS images
     assert [j.base["class"] for j in plan.jobs if j.base["target"] == "class-mean"] == \
         [c for c in range(10) if own[c] > 0]
@@ -190,8 +190,8 @@ def test_secure_aggregation_attacks_the_federation_statistics(ccvr_view, tmp_pat
 def test_aggregate_reconstruction_gets_no_best_of_federation_credit(ccvr_view, tmp_path):
     """A reconstruction of the aggregate is scored against the attacked client's images only
     (as the per-client row is), so an exact copy of ANOTHER client's image is not a hit."""
-    view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.exp)
-    counts = ccvr_view.exp.counts
+    view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.truth_exp)
+    counts = ccvr_view.truth_exp.counts
     cls = next(c for c in range(10) if counts[0][c] > 0 and counts[1][c] > 0)
     plan = plan_stats(view, TINY, clients=[0], classes=[cls])
     mean_job = next(j for j in plan.jobs if j.base["target"] == "class-mean")
@@ -212,9 +212,9 @@ def test_prior_is_scored_by_the_same_rule(ccvr_view):
     """One image for a set: both the reconstruction and the prior get their best match."""
     view = ccvr_view
     view.load_state(view.release(STATS_LABEL, None).state)
-    cls = int(np.flatnonzero(view.exp.counts[0])[0])
+    cls = int(np.flatnonzero(view.truth_exp.counts[0])[0])
     idx = view.truth(0, cls)
-    d = view.exp.data
+    d = view.truth_exp.data
     prior = d.denormalize(d.x_test[d.y_test == cls].mean(0)).clamp(0, 1)
     best_prior = max(10 * np.log10(1 / float(((prior - t) ** 2).mean())) for t in view.pixels(idx))
     rec, _ = score(view, view.pixels(idx[:1]) * 0.5, idx, paired=False)
@@ -230,7 +230,7 @@ def test_class_gradients_and_update(creff_view):
     recorded = plan_gradients(creff_view, opts, clients=[0], updates=True)
     (up,) = [j for j in recorded.jobs if j.base["target"] == "model-update"]
     assert up.base["view"] == "plain-upload" and up.base["round"] == 2
-    assert up.base["n"] == int(creff_view.exp.counts[0].sum())  # the weight FedAvg used
+    assert up.base["n"] == int(creff_view.truth_exp.counts[0].sum())  # the weight FedAvg used
     # a transcript without recorded updates: one simulated SGD step instead
     import dataclasses
 
@@ -240,7 +240,7 @@ def test_class_gradients_and_update(creff_view):
     assert any("records no model updates" in n for n in plan.notes)
     grads = [j for j in plan.jobs if j.base["target"] == "class-gradient"]
     assert [j.base["class"] for j in grads] == \
-        [c for c in range(10) if creff_view.exp.counts[0][c] > 0]
+        [c for c in range(10) if creff_view.truth_exp.counts[0][c] > 0]
     for j in grads:
         assert torch.equal(j.target, rel.uploads[0]["grad"][j.base["class"]])
     results = execute(plan)
@@ -254,7 +254,7 @@ def test_class_gradients_and_update(creff_view):
 
 def test_uploaded_features_apply_tukey_then_clip(ccvr_view):
     wrapped = UploadedFeatures(ccvr_view.model, 0.5, 1.0)
-    x = ccvr_view.exp.data.x_train[:5]
+    x = ccvr_view.truth_exp.data.x_train[:5]
     with torch.no_grad():
         z = torch.relu(ccvr_view.model.features(x)).sqrt()
         expected = z / np.maximum(1.0, z.norm(dim=1, keepdim=True))
@@ -282,14 +282,14 @@ def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Pat
     from privfedcal.attacks.gradient_inversion import LocalRecipe, simulate_local_training
 
     shutil.copytree(view.run_dir, dest)
-    tdir = dest / "transcript"
+    tdir = dest / "server" / "transcript"
     entries = json.loads((tdir / "index.json").read_text())
     start = view.release(STATS_LABEL, None).state
-    idx = view.exp.parts[0]
+    idx = view.truth_exp.parts[0]
     cfg = view.cfg
     recipe = LocalRecipe(1, cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay)
     after = {k: v.detach() for k, v in simulate_local_training(
-        view.model, start, view.exp.data.x_train[idx], view.exp.data.y_train[idx],
+        view.model, start, view.truth_exp.data.x_train[idx], view.truth_exp.data.y_train[idx],
         recipe).items()}
     after = {**start, **after}
     save_file(dict(start), str(tdir / "round.safetensors"))
@@ -309,10 +309,10 @@ def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     from privfedcal.attacks.runner import plan_updates
 
     run, _ = updates_copy(ccvr_view, tmp_path / "up")
-    view = load_run(run, exp=ccvr_view.exp)
+    view = load_run(run, exp=ccvr_view.truth_exp)
     plan = plan_updates(view, AttackOptions(steps=2, restarts=1))
     (job,) = plan.jobs
-    n = int(ccvr_view.exp.parts[0].numel())
+    n = int(ccvr_view.truth_exp.parts[0].numel())
     assert job.base["client"] == 0 and job.base["n"] == n and job.base["round"] == 1
     assert any("aggregation weight" in s for s in job.base["needed"])
     rec = job.run().record
@@ -323,10 +323,10 @@ def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     # a transcript without recorded updates (older runs): noted, the simulated one is used
     bare = tmp_path / "bare"
     shutil.copytree(ccvr_view.run_dir, bare)
-    index = bare / "transcript" / "index.json"
+    index = bare / "server" / "transcript" / "index.json"
     index.write_text(json.dumps([e for e in json.loads(index.read_text())
                                  if e["label"] != "model-update"]))
-    plain = plan_updates(load_run(bare, exp=ccvr_view.exp), AttackOptions())
+    plain = plan_updates(load_run(bare, exp=ccvr_view.truth_exp), AttackOptions())
     assert not plain.jobs and "records no model updates" in plain.notes[0]
 
 
@@ -342,13 +342,13 @@ def test_creff_head_is_recorded_with_every_release(creff_view):
 
     rels = creff_view.releases(GRAD_LABEL)
     assert [r.round for r in rels] == [1, 2]
-    d = creff_view.exp.data
+    d = creff_view.truth_exp.data
     for rel in rels:
         assert set(rel.task) == {"head.weight", "head.bias"}
         assert set(rel.state) == set(creff_view.model.state_dict())  # the state loads alone
         w, b = creff_head(creff_view, rel)
         creff_view.load_state(rel.state)
-        idx = creff_view.exp.parts[0]
+        idx = creff_view.truth_exp.parts[0]
         with torch.no_grad():
             z = creff_view.model.features(d.x_train[idx]).double()
         g = per_sample_head_grads(z, d.y_train[idx], w, b)
@@ -378,7 +378,7 @@ def test_class_gradients_across_rounds_job(creff_view):
     import dataclasses
 
     opts = dataclasses.replace(TINY, rounds_combined=2)
-    counts = creff_view.exp.counts[0]
+    counts = creff_view.truth_exp.counts[0]
     # n from the gradient's rank (client weighting uploads no count): a class of < C - 1
     small = [c for c in range(10) if 1 <= int(counts[c]) < 9]
     large = [c for c in range(10) if int(counts[c]) >= 9]
@@ -409,15 +409,15 @@ def test_uniform_dp_sgd_weight_is_not_taken_for_a_sample_count(ccvr_view, tmp_pa
     from privfedcal.attacks.runner import plan_updates
 
     run, _ = updates_copy(ccvr_view, tmp_path / "dpsgd")
-    index = run / "transcript" / "index.json"
+    index = run / "server" / "transcript" / "index.json"
     entries = json.loads(index.read_text())
     entries[-1]["weight"] = 1.0
     index.write_text(json.dumps(entries))
-    config = json.loads((run / "config.json").read_text())
-    n = int(ccvr_view.exp.parts[0].numel())
+    config = json.loads((run / "server" / "config.json").read_text())
+    n = int(ccvr_view.truth_exp.parts[0].numel())
     for dp_train, want_n in ((False, 1), (True, n)):
         config["dp_train"] = dp_train
-        (run / "config.json").write_text(json.dumps(config))
-        (job,) = plan_updates(load_run(run, exp=ccvr_view.exp), AttackOptions(steps=2)).jobs
+        (run / "server" / "config.json").write_text(json.dumps(config))
+        (job,) = plan_updates(load_run(run, exp=ccvr_view.truth_exp), AttackOptions(steps=2)).jobs
         assert job.base["n"] == want_n and job.base["dp"] is dp_train
         assert any(("side knowledge" in s) is dp_train for s in job.base["needed"])

@@ -45,10 +45,10 @@ def check_records(path, kinds):
 
 
 def first_held_class(run, client):
-    index = json.loads((run / "transcript" / "index.json").read_text())
+    index = json.loads((run / "server" / "transcript" / "index.json").read_text())
     (entry,) = [e for e in index if e["view"] == "plain-upload" and e["client"] == client
                 and e["label"] == "ccvr-stats"]
-    count = load_file(str(run / "transcript" / entry["file"]))["count"]
+    count = load_file(str(run / "server" / "transcript" / entry["file"]))["count"]
     return int(torch.nonzero(count > 0)[0])
 
 

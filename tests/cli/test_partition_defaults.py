@@ -26,5 +26,5 @@ def test_partition_reads_the_train_config_and_matches_the_run(tmp_path, capsys):
     main(["train", "--config", str(conf), "--out", str(tmp_path / "run")])
     capsys.readouterr()
     shown = json.loads((tmp_path / "p" / "partition.json").read_text())
-    used = json.loads((tmp_path / "run" / "partition.json").read_text())
+    used = json.loads((tmp_path / "run" / "private" / "partition.json").read_text())
     assert shown["counts"] == used["counts"] and shown["seed"] == used["seed"] == 5

@@ -47,7 +47,7 @@ def test_ccvr_dp_secagg_hide_counts(tmp_path, capsys):
     assert s["accuracy_before_calibration"] == json.loads(
         (out / "metrics.jsonl").read_text().splitlines()[-1])["accuracy"]
     assert "NOT differentially private" in capsys.readouterr().out
-    entries = load_transcript(out / "transcript")
+    entries = load_transcript(out / "server" / "transcript")
     views = {e["view"] for e in entries if e["label"] == "ccvr-stats"}
     assert "plain-upload" not in views and {"ciphertext", "aggregate"} <= views
     sizes = [e["bytes"] for e in entries if e["view"] == "ciphertext"]
@@ -72,7 +72,7 @@ def test_creff_dp(tmp_path, capsys):
     assert_epsilon_is_opacus(p, 8.0)
     assert {r["label"] for r in p["releases"]} == {"creff-grad"}
     assert p["noise_multipliers"]["creff-grad"] == p["releases"][0]["noise_multiplier"]
-    entries = load_transcript(out / "transcript")
+    entries = load_transcript(out / "server" / "transcript")
     assert {e["view"] for e in entries} >= {"plain-upload", "model-state"}
 
 
@@ -88,7 +88,7 @@ def test_dp_train_covers_model_updates(tmp_path, capsys):
 def test_plain_run_records_plain_uploads(tmp_path, capsys):
     out = tmp_path / "r"
     main(["train", "--method", "ccvr", *FAST, "--out", str(out)])
-    entries = load_transcript(out / "transcript")
+    entries = load_transcript(out / "server" / "transcript")
     plain = [e for e in entries if e["view"] == "plain-upload" and e["label"] == "ccvr-stats"]
     assert len(plain) == 4 and set(plain[0]["tensors"]) == {"count", "sum", "outer"}
     assert summary(out)["uploaded_bytes"] == sum(e["bytes"] for e in plain)

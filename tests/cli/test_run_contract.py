@@ -106,7 +106,7 @@ def test_run_records_resolved_settings_partition_and_bytes(tmp_path, capsys):
     assert cfg["model"] == "mlp" and cfg["lr"] == 0.05 and cfg["batch_size"] == 32
     assert cfg["augment"] is False and cfg["local_epochs"] == 1
     assert "model mlp, lr 0.05" in io.out                  # the resolved line at start
-    part = json.loads((out / "partition.json").read_text())
+    part = json.loads((out / "private" / "partition.json").read_text())
     assert part["clients"] == 4 and len(part["indices"]) == 4
     assert sum(len(i) for i in part["indices"]) == part["num_assigned"] == sum(part["sizes"])
     summary = json.loads((out / "summary.json").read_text())

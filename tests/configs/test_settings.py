@@ -181,7 +181,7 @@ def test_min_size_flag_reaches_the_partition(tmp_path, capsys):
           "--no-transcript", "--out", str(tmp_path / "run")])
     main(["partition", *flags, "--out", str(tmp_path / "p")])
     capsys.readouterr()
-    used = json.loads((tmp_path / "run" / "partition.json").read_text())
+    used = json.loads((tmp_path / "run" / "private" / "partition.json").read_text())
     shown = json.loads((tmp_path / "p" / "partition.json").read_text())
     assert used["min_size"] == 200 and min(used["sizes"]) >= 200
     assert used["counts"] == shown["counts"]

@@ -1,4 +1,5 @@
-"""federation/runfolder.py: config.json and partition.json, written and read in one place."""
+"""federation/runfolder.py: the run folder's layout (server/, private/, the experimenter's
+top level), config.json and partition.json, written and read in one place."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import privfedcal
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.runfolder import (
+    partition_file,
     read_run_config,
+    server_view,
     versions,
     write_config,
     write_run_files,
@@ -39,13 +42,36 @@ def test_config_round_trip_and_record_keys(tmp_path):
         write_config(tmp_path / "x", cfg, colour="red")
 
 
-def test_run_files_write_the_partition(tmp_path):
-    exp = SimpleNamespace(cfg=RunConfig(dataset="digits"),
+def test_run_files_split_the_server_view_from_the_private_part(tmp_path):
+    """The data seed and the partition stay out of ``server/``: its config.json is the
+    run's without the data seed; the partition goes to ``private/``; a server's experiment
+    (no partition, a Flower ServerApp's) writes no ``private/`` at all."""
+    cfg = RunConfig(dataset="digits", data_seed=77)
+    exp = SimpleNamespace(cfg=cfg, parts=[torch.arange(3), torch.arange(4)],
                           partition_record=lambda: {"sizes": [3, 4], "counts": [[1, 2], [4, 0]]})
-    write_run_files(tmp_path, exp)
-    assert json.loads((tmp_path / "partition.json").read_text()) == {
+    write_run_files(tmp_path, exp, flower_run_id="9")
+    assert json.loads((tmp_path / "private" / "partition.json").read_text()) == {
         "sizes": [3, 4], "counts": [[1, 2], [4, 0]]}
-    assert read_run_config(tmp_path) == RunConfig(dataset="digits")
+    assert not (tmp_path / "partition.json").exists()
+    assert read_run_config(tmp_path) == cfg  # the experimenter's: resume and re-runs
+    public = json.loads((tmp_path / "server" / "config.json").read_text())
+    assert public["data_seed"] is None and "77" not in json.dumps(public)
+    assert read_run_config(tmp_path / "server") == cfg.replace(data_seed=None)
+    assert server_view(tmp_path) == tmp_path / "server"
+    assert partition_file(tmp_path) == tmp_path / "private" / "partition.json"
+    server = tmp_path / "flower"
+    write_run_files(server, SimpleNamespace(cfg=cfg.replace(data_seed=None), parts=None))
+    assert sorted(p.name for p in server.iterdir()) == ["config.json", "server"]
+    assert partition_file(server) is None
+
+
+def test_runs_from_before_the_data_seed_read_back_with_the_seed(tmp_path):
+    """A config.json without a data_seed key was partitioned with the seed: resume, the
+    report and attacks redraw that partition; its transcript sat at the top."""
+    raw = {k: v for k, v in RunConfig(seed=5).to_dict().items() if k != "data_seed"}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert read_run_config(tmp_path).data_seed == 5
+    assert server_view(tmp_path) == tmp_path
 
 
 def test_unreadable_run_folders_are_usage_errors(tmp_path):

@@ -109,7 +109,7 @@ def test_clients_log_matches_the_round(run_dir):
 
     lines = [json.loads(x) for x in (run_dir / "clients.jsonl").read_text().splitlines()]
     rows = read_metrics_csv(run_dir / "metrics.csv")
-    part = json.loads((run_dir / "partition.json").read_text())
+    part = json.loads((run_dir / "private" / "partition.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     cfg.pop("versions")
     sim = Simulator.__new__(Simulator)  # select_clients needs only the config

@@ -7,8 +7,9 @@ import pytest
 
 @pytest.fixture
 def flower_cfg(tiny_cfg):
-    """A tiny RunConfig (digits, 2 clients, 2 rounds, one thread, no transcript)."""
-    return lambda **kw: tiny_cfg(**{"clients": 2, **kw})
+    """A tiny RunConfig (digits, 2 clients, 2 rounds, one thread, no transcript) with data
+    seed 0, so that the simulator and the Flower nodes draw the same partition."""
+    return lambda **kw: tiny_cfg(**{"clients": 2, "data_seed": 0, **kw})
 
 
 @pytest.fixture
@@ -27,7 +28,8 @@ def run_simulator(tmp_path):
 @pytest.fixture
 def run_flower(tmp_path):
     """Run ``cfg`` through the real ServerApp/ClientApp over a ``LoopbackGrid``; returns
-    (FlowerSimulator, summary, grid)."""
+    (FlowerSimulator, summary, grid). The data seed goes to the nodes' node config, as in a
+    deployment: the server's run config never holds it."""
     from flwr.app import Context, RecordDict
 
     from privfedcal.flower.client_app import app as client_app
@@ -36,8 +38,9 @@ def run_flower(tmp_path):
     from privfedcal.flower.server_app import run_server
 
     def run(cfg, grid=None):
-        run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower")))
-        grid = grid or LoopbackGrid(client_app, run_config, cfg.clients)
+        run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower"), data_seed=None))
+        nodes = {} if cfg.data_seed is None else {"data-seed": cfg.data_seed}
+        grid = grid or LoopbackGrid(client_app, run_config, cfg.clients, node_config=nodes)
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                       run_config=run_config)
         sim, summary = run_server(grid, ctx)

@@ -47,7 +47,7 @@ def test_fedavg_and_secure_ccvr_on_a_local_deployment(tmp_path):
     assert summary["rounds"] == 2 and summary["calibrator"] == "ccvr"
     assert summary["accuracy"] > 0.6  # digits, 10 classes: chance is 0.1
     assert summary["calibration"]["virtual_features"] == 500
-    index = json.loads((out / "transcript" / "index.json").read_text())
+    index = json.loads((out / "server" / "transcript" / "index.json").read_text())
     views = {e["view"] for e in index if e["label"] == "ccvr-stats"}
     assert "plain-upload" not in views and {"ciphertext", "aggregate"} <= views
     assert summary["privacy"]["secagg"]["scheme"].startswith("CKKS")

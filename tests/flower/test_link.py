@@ -74,7 +74,7 @@ def test_oracle_and_bad_key_holder_are_refused(flower_cfg, run_flower):
     with pytest.raises(UsageError, match="oracle"):
         run_flower(flower_cfg(calibrate="oracle"))
     with pytest.raises(UsageError, match="key-holder=2 is not a client"):
-        cfg = flower_cfg(method="ccvr", secagg=True)
+        cfg = flower_cfg(method="ccvr", secagg=True, data_seed=None)
         from flwr.app import Context
 
         from privfedcal.flower.server_app import build_server

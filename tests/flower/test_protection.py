@@ -76,7 +76,7 @@ def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, ru
     (sim_agg,) = [e for e in _views(sim, "ccvr-stats") if e["view"] == "aggregate"]
     _close(views[-1]["tensors"], sim_agg["tensors"], atol=0.5)  # flooding std ~ 0.02 here
     total = float(views[-1]["tensors"]["count"].sum())
-    assert abs(total - sum(p.numel() for p in fl.exp.parts)) < 1.0
+    assert abs(total - sum(p.numel() for p in sim.exp.parts)) < 1.0
     # the key holder (client 0) dropped its one-release key after decrypting
     assert KEY_STATE not in grid.contexts[NODE_BASE].state.config_records
     assert fl_summary["privacy"]["secagg"]["params"]["ccvr-stats"]

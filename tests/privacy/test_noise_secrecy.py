@@ -26,7 +26,7 @@ def run(out, *extra):
 
 
 def uploads(out):
-    return {e["client"]: e for e in load_transcript(out / "transcript")
+    return {e["client"]: e for e in load_transcript(out / "server" / "transcript")
             if e["label"] == "ccvr-stats" and e["view"] == "plain-upload"}
 
 

@@ -14,7 +14,7 @@ from privfedcal.privacy.transcript import load_transcript
 def run(tmp_path, cfg):
     sim = build_simulator(cfg, tmp_path / "run")
     sim.run()
-    return sim, load_transcript(tmp_path / "run" / "transcript")
+    return sim, load_transcript(tmp_path / "run" / "server" / "transcript")
 
 
 def test_model_updates_are_recorded_with_weights_and_recipe(tmp_path, tiny_cfg):

@@ -13,13 +13,14 @@ from privfedcal.privacy.transcript import load_transcript
 def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
     plain = build_simulator(tiny_cfg(rounds=1), tmp_path / "a")
     plain.run()
-    cfg = tiny_cfg(rounds=1, secagg_updates=True, transcript=True)
+    # the same partition (a protected run draws its data seed from OS entropy otherwise)
+    cfg = tiny_cfg(rounds=1, secagg_updates=True, transcript=True, data_seed=plain.cfg.seed)
     sec = build_simulator(cfg, tmp_path / "b")
     summary = sec.run()
     for k, v in plain.global_state.items():
         if v.is_floating_point():
             torch.testing.assert_close(sec.global_state[k], v, atol=1e-3, rtol=0)
-    entries = [e for e in load_transcript(tmp_path / "b" / "transcript")
+    entries = [e for e in load_transcript(tmp_path / "b" / "server" / "transcript")
                if e["label"] == "model-update"]
     views = [e["view"] for e in entries]
     assert views.count("ciphertext") == cfg.clients and views.count("aggregate") == 1

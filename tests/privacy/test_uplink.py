@@ -74,6 +74,32 @@ def test_secure_sum_matches_plaintext_and_server_sees_no_upload(tmp_path):
     assert "plain-upload" not in views
 
 
+def test_keys_are_fresh_for_every_release_and_used_for_one_decryption():
+    """Two releases of one uplink get two key pairs (the key holder's key ids differ), and a
+    release's secret key leaves the key holder once its one sum is decrypted."""
+    from privfedcal.privacy.secagg_stage import LocalKeys
+
+    made, kept = [], []
+
+    class SpyKeys(LocalKeys):
+        def keygen(self, rel, params):
+            public = super().keygen(rel, params)
+            made.append(rel.state["key-holder"].key_id)
+            return public
+
+        def decrypt(self, ciphertexts, layout, rel, finish):
+            out = super().decrypt(ciphertexts, layout, rel, finish)
+            kept.append("key-holder" in rel.state)
+            return out
+
+    up = Uplink([EncryptStage(secagg_stage(), keys=SpyKeys())])
+    for r in (1, 2):
+        uploads = [(k, stats_payload([3, 0, 5], seed=k)) for k in range(3)]
+        up.aggregate(uploads, round_=r, label="ccvr-stats", transcript=Transcript(None))
+    assert len(made) == 2 and made[0] != made[1]
+    assert kept == [False, False]
+
+
 def test_server_context_is_public_and_cannot_decrypt():
     sealing, server = opened(secagg_stage(), stats_payload([2, 2]))
     assert not server.context.is_private()

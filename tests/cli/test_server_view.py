@@ -1,0 +1,124 @@
+"""The server's view is a boundary (docs/threat-model.md, "Server"): every attack runs on a
+copy of ``RUN/server/`` alone, and under ``--secagg --hide-counts`` nothing in it
+determines a client's class counts (the partition comes from a data seed the server does
+not hold)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privfedcal.cli.main import main
+from privfedcal.config import RunConfig
+from privfedcal.data.datasets import load_dataset
+from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+from privfedcal.federation.runfolder import read_run_config
+
+FAST = ["--clients", "3", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
+        "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]
+ATTACK = ["--steps", "2", "--restarts", "1", "--threads", "1"]
+PROTECTED = ["--method", "ccvr", "--dp-eps", "8", "--secagg", "--hide-counts"]
+CREFF = ["--method", "creff", "--match-steps", "5", "--retrain-steps", "5"]
+
+
+def server_copy(run: Path, dest: Path) -> Path:
+    """Only what the server holds: ``RUN/server/``, nothing of the clients or the
+    experimenter (the original run folder is removed, so nothing can fall back on it)."""
+    shutil.copytree(run / "server", dest)
+    shutil.rmtree(run)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def views(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server-view")
+    main(["train", *FAST, *PROTECTED, "--out", str(root / "run-ccvr")])
+    main(["train", *FAST, *CREFF, "--out", str(root / "run-creff")])
+    return {name: server_copy(root / f"run-{name}", root / name) for name in ("ccvr", "creff")}
+
+
+@pytest.mark.parametrize(("name", "attack"), [
+    ("ccvr", ["invert", "--stats"]), ("ccvr", ["invert", "--updates"]), ("ccvr", ["classes"]),
+    ("creff", ["invert", "--gradients"]), ("creff", ["invert", "--gradients", "--updates"]),
+    ("creff", ["invert", "--updates"]), ("creff", ["classes"])])
+def test_every_attack_runs_on_the_server_view_alone(views, name, attack, tmp_path):
+    view = views[name]
+    assert sorted(p.name for p in view.iterdir()) == ["config.json", "summary.json",
+                                                      "transcript"]
+    extra = ATTACK if attack[0] == "invert" else ["--threads", "1"]
+    main(["attack", *attack, "--run", str(view), *extra, "--out", str(tmp_path / "out")])
+    records = json.loads((tmp_path / "out" / "attack.json").read_text())
+    assert records  # something of what the server saw was attacked
+    assert all(r.get("scored") is False for r in records)  # and nothing could be scored
+
+
+def test_the_server_view_has_no_training_data(views):
+    from privfedcal.attacks.view import load_run
+
+    view = load_run(views["ccvr"])
+    assert view.truth_exp is None and view.exp.parts is None and view.exp.counts is None
+    assert view.exp.data.x_train.numel() == 0 and view.cfg.data_seed is None
+
+
+def _counts(cfg: RunConfig, data_seed: int) -> np.ndarray:
+    data = load_dataset(cfg.dataset)
+    labels = data.y_train.numpy()
+    spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
+                         imbalance_factor=cfg.imbalance_factor,
+                         shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+    return class_counts(labels, partition_indices(labels, spec, data_seed), data.num_classes)
+
+
+def test_hidden_counts_are_not_determined_by_the_server_view(tmp_path):
+    """Two runs with the same protocol seed and no --data-seed: the server's config is the
+    same, the clients' class counts are not (the data seed is fresh OS entropy, kept on the
+    experimenter's side); the public seed does not redraw them; and no file of the server's
+    view holds a client's counts (per-client entries are model updates and equal-size
+    ciphertexts; the only counts are the federation's aggregate)."""
+    args = [*FAST, "--method", "ccvr", "--secagg", "--hide-counts", "--seed", "3"]
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        main(["train", *args, "--out", str(run)])
+    public = [json.loads((r / "server" / "config.json").read_text()) for r in runs]
+    assert public[0]["data_seed"] is None
+    assert {**public[0], "out": None} == {**public[1], "out": None}
+    counts = [np.asarray(json.loads((r / "private" / "partition.json").read_text())["counts"])
+              for r in runs]
+    assert not np.array_equal(counts[0], counts[1])
+    for run, held in zip(runs, counts, strict=True):
+        cfg = read_run_config(run / "server")
+        assert not np.array_equal(_counts(cfg, cfg.seed), held)  # the seed does not redraw it
+        assert read_run_config(run).data_seed not in (None, cfg.seed)
+        texts = [p.read_text() for p in (run / "server").rglob("*.json")]
+        assert not any(str(read_run_config(run).data_seed) in t for t in texts)
+        for row in held:
+            assert not any(json.dumps(row.tolist()) in t for t in texts)
+        index = json.loads((run / "server" / "transcript" / "index.json").read_text())
+        mine = [e for e in index if e["client"] is not None]
+        assert {(e["label"], e["view"]) for e in mine} == {
+            ("model-update", "plain-upload"), ("ccvr-stats", "ciphertext")}
+        assert len({e["bytes"] for e in mine if e["view"] == "ciphertext"}) == 1
+
+
+def test_a_plain_run_is_reproducible_and_its_partition_public(tmp_path):
+    """Without a protection the partition follows --seed (documented as public): two
+    default runs give the same numbers; --data-seed fixes a protected run's partition, and
+    ``--config RUN/config.json`` redraws the partition of the run it names."""
+    for name in ("a", "b"):
+        main(["train", *FAST, "--out", str(tmp_path / name)])
+    summaries = [json.loads((tmp_path / n / "summary.json").read_text()) for n in "ab"]
+    assert summaries[0]["accuracy"] == summaries[1]["accuracy"]
+    part = json.loads((tmp_path / "a" / "private" / "partition.json").read_text())
+    assert part["data_seed"] == part["seed"] == 0
+    main(["train", *FAST, "--secagg", "--method", "ccvr", "--data-seed", "11",
+          "--out", str(tmp_path / "c")])
+    main(["train", "--config", str(tmp_path / "c" / "config.json"), "--out",
+          str(tmp_path / "d")])
+    parts = [json.loads((tmp_path / n / "private" / "partition.json").read_text())
+             for n in "cd"]
+    assert parts[0]["data_seed"] == parts[1]["data_seed"] == 11
+    assert parts[0]["counts"] == parts[1]["counts"]
