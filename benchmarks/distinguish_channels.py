@@ -17,6 +17,12 @@ Games (digits, the MLP, CPU):
   every tenth) whose removal moves the release most; Gaussian noise for the claimed epsilon
   at sensitivity G, the optimal (likelihood-ratio) score.
 
+* ``partition``: a run under ``--secagg --hide-counts`` (CCVR, 2 clients, IID digits) with
+  a fresh public seed per trial; D: the first training example is in client 0's data, D':
+  it is not. The adversary knows the code, the public config and the seed, and redraws the
+  partition from the seed (the experiment's own ``build_experiment`` draws the real one);
+  its score is whether its redraw puts the example in client 0.
+
 The mechanisms come from whichever ``privfedcal`` is importable, so the same script measures
 an older checkout: ``--before DIR`` runs the collection with ``PYTHONPATH=DIR`` in a
 subprocess, then both are scored here::
@@ -130,9 +136,36 @@ def collect_creff() -> dict:
             "class_size": n, "cap": cap}
 
 
-def collect(trials: int) -> dict:
+def collect_partition(trials: int) -> dict:
+    """Per trial: whether the run's partition puts example 0 in client 0 (the truth) and
+    whether the adversary's redraw from the public seed does (its score)."""
+    from privfedcal.config import RunConfig
+    from privfedcal.data.partition import PartitionSpec, partition_indices
+    from privfedcal.federation.setup import build_experiment
+
+    truth, guess = [], []
+    for t in range(2 * trials):
+        cfg = RunConfig(dataset="digits", clients=2, partition="iid", method="ccvr",
+                        secagg=True, hide_counts=True, rounds=1, device="cpu", threads=1,
+                        transcript=False, seed=1000 + t)
+        exp = build_experiment(cfg)
+        truth.append(bool((exp.parts[0] == 0).any()))
+        labels = exp.data.y_train.cpu().numpy()
+        spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
+                             imbalance_factor=cfg.imbalance_factor,
+                             shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+        redraw = partition_indices(labels, spec, cfg.seed)
+        guess.append(float(0 in set(redraw[0].tolist())))
+    return {"truth": truth, "guess": guess}
+
+
+COLLECTORS = {"dpsgd": collect_dpsgd, "creff": lambda trials: collect_creff(),
+              "partition": collect_partition}
+
+
+def collect(trials: int, games: list[str]) -> dict:
     torch.set_num_threads(1)
-    return {"dpsgd": collect_dpsgd(trials), "creff": collect_creff()}
+    return {g: COLLECTORS[g](trials) for g in games}
 
 
 # ---- scoring (always the current checkout) ---------------------------------------------------
@@ -174,23 +207,42 @@ def score_creff(c: dict, trials: int) -> dict:
 
 
 def score(raw: dict, trials: int) -> dict:
-    d = raw["dpsgd"]
-    loss_sent = d["loss-D"]["loss"][0] is not None
-    key = "loss" if loss_sent else "norm"
-    return {"dpsgd-loss": {"score": key, **bound_from_scores(d["loss-D"][key], d["loss-D'"][key])},
-            "dpsgd-steps": {"score": "norm", **bound_from_scores(d["steps-D"]["norm"],
-                                                                 d["steps-D'"]["norm"])},
-            "creff-cap": score_creff(raw["creff"], trials)}
+    out = {}
+    if "dpsgd" in raw:
+        d = raw["dpsgd"]
+        key = "loss" if d["loss-D"]["loss"][0] is not None else "norm"  # loss when sent
+        out["dpsgd-loss"] = {"score": key,
+                             **bound_from_scores(d["loss-D"][key], d["loss-D'"][key])}
+        out["dpsgd-steps"] = {"score": "norm", **bound_from_scores(d["steps-D"]["norm"],
+                                                                   d["steps-D'"]["norm"])}
+    if "creff" in raw:
+        out["creff-cap"] = score_creff(raw["creff"], trials)
+    if "partition" in raw:
+        out["partition"] = score_partition(raw["partition"])
+    return out
+
+
+def score_partition(p: dict) -> dict:
+    """D' (example not in client 0) scores 0 by the adversary's redraw when it is right."""
+    neg = [1 - s for s, held in zip(p["guess"], p["truth"], strict=True) if held]
+    pos = [1 - s for s, held in zip(p["guess"], p["truth"], strict=True) if not held]
+    return {"score": "seed redraw", **bound_from_scores(neg, pos)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=400, help="trials per side (half calibrate)")
     p.add_argument("--before", help="a checkout to measure too, e.g. one at d41de29")
+    p.add_argument("--games", default=",".join(COLLECTORS),
+                   help=f"comma-separated subset of {', '.join(COLLECTORS)}")
     p.add_argument("--collect", help=argparse.SUPPRESS)  # internal: raw scores to this file
     a = p.parse_args()
+    games = [g.strip() for g in a.games.split(",") if g.strip()]
+    unknown = sorted(set(games) - set(COLLECTORS))
+    if unknown or not games:
+        p.error(f"--games takes {', '.join(COLLECTORS)}; got {a.games!r}")
     if a.collect:
-        Path(a.collect).write_text(json.dumps(collect(a.trials)))
+        Path(a.collect).write_text(json.dumps(collect(a.trials, games)))
         return
     runs = [("before", a.before)] if a.before else []
     runs.append(("after", str(Path(__file__).resolve().parents[1])))
@@ -200,12 +252,15 @@ def main() -> None:
             out = Path(tmp) / "raw.json"
             env = {**os.environ, "PYTHONPATH": root}
             subprocess.run([sys.executable, __file__, "--collect", str(out), "--trials",
-                            str(a.trials)], env=env, check=True, cwd=tmp)
+                            str(a.trials), "--games", ",".join(games)], env=env, check=True,
+                           cwd=tmp)
             raw = json.loads(out.read_text())
         rows = score(raw, a.trials)
         secs = time.perf_counter() - t0
         for game, r in rows.items():
-            print(f"{name} {game}: claimed eps {CLAIMED_EPS:g} (delta {DELTA:g}), "
+            claim = ("claim: hidden (no epsilon; 0 is the ideal)" if game == "partition"
+                     else f"claimed eps {CLAIMED_EPS:g} (delta {DELTA:g})")
+            print(f"{name} {game}: {claim}, "
                   f"eps_lower {r['eps_lower']} at 95% "
                   f"({r['fp']} false pos, {r['fn']} false neg of {r['trials']} test trials"
                   + (f", score {r['score']}" if "score" in r else "")

@@ -25,7 +25,7 @@ Opt = typer.Option
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
 #: flags of this command that are RunConfig fields (the rest of a --config file is ignored)
 PARTITION_KEYS = ("dataset", "data_root", "download", "clients", "partition", "alpha",
-                  "imbalance_factor", "shards_per_client", "min_size", "seed")
+                  "imbalance_factor", "shards_per_client", "min_size", "seed", "data_seed")
 
 
 def _partition_options(
@@ -50,7 +50,9 @@ def partition(**given: Any) -> None:
     spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
                          imbalance_factor=cfg.imbalance_factor,
                          shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
-    seed = cfg.seed
+    # the seed the partition is drawn from: --data-seed (a run's config.json records it),
+    # else --seed, as a run without a protection draws it
+    seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
     labels = data.y_train.numpy()
     domains = data.domains_train.numpy() if data.domains_train is not None else None

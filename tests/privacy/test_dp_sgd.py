@@ -244,8 +244,9 @@ def test_run_schedule_and_epsilon_do_not_depend_on_client_sizes(tmp_path, tiny_c
     monkeypatch.setattr(dpsgd.PoissonBatches, "__init__", spy)
     specs, eps = [], []
     for alpha in (0.1, 100.0):
+        # a fixed data seed: sizes that really differ (a protected run's is fresh otherwise)
         cfg = tiny_cfg(method="fedavg", dp_eps=4.0, dp_train=True, clients=3, rounds=1,
-                       alpha=alpha, out=str(tmp_path / f"a{alpha}"))
+                       alpha=alpha, out=str(tmp_path / f"a{alpha}"), data_seed=0)
         sim = build_simulator(cfg, tmp_path / f"a{alpha}")
         sizes = sorted(int(p.numel()) for p in sim.exp.parts)
         summary = sim.run()
