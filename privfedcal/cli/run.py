@@ -7,7 +7,6 @@ full width (never truncated).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,8 @@ from rich.table import Table
 
 from privfedcal.cli.console import console, err_console
 from privfedcal.config import RunConfig, resolved_line
-from privfedcal.errors import Diverged, UsageError
+from privfedcal.errors import Diverged
 from privfedcal.experiment import build_simulator
-from privfedcal.federation.runfolder import read_run_config
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
@@ -112,58 +110,14 @@ def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
         console.print(f"wrote {build_run_report(run_dir)}")
 
 
-def _checkpoint_round(run_dir: Path) -> int:
-    meta = run_dir / "checkpoint" / "meta.json"
-    if not meta.is_file():
-        return 0
-    try:
-        return int(json.loads(meta.read_text())["round"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"cannot read the checkpoint in {run_dir}") from None
-
-
 def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = None,
                log: tuple[str, ...] = (), report_html: bool = False) -> dict[str, Any]:
-    """Continue an interrupted run, or extend a finished one to ``rounds``.
+    """Continue an interrupted run, or extend a finished one to ``rounds``
+    (``privfedcal.api.resume_simulator`` checks and builds it)."""
+    from privfedcal.api import resume_simulator
 
-    Rounds are seeded by their number, so an extended run ends with the same model as an
-    uninterrupted run of ``rounds`` rounds. Not allowed: fewer rounds than trained, a
-    diverged run (it would diverge again), and a different round count with DP (every
-    release's noise was calibrated for the planned number of rounds)."""
-    cfg = read_run_config(run_dir)
-    summary_file = run_dir / "summary.json"
-    previous = json.loads(summary_file.read_text()) if summary_file.is_file() else None
-    if previous and previous.get("diverged"):
-        d = previous["diverged"]
-        raise UsageError(f"{run_dir} diverged at round {d.get('round')}; resuming would "
-                         "diverge again: start a new run with a lower --lr")
-    done = _checkpoint_round(run_dir)
-    if rounds is not None and rounds != cfg.rounds:
-        if rounds < done:
-            raise UsageError(f"{run_dir} has already trained {done} rounds; --rounds must be "
-                             f">= {done}")
-        if cfg.dp_enabled or cfg.dp_train:
-            raise UsageError(f"--rounds cannot change a DP run: the noise of its releases was "
-                             f"calibrated for {cfg.rounds} rounds under --dp-eps; start a new "
-                             "run with the rounds you want")
-        cfg = cfg.replace(rounds=rounds)
-    if previous is not None and done >= cfg.rounds:
-        raise UsageError(f"{run_dir} is already complete (see summary.json); extend it "
-                         f"with --rounds N > {cfg.rounds}")
-    if threads is not None:
-        cfg = cfg.replace(threads=threads)
-    sim = build_simulator(cfg, run_dir)
-    if (run_dir / "checkpoint").exists():
-        sim.restore()
-    if previous is not None:
-        from privfedcal.federation.hooks import Calibrator
-
-        note = f"extended from {done} to {cfg.rounds} rounds"
-        if type(sim.calibrator).after_training is not Calibrator.after_training:
-            note += (f"; {cfg.calibrator}'s post-hoc step had already run on round {done}'s "
-                     "model (its uploads, if any, stay in the transcript) and ran again on "
-                     f"round {cfg.rounds}'s")
-        sim.notes.append(note)
+    sim = resume_simulator(run_dir, rounds=rounds, threads=threads)
+    cfg = sim.cfg
     sim.log.enable(log)
     summary = run_with_progress(sim, cfg)
     sim.log.close()
