@@ -1,6 +1,7 @@
 """``privfedcal compare RUN_DIR...``: a table of finished runs side by side, printed and
 written as ``compare.csv`` and ``compare.html`` (accuracy curves overlaid). Runs trained on
-different datasets or under different privacy budgets are flagged, not silently compared."""
+different datasets, privacy budgets or round counts are flagged, not silently compared, and
+every setting that differs between the runs is named."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def compare(
 
     from privfedcal.report.compare import (
         collect,
+        differing_settings,
         display_rows,
         write_csv,
         write_html,
@@ -38,10 +40,19 @@ def compare(
         table.add_column(h, justify="left" if h in ("method", "dataset", "partition", "differs")
                          else "right", overflow="fold")
     for cells, r in zip(display_rows(rows), rows, strict=True):
-        table.add_row(*cells[1:-1], r["flag"], style="yellow" if r["flags"] else None)
+        # flagged fields (not comparable), then the names of the other differing settings
+        names = [d.split("=", 1)[0] for d in r["differs"].split(", ") if d]
+        extra = [n for n in names if n not in ("dataset", "rounds")]
+        differs = "; ".join(x for x in (r["flag"], ",".join(extra)) if x)
+        table.add_row(*cells[1:-2], differs, style="yellow" if r["flags"] else None)
     console.print(table)
     for w in warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
+    lines = differing_settings([dict(r, differs="") for r in rows])
+    if lines:
+        console.print("settings that differ between the runs:", highlight=False)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, markup=False)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "compare.csv")
     write_html(rows, warnings, out / "compare.html")

@@ -1,9 +1,11 @@
-"""``privfedcal compare``: one row per run folder, the accuracy curves overlaid, and flags
-where runs are not comparable (different datasets or privacy budgets)."""
+"""``privfedcal compare``: one row per run folder, the accuracy curves overlaid, flags where
+runs are not comparable (different datasets, privacy budgets or round counts), and every
+setting that differs between the runs, named per run."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import tempfile
 from collections import Counter
@@ -14,10 +16,13 @@ from privfedcal.report import html as H
 from privfedcal.report.run import load_run, worst_class
 
 COLUMNS = ("run", "method", "dataset", "partition", "rounds", "accuracy_before",
-           "accuracy_after", "worst_class", "epsilon", "bytes", "wall_seconds", "flags")
+           "accuracy_after", "worst_class", "epsilon", "bytes", "wall_seconds", "flags",
+           "differs")
 HEADERS = ("run", "method", "dataset", "partition", "rounds", "acc. before calib.",
            "acc. after calib.", "worst class", "epsilon", "bytes uploaded", "wall time (s)",
-           "flags")
+           "flags", "settings that differ")
+#: config keys that say where or how fast a run ran, not what it computed
+RUNTIME_KEYS = frozenset({"out", "threads", "workers", "data_root", "flower_run_id"})
 
 
 def _partition(cfg: dict[str, Any]) -> str:
@@ -54,9 +59,45 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         "bytes": (summary.get("calibration_upload_bytes", summary.get("uploaded_bytes")) or 0)
         + (summary.get("model_update_bytes") or 0),
         "wall_seconds": summary.get("wall_seconds"),
-        "budget": budget(summary), "flags": "",
-        "_curve": _curve(run_dir),
+        "budget": budget(summary), "flags": "", "differs": "",
+        "_curve": _curve(run_dir), "_settings": settings_of(cfg),
     }
+
+
+def settings_of(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """A run's config as flat ``key -> JSON text`` (nested tables such as method_params and
+    versions as ``table.key``), without the runtime keys."""
+    out: dict[str, str] = {}
+    for key, value in cfg.items():
+        if key in RUNTIME_KEYS:
+            continue
+        if isinstance(value, dict):
+            out.update(settings_of(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
+def differing_settings(rows: list[dict[str, Any]]) -> list[str]:
+    """Every setting whose value is not the same in all runs (a setting a run lacks counts
+    as a value): sets each row's ``differs`` to ``key=value`` for the settings where it
+    departs from the majority value (every run's value when there is no majority) and
+    returns one line naming each such setting with its values."""
+    keys = sorted(set().union(*(r["_settings"] for r in rows))) if rows else []
+    lines = []
+    for key in keys:
+        values = [r["_settings"].get(key, "(unset)") for r in rows]
+        counts = Counter(values)
+        if len(counts) <= 1:
+            continue
+        (common, n), = counts.most_common(1)
+        majority = common if n > len(rows) / 2 else None
+        lines.append(f"{key}: " + ", ".join(f"{v} ({k} run{'s' if k > 1 else ''})"
+                                            for v, k in counts.items()))
+        for r, v in zip(rows, values, strict=True):
+            if v != majority:
+                r["differs"] = ", ".join(x for x in (r["differs"], f"{key}={v}") if x)
+    return lines
 
 
 def _curve(run_dir: Path) -> list[tuple[int, float]]:
@@ -72,7 +113,8 @@ def flag(rows: list[dict[str, Any]]) -> list[str]:
     warnings = []
     for r in rows:
         r.setdefault("flag", "")
-    for key, what in (("dataset", "dataset"), ("budget", "privacy budget")):
+    for key, what in (("dataset", "dataset"), ("budget", "privacy budget"),
+                      ("rounds", "rounds")):
         counts = Counter(r[key] for r in rows)
         if len(counts) <= 1:
             continue
@@ -88,7 +130,10 @@ def flag(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def collect(run_dirs: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows of the runs and the warnings of flagged (not comparable) fields; each row's
+    ``differs`` names the settings where it departs from the others."""
     rows = [run_row(Path(d)) for d in run_dirs]
+    differing_settings(rows)
     return rows, flag(rows)
 
 
@@ -133,6 +178,10 @@ def write_html(rows: list[dict[str, Any]], warnings: list[str], path: Path) -> P
 
     body = [f'<div class="flag">{H.esc(w)}: flagged rows are not comparable with the rest.'
             "</div>" for w in warnings]
+    lines = differing_settings([dict(r, differs="") for r in rows])
+    if lines:
+        body.append("<p>Settings that differ between the runs:</p><ul>"
+                    + "".join(f"<li>{H.esc(x)}</li>" for x in lines) + "</ul>")
     with tempfile.TemporaryDirectory() as tmp:
         curves = dict(zip(_labels(rows), (r["_curve"] for r in rows), strict=True))
         png = plot_curves(curves, Path(tmp) / "curves.png")

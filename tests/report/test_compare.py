@@ -53,3 +53,35 @@ def test_csv_and_html(tmp_path):
     assert got[1]["epsilon"] == "1.99" and got[0]["epsilon"] == ""
     page = write_html(rows, warnings, tmp_path / "c.html").read_text()
     assert 'class="flagged"' in page and "differ in privacy budget" in page
+
+
+def test_every_differing_setting_is_named_and_rounds_are_flagged(tmp_path):
+    runs = [fake_run(tmp_path / n) for n in "abc"]
+    for run, cfg in zip(runs, ({"lr": 0.01, "seed": 0}, {"lr": 0.05, "seed": 1},
+                               {"lr": 0.01, "seed": 2, "method_params": {"mu": 0.1}}),
+                        strict=True):
+        base = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**base, **cfg, "threads": 7,
+                                                     "out": str(run)}))
+    summary = json.loads((runs[2] / "summary.json").read_text())
+    (runs[2] / "summary.json").write_text(json.dumps({**summary, "rounds": 5}))
+    rows, warnings = collect(runs)
+    # unset in two runs of three: the third departs from the majority
+    assert [r["differs"] for r in rows] == [
+        "seed=0", "lr=0.05, seed=1", "method_params.mu=0.1, seed=2"]
+    assert [r["flag"] for r in rows] == ["", "", "rounds"]
+    assert any("rounds" in w for w in warnings)
+    # threads and out say where a run ran, not what it computed: never listed
+    assert not any("threads" in r["differs"] or "out=" in r["differs"] for r in rows)
+
+
+def test_compare_prints_the_differing_settings(tmp_path, capsys):
+    from privfedcal.cli.main import main
+
+    a, b = fake_run(tmp_path / "a"), fake_run(tmp_path / "b")
+    (b / "config.json").write_text(json.dumps({"partition": "dirichlet", "alpha": 0.5,
+                                               "clients": 10}))
+    main(["compare", str(a), str(b), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "settings that differ between the runs:" in out
+    assert "alpha: 0.1 (1 run), 0.5 (1 run)" in out
