@@ -161,7 +161,12 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: _cell(r.get(k)) for k in COLUMNS})
+            cells = {k: _cell(r.get(k)) for k in COLUMNS}
+            # every row says something in every worst-case column: yes/no where a target was
+            # scored, n/a where none was (the note says why)
+            nn = r.get("nearest_of_worst")
+            cells["nearest_of_worst"] = "n/a" if nn is None else ("yes" if nn else "no")
+            writer.writerow(cells)
     return path
 
 

@@ -55,17 +55,20 @@ def test_a_method_without_calibration_upload_is_a_row_with_a_note(tmp_path):
 def test_csv_cells(tmp_path):
     rows = [{"method": "ccvr", "eps": math.inf, "secagg": True, "accuracy": 0.123456789,
              "psnr_max": math.nan, "nearest_of_worst": False, "worst_client": None,
-             "targets": 3, "note": "x", "ignored": 1}]
+             "targets": 3, "note": "x", "ignored": 1},
+            {"method": "fedavg", "eps": 1.0, "secagg": False, "note": "skipped"}]
     path = write_csv(rows, tmp_path / "audit.csv")
     with path.open(newline="") as f:
-        (got,) = list(csv.DictReader(f))
+        got, skipped = list(csv.DictReader(f))
     assert list(got) == list(COLUMNS)
     assert {k: got[k] for k in ("method", "eps", "secagg", "accuracy", "psnr_max",
                                 "nearest_of_worst", "worst_client", "targets", "note",
                                 "ssim")} == {
         "method": "ccvr", "eps": "inf", "secagg": "on", "accuracy": "0.123457",
-        "psnr_max": "", "nearest_of_worst": "off", "worst_client": "", "targets": "3",
+        "psnr_max": "", "nearest_of_worst": "no", "worst_client": "", "targets": "3",
         "note": "x", "ssim": ""}
+    # the column says something in every row: n/a where nothing was scored
+    assert skipped["nearest_of_worst"] == "n/a" and skipped["note"] == "skipped"
 
 
 def test_plot_writes_a_png_and_skips_unattacked_rows(tmp_path):
