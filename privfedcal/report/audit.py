@@ -24,6 +24,13 @@ METRICS = (("psnr", "reconstruction PSNR (dB)"), ("ssim", "reconstruction SSIM")
            ("class_inference_accuracy", "class-inference accuracy"))
 WORST_SUFFIXES = ("{m}_max", "{m}_worst", "worst_{m}", "max_{m}")
 TOP_TARGETS = 3
+#: columns that name a setting, repeated at the left of each table on the page
+SETTING_COLUMNS = ("method", "eps", "secagg")
+#: the worst-case columns (the first table); every other column goes in the second
+WORST_COLUMNS = ("accuracy", "epsilon_spent", "psnr_max", "nearest_of_worst", "worst_client",
+                 "worst_class", "worst_target", "prior_psnr_max")
+#: the most columns one table of the page has (it fits the page without scrolling)
+TABLE_COLUMNS = 12
 #: readable table headers for the audit's CSV columns (others are shown as named)
 HEADERS = {"eps": "ε target", "secagg": "secure agg.", "accuracy": "accuracy",
            "psnr": "PSNR", "ssim": "SSIM", "feature_cosine": "feat. cos",
@@ -174,14 +181,27 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
         else:
             body.append("<p>No setting was trained and attacked: nothing to plot.</p>")
     body.append("<h2>Settings</h2>")
+    # two tables of at most TABLE_COLUMNS columns each (one wide table scrolled sideways):
+    # the setting and its worst-case individual first, then the means over its targets
     shown = [c for c in columns if c != "note"]  # notes have their own section below
-    numeric = [c not in ("method", "secagg") for c in shown]
-    body.append(H.table([HEADERS.get(c, c.replace("_", " ")) for c in shown],
-                        [[_cell(c, r.get(c)) for c in shown] for r in rows],
-                        numeric=numeric, table_id="audit"))
+    key = [c for c in SETTING_COLUMNS if c in shown]
+    worst = [c for c in shown if c not in key and c in WORST_COLUMNS]
+    rest = [c for c in shown if c not in key and c not in worst]
+    for title, part, tid in (("Worst case over individuals", worst, "audit"),
+                             ("Means over the attacked targets", rest, "audit-means")):
+        if not part:
+            continue
+        cols = key + part
+        body.append(f"<h3>{title}</h3>")
+        body.append(H.table([HEADERS.get(c, c.replace("_", " ")) for c in cols],
+                            [[_cell(c, r.get(c)) for c in cols] for r in rows],
+                            numeric=[c not in ("method", "secagg", "worst_target",
+                                               "nearest_of_worst") for c in cols],
+                            table_id=tid))
     body.append("<p>PSNR, SSIM, feature cosine: mean over the attacked targets (higher = more "
                 "leakage); prior PSNR: a guess that uses no client data; NN true: share of "
-                "reconstructions whose nearest training image is the true one.</p>")
+                "reconstructions whose nearest training image is the true one. Every column "
+                "of <code>audit.csv</code> is shown in one of the two tables.</p>")
     body.append("<h2>Most exposed targets per setting</h2>")
     for r in rows:
         name = setting_name(r)

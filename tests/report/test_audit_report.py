@@ -53,3 +53,28 @@ def test_audit_page_with_worst_case_identity_columns(tmp_path):
     section = page.split("Most exposed targets per setting")[1]
     # ranked by the best single image (16.5 of client 3) although its mean is lower
     assert section.index("16.500") < section.index("13.000")
+
+
+def test_audit_page_tables_fit_the_page(tmp_path):
+    """Every column of a full audit.csv is on the page, in tables of at most TABLE_COLUMNS
+    columns (the single 20-column table needed horizontal scrolling)."""
+    import re
+
+    from privfedcal.attacks.audit import COLUMNS
+    from privfedcal.report.audit import TABLE_COLUMNS
+
+    d = tmp_path / "audit"
+    d.mkdir()
+    row = {c: "1" for c in COLUMNS} | {"method": "ccvr", "secagg": "off", "note": "",
+                                        "worst_target": "class-stats",
+                                        "nearest_of_worst": "yes"}
+    (d / "audit.csv").write_text(",".join(COLUMNS) + "\n"
+                                 + ",".join(row[c] for c in COLUMNS) + "\n")
+    page = build_audit_report(d).read_text()
+    settings = page.split("<h2>Settings</h2>")[1].split("<h2>")[0]
+    heads = [re.findall(r"<th[^>]*>([^<]*)</th>", t) for t in settings.split("<table")[1:]]
+    assert len(heads) == 2 and all(len(h) <= TABLE_COLUMNS for h in heads)
+    from privfedcal.report.audit import HEADERS
+
+    shown = {h for hs in heads for h in hs}
+    assert {HEADERS.get(c, c.replace("_", " ")) for c in COLUMNS if c != "note"} <= shown
