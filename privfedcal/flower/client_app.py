@@ -44,7 +44,6 @@ from privfedcal.federation.setup import (
     partition_is_secret,
     partition_settings_digest,
 )
-from privfedcal.federation.workers import default_threads
 from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
@@ -116,6 +115,23 @@ def node_data_seed(context: Context, cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def node_threads(context: Context, cfg: RunConfig) -> int:
+    """Torch threads of this node's ClientApp: the node config's ``threads``, else the run
+    config's, else 1. Several SuperNodes often share a machine (a local deployment, a
+    simulation): each taking every core oversubscribes it, so the default is one thread;
+    a node alone on its machine is given more with ``--node-config "... threads=N"``."""
+    raw = context.node_config.get("threads", "")
+    if raw not in ("", None):
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            value = 0
+        if value < 1:
+            raise UsageError(f"node config threads={raw!r} must be an integer >= 1")
+        return value
+    return cfg.threads or 1
+
+
 def client_runtime(context: Context) -> ClientRuntime:
     """The node's experiment and uplink, built as the simulator builds them.
 
@@ -127,7 +143,7 @@ def client_runtime(context: Context) -> ClientRuntime:
 
     cfg, _ = parse_run_config(context.run_config)
     cfg = node_data_seed(context, cfg.replace(workers=1))
-    torch.set_num_threads(cfg.threads or default_threads(1))
+    torch.set_num_threads(node_threads(context, cfg))
     key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     if key not in _EXPERIMENTS:
         _EXPERIMENTS.clear()

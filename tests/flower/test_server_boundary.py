@@ -86,3 +86,18 @@ def test_a_node_takes_the_data_seed_from_its_config_or_environment(flower_cfg, m
     monkeypatch.delenv(DATA_SEED_ENV)
     plain = flower_cfg(data_seed=None)
     assert node_data_seed(ctx(), plain).data_seed is None  # a plain run splits with --seed
+
+
+def test_a_node_runs_one_thread_unless_told(flower_cfg):
+    """Several SuperNodes on one machine must not each take every core: one thread by
+    default, the run config's ``threads``, or the node config's (which wins)."""
+    from privfedcal.flower.client_app import node_threads
+
+    def ctx(**node):
+        return Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
+
+    assert node_threads(ctx(), flower_cfg(threads=None)) == 1
+    assert node_threads(ctx(), flower_cfg(threads=3)) == 3
+    assert node_threads(ctx(threads=4), flower_cfg(threads=3)) == 4
+    with pytest.raises(UsageError, match="threads"):
+        node_threads(ctx(threads="all"), flower_cfg())
