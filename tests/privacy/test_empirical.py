@@ -39,3 +39,55 @@ def test_coin_flip_gives_zero_and_delta_lowers_the_bound():
 def test_bad_counts_are_refused(args):
     with pytest.raises(ValueError):
         epsilon_lower_bound(*args)
+
+
+# ---- many thresholds at once, the choice of one, and the split -------------------------------
+import numpy as np  # noqa: E402
+
+from privfedcal.privacy.empirical import (  # noqa: E402
+    choose_threshold,
+    epsilon_lower_bounds,
+    errors_at,
+    split_bound,
+)
+
+
+@given(st.integers(1, 300), st.integers(1, 300), st.data(),
+       st.sampled_from([0.0, 1e-5, 0.05]), st.sampled_from([0.9, 0.95, 0.999]))
+def test_vectorised_bounds_equal_the_scalar_one(n0, n1, data, delta, conf):
+    fp = data.draw(st.lists(st.integers(0, n0), min_size=1, max_size=5))
+    fn = data.draw(st.lists(st.integers(0, n1), min_size=len(fp), max_size=len(fp)))
+    got = epsilon_lower_bounds(np.array(fp), n0, np.array(fn), n1, delta, conf)
+    want = [epsilon_lower_bound(a, n0, b, n1, delta, conf) for a, b in zip(fp, fn, strict=True)]
+    assert got.tolist() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_errors_at_counts_by_hand():
+    # rule: score > t means D'. t = 1: negatives 2 > 1 (one), positives 1 <= 1 (one)
+    fp, fn = errors_at([0.0, 1.0, 2.0], [1.0, 3.0], np.array([1.0, -np.inf, 3.0]))
+    assert fp.tolist() == [1, 3, 0] and fn.tolist() == [1, 0, 2]
+
+
+def test_threshold_sits_in_the_middle_of_the_gap():
+    # the only threshold without errors lies between 19 and 30
+    t, eps = choose_threshold(np.arange(20.0), np.arange(30.0, 50.0))
+    assert t == 24.5 and eps == pytest.approx(epsilon_lower_bound(0, 20, 0, 20)) and eps > 1
+
+
+def test_split_chooses_on_the_first_half_and_counts_the_second():
+    # first halves separate at 5; second halves are swapped: all 50 + 50 are errors
+    neg = np.r_[np.zeros(50), np.full(50, 10.0)]
+    pos = np.r_[np.full(50, 10.0), np.zeros(50)]
+    r = split_bound(neg, pos)
+    assert r["threshold"] == 5.0
+    assert (r["false_pos"], r["negatives"], r["false_neg"], r["positives"]) == (50, 50, 50, 50)
+    assert r["eps_lower"] == 0.0
+    # perfectly separated throughout: the bound of no errors in 500 + 500 counted trials
+    r = split_bound(np.zeros(1000), np.ones(1000))
+    u = 1 - 0.025 ** (1 / 500)
+    assert r["eps_lower"] == pytest.approx(math.log((1 - u) / u))
+
+
+def test_split_bound_refuses_too_few_trials():
+    with pytest.raises(ValueError):
+        split_bound([0.0], [1.0, 2.0])
