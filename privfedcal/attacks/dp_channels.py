@@ -271,7 +271,9 @@ def _dpsgd(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
             out["train-loss"] = loss
         return out
 
-    eps, delta = claimed(plan, DPSGD_RELEASE, dp.steps, dp.sample_rate)
+    # the accountant's plan of one round of DP-SGD: its sample rate and steps per round
+    rate = next(p["sample_rate"] for p in plan.dp.planned if p["name"] == DPSGD_RELEASE)
+    eps, delta = claimed(plan, DPSGD_RELEASE, plan.dp.steps[DPSGD_RELEASE], rate)
     return Channel(DPSGD_RELEASE, CHANNEL_FIELDS[DPSGD_RELEASE], eps, delta,
                    "one mislabelled example, the client's largest input x 10, one round",
                    draw, reduce=reduce, chunk=16)
