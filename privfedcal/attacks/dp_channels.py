@@ -65,7 +65,7 @@ class Faults:
     clear_key: str | None = None
 
 
-class _FeatureMap(torch.nn.Module):
+class FeatureMap(torch.nn.Module):
     """The identity feature map: the payload task's input rows are the features."""
 
     def __init__(self, dim: int) -> None:
@@ -87,13 +87,29 @@ def parse_channels(text: str | None) -> tuple[str, ...] | None:
     return out
 
 
+def run_parts(cfg, faults: Faults = Faults()):
+    """(experiment, calibrator, noise stage or None, bound, planned noise stage) of ``cfg``,
+    the noise and bound broken as ``faults`` says; the plan stays the correct run's."""
+    from privfedcal.experiment import build_parts
+
+    exp, calibrator, uplink = build_parts(cfg)
+    noise = next((s for s in uplink.stages if isinstance(s, NoiseStage)), None)
+    plan = noise  # the claims are those of the correct run, whatever the faults
+    bound = next((s.bound for s in uplink.stages if isinstance(s, BoundStage)), NoBound())
+    if noise is not None and faults.noise_scale != 1.0:
+        dp = dataclasses.replace(noise.dp, sigmas={k: v * faults.noise_scale
+                                                   for k, v in noise.dp.sigmas.items()})
+        noise = dataclasses.replace(noise, dp=dp)
+    if not faults.clip:
+        bound = NoBound()
+    return exp, calibrator, noise, bound, plan
+
+
 def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = Faults(),
                    ) -> list[Channel]:
     """The channels of ``cfg`` (a ``RunConfig``) in the order of ``CHANNELS``: the
     calibrator's releases, and DP-SGD with ``--dp-train``."""
-    from privfedcal.experiment import build_parts
-
-    exp, calibrator, uplink = build_parts(cfg)
+    exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     cfg = exp.cfg
     labels = [r.label for r in calibrator.releases] + ([DPSGD_RELEASE] if cfg.dp_train else [])
     wanted = [c for c in CHANNELS if c in labels and (names is None or c in names)]
@@ -104,15 +120,6 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
     if not wanted:
         raise UsageError("this configuration has no channel to audit: give a calibrator "
                          "(--method ccvr/creff) or --dp-train")
-    noise = next((s for s in uplink.stages if isinstance(s, NoiseStage)), None)
-    plan = noise  # the claims are those of the correct run, whatever the faults
-    bound = next((s.bound for s in uplink.stages if isinstance(s, BoundStage)), NoBound())
-    if noise is not None and faults.noise_scale != 1.0:
-        dp = dataclasses.replace(noise.dp, sigmas={k: v * faults.noise_scale
-                                                   for k, v in noise.dp.sigmas.items()})
-        noise = dataclasses.replace(noise, dp=dp)
-    if not faults.clip:
-        bound = NoBound()
     builders = {CCVR_RELEASE: _ccvr, CREFF_RELEASE: _creff, DPSGD_RELEASE: _dpsgd}
     return [builders[c](cfg, exp, calibrator, noise, bound, faults, plan) for c in wanted]
 
@@ -129,7 +136,7 @@ def claimed(plan, label: str, steps: int, sample_rate: float = 1.0) -> tuple[flo
                             dp.delta), dp.delta)
 
 
-def _client_features(exp, client: int = 0) -> tuple[Tensor, Tensor]:
+def client_features(exp, client: int = 0) -> tuple[Tensor, Tensor]:
     from privfedcal.calibration.ccvr import extract_features
 
     idx = exp.parts[client]
@@ -143,33 +150,21 @@ def _payload_channel(name, task, cfg, exp, noise, bound, faults, keep, steps, ca
     """A batched payload release: the task's payload of D or D' (features + canary row),
     restricted to ``keep(key, class)`` (an index), noised by the run's noise stage, ``steps``
     independent releases stacked on dimension 1."""
-    z, y = _client_features(exp)
+    z, y = client_features(exp)
     counts = torch.bincount(y, minlength=exp.data.num_classes)
     c = int(torch.argmin(counts))                       # the rarest class (absent if any)
     canary = torch.zeros(1, z.shape[1], dtype=z.dtype)
     canary[0, 0] = CANARY_SCALE * canary_scale(bound, task)
-    model = _FeatureMap(z.shape[1])
+    model = FeatureMap(z.shape[1])
     clean = [task.compute(model, z, y, bound),
              task.compute(model, torch.cat([z, canary]), torch.cat([y, torch.tensor([c])]),
                           bound)]
     clean = [{k: v[keep(k, c)].to(torch.float64) for k, v in p.items()} for p in clean]
-    label = name
-    rel = Release(label, 1, [0], [0], clean[0], None, None, client=0)  # type: ignore[arg-type]
-    distributed = noise is not None and noise.dp.distributed
+    release = noiser(noise, name, faults)
 
     def draw(n: int, with_canary: bool) -> Views:
         base = clean[int(with_canary)]
-        batch = {k: v.expand(n * steps, *v.shape).clone() for k, v in base.items()}
-        if noise is None:
-            out = batch
-        elif distributed:  # the server sees the sum, which carries the full variance
-            from privfedcal.privacy.noise import noise_generator
-
-            out = symmetrise_outer(noise.dp.noise(batch, label, noise_generator(), 1.0))
-        else:
-            out = noise.client(batch, rel)
-        if faults.clear_key is not None:
-            out = {**out, faults.clear_key: batch[faults.clear_key]}
+        out = release({k: v.expand(n * steps, *v.shape).clone() for k, v in base.items()})
         return {k: v.reshape(n, steps, *base[k].shape) for k, v in out.items()}
 
     return Channel(name, CHANNEL_FIELDS[name], *claim, canary_text(c), draw,
@@ -177,6 +172,29 @@ def _payload_channel(name, task, cfg, exp, noise, bound, faults, keep, steps, ca
                                     for k, v in p.items()} for p in clean),
                    chunk=max(64, min(1 << 16, (1 << 23) // max(1, steps * sum(
                        v.numel() for v in clean[0].values())))))
+
+
+def noiser(noise, label: str, faults: Faults = Faults()):
+    """The server's view of a (batched) payload of release ``label``: the run's noise stage
+    (client half, fresh OS-entropy noise per call), or the payload itself without DP. With
+    ``--secagg`` the server sees the sum, which carries at least the full variance: one
+    client's payload gets the full variance."""
+    rel = Release(label, 1, [0], [0], {}, None, None, client=0)  # type: ignore[arg-type]
+
+    def release(payload: Views) -> Views:
+        if noise is None:
+            out = payload
+        elif noise.dp.distributed:
+            from privfedcal.privacy.noise import noise_generator
+
+            out = symmetrise_outer(noise.dp.noise(payload, label, noise_generator(), 1.0))
+        else:
+            out = noise.client(payload, rel)
+        if faults.clear_key is not None:
+            out = {**out, faults.clear_key: payload[faults.clear_key]}
+        return out
+
+    return release
 
 
 def canary_scale(bound, task) -> float:
@@ -190,11 +208,28 @@ def canary_scale(bound, task) -> float:
     return 10.0  # no bound: any large feature
 
 
-def _ccvr(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
+def ccvr_task(exp, calibrator):
+    """CCVR's client task with the run's options."""
     from privfedcal.calibration.ccvr import StatsTask
 
     p = calibrator.params
-    task = StatsTask(exp.data.num_classes, p.tukey, p.tukey_lambda, p.feature_batch_size)
+    return StatsTask(exp.data.num_classes, p.tukey, p.tukey_lambda, p.feature_batch_size)
+
+
+def creff_task(cfg, exp, calibrator):
+    """CReFF's client task with the run's options and the initial model's head."""
+    from privfedcal.calibration.creff import GradTask
+
+    p = calibrator.params
+    head = exp.model.classifier
+    cap = None if p.client_draws is None else p.client_draws * p.draw_size
+    return GradTask(head.weight.detach().double().cpu(),
+                    None if head.bias is None else head.bias.detach().double().cpu(),
+                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.seed)
+
+
+def _ccvr(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
+    task = ccvr_task(exp, calibrator)
 
     def keep(key: str, c: int):
         return {"count": (slice(c, c + 1),), "sum": (slice(c, c + 1), slice(0, 1)),
@@ -207,15 +242,9 @@ def _ccvr(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
 
 
 def _creff(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
-    from privfedcal.calibration.creff import GradTask
     from privfedcal.privacy.protection import participation_counts
 
-    p = calibrator.params
-    head = exp.model.classifier
-    cap = None if p.client_draws is None else p.client_draws * p.draw_size
-    task = GradTask(head.weight.detach().double().cpu(),
-                    None if head.bias is None else head.bias.detach().double().cpu(),
-                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.seed)
+    task = creff_task(cfg, exp, calibrator)
     steps = max(participation_counts(cfg).values())
 
     def keep(key: str, c: int):
@@ -291,5 +320,6 @@ def _canary_direction(model, start, x: Tensor, y: Tensor, names: list[str]) -> T
     return flat / flat.norm().clamp_min(1e-30)
 
 
-__all__ = ["CHANNELS", "CHANNEL_FIELDS", "Faults", "build_channels", "claimed",
-           "parse_channels"]
+__all__ = ["CANARY_SCALE", "CHANNELS", "CHANNEL_FIELDS", "FeatureMap", "Faults",
+           "build_channels", "canary_scale", "ccvr_task", "claimed", "client_features",
+           "creff_task", "noiser", "parse_channels", "run_parts"]

@@ -27,6 +27,7 @@ def _dp_options(
     budget_s: Annotated[float, Opt(help="Seconds per channel: a game stops drawing when they are spent.", rich_help_panel="Audit")] = 120.0,
     confidence: Annotated[float, Opt(help="Confidence of the lower bounds.", rich_help_panel="Audit")] = 0.95,
     channels: Annotated[str | None, Opt(help="Channels to audit (ccvr-stats, creff-grad, dp-sgd); default: every one the configuration has.", rich_help_panel="Audit")] = None,
+    one_run: Annotated[bool, Opt("--one-run/--no-one-run", help="Also audit the whole run's calibration uploads in one run with many canaries (Steinke et al. 2023).", rich_help_panel="Audit")] = True,
 ) -> None:
     """``audit dp``'s own options."""
 
@@ -61,9 +62,11 @@ def dp(**flags: Any) -> None:
 
     from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, play, plot, write_csv
     from privfedcal.attacks.dp_channels import build_channels, parse_channels
+    from privfedcal.privacy.releases import DPSGD_RELEASE
 
-    config, run, trials, budget_s, confidence, channels = (
-        flags.pop(k) for k in ("config", "run", "trials", "budget_s", "confidence", "channels"))
+    config, run, trials, budget_s, confidence, channels, whole = (
+        flags.pop(k) for k in ("config", "run", "trials", "budget_s", "confidence", "channels",
+                               "one_run"))
     if run is not None and not Path(run).is_dir():
         raise UsageError(f"--run {run}: no such run folder")
     if not (math.isfinite(budget_s) and budget_s > 0):
@@ -86,6 +89,16 @@ def dp(**flags: Any) -> None:
                 console.print(f"{ch.name}: {row['trials']} trials in {row['seconds']:.1f} s, "
                               f"eps_lower {row['eps_lower']:.3f} (claimed "
                               f"{row['claimed_eps']:.3f})", highlight=False, markup=False)
+    calibration = [ch.name for ch in games if ch.name != DPSGD_RELEASE]
+    if whole and calibration:  # the whole run's calibration uploads, one run
+        from privfedcal.attacks.dp_onerun import one_run
+
+        row = one_run(cfg.replace(out=None, transcript=False), confidence=confidence)
+        rows.append(row)
+        if not live:
+            console.print(f"{row['channel']}: {row['canary']}, eps_lower "
+                          f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})",
+                          highlight=False, markup=False)
     write_csv(rows, target / CSV_NAME)
     plot(rows, target / PNG_NAME)
     table = Table(title=f"privfedcal audit dp: {target}")

@@ -14,6 +14,11 @@ the trials (the one with the largest bound, usually in a tail), errors counted o
 half. One threshold on n trials per side cannot certify more than about ``log(n / 3.7)``
 (no errors at all), so a tight bound at a large epsilon needs many trials
 (docs/privacy-audit.md).
+
+``one_run_epsilon`` is the bound of one run with many canaries (Steinke, Nasr and
+Jagielski, NeurIPS 2023): each canary is included with probability 1/2, the auditor guesses
+some of them, and the count of right guesses refutes every epsilon whose randomised-response
+accuracy makes that count improbable.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import beta
+from scipy.stats import beta, binom
 
 
 def clopper_pearson_upper(k: int, n: int, confidence: float) -> float:
@@ -138,3 +143,41 @@ def split_bound(neg: np.ndarray, pos: np.ndarray, delta: float = 0.0,
                               confidence)
     return {"threshold": threshold, "false_pos": int(fp[0]), "negatives": len(neg) - h0,
             "false_neg": int(fn[0]), "positives": len(pos) - h1, "eps_lower": eps}
+
+
+# ---- one run, many canaries (Steinke, Nasr and Jagielski, NeurIPS 2023) -----------------------
+
+def one_run_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
+    """Probability, under an (eps, delta)-DP mechanism, that a guesser who made ``r`` guesses
+    about ``m`` canaries (each included independently with probability 1/2) gets at least
+    ``v`` right: ``P[Bin(r, q) >= v] + 2 m delta max_i P[v > Bin(r, q) >= v - i] / i``
+    with ``q = e^eps / (1 + e^eps)``, the accuracy of eps-DP randomised response (their
+    Theorem 5.2). With delta = 0 the count of right guesses is dominated by Bin(r, q)."""
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+    q = 1.0 / (1.0 + math.exp(-eps))
+    tail = float(binom.sf(v - 1, r, q))                 # P[Bin(r, q) >= v]
+    if delta == 0 or v == 0:
+        return min(1.0, tail)
+    below = binom.pmf(np.arange(v - 1, -1, -1), r, q)  # P[Bin = v-1], P[Bin = v-2], ...
+    worst = float(np.max(np.cumsum(below) / np.arange(1, v + 1)))
+    return min(1.0, tail + 2 * m * delta * worst)
+
+
+def one_run_epsilon(m: int, r: int, v: int, delta: float = 0.0,
+                    confidence: float = 0.95) -> float:
+    """The largest epsilon that ``v`` right guesses of ``r`` (``m`` canaries) refute at
+    ``confidence``: the sup of eps with ``one_run_p_value <= 1 - confidence`` (bisection
+    to 1e-6; 0 when even eps = 0 is not refuted)."""
+    alpha = 1 - confidence
+    if one_run_p_value(m, r, v, 0.0, delta) > alpha:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while one_run_p_value(m, r, v, hi, delta) <= alpha:  # the p-value grows with eps
+        lo, hi = hi, 2 * hi
+        if hi > 1e3:
+            return lo
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if one_run_p_value(m, r, v, mid, delta) <= alpha else (lo, mid)
+    return lo

@@ -45,7 +45,7 @@ def test_correct_release_stays_below_its_claim(method):
 def test_each_fault_is_caught(method, faults):
     clear = {"ccvr": "count", "creff": "count"}[method]  # CReFF under DP: sample weighting
     ch = channel(method, 1.0, faults or Faults(clear_key=clear))
-    row = play(ch, 20_000)
+    row = play(ch, 100_000)
     assert row["claimed_eps"] == pytest.approx(1.0, abs=0.01)  # the correct run's claim
     assert row["eps_lower"] > row["claimed_eps"], row
 

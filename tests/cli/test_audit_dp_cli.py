@@ -1,5 +1,5 @@
-"""``privfedcal audit dp``: one csv row and a plot per audited channel, from train's options
-or from a run folder's config; bad input as one line with exit 2; the bare ``audit`` group
+"""``privfedcal audit dp``: one csv row per audited channel (and one for the one-run audit of
+the whole run's uploads) and a plot, from train's options or from a run folder's config; bad input as one line with exit 2; the bare ``audit`` group
 keeps its reconstruction sweep's options."""
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ def test_audit_dp_from_train_options(tmp_path, capsys):
     out = tmp_path / "a"
     main(["audit", "dp", "--method", "ccvr", "--dp-eps", "1", *SMALL, "--trials", "20000",
           "--out", str(out)])
-    (row,) = rows(out / "dp_audit.csv")
+    row, whole = rows(out / "dp_audit.csv")
     assert list(row) == list(COLUMNS)
     assert row["channel"] == "ccvr-stats" and row["trials"] == "40000"
+    # the whole run's uploads in one run: 3 clients x 10 classes x 128 axes of canaries
+    assert whole["channel"] == "ccvr-stats (one run)" and whole["trials"] == "1"
+    assert whole["canary"].startswith("3840 canaries") and whole["claimed_eps"] == row["claimed_eps"]
     assert 0.99 < float(row["claimed_eps"]) <= 1.0 and 0 <= float(row["eps_lower"]) < 1.0
     assert (out / "dp_audit.png").read_bytes()[:8] == PNG
     text = capsys.readouterr().out
@@ -40,7 +43,7 @@ def test_audit_dp_of_a_run_folder_writes_into_it(tmp_path, capsys):
     run.mkdir()
     write_config(run, RunConfig(method="creff", dp_eps=2.0, dataset="digits", clients=3,
                                 rounds=1, device="cpu"))
-    main(["audit", "dp", "--run", str(run), "--trials", "2000"])
+    main(["audit", "dp", "--run", str(run), "--trials", "2000", "--no-one-run"])
     (row,) = rows(run / "dp_audit.csv")
     assert row["channel"] == "creff-grad" and float(row["claimed_eps"]) <= 2.0
     assert_usage_error(["audit", "dp", "--run", str(run), "--dp-eps", "3"], capsys,

@@ -91,3 +91,36 @@ def test_split_chooses_on_the_first_half_and_counts_the_second():
 def test_split_bound_refuses_too_few_trials():
     with pytest.raises(ValueError):
         split_bound([0.0], [1.0, 2.0])
+
+
+# ---- the one-run bound ---------------------------------------------------------------------
+from scipy.stats import binom  # noqa: E402
+
+from privfedcal.privacy.empirical import one_run_epsilon, one_run_p_value  # noqa: E402
+
+
+def test_one_run_without_delta_is_a_binomial_tail():
+    # r = v = 100 right guesses: p = q^100 <= 0.05 exactly when q <= 0.05^(1/100)
+    q = 0.05 ** (1 / 100)
+    assert one_run_epsilon(100, 100, 100, 0.0, 0.95) == pytest.approx(math.log(q / (1 - q)),
+                                                                     abs=1e-5)
+    assert one_run_p_value(500, 200, 150, 1.0, 0.0) == pytest.approx(
+        binom.sf(149, 200, math.e / (1 + math.e)))
+
+
+@pytest.mark.parametrize(("m", "r", "v", "eps", "delta"),
+                         [(1000, 600, 600, 3.0, 1e-5), (300, 40, 31, 0.5, 1e-3)])
+def test_one_run_delta_term_by_a_plain_loop(m, r, v, eps, delta):
+    q = math.exp(eps) / (1 + math.exp(eps))
+    worst = max(sum(binom.pmf(k, r, q) for k in range(v - i, v)) / i for i in range(1, v + 1))
+    want = min(1.0, binom.sf(v - 1, r, q) + 2 * m * delta * worst)
+    assert one_run_p_value(m, r, v, eps, delta) == pytest.approx(want, rel=1e-9)
+
+
+def test_one_run_epsilon_is_the_edge_of_refutation():
+    eps = one_run_epsilon(1000, 300, 260, 1e-5, 0.95)
+    assert one_run_p_value(1000, 300, 260, eps, 1e-5) <= 0.05
+    assert one_run_p_value(1000, 300, 260, eps + 1e-4, 1e-5) > 0.05
+    assert one_run_epsilon(1000, 300, 150, 1e-5, 0.95) == 0.0   # a coin's score
+    with pytest.raises(ValueError):
+        one_run_p_value(10, 5, 6, 1.0, 0.0)
