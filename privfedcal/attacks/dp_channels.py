@@ -76,6 +76,14 @@ class FeatureMap(torch.nn.Module):
         return x
 
 
+class Unclipped(NoBound):
+    """Clipping off (a fault): rows pass unchanged, and ``assumed`` keeps the bound the
+    sensitivities assume, so that the canary is sized as in the correct run."""
+
+    def __init__(self, assumed) -> None:
+        self.assumed = assumed
+
+
 def parse_channels(text: str | None) -> tuple[str, ...] | None:
     """``--channels a,b`` (None: every channel the configuration has)."""
     if text is None:
@@ -101,7 +109,7 @@ def run_parts(cfg, faults: Faults = Faults()):
                                                    for k, v in noise.dp.sigmas.items()})
         noise = dataclasses.replace(noise, dp=dp)
     if not faults.clip:
-        bound = NoBound()
+        bound = Unclipped(bound)
     return exp, calibrator, noise, bound, plan
 
 
@@ -203,9 +211,10 @@ def canary_scale(bound, task) -> float:
     from privfedcal.calibration.creff import GradTask
 
     kind = "class-gradient" if isinstance(task, GradTask) else "feature"
+    bound = getattr(bound, "assumed", bound)
     if hasattr(bound, "bound_for"):
         return bound.bound_for(kind)
-    return 10.0  # no bound: any large feature
+    return 10.0  # a run without any bound: any large feature
 
 
 def ccvr_task(exp, calibrator):
@@ -320,6 +329,6 @@ def _canary_direction(model, start, x: Tensor, y: Tensor, names: list[str]) -> T
     return flat / flat.norm().clamp_min(1e-30)
 
 
-__all__ = ["CANARY_SCALE", "CHANNELS", "CHANNEL_FIELDS", "FeatureMap", "Faults",
+__all__ = ["CANARY_SCALE", "CHANNELS", "CHANNEL_FIELDS", "FeatureMap", "Faults", "Unclipped",
            "build_channels", "canary_scale", "ccvr_task", "claimed", "client_features",
            "creff_task", "noiser", "parse_channels", "run_parts"]

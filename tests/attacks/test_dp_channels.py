@@ -107,3 +107,12 @@ def test_dpsgd_update_is_audited_and_clipping_off_is_caught():
     assert good["eps_lower"] < ok.claimed_eps
     assert bad["eps_lower"] > broken.claimed_eps, bad
     assert "train-loss" not in good["score"]            # no loss reaches the server
+
+
+def test_clipping_off_is_caught_whatever_the_clip_bound():
+    # the canary is sized from the bound the sensitivities assume (4 x 100 here), not from
+    # the broken release's missing one
+    cfg = RunConfig(method="ccvr", dp_eps=1.0, dp_clip=100.0, **BASE)
+    (ch,) = build_channels(cfg, faults=Faults(clip=False))
+    row = play(ch, 20_000)
+    assert row["eps_lower"] > row["claimed_eps"], row
