@@ -3,7 +3,7 @@
 For a run configuration, one ``Channel`` per charged release the configuration makes:
 
 * ``ccvr-stats`` (CCVR's class statistics, one release): D is client 0's features under the
-  configured model, D' adds one canary feature ``4 R e_0`` of the client's rarest class, so
+  configured model, D' adds one canary feature ``16 R e_0`` of the client's rarest class, so
   that clipping to R is what keeps it at the sensitivity (count 1, sum R, outer R^2);
 * ``creff-grad`` (CReFF's class gradients, one release per round the client takes part in,
   composed, the model held fixed): the same canary feature, whose head gradient is far
@@ -51,8 +51,11 @@ CHANNEL_FIELDS: dict[str, tuple[str, ...]] = {
     DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
 }
 CHANNELS = tuple(CHANNEL_FIELDS)
-#: the canary feature's norm in units of the clip bound: far outside the ball
-CANARY_SCALE = 4.0
+#: the canary feature's norm in units of the clip bound: far outside the ball, so that
+#: clipping is what keeps it at the sensitivity (CReFF's head gradient of a feature of norm
+#: a is about 0.9 a, and with the per-class cap moves the release by half of it: at 4 x G,
+#: clipping off moved CReFF's release too little to be caught with 100,000 trials)
+CANARY_SCALE = 16.0
 
 
 @dataclass(frozen=True)

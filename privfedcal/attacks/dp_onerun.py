@@ -9,7 +9,7 @@ idea to federated learning with canary clients.
 Here the run is every calibration upload of the configuration: each client's release (CCVR
 once; CReFF in every round the server selects the client, ``seeding.select_clients``) of its
 features plus its included canaries, through the run's payload task, bound and noise stage
-(``attacks/dp_channels.py``). Canary (k, c, j) is a feature ``4 x clip`` on axis j of class
+(``attacks/dp_channels.py``). Canary (k, c, j) is a feature ``16 x clip`` on axis j of class
 c in client k, so its own coordinates are ``sum[c, j]`` and ``outer[c, j, j]`` (CCVR) or
 column j of ``grad[c]`` (CReFF), which no other canary touches; ``count`` and ``holders`` are
 shared by the canaries of a class and left out of the score. Each canary's score is the
