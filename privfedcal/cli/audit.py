@@ -1,5 +1,9 @@
 """``privfedcal audit``: train and attack every protection setting of a grid; write
-``audit.csv`` (one row per setting) and ``audit.png`` (accuracy vs attack success)."""
+``audit.csv`` (one row per setting) and ``audit.png`` (accuracy vs attack success).
+
+``audit`` is a command group: without a sub-command it runs this reconstruction sweep (its
+options are the group's), and ``audit dp`` runs the distinguishing games of
+``cli/audit_dp.py`` (docs/privacy-audit.md puts the two side by side)."""
 
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ def _fmt(value: object, digits: int = 3) -> str:
 
 
 def audit(
+    ctx: typer.Context,
     eps: Annotated[str, Opt(help="Comma-separated total epsilons; inf = no DP.")] = "1,2,4,8,inf",
     secagg: Annotated[str, Opt(help="Secure aggregation settings: off,on.")] = "off,on",
     methods: Annotated[str, Opt(help="Methods to audit (ccvr, creff).")] = "ccvr,creff",
@@ -77,7 +82,11 @@ def audit(
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     out: Annotated[Path | None, Opt(help="Output folder (default runs/audit-<time>).")] = None,
 ) -> None:
-    """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot."""
+    """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot.
+
+    `privfedcal audit dp` instead measures a lower bound on epsilon per channel."""
+    if ctx.invoked_subcommand is not None:
+        return  # `audit dp ...`: the group's own sweep does not run
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -131,4 +140,10 @@ def audit(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("audit")(audit)
+    from privfedcal.cli import audit_dp
+
+    group = typer.Typer(name="audit", no_args_is_help=False, add_completion=False,
+                        pretty_exceptions_enable=False)
+    group.callback(invoke_without_command=True)(audit)
+    audit_dp.register(group)
+    app.add_typer(group, name="audit")

@@ -198,6 +198,34 @@ def _attack_sections(run_dir: Path) -> str:
     return "".join(parts)
 
 
+def _dp_audit_section(run_dir: Path) -> str:
+    """The table and plot of ``privfedcal audit dp`` when the folder holds its csv."""
+    from privfedcal.attacks.dp_audit import CSV_NAME, read_csv
+
+    path = run_dir / CSV_NAME
+    if not path.is_file():
+        return ""
+    rows = read_csv(path)
+    parts = ["<h3>Empirical privacy audit (distinguishing games)</h3>", H.table(
+        ["channel", "claimed epsilon", "delta", "empirical lower bound", "confidence",
+         "trials", "canary", "verdict"],
+        [[r["channel"], H.fmt_fixed(r["claimed_eps"], 3), H.fmt_num(r["delta"]),
+          H.fmt_fixed(r["eps_lower"], 3), H.fmt_num(r["confidence"]), H.fmt_num(int(r["trials"])),
+          r["canary"], "claim refuted" if r["eps_lower"] > r["claimed_eps"] else
+          "consistent with the claim"] for r in rows],
+        numeric=[False, True, True, True, True, True, False, False], table_id="dp-audit")]
+    parts.append("<p>A lower bound above the claimed epsilon shows, at the stated confidence, "
+                 "that the channel is not as private as claimed; one below it proves nothing "
+                 "about the claim (docs/privacy-audit.md).</p>")
+    with tempfile.TemporaryDirectory() as tmp:
+        from privfedcal.attacks.dp_audit import plot
+
+        png = plot(rows, Path(tmp) / "dp_audit.png")
+        parts.append(H.figure(png, "claimed vs empirical epsilon", "per channel: the epsilon "
+                              "the run claims (outline) and the audit's lower bound (filled)"))
+    return "".join(parts)
+
+
 def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) and return its path."""
     from privfedcal.data.plots import plot_partition
@@ -344,6 +372,8 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
         if summary.get(key):
             body.append(f"<h3>{title}</h3><ul>" + "".join(
                 f"<li><code>{H.esc(json.dumps(x))}</code></li>" for x in summary[key]) + "</ul>")
+
+    body.append(_dp_audit_section(run_dir))
 
     analysis = load_json(run_dir / "analysis.json")
     if analysis:

@@ -79,3 +79,24 @@ def test_unfinished_or_missing_folder_is_a_usage_error(tmp_path: Path):
     (tmp_path / "summary.json").write_text("{broken")
     with pytest.raises(UsageError, match="not valid JSON"):
         build_run_report(tmp_path)
+
+
+def test_dp_audit_table_and_plot_when_the_folder_holds_one(run_dir: Path, tmp_path: Path):
+    from privfedcal.attacks.dp_audit import write_csv
+
+    full = tmp_path / "audited"
+    shutil.copytree(run_dir, full)
+    before = build_run_report(full).read_text()
+    assert "dp-audit" not in before
+    write_csv([{"channel": "ccvr-stats", "claimed_eps": 7.99, "delta": 1e-5, "eps_lower": 4.47,
+                "confidence": 0.95, "trials": 400000, "canary": "one feature"},
+               {"channel": "creff-grad", "claimed_eps": 1.0, "delta": 1e-5, "eps_lower": 7.9,
+                "confidence": 0.95, "trials": 40000, "canary": "<b>x</b>"}],
+              full / "dp_audit.csv")
+    page = build_run_report(full).read_text()
+    table = page.split('id="dp-audit"')[1].split("</table>")[0]
+    assert "7.990" in table and "4.470" in table and "400,000" in table
+    assert table.count("claim refuted") == 1 and "consistent with the claim" in table
+    assert "&lt;b&gt;x&lt;/b&gt;" in table                  # the canary text is escaped
+    assert page.count('src="data:image/png;base64,') == before.count(
+        'src="data:image/png;base64,') + 1

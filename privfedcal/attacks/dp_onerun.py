@@ -1,0 +1,130 @@
+"""One run, many canaries: the one-run bound on a whole run's calibration uploads.
+
+Steinke, Nasr and Jagielski (NeurIPS 2023) audit a mechanism with ONE run: m canaries, each
+included independently with probability 1/2 (a coin from OS entropy), the auditor guesses
+the membership of the canaries it is surest about, and the count of right guesses bounds
+epsilon (``privacy/empirical.one_run_epsilon``). Andrew et al. (ICLR 2024) apply the same
+idea to federated learning with canary clients.
+
+Here the run is every calibration upload of the configuration: each client's release (CCVR
+once; CReFF in every round the server selects the client, ``seeding.select_clients``) of its
+features plus its included canaries, through the run's payload task, bound and noise stage
+(``attacks/dp_channels.py``). Canary (k, c, j) is a feature ``16 x clip`` on axis j of class
+c in client k, so its own coordinates are ``sum[c, j]`` and ``outer[c, j, j]`` (CCVR) or
+column j of ``grad[c]`` (CReFF), which no other canary touches; ``count`` and ``holders`` are
+shared by the canaries of a class and left out of the score. Each canary's score is the
+noise-weighted projection of the view, less the client's own payload (the auditor knows D),
+onto that canary's own change; the top and the bottom ``guesses / 2`` of the scores are
+guessed in and out. The claim is the channel's: each canary sits in one client and is
+charged like any of its examples.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from privfedcal.attacks.dp_channels import (
+    CANARY_SCALE,
+    Faults,
+    FeatureMap,
+    canary_scale,
+    ccvr_task,
+    claimed,
+    client_features,
+    creff_task,
+    noiser,
+    run_parts,
+)
+from privfedcal.errors import UsageError
+from privfedcal.privacy.empirical import one_run_epsilon
+from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
+
+
+def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor]) -> Tensor:
+    """(canaries, coordinates) of ``payload[key]`` that canaries (c, j) alone move."""
+    v = payload[key]
+    if key == "sum":
+        return v[c, j].unsqueeze(1)
+    if key == "outer":
+        return v[c, j, j].unsqueeze(1)
+    return v[c, :, j]  # grad (C, C, d+1): column j of class c's row
+
+
+def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: float = 0.95,
+            faults: Faults = Faults()) -> dict:
+    """The one-run row of dp_audit.csv for the calibration channel of ``cfg``: canaries on
+    the first ``axes`` feature axes (all by default) of every class of every client, and
+    ``guesses`` of them guessed (half in, half out; 5% measured best of 5% and 20%,
+    docs/results.md)."""
+    if not 0 < guesses <= 1:
+        raise UsageError(f"--one-run-guesses must be in (0, 1], got {guesses}")
+    exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
+    t0 = time.perf_counter()
+    cfg = exp.cfg
+    labels = [r.label for r in calibrator.releases]
+    if CCVR_RELEASE in labels:
+        label, task, keys = CCVR_RELEASE, ccvr_task(exp, calibrator), ("sum", "outer")
+    elif CREFF_RELEASE in labels:
+        label, task, keys = CREFF_RELEASE, creff_task(cfg, exp, calibrator), ("grad",)
+    else:
+        raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
+    from privfedcal.privacy.noise import noise_generator
+    from privfedcal.seeding import select_clients
+
+    rounds = [[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
+              for k in range(cfg.clients)] if label == CREFF_RELEASE else [[1]] * cfg.clients
+    classes, dim = exp.data.num_classes, exp.model.feature_dim
+    axes = dim if axes is None else min(axes, dim)
+    c = torch.arange(classes).repeat_interleave(axes)   # canary i: class c[i], axis j[i]
+    j = torch.arange(axes).repeat(classes)
+    unit = CANARY_SCALE * canary_scale(bound, task)
+    canaries = torch.zeros(len(c), dim, dtype=torch.float64)
+    canaries[torch.arange(len(c)), j] = unit
+    # membership: one fair coin per canary from OS entropy
+    member = torch.randint(0, 2, (cfg.clients, len(c)), generator=noise_generator()).bool()
+    var = ({k: s * s for k, s in plan.dp.stds(keys, label).items()} if plan is not None
+           else dict.fromkeys(keys, 1.0))
+    release = noiser(noise, label, faults)
+    model = FeatureMap(dim)
+    scores, truth = [], []
+    for k in range(cfg.clients):
+        if not rounds[k]:
+            continue  # never selected: its canaries reach no release
+        z, y = client_features(exp, k)
+        clean = task.compute(model, z, y, bound)
+        full = task.compute(model, torch.cat([z, canaries]), torch.cat([y, c]), bound)
+        inc = member[k]
+        view_clean = task.compute(model, torch.cat([z, canaries[inc]]),
+                                  torch.cat([y, c[inc]]), bound)
+        score = torch.zeros(len(c), dtype=torch.float64)
+        for _ in rounds[k]:  # a fresh release each round the client is selected
+            view = release({kk: v.to(torch.float64).unsqueeze(0) for kk, v in
+                            view_clean.items()})
+            view = {kk: v[0] for kk, v in view.items()}
+            for key in keys:
+                change = _own(key, c, j, full) - _own(key, c, j, clean)
+                seen = _own(key, c, j, view) - _own(key, c, j, clean)
+                score += (seen * change).sum(1) / max(var[key], 1e-30)
+        scores.append(score)
+        truth.append(inc)
+    score, truth = torch.cat(scores), torch.cat(truth)
+    m = len(score)
+    half = max(1, int(round(guesses * m / 2)))
+    order = torch.argsort(score)
+    right = int(truth[order[-half:]].sum()) + int((~truth[order[:half]]).sum())
+    steps = max(len(r) for r in rounds)
+    eps_claim, delta = claimed(plan, label, steps)
+    eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
+    return {"channel": f"{label} (one run)", "claimed_eps": eps_claim, "delta": delta,
+            "eps_lower": eps, "confidence": confidence, "trials": 1,
+            "canary": (f"{m} canaries ({cfg.clients} clients x {classes} classes x {axes} "
+                       f"axes, feature {CANARY_SCALE:g} x clip), {2 * half} guesses, "
+                       f"{right} right"),
+            "score": "projection", "false_pos": 2 * half - right, "false_neg": 0,
+            "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
+
+
+__all__ = ["one_run"]

@@ -1,0 +1,130 @@
+"""``privfedcal audit dp``: does the printed epsilon hold? A distinguishing game per channel of
+a run configuration (the options of ``train``, or ``--run DIR``); writes ``dp_audit.csv`` and
+``dp_audit.png`` (claimed vs empirical epsilon). docs/privacy-audit.md explains the bound."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from privfedcal.cli.console import console, err_console
+from privfedcal.cli.train import command_options, resolve_config, setting_options
+from privfedcal.errors import UsageError
+from privfedcal.settings import cli_settings
+
+Opt = typer.Option
+
+
+def _dp_options(
+    config: Annotated[Path | None, Opt(help="TOML file of settings, or a run's config.json; flags override it.", rich_help_panel="Audit")] = None,
+    run: Annotated[Path | None, Opt(help="Audit the configuration of this run folder and write the results into it (its report shows them).", rich_help_panel="Audit")] = None,
+    trials: Annotated[int, Opt(help="Releases of each of D and D' per channel (half choose the threshold, half are counted).", rich_help_panel="Audit")] = 1_000_000,
+    budget_s: Annotated[float, Opt(help="Seconds per channel: a game stops drawing when they are spent.", rich_help_panel="Audit")] = 120.0,
+    confidence: Annotated[float, Opt(help="Confidence of the lower bounds.", rich_help_panel="Audit")] = 0.95,
+    channels: Annotated[str | None, Opt(help="Channels to audit (ccvr-stats, creff-grad, dp-sgd); default: every one the configuration has.", rich_help_panel="Audit")] = None,
+    one_run: Annotated[bool, Opt("--one-run/--no-one-run", help="Also audit the whole run's calibration uploads in one run with many canaries (Steinke et al. 2023).", rich_help_panel="Audit")] = True,
+) -> None:
+    """``audit dp``'s own options."""
+
+
+def audit_config(run: Path | None, config: Path | None, flags: dict[str, Any]):
+    """The configuration to audit: a run folder's, or the config file and flags."""
+    if run is None:
+        return resolve_config(config, flags)
+    from privfedcal.federation.runfolder import read_run_config
+
+    given = [k for k, v in flags.items() if v is not None and k != "out"]
+    if config is not None:
+        given.append("config")
+    if given:
+        raise UsageError("--run audits the run's own settings and takes only --out; refused: "
+                         + ", ".join("--" + k.replace("_", "-") for k in given))
+    return read_run_config(run)
+
+
+def out_dir(run: Path | None, out: str | None) -> Path:
+    if out:
+        return Path(out)
+    if run is not None:
+        return Path(run)
+    return Path("runs") / f"dp-audit-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def dp(**flags: Any) -> None:
+    """Empirical lower bounds on epsilon, one per channel, beside the epsilon the run claims."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, play, plot, write_csv
+    from privfedcal.attacks.dp_channels import build_channels, parse_channels
+    from privfedcal.privacy.releases import DPSGD_RELEASE
+
+    config, run, trials, budget_s, confidence, channels, whole = (
+        flags.pop(k) for k in ("config", "run", "trials", "budget_s", "confidence", "channels",
+                               "one_run"))
+    if run is not None and not Path(run).is_dir():
+        raise UsageError(f"--run {run}: no such run folder")
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
+    names = parse_channels(channels)
+    cfg = audit_config(run, config, flags)
+    target = out_dir(run, flags.get("out"))
+    games = build_channels(cfg.replace(out=None, transcript=False), names)
+    live = err_console.is_terminal
+    rows = []
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=err_console, transient=True, disable=not live)
+    with bar:
+        for ch in games:
+            task = bar.add_task(f"{ch.name}: trials", total=trials)
+            row = play(ch, trials, budget_s=budget_s, confidence=confidence,
+                       progress=lambda done, total, task=task: bar.update(task, completed=done))
+            rows.append(row)
+            if not live:
+                console.print(f"{ch.name}: {row['trials']} trials in {row['seconds']:.1f} s, "
+                              f"eps_lower {row['eps_lower']:.3f} (claimed "
+                              f"{row['claimed_eps']:.3f})", highlight=False, markup=False)
+    calibration = [ch.name for ch in games if ch.name != DPSGD_RELEASE]
+    if whole and calibration:  # the whole run's calibration uploads, one run
+        from privfedcal.attacks.dp_onerun import one_run
+
+        row = one_run(cfg.replace(out=None, transcript=False), confidence=confidence)
+        rows.append(row)
+        if not live:
+            console.print(f"{row['channel']}: {row['canary']}, eps_lower "
+                          f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})",
+                          highlight=False, markup=False)
+    write_csv(rows, target / CSV_NAME)
+    plot(rows, target / PNG_NAME)
+    table = Table(title=f"privfedcal audit dp: {target}")
+    for col in ("channel", "claimed eps", "delta", f"eps lower ({100 * confidence:g}%)",
+                "trials", "score", "seconds", "verdict"):
+        table.add_column(col, justify="left" if col in ("channel", "score", "verdict") else "right")
+    for r in rows:
+        refuted = r["eps_lower"] > r["claimed_eps"]
+        table.add_row(r["channel"], f"{r['claimed_eps']:.3f}", f"{r['delta']:.2g}",
+                      f"{r['eps_lower']:.3f}", f"{r['trials']:,}", r["score"],
+                      f"{r['seconds']:.1f}",
+                      "CLAIM REFUTED" if refuted else "consistent with the claim")
+    console.print(table)
+    for r in rows:
+        if r["eps_lower"] > r["claimed_eps"]:
+            err_console.print(f"privfedcal: warning: {r['channel']}: the empirical lower bound "
+                              f"{r['eps_lower']:.3f} exceeds the claimed epsilon "
+                              f"{r['claimed_eps']:.3f} (confidence {confidence:g})",
+                              highlight=False, markup=False)
+    console.print(f"wrote {CSV_NAME} and {PNG_NAME} into {target}")
+
+
+# The options are the run settings of ``train`` plus ``_dp_options``.
+dp.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    setting_options(cli_settings()) + command_options(_dp_options))
+
+
+def register(group: typer.Typer) -> None:
+    group.command("dp")(dp)

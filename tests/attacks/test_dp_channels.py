@@ -1,0 +1,118 @@
+"""The channels of a run configuration audited through the real release code: with the
+correct mechanism the lower bound stays below the claimed epsilon; with a fault injected
+(noise scaled by 0.25, clipping off, a key in the clear) it exceeds it. The channel list
+covers every charged field of the threat-model table."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from privfedcal.attacks.dp_audit import play
+from privfedcal.attacks.dp_channels import (
+    CHANNEL_FIELDS,
+    Faults,
+    build_channels,
+    claimed,
+    parse_channels,
+)
+from privfedcal.config import RunConfig
+from privfedcal.errors import UsageError
+from privfedcal.privacy.client_fields import CLIENT_FIELDS, declared
+from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
+
+BASE = dict(dataset="digits", clients=5, rounds=2, device="cpu", threads=1, transcript=False,
+            seed=0)
+FAULTS = [Faults(noise_scale=0.25), Faults(clip=False)]
+
+
+def channel(method: str, eps: float, faults: Faults = Faults()):
+    (ch,) = build_channels(RunConfig(method=method, dp_eps=eps, **BASE), faults=faults)
+    return ch
+
+
+@pytest.mark.parametrize("method", ["ccvr", "creff"])
+def test_correct_release_stays_below_its_claim(method):
+    ch = channel(method, 1.0)
+    row = play(ch, 200_000)
+    assert 0.99 < ch.claimed_eps <= 1.0 + 1e-9       # the whole budget: one channel
+    assert 0.1 < row["eps_lower"] < ch.claimed_eps, row
+
+
+@pytest.mark.parametrize("method", ["ccvr", "creff"])
+@pytest.mark.parametrize("faults", FAULTS + [None], ids=["noise/4", "no-clip", "clear"])
+def test_each_fault_is_caught(method, faults):
+    clear = {"ccvr": "count", "creff": "count"}[method]  # CReFF under DP: sample weighting
+    ch = channel(method, 1.0, faults or Faults(clear_key=clear))
+    row = play(ch, 100_000)
+    assert row["claimed_eps"] == pytest.approx(1.0, abs=0.01)  # the correct run's claim
+    assert row["eps_lower"] > row["claimed_eps"], row
+
+
+def test_claim_is_opacus_epsilon_of_the_channel_alone():
+    from opacus.accountants import RDPAccountant
+
+    # the run's noise stage, as far as a claim reads it
+    plan = SimpleNamespace(dp=SimpleNamespace(sigmas={CREFF_RELEASE: 1.3}, delta=1e-5,
+                                              accountant=SimpleNamespace(kind="rdp")))
+    acc = RDPAccountant()
+    acc.history = [(1.3, 1.0, 3)]                       # three releases at q = 1
+    assert claimed(plan, CREFF_RELEASE, 3) == (pytest.approx(acc.get_epsilon(1e-5)), 1e-5)
+    assert claimed(None, CREFF_RELEASE, 3) == (float("inf"), 0.0)
+    assert "in each of 2 rounds" in channel("creff", 2.0).canary   # rounds = 2, all chosen
+
+
+def test_no_dp_has_no_claim_and_a_large_bound():
+    (ch,) = build_channels(RunConfig(method="ccvr", **BASE))
+    row = play(ch, 2_000)
+    assert ch.claimed_eps == float("inf") and row["false_pos"] + row["false_neg"] == 0
+    assert row["eps_lower"] > 5
+
+
+def test_channel_names_are_checked():
+    assert parse_channels(None) is None
+    assert parse_channels("ccvr-stats, dp-sgd") == (CCVR_RELEASE, "dp-sgd")
+    with pytest.raises(UsageError, match="--channels"):
+        parse_channels("ccvr")
+    with pytest.raises(UsageError, match="releases no dp-sgd"):
+        build_channels(RunConfig(method="ccvr", dp_eps=1.0, **BASE), ("dp-sgd",))
+    with pytest.raises(UsageError, match="no channel to audit"):
+        build_channels(RunConfig(method="fedavg", **BASE))
+
+
+def test_channels_cover_every_charged_field():
+    for fields in CHANNEL_FIELDS.values():
+        for name in fields:
+            assert declared(*name.split("/")) is not None, name
+    covered = {f for fs in CHANNEL_FIELDS.values() for f in fs}
+    for f in CLIENT_FIELDS:
+        if "charged" not in f.budget:
+            continue
+        # under --secagg the same releases reach the server as a ciphertext and its
+        # decrypted sum: the payload channels audit that sum (with the full variance)
+        secagg_form = f.record in ("ciphertext", "aggregate")
+        assert f.name in covered or secagg_form, f.name
+    assert CREFF_RELEASE in CHANNEL_FIELDS
+
+
+@pytest.mark.slow
+def test_dpsgd_update_is_audited_and_clipping_off_is_caught():
+    cfg = RunConfig(dataset="digits", clients=18, method="fedavg", dp_eps=1.0, dp_train=True,
+                    rounds=1, batch_size=32, device="cpu", threads=1, transcript=False, seed=0)
+    (ok,) = build_channels(cfg)
+    (broken,) = build_channels(cfg, faults=Faults(clip=False))
+    assert ok.claimed_eps == broken.claimed_eps < 1.0 + 1e-9
+    good, bad = play(ok, 100), play(broken, 100)
+    assert good["eps_lower"] < ok.claimed_eps
+    assert bad["eps_lower"] > broken.claimed_eps, bad
+    assert "train-loss" not in good["score"]            # no loss reaches the server
+
+
+def test_clipping_off_is_caught_whatever_the_clip_bound():
+    # the canary is sized from the bound the sensitivities assume (4 x 100 here), not from
+    # the broken release's missing one
+    cfg = RunConfig(method="ccvr", dp_eps=1.0, dp_clip=100.0, **BASE)
+    (ch,) = build_channels(cfg, faults=Faults(clip=False))
+    row = play(ch, 20_000)
+    assert row["eps_lower"] > row["claimed_eps"], row
