@@ -102,3 +102,49 @@ def save(fig: Figure, path: PathLike, dpi: int = DPI) -> Path:
 
 __all__ = ["PALETTE", "SEQUENTIAL", "COUNTS", "RC", "styled", "colour", "series_style",
            "new_figure", "save"]
+
+
+#: where a point's label may go, in points from the point, tried in order
+_LABEL_OFFSETS = ((4, 4), (4, -10), (-4, 4), (-4, -10), (4, 14), (4, -20), (-4, 14),
+                  (-4, -20), (4, 24), (4, -30), (-4, 24), (-4, -30))
+
+
+def label_points(ax: Any, labels: list[tuple[float, float, str]], *, fontsize: float = 6,
+                 color: str | None = None) -> None:
+    """Label every (x, y, text) point of ``ax`` so that no two labels overlap (and none
+    covers another's point): each goes at the first of a few offsets around its point whose
+    box is free, with a thin leader line when it is not the first; a label with no free
+    place keeps the first offset. Call it after the axes' limits are final."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []  # display-space boxes of the labels drawn so far
+    points = [ax.transData.transform((x, y)) for x, y, _ in labels]
+    for (x, y, text), (px, py) in sorted(zip(labels, points, strict=True),
+                                         key=lambda lp: (-lp[1][1], lp[1][0])):
+        chosen = None
+        for k, (dx, dy) in enumerate(_LABEL_OFFSETS):
+            ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                              fontsize=fontsize, color=color,
+                              ha="left" if dx >= 0 else "right")
+            box = ann.get_window_extent(renderer).expanded(1.05, 1.1)
+            clear = not any(box.overlaps(b) for b in placed) and not any(
+                box.contains(qx, qy) for qx, qy in points if (qx, qy) != (px, py))
+            if clear or k == len(_LABEL_OFFSETS) - 1:
+                if not clear:
+                    ann.remove()
+                    ann = ax.annotate(text, (x, y), xytext=_LABEL_OFFSETS[0],
+                                      textcoords="offset points", fontsize=fontsize,
+                                      color=color)
+                    box = ann.get_window_extent(renderer)
+                elif k > 0:
+                    ann.arrow_patch = None
+                    ann.remove()
+                    ann = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                                      fontsize=fontsize, color=color,
+                                      ha="left" if dx >= 0 else "right",
+                                      arrowprops=dict(arrowstyle="-", lw=0.4, color="grey",
+                                                      shrinkA=0, shrinkB=2))
+                chosen = box
+                break
+            ann.remove()
+        placed.append(chosen)

@@ -27,7 +27,7 @@ from typing import Any
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
 from privfedcal.errors import PrivacyBudgetError, UsageError
-from privfedcal.plotstyle import colour, new_figure, save, styled
+from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
@@ -198,6 +198,7 @@ def _draw_audit(axes, done: list[dict[str, Any]]) -> None:
     panels = ((axes[0], "psnr_max", "worst-case reconstruction PSNR (dB, best individual)"),
               (axes[1], "class_inference_accuracy", "class-inference accuracy"))
     for ax, key, label in panels:
+        labels: list[tuple[float, float, str]] = []
         for i, method in enumerate(dict.fromkeys(r["method"] for r in done)):
             c = colour(i)
             for r in (r for r in done if r["method"] == method):
@@ -214,9 +215,10 @@ def _draw_audit(axes, done: list[dict[str, Any]]) -> None:
                                edgecolors=c, s=25, zorder=2)
                     ax.plot([r["psnr"], r[key]], [y, y], color=c, lw=0.6, alpha=0.5)
                 eps = "inf" if math.isinf(r["eps"]) else f"{r['eps']:g}"
-                ax.annotate(f"{method} eps={eps}{' sa' if r['secagg'] else ''}",
-                            (r[key], y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+                labels.append((r[key], y, f"{method} eps={eps}{' sa' if r['secagg'] else ''}"))
         ax.set_xlabel(label)
+        ax.margins(x=0.12, y=0.08)  # room for labels at the edges
+        label_points(ax, labels)
     prior = max([r["prior_psnr_max"] for r in done
                  if math.isfinite(r.get("prior_psnr_max", math.nan))], default=math.nan)
     if math.isfinite(prior):

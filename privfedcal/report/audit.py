@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import MARKERS, colour, new_figure, save, styled
+from privfedcal.plotstyle import MARKERS, colour, label_points, new_figure, save, styled
 from privfedcal.report import html as H
 from privfedcal.report.run import load_json
 
@@ -94,6 +94,7 @@ def plot_tradeoff(rows: list[dict[str, Any]], columns: list[str], out: Path) -> 
         axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
         for ax, (metric, label) in zip(axes, panels, strict=True):
             worst = worst_column(metric, columns)
+            labels: list[tuple[float, float, str]] = []
             for i, method in enumerate(methods):
                 for r in (r for r in done if str(r.get("method")) == method):
                     x, y = r.get(metric), 100 * r["accuracy"]
@@ -111,8 +112,9 @@ def plot_tradeoff(rows: list[dict[str, Any]], columns: list[str], out: Path) -> 
                                    edgecolors=colour(i), s=45, zorder=4)
                     eps = r.get("eps")
                     eps_s = "inf" if eps is None or math.isinf(eps) else f"{eps:g}"
-                    ax.annotate(f"ε={eps_s}{' SA' if r.get('secagg') else ''}", (x, y),
-                                fontsize=8, xytext=(4, 4), textcoords="offset points")
+                    labels.append((x, y, f"ε={eps_s}{' SA' if r.get('secagg') else ''}"))
+            ax.margins(x=0.12, y=0.08)  # room for labels at the edges
+            label_points(ax, labels, fontsize=8)
             ax.set_xlabel(label + (" - mean (filled), worst (hollow)" if worst else " - mean"))
             if metric == "psnr":
                 prior = [r.get("prior_psnr") for r in done if _finite(r.get("prior_psnr"))]

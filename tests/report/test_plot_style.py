@@ -83,3 +83,27 @@ def test_accuracy_curve_names_what_the_rounds_evaluated(tmp_path, monkeypatch, c
     monkeypatch.setattr(plots, "save", lambda fig, out: seen.setdefault("fig", fig) and out)
     plots.plot_accuracy(metrics, tmp_path / "a.png")
     assert [t.get_text() for t in seen["fig"].axes[0].get_legend().get_texts()] == [label]
+
+
+def test_point_labels_do_not_overlap():
+    """Crowded points (the audit's settings at equal coordinates, the failure seen on the
+    audit plot): every label box is clear of every other; the naive fixed offset overlaps."""
+    from privfedcal.plotstyle import label_points, new_figure, styled
+
+    pts = [(1.0, 87.0, "ccvr eps=inf"), (1.0, 86.8, "ccvr eps=inf sa"),
+           (1.0, 80.0, "ccvr eps=8 sa"), (0.99, 40.0, "creff eps=inf"),
+           (1.0, 36.5, "creff eps=inf sa"), (1.0, 34.0, "ccvr eps=1 sa")]
+    with styled():
+        fig = new_figure(5, 4)
+        ax = fig.subplots()
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts])
+        ax.set_xlim(0.5, 1.1)
+        label_points(ax, pts)
+        renderer = fig.canvas.get_renderer()
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert len(boxes) == len(pts)
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+        # the old placement (every label 3 points up and right) overlapped here
+        naive = [ax.annotate(t, (x, y), xytext=(3, 3), textcoords="offset points",
+                             fontsize=6).get_window_extent(renderer) for x, y, t in pts[:2]]
+        assert naive[0].overlaps(naive[1])
