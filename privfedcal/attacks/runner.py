@@ -204,7 +204,11 @@ def _classes(view: RunView, client: int | None, payload: dict[str, Tensor], stds
         truth = view.truth(client, c)
         held = None if truth is None else truth.numel() > 0  # None: unknown (unscored)
         if bool(present[c]) and held is False:
-            plan.notes.append(f"class {c} looks present for {who} (DP noise) but is not held: "
+            # without DP noise a class can only look present when the upload is an
+            # aggregate that another client's data is in
+            noisy = any(s > 0 for s in stds.values())
+            why = "DP noise" if noisy else "another client's class in the aggregate"
+            plan.notes.append(f"class {c} looks present for {who} ({why}) but is not held: "
                               "a false positive, nothing to reconstruct")
         elif bool(present[c]) or (held and opts.known_classes):
             out.append((c, bool(present[c])))
