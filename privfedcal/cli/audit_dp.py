@@ -27,7 +27,7 @@ def _dp_options(
     budget_s: Annotated[float, Opt(help="Seconds per channel: a game stops drawing when they are spent.", rich_help_panel="Audit")] = 120.0,
     confidence: Annotated[float, Opt(help="Confidence of the lower bounds.", rich_help_panel="Audit")] = 0.95,
     channels: Annotated[str | None, Opt(help="Channels to audit (ccvr-stats, creff-grad, dp-sgd); default: every one the configuration has.", rich_help_panel="Audit")] = None,
-    one_run: Annotated[bool, Opt("--one-run/--no-one-run", help="Also audit the whole run's calibration uploads in one run with many canaries (Steinke et al. 2023).", rich_help_panel="Audit")] = True,
+    one_run: Annotated[bool, Opt("--one-run/--no-one-run", help="Also audit the whole run in one run with many canaries (Steinke et al. 2023): its calibration uploads, and under --dp-train its training.", rich_help_panel="Audit")] = True,
 ) -> None:
     """``audit dp``'s own options."""
 
@@ -94,6 +94,17 @@ def dp(**flags: Any) -> None:
         from privfedcal.attacks.dp_onerun import one_run
 
         row = one_run(cfg.replace(out=None, transcript=False), confidence=confidence)
+        rows.append(row)
+        if not live:
+            console.print(f"{row['channel']}: {row['canary']}, eps_lower "
+                          f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})",
+                          highlight=False, markup=False)
+    if whole and cfg.dp_train:  # the whole run's training under DP-SGD, one run
+        from privfedcal.attacks.dp_onerun_train import one_run_training
+
+        console.print("dp-sgd (one run): training the run once with canaries ...",
+                      highlight=False, markup=False)
+        row = one_run_training(cfg, per_client=200, confidence=confidence)
         rows.append(row)
         if not live:
             console.print(f"{row['channel']}: {row['canary']}, eps_lower "
