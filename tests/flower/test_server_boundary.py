@@ -6,10 +6,13 @@ run (docs/threat-model.md, "The partition is the clients' secret")."""
 from __future__ import annotations
 
 import pytest
-from flwr.app import Context, RecordDict
 
-from privfedcal.errors import UsageError
-from privfedcal.federation.setup import partition_settings_digest
+pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+
+from privfedcal.errors import UsageError  # noqa: E402
+from privfedcal.federation.setup import partition_settings_digest  # noqa: E402
 
 
 def test_the_server_holds_no_training_data_or_partition(flower_cfg, run_flower, run_simulator):
