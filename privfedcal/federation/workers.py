@@ -11,6 +11,7 @@ bits between thread counts).
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,6 +61,9 @@ class InProcessTrainer:
     def close(self) -> None:
         pass
 
+    def terminate(self) -> None:
+        pass
+
 
 # ---- worker process side ------------------------------------------------------------------
 _W: dict = {}
@@ -68,6 +72,9 @@ _W: dict = {}
 def _worker_init(build: Callable[[], tuple[FeatureClassifier, Algorithm]], x: Tensor, y: Tensor,
                  spec: LocalSpec, threads: int, device: str = "cpu",
                  deterministic: bool = False) -> None:
+    # Ctrl-C reaches every process of the terminal's group: the server process alone
+    # handles it (and terminates the pool); a worker would print its own traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     set_deterministic(deterministic)
@@ -206,6 +213,12 @@ class WorkerPoolTrainer:
 
     def close(self) -> None:
         self.pool.close()
+        self.pool.join()
+
+    def terminate(self) -> None:
+        """Stop the workers now (an interrupted or failed run): ``close`` would wait for
+        the round they are training."""
+        self.pool.terminate()
         self.pool.join()
 
 
