@@ -10,6 +10,7 @@ silences both; results and errors are printed either way.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -38,17 +39,23 @@ class Reporter:
     ``update(description=..., completed=..., advance=..., total=...)`` as rich's
     ``Progress.update``; ``line(text)`` prints a line of its own (train's per-round result)
     when stderr is not a terminal. A changed description is a new stage: its line is printed
-    at once; otherwise a line comes at most every ``every`` seconds.
+    at once. A stage that lasts gets a line every ``every`` seconds from a heartbeat thread,
+    so a log shows the command is alive. ``announce``: print the first stage's line on
+    entry (off where the command still validates its input in that stage, so that a usage
+    error stays the only line).
     """
 
     def __init__(self, description: str, total: float | None = None, *, quiet: bool = False,
-                 transient: bool = True, every: float = LINE_EVERY,
+                 transient: bool = True, every: float = LINE_EVERY, announce: bool = True,
                  stream: Console | None = None) -> None:
         self.console = stream or err_console
-        self.quiet, self.every = quiet, every
+        self.quiet, self.every, self.announce = quiet, every, announce
         self.live = self.console.is_terminal and not quiet
         self.description, self.total, self.completed = description, total, 0.0
         self._start = self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
         self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                              MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                              TimeElapsedColumn(), console=self.console, transient=transient,
@@ -57,10 +64,18 @@ class Reporter:
 
     def __enter__(self) -> Reporter:
         self._bar.__enter__()
-        self._emit(force=True)
+        if not self.live and not self.quiet:
+            if self.announce:
+                self._emit()
+            self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                          name="privfedcal-progress")
+            self._beat.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
         self._bar.__exit__(*exc)
 
     def update(self, *, description: str | None = None, completed: float | None = None,
@@ -76,17 +91,25 @@ class Reporter:
         fields = {} if info is None else {"info": info}
         self._bar.update(self._task, description=self.description, completed=self.completed,
                          total=self.total, **fields)
-        self._emit(force=new_stage)
+        if new_stage:
+            self._emit()
 
     def line(self, text: str) -> None:
         """A line of its own on stderr when not on a terminal (and not quiet)."""
         if not self.live and not self.quiet:
-            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
-            self._last = time.monotonic()
+            with self._lock:
+                self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+                self._last = time.monotonic()
 
-    def _emit(self, *, force: bool) -> None:
-        now = time.monotonic()
-        if self.live or self.quiet or not (force or now - self._last >= self.every):
+    def _emit(self) -> None:
+        if self.live or self.quiet:
             return
         count = "" if not self.total else f" [{self.completed:g}/{self.total:g}]"
-        self.line(f"privfedcal: {self.description}{count}, {now - self._start:.0f} s")
+        self.line(f"privfedcal: {self.description}{count}, "
+                  f"{time.monotonic() - self._start:.0f} s")
+
+    def _heartbeat(self) -> None:
+        """A line whenever ``every`` seconds passed without one."""
+        while not self._stop.wait(min(self.every, 1.0)):
+            if time.monotonic() - self._last >= self.every:
+                self._emit()

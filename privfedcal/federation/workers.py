@@ -10,9 +10,11 @@ bits between thread counts).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -169,8 +171,9 @@ class WorkerPoolTrainer:
         x, y = x.cpu().share_memory_(), y.cpu().share_memory_()
         ctx = tmp.get_context("spawn")
         self.workers = workers
-        self.pool = ctx.Pool(workers, initializer=_worker_init,
-                             initargs=(build, x, y, spec, threads, str(device), deterministic))
+        with _sigint_ignored_by_children():
+            self.pool = ctx.Pool(workers, initializer=_worker_init,
+                                 initargs=(build, x, y, spec, threads, str(device), deterministic))
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
               on_done: Callable[[int], None] | None = None,
@@ -217,9 +220,35 @@ class WorkerPoolTrainer:
 
     def terminate(self) -> None:
         """Stop the workers now (an interrupted or failed run): ``close`` would wait for
-        the round they are training."""
+        the round they are training. A worker stopped while it received tensors breaks the
+        connection of multiprocessing's file-descriptor server thread in this process; the
+        run is ending with its own error, so that thread's connection error is not printed."""
+        threading.excepthook = _quiet_connection_errors(threading.excepthook)
         self.pool.terminate()
         self.pool.join()
+
+
+def _quiet_connection_errors(hook):
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        if not issubclass(args.exc_type, OSError | EOFError):
+            hook(args)
+    return excepthook
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes that ignore Ctrl-C from their first instruction: an ignored SIGINT
+    survives exec, and Python then installs no KeyboardInterrupt handler (the initializer's
+    SIG_IGN comes only after torch is imported, seconds later). Main thread only (where
+    signals are handled); a Ctrl-C during the few milliseconds of the spawn is dropped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _cpu_job(job: TrainJob) -> TrainJob:
