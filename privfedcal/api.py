@@ -147,16 +147,6 @@ def _default_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{cfg.method}-{cfg.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _checkpoint_round(run_dir: Path) -> int:
-    meta = run_dir / "checkpoint" / "meta.json"
-    if not meta.is_file():
-        return 0
-    try:
-        return int(json.loads(meta.read_text())["round"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"cannot read the checkpoint in {run_dir}") from None
-
-
 def resume_simulator(run_dir: str | Path, rounds: int | None = None,
                      threads: int | None = None) -> Any:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
@@ -167,6 +157,7 @@ def resume_simulator(run_dir: str | Path, rounds: int | None = None,
     run (it would diverge again), and a different round count with DP (every release's
     noise was calibrated for the planned number of rounds)."""
     from privfedcal.experiment import build_simulator
+    from privfedcal.federation.checkpoint import checkpoint_round
     from privfedcal.federation.hooks import Calibrator
     from privfedcal.federation.runfolder import read_run_config
 
@@ -178,7 +169,7 @@ def resume_simulator(run_dir: str | Path, rounds: int | None = None,
         d = previous["diverged"]
         raise UsageError(f"{run_dir} diverged at round {d.get('round')}; resuming would "
                          "diverge again: start a new run with a lower --lr")
-    done = _checkpoint_round(run_dir)
+    done = checkpoint_round(run_dir)
     if rounds is not None and rounds != cfg.rounds:
         if rounds < done:
             raise UsageError(f"{run_dir} has already trained {done} rounds; --rounds must be "

@@ -25,6 +25,9 @@ class Diverged(RuntimeError):
     def __init__(self, round_: int, what: str, *, client: int | None = None,
                  hint: str = "") -> None:
         self.round, self.what, self.client, self.hint = round_, what, client, hint
+        #: the round of the checkpoint the run folder keeps (0: none), set by the runner
+        #: that wrote it; None where unknown
+        self.checkpoint_round: int | None = None
         where = f"round {round_}" + (f", client {client}" if client is not None else "")
         super().__init__(f"diverged at {where}: {what}" + (f"; {hint}" if hint else ""))
 
@@ -32,3 +35,9 @@ class Diverged(RuntimeError):
         """What ``summary.json`` holds under ``"diverged"``."""
         return {"round": self.round, "client": self.client, "what": self.what,
                 "hint": self.hint}
+
+
+class Interrupted(Exception):
+    """The user stopped a command (Ctrl-C): exit code 130. The message says what was kept
+    (e.g. the checkpoint a ``train --resume`` continues from). An ``Exception``, not a
+    ``KeyboardInterrupt``, so that typer passes the message through."""

@@ -80,6 +80,10 @@ class AuditConfig:
             raise UsageError("every --eps must be > 0 (inf = no DP)")
         if self.attack_clients < 1:
             raise UsageError("--attack-clients must be >= 1")
+        # an empty budget would report the random start as "nothing leaked"
+        if self.steps < 1 or self.restarts < 1 or self.rounds < 1:
+            raise UsageError(f"the audit needs --steps >= 1, --restarts >= 1 and --rounds >= 1 "
+                             f"(got {self.steps}, {self.restarts}, {self.rounds})")
 
     def settings(self) -> list[Setting]:
         return [Setting(m, e, s) for m in self.methods for s in self.secagg for e in self.eps]

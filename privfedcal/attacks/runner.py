@@ -80,8 +80,11 @@ class AttackOptions:
     false_positive_rate: float = 1e-3  # class inference under DP noise
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.restarts < 1:
-            raise UsageError("attacks need --steps >= 0 and --restarts >= 1")
+        # 0 steps would score the random start as the attack's result ("nothing leaked")
+        if self.steps < 1 or self.restarts < 1:
+            raise UsageError(f"attacks need --steps >= 1 and --restarts >= 1 (got --steps "
+                             f"{self.steps}, --restarts {self.restarts}): with none the random "
+                             "start would be reported as the attack's result")
         if self.raw_samples < 0 or self.max_n < 1 or self.update_batch < 1:
             raise UsageError("need --raw-samples >= 0, --max-n >= 1 and --update-batch >= 1")
         if self.rounds_combined < 1:
@@ -425,6 +428,15 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                                                n_known=n_known))
         if opts.rounds_combined > 1:
             _plan_rounds(view, opts, rel, clients, classes, plan)
+    if updates and updates_aggregated(view):
+        # no simulated update either: it would stand in for an upload the server never saw
+        message = (f"the model updates of {view.run_dir} were securely aggregated "
+                   "(--secagg-updates): there is no per-client update to attack, only the "
+                   "aggregate of every participant's")
+        if not plan.jobs:
+            raise UsageError(message)
+        plan.notes.append(message)
+        return plan
     if updates:
         recorded = plan_updates(view, opts, clients)
         if recorded.jobs:
@@ -587,6 +599,13 @@ def _count_error(got: Sequence[int], true: Sequence[int], classes: int) -> int:
     a = torch.bincount(torch.as_tensor(list(got), dtype=torch.long), minlength=classes)
     b = torch.bincount(torch.as_tensor(list(true), dtype=torch.long), minlength=classes)
     return int((a - b).abs().sum())
+
+
+def updates_aggregated(view: RunView) -> bool:
+    """The transcript records model updates, none of them a client's plain upload: they
+    were summed under secure aggregation (the server saw ciphertexts and the sum)."""
+    views = {e["view"] for e in view.entries if e["label"] == UPDATE_LABEL}
+    return bool(views) and "plain-upload" not in views
 
 
 def plan_updates(view: RunView, opts: AttackOptions,

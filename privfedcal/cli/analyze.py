@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from privfedcal.cli.console import console, err_console  # full width when piped
+from privfedcal.cli.console import Reporter, console  # full width when piped
 
 
 def _fmt(value: float | None) -> str:
@@ -46,6 +45,7 @@ def analyze(
     projections: Annotated[int, typer.Option(help="Random directions of the sliced Wasserstein distance.")] = 256,
     max_clients: Annotated[int | None, typer.Option(help="Retrain and compare only the first N clients (default: all).")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda (default: the run's).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
     """Classifier norms and singular values before/after calibration, client CKA per layer
     and class separability of a finished run."""
@@ -53,17 +53,15 @@ def analyze(
 
     options = AnalysisOptions(samples=samples, projections=projections,
                               max_clients=max_clients, device=device)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                        transient=True, disable=not err_console.is_terminal)
-    with progress:
-        task = progress.add_task("retraining clients for CKA", total=None)
-
+    # the run is checked while it loads: no line before a usage error
+    with Reporter(f"analyze {run_dir}: loading the run", quiet=quiet,
+                  announce=False) as progress:
         def on_start(k: int) -> None:
-            progress.update(task, total=k, completed=0)
+            progress.update(description=f"analyze {run_dir}: retraining clients for CKA",
+                            total=k, completed=0)
 
         def on_client(_c: int) -> None:
-            progress.advance(task)
+            progress.update(advance=1)
 
         result = analyze_run(run_dir, options, on_start=on_start, on_client=on_client)
     console.print(summary_table(result))

@@ -4,7 +4,9 @@
 statistics), ``invert --gradients`` CReFF class gradients (and, with ``--updates``, a
 simulated local model update); ``classes`` infers every client's class set. Without
 ``--run`` a quick default run on digits is trained first. Outputs go to ``--out`` (default
-RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout.
+RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout. Earlier
+results there are kept unless ``--overwrite``; the files are renamed into place together
+at the end, so a failed or interrupted attack leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
-from privfedcal.cli.console import console, err_console
+from privfedcal.cli.console import Reporter, console
+from privfedcal.cli.output import all_or_nothing, check_fresh
 from privfedcal.errors import UsageError
 
 Opt = typer.Option
@@ -55,7 +57,7 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
 
 
 def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
-              threads: int | None = None) -> Path:
+              threads: int | None = None, quiet: bool = False) -> Path:
     """Train a small ``method`` run on digits through the same code as ``privfedcal train``."""
     from privfedcal.cli.run import run_with_progress
     from privfedcal.config import RunConfig
@@ -70,16 +72,10 @@ def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
     quick = {**QUICK_RUN, "threads": threads or QUICK_RUN["threads"]}
     cfg = RunConfig(method=method, seed=seed, device=device, out=str(run_dir),
                     calibration_params=dict(params), **quick)  # type: ignore[arg-type]
-    summary = run_with_progress(build_simulator(cfg, run_dir), cfg)
+    summary = run_with_progress(build_simulator(cfg, run_dir), cfg, quiet=quiet)
     console.print(f"no --run given: trained a quick {method} run on digits into {run_dir} "
                   f"(accuracy {summary['accuracy']:.4f})")
     return run_dir
-
-
-def progress_bar() -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=err_console, transient=True,
-                    disable=not err_console.is_terminal)
 
 
 def print_notes(notes: list[str]) -> None:
@@ -107,6 +103,8 @@ def invert(
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<kind>).")] = None,
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
     """Reconstruct client images from what the server saw; score them against the truth."""
     set_threads(threads)
@@ -128,9 +126,12 @@ def invert(
                          update_batch=update_batch, round=round_, seed=seed,
                          known_classes=known_classes, rounds_combined=rounds_combined)
     client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
+    files = ("attack.json", "reconstructions.png")
+    if run is None and out is not None:  # refused before the quick run is trained
+        check_fresh(out, files, overwrite=overwrite)
     if run is None:
         run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,
-                        device=device, threads=threads)
+                        device=device, threads=threads, quiet=quiet)
     view = load_run(run, device=device)
     if stats:
         plan = plan_stats(view, opts, client_ids, class_ids)
@@ -139,14 +140,23 @@ def invert(
                               gradients=gradients)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
-    with progress_bar() as bar:
-        task = bar.add_task(f"attack {kind}", total=len(plan.jobs))
-        results = execute(plan, lambda job: bar.update(task, advance=1, description=job.description))
     out_dir = out or Path(run) / f"attack-{kind}"
+    check_fresh(out_dir, files, overwrite=overwrite)  # before the attack's minutes
+    with Reporter(f"attack {kind}: {plan.jobs[0].description}", total=len(plan.jobs),
+                  quiet=quiet) as progress:
+        jobs = iter(plan.jobs[1:])
+
+        def done(_job) -> None:  # names the job that starts next: a line per stage
+            following = next(jobs, None)
+            progress.update(advance=1, description=None if following is None else
+                            f"attack {kind}: {following.description}")
+
+        results = execute(plan, done)
     records = [r.record for r in results]
-    write_records(records, out_dir / "attack.json")
-    save_grid(results, out_dir / "reconstructions.png",
-              title=f"{kind} attack on {run}: true (top) vs reconstructed (bottom)")
+    with all_or_nothing(out_dir, files) as paths:
+        write_records(records, paths["attack.json"])
+        save_grid(results, paths["reconstructions.png"],
+                  title=f"{kind} attack on {run}: true (top) vs reconstructed (bottom)")
     console.print(records_table(records, f"privfedcal attack invert --{kind}: {run}"))
     print_notes(plan.notes)
     console.print(f"wrote attack.json and reconstructions.png into {out_dir}")
@@ -160,6 +170,8 @@ def classes_cmd(
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-classes).")] = None,
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
     """Infer each client's class set (and counts) from its calibration uploads."""
     set_threads(threads)
@@ -167,14 +179,20 @@ def classes_cmd(
     from privfedcal.attacks.runner import AttackOptions, infer_class_sets, load_run
 
     opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
+    files = ("attack.json", "classes.png")
+    if run is None and out is not None:  # refused before the quick run is trained
+        check_fresh(out, files, overwrite=overwrite)
     if run is None:
         run = quick_run("ccvr", out / "run" if out else None, seed=seed, device=device,
-                        threads=threads)
+                        threads=threads, quiet=quiet)
     view = load_run(run, device=device)
-    records, notes = infer_class_sets(view, opts)
     out_dir = out or Path(run) / "attack-classes"
-    write_records(records, out_dir / "attack.json")
-    plot_class_sets(records, out_dir / "classes.png")
+    check_fresh(out_dir, files, overwrite=overwrite)
+    with Reporter("attack classes: inferring every client's class set", quiet=quiet):
+        records, notes = infer_class_sets(view, opts)
+    with all_or_nothing(out_dir, files) as paths:
+        write_records(records, paths["attack.json"])
+        plot_class_sets(records, paths["classes.png"])
     console.print(classes_table(records, f"privfedcal attack classes: {run}"))
     print_notes(notes)
     console.print(f"wrote attack.json and classes.png into {out_dir}")

@@ -8,6 +8,7 @@ options are the group's), and ``audit dp`` runs the distinguishing games of
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Annotated
@@ -51,6 +52,8 @@ def parse_secagg(text: str) -> tuple[bool, ...]:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
+    from privfedcal.attacks.audit import ATTACKED_CALIBRATORS
+    from privfedcal.config import RunConfig
     from privfedcal.experiment import check_method
 
     out = [t.strip() for t in text.split(",") if t.strip()]
@@ -58,6 +61,13 @@ def parse_methods(text: str) -> tuple[str, ...]:
         raise UsageError("--methods needs at least one method (ccvr, creff)")
     for m in out:
         check_method(m)
+    # refused before any run: a method without a calibration upload gives the audit's
+    # attacks nothing to invert, whatever its eps and secagg
+    idle = [m for m in out if RunConfig(method=m).calibrator not in ATTACKED_CALIBRATORS]
+    if idle:
+        raise UsageError(f"--methods: {', '.join(idle)} upload(s) no calibration payload, so "
+                         "the audit has nothing to attack; methods that upload one: "
+                         f"{', '.join(ATTACKED_CALIBRATORS)}")
     return tuple(dict.fromkeys(out))
 
 
@@ -81,42 +91,38 @@ def audit(
     seed: Annotated[int, Opt(help="Seed of runs and attacks.")] = 0,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     out: Annotated[Path | None, Opt(help="Output folder (default runs/audit-<time>).")] = None,
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace an earlier audit in --out.")] = False,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
     """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot.
 
     `privfedcal audit dp` instead measures a lower bound on epsilon per channel."""
     if ctx.invoked_subcommand is not None:
         return  # `audit dp ...`: the group's own sweep does not run
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
     from privfedcal.attacks.audit import AuditConfig, Setting, plot_audit, run_setting, write_csv
-    from privfedcal.cli.attack import err_console
+    from privfedcal.cli.console import Reporter
+    from privfedcal.cli.output import all_or_nothing, check_fresh
 
     config = AuditConfig(eps=parse_eps(eps), secagg=parse_secagg(secagg),
                          methods=parse_methods(methods), dataset=dataset, clients=clients,
                          rounds=rounds, steps=steps, restarts=restarts,
                          attack_clients=attack_clients, seed=seed, device=device)
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
+    files = ("audit.csv", "audit.png")
+    check_fresh(out_dir, (*files, "runs"), overwrite=overwrite, what="an audit")
+    if overwrite and (out_dir / "runs").is_dir():  # each setting trains afresh
+        shutil.rmtree(out_dir / "runs")
     settings = config.settings()
     rows = []
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err_console, transient=True,
-                   disable=not err_console.is_terminal)
-    with bar:
-        task = bar.add_task("audit", total=len(settings))
+    with Reporter("audit", total=len(settings), quiet=quiet) as bar:
         for s in settings:
-            bar.update(task, description=f"{s.name}: training")
+            bar.update(description=f"audit {s.name}: training")
             rows.append(run_setting(s, config, out_dir, on_job=lambda d, s=s: bar.update(
-                task, description=f"{s.name}: {d}")))
-            bar.advance(task)
-    write_csv(rows, out_dir / "audit.csv")
-    plot_audit(rows, out_dir / "audit.png")
+                description=f"audit {s.name}: {d}")))
+            bar.update(advance=1)
+    with all_or_nothing(out_dir, files) as paths:
+        write_csv(rows, paths["audit.csv"])
+        plot_audit(rows, paths["audit.png"])
     table = Table(title=f"privfedcal audit: {out_dir}")
     for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
                 "prior max", "PSNR", "prior", "SSIM", "class inf", "eps spent"):

@@ -1,11 +1,21 @@
-"""The consoles every command prints through: on a terminal they fit its width; piped or
-redirected they are wide enough that no table is truncated or wrapped."""
+"""The consoles every command prints through, and the progress of long commands.
+
+On a terminal the consoles fit its width; piped or redirected they are wide enough that no
+table is truncated or wrapped. Progress (``Reporter``) is a bar on a terminal; piped,
+redirected or in a batch job it is one line on stderr per stage and at most one per
+``every`` seconds within a stage, so that a log shows the command is alive. ``--quiet``
+silences both; results and errors are printed either way.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
+from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 def _width(stream) -> int | None:
@@ -18,3 +28,88 @@ def _width(stream) -> int | None:
 
 console = Console(width=_width(sys.stdout))
 err_console = Console(stderr=True, width=_width(sys.stderr))
+
+#: seconds between two progress lines of one stage when stderr is not a terminal
+LINE_EVERY = 10.0
+
+
+class Reporter:
+    """Progress of one long command (train, attack, audit, analyze).
+
+    ``update(description=..., completed=..., advance=..., total=...)`` as rich's
+    ``Progress.update``; ``line(text)`` prints a line of its own (train's per-round result)
+    when stderr is not a terminal. A changed description is a new stage: its line is printed
+    at once. A stage that lasts gets a line every ``every`` seconds from a heartbeat thread,
+    so a log shows the command is alive. ``announce``: print the first stage's line on
+    entry (off where the command still validates its input in that stage, so that a usage
+    error stays the only line).
+    """
+
+    def __init__(self, description: str, total: float | None = None, *, quiet: bool = False,
+                 transient: bool = True, every: float = LINE_EVERY, announce: bool = True,
+                 stream: Console | None = None) -> None:
+        self.console = stream or err_console
+        self.quiet, self.every, self.announce = quiet, every, announce
+        self.live = self.console.is_terminal and not quiet
+        self.description, self.total, self.completed = description, total, 0.0
+        self._start = self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                             MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                             TimeElapsedColumn(), console=self.console, transient=transient,
+                             disable=not self.live)
+        self._task = self._bar.add_task(description, total=total, info="")
+
+    def __enter__(self) -> Reporter:
+        self._bar.__enter__()
+        if not self.live and not self.quiet:
+            if self.announce:
+                self._emit()
+            self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                          name="privfedcal-progress")
+            self._beat.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        self._bar.__exit__(*exc)
+
+    def update(self, *, description: str | None = None, completed: float | None = None,
+               advance: float = 0, total: float | None = None, info: str | None = None) -> None:
+        new_stage = description is not None and description != self.description
+        if description is not None:
+            self.description = description
+        if total is not None:
+            self.total = total
+        if completed is not None:
+            self.completed = completed
+        self.completed += advance
+        fields = {} if info is None else {"info": info}
+        self._bar.update(self._task, description=self.description, completed=self.completed,
+                         total=self.total, **fields)
+        if new_stage:
+            self._emit()
+
+    def line(self, text: str) -> None:
+        """A line of its own on stderr when not on a terminal (and not quiet)."""
+        if not self.live and not self.quiet:
+            with self._lock:
+                self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+                self._last = time.monotonic()
+
+    def _emit(self) -> None:
+        if self.live or self.quiet:
+            return
+        count = "" if not self.total else f" [{self.completed:g}/{self.total:g}]"
+        self.line(f"privfedcal: {self.description}{count}, "
+                  f"{time.monotonic() - self._start:.0f} s")
+
+    def _heartbeat(self) -> None:
+        """A line whenever ``every`` seconds passed without one."""
+        while not self._stop.wait(min(self.every, 1.0)):
+            if time.monotonic() - self._last >= self.every:
+                self._emit()

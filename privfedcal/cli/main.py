@@ -13,7 +13,7 @@ import click
 import typer
 
 from privfedcal.cli import analyze, attack, audit, compare, partition, report, train
-from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
+from privfedcal.errors import Diverged, Interrupted, PrivacyBudgetError, UsageError
 
 app = typer.Typer(
     name="privfedcal",
@@ -30,15 +30,33 @@ for command in (train, partition, analyze, attack, audit, report, compare):
     command.register(app)
 
 
+#: the exit status of a command stopped by Ctrl-C (SIGINT), as shells report it
+INTERRUPTED = 130
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print one line on stderr and exit."""
     print(f"privfedcal: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
 
+def diverged_kept(exc: Diverged) -> str:
+    """What a diverged run left in its folder, as it is."""
+    kept = "summary.json marks the run diverged"
+    if exc.checkpoint_round is None:
+        return kept
+    if exc.checkpoint_round == 0:
+        return f"{kept}; no round had finished, so no checkpoint was kept"
+    return (f"{kept}; the checkpoint of round {exc.checkpoint_round} (the last finite one) "
+            "and its metrics are kept")
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
-        app(args=argv, prog_name="privfedcal", standalone_mode=False)
+        # Outside standalone mode typer does not exit: it turns a KeyboardInterrupt into
+        # exit code 130 and *returns* that code (as it does for ``typer.Exit(code)``), so
+        # the returned value is this process's exit status. Commands return None.
+        code = app(args=argv, prog_name="privfedcal", standalone_mode=False)
     except click.exceptions.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except click.exceptions.Abort:
@@ -52,10 +70,18 @@ def main(argv: list[str] | None = None) -> None:
     except PrivacyBudgetError as exc:
         fail(f"privacy budget: {exc}", 3)
     except Diverged as exc:
-        fail(f"training {exc} (summary.json marks the run diverged; metrics and the last "
-             "finite checkpoint are kept)", 4)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
+        fail(f"training {exc} ({diverged_kept(exc)})", 4)
+    except OSError as exc:  # disk full, a folder made read-only mid-run: still one line
+        where = f": {exc.filename}" if exc.filename else ""
+        fail(f"{exc.strerror or exc}{where}", 1)
+    except Interrupted as exc:
+        fail(f"interrupted: {exc}" if str(exc) else "interrupted", INTERRUPTED)
+    except KeyboardInterrupt:  # outside a command: while parsing or importing
+        code = INTERRUPTED
+    if code == INTERRUPTED:
+        fail("interrupted", INTERRUPTED)
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from privfedcal.cli.output import check_writable
 from privfedcal.cli.train import command_options, setting_options
 from privfedcal.config import RunConfig
 from privfedcal.data.partition import PartitionSpec
@@ -43,6 +44,7 @@ def partition(**given: Any) -> None:
     from privfedcal.data.plots import plot_partition
 
     config, out = given.pop("config"), given.pop("out")
+    check_writable(out)
     given = {k: v for k, v in given.items() if v is not None}
     merged = {k: v for k, v in (load_toml(config) if config else {}).items()
               if k in PARTITION_KEYS}

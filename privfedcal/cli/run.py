@@ -1,8 +1,8 @@
 """Run an experiment with a progress bar, then print and plot its results.
 
 When stderr is not a terminal (piped, CI, a log file) the bar is replaced by one line per
-evaluated round on stdout (stderr stays for errors and warnings), and tables are printed at
-full width (never truncated).
+evaluated round on stderr (``--quiet``: none), and tables are printed at full width on
+stdout (never truncated).
 """
 
 from __future__ import annotations
@@ -11,42 +11,37 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from privfedcal.cli.console import console, err_console
+from privfedcal.cli.console import Reporter, console, err_console
 from privfedcal.config import RunConfig, resolved_line
-from privfedcal.errors import Diverged
+from privfedcal.errors import Diverged, Interrupted
 from privfedcal.experiment import build_simulator
+from privfedcal.federation.checkpoint import checkpoint_round
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
-    """The line printed (stdout) per evaluated round when stderr is not a terminal."""
+    """The line printed (stderr) per evaluated round when stderr is not a terminal."""
     train = "withheld (DP-SGD)" if rec["train_loss"] is None else f"{rec['train_loss']:.4f}"
     return (f"round {rec['round']}/{total}: accuracy {rec['accuracy']:.4f}, test loss "
             f"{rec['loss']:.4f}, train loss {train}, {rec['seconds']:.1f} s")
 
 
-def run_with_progress(sim, cfg: RunConfig) -> dict[str, Any]:
+def run_with_progress(sim, cfg: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
     cfg = sim.cfg  # resolved
     console.print(f"privfedcal: {cfg.method} on {cfg.dataset}, rounds {cfg.rounds}, "
                   f"{resolved_line(cfg)} -> {sim.run_dir}", highlight=False, markup=False)
     for warning in sim.exp.warnings:
         err_console.print(f"privfedcal: warning: {warning}", highlight=False, markup=False)
-    live = err_console.is_terminal
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("{task.fields[acc]}"),
-                        TimeElapsedColumn(), console=err_console, transient=False,
-                        disable=not live)
-    with progress:
-        task = progress.add_task(f"{cfg.method} on {cfg.dataset}", total=cfg.rounds,
-                                 completed=sim.start_round - 1, acc="")
+    with Reporter(f"{cfg.method} on {cfg.dataset}", total=cfg.rounds, quiet=quiet,
+                  transient=False) as progress:
+        progress.update(completed=sim.start_round - 1)
 
         def on_round(rec: dict[str, Any]) -> None:
             acc = f"acc {rec['accuracy']:.4f}" if "accuracy" in rec else ""
-            progress.update(task, completed=rec["round"], acc=acc)
-            if not live and "accuracy" in rec:
-                console.print(progress_line(rec, cfg.rounds), highlight=False, markup=False)
+            progress.update(completed=rec["round"], info=acc)
+            if "accuracy" in rec:
+                progress.line(progress_line(rec, cfg.rounds))
 
         summary = sim.run(progress=on_round)
     return summary
@@ -83,23 +78,34 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 def execute(cfg: RunConfig, run_dir: Path, log: tuple[str, ...] = (),
-            report_html: bool = False) -> dict[str, Any]:
+            report_html: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Build and run ``cfg`` into ``run_dir``. A run that fails before its first checkpoint
     (bad data root, model, budget) leaves no folder behind if it made the folder."""
     created = not run_dir.exists()
     try:
         sim = build_simulator(cfg.replace(out=str(run_dir)), run_dir)
         sim.log.enable(log)  # --log tensorboard
-        summary = run_with_progress(sim, cfg)
+        summary = run_with_progress(sim, cfg, quiet=quiet)
         sim.log.close()
     except Diverged:
-        raise  # the folder keeps metrics, the last finite checkpoint and summary.json
-    except BaseException:
+        raise  # the folder keeps summary.json and what finished before (main says what)
+    except BaseException as exc:
         if created and run_dir.is_dir() and not (run_dir / "checkpoint").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise interrupted(run_dir) from None
         raise
     finish(summary, run_dir, report_html)
     return summary
+
+
+def interrupted(run_dir: Path) -> Interrupted:
+    """The one line of a stopped run: what it left and how to continue it."""
+    done = checkpoint_round(run_dir) if (run_dir / "checkpoint").is_dir() else 0
+    if done:
+        return Interrupted(f"{run_dir} keeps the checkpoint of round {done}; continue with "
+                           f"privfedcal train --resume {run_dir}")
+    return Interrupted("no round had finished: nothing was kept")
 
 
 def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
@@ -111,7 +117,8 @@ def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
 
 
 def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = None,
-               log: tuple[str, ...] = (), report_html: bool = False) -> dict[str, Any]:
+               log: tuple[str, ...] = (), report_html: bool = False,
+               quiet: bool = False) -> dict[str, Any]:
     """Continue an interrupted run, or extend a finished one to ``rounds``
     (``privfedcal.api.resume_simulator`` checks and builds it)."""
     from privfedcal.api import resume_simulator
@@ -119,7 +126,10 @@ def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = N
     sim = resume_simulator(run_dir, rounds=rounds, threads=threads)
     cfg = sim.cfg
     sim.log.enable(log)
-    summary = run_with_progress(sim, cfg)
+    try:
+        summary = run_with_progress(sim, cfg, quiet=quiet)
+    except KeyboardInterrupt:
+        raise interrupted(run_dir) from None
     sim.log.close()
     finish(summary, run_dir, report_html)
     return summary

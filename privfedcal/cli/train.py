@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from privfedcal.cli.output import check_writable
 from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
 from privfedcal.experiment import check_calibration_params, check_method, method_choices
@@ -95,18 +96,20 @@ def _train_options(
     resume: Annotated[Path | None, Opt(help="Continue the run in this folder from its checkpoint (with --rounds N: extend it to N rounds).", rich_help_panel="Output")] = None,
     report: Annotated[bool, Opt("--report/--no-report", help="Write RUN_DIR/report.html at the end (privfedcal report).", rich_help_panel="Output")] = False,
     log: Annotated[str | None, Opt(help="Extra live log: tensorboard (needs the tensorboard extra).", rich_help_panel="Output")] = None,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).", rich_help_panel="Output")] = False,
 ) -> None:
     """``train``'s options that are not settings of the run."""
 
 
 def train(**flags: Any) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
-    config, resume, report, log = (flags.pop(k, None) for k in ("config", "resume", "report", "log"))
+    config, resume, report, log, quiet = (flags.pop(k, None) for k in
+                                          ("config", "resume", "report", "log", "quiet"))
     rounds, threads = flags.get("rounds"), flags.get("threads")
     from privfedcal.cli.run import execute, resume_run
     from privfedcal.federation.runlog import parse_log
 
-    extras = {"log": parse_log(log), "report_html": bool(report)}
+    extras = {"log": parse_log(log), "report_html": bool(report), "quiet": bool(quiet)}
 
     if resume is not None:
         other = [k for k, v in flags.items() if v is not None and k not in RESUME_FLAGS]
@@ -121,6 +124,7 @@ def train(**flags: Any) -> None:
     cfg = resolve_config(config, flags)
     check_calibration_params(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    check_writable(run_dir)  # before the data are loaded and the model built
     if (run_dir / "checkpoint").exists() or (run_dir / "summary.json").exists():
         raise UsageError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     execute(cfg.replace(out=str(run_dir)), run_dir, **extras)

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import os
 import pickle
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def read_stl10_split(base: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return raw.reshape(-1, 3, 96, 96).transpose(0, 1, 3, 2).copy(), labels
 
 
+#: what a dataset archive holds, for error messages
+NPZ_KEYS = "arrays x_train, y_train, x_test, y_test (and optionally classes)"
+
+
 def read_npz(path: Path) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str]]:
     """Arrays ``x_train, y_train, x_test, y_test`` (and optional ``classes``) of an npz.
 
@@ -111,14 +116,27 @@ def read_npz(path: Path) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str]]:
     """
     if not path.is_file():
         raise UsageError(f"npz: {path} not found")
+    # numpy reads anything that is not a zip as a single pickled array, and its error then
+    # suggests allow_pickle: never an option here (nothing privfedcal loads is unpickled)
+    if not zipfile.is_zipfile(path):
+        raise UsageError(f"npz: {path} is not a valid dataset archive: expected a .npz (as "
+                         f"written by numpy.savez) holding {NPZ_KEYS}")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"npz: cannot read {path} ({exc})") from exc
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):  # an object array: its items are pickles
+            raise UsageError(f"npz: {path} holds object (pickled) arrays, which privfedcal "
+                             f"does not load; store {NPZ_KEYS} as numeric arrays") from None
+        raise UsageError(f"npz: {path} is not a valid dataset archive ({exc}); expected "
+                         f"{NPZ_KEYS}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise UsageError(f"npz: {path} is not a valid dataset archive ({exc}); expected "
+                         f"{NPZ_KEYS}") from None
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
     if missing:
-        raise UsageError(f"npz: {path} lacks array(s) {', '.join(missing)}")
+        raise UsageError(f"npz: {path} lacks array(s) {', '.join(missing)}; expected "
+                         f"{NPZ_KEYS}")
     out = []
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]

@@ -7,9 +7,13 @@ to ``a/b/c`` tensor keys plus a JSON skeleton. Nothing here ever unpickles.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +48,29 @@ def unflatten(skel: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return skel
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) until the block is done, then raise it: the two renames
+    that swap a checkpoint in must not be separated, or the folder would hold only
+    ``checkpoint.old``. Only in the main thread (where Python handles signals) and only
+    when SIGINT raises KeyboardInterrupt there (the default handler)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def save_checkpoint(directory: Path, payload: dict[str, Any]) -> None:
-    """Write atomically: a half-written checkpoint never replaces a good one."""
+    """Write atomically: a half-written checkpoint never replaces a good one, and Ctrl-C
+    during the swap waits for it to finish."""
     tmp = directory.with_name(directory.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -56,11 +81,12 @@ def save_checkpoint(directory: Path, payload: dict[str, Any]) -> None:
     save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "state.safetensors"))
     (tmp / "meta.json").write_text(json.dumps(skel))
     old = directory.with_name(directory.name + ".old")
-    if directory.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
+    with interrupts_deferred():
+        if directory.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(directory, old)
+        os.replace(tmp, directory)
     if old.exists():
         shutil.rmtree(old)
 
@@ -75,3 +101,14 @@ def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> dict
     except Exception as exc:  # corrupt files
         raise UsageError(f"cannot read checkpoint {directory}: {exc}") from None
     return unflatten(skel, tensors)
+
+
+def checkpoint_round(run_dir: Path) -> int:
+    """The round the checkpoint of ``run_dir`` holds (0 when there is none)."""
+    meta = run_dir / "checkpoint" / "meta.json"
+    if not meta.is_file():
+        return 0
+    try:
+        return int(json.loads(meta.read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"cannot read the checkpoint in {run_dir}") from None

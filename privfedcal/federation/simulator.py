@@ -186,10 +186,11 @@ class Simulator:
             self._trainer_obj = self._trainer()
         return self._trainer_obj
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Release the trainer; ``abort`` (an error or Ctrl-C) stops its workers at once."""
         if self._trainer_obj is not None:
-            self._trainer_obj.close()
-            self._trainer_obj = None
+            trainer, self._trainer_obj = self._trainer_obj, None
+            trainer.terminate() if abort else trainer.close()
 
     def _trainer(self):
         exp = self.exp
@@ -236,6 +237,8 @@ class Simulator:
         try:
             return self._run(progress)
         except Diverged as exc:
+            # a round's checkpoint is written after its checks passed: the last one kept
+            exc.checkpoint_round = self.history[-1]["round"] if self.history else 0
             self.write_diverged(exc)
             raise
 
@@ -298,9 +301,12 @@ class Simulator:
                 self.save(round_)
                 if progress:
                     progress(record)
-            return self.finish()
-        finally:
-            self.close()
+            result = self.finish()
+        except BaseException:
+            self.close(abort=True)
+            raise
+        self.close()
+        return result
 
     def finish(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -10,8 +10,11 @@ bits between thread counts).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +63,9 @@ class InProcessTrainer:
     def close(self) -> None:
         pass
 
+    def terminate(self) -> None:
+        pass
+
 
 # ---- worker process side ------------------------------------------------------------------
 _W: dict = {}
@@ -68,6 +74,9 @@ _W: dict = {}
 def _worker_init(build: Callable[[], tuple[FeatureClassifier, Algorithm]], x: Tensor, y: Tensor,
                  spec: LocalSpec, threads: int, device: str = "cpu",
                  deterministic: bool = False) -> None:
+    # Ctrl-C reaches every process of the terminal's group: the server process alone
+    # handles it (and terminates the pool); a worker would print its own traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     set_deterministic(deterministic)
@@ -162,8 +171,9 @@ class WorkerPoolTrainer:
         x, y = x.cpu().share_memory_(), y.cpu().share_memory_()
         ctx = tmp.get_context("spawn")
         self.workers = workers
-        self.pool = ctx.Pool(workers, initializer=_worker_init,
-                             initargs=(build, x, y, spec, threads, str(device), deterministic))
+        with _sigint_ignored_by_children():
+            self.pool = ctx.Pool(workers, initializer=_worker_init,
+                                 initargs=(build, x, y, spec, threads, str(device), deterministic))
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
               on_done: Callable[[int], None] | None = None,
@@ -207,6 +217,38 @@ class WorkerPoolTrainer:
     def close(self) -> None:
         self.pool.close()
         self.pool.join()
+
+    def terminate(self) -> None:
+        """Stop the workers now (an interrupted or failed run): ``close`` would wait for
+        the round they are training. A worker stopped while it received tensors breaks the
+        connection of multiprocessing's file-descriptor server thread in this process; the
+        run is ending with its own error, so that thread's connection error is not printed."""
+        threading.excepthook = _quiet_connection_errors(threading.excepthook)
+        self.pool.terminate()
+        self.pool.join()
+
+
+def _quiet_connection_errors(hook):
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        if not issubclass(args.exc_type, OSError | EOFError):
+            hook(args)
+    return excepthook
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start processes that ignore Ctrl-C from their first instruction: an ignored SIGINT
+    survives exec, and Python then installs no KeyboardInterrupt handler (the initializer's
+    SIG_IGN comes only after torch is imported, seconds later). Main thread only (where
+    signals are handled); a Ctrl-C during the few milliseconds of the spawn is dropped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _cpu_job(job: TrainJob) -> TrainJob:

@@ -163,3 +163,13 @@ def test_errors_are_one_line(analysed, tmp_path, capsys):
     assert "lacks 'global' or final/ lacks 'model'" in run_cli(["analyze", str(unfinished)], capsys)
     assert "--samples must be >= 2" in run_cli(["analyze", str(run), "--samples", "1"], capsys)
     assert "--projections" in run_cli(["analyze", str(run), "--projections", "0"], capsys)
+
+
+def test_progress_on_stderr_when_piped_and_quiet_silences_it(analysed, capsys):
+    run, _ = analysed
+    args = ["analyze", str(run), "--samples", str(SAMPLES), "--projections", str(PROJECTIONS)]
+    main(args)
+    err = capsys.readouterr().err
+    assert f"privfedcal: analyze {run}: retraining clients for CKA [0/4]" in err
+    main([*args, "--quiet"])
+    assert capsys.readouterr().err == ""

@@ -138,3 +138,69 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
                         "--rounds-combined", "0"], capsys, "--rounds-combined")
     assert_usage_error(["attack", "classes", "--run", str(tmp_path)], capsys, "not a run folder")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--nope"], capsys, "nope")
+
+
+# ---- earlier results, budgets, half-written output, progress ----------------------------
+def test_earlier_results_are_kept_without_overwrite(runs, tmp_path, capsys):
+    out = tmp_path / "cls"
+    main(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out)])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert_usage_error(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out)],
+                       capsys, "already holds", "--overwrite")
+    assert_usage_error(["attack", "invert", "--stats", "--run", str(runs / "ccvr"), *ATTACK,
+                        "--clients", "0", "--out", str(out)], capsys, "attack.json")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    main(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out), "--overwrite"])
+    assert sorted(p.name for p in out.iterdir()) == ["attack.json", "classes.png"]
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--steps", "0"], "--steps >= 1"), (["--restarts", "0"], "--restarts >= 1"),
+    (["--steps", "-3"], "--steps >= 1"), (["--raw-samples", "-1"], "--raw-samples"),
+])
+def test_meaningless_budgets_are_refused(runs, tmp_path, capsys, flags, needle):
+    out = tmp_path / "out"
+    assert_usage_error(["attack", "invert", "--stats", "--run", str(runs / "ccvr"),
+                        "--clients", "0", *flags, "--out", str(out)], capsys, needle)
+    assert not out.exists()
+
+
+def test_an_error_half_way_writes_nothing(runs, tmp_path, capsys, monkeypatch):
+    """The PNG fails after attack.json was written: neither replaces the earlier results."""
+    import privfedcal.attacks.report
+
+    out = tmp_path / "cls"
+    out.mkdir()
+    (out / "attack.json").write_text("earlier")
+
+    def broken(*_a, **_k):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(privfedcal.attacks.report, "plot_class_sets", broken)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        main(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out),
+              "--overwrite"])
+    assert [p.name for p in out.iterdir()] == ["attack.json"]
+    assert (out / "attack.json").read_text() == "earlier"
+
+
+def test_updates_of_a_secagg_updates_run_are_not_attackable(tmp_path, capsys):
+    run = tmp_path / "sa"
+    main(["train", *FAST, "--secagg-updates", "--out", str(run)])
+    capsys.readouterr()
+    assert_usage_error(["attack", "invert", "--updates", "--run", str(run), *ATTACK], capsys,
+                       "securely aggregated", "no per-client update", "only the aggregate")
+    assert not (run / "attack-updates").exists()
+
+
+def test_progress_on_stderr_when_piped_and_quiet_silences_it(runs, tmp_path, capsys):
+    cls = first_held_class(runs / "ccvr", 0)
+    args = ["attack", "invert", "--stats", "--run", str(runs / "ccvr"), *ATTACK, "--clients",
+            "0", "--classes", str(cls), "--raw-samples", "1"]
+    main([*args, "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    stages = [x for x in err.splitlines() if x.startswith("privfedcal: attack stats:")]
+    assert len(stages) >= 3, err  # one per target: raw feature, mean, statistics
+    main([*args, "--out", str(tmp_path / "b"), "--quiet"])
+    assert capsys.readouterr().err == ""

@@ -55,13 +55,12 @@ def test_two_setting_grid(tmp_path, capsys):
 
 def test_refused_settings_are_rows_with_notes(tmp_path, capsys):
     out = tmp_path / "audit"
-    # epsilon 1e-9 cannot be met by any noise the planner allows; fedavg uploads nothing
-    main(["audit", "--eps", "1e-9", "--secagg", "off", "--methods", "ccvr,fedavg", *SMALL,
+    # epsilon 1e-9 cannot be met by any noise the planner allows
+    main(["audit", "--eps", "1e-9", "--secagg", "off", "--methods", "ccvr", *SMALL,
           "--out", str(out)])
     rows = read_rows(out / "audit.csv")
-    assert [r["method"] for r in rows] == ["ccvr", "fedavg"]
+    assert [r["method"] for r in rows] == ["ccvr"]
     assert all(r["note"].startswith("skipped") and r["accuracy"] == "" for r in rows)
-    assert "nothing to attack" in rows[1]["note"]
     assert (out / "audit.png").read_bytes()[:8] == PNG
     assert "skipped" in capsys.readouterr().out
 
@@ -88,9 +87,40 @@ def test_grid_and_parsers():
 
 def test_bad_flags_are_one_line(capsys):
     for args, needle in ((["--eps", "abc"], "--eps"), (["--secagg", "maybe"], "--secagg"),
-                         (["--methods", "nope"], "unknown method")):
+                         (["--methods", "nope"], "unknown method"),
+                         # no calibration upload: refused before any of its runs
+                         (["--methods", "ccvr,fedavg"], "fedavg"),
+                         (["--methods", "moon"], "methods that upload one: ccvr, creff"),
+                         (["--steps", "0"], "--steps >= 1"),
+                         (["--restarts", "0"], "--restarts >= 1"),
+                         (["--rounds", "-1"], "--rounds >= 1")):
         with pytest.raises(SystemExit) as exc:
             main(["audit", *args])
         err = capsys.readouterr().err
         lines = [x for x in err.splitlines() if x.strip()]
         assert exc.value.code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_an_earlier_audit_is_kept_without_overwrite(tmp_path, capsys):
+    out = tmp_path / "audit"
+    out.mkdir()
+    (out / "audit.csv").write_text("earlier\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--eps", "1e-9", "--secagg", "off", "--methods", "ccvr", *SMALL,
+              "--out", str(out)])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert exc.value.code == 2 and len(lines) == 1 and "--overwrite" in lines[0]
+    assert (out / "audit.csv").read_text() == "earlier\n" and not (out / "runs").exists()
+    main(["audit", "--eps", "1e-9", "--secagg", "off", "--methods", "ccvr", *SMALL,
+          "--out", str(out), "--overwrite", "--quiet"])
+    assert read_rows(out / "audit.csv")[0]["method"] == "ccvr"
+    err = capsys.readouterr().err
+    assert "privfedcal: audit" not in err  # --quiet: no progress lines
+
+
+def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
+    main(["audit", "--eps", "1e-9", "--secagg", "off", "--methods", "ccvr", *SMALL,
+          "--out", str(tmp_path / "audit")])
+    err = capsys.readouterr().err
+    assert "privfedcal: audit [0/1]" in err  # start
+    assert "privfedcal: audit ccvr-eps1e-09-secagg-off: training" in err  # a stage

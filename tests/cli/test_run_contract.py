@@ -114,8 +114,8 @@ def test_run_records_resolved_settings_partition_and_bytes(tmp_path, capsys):
     assert summary["model_update_bytes"] == 2 * 4 * 4 * params  # rounds x clients x float32
     assert summary["calibration_upload_bytes"] == 0
     assert "model updates uploaded (bytes)" in io.out and "calibration uploads (bytes)" in io.out
-    # stderr is not a terminal here: one progress line per evaluated round, no bar
-    assert [x.split(":")[0] for x in io.out.splitlines() if x.startswith("round")] == \
+    # stderr is not a terminal here: one progress line per evaluated round on it, no bar
+    assert [x.split(":")[0] for x in io.err.splitlines() if x.startswith("round")] == \
         ["round 1/2", "round 2/2"]
 
 
@@ -155,6 +155,9 @@ def test_exploding_run_exits_4_with_one_error_line(tmp_path, capsys):
     assert code == 4
     errors = [x for x in io.err.splitlines() if x.startswith("privfedcal: error:")]
     assert len(errors) == 1 and "round 1" in errors[0] and "--lr" in errors[0]
+    # it says what it kept, truly: round 1 never finished, so there is no checkpoint
+    assert "no checkpoint was kept" in errors[0] and "checkpoint of round" not in errors[0]
+    assert not (out / "checkpoint").exists()
     assert "Traceback" not in io.err and "accuracy" not in io.out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["diverged"]["round"] == 1 and summary["accuracy"] is None
@@ -202,3 +205,15 @@ def test_resume_refuses_new_rounds_under_dp(tmp_path, capsys):
     cfg = RunConfig(dp_eps=4.0, rounds=2, out=str(run)).to_dict()
     (run / "config.json").write_text(json.dumps(cfg))
     assert_usage_error(["train", "--resume", str(run), "--rounds", "5"], capsys, "DP")
+
+
+def test_divergence_message_names_the_kept_checkpoint():
+    from privfedcal.cli.main import diverged_kept
+    from privfedcal.errors import Diverged
+
+    exc = Diverged(3, "the test loss is not finite")
+    assert diverged_kept(exc) == "summary.json marks the run diverged"  # unknown: no claim
+    exc.checkpoint_round = 2
+    assert "checkpoint of round 2" in diverged_kept(exc)
+    exc.checkpoint_round = 0
+    assert "no checkpoint was kept" in diverged_kept(exc)

@@ -55,6 +55,7 @@ def test_config_file_and_flag_override(tmp_path, capsys):
 def test_resume_cli(tmp_path, capsys):
     out = tmp_path / "run"
     main(["train", *FAST, "--out", str(out)])
+    capsys.readouterr()  # the run's progress lines
     assert_usage_error(["train", "--resume", str(out)], capsys, "already complete")
 
 
@@ -97,3 +98,39 @@ def test_unknown_flag_is_one_line(capsys):
 
 def test_unknown_hyperparameter_for_method(capsys):
     assert_usage_error(["train", *FAST, "--tau", "0.5"], capsys, "tau")
+
+
+def test_unwritable_out_is_one_line_before_any_work(tmp_path, capsys):
+    """Under a file (or a read-only folder): refused before data load, nothing created."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_usage_error(["train", *FAST, "--out", str(blocker / "run")], capsys,
+                       "cannot write to --out", "not a folder")
+    assert_usage_error(["partition", "--clients", "4", "--out", str(blocker / "part")],
+                       capsys, "cannot write to --out")
+    assert blocker.read_text() == "x"
+
+
+def test_read_only_out_is_one_line(tmp_path, capsys):
+    import os
+
+    import pytest
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    assert_usage_error(["train", *FAST, "--out", str(ro / "run")], capsys, "not writable")
+
+
+def test_a_write_error_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+    import privfedcal.cli.run
+
+    def disk_full(*_a, **_k):
+        raise OSError(28, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
+
+    monkeypatch.setattr(privfedcal.cli.run, "execute", disk_full)
+    code, out = run_cli(["train", *FAST, "--out", str(tmp_path / "run")], capsys)
+    assert code == 1 and "Traceback" not in out.err
+    assert out.err.strip().splitlines() == [
+        f"privfedcal: error: No space left on device: {tmp_path / 'run' / 'metrics.jsonl'}"]

@@ -70,3 +70,29 @@ def test_missing_or_corrupt_checkpoint_is_a_usage_error(tmp_path):
     (d / "state.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(UsageError, match="cannot read checkpoint"):
         load_checkpoint(d)
+
+
+def test_ctrl_c_during_the_swap_waits_for_it(tmp_path, monkeypatch):
+    """SIGINT between the two renames would leave only ``checkpoint.old``: it is held back
+    until the new checkpoint is in place, then raised."""
+    import os
+    import signal
+
+    import privfedcal.federation.checkpoint as ck
+
+    save_checkpoint(tmp_path / "checkpoint", {"round": 1, "w": torch.zeros(2)})
+    real_replace = os.replace
+    calls = []
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:  # the old checkpoint moved aside, the new one not yet in place
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ck.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "checkpoint", {"round": 2, "w": torch.ones(2)})
+    assert len(calls) == 2
+    assert load_checkpoint(tmp_path / "checkpoint")["round"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -54,6 +54,7 @@ def test_exploding_lr_stops_the_run(tiny_cfg, tmp_path):
     with pytest.raises(Diverged) as exc:
         sim.run()
     assert exc.value.round == 1 and exc.value.client is not None
+    assert exc.value.checkpoint_round == 0 and not (tmp_path / "checkpoint").exists()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["diverged"]["round"] == 1 and summary["accuracy"] is None
     assert "--lr" in summary["diverged"]["hint"]
@@ -83,6 +84,7 @@ def test_calibration_divergence_keeps_last_finite_round(tiny_cfg, tmp_path):
     with pytest.raises(Diverged) as exc:
         sim.run()
     assert exc.value.round == 2 and "re-trained classifier" in exc.value.what
+    assert exc.value.checkpoint_round == 1  # what the CLI's message reports as kept
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["diverged"]["round"] == 2
     assert summary["last_finite_evaluation"]["round"] == 1
