@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from privfedcal.cli.console import Reporter, console  # full width when piped
+from privfedcal.cli.console import Reporter, console, print_table
 
 
 def _fmt(value: float | None) -> str:
@@ -40,7 +40,8 @@ def summary_table(result: dict[str, Any]) -> Table:
 
 
 def analyze(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder written by privfedcal train.")],
+    run_dir: Annotated[Path | None, typer.Argument(help="A run folder written by privfedcal train (the same as --run).", show_default=False)] = None,
+    run: Annotated[Path | None, typer.Option(help="The run folder (the same as the positional RUN_DIR).")] = None,
     samples: Annotated[int, typer.Option(help="Test images on which client models are compared (CKA).")] = 500,
     projections: Annotated[int, typer.Option(help="Random directions of the sliced Wasserstein distance.")] = 256,
     max_clients: Annotated[int | None, typer.Option(help="Retrain and compare only the first N clients (default: all).")] = None,
@@ -50,6 +51,10 @@ def analyze(
     """Classifier norms and singular values before/after calibration, client CKA per layer
     and class separability of a finished run."""
     from privfedcal.analysis.run_analysis import AnalysisOptions, analyze_run
+    from privfedcal.cli.args import run_folder
+
+    run_dir = run_folder(run_dir, run, "analyze", required=True)
+    assert run_dir is not None
 
     options = AnalysisOptions(samples=samples, projections=projections,
                               max_clients=max_clients, device=device)
@@ -64,7 +69,7 @@ def analyze(
             progress.update(advance=1)
 
         result = analyze_run(run_dir, options, on_start=on_start, on_client=on_client)
-    console.print(summary_table(result))
+    print_table(summary_table(result))
     note = result["classifier"].get("note")
     if note:
         console.print(f"[yellow]note:[/yellow] {note}")

@@ -18,7 +18,8 @@ from typing import Annotated
 import typer
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
-from privfedcal.cli.console import Reporter, console
+from privfedcal.cli.args import run_folder
+from privfedcal.cli.console import Reporter, console, print_table
 from privfedcal.cli.output import all_or_nothing, check_fresh
 from privfedcal.errors import UsageError
 
@@ -88,6 +89,7 @@ def invert(
     stats: Annotated[bool, Opt("--stats", help="Invert CCVR class statistics (and means).")] = False,
     gradients: Annotated[bool, Opt("--gradients", help="Invert CReFF class gradients.")] = False,
     updates: Annotated[bool, Opt("--updates", help="Invert the recorded per-client model updates (a simulated one if the transcript has none); alone or with --gradients.")] = False,
+    run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
     steps: Annotated[int, Opt(help="Step cap per inversion (each stops earlier once converged); lower it for a quick look.")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Random restarts per inversion (best kept).")] = 4,
@@ -126,6 +128,7 @@ def invert(
                          update_batch=update_batch, round=round_, seed=seed,
                          known_classes=known_classes, rounds_combined=rounds_combined)
     client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
+    run = run_folder(run_dir, run, "attack invert", required=False)
     files = ("attack.json", "reconstructions.png")
     if run is None and out is not None:  # refused before the quick run is trained
         check_fresh(out, files, overwrite=overwrite)
@@ -157,13 +160,14 @@ def invert(
         write_records(records, paths["attack.json"])
         save_grid(results, paths["reconstructions.png"],
                   title=f"{kind} attack on {run}: true (top) vs reconstructed (bottom)")
-    console.print(records_table(records, f"privfedcal attack invert --{kind}: {run}"))
+    print_table(records_table(records, f"privfedcal attack invert --{kind}: {run}"))
     print_notes(plan.notes)
     console.print(f"wrote attack.json and reconstructions.png into {out_dir}")
 
 
 @attack_app.command("classes")
 def classes_cmd(
+    run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
     false_positive_rate: Annotated[float, Opt(help="Per-class false-positive rate under DP noise.")] = 1e-3,
     seed: Annotated[int, Opt(help="Seed of the quick run.")] = 0,
@@ -179,6 +183,7 @@ def classes_cmd(
     from privfedcal.attacks.runner import AttackOptions, infer_class_sets, load_run
 
     opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
+    run = run_folder(run_dir, run, "attack classes", required=False)
     files = ("attack.json", "classes.png")
     if run is None and out is not None:  # refused before the quick run is trained
         check_fresh(out, files, overwrite=overwrite)
@@ -193,7 +198,7 @@ def classes_cmd(
     with all_or_nothing(out_dir, files) as paths:
         write_records(records, paths["attack.json"])
         plot_class_sets(records, paths["classes.png"])
-    console.print(classes_table(records, f"privfedcal attack classes: {run}"))
+    print_table(classes_table(records, f"privfedcal attack classes: {run}"))
     print_notes(notes)
     console.print(f"wrote attack.json and classes.png into {out_dir}")
 

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
-from privfedcal.cli.console import console
+from privfedcal.cli.console import console, print_table
 from privfedcal.errors import UsageError
 
 Opt = typer.Option
@@ -137,7 +137,7 @@ def audit(
                       *(_fmt(r.get(k), 2 if "psnr" in k else 3) for k in
                         ("prior_psnr_max", "psnr", "prior_psnr", "ssim",
                          "class_inference_accuracy", "epsilon_spent")))
-    console.print(table)
+    print_table(table)
     for r in rows:
         if r["note"]:
             console.print(f"[yellow]note:[/yellow] {Setting(r['method'], r['eps'], r['secagg']).name}: "

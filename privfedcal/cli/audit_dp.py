@@ -12,7 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from privfedcal.cli.console import console, err_console
+from privfedcal.cli.args import run_folder
+from privfedcal.cli.console import console, err_console, print_table
 from privfedcal.cli.train import command_options, resolve_config, setting_options
 from privfedcal.errors import UsageError
 from privfedcal.settings import cli_settings
@@ -22,6 +23,7 @@ Opt = typer.Option
 
 def _dp_options(
     config: Annotated[Path | None, Opt(help="TOML file of settings, or a run's config.json; flags override it.", rich_help_panel="Audit")] = None,
+    run_dir: Annotated[Path | None, typer.Argument(help="Run folder to audit (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Audit the configuration of this run folder and write the results into it (its report shows them).", rich_help_panel="Audit")] = None,
     trials: Annotated[int, Opt(help="Releases of each of D and D' per channel (half choose the threshold, half are counted).", rich_help_panel="Audit")] = 1_000_000,
     budget_s: Annotated[float, Opt(help="Seconds per channel: a game stops drawing when they are spent.", rich_help_panel="Audit")] = 120.0,
@@ -64,9 +66,10 @@ def dp(**flags: Any) -> None:
     from privfedcal.attacks.dp_channels import build_channels, parse_channels
     from privfedcal.privacy.releases import DPSGD_RELEASE
 
-    config, run, trials, budget_s, confidence, channels, whole = (
-        flags.pop(k) for k in ("config", "run", "trials", "budget_s", "confidence", "channels",
-                               "one_run"))
+    config, run_dir, run, trials, budget_s, confidence, channels, whole = (
+        flags.pop(k) for k in ("config", "run_dir", "run", "trials", "budget_s", "confidence",
+                               "channels", "one_run"))
+    run = run_folder(run_dir, run, "audit dp", required=False)
     if run is not None and not Path(run).is_dir():
         raise UsageError(f"--run {run}: no such run folder")
     if not (math.isfinite(budget_s) and budget_s > 0):
@@ -122,7 +125,7 @@ def dp(**flags: Any) -> None:
                       f"{r['eps_lower']:.3f}", f"{r['trials']:,}", r["score"],
                       f"{r['seconds']:.1f}",
                       "CLAIM REFUTED" if refuted else "consistent with the claim")
-    console.print(table)
+    print_table(table)
     for r in rows:
         if r["eps_lower"] > r["claimed_eps"]:
             err_console.print(f"privfedcal: warning: {r['channel']}: the empirical lower bound "

@@ -10,18 +10,20 @@ from typing import Annotated
 
 import typer
 
-from privfedcal.cli.console import console, err_console
+from privfedcal.cli.console import console, err_console, print_table
 from privfedcal.errors import UsageError
 
 
 def compare(
-    runs: Annotated[list[Path], typer.Argument(help="Run folders written by privfedcal train.")],
+    runs: Annotated[list[Path] | None, typer.Argument(help="Run folders written by privfedcal train (each may also be given as --run).", show_default=False)] = None,
+    run: Annotated[list[Path] | None, typer.Option(help="A run folder; repeat for several (the same as the positional RUNS).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for compare.csv and compare.html.")] = Path("runs/compare"),
 ) -> None:
     """Compare finished runs: accuracy before/after calibration, worst class, epsilon, bytes, time."""
     from rich import box
     from rich.table import Table
 
+    from privfedcal.cli.args import run_folders
     from privfedcal.report.compare import (
         collect,
         differing_settings,
@@ -30,8 +32,10 @@ def compare(
         write_html,
     )
 
+    runs = run_folders(runs, run)
     if len(runs) < 1:
-        raise UsageError("give at least one run folder")
+        raise UsageError("compare needs at least one run folder: privfedcal compare RUN... "
+                         "(or --run RUN, repeated)")
     rows, warnings = collect(runs)
     table = Table(title="privfedcal compare", box=box.SIMPLE_HEAD)
     short = ("method", "dataset", "partition", "rounds", "before", "after", "worst", "eps",
@@ -45,7 +49,7 @@ def compare(
         extra = [n for n in names if n not in ("dataset", "rounds")]
         differs = "; ".join(x for x in (r["flag"], ",".join(extra)) if x)
         table.add_row(*cells[1:-2], differs, style="yellow" if r["flags"] else None)
-    console.print(table)
+    print_table(table)
     for w in warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
     lines = differing_settings([dict(r, differs="") for r in rows])

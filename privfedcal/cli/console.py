@@ -1,7 +1,7 @@
 """The consoles every command prints through, and the progress of long commands.
 
-On a terminal the consoles fit its width; piped or redirected they are wide enough that no
-table is truncated or wrapped. Progress (``Reporter``) is a bar on a terminal; piped,
+On a terminal the consoles fit its width; piped or redirected, lines are never wrapped and
+tables (``print_table``) fold into 80 columns. Progress (``Reporter``) is a bar on a terminal; piped,
 redirected or in a batch job it is one line on stderr per stage and at most one per
 ``every`` seconds within a stage, so that a log shows the command is alive. ``--quiet``
 silences both; results and errors are printed either way.
@@ -9,13 +9,17 @@ silences both; results and errors are printed either way.
 
 from __future__ import annotations
 
+import io
 import sys
 import threading
 import time
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
 
 def _width(stream) -> int | None:
@@ -28,6 +32,44 @@ def _width(stream) -> int | None:
 
 console = Console(width=_width(sys.stdout))
 err_console = Console(stderr=True, width=_width(sys.stderr))
+
+#: width of a table printed to a pipe or file: a log or an 80-column terminal reads it as is
+TABLE_WIDTH = 80
+
+
+def _natural_width(table: Table) -> int:
+    probe = Console(file=io.StringIO(), width=100_000)
+    probe.print(table)
+    return max((len(line) for line in probe.file.getvalue().splitlines()), default=0)
+
+
+def _vertical(table: Table) -> Table:
+    """``table`` turned on its side: one block of ``column  value`` lines per row (as
+    ``psql``'s expanded display), the rows separated by a rule."""
+    out = Table(title=table.title, show_header=False, box=box.SIMPLE, show_lines=True,
+                pad_edge=False)
+    out.add_column(style="bold", no_wrap=True)
+    out.add_column(overflow="fold")
+    rows = [list(c.cells) for c in table.columns]
+    for r in range(table.row_count):
+        block = [(str(c.header), rows[i][r]) for i, c in enumerate(table.columns)]
+        names = Text("\n".join(name for name, _ in block))
+        values = Text("\n").join(v if isinstance(v, Text) else Text.from_markup(str(v))
+                                  for _, v in block)
+        out.add_row(names, values)
+    return out
+
+
+def print_table(table: Table, stream: Console | None = None) -> None:
+    """Print ``table`` within the terminal's width, or ``TABLE_WIDTH`` columns when piped.
+
+    A table wider than that is printed on its side (one block of ``column  value`` lines
+    per row) rather than squeezed: a number in a table is read whole or not at all."""
+    stream = stream or console
+    width = stream.width if stream.is_terminal else min(stream.width, TABLE_WIDTH)
+    shown = table if _natural_width(table) <= width else _vertical(table)
+    stream.print(shown, width=width)
+
 
 #: seconds between two progress lines of one stage when stderr is not a terminal
 LINE_EVERY = 10.0

@@ -81,7 +81,7 @@ def partition(**given: Any) -> None:
 def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
     from rich.table import Table
 
-    from privfedcal.cli.console import console  # full width when piped
+    from privfedcal.cli.console import print_table
 
     table = Table(title=title)
     table.add_column("client", justify="right")
@@ -104,7 +104,7 @@ def _print_table(counts: np.ndarray, classes: list[str], title: str) -> None:
                           class_label(classes, top), f"{share:.0%}")
         table.add_row("total", str(int(sizes.sum())), str(int((counts.sum(0) > 0).sum())), "", "",
                       style="bold")
-    console.print(table)
+    print_table(table)
 
 
 def class_label(classes: list[str], index: int) -> str:

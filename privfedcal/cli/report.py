@@ -12,13 +12,17 @@ from privfedcal.errors import UsageError
 
 
 def report(
-    folder: Annotated[Path, typer.Argument(help="A run folder (summary.json) or an audit folder (audit.csv).")],
+    folder: Annotated[Path | None, typer.Argument(help="A run folder (summary.json) or an audit folder (audit.csv); the same as --run.", show_default=False)] = None,
+    run: Annotated[Path | None, typer.Option(help="The folder (the same as the positional FOLDER).")] = None,
     out: Annotated[Path | None, typer.Option(help="Where to write the page (default FOLDER/report.html).")] = None,
 ) -> None:
     """Write FOLDER/report.html: plots, tables, privacy ledger; opens from disk, no network."""
+    from privfedcal.cli.args import run_folder
     from privfedcal.report.audit import build_audit_report
     from privfedcal.report.run import build_run_report
 
+    folder = run_folder(folder, run, "report", required=True)
+    assert folder is not None
     if not folder.is_dir():
         raise UsageError(f"{folder} is not a folder")
     if (folder / "audit.csv").is_file():

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
-from privfedcal.cli.console import Reporter, console, err_console
+from privfedcal.cli.console import Reporter, console, err_console, print_table
 from privfedcal.config import RunConfig, resolved_line
 from privfedcal.errors import Diverged, Interrupted
 from privfedcal.experiment import build_simulator
@@ -72,7 +72,7 @@ def report(summary: dict[str, Any], run_dir: Path) -> None:
     table.add_row("calibration uploads (bytes)",
                   f"{summary.get('calibration_upload_bytes', summary.get('uploaded_bytes', 0)):,}")
     table.add_row("wall seconds", f"{summary['wall_seconds']:.2f}")
-    console.print(table)
+    print_table(table)
     for note in summary.get("notes", []):
         console.print(f"[yellow]note:[/yellow] {note}")
 

@@ -173,10 +173,12 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
         train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
                     derive_seed(spec.seed, round_, client, 6))
         return LocalResult(clone_state(model), algo.end_client(model), None)
+    device = x_all.device
+    fmt = train_memory_format(model, x_all)
+    model.to(memory_format=fmt)  # before the optimiser, whose buffers follow the parameters
     params = [p for p in model.parameters() if p.requires_grad]
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())
-    device = x_all.device
     total, steps = torch.zeros((), device=device), 0
     # The epoch's randomness (order, crop offsets, flips) is drawn at once from the CPU
     # generator and copied to the device in one non-blocking transfer per tensor: no step
@@ -192,6 +194,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
             if spec.augment:
                 x = apply_augmentation(x, tuple(d[..., start:start + spec.batch_size]
                                                 for d in draws))
+            x = x.contiguous(memory_format=fmt)
             with autocast_for(device, spec.mixed_precision):
                 loss = algo.local_loss(model, x, y)
             opt.zero_grad(set_to_none=True)
@@ -199,8 +202,25 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
             opt.step()
             total += loss.detach().float()
             steps += 1
+    model.to(memory_format=torch.contiguous_format)  # what leaves the client is plain NCHW
     new_client_state = algo.end_client(model)
     return LocalResult(clone_state(model), new_client_state, float(total) / max(steps, 1))
+
+
+def train_memory_format(model: torch.nn.Module, x: Tensor) -> torch.memory_format:
+    """Channels-last (NHWC) for convolutional models trained on grayscale images on a CPU,
+    else as stored.
+
+    oneDNN's NCHW convolution backward is slow on one input channel: a 28x28 grayscale
+    batch of the CNN stepped as slowly as a 32x32 RGB one, and NHWC makes its round ~1.25x
+    faster (benchmarks/npz_shapes.py, docs/usage.md "Speed"); on 3-channel images the two
+    layouts measured within noise of each other, so those stay NCHW. The weights return to
+    NCHW when local training ends, so nothing that leaves the client changes layout; the
+    numbers differ from NCHW's in the last bits only."""
+    convolutional = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    if x.device.type == "cpu" and x.dim() == 4 and x.shape[1] == 1 and convolutional:
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 #: Largest inference batch on a CPU. The CNN's activations then stay in cache: one thread

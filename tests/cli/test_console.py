@@ -44,3 +44,50 @@ def test_announce_off_keeps_quiet_until_a_stage_starts(capsys):
         assert capsys.readouterr().err == ""
         r.update(description="working")
     assert [x.split(",")[0] for x in _lines(capsys.readouterr().err)] == ["privfedcal: working"]
+
+
+def _printed(table) -> str:
+    import io
+
+    from rich.console import Console
+
+    from privfedcal.cli.console import print_table
+
+    stream = Console(file=io.StringIO(), width=10_000)  # what cli/console makes of a pipe
+    assert not stream.is_terminal
+    print_table(table, stream)
+    return stream.file.getvalue()
+
+
+def test_a_wide_table_is_printed_on_its_side_within_80_columns_when_piped():
+    """13 columns of long numbers (the audit's table) in a pipe: every line within 80
+    columns, no cell cut or folded, each row a block of ``column  value`` lines."""
+    from rich.table import Table
+
+    from privfedcal.cli.console import TABLE_WIDTH
+
+    table = Table(title="wide")
+    names = [f"column-{i}" for i in range(13)]
+    for name in names:
+        table.add_column(name)
+    rows = [[f"{1234567.891 * (i + 1) * (r + 1):.4f}" for i in range(13)] for r in range(2)]
+    for row in rows:
+        table.add_row(*row)
+    text = _printed(table)
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= TABLE_WIDTH and "…" not in text
+    pairs = [x.split() for x in lines if x.strip().startswith("column-")]
+    assert pairs == [[n, v] for row in rows for n, v in zip(names, row, strict=True)]
+
+
+def test_a_table_that_fits_is_printed_as_it_is():
+    from rich.table import Table
+
+    table = Table(title="narrow")
+    table.add_column("metric")
+    table.add_column("value")
+    table.add_row("accuracy", "0.9321")
+    table.add_row("epsilon", "8.0")
+    lines = _printed(table).splitlines()
+    assert any("metric" in x and "value" in x for x in lines)  # the header row, on one line
+    assert any("accuracy" in x and "0.9321" in x for x in lines)

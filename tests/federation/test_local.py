@@ -79,3 +79,44 @@ def test_evaluate_accuracy_per_class_and_loss_by_hand():
     # a feature transform is applied before the classifier
     flip = evaluate(model, state, x, y, 2, transform=lambda z: z.flip(1))
     assert flip["accuracy"] == 0.25 and flip["per_class_accuracy"] == [0.0, 0.5]
+
+
+def test_grayscale_convolutional_training_runs_channels_last_and_returns_nchw():
+    """1-channel images of a CNN train in NHWC on a CPU (oneDNN's fast path); what leaves
+    the client is NCHW again, and the trained weights match NCHW training up to fp32
+    rounding."""
+    import torch
+
+    from privfedcal.algorithms.base import create_algorithm
+    from privfedcal.federation.local import (
+        LocalSpec,
+        clone_state,
+        train_client,
+        train_memory_format,
+    )
+    from privfedcal.models.cnn import SimpleCNN
+
+    torch.manual_seed(0)
+    model = SimpleCNN(num_classes=3, in_channels=1, image_size=28)
+    x, y = torch.randn(40, 1, 28, 28), torch.randint(0, 3, (40,))
+    assert train_memory_format(model, x) == torch.channels_last
+    assert train_memory_format(model, torch.randn(4, 3, 28, 28)) == torch.contiguous_format
+    start = clone_state(model)
+    spec = LocalSpec(local_epochs=1, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-4,
+                     augment=False, seed=0)
+    algo = create_algorithm("fedavg", num_classes=3)
+    idx = torch.arange(40)
+    got = train_client(model, algo, start, None, x, y, idx, spec, 0, 0).state
+    assert all(v.is_contiguous() for v in got.values())
+    assert all(p.is_contiguous() for p in model.parameters())
+    # the same steps with the layout forced to NCHW
+    import privfedcal.federation.local as local
+
+    original = local.train_memory_format
+    local.train_memory_format = lambda *_: torch.contiguous_format
+    try:
+        want = train_client(model, algo, start, None, x, y, idx, spec, 0, 0).state
+    finally:
+        local.train_memory_format = original
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
