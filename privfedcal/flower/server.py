@@ -78,6 +78,9 @@ class FlowerTrainer:
     def close(self) -> None:
         pass
 
+    def terminate(self) -> None:
+        """Nothing runs here to stop: the nodes' work ends with the ServerApp's error."""
+
 
 class FlowerSimulator(Simulator):
     """``Simulator`` whose clients are SuperNodes reached through a Flower ``Grid``."""

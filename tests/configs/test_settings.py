@@ -141,7 +141,7 @@ def test_train_has_one_option_per_cli_setting_with_its_help_and_default():
     assert params["mu"].show_default == "the method's"
     assert params["hide_counts"].secondary_opts == ["--show-counts"]
     described = {s.name for s in cli_settings()}
-    assert set(params) - described == {"config", "resume", "report", "log"}
+    assert set(params) - described == {"config", "resume", "report", "log", "quiet"}
     # every run setting but the two tables has a flag (min_size had none before)
     assert {s.name for s in settings_of(RunConfig, "run") if s.type is not dict} <= described
     assert {s.name for s in METHOD_SETTINGS + CALIBRATION_SETTINGS} <= described
