@@ -62,7 +62,7 @@ from privfedcal.attacks.runner import STATS_LABEL, UploadedFeatures, load_run
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import gaussian_mechanism, noisy_stats_to_moments, payload_sensitivities
-from privfedcal.privacy.protection import DP_DEFAULT_CLIP
+from privfedcal.protection import DP_DEFAULT_CLIP
 from privfedcal.seeding import make_generator
 
 RUN = ["--dataset", "digits", "--clients", "5", "--alpha", "0.3", "--local-epochs", "2",

@@ -42,7 +42,7 @@ from privfedcal.experiment import build_calibrator
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.setup import build_experiment
 from privfedcal.federation.simulator import RoundContext, Simulator
-from privfedcal.privacy.uplink import build_uplink
+from privfedcal.protection import build_uplink
 
 #: functions whose cumulative time the --profile breakdown prints
 PROFILED = ("collect", "extract_features", "from_features", "compute", "per_sample_head_grads",

@@ -56,7 +56,7 @@ def _dpsgd_client(n: int, outlier: bool, trials: int, seed: int) -> dict:
     from privfedcal.experiment import calibrator_class
     from privfedcal.federation.local import clone_state, train_client
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.privacy.uplink import build_uplink
+    from privfedcal.protection import build_uplink
 
     cfg = RunConfig(dataset="digits", clients=18, method="fedavg", dp_eps=CLAIMED_EPS,
                     dp_train=True, rounds=1, local_epochs=1, batch_size=32, device="cpu",

@@ -1,6 +1,6 @@
 """Every setting of a run, in one frozen dataclass: the one place that holds the defaults.
 
-Each field is also the setting's description (help, group, flag; privfedcal/settings.py),
+Each field is also the setting's description (help, group, flag; privfedcal/descriptions.py),
 from which the CLI options, settings-file checks, the Flower run config and the docs'
 settings table are derived.
 
@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfedcal.errors import UsageError
-from privfedcal.settings import (
+from privfedcal.descriptions import (
     CALIBRATION_SETTINGS,
     METHOD_SETTINGS,
     PER_MODEL,
@@ -30,6 +29,7 @@ from privfedcal.settings import (
     setting,
     settings_of,
 )
+from privfedcal.errors import UsageError
 
 #: the largest --dp-eps accepted: beyond it the guarantee says nothing (e^100 ~ 2.7e43)
 MAX_EPSILON = 100.0

@@ -66,7 +66,7 @@ def build_calibrator(cfg: RunConfig, exp: Any):
     """The calibrator ``cfg.calibrator`` names (``name`` or ``name:N``), with its options."""
     from privfedcal.calibration import create_calibrator
     from privfedcal.federation.hooks import CalibrationSpec
-    from privfedcal.privacy.protection import calibration_defaults
+    from privfedcal.protection import calibration_defaults
 
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
@@ -82,7 +82,7 @@ def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]
     ``server``: the server's experiment (no training data, no partition: the Flower
     ServerApp's, ``federation/setup.py`` ``build_server_experiment``)."""
     from privfedcal.federation.setup import build_experiment, build_server_experiment
-    from privfedcal.privacy.uplink import build_uplink
+    from privfedcal.protection import build_uplink
 
     check_method(cfg.method)
     check_calibration_params(cfg)

@@ -25,7 +25,7 @@ def make_generator(*parts: int) -> torch.Generator:
 
 def select_clients(cfg: Any, round_: int) -> list[int]:
     """The clients of a round: a function of the public config alone (the privacy
-    accounting plans each client's participation from it, privacy/protection.py);
+    accounting plans each client's participation from it, privfedcal/protection.py);
     ``cfg`` is a ``RunConfig`` (``clients``, ``participation``, ``seed``)."""
     k = cfg.clients
     m = max(1, int(round(cfg.participation * k)))

@@ -1,7 +1,8 @@
 """The one description of every setting a run takes.
 
 A setting is declared once, as a field of :class:`privfedcal.config.RunConfig` (or of
-:class:`FlowerOptions`) made by :func:`setting`, or as an entry of ``METHOD_SETTINGS`` /
+:class:`FlowerOptions`) made by :func:`setting` (``privfedcal/descriptions.py``, below the
+config), or as an entry of ``METHOD_SETTINGS`` /
 ``CALIBRATION_SETTINGS`` (the hyperparameters that have a flag). Its name, type, default,
 help text, help group and flag spelling live there, and everything else is derived from
 :func:`all_settings`:
@@ -21,179 +22,28 @@ below), then ``python -m privfedcal.settings --write`` and the new key with its 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import sys
-import types
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from privfedcal.errors import UsageError
-
-#: help groups, in the order ``train --help`` and the docs table show them
-GROUPS = ("Method", "Data", "Training", "Hardware", "Method hyperparameters", "Calibration",
-          "Privacy", "Output", "Flower")
-SCOPES = ("run", "method", "calibration", "flower")
-#: shown as the default of a setting resolved per model (docs/usage.md, "Defaults per model")
-PER_MODEL = "per model, see docs/usage.md"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting: what every place that reads or shows settings is derived from.
-
-    ``type`` is int, float, str, bool or dict (a table of hyperparameters); ``optional``:
-    None is a valid value (unset: resolved later, or the method's/calibrator's default).
-    ``flag``: typer's declaration when not the plain ``--name`` (``--name/--no-name`` for
-    booleans); ``shown``: the default as help and docs print it when not the value itself
-    ("" shows none); ``cli``: whether ``privfedcal train`` has a flag for it.
-    """
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    group: str
-    scope: str = "run"
-    optional: bool = False
-    flag: str | None = None
-    shown: str | None = None
-    choices: tuple[str, ...] | None = None
-    cli: bool = True
-
-    def __post_init__(self) -> None:
-        assert self.group in GROUPS and self.scope in SCOPES, (self.name, self.group)
-
-    @property
-    def flag_name(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def param_decls(self) -> tuple[str, ...]:
-        """typer/click declarations of the flag."""
-        if self.flag:
-            return (self.flag,)
-        if self.type is bool:
-            return (f"{self.flag_name}/--no-{self.flag_name[2:]}",)
-        return ()
-
-    @property
-    def shown_default(self) -> str:
-        """The default as ``--help`` and the docs show it."""
-        if self.shown is not None:
-            return self.shown
-        return render(self.default)
-
-
-def render(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
-def setting(default: Any, help: str, *, group: str, flag: str | None = None,
-            shown: str | None = None, choices: tuple[str, ...] | None = None,
-            cli: bool = True, factory: Any = None) -> Any:
-    """A dataclass field that carries its description (read back by :func:`settings_of`)."""
-    meta = {"setting": {"help": help, "group": group, "flag": flag, "shown": shown,
-                        "choices": choices, "cli": cli}}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _kind(annotation: Any) -> tuple[type, bool]:
-    """(base type, optional) of a field annotation such as ``int | None``."""
-    optional = False
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(annotation))
-        (annotation,) = args
-    base = typing.get_origin(annotation) or annotation
-    return base, optional
-
-
-@functools.cache
-def settings_of(cls: type, scope: str) -> tuple[Setting, ...]:
-    """The settings declared by ``cls``'s fields, in field order."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        meta = f.metadata["setting"]
-        kind, optional = _kind(hints[f.name])
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        out.append(Setting(f.name, kind, default, scope=scope, optional=optional, **meta))
-    return tuple(out)
-
-
-def _hyper(name: str, kind: type, help: str, *, scope: str, flag: str | None = None) -> Setting:
-    group, shown = (("Method hyperparameters", "the method's") if scope == "method"
-                    else ("Calibration", "the calibrator's"))
-    return Setting(name, kind, None, help, group, scope=scope, optional=True, flag=flag,
-                   shown=shown)
-
-
-#: method hyperparameters with a flag (``[method_params]``); None: the method's default
-#: (docs/methods.md). A method refuses a hyperparameter it does not have.
-METHOD_SETTINGS: tuple[Setting, ...] = (
-    _hyper("mu", float, "FedProx/clsprox/MOON/FedUV mu (method default if unset).", scope="method"),
-    _hyper("tau", float, "MOON temperature.", scope="method"),
-    _hyper("beta", float, "FedAvgM server momentum.", scope="method"),
-    _hyper("server_lr", float, "FedAvgM server learning rate.", scope="method"),
-    _hyper("lam", float, "FedUV variance weight lambda (default D/4).", scope="method"),
+from privfedcal.config import RunConfig
+from privfedcal.descriptions import (
+    CALIBRATION_SETTINGS,
+    GROUPS,
+    METHOD_SETTINGS,
+    PER_MODEL,
+    SCOPES,
+    FlowerOptions,
+    Setting,
+    check_value,
+    render,
+    setting,
+    settings_of,
 )
-#: calibrator options with a flag (``[calibration_params]``); None: the calibrator's default
-CALIBRATION_SETTINGS: tuple[Setting, ...] = (
-    _hyper("virtual_per_class", int, "CCVR virtual features per class M.", scope="calibration"),
-    _hyper("virtual_mode", str, "CCVR M_c: balanced | proportional", scope="calibration"),
-    _hyper("tukey", bool, "CCVR ReLU + Tukey transform.", scope="calibration"),
-    _hyper("features_per_class", int, "CReFF federated features per class m.",
-           scope="calibration"),
-    _hyper("match_steps", int, "CReFF gradient-matching steps I.", scope="calibration"),
-    _hyper("retrain_steps", int, "CReFF classifier re-training steps J.", scope="calibration"),
-    _hyper("feature_lr", float, "CReFF federated-feature learning rate.", scope="calibration"),
-    _hyper("creff_weighting", str, "CReFF g_agg: client (paper) | sample", scope="calibration"),
-    _hyper("creff_dsa", str, "CReFF client-gradient augmentation (DSA): a strategy such as "
-           "color_crop_cutout_flip_scale_rotate (authors, default) | none", scope="calibration"),
-)
-
-
-@dataclass(frozen=True)
-class FlowerOptions:
-    """Flower-only settings (``flower.*`` run-config keys)."""
-
-    round_timeout: float = setting(
-        3600.0, "Seconds to wait for all replies of one exchange before the round fails.",
-        group="Flower", cli=False)
-    poll_interval: float = setting(0.2, "Seconds between two pulls of replies from the SuperLink.",
-                                   group="Flower", cli=False)
-    node_wait: float = setting(300.0, "Seconds the ServerApp waits for `clients` SuperNodes to "
-                               "connect.", group="Flower", cli=False)
-    key_holder: int = setting(0, "With --secagg: the client whose SuperNode holds the CKKS "
-                              "secret key.", group="Flower", cli=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.key_holder, bool) or not isinstance(self.key_holder, int) \
-                or self.key_holder < 0:
-            raise UsageError(f"flower.key-holder must be a client index >= 0, got "
-                             f"{self.key_holder!r}")
-        for name in ("round_timeout", "poll_interval", "node_wait"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and not isinstance(value, bool)
-                    and math.isfinite(value) and value > 0):
-                raise UsageError(f"flower.{name.replace('_', '-')} must be a positive number of "
-                                 f"seconds, got {value!r}")
 
 
 def all_settings() -> tuple[Setting, ...]:
     """Every setting: RunConfig's fields, the hyperparameter flags, the Flower options."""
-    from privfedcal.config import RunConfig
-
     return (settings_of(RunConfig, "run") + METHOD_SETTINGS + CALIBRATION_SETTINGS
             + settings_of(FlowerOptions, "flower"))
 
@@ -204,27 +54,6 @@ def cli_settings() -> tuple[Setting, ...]:
     return tuple(sorted(chosen, key=lambda s: GROUPS.index(s.group)))
 
 
-# ---- types ----------------------------------------------------------------------------
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def check_value(s: Setting, value: Any, prefix: str = "") -> Any:
-    """``value`` if it has ``s``'s type (ints widen to float; None where optional), else a
-    one-line UsageError naming the setting. Tables get their names normalised to ``_``."""
-    if value is None and s.optional:
-        return None
-    if s.type is dict:
-        if not isinstance(value, dict):
-            raise UsageError(f"{prefix}{s.name} must be a table of name = value, got {value!r}")
-        return {k.replace("-", "_"): v for k, v in value.items()}
-    accepted = (int, float) if s.type is float else (s.type,)
-    if not isinstance(value, accepted) or (s.type is not bool and isinstance(value, bool)):
-        raise UsageError(f"{prefix}{s.name} must be {_KIND_NAMES[s.type]}, got {value!r}")
-    return float(value) if s.type is float else value
-
-
-# ---- Flower run config -------------------------------------------------------------------
-#: run-config key prefixes of the three non-run scopes
 FLOWER_PREFIX = {"method": "method-params.", "calibration": "calibration-params.",
                  "flower": "flower."}
 
@@ -330,5 +159,12 @@ def main(argv: list[str]) -> int:
     return 2
 
 
+__all__ = ["CALIBRATION_SETTINGS", "GROUPS", "METHOD_SETTINGS", "PER_MODEL", "SCOPES",
+           "FlowerOptions", "Setting", "all_settings", "check_value", "cli_settings",
+           "flower_defaults", "flower_key", "flower_settings", "flower_value", "render",
+           "setting", "settings_of", "stale_docs", "usage_table"]
+
+
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main(sys.argv[1:]))
+

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -19,3 +22,11 @@ def all_finite(t: Tensor) -> bool:
     if bool(torch.isfinite(t.sum())):
         return True
     return bool(torch.isfinite(t).all())
+
+
+def nonfinite_key(tensors: Mapping[str, Any]) -> str | None:
+    """The first floating-point entry holding NaN or Inf, else None."""
+    for key, value in tensors.items():
+        if isinstance(value, Tensor) and not all_finite(value):
+            return key
+    return None

@@ -41,6 +41,10 @@ class Algorithm:
     Params: ClassVar[type] = NoParams
     #: keys of the model state that are not averaged (kept from the global model)
     frozen_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: whether the local loss is a mean of per-sample terms, so that DP-SGD (``--dp-train``)
+    #: can clip and noise it per example; a loss with batch-level terms (contrastive,
+    #: variance, proximal to a global model) is refused under ``--dp-train``
+    dp_sgd: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, *, num_classes: int) -> None:
         self.params = params if params is not None else self.Params()

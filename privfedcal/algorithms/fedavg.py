@@ -13,3 +13,4 @@ class FedAvg(Algorithm):
     """Plain FedAvg: ``L = CE(g(f(x)), y)``; the server keeps the weighted average."""
 
     name = "fedavg"
+    dp_sgd = True

@@ -46,6 +46,7 @@ class FedAvgM(Algorithm):
     """FedAvg clients, momentum SGD on the server."""
 
     name = "fedavgm"
+    dp_sgd = True
     Params = FedAvgMParams
 
     def server_update(

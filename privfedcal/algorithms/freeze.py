@@ -24,6 +24,7 @@ class Freeze(Algorithm):
     """FedAvg on the feature extractor under a fixed orthogonal classifier."""
 
     name = "freeze"
+    dp_sgd = True
     frozen_prefixes = ("classifier.",)
 
     def configure_model(self, model: FeatureClassifier, generator: torch.Generator) -> None:

@@ -254,7 +254,7 @@ def _ccvr(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
 
 
 def _creff(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
-    from privfedcal.privacy.protection import participation_counts
+    from privfedcal.protection import participation_counts
 
     task = creff_task(cfg, exp, calibrator)
     steps = max(participation_counts(cfg).values())

@@ -41,7 +41,8 @@ from privfedcal.attacks.modes import eval_mode
 from privfedcal.plotstyle import colour, new_figure, save, styled
 
 if TYPE_CHECKING:
-    from privfedcal.attacks.runner import Attacked, RunView
+    from privfedcal.attacks.runner import Attacked
+    from privfedcal.attacks.view import RunView
 
 TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient",
                 "class-gradient-rounds", "model-update")

@@ -15,15 +15,7 @@ from torch import Tensor
 
 from privfedcal.errors import Diverged
 from privfedcal.federation.local import LocalResult
-from privfedcal.tensors import all_finite
-
-
-def nonfinite_key(tensors: Mapping[str, Any]) -> str | None:
-    """The first floating-point entry holding NaN or Inf, else None."""
-    for key, value in tensors.items():
-        if isinstance(value, Tensor) and not all_finite(value):
-            return key
-    return None
+from privfedcal.tensors import nonfinite_key
 
 
 def lr_hint(lr: float | None) -> str:

@@ -18,6 +18,7 @@ from torch import Tensor
 from privfedcal.algorithms.base import Algorithm, State
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.seeding import derive_seed, make_generator
+from privfedcal.tensors import nonfinite_key
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,7 @@ class RunningAverage:
             else:
                 torch.maximum(self.acc[key], v, out=self.acc[key])
         self.bytes += sum(v.numel() * v.element_size() for v in state.values())
-        self.bad.append(_nonfinite_key(state))  # one check per client, not per step
+        self.bad.append(nonfinite_key(state))  # one check per client, not per step
         self.count += 1
 
     def nonfinite_marker(self, i: int) -> State:
@@ -306,8 +307,3 @@ class RunningAverage:
         return {k: (v.to(self.dtypes[k]) if v.is_floating_point() else v)
                 for k, v in self.acc.items()}
 
-
-def _nonfinite_key(state: State) -> str | None:
-    from privfedcal.federation.divergence import nonfinite_key
-
-    return nonfinite_key(state)

@@ -139,7 +139,7 @@ def client_runtime(context: Context) -> ClientRuntime:
     the experiment's local training to DP-SGD, exactly as on the simulator's side.
     """
     from privfedcal.experiment import calibrator_class
-    from privfedcal.privacy.uplink import build_uplink
+    from privfedcal.protection import build_uplink
 
     cfg, _ = parse_run_config(context.run_config)
     cfg = node_data_seed(context, cfg.replace(workers=1))

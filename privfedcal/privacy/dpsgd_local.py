@@ -18,7 +18,7 @@ conservative). The Poisson batches and the noise come from OS entropy (privacy/n
 so the server sees neither. The local training loss never leaves the client: the server
 detects divergence from the (DP) update itself. The guarantee then covers the model updates
 too. Methods whose loss couples samples of a batch (FedUV, MOON's reference models, proximal
-terms that opacus would drop) are refused, see ``DPSGD_METHODS``.
+terms that opacus would drop) are refused, see ``Algorithm.dp_sgd``.
 """
 
 from __future__ import annotations

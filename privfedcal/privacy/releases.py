@@ -3,7 +3,7 @@
 A ``ReleaseSpec`` names a release (its label in the transcript and the accountant), the
 payload keys it may carry, each key's L2 sensitivity to one example and the bound on each
 key's aggregate entries (for CKKS parameters), who is asked for it and how often. The
-privacy code (``privacy/protection.py``, ``secagg_stage.py``) reads only these declarations,
+privacy code (``privfedcal/protection.py``, ``secagg_stage.py``) reads only these declarations,
 so a new calibrator declares its releases in its own file and touches nothing else.
 
 Sensitivities and bounds are products of symbols, written as strings so the declarations

@@ -227,4 +227,4 @@ class EncryptStage(Wire):
         return self.keys.decrypt(server.result(), sealing.layout, rel, finish)
 
     def summary(self) -> dict[str, Any]:
-        return self.secagg.summary()
+        return {"secagg": self.secagg.summary()}

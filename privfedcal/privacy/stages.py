@@ -10,7 +10,7 @@ the server). ``open`` runs on the server before any client computes (the budget 
 release's keys), ``close`` after the release is made (the accountant records it).
 
 To add a protection, subclass ``Stage`` here (or in its own module, as the encrypt stage in
-privacy/secagg_stage.py) and put it in its place in ``privacy.protection.uplink_stages``; the calibrators never know which stages ran.
+privacy/secagg_stage.py) and put it in its place in ``privfedcal.protection.uplink_stages``; the calibrators never know which stages ran.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from privfedcal.privacy.transcript import Transcript
 from privfedcal.tensors import all_finite
 
 if TYPE_CHECKING:
-    from privfedcal.privacy.protection import DPStage
+    from privfedcal.privacy.dp_stage import DPStage
 
 #: fewest valid uploads for which a securely aggregated release is made (one upload would
 #: hand the "aggregate" of a single client to the server)
@@ -112,6 +112,11 @@ class Stage(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         return None
 
+    def summary(self) -> dict[str, Any]:
+        """This stage's entries in the run's protection summary (``summary.json``); none by
+        default."""
+        return {}
+
 
 class Wire(Stage):
     """The last stage: how uploads cross to the server and become their sum."""
@@ -176,7 +181,7 @@ class BoundStage(Stage):
 @dataclass
 class NoiseStage(Stage):
     """Gaussian noise of the uploads, charged to the per-client accountant of ``dp``
-    (privacy/protection.py ``DPStage``). Client half: each client's share of the variance
+    (privacy/dp_stage.py ``DPStage``). Client half: each client's share of the variance
     from a generator seeded from OS entropy (privacy/noise.py); server half: the key
     holder's top-up for planned uploads missing from the sum. The guarantee holds while the
     noise stays secret: not with ``seeded`` (--insecure-seeded-noise)."""
@@ -221,6 +226,9 @@ class NoiseStage(Stage):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.dp.load_state_dict(state)
+
+    def summary(self) -> dict[str, Any]:
+        return self.dp.summary()
 
 
 @dataclass

@@ -223,24 +223,23 @@ class Uplink:
         self.skipped = list(state.get("skipped", []))
 
     def summary(self) -> dict[str, Any]:
-        from privfedcal.privacy.secagg_stage import EncryptStage
-
-        noise, encrypt = self.find(NoiseStage), self.find(EncryptStage)
-        if noise is None and encrypt is None and self.updates is None:
-            return {}
+        """What the run's protection was, for ``summary.json``: each stage's own summary
+        (``Stage.summary``), the model updates' secure sum, and a plain statement where no
+        stage gives DP."""
         out: dict[str, Any] = {}
-        if noise is not None:
-            out.update(noise.dp.summary())
+        for stage in self.stages:
+            out.update(stage.summary())
         if self.updates is not None:
             out["secagg_updates"] = self.updates.summary()
-        if encrypt is not None:
-            out["secagg"] = encrypt.summary()
-            if noise is None:
-                out["statement"] = ("no differential privacy: the server saw only the sum "
-                                    "of the calibration uploads (CKKS secure aggregation); model "
-                                    "updates " + ("only as their CKKS sum" if self.updates
-                                                  is not None else "travel in the clear"))
-        elif self.updates is not None and noise is None:
+        if not out:
+            return {}
+        dp, encrypted = "epsilon_spent" in out, "secagg" in out
+        if encrypted and not dp:
+            out["statement"] = ("no differential privacy: the server saw only the sum "
+                                "of the calibration uploads (CKKS secure aggregation); model "
+                                "updates " + ("only as their CKKS sum" if self.updates
+                                              is not None else "travel in the clear"))
+        elif self.updates is not None and not dp:
             out["statement"] = ("no differential privacy: the server saw the model updates "
                                 "only as their CKKS sum; calibration uploads in the clear")
         out["hide_counts"] = self.hide_counts
@@ -251,24 +250,5 @@ class Uplink:
         return out
 
 
-def build_uplink(cfg, exp, calibrator) -> Uplink:
-    """The uplink a configuration asks for (see privacy/protection.py); ``calibrator`` (its
-    class or object) declares the releases to protect."""
-    if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
-            or cfg.secagg_updates):
-        return Uplink()
-    from privfedcal.privacy.protection import build_protected_uplink
-
-    up = build_protected_uplink(cfg, exp, calibrator)
-    if cfg.secagg_updates:
-        from privfedcal.privacy.update_secagg import SecureUpdates
-
-        uniform = any(s.uniform_weights for s in up.stages)  # weights 1 under --dp-train
-        n_total = float(exp.num_examples)  # public (held_examples)
-        up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients,
-                                   cfg.secagg_min_clients)
-    return up
-
-
-__all__ = ["MIN_SECAGG_CLIENTS", "Uplink", "build_uplink", "payload_bytes", "symmetrise_outer",
+__all__ = ["MIN_SECAGG_CLIENTS", "Uplink", "payload_bytes", "symmetrise_outer",
            "validate_upload"]

@@ -139,7 +139,7 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.privacy.stages import NoiseStage
     from privfedcal.privacy.transcript import Transcript
-    from privfedcal.privacy.uplink import build_uplink
+    from privfedcal.protection import build_uplink
 
     cfg = flower_cfg(method="ccvr", clients=4, dp_eps=8.0, secagg=True)
     exp = build_experiment(cfg)
@@ -212,7 +212,7 @@ def test_flower_and_simulator_run_the_same_stages(flags, flower_cfg, run_simulat
 def _uplink_stages(flower_cfg, flags):
     from privfedcal.experiment import calibrator_class
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.privacy.uplink import build_uplink
+    from privfedcal.protection import build_uplink
 
     cfg = flower_cfg(method="ccvr", rounds=1, **flags)
     return build_uplink(cfg, build_experiment(cfg), calibrator_class(cfg)).stages

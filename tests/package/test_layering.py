@@ -1,9 +1,9 @@
 """The package's layers import downwards only (docs/architecture.md).
 
 Layer of each top-level module of ``privfedcal`` (a package counts as one module):
-foundations (errors, registry, config, settings, seeding, palette, plotstyle) < data, models <
-algorithms, privacy < federation < calibration, attacks, analysis, experiment, plots,
-accuracy_png < report < flower, api < cli. A module may import its own layer and the
+foundations (errors, registry, descriptions, config, settings, seeding, palette, plotstyle) < data, models <
+algorithms, privacy < federation < calibration, attacks, analysis, experiment, protection,
+plots, accuracy_png < report < flower, api < cli. A module may import its own layer and the
 layers below; nothing outside ``privfedcal.cli`` imports the CLI but ``privfedcal.__main__``
 (``python -m privfedcal``, the command's other entry). One exception: the package's
 ``__init__`` re-exports the public API, so it may import ``privfedcal.api`` (lazily, on first
@@ -21,13 +21,14 @@ import pytest
 import privfedcal
 
 LAYERS: dict[str, int] = {
-    "": 0, "errors": 0, "registry": 0, "config": 0, "settings": 0, "seeding": 0, "palette": 0,
+    "": 0, "errors": 0, "registry": 0, "descriptions": 0, "config": 0, "settings": 0,
+    "seeding": 0, "palette": 0,
     "plotstyle": 0, "tensors": 0,
     "data": 1, "models": 1,
     "algorithms": 2, "privacy": 2,
     "federation": 3,
-    "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "plots": 4,
-    "accuracy_png": 4,
+    "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "protection": 4,
+    "plots": 4, "accuracy_png": 4,
     "report": 5,
     "flower": 6, "api": 6,
     "cli": 7, "__main__": 7,

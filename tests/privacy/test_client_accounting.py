@@ -10,14 +10,14 @@ from privfedcal.errors import PrivacyBudgetError
 from privfedcal.experiment import calibrator_class
 from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.accounting import PrivacyAccountant
-from privfedcal.privacy.protection import (
+from privfedcal.privacy.releases import CREFF_RELEASE
+from privfedcal.privacy.stages import NoiseStage
+from privfedcal.protection import (
     DPStage,
     build_protected_uplink,
     participation_counts,
     release_plans,
 )
-from privfedcal.privacy.releases import CREFF_RELEASE
-from privfedcal.privacy.stages import NoiseStage
 from privfedcal.seeding import select_clients
 
 

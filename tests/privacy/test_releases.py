@@ -12,8 +12,8 @@ from privfedcal.calibration.creff import CReFF
 from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
 from privfedcal.federation.hooks import CALIBRATORS, Calibrator
-from privfedcal.privacy.protection import participation_counts, planned_participants, release_plans
 from privfedcal.privacy.releases import ReleaseSpec, evaluate
+from privfedcal.protection import participation_counts, planned_participants, release_plans
 
 
 def test_symbol_products_by_hand():

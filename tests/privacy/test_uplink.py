@@ -11,12 +11,12 @@ import torch
 from privfedcal.errors import PrivacyBudgetError, ReleaseSkipped
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
-from privfedcal.privacy.protection import DPStage, build_protected_uplink
 from privfedcal.privacy.secagg import ServerAggregator
 from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, unpad
 from privfedcal.privacy.stages import ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
+from privfedcal.protection import DPStage, build_protected_uplink
 
 
 def stats_payload(counts, d=3, seed=0):
