@@ -4,8 +4,8 @@
 
 Runs the same digits FedAvg experiment twice through privfedcal's simulator (one thread):
 once with plaintext FedAvg and once with CKKS sums of the n_k-weighted updates
-(privacy/update_secagg.py: every client encrypts, the server adds, the key holder decrypts the
-flooded sum). Reports the mean training-round time of the plain run, the mean secure
+(the uplink's encrypt wire, privfedcal/protection.py ``update_uplink``: every client
+encrypts, the server adds, the key holder decrypts the flooded sum). Reports the mean training-round time of the plain run, the mean secure
 aggregation time per round (all clients' encryption sequentially + additions + decryption;
 in a federation clients encrypt in parallel, so the added wall time is lower), and the
 ciphertext bytes per client against the float32 update.
@@ -23,7 +23,8 @@ from privfedcal.experiment import build_simulator
 
 
 def run(out: Path, **kw) -> tuple[dict, object]:
-    cfg = RunConfig(dataset="digits", device="cpu", threads=1, transcript=True, **kw)
+    cfg = RunConfig(dataset="digits", device="cpu", threads=1, transcript=True, data_seed=0,
+                    **kw)  # one partition for both runs (a protected run draws its own otherwise)
     sim = build_simulator(cfg, out)
     return sim.run(), sim
 

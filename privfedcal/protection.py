@@ -246,23 +246,40 @@ def calibration_defaults(cfg, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+#: |parameter| assumed <= this under --secagg-updates: a data-independent bound for CKKS
+#: (the shipped models' parameters stay far inside it); a sum past it fails the key
+#: holder's check and the round keeps the previous global state (``skipped_releases``)
+PARAM_BOUND = 100.0
+
+
+def update_uplink(cfg, exp, uniform: bool) -> Uplink:
+    """``--secagg-updates``: the model updates' own uplink, the same encrypt wire as the
+    calibration releases (fresh keys per round, the key holder's minimum, flooding). Each
+    client uploads ``w_k * state_k`` and ``w_k`` (``UPDATE_WEIGHT``); the bound of every
+    entry is ``PARAM_BOUND`` times the largest possible weight sum."""
+    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
+    from privfedcal.privacy.uplink import UPDATE_WEIGHT
+
+    weight_sum = float(cfg.clients) if uniform else float(exp.num_examples)  # public
+    stage = SecAggStage(bounds={UPDATE_WEIGHT: weight_sum}, dp=None, clients=cfg.clients,
+                        hide_counts=False, min_clients=cfg.secagg_min_clients,
+                        default_bound=PARAM_BOUND * weight_sum + weight_sum)
+    return Uplink(stages=[EncryptStage(stage)])
+
+
 def build_uplink(cfg, exp, calibrator) -> Uplink:
-    """The uplink a configuration asks for ; ``calibrator`` (its
-    class or object) declares the releases to protect."""
+    """The uplink a configuration asks for; ``calibrator`` (its class or object) declares
+    the releases to protect."""
     if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
             or cfg.secagg_updates):
         return Uplink()
     up = build_protected_uplink(cfg, exp, calibrator)
     if cfg.secagg_updates:
-        from privfedcal.privacy.update_secagg import SecureUpdates
-
         uniform = any(s.uniform_weights for s in up.stages)  # weights 1 under --dp-train
-        n_total = float(exp.num_examples)  # public (held_examples)
-        up.updates = SecureUpdates(float(cfg.clients) if uniform else n_total, cfg.clients,
-                                   cfg.secagg_min_clients)
+        up.updates = update_uplink(cfg, exp, uniform)
     return up
 
 
 __all__ = ["ASSUMPTIONS", "DPStage", "build_protected_uplink", "build_uplink",
            "calibration_defaults", "dp_creff_weighting", "dpsgd_methods",
-           "participation_counts", "planned_participants", "release_plans"]
+           "participation_counts", "planned_participants", "release_plans", "update_uplink"]

@@ -77,6 +77,9 @@ class SecAggStage:
     hide_counts: bool = True
     min_clients: int = MIN_SECAGG_CLIENTS  # --secagg-min-clients: fewest uploads in a sum
     params_used: dict[str, dict] = field(default_factory=dict)
+    #: the bound of a key absent from ``bounds`` (model updates: one bound for every
+    #: parameter tensor); None: such a key is an error
+    default_bound: float | None = None
 
     @classmethod
     def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
@@ -96,7 +99,14 @@ class SecAggStage:
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)
         stds = self.dp.stds(keys, label) if self.dp is not None else {}
-        return max(self.bounds[k] + NOISE_SIGMAS * stds.get(k, 0.0) for k in keys)
+        return max(self._bound(k) + NOISE_SIGMAS * stds.get(k, 0.0) for k in keys)
+
+    def _bound(self, key: str) -> float:
+        if key in self.bounds:
+            return self.bounds[key]
+        if self.default_bound is None:
+            raise UploadRejected(f"no magnitude bound for payload key {key!r}")
+        return self.default_bound
 
     def summary(self) -> dict[str, Any]:
         return {"scheme": "CKKS (TenSEAL)", "params": self.params_used,

@@ -21,6 +21,7 @@ entropy (privacy/noise.py), never from the public run seed.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,6 +47,10 @@ from privfedcal.privacy.transcript import Transcript
 
 log = logging.getLogger("privfedcal.uplink")
 
+#: the extra entry of a securely aggregated model update: the client's FedAvg weight w_k,
+#: summed with the weighted states so that the server can divide by the weight sum
+UPDATE_WEIGHT = "__weight"
+
 S = TypeVar("S", bound=Stage)
 
 
@@ -60,7 +65,8 @@ class Uplink:
 
     stages: list[Stage] = field(default_factory=default_stages)
     seeded_noise: bool = False  # --insecure-seeded-noise: noise from the public seed
-    updates: Any = None  # privacy.update_secagg.SecureUpdates under --secagg-updates
+    updates: Uplink | None = None  # --secagg-updates: the model updates' encrypted uplink
+    update_seconds: list[float] = field(default_factory=list)  # its wall time per round
     hide_counts: bool = False
     hints: list[str] = field(default_factory=list)  # advice printed with the run's notes
     rejected: list[dict] = field(default_factory=list)
@@ -185,13 +191,26 @@ class Uplink:
         if self.updates is None:
             record_model_updates(transcript, round_, clients, states, weights, recipe)
             return weighted_average(states, weights)
+        t0 = time.perf_counter()
+        keys = [k for k, v in sent.items() if v.is_floating_point()]
+        uploads = [(int(c), {UPDATE_WEIGHT: torch.tensor([float(w)], dtype=torch.float64),
+                             **{k: st[k].detach().double().cpu() * float(w) for k in keys}})
+                   for c, st, w in zip(clients, states, weights, strict=True)]
         try:
-            return self.updates.average(sent, states, weights, clients, round_=round_,
-                                        transcript=transcript)
-        except UploadRejected as exc:
+            total = self.updates.aggregate(uploads, round_=round_, label=UPDATE_RELEASE,
+                                           transcript=transcript)
+            weight = float(total.pop(UPDATE_WEIGHT)[0])
+            if not weight > 0:
+                raise UploadRejected(f"decrypted weight sum {weight:g} is not positive")
+        except (ReleaseSkipped, UploadRejected) as exc:  # the global state stays as it was
             log.warning("round %d model-update: secure aggregate rejected: %s", round_, exc)
             self.skipped.append({"round": round_, "label": UPDATE_RELEASE, "reason": str(exc)})
             return dict(sent)
+        out = {k: v.clone() for k, v in sent.items()}  # integer buffers: the global ones
+        for k in keys:
+            out[k] = (total[k] / weight).to(sent[k].dtype).to(sent[k].device)
+        self.update_seconds.append(time.perf_counter() - t0)
+        return out
 
     @staticmethod
     def recipe(spec) -> dict[str, Any]:
@@ -230,7 +249,12 @@ class Uplink:
         for stage in self.stages:
             out.update(stage.summary())
         if self.updates is not None:
-            out["secagg_updates"] = self.updates.summary()
+            n = len(self.update_seconds)
+            out["secagg_updates"] = {
+                "model_updates": "CKKS sums of weighted updates and weights; the server sees "
+                                 "the aggregate and the summed weight only",
+                **self.updates.wire.summary().get("secagg", {}), "rounds": n,
+                "mean_seconds_per_round": round(sum(self.update_seconds) / n, 4) if n else None}
         if not out:
             return {}
         dp, encrypted = "epsilon_spent" in out, "secagg" in out
@@ -250,5 +274,5 @@ class Uplink:
         return out
 
 
-__all__ = ["MIN_SECAGG_CLIENTS", "Uplink", "payload_bytes", "symmetrise_outer",
+__all__ = ["MIN_SECAGG_CLIENTS", "UPDATE_WEIGHT", "Uplink", "payload_bytes", "symmetrise_outer",
            "validate_upload"]

@@ -1,6 +1,8 @@
 """--secagg-updates: model updates aggregated as CKKS sums; the server sees the aggregate and
 the summed weight only, and the result equals the plaintext weighted average (up to the key
-holder's flooding)."""
+holder's flooding). The updates go through the same uplink as the calibration releases
+(privfedcal/protection.py ``update_uplink``: the encrypt wire, fresh keys, the key holder's
+minimum)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 
 from privfedcal.experiment import build_simulator
 from privfedcal.privacy.transcript import load_transcript
+from privfedcal.privacy.uplink import UPDATE_WEIGHT
 
 
 def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
@@ -26,8 +29,41 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
     assert views.count("ciphertext") == cfg.clients and views.count("aggregate") == 1
     assert "plain-upload" not in views
     (agg,) = [e for e in entries if e["view"] == "aggregate"]
+    assert agg["clients"] == cfg.clients
     sizes = sum(int(p.numel()) for p in sec.exp.parts)
-    assert abs(agg["weight_sum"] - sizes) < 0.1  # only the sum of the n_k
-    for k, v in sec.global_state.items():  # the aggregate is the state the server obtained
-        torch.testing.assert_close(agg["tensors"][k], v.cpu())
-    assert summary["privacy"]["secagg_updates"]["rounds"] == 1
+    weight = float(agg["tensors"][UPDATE_WEIGHT][0])
+    assert abs(weight - sizes) < 0.1  # only the sum of the n_k
+    for k, v in sec.global_state.items():  # the aggregate over its weight: the new state
+        if v.is_floating_point():
+            torch.testing.assert_close((agg["tensors"][k] / weight).float(), v.cpu())
+    privacy = summary["privacy"]["secagg_updates"]
+    assert privacy["rounds"] == 1 and privacy["scheme"] == "CKKS (TenSEAL)"
+    assert privacy["min_clients"] == cfg.secagg_min_clients
+
+
+def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, tiny_cfg):
+    """The key holder decrypts no sum of fewer than its minimum: with one client left in the
+    round the release is skipped and the global state stays (no aggregate of one)."""
+    from privfedcal.errors import ReleaseSkipped
+    from privfedcal.privacy.releases import UPDATE_RELEASE
+    from privfedcal.privacy.transcript import Transcript
+    from privfedcal.protection import update_uplink
+
+    cfg = tiny_cfg(rounds=1, secagg_updates=True, data_seed=0)
+    sim = build_simulator(cfg, tmp_path / "c")
+    up = sim.uplink
+    sent = {k: v.clone() for k, v in sim.global_state.items()}
+    moved = {k: (v + 1.0 if v.is_floating_point() else v) for k, v in sent.items()}
+    out = up.average_updates(sent, [moved], [3.0], [0], round_=1,
+                             transcript=Transcript(None), recipe={})
+    for k, v in sent.items():
+        assert torch.equal(out[k], v)
+    assert up.skipped[-1]["label"] == UPDATE_RELEASE
+    # a sum of two is decrypted (weights of the size of clients: the CKKS error is absolute
+    # on the sum, so it is divided by the weight sum)
+    out = up.average_updates(sent, [moved, moved], [600.0, 700.0], [0, 1], round_=1,
+                             transcript=Transcript(None), recipe={})
+    k = next(k for k, v in sent.items() if v.is_floating_point())
+    torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
+    assert isinstance(update_uplink(cfg, sim.exp, uniform=False).wire.summary(), dict)
+    assert ReleaseSkipped  # the error the uplink turns into a kept global state
