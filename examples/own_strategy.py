@@ -23,7 +23,9 @@ Settings come from the run config (keys of ``SETTINGS``; ``flwr run --run-config
 them). The DP settings (``epsilon``, ``delta``, ``clip``) are read by each client from its
 own run config, never from the server's message, so a server cannot ask a client for a
 weaker release; ``epsilon = inf`` turns the noise off. A client answers one query per run:
-each answer would be one more release of its data.
+each answer would be one more release of its data. The DP guarantee covers that release
+only: the FedAvg rounds before it (model updates, ``num-examples``) are plain Flower
+training, unprotected (``privfedcal train --dp-train --dp-eps`` protects both).
 
 Run it in this process over privfedcal's ``LoopbackGrid`` (3 nodes, messages serialised as
 through a SuperLink)::
