@@ -227,7 +227,12 @@ server = ServerApp()
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
-    run(grid, context)
+    out = run(grid, context)
+    # kept in the ServerApp's context: for whoever runs it in-process (the tests)
+    context.state["ccvr.accuracy"] = MetricRecord({"before": out["before"],
+                                                   "after": out["after"]})
+    context.state["ccvr.statistics"] = ArrayRecord(out["total"])
+    context.state["ccvr.model"] = ArrayRecord(out["model"].state_dict())
 
 
 if __name__ == "__main__":

@@ -61,10 +61,19 @@ class RecordingGrid(LoopbackGrid):
 
 
 def run_example(example, **run_config):
+    """Run the example's ServerApp (its ``main``) over a recording loopback grid; returns
+    what its main kept in the context (accuracies, summed statistics, final model), each
+    node's statistics as they arrived (by node id), and the grid."""
     grid = RecordingGrid(example.client, run_config, NODES)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                   run_config=run_config)
-    return example.run(grid, ctx), grid
+    example.server(grid, ctx)
+    out = {**ctx.state["ccvr.accuracy"],
+           "total": ctx.state["ccvr.statistics"].to_torch_state_dict(),
+           "model": ctx.state["ccvr.model"].to_torch_state_dict()}
+    uploads = {r.metadata.src_node_id: r.content["statistics"].to_torch_state_dict()
+               for r in grid.replies if r.metadata.message_type == MessageType.QUERY}
+    return out, uploads, grid
 
 
 def true_counts(example, grid) -> dict[int, torch.Tensor]:
@@ -85,15 +94,17 @@ def private(example):
 
 
 def test_noise_free_statistics_are_the_partitions(example, noise_free):
-    out, grid = noise_free
+    out, uploads, grid = noise_free
     counts = true_counts(example, grid)
-    assert set(out["uploads"]) == set(grid.contexts)
-    for node, stats in out["uploads"].items():
+    assert set(uploads) == set(grid.contexts)
+    for node, stats in uploads.items():
         assert torch.equal(stats["count"].round().long(), counts[node])
         assert stats["count"].sum().item() == len(example.node_partition(
             grid.contexts[node], example.SETTINGS["alpha"])[1])
     total = sum(counts.values())
-    assert torch.equal(out["total"]["count"].long(), total)
+    assert torch.equal(out["total"]["count"].long(), total)  # what the server summed
+    for key in ("sum", "outer"):
+        assert torch.allclose(out["total"][key], sum(u[key] for u in uploads.values()))
     assert total.sum().item() == len(example.digits().y_train)  # every sample on one node
     assert 0.0 <= out["before"] <= 1.0 and 0.0 <= out["after"] <= 1.0
     assert out["after"] > out["before"]  # calibration helps FedAvg under label skew
@@ -103,22 +114,24 @@ def test_private_statistics_are_the_partitions_plus_planned_noise(example, priva
     from privfedcal.privacy.accounting import ReleasePlan, plan_noise
     from privfedcal.privacy.dp import noise_stds, payload_sensitivities
 
-    out, grid = private
+    out, uploads, grid = private
     s = example.SETTINGS
     (sigma,) = plan_noise(s["epsilon"], s["delta"], [ReleasePlan("ccvr-stats", 1.0, 1)])
     std = noise_stds(payload_sensitivities(("count", "sum", "outer"), clip=s["clip"],
                                            grad_clip=s["clip"]), sigma)["count"]
     counts = true_counts(example, grid)
-    for node, stats in out["uploads"].items():
+    for node, stats in uploads.items():
         diff = stats["count"] - counts[node].double()
         assert diff.abs().max().item() < 6 * std  # 60 draws: 6 std is never reached
         assert diff.abs().sum().item() > 0  # but noise was added
+    for key in ("count", "sum", "outer"):  # the server summed the noisy statistics
+        assert torch.allclose(out["total"][key], sum(u[key] for u in uploads.values()))
     assert math.isfinite(out["after"]) and 0.0 <= out["after"] <= 1.0
-    assert all(torch.isfinite(p).all() for p in out["model"].parameters())
+    assert all(torch.isfinite(p).all() for p in out["model"].values())
 
 
 def test_every_message_holds_records_never_pickles(private):
-    _, grid = private
+    _, _, grid = private
     kinds = {m.metadata.message_type for m in grid.sent}
     assert kinds == {MessageType.TRAIN, MessageType.QUERY}
     assert len(grid.replies) == len(grid.sent) and not any(r.has_error() for r in grid.replies)
