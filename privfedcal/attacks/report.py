@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +42,16 @@ from privfedcal.attacks.modes import eval_mode
 from privfedcal.plotstyle import colour, new_figure, save, styled
 
 if TYPE_CHECKING:
-    from privfedcal.attacks.runner import Attacked
     from privfedcal.attacks.view import RunView
+
+@dataclass(frozen=True, eq=False)
+class Attacked:
+    """One scored target: the JSON record plus matched true / reconstructed images."""
+
+    record: dict[str, Any]
+    truth: Tensor
+    recon: Tensor
+
 
 TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient",
                 "class-gradient-rounds", "model-update")

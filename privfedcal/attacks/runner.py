@@ -47,7 +47,7 @@ from privfedcal.attacks.gradient_inversion import (
     recover_rank_n,
     split_class_gradient,
 )
-from privfedcal.attacks.report import score
+from privfedcal.attacks.report import Attacked, score
 from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
     GRAD_LABEL,
     STATS_LABEL,
@@ -101,15 +101,6 @@ class AttackOptions:
 
 def _convergence(conv: Convergence | None) -> dict[str, Any]:
     return {} if conv is None else conv.as_record()
-
-
-@dataclass(frozen=True, eq=False)
-class Attacked:
-    """One scored target: the JSON record plus matched true / reconstructed images."""
-
-    record: dict[str, Any]
-    truth: Tensor
-    recon: Tensor
 
 
 @dataclass(frozen=True, eq=False)
