@@ -8,6 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+#: a model's (or a client's) named tensors: ``module.state_dict()`` and what travels
+State = dict[str, Tensor]
+
 
 def all_finite(t: Tensor) -> bool:
     """True when no element of ``t`` is NaN or Inf (always for non-floating tensors).

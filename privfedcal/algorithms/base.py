@@ -25,8 +25,7 @@ from torch import Tensor
 
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.registry import Registry
-
-State = dict[str, Tensor]
+from privfedcal.tensors import State
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,19 +97,3 @@ def create_algorithm(name: str, *, num_classes: int, **overrides: Any) -> Algori
         valid = ", ".join(sorted(fields)) or "none"
         raise UsageError(f"method {name!r} takes no {', '.join(unknown)}; its hyperparameters: {valid}")
     return cls(cls.Params(**given), num_classes=num_classes)
-
-
-def weighted_average(states: list[State], weights: list[float]) -> State:
-    """Sample-weighted average of client states; integer buffers (BN counters) take the max."""
-    total = float(sum(weights))
-    out: State = {}
-    for key in states[0]:
-        ref = states[0][key]
-        if ref.is_floating_point():
-            acc = torch.zeros_like(ref, dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32)
-            for s, w in zip(states, weights, strict=True):
-                acc.add_(s[key], alpha=w / total)
-            out[key] = acc.to(ref.dtype)
-        else:
-            out[key] = torch.stack([s[key] for s in states]).amax(0)
-    return out

@@ -34,11 +34,11 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.local import train_client
 from privfedcal.seeding import make_generator
+from privfedcal.tensors import State
 
 __all__ = ["AnalysisOptions", "RunState", "analyze_run", "cka_layers", "classifier_weight_key",
            "client_cka", "load_run", "probe_indices", "separability"]
 
-State = dict[str, Tensor]
 #: the pseudo-layer name of the representation z = model.features(x)
 FEATURES = "features"
 #: state-dict keys of the classifier weight: plain, then under a parametrisation (clsnorm)

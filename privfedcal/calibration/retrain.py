@@ -27,8 +27,8 @@ from torch import Tensor
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import Calibrator, ServerContext
 from privfedcal.federation.local import PlainSGD
+from privfedcal.tensors import State
 
-State = dict[str, Tensor]
 WEIGHT_KEY = "classifier.weight"
 NORMALIZED_WEIGHT_KEY = "classifier.parametrizations.weight.original"
 BIAS_KEY = "classifier.bias"

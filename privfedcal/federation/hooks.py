@@ -19,8 +19,8 @@ from torch import Tensor
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
+from privfedcal.tensors import State
 
-State = dict[str, Tensor]
 FeatureTransform = Callable[[Tensor], Tensor]
 
 

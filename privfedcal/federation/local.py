@@ -18,7 +18,6 @@ from torch import Tensor
 from privfedcal.algorithms.base import Algorithm, State
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.seeding import derive_seed, make_generator
-from privfedcal.tensors import nonfinite_key
 
 
 @dataclass(frozen=True)
@@ -260,50 +259,3 @@ def evaluate(model: FeatureClassifier, state: State, x: Tensor, y: Tensor, num_c
         "loss": float(loss_sum) / n,
         "per_class_accuracy": [None if v != v else round(float(v), 6) for v in per_class.tolist()],
     }
-
-
-class RunningAverage:
-    """``algorithms.base.weighted_average`` computed as the states arrive, in the same order and with the same
-    operations (so bitwise the same result), holding one accumulator instead of every
-    client's state: peak memory does not grow with the number of clients per round."""
-
-    def __init__(self, weights: list[float]) -> None:
-        self.weights = list(weights)
-        self.total = float(sum(weights))
-        self.count = 0
-        self.acc: State = {}
-        self.dtypes: dict[str, torch.dtype] = {}
-        self.bytes = 0
-        self.bad: list[str | None] = []
-
-    def add(self, state: State) -> None:
-        w = self.weights[self.count]
-        for key, v in state.items():
-            if key not in self.acc:
-                self.dtypes[key] = v.dtype
-                if v.is_floating_point():
-                    dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-                    self.acc[key] = torch.zeros_like(v, dtype=dt)
-                else:
-                    self.acc[key] = v.clone()
-                    continue
-            if v.is_floating_point():
-                self.acc[key].add_(v, alpha=w / self.total)
-            else:
-                torch.maximum(self.acc[key], v, out=self.acc[key])
-        self.bytes += sum(v.numel() * v.element_size() for v in state.values())
-        self.bad.append(nonfinite_key(state))  # one check per client, not per step
-        self.count += 1
-
-    def nonfinite_marker(self, i: int) -> State:
-        """For the divergence check: empty if the i-th state was finite, else its first
-        non-finite entry as a NaN scalar (the state itself is gone)."""
-        key = self.bad[i]
-        return {} if key is None else {key: torch.tensor(float("nan"))}
-
-    def result(self) -> State:
-        if self.count != len(self.weights):
-            raise RuntimeError(f"averaged {self.count} of {len(self.weights)} states")
-        return {k: (v.to(self.dtypes[k]) if v.is_floating_point() else v)
-                for k, v in self.acc.items()}
-

@@ -22,10 +22,10 @@ from torch import Tensor
 from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
+from privfedcal.federation.aggregate import RunningAverage
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.local import (
-    RunningAverage,
     clone_state,
     evaluate,
 )
@@ -210,8 +210,7 @@ class Simulator:
         encrypted updates. Returns (results, average, update bytes, results for the
         divergence check)."""
         recipe = self.uplink.recipe(self.exp.spec)
-        if self.uplink.updates is None and isinstance(trainer, InProcessTrainer
-                                                        | WorkerPoolTrainer):
+        if self.uplink.updates is None:  # in the clear: each update recorded, then averaged
             running = RunningAverage(weights)
 
             def consume(state: State) -> None:
@@ -220,15 +219,22 @@ class Simulator:
                                      [weights[i]], recipe)
                 running.add(state)
 
-            results = trainer.train(self.global_state, jobs, round_, consume=consume)
-            checked = [r._replace(state=running.nonfinite_marker(i)) for i, r in enumerate(results)]
+            if isinstance(trainer, InProcessTrainer | WorkerPoolTrainer):
+                results = trainer.train(self.global_state, jobs, round_, consume=consume)
+                checked = [r._replace(state=running.nonfinite_marker(i))
+                           for i, r in enumerate(results)]
+            else:  # a trainer that returns the states (Flower): averaged in job order
+                results = trainer.train(self.global_state, jobs, round_)
+                for r in results:
+                    consume(r.state)
+                checked = results
             return results, running.result(), running.bytes, checked
         results = trainer.train(self.global_state, jobs, round_)
         sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())
                          for r in results)
         averaged = self.uplink.average_updates(
             self.global_state, [r.state for r in results], weights, selected, round_=round_,
-            transcript=self.transcript, recipe=recipe)
+            transcript=self.transcript)
         return results, averaged, sent_bytes, results
 
     def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

@@ -36,10 +36,10 @@ from privfedcal.settings import (
     flower_key,
     flower_settings,
 )
+from privfedcal.tensors import State
 
 __all__ = ["FlowerOptions", "parse_run_config", "to_run_config"]
 
-State = dict[str, Tensor]
 
 METHOD_PARAMS = FLOWER_PREFIX["method"]
 CALIBRATION_PARAMS = FLOWER_PREFIX["calibration"]

@@ -179,18 +179,15 @@ class Uplink:
         return list(sizes)
 
     def average_updates(self, sent: Payload, states: list[Payload], weights: list[float],
-                        clients: list[int], *, round_: int, transcript: Transcript,
-                        recipe: dict[str, Any]) -> Payload:
-        """The round's weighted average of model updates, as the server obtains it: in the
-        clear (each update recorded with its weight), or under --secagg-updates as a CKKS sum
-        (ciphertext sizes and the aggregate recorded; an aggregate that fails the key
-        holder's check leaves the global state as it was)."""
-        from privfedcal.algorithms.base import weighted_average
-        from privfedcal.privacy.transcript import record_model_updates
-
+                        clients: list[int], *, round_: int, transcript: Transcript) -> Payload:
+        """Under --secagg-updates: the round's weighted average of the model updates as the
+        server obtains it, from the CKKS sum of ``w_k * state_k`` and ``w_k`` (ciphertext
+        sizes and the aggregate recorded); an aggregate that fails the key holder's check
+        leaves the global state as it was. (In the clear the simulator averages the updates
+        itself, ``federation/aggregate.py``.)"""
         if self.updates is None:
-            record_model_updates(transcript, round_, clients, states, weights, recipe)
-            return weighted_average(states, weights)
+            raise RuntimeError("average_updates is the secure path: this uplink has no "
+                               "--secagg-updates")
         t0 = time.perf_counter()
         keys = [k for k, v in sent.items() if v.is_floating_point()]
         uploads = [(int(c), {UPDATE_WEIGHT: torch.tensor([float(w)], dtype=torch.float64),

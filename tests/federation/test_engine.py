@@ -6,7 +6,6 @@ import json
 
 import torch
 
-from privfedcal.algorithms.base import weighted_average
 from privfedcal.federation.simulator import Simulator
 from privfedcal.seeding import derive_seed
 
@@ -19,15 +18,6 @@ def run(cfg, path):
 
 def states_equal(a, b):
     return all(torch.equal(a[k], b[k]) for k in a) and set(a) == set(b)
-
-
-def test_weighted_average_matches_hand_computation():
-    s1 = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
-    s2 = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
-    avg = weighted_average([s1, s2], [1.0, 3.0])
-    # (1*[1,2] + 3*[3,6]) / 4 = [2.5, 5.0]; integer buffers take the max
-    assert torch.allclose(avg["w"], torch.tensor([2.5, 5.0]))
-    assert int(avg["n"]) == 5
 
 
 def test_derive_seed_distinguishes_parts():

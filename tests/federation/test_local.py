@@ -1,5 +1,5 @@
-"""federation/local.py: seeds, the running average, evaluation (PlainSGD: test_plain_sgd.py;
-seeds and ``weighted_average`` live in seeding.py and algorithms/base.py)."""
+"""federation/local.py: seeds, evaluation, the training layout (PlainSGD: test_plain_sgd.py;
+the running average: test_aggregate.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from privfedcal.algorithms.base import weighted_average
-from privfedcal.federation.local import RunningAverage, evaluate
+from privfedcal.federation.local import evaluate
 from privfedcal.seeding import derive_seed, make_generator
 
 
@@ -24,34 +23,6 @@ def test_derive_seed_is_numpy_seedsequence_halved():
     g1, g2 = make_generator(0, 1, 2, 3), make_generator(0, 1, 2, 3)
     assert g1.initial_seed() == ref
     assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
-
-
-def test_weighted_average_and_running_average_agree_bitwise():
-    g = torch.Generator().manual_seed(0)
-    states = [{"w": torch.randn(3, 2, generator=g), "b": torch.randn(2, generator=g).double(),
-               "n": torch.tensor(i + 3)} for i in range(3)]
-    weights = [10.0, 30.0, 60.0]
-    avg = weighted_average(states, weights)
-    ref = sum(w / 100.0 * s["w"] for s, w in zip(states, weights, strict=True))
-    torch.testing.assert_close(avg["w"], ref)
-    assert avg["b"].dtype == torch.float64 and avg["w"].dtype == torch.float32
-    assert int(avg["n"]) == 5  # integer buffers: the max
-    run = RunningAverage(weights)
-    for s in states:
-        run.add(s)
-    out = run.result()
-    assert all(torch.equal(out[k], avg[k]) for k in avg)
-    assert run.bytes == 3 * (6 * 4 + 2 * 8 + 8)
-    assert [run.nonfinite_marker(i) for i in range(3)] == [{}, {}, {}]
-
-
-def test_running_average_marks_nonfinite_states_and_counts_arrivals():
-    run = RunningAverage([1.0, 1.0])
-    run.add({"a": torch.ones(2), "b": torch.tensor([1.0, math.inf])})
-    marker = run.nonfinite_marker(0)
-    assert list(marker) == ["b"] and math.isnan(float(marker["b"]))
-    with pytest.raises(RuntimeError, match="averaged 1 of 2"):
-        run.result()
 
 
 class _Linear(nn.Module):

@@ -70,24 +70,3 @@ def test_calibrated_run_same_numbers_with_workers(name, tiny_cfg, tmp_path) -> N
     assert one["accuracy"] == two["accuracy"]
     assert one["per_class_accuracy"] == two["per_class_accuracy"]
     assert one["loss"] == two["loss"]
-
-
-def test_running_average_equals_weighted_average_bitwise() -> None:
-    from privfedcal.algorithms.base import weighted_average
-    from privfedcal.federation.local import RunningAverage
-
-    g = torch.Generator().manual_seed(0)
-    states = [{"w": torch.randn(3, 4, generator=g), "d": torch.randn(2, generator=g).double(),
-               "n": torch.tensor(int(torch.randint(0, 9, (1,), generator=g)))}
-              for _ in range(5)]
-    weights = [3.0, 17.0, 1.0, 8.0, 5.0]
-    running = RunningAverage(weights)
-    for s in states:
-        running.add(s)
-    got, want = running.result(), weighted_average(states, weights)
-    assert set(got) == set(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
-    assert running.bytes == sum(v.numel() * v.element_size() for s in states for v in s.values())
-    with pytest.raises(RuntimeError):
-        RunningAverage([1.0, 2.0]).result()

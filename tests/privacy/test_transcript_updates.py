@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from privfedcal.algorithms.base import weighted_average
 from privfedcal.experiment import build_simulator
+from privfedcal.federation.aggregate import weighted_average
 from privfedcal.privacy.transcript import load_transcript
 
 

@@ -55,14 +55,14 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
     sent = {k: v.clone() for k, v in sim.global_state.items()}
     moved = {k: (v + 1.0 if v.is_floating_point() else v) for k, v in sent.items()}
     out = up.average_updates(sent, [moved], [3.0], [0], round_=1,
-                             transcript=Transcript(None), recipe={})
+                             transcript=Transcript(None))
     for k, v in sent.items():
         assert torch.equal(out[k], v)
     assert up.skipped[-1]["label"] == UPDATE_RELEASE
     # a sum of two is decrypted (weights of the size of clients: the CKKS error is absolute
     # on the sum, so it is divided by the weight sum)
     out = up.average_updates(sent, [moved, moved], [600.0, 700.0], [0, 1], round_=1,
-                             transcript=Transcript(None), recipe={})
+                             transcript=Transcript(None))
     k = next(k for k, v in sent.items() if v.is_floating_point())
     torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
     assert isinstance(update_uplink(cfg, sim.exp, uniform=False).wire.summary(), dict)
