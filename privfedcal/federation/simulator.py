@@ -34,6 +34,7 @@ from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment
 from privfedcal.federation.workers import (
     InProcessTrainer,
+    Trainer,
     TrainJob,
     WorkerPoolTrainer,
     default_threads,
@@ -179,7 +180,7 @@ class Simulator:
         Flower: what the node reported)."""
         return [float(self.exp.parts[c].numel()) for c in selected]
 
-    def trainer(self):
+    def trainer(self) -> Trainer:
         """The trainer of this run (the worker pool with ``--workers N``), started on first
         use and kept until ``close``: calibration payloads run on the same pool."""
         if self._trainer_obj is None:
@@ -192,7 +193,8 @@ class Simulator:
             trainer, self._trainer_obj = self._trainer_obj, None
             trainer.terminate() if abort else trainer.close()
 
-    def _trainer(self):
+    def _trainer(self) -> Trainer:
+        """The run's trainer; a subclass returns another (``FlowerSimulator``: the nodes)."""
         exp = self.exp
         if self.cfg.workers > 1:
             return WorkerPoolTrainer(exp.builder, exp.data.x_train, exp.data.y_train, exp.spec,
@@ -201,7 +203,7 @@ class Simulator:
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 
-    def receive_updates(self, trainer, jobs: list[TrainJob], selected: list[int],
+    def receive_updates(self, trainer: Trainer, jobs: list[TrainJob], selected: list[int],
                         weights: list[float], round_: int) -> tuple[list, State, int, list]:
         """Train the round's clients and obtain the weighted average as the server does.
 
@@ -219,15 +221,9 @@ class Simulator:
                                      [weights[i]], recipe)
                 running.add(state)
 
-            if isinstance(trainer, InProcessTrainer | WorkerPoolTrainer):
-                results = trainer.train(self.global_state, jobs, round_, consume=consume)
-                checked = [r._replace(state=running.nonfinite_marker(i))
-                           for i, r in enumerate(results)]
-            else:  # a trainer that returns the states (Flower): averaged in job order
-                results = trainer.train(self.global_state, jobs, round_)
-                for r in results:
-                    consume(r.state)
-                checked = results
+            results = trainer.train(self.global_state, jobs, round_, consume=consume)
+            checked = [r._replace(state=running.nonfinite_marker(i))
+                       for i, r in enumerate(results)]
             return results, running.result(), running.bytes, checked
         results = trainer.train(self.global_state, jobs, round_)
         sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())

@@ -1,5 +1,9 @@
 """Trainers: run the selected clients' local training in this process or in N workers.
 
+A trainer is anything with the ``Trainer`` protocol below: the simulator hands it the round's
+``TrainJob``s and a ``consume`` callback and never asks which trainer it is (the in-process
+and worker-pool trainers here, ``flower/server.py``'s ``FlowerTrainer``).
+
 ``--workers N`` starts N spawned processes, each with one model object, its own copy of the
 method, and the training tensors received once through shared memory. Each round the global
 state is put in shared memory once; workers return their new states the same way. Client
@@ -16,6 +20,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.multiprocessing as tmp
@@ -35,6 +40,25 @@ class TrainJob:
     client_state: State | None
 
 
+class Trainer(Protocol):
+    """Local training of a round's clients, wherever it runs."""
+
+    def train(self, global_state: State, jobs: list[TrainJob], round_: int,
+              consume: Callable[[State], None] | None = None) -> list[LocalResult]:
+        """One ``LocalResult`` per job, in job order. With ``consume`` each new state is
+        handed to it in job order and dropped (its slot in the results is an empty dict),
+        so the caller can average as states arrive without holding them all."""
+        ...
+
+    def close(self) -> None:
+        """Release the trainer after a finished run."""
+        ...
+
+    def terminate(self) -> None:
+        """Stop at once (an error or Ctrl-C)."""
+        ...
+
+
 class InProcessTrainer:
     """Trains clients one after the other with the server's own model object."""
 
@@ -43,10 +67,8 @@ class InProcessTrainer:
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
-              on_done: Callable[[int], None] | None = None,
               consume: Callable[[State], None] | None = None) -> list[LocalResult]:
-        """Results in job order; with ``consume`` each new state is handed to it at once
-        (in job order) and dropped (its slot in the results is an empty dict)."""
+        """``Trainer.train``, one client after another in this process."""
         out = []
         for job in jobs:
             state, client_state, loss = train_client(
@@ -56,8 +78,6 @@ class InProcessTrainer:
                 consume(state)
                 state = {}
             out.append(LocalResult(state, client_state, loss))
-            if on_done:
-                on_done(job.client)
         return out
 
     def close(self) -> None:
@@ -176,8 +196,8 @@ class WorkerPoolTrainer:
                                  initargs=(build, x, y, spec, threads, str(device), deterministic))
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
-              on_done: Callable[[int], None] | None = None,
               consume: Callable[[State], None] | None = None) -> list[LocalResult]:
+        """``Trainer.train`` on the worker processes."""
         shared = _shared(global_state)
         # One task per worker with a balanced share of the clients (largest first): fewer
         # round trips than one task per client, and results come back in client order.
@@ -189,8 +209,6 @@ class WorkerPoolTrainer:
         for share, p in pending:
             for i, (state, client_state, loss) in zip(share, p.get(), strict=True):
                 results[i] = LocalResult(unpack_state(state), unpack_state(client_state), loss)
-                if on_done:
-                    on_done(jobs[i].client)
         if consume is not None:
             for i, r in enumerate(results):
                 consume(r.state)  # type: ignore[union-attr]

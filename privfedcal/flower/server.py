@@ -26,6 +26,7 @@ redrawing its partition.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,8 @@ class FlowerTrainer:
         self.link, self.exp, self.sizes = link, exp, sizes
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
-              on_done: Any = None) -> list[LocalResult]:
+              consume: Callable[[State], None] | None = None) -> list[LocalResult]:
+        """``Trainer.train`` on the SuperNodes: one train message per client."""
         content = RecordDict({"global": state_to_record(global_state),
                               "config": ConfigRecord({"round": round_})})
         replies = self.link.exchange(content, [j.client for j in jobs], "train", str(round_))
@@ -70,9 +72,10 @@ class FlowerTrainer:
                     f"{self.sizes[job.client]}: the node changed its data during the run")
             state = record_to_state(reply["local"], self.exp.device)
             loss = reply["metrics"].get("train-loss")  # absent under DP-SGD
+            if consume is not None:
+                consume(state)
+                state = {}
             out.append(LocalResult(state, None, None if loss is None else float(loss)))
-            if on_done:
-                on_done(job.client)
         return out
 
     def close(self) -> None:

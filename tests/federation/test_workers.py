@@ -70,3 +70,26 @@ def test_calibrated_run_same_numbers_with_workers(name, tiny_cfg, tmp_path) -> N
     assert one["accuracy"] == two["accuracy"]
     assert one["per_class_accuracy"] == two["per_class_accuracy"]
     assert one["loss"] == two["loss"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_trainers_hand_states_to_consume_in_job_order(workers, tiny_cfg, tmp_path) -> None:
+    """The ``Trainer`` contract the simulator relies on: with ``consume`` every new state is
+    handed over in job order and the results hold empty dicts; without it, the same states
+    come back in the results (in-process and worker-pool trainers alike)."""
+    from privfedcal.federation.workers import TrainJob
+
+    sim = build_simulator(tiny_cfg(workers=workers), tmp_path / f"w{workers}")
+    trainer = sim.trainer()
+    try:
+        jobs = [TrainJob(c, sim.exp.parts[c], None) for c in (2, 0, 1)]
+        plain = trainer.train(sim.global_state, jobs, 1)
+        got: list = []
+        consumed = trainer.train(sim.global_state, jobs, 1, consume=got.append)
+    finally:
+        sim.close()
+    assert [r.state for r in consumed] == [{}, {}, {}]
+    assert len(got) == 3
+    for g, r in zip(got, plain, strict=True):
+        assert set(g) == set(r.state) and all(torch.equal(g[k], r.state[k]) for k in g)
+    assert [r.loss for r in consumed] == [r.loss for r in plain]
