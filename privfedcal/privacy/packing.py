@@ -227,10 +227,6 @@ class EncryptedUpload:
     layout_hash: str
     chunks: tuple[bytes, ...]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(len(c) for c in self.chunks)
-
     def to_bytes(self) -> bytes:
         """A safetensors file: chunk ``i`` is the uint8 tensor ``chunk{i:06d}``; its
         ``__metadata__`` holds the format, ``key_id``, ``layout_hash``, the chunk count and
