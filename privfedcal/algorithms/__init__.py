@@ -1,18 +1,15 @@
 """Federated methods, found by name: ``create_algorithm("fedprox", num_classes=10, mu=0.01)``.
 
-Importing this package registers every method below.
+Importing this package imports every module in it, and each registers its method
+(``@register``): a new method is one new file here.
 """
 
-from privfedcal.algorithms import (  # noqa: F401  (imported to register)
-    clsnorm,
-    clsprox,
-    fedavg,
-    fedavgm,
-    fedprox,
-    feduv,
-    freeze,
-    moon,
-)
-from privfedcal.algorithms.base import ALGORITHMS, Algorithm, create_algorithm
+import importlib
+import pkgutil
 
-__all__ = ["ALGORITHMS", "Algorithm", "create_algorithm"]
+from privfedcal.algorithms.base import ALGORITHMS, Algorithm, ClientContext, create_algorithm
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "create_algorithm"]

@@ -5,7 +5,7 @@ are the model): the simulator never branches on a method's name.
 
 Client side, in one worker process, for each selected client::
 
-    algo.begin_client(model, global_state, client_state)   # model already holds global_state
+    algo.begin_client(model, global_state, client_state, ctx)  # model holds global_state
     for x, y in batches: loss = algo.local_loss(model, x, y); loss.backward(); step
     new_client_state = algo.end_client(model)
 
@@ -33,6 +33,16 @@ class NoParams:
     """Methods without hyperparameters."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientContext:
+    """What a method may know of the client it trains on, beyond its batches: computed on
+    the client from its own data, never sent anywhere (a method that uses it keeps it in
+    its local loss). ``label_counts[c]``: the client's training examples of class ``c``."""
+
+    client: int
+    label_counts: Tensor
+
+
 class Algorithm:
     """A federated method. Subclasses override only the hooks they need."""
 
@@ -57,8 +67,9 @@ class Algorithm:
 
     # ---- client side -------------------------------------------------------------------
     def begin_client(self, model: FeatureClassifier, global_state: State,
-                     client_state: State | None) -> None:
-        """``model`` already holds ``global_state``; remember what the loss needs."""
+                     client_state: State | None, ctx: ClientContext | None = None) -> None:
+        """``model`` already holds ``global_state``; remember what the loss needs (from
+        ``ctx`` too: the client's label counts, for label-skew methods)."""
 
     def local_loss(self, model: FeatureClassifier, x: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(model(x), y)
@@ -75,6 +86,11 @@ class Algorithm:
 
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("method")
+
+
+def client_context(client: int, y: Tensor, num_classes: int) -> ClientContext:
+    """The context of a client whose training labels are ``y``."""
+    return ClientContext(client, torch.bincount(y, minlength=num_classes))
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:

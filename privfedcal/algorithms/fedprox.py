@@ -9,7 +9,7 @@ from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
 from privfedcal.algorithms._proximal import ProximalAnchor
-from privfedcal.algorithms.base import Algorithm, State, register
+from privfedcal.algorithms.base import Algorithm, ClientContext, State, register
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -33,7 +33,8 @@ class FedProx(Algorithm):
     _anchor: ProximalAnchor | None = None
 
     def begin_client(
-        self, model: FeatureClassifier, global_state: State, client_state: State | None
+        self, model: FeatureClassifier, global_state: State, client_state: State | None,
+        ctx: ClientContext | None = None,
     ) -> None:
         # The model holds the received global state: its trainable parameters are w_global.
         self._anchor = ProximalAnchor(self.anchored_parameters(model))

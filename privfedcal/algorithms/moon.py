@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, State, register
+from privfedcal.algorithms.base import Algorithm, ClientContext, State, register
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -79,7 +79,8 @@ class Moon(Algorithm):
     _cast: dict[torch.dtype, tuple[State, State | None]] | None = None
 
     def begin_client(
-        self, model: FeatureClassifier, global_state: State, client_state: State | None
+        self, model: FeatureClassifier, global_state: State, client_state: State | None,
+        ctx: ClientContext | None = None,
     ) -> None:
         device = next(model.parameters()).device
         self._view = _FeatureView(model)

@@ -63,11 +63,18 @@ def _vertical(table: Table) -> Table:
 def print_table(table: Table, stream: Console | None = None) -> None:
     """Print ``table`` within the terminal's width, or ``TABLE_WIDTH`` columns when piped.
 
-    A table wider than that is printed on its side (one block of ``column  value`` lines
-    per row) rather than squeezed: a number in a table is read whole or not at all."""
+    A wider table of three or more columns is printed on its side (one block of
+    ``column  value`` lines per row) rather than squeezed, and a name/value table folds its
+    long values onto further lines: a number in a table is read whole, never cut."""
     stream = stream or console
     width = stream.width if stream.is_terminal else min(stream.width, TABLE_WIDTH)
-    shown = table if _natural_width(table) <= width else _vertical(table)
+    shown = table
+    if _natural_width(table) > width:
+        if len(table.columns) > 2:
+            shown = _vertical(table)
+        else:  # a name/value table is already on its side: fold the long values
+            for column in table.columns:
+                column.overflow = "fold"
     stream.print(shown, width=width)
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.algorithms.base import Algorithm, State
+from privfedcal.algorithms.base import Algorithm, State, client_context
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.seeding import derive_seed, make_generator
 
@@ -166,7 +166,8 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     g = make_generator(spec.seed, round_, client, 1)
     model.load_state_dict(global_state)
     model.train()
-    algo.begin_client(model, global_state, client_state)
+    algo.begin_client(model, global_state, client_state,
+                      client_context(client, y_all[idx], algo.num_classes))
     if spec.dp_sgd is not None:
         from privfedcal.privacy.dpsgd_local import train_dpsgd
 

@@ -5,14 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
+import pkgutil
+
+import privfedcal.algorithms
 from privfedcal.algorithms import ALGORITHMS, Algorithm, create_algorithm
+from privfedcal.algorithms.base import client_context
 from privfedcal.errors import UsageError
 
-EXPECTED = {"fedavg", "fedprox", "fedavgm", "moon", "feduv", "freeze", "clsnorm", "clsprox"}
+#: the methods of the papers and their baselines; a new method adds itself (one file)
+PAPERS = {"fedavg", "fedprox", "fedavgm", "moon", "feduv", "freeze", "clsnorm", "clsprox"}
 
 
-def test_registry_is_complete() -> None:
-    assert set(ALGORITHMS.names()) == EXPECTED
+def test_every_method_module_registers_its_method() -> None:
+    """A method is one file in algorithms/: importing the package registers each module's
+    method, and every module but ``base`` and the private helpers (``_name``) registers one."""
+    modules = {m.name for m in pkgutil.iter_modules(privfedcal.algorithms.__path__)
+               if m.name != "base" and not m.name.startswith("_")}
+    owners = {ALGORITHMS.get(n).__module__.rsplit(".", 1)[1] for n in ALGORITHMS.names()}
+    assert owners == modules
+    assert PAPERS <= set(ALGORITHMS.names())
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
@@ -26,8 +37,8 @@ def test_round_trip(name: str, make_mlp, make_batch) -> None:
     client_state = None
     for visit in range(2):  # the second visit sees the client state of the first
         model.load_state_dict(global_state)
-        algo.begin_client(model, global_state, client_state)
         x, y = make_batch(5, seed=visit)
+        algo.begin_client(model, global_state, client_state, client_context(0, y, 3))
         opt.zero_grad()
         loss = algo.local_loss(model, x, y)
         assert loss.ndim == 0 and torch.isfinite(loss)
@@ -44,7 +55,7 @@ def test_round_trip(name: str, make_mlp, make_batch) -> None:
 def test_unknown_method_lists_names() -> None:
     with pytest.raises(UsageError) as err:
         create_algorithm("scaffold", num_classes=3)
-    for name in EXPECTED:
+    for name in ALGORITHMS.names():
         assert name in str(err.value)
 
 

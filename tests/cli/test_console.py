@@ -91,3 +91,20 @@ def test_a_table_that_fits_is_printed_as_it_is():
     lines = _printed(table).splitlines()
     assert any("metric" in x and "value" in x for x in lines)  # the header row, on one line
     assert any("accuracy" in x and "0.9321" in x for x in lines)
+
+
+def test_a_wide_name_value_table_folds_its_values():
+    from rich.table import Table
+
+    from privfedcal.cli.console import TABLE_WIDTH
+
+    table = Table(title="privfedcal run")
+    table.add_column("metric")
+    table.add_column("value")
+    long = "balsoftmax (local balsoftmax, calibration none) " * 3
+    table.add_row("method", long)
+    table.add_row("accuracy", "0.8625")
+    lines = _printed(table).splitlines()
+    assert max(len(x) for x in lines) <= TABLE_WIDTH
+    assert any("accuracy" in x and "0.8625" in x for x in lines)  # rows stay rows
+    assert "".join(lines).count("balsoftmax") == 6
