@@ -326,24 +326,11 @@ class Simulator:
         divergence.check_evaluation(ev, final_round, cfg.lr)
         self.elapsed += time.perf_counter() - t0
         save_checkpoint(self.run_dir / "final", {"model": final_state})
-        summary: dict[str, Any] = {
-            "method": cfg.method,
-            "local_method": cfg.local_method,
-            "calibrator": cfg.calibrator,
-            "dataset": cfg.dataset,
-            "model": self.exp.model_name,
-            "rounds": cfg.rounds,
-            "accuracy": ev["accuracy"],
-            "loss": ev["loss"],
-            "per_class_accuracy": ev["per_class_accuracy"],
-            "wall_seconds": round(self.elapsed, 3),
-            "uploaded_bytes": self.transcript.uploaded_bytes(),
-            "calibration_upload_bytes": self.transcript.uploaded_bytes(),
-            "model_update_bytes": self.update_bytes,
-            "rejected_uploads": list(self.uplink.rejected),
-            "skipped_releases": list(self.uplink.skipped),
-            **extra,
-        }
+        summary = self.summary_fields(
+            accuracy=ev["accuracy"], loss=ev["loss"],
+            per_class_accuracy=ev["per_class_accuracy"],
+            rejected_uploads=list(self.uplink.rejected),
+            skipped_releases=list(self.uplink.skipped), **extra)
         privacy = self.uplink.summary()
         if privacy:
             summary["privacy"] = privacy
@@ -372,22 +359,26 @@ class Simulator:
     def write_diverged(self, exc: Diverged) -> None:
         """summary.json of a run stopped by the divergence guard: no accuracy of the NaN
         model, only the last finite evaluation (also in metrics.jsonl)."""
-        cfg = self.cfg
         last = next((h for h in reversed(self.history) if "accuracy" in h), None)
-        summary = {
+        summary = self.summary_fields(
+            diverged=exc.record(), accuracy=None,
+            last_finite_evaluation=({"round": last["round"], "accuracy": last["accuracy"]}
+                                    if last else None),
+            checkpoint_round=self.history[-1]["round"] if self.history else 0,
+            notes=self.notes + [str(exc)])
+        write_summary(self.run_dir, summary)
+
+    def summary_fields(self, **fields: Any) -> dict[str, Any]:
+        """``summary.json``'s fields of every run, finished or diverged, then ``fields``:
+        what ran (method, data, model, rounds), its wall time and the bytes uploaded."""
+        cfg = self.cfg
+        return {
             "method": cfg.method, "local_method": cfg.local_method,
             "calibrator": cfg.calibrator, "dataset": cfg.dataset, "model": self.exp.model_name,
-            "rounds": cfg.rounds, "diverged": exc.record(), "accuracy": None,
-            "last_finite_evaluation": ({"round": last["round"], "accuracy": last["accuracy"]}
-                                       if last else None),
-            "checkpoint_round": self.history[-1]["round"] if self.history else 0,
-            "wall_seconds": round(self.elapsed, 3),
+            "rounds": cfg.rounds, "wall_seconds": round(self.elapsed, 3),
             "uploaded_bytes": self.transcript.uploaded_bytes(),
             "calibration_upload_bytes": self.transcript.uploaded_bytes(),
-            "model_update_bytes": self.update_bytes,
-            "notes": self.notes + [str(exc)],
-        }
-        write_summary(self.run_dir, summary)
+            "model_update_bytes": self.update_bytes, **fields}
 
     # ---- checkpoint / resume ------------------------------------------------------------------
     def save(self, round_: int) -> None:
