@@ -66,13 +66,13 @@ def build_calibrator(cfg: RunConfig, exp: Any):
     """The calibrator ``cfg.calibrator`` names (``name`` or ``name:N``), with its options."""
     from privfedcal.calibration import create_calibrator
     from privfedcal.federation.hooks import CalibrationSpec
-    from privfedcal.protection import calibration_defaults
 
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
-    options = calibration_defaults(cfg, {**cfg.calibration_params, "seed": cfg.seed})
+    options = calibrator_class(cfg).privacy_options(cfg, {**cfg.calibration_params,
+                                                          "seed": cfg.seed})
     return create_calibrator(spec, num_classes=exp.data.num_classes,
                              feature_dim=exp.model.feature_dim, options=options)
 

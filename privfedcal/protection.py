@@ -17,7 +17,6 @@ What each flag protects (docs/privacy.md has the whole story):
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from privfedcal.algorithms.base import ALGORITHMS
 from privfedcal.errors import UsageError
@@ -200,16 +199,7 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
         for r in calibrator.releases:
             CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
                                      max_clients=cfg.clients)
-    hints = []
-    if dp_on and cfg.calibrator == "creff" and dp_creff_weighting(cfg) == "sample" and \
-            not _weighting_given(cfg):
-        hints.append("under DP, CReFF uses sample weighting (class-gradient sums and counts): "
-                     "the paper's client weighting uploads per-class means whose signal does "
-                     "not grow with the data and drowns in the noise (docs/results.md)")
-    elif dp_on and cfg.calibrator == "creff" and dp_creff_weighting(cfg) != "sample":
-        hints.append("CReFF's client weighting uploads per-class means, whose signal does not "
-                     "grow with the data: under DP, --creff-weighting sample is far more "
-                     "accurate (docs/results.md)")
+    hints = calibrator.privacy_hints(cfg)
     return Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
                   hints=hints, seeded_noise=cfg.insecure_seeded_noise)
 
@@ -223,27 +213,6 @@ def uplink_stages(bound, dp, secagg, cfg) -> list[Stage]:
         stages.append(NoiseStage(dp, seed=cfg.seed, seeded=cfg.insecure_seeded_noise))
     stages.append(EncryptStage(secagg) if secagg is not None else ClearWire())
     return stages
-
-
-def _weighting_given(cfg) -> bool:
-    return any(k in cfg.calibration_params for k in ("creff_weighting", "weighting"))
-
-
-def dp_creff_weighting(cfg) -> str:
-    """CReFF's weighting: the one given, else ``sample`` under DP (the one that survives the
-    noise) and the paper's ``client`` otherwise."""
-    given = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
-        "weighting")
-    if given:
-        return str(given)
-    return "sample" if cfg.dp_enabled else "client"
-
-
-def calibration_defaults(cfg, options: dict[str, Any]) -> dict[str, Any]:
-    """Calibrator options with the privacy-dependent defaults filled in (CReFF under DP)."""
-    if cfg.calibrator == "creff" and cfg.dp_enabled and not _weighting_given(cfg):
-        return {**options, "creff_weighting": "sample"}
-    return options
 
 
 #: |parameter| assumed <= this under --secagg-updates: a data-independent bound for CKKS
@@ -281,5 +250,5 @@ def build_uplink(cfg, exp, calibrator) -> Uplink:
 
 
 __all__ = ["ASSUMPTIONS", "DPStage", "build_protected_uplink", "build_uplink",
-           "calibration_defaults", "dp_creff_weighting", "dpsgd_methods",
+           "dpsgd_methods",
            "participation_counts", "planned_participants", "release_plans", "update_uplink"]

@@ -312,6 +312,36 @@ class CReFF(Calibrator):
         CREFF_RELEASE, sensitivity={"grad": "G", "count": "1", "holders": "1"},
         magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected"),)
 
+    # ---- privacy policy -----------------------------------------------------------------
+    @staticmethod
+    def _weighting_given(cfg: Any) -> bool:
+        return any(k in cfg.calibration_params for k in ("creff_weighting", "weighting"))
+
+    @classmethod
+    def privacy_options(cls, cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """Under DP, sample weighting unless a weighting was given: client weighting
+        uploads per-class means, whose signal does not grow with the data and drowns in the
+        noise (docs/results.md)."""
+        if cfg.dp_enabled and not cls._weighting_given(cfg):
+            return {**options, "creff_weighting": "sample"}
+        return options
+
+    @classmethod
+    def privacy_hints(cls, cfg: Any) -> list[str]:
+        if not cfg.dp_enabled:
+            return []
+        if not cls._weighting_given(cfg):
+            return ["under DP, CReFF uses sample weighting (class-gradient sums and counts): "
+                    "the paper's client weighting uploads per-class means whose signal does "
+                    "not grow with the data and drowns in the noise (docs/results.md)"]
+        given = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
+            "weighting")
+        if str(given) != "sample":
+            return ["CReFF's client weighting uploads per-class means, whose signal does not "
+                    "grow with the data: under DP, --creff-weighting sample is far more "
+                    "accurate (docs/results.md)"]
+        return []
+
     def __init__(self, params: CReFFParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:
         self.params = params if params is not None else CReFFParams()

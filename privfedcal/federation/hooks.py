@@ -75,6 +75,19 @@ class Calibrator:
     releases: ClassVar[tuple] = ()
     protectable: ClassVar[bool] = True  # False: reads raw data, cannot run under DP
 
+    # ---- the calibrator's privacy policy (read by the planner, privfedcal/protection.py) --
+    @classmethod
+    def privacy_options(cls, cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` with the defaults that depend on the run's protection filled in
+        (CReFF's weighting under DP); as given by default."""
+        return options
+
+    @classmethod
+    def privacy_hints(cls, cfg: Any) -> list[str]:
+        """Advice printed with the run's notes about this calibrator under the run's
+        protection; none by default."""
+        return []
+
     def after_round(self, ctx: ServerContext) -> None:
         """Every round, after aggregation (CReFF)."""
 
