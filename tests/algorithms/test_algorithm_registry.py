@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import pkgutil
+
 import pytest
 import torch
-
-import pkgutil
 
 import privfedcal.algorithms
 from privfedcal.algorithms import ALGORITHMS, Algorithm, create_algorithm

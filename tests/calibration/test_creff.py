@@ -342,3 +342,22 @@ def test_client_draws_change_nothing_where_no_class_exceeds_the_cap(make_context
         runs.append(creff.state_dict())
     for k in runs[0]:
         assert torch.equal(runs[0][k], runs[1][k]), k
+
+
+def test_privacy_policy_sample_weighting_under_dp_unless_given():
+    """CReFF's own policy (read by the planner): under DP the weighting defaults to sample
+    with a note; a given client weighting is kept, with a warning; without DP, nothing."""
+    from privfedcal.calibration.creff import CReFF
+    from privfedcal.config import RunConfig
+
+    dp = RunConfig(method="creff", dp_eps=8.0)
+    assert CReFF.privacy_options(dp, {"seed": 0}) == {"seed": 0, "creff_weighting": "sample"}
+    assert "uses sample weighting" in CReFF.privacy_hints(dp)[0]
+    given = dp.replace(calibration_params={"creff_weighting": "client"})
+    assert CReFF.privacy_options(given, {"creff_weighting": "client"}) == {
+        "creff_weighting": "client"}
+    assert "far more accurate" in CReFF.privacy_hints(given)[0]
+    sample = dp.replace(calibration_params={"creff_weighting": "sample"})
+    assert CReFF.privacy_hints(sample) == []
+    plain = RunConfig(method="creff")
+    assert CReFF.privacy_options(plain, {}) == {} and CReFF.privacy_hints(plain) == []
