@@ -14,6 +14,8 @@ spec's integer argument sets ``CCVRParams.virtual_per_class``, ``OracleParams.pe
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from typing import Any
 
 from privfedcal.calibration.ccvr import (
@@ -56,6 +58,10 @@ def create_calibrator(spec: CalibrationSpec, *, num_classes: int, feature_dim: i
     params = calibrator_params(cls, spec, options or {})
     return cls(params, num_classes=num_classes, feature_dim=feature_dim)
 
+
+# every module here is imported, so a calibrator's own file registers it
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "CCVR", "CCVRParams", "CReFF", "CReFFParams", "ClassStats", "GradTask", "Oracle",

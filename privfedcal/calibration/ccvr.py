@@ -164,7 +164,8 @@ class CCVR(PosthocCalibrator):
     #: one release after training, from every client (docs/privacy-dp.md, sensitivities)
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CCVR_RELEASE, sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
-        magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all"),)
+        magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all",
+        task=StatsTask),)
 
     def __init__(self, params: CCVRParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:

@@ -310,7 +310,8 @@ class CReFF(Calibrator):
     #: count, client weighting grad (per-class means) + holders (docs/privacy-dp.md)
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CREFF_RELEASE, sensitivity={"grad": "G", "count": "1", "holders": "1"},
-        magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected"),)
+        magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected",
+        task=GradTask),)
 
     # ---- privacy policy -----------------------------------------------------------------
     @staticmethod

@@ -8,8 +8,9 @@ up in ``TASKS`` and rebuilds the same frozen dataclass, so it runs exactly the
 can be built, and only from their declared fields: a message cannot make a client run
 anything else.
 
-Registering a new task (any frozen dataclass whose fields are tensors, None, bool, int,
-float or str)::
+A calibrator's tasks are registered from its release declarations (``ReleaseSpec.task``):
+nothing to do here for a new calibrator. Any other task (a frozen dataclass whose fields are
+tensors, None, bool, int, float or str) is registered by hand::
 
     TASKS.register("my-task")(MyTask)
 """
@@ -37,13 +38,14 @@ _SCALARS = (bool, int, float, str)
 
 
 def _register_builtin() -> None:
-    from privfedcal.calibration.ccvr import StatsTask
-    from privfedcal.calibration.creff import GradTask
-    from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
+    """Every registered calibrator's release tasks, under the release's label."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
 
-    for name, cls in ((CCVR_RELEASE, StatsTask), (CREFF_RELEASE, GradTask)):
-        if name not in TASKS:
-            TASKS.register(name)(cls)
+    for cal in CALIBRATORS.names():
+        for release in CALIBRATORS.get(cal).releases:
+            if release.task is not None and release.label not in TASKS:
+                TASKS.register(release.label)(release.task)
 
 
 def task_name(task: PayloadTask) -> str:

@@ -37,6 +37,10 @@ class ReleaseSpec:
     sensitivity: Mapping[str, str]  # payload key -> L2 sensitivity (symbols)
     magnitude: Mapping[str, str]    # payload key -> bound on |aggregate entry| (symbols)
     participants: str = "all"       # "all": once, every client; "selected": every round
+    #: the payload task a client runs for this release (a frozen dataclass with
+    #: ``compute(model, x, y, bound)``); under Flower it travels by this release's label
+    #: (flower/tasks.py builds its registry from the calibrators' declarations)
+    task: type | None = None
 
     def __post_init__(self) -> None:
         if set(self.sensitivity) != set(self.magnitude):
