@@ -23,7 +23,6 @@ from typing import Any
 
 from privfedcal.descriptions import (
     CALIBRATION_SETTINGS,
-    METHOD_SETTINGS,
     PER_MODEL,
     check_value,
     setting,
@@ -263,12 +262,13 @@ def check_settings(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     if "dp_eps" in out and out["dp_eps"] is None:
         out["dp_eps"] = math.inf
     out = {k: check_value(known[k], v, prefix) for k, v in out.items()}
-    for table, described in (("method_params", METHOD_SETTINGS),
-                             ("calibration_params", CALIBRATION_SETTINGS)):
-        by_name = {s.name: s for s in described}
-        if table in out:
-            out[table] = {k: check_value(by_name[k], v, f"{prefix}{table}.")
-                          if k in by_name else v for k, v in out[table].items()}
+    # method hyperparameters are checked by the method's own Params (name, type, range)
+    # when the run is built: which names are valid depends on the method
+    by_name = {s.name: s for s in CALIBRATION_SETTINGS}
+    if "calibration_params" in out:
+        out["calibration_params"] = {
+            k: check_value(by_name[k], v, f"{prefix}calibration_params.") if k in by_name
+            else v for k, v in out["calibration_params"].items()}
     return out
 
 

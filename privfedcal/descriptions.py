@@ -125,15 +125,6 @@ def _hyper(name: str, kind: type, help: str, *, scope: str, flag: str | None = N
                    shown=shown)
 
 
-#: method hyperparameters with a flag (``[method_params]``); None: the method's default
-#: (docs/methods.md). A method refuses a hyperparameter it does not have.
-METHOD_SETTINGS: tuple[Setting, ...] = (
-    _hyper("mu", float, "FedProx/clsprox/MOON/FedUV mu (method default if unset).", scope="method"),
-    _hyper("tau", float, "MOON temperature.", scope="method"),
-    _hyper("beta", float, "FedAvgM server momentum.", scope="method"),
-    _hyper("server_lr", float, "FedAvgM server learning rate.", scope="method"),
-    _hyper("lam", float, "FedUV variance weight lambda (default D/4).", scope="method"),
-)
 #: calibrator options with a flag (``[calibration_params]``); None: the calibrator's default
 CALIBRATION_SETTINGS: tuple[Setting, ...] = (
     _hyper("virtual_per_class", int, "CCVR virtual features per class M.", scope="calibration"),

@@ -2,8 +2,9 @@
 
 A setting is declared once, as a field of :class:`privfedcal.config.RunConfig` (or of
 :class:`FlowerOptions`) made by :func:`setting` (``privfedcal/descriptions.py``, below the
-config), or as an entry of ``METHOD_SETTINGS`` /
-``CALIBRATION_SETTINGS`` (the hyperparameters that have a flag). Its name, type, default,
+config), as a field of a method's ``Params`` made by ``algorithms.base.hyper`` (the flags of
+``METHOD_SETTINGS`` are derived from every registered method's), or as an entry of
+``CALIBRATION_SETTINGS``. Its name, type, default,
 help text, help group and flag spelling live there, and everything else is derived from
 :func:`all_settings`:
 
@@ -22,7 +23,9 @@ below), then ``python -m privfedcal.settings --write`` and the new key with its 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +33,46 @@ from privfedcal.config import RunConfig
 from privfedcal.descriptions import (
     CALIBRATION_SETTINGS,
     GROUPS,
-    METHOD_SETTINGS,
     PER_MODEL,
     SCOPES,
     FlowerOptions,
     Setting,
+    _hyper,
+    _kind,
     check_value,
     render,
     setting,
     settings_of,
 )
+
+
+def method_settings() -> tuple[Setting, ...]:
+    """One ``--flag`` per hyperparameter name of the registered methods (``[method_params]``
+    in a settings file), typed and described by the methods' ``Params`` fields; a name
+    several methods share (``mu``) is one flag whose help lists each method's meaning. None
+    means the method's default; a method refuses a hyperparameter it does not have."""
+    from privfedcal.algorithms import ALGORITHMS
+
+    uses: dict[str, list[tuple[str, Any, type, bool]]] = {}
+    for method in ALGORITHMS.names():
+        params = ALGORITHMS.get(method).Params
+        hints = typing.get_type_hints(params)
+        for f in dataclasses.fields(params):
+            kind, optional = _kind(hints[f.name])
+            uses.setdefault(f.name, []).append((method, f, kind, optional))
+    out = []
+    for name, fields in uses.items():
+        kinds = {kind for _, _, kind, _ in fields}
+        if len(kinds) != 1:
+            raise TypeError(f"hyperparameter {name!r} has different types in "
+                            f"{', '.join(m for m, *_ in fields)}: one flag needs one type")
+        text = "; ".join(f"{m}: {f.metadata.get('help', name)}" for m, f, _, _ in fields)
+        out.append(_hyper(name, kinds.pop(), text + " (the method's default if unset).",
+                          scope="method"))
+    return tuple(out)
+
+
+METHOD_SETTINGS: tuple[Setting, ...] = method_settings()
 
 
 def all_settings() -> tuple[Setting, ...]:

@@ -17,6 +17,7 @@ Server side, once per round::
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +27,14 @@ from torch import Tensor
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.registry import Registry
 from privfedcal.tensors import State
+
+
+def hyper(default: Any, help: str) -> Any:
+    """A hyperparameter field of a method's ``Params``: its name, type and default are the
+    field's, its range is checked in the class's ``__post_init__``, and ``help`` is the text
+    of its ``--flag`` and of the docs' settings table (``privfedcal/settings.py`` derives
+    the flags of every registered method from these fields)."""
+    return dataclasses.field(default=default, metadata={"help": help})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,4 +121,12 @@ def create_algorithm(name: str, *, num_classes: int, **overrides: Any) -> Algori
     if unknown:
         valid = ", ".join(sorted(fields)) or "none"
         raise UsageError(f"method {name!r} takes no {', '.join(unknown)}; its hyperparameters: {valid}")
+    hints = typing.get_type_hints(cls.Params)
+    for k, v in given.items():  # an integer where a float is declared (TOML's mu = 1)
+        if isinstance(v, int) and not isinstance(v, bool) and float in _types(hints[k]):
+            given[k] = float(v)
     return cls(cls.Params(**given), num_classes=num_classes)
+
+
+def _types(annotation: Any) -> tuple[Any, ...]:
+    return typing.get_args(annotation) or (annotation,)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import register
+from privfedcal.algorithms.base import hyper, register
 from privfedcal.algorithms.fedprox import FedProx
 from privfedcal.models.base import FeatureClassifier
 
@@ -16,7 +16,7 @@ from privfedcal.models.base import FeatureClassifier
 class ClsProxParams:
     """mu: weight of the classifier proximal term."""
 
-    mu: float = 0.01
+    mu: float = hyper(0.01, "weight of the classifier's proximal term")
 
     def __post_init__(self) -> None:
         check_number("clsprox", "mu", self.mu)

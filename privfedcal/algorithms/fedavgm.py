@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, State, register
+from privfedcal.algorithms.base import Algorithm, State, hyper, register
 
 #: key prefix of the momentum buffers in the (flat) server state
 MOMENTUM_PREFIX = "momentum."
@@ -29,8 +29,8 @@ _STAT_SUFFIXES = (".running_mean", ".running_var", "num_batches_tracked")
 class FedAvgMParams:
     """beta: server momentum in [0, 1); server_lr: server learning rate (> 0)."""
 
-    beta: float = 0.1
-    server_lr: float = 1.0
+    beta: float = hyper(0.1, "server momentum")
+    server_lr: float = hyper(1.0, "server learning rate")
 
     def __post_init__(self) -> None:
         check_number("fedavgm", "beta", self.beta, high=1.0, high_open=True)

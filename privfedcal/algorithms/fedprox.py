@@ -9,7 +9,7 @@ from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
 from privfedcal.algorithms._proximal import ProximalAnchor
-from privfedcal.algorithms.base import Algorithm, ClientContext, State, register
+from privfedcal.algorithms.base import Algorithm, ClientContext, State, hyper, register
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -17,7 +17,7 @@ from privfedcal.models.base import FeatureClassifier
 class FedProxParams:
     """mu: weight of the proximal term (CCVR's baseline setting: 0.01)."""
 
-    mu: float = 0.01
+    mu: float = hyper(0.01, "weight of the proximal term mu/2 ||w - w_global||^2")
 
     def __post_init__(self) -> None:
         check_number("fedprox", "mu", self.mu)

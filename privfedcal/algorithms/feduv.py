@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, register
+from privfedcal.algorithms.base import Algorithm, hyper, register
 from privfedcal.models.base import FeatureClassifier
 
 _EPS = 1e-12
@@ -70,8 +70,8 @@ def uniformity_loss(z: Tensor) -> Tensor:
 class FedUVParams:
     """mu: weight of L_U; lam: weight of L_V (None -> D/4, D = number of classes)."""
 
-    mu: float = 0.5
-    lam: float | None = None
+    mu: float = hyper(0.5, "weight of the uniformity loss L_U")
+    lam: float | None = hyper(None, "weight of the variance loss L_V (default D/4)")
 
     def __post_init__(self) -> None:
         check_number("feduv", "mu", self.mu)

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, ClientContext, State, register
+from privfedcal.algorithms.base import Algorithm, ClientContext, State, hyper, register
 from privfedcal.models.base import FeatureClassifier
 
 
@@ -58,8 +58,8 @@ class _FeatureView(nn.Module):
 class MoonParams:
     """tau: temperature (paper: 0.5); mu: weight of l_con (paper uses 1 or 5)."""
 
-    tau: float = 0.5
-    mu: float = 1.0
+    tau: float = hyper(0.5, "temperature of the contrastive loss")
+    mu: float = hyper(1.0, "weight of the contrastive loss l_con")
 
     def __post_init__(self) -> None:
         check_number("moon", "tau", self.tau, low_open=True)

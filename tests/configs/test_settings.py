@@ -105,7 +105,6 @@ def test_optional_float_takes_none_and_any_number(value):
     ("secagg = 1", "secagg must be true or false, got 1"),
     ("clients = 2.5", "clients must be an integer, got 2.5"),
     ("method_params = 3", "method_params must be a table"),
-    ('[method_params]\nmu = "big"', "method_params.mu must be a number, got 'big'"),
     ("[calibration_params]\nvirtual_per_class = 1.5",
      "calibration_params.virtual_per_class must be an integer, got 1.5"),
     ('[calibration_params]\ntukey = "yes"', "calibration_params.tukey must be true or false"),
@@ -117,13 +116,29 @@ def test_wrong_type_in_a_settings_file_is_one_line_and_exit_2(tmp_path, capsys, 
     assert line.startswith("privfedcal: error: config file ") and needle in line, line
 
 
+def test_a_method_hyperparameter_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, capsys):
+    """Method hyperparameters are checked by the method's own Params when the run is built
+    (which names are valid depends on the method)."""
+    conf = tmp_path / "bad.toml"
+    conf.write_text('method = "fedprox"\n[method_params]\nmu = "big"\n')
+    line = _one_error_line(["train", "--config", str(conf)], capsys)
+    assert "fedprox: mu must be a finite number, got 'big'" in line, line
+    conf.write_text('[method_params]\nmu = 0.1\n')  # fedavg has no mu
+    line = _one_error_line(["train", "--config", str(conf)], capsys)
+    assert "method 'fedavg' takes no mu" in line, line
+
+
 def test_settings_file_values_arrive_typed(tmp_path):
+    from privfedcal.algorithms import create_algorithm
+
     conf = tmp_path / "ok.toml"
     conf.write_text("alpha = 1\ndp-eps = 4\n[method_params]\nmu = 1\n"
                     "[calibration_params]\nvirtual-per-class = 20\nccvr_steps = 3\n")
     got = load_toml(conf)
     assert got["alpha"] == 1.0 and type(got["alpha"]) is float and got["dp_eps"] == 4.0
-    assert got["method_params"] == {"mu": 1.0} and type(got["method_params"]["mu"]) is float
+    assert got["method_params"] == {"mu": 1}
+    mu = create_algorithm("fedprox", num_classes=3, **got["method_params"]).params.mu
+    assert mu == 1.0 and type(mu) is float  # the Params' declared type
     # a name without a flag is left to the calibrator's own check
     assert got["calibration_params"] == {"virtual_per_class": 20, "ccvr_steps": 3}
 
@@ -218,3 +233,39 @@ def test_rewrite_replaces_only_the_marked_block():
 def test_dp_eps_off_round_trips_as_null():
     cfg = RunConfig.from_dict({"dp_eps": None})
     assert math.isinf(cfg.dp_eps) and cfg.to_dict()["dp_eps"] is None
+
+
+def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
+    """Declared once, on the method's Params (``hyper``): the flag's name, type and help
+    follow; a name two methods share with different types is refused."""
+    import dataclasses
+
+    from privfedcal.algorithms.base import ALGORITHMS, Algorithm, hyper
+    from privfedcal.settings import method_settings
+
+    @dataclasses.dataclass(frozen=True)
+    class P:
+        gamma: int = hyper(3, "focusing exponent")
+        mu: float = hyper(0.2, "a second meaning of mu")
+
+    class Focal(Algorithm):
+        name = "focal-test"
+        Params = P
+
+    monkeypatch.setitem(ALGORITHMS._items, "focal-test", Focal)
+    flags = {s.name: s for s in method_settings()}
+    assert flags["gamma"].type is int and "focal-test: focusing exponent" in flags["gamma"].help
+    assert "focal-test: a second meaning of mu" in flags["mu"].help
+    assert "fedprox: weight of the proximal term" in flags["mu"].help
+
+    @dataclasses.dataclass(frozen=True)
+    class Q:
+        mu: str = hyper("x", "mu as text")
+
+    class Clash(Algorithm):
+        name = "clash-test"
+        Params = Q
+
+    monkeypatch.setitem(ALGORITHMS._items, "clash-test", Clash)
+    with pytest.raises(TypeError, match="'mu' has different types"):
+        method_settings()

@@ -1,8 +1,8 @@
 """The package's layers import downwards only (docs/architecture.md).
 
 Layer of each top-level module of ``privfedcal`` (a package counts as one module):
-foundations (errors, registry, descriptions, config, settings, seeding, palette, plotstyle) < data, models <
-algorithms, privacy < federation < calibration, attacks, analysis, experiment, protection,
+foundations (errors, registry, descriptions, config, seeding, palette, plotstyle) < data,
+models < algorithms, privacy, settings < federation < calibration, attacks, analysis, experiment, protection,
 plots, accuracy_png < report < flower, api < cli. A module may import its own layer and the
 layers below; nothing outside ``privfedcal.cli`` imports the CLI but ``privfedcal.__main__``
 (``python -m privfedcal``, the command's other entry). One exception: the package's
@@ -21,11 +21,11 @@ import pytest
 import privfedcal
 
 LAYERS: dict[str, int] = {
-    "": 0, "errors": 0, "registry": 0, "descriptions": 0, "config": 0, "settings": 0,
+    "": 0, "errors": 0, "registry": 0, "descriptions": 0, "config": 0,
     "seeding": 0, "palette": 0,
     "plotstyle": 0, "tensors": 0,
     "data": 1, "models": 1,
-    "algorithms": 2, "privacy": 2,
+    "algorithms": 2, "privacy": 2, "settings": 2,
     "federation": 3,
     "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "protection": 4,
     "plots": 4, "accuracy_png": 4,
