@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -241,15 +242,37 @@ class WorkerPoolTrainer:
         the round they are training. A worker stopped while it received tensors breaks the
         connection of multiprocessing's file-descriptor server thread in this process; the
         run is ending with its own error, so that thread's connection error is not printed."""
-        threading.excepthook = _quiet_connection_errors(threading.excepthook)
+        threading.excepthook = _quiet_thread_connection_errors(threading.excepthook)
+        # multiprocessing's resource sharer reports its thread's errors through
+        # sys.excepthook itself (resource_sharer._serve), not threading.excepthook
+        sys.excepthook = _quiet_connection_errors(sys.excepthook)
         self.pool.terminate()
         self.pool.join()
 
 
-def _quiet_connection_errors(hook):
+def _from_multiprocessing(exc_type, tb) -> bool:
+    """A connection error raised inside multiprocessing's own modules (its resource sharer
+    or a pool connection): what a stopped worker leaves behind, and nothing else."""
+    if not issubclass(exc_type, OSError | EOFError):
+        return False
+    while tb is not None:
+        if "multiprocessing" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _quiet_thread_connection_errors(hook):
     def excepthook(args: threading.ExceptHookArgs) -> None:
-        if not issubclass(args.exc_type, OSError | EOFError):
+        if not _from_multiprocessing(args.exc_type, args.exc_traceback):
             hook(args)
+    return excepthook
+
+
+def _quiet_connection_errors(hook):
+    def excepthook(exc_type, exc, tb) -> None:
+        if not _from_multiprocessing(exc_type, tb):
+            hook(exc_type, exc, tb)
     return excepthook
 
 

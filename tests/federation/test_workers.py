@@ -93,3 +93,28 @@ def test_trainers_hand_states_to_consume_in_job_order(workers, tiny_cfg, tmp_pat
     for g, r in zip(got, plain, strict=True):
         assert set(g) == set(r.state) and all(torch.equal(g[k], r.state[k]) for k in g)
     assert [r.loss for r in consumed] == [r.loss for r in plain]
+
+
+def test_only_multiprocessings_connection_errors_are_silenced_after_terminate() -> None:
+    """After the pool is terminated, a stopped worker's broken connection (raised inside
+    multiprocessing) is not printed; any other error still reaches the previous hook."""
+    import multiprocessing.connection as mpc
+    import sys
+
+    from privfedcal.federation.workers import _quiet_connection_errors
+
+    seen: list = []
+    hook = _quiet_connection_errors(lambda *a: seen.append(a[0]))
+
+    def broken():
+        mpc.Client(("127.0.0.1", 1))  # connection refused, raised inside multiprocessing
+
+    for raiser, expected in ((broken, []), (lambda: open("/nonexistent/x"), [OSError]),
+                             (lambda: 1 / 0, [ZeroDivisionError])):
+        seen.clear()
+        try:
+            raiser()
+        except Exception:
+            hook(*sys.exc_info())
+        assert len(seen) == len(expected), (raiser, seen)
+        assert all(issubclass(t, e) for t, e in zip(seen, expected, strict=True))
