@@ -78,19 +78,24 @@ class StackedSGD:
 
     @torch.no_grad()
     def step(self, grads: list[Tensor | None], k: int) -> None:
+        """One step of clients ``0..k-1``; ``grads`` (k, ...) are consumed (updated in place)."""
         for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
             if g is None:  # unused by the loss: PlainSGD skips a parameter without a grad
                 continue
             p = p[:k]
             if self.weight_decay != 0:
-                g = g.add(p, alpha=self.weight_decay)
+                g.add_(p, alpha=self.weight_decay)  # PlainSGD's g.add(p, alpha=wd), in place
             if self.momentum != 0:
                 buf = self.buffers[i]
                 if buf is None:
-                    # every client takes its first step at step 0, so the buffers of all
-                    # clients active then start here; a client with no step never reads its row
-                    buf = torch.zeros_like(self.params[i])
-                    buf[:k] = g
+                    # every client takes its first step at step 0: the buffers of the clients
+                    # active then start as their g (PlainSGD's clone); a client without any
+                    # step (no samples) never reads its row
+                    if k == p.shape[0] == self.params[i].shape[0]:
+                        buf = g
+                    else:
+                        buf = torch.zeros_like(self.params[i])
+                        buf[:k] = g
                     self.buffers[i] = buf
                 else:
                     buf[:k].mul_(self.momentum).add_(g, alpha=1.0)
