@@ -128,7 +128,9 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
 
     bs = spec.batch_size
     nb = math.ceil(n / bs)
-    keep = nb - 1 if (n >= 2 and n - (nb - 1) * bs == 1) else nb  # the skipped batch of one
+    # train_client skips a batch of one sample when n >= 2: with batch size 1 every batch,
+    # else at most the last one
+    keep = nb if n < 2 else (0 if bs == 1 else nb - (n - (nb - 1) * bs == 1))
     pos, wts, offs, flips = [], [], [], []
     for _ in range(spec.local_epochs):
         order = torch.randperm(n, generator=g)
