@@ -101,6 +101,46 @@ class MoonLoss(VectorLoss):
         return {k: v.clone() for k, v in state.items()}
 
 
+class FedUVLoss(VectorLoss):
+    """FedUV: ``CE + mu * L_U(z) + lambda * L_V(logits)`` (algorithms/feduv.py) over the real
+    rows: the unbiased column variance of the softmax over them, the pairs among them, and
+    sigma the lower median of their non-zero squared distances (padding rows and their
+    pairs are left out of the sort with +inf). A client batch of fewer than two real rows
+    has CE only, as in feduv.py."""
+
+    def loss(self, algo: Algorithm, forward: Forward, params: State, anchor: State, x: Tensor,
+             y: Tensor, w: Tensor, ext: State) -> Tensor:
+        z, logits = forward(params, x)
+        ce = weighted_ce(logits, y, w)
+        n = w.sum()
+        several = (n >= 2).to(ce.dtype)  # batch statistics need two rows
+        return (ce + several * algo.params.mu * self.uniformity(z, w)
+                + several * algo.lam * self.variance(logits, w, n, algo.c))
+
+    @staticmethod
+    def variance(logits: Tensor, w: Tensor, n: Tensor, c: float) -> Tensor:
+        """L_V: mean over classes of ``max(0, c - std_j)``, std over the real rows."""
+        probs = F.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=1)
+        mean = (probs * w[:, None]).sum(0) / n
+        var = (((probs - mean) ** 2) * w[:, None]).sum(0) / (n - 1).clamp_min(1)
+        return F.relu(c - var.clamp_min(1e-12).sqrt()).mean()
+
+    @staticmethod
+    def uniformity(z: Tensor, w: Tensor) -> Tensor:
+        """L_U: mean of exp(-d^2 / sigma) over the pairs of real rows."""
+        z = z if z.dtype == torch.float64 else z.float()
+        rows, cols = torch.triu_indices(z.shape[0], z.shape[0], offset=1, device=z.device)
+        diff = z[rows] - z[cols]
+        pair_d2 = (diff * diff).sum(dim=1)
+        real = w[rows] * w[cols]
+        chosen = (real > 0) & (pair_d2 > 0)
+        ordered = torch.where(chosen, pair_d2, torch.full_like(pair_d2, torch.inf)).sort().values
+        middle = torch.div(chosen.sum() - 1, 2, rounding_mode="floor").clamp_min(0)
+        sigma = ordered.gather(0, middle.reshape(1))[0]
+        # no non-zero distance: sigma = inf, every term exp(0) = 1 with zero gradient (feduv.py)
+        return (torch.exp(-pair_d2 / sigma) * real).sum() / real.sum().clamp_min(1)
+
+
 #: method name -> its vectorised loss; fedavgm, freeze and clsnorm train with FedAvg's loss
 #: (their differences are the server rule and the model's configuration)
 VECTOR_LOSSES: dict[str, VectorLoss] = {
@@ -111,4 +151,5 @@ VECTOR_LOSSES: dict[str, VectorLoss] = {
     "fedprox": ProximalLoss(),
     "clsprox": ProximalLoss("model.classifier."),
     "moon": MoonLoss(),
+    "feduv": FedUVLoss(),
 }

@@ -142,7 +142,7 @@ def test_simulator_with_client_batch_ends_with_the_same_model(tiny_cfg, tmp_path
 @settings(max_examples=12, deadline=None)
 @given(sizes=st.lists(st.integers(1, 23), min_size=1, max_size=5),
        batch=st.integers(1, 9), epochs=st.integers(1, 2),
-       momentum=st.sampled_from([0.0, 0.9]), method=st.sampled_from(["fedavg", "fedprox"]))
+       momentum=st.sampled_from([0.0, 0.9]), method=st.sampled_from(["fedavg", "fedprox", "feduv"]))
 def test_unequal_client_sizes(sizes, batch, epochs, momentum, method):
     """Random client sizes, 1-sample clients included, any batch size (a last batch of one
     skipped, clients without any step): the states are the sequential trainer's."""
