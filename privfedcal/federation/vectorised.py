@@ -131,24 +131,23 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
     # train_client skips a batch of one sample when n >= 2: with batch size 1 every batch,
     # else at most the last one
     keep = nb if n < 2 else (0 if bs == 1 else nb - (n - (nb - 1) * bs == 1))
-    pos, wts, offs, flips = [], [], [], []
+    # batch b holds epoch positions b*bs .. b*bs+bs-1; only the first `width` columns of a
+    # batch can be real (width >= min(bs, n)); the same grid serves every epoch
+    grid = torch.arange(keep * bs).view(keep, bs)[:, :width]
+    ok = grid < n
+    safe = torch.where(ok, grid, torch.zeros_like(grid))
+    orders, offs, flips = [], [], []
     for _ in range(spec.local_epochs):
-        order = torch.randperm(n, generator=g)
-        draws = draw_augmentation(n, g) if spec.augment else ()
-        slot = torch.arange(keep * bs)
-        valid = slot < n
-        # batch b holds epoch positions b*bs .. b*bs+bs-1; only the first `width` columns of
-        # a batch can be real (width >= min(bs, n))
-        grid = slot.view(keep, bs)[:, :width]
-        ok = valid.view(keep, bs)[:, :width]
-        safe = torch.where(ok, grid, torch.zeros_like(grid))
-        pos.append(torch.where(ok, order[safe], torch.zeros_like(grid)))
-        wts.append(ok.float())
-        if draws:
-            offs.append(draws[0][:, safe])  # (2, S, width)
-            flips.append(draws[1][safe])
+        orders.append(torch.randperm(n, generator=g))
+        if spec.augment:
+            offsets, flipped = draw_augmentation(n, g)
+            offs.append(offsets[:, safe])  # (2, S, width)
+            flips.append(flipped[safe])
+    pos = torch.cat([order[safe] for order in orders]) if n else safe.repeat(len(orders), 1)
+    wts = ok.float().repeat(len(orders), 1)
+    pos = pos.masked_fill_(wts == 0, 0)
     drawn = (torch.cat(offs, 1), torch.cat(flips, 0)) if offs else ()
-    return torch.cat(pos), torch.cat(wts), drawn
+    return pos, wts, drawn
 
 
 def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list[int], StepPlan]:
@@ -279,7 +278,9 @@ class VectorisedTrainer:
         position = {n: i for i, n in enumerate(trainable)}
         results: list[LocalResult | None] = [None] * len(jobs)
         for col, i in enumerate(order):
-            state = {key: (stacked[position[key]][col].clone() if key in position
+            # trained entries are rows of the stacks (no copy: nothing writes to the stacks
+            # after training); the others are copies of the received ones, as clone_state's
+            state = {key: (stacked[position[key]][col] if key in position
                            else v.detach().clone()) for key, v in global_state.items()}
             loss = float(totals[col]) / max(plan.steps[col], 1)
             results[i] = LocalResult(state, self.loss.client_state(state), loss)
