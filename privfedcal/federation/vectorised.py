@@ -64,41 +64,43 @@ class StackedSGD:
     """``torch.optim.SGD`` (no dampening, no Nesterov) on parameters stacked along dim 0,
     one momentum buffer per client; ``step(grads, k)`` updates clients ``0..k-1`` only.
 
-    Per client and element it computes what ``local.PlainSGD`` does:
-    ``g = grad + wd * p``; ``buf = g`` on the first step, else ``buf = momentum * buf + g``;
-    ``p = p - lr * buf``.
+    Per client and element: ``g = grad + wd * p``; ``buf = g`` on the first step, else
+    ``buf = momentum * buf + g``; ``p = p - lr * buf`` (``local.PlainSGD``'s update). The
+    buffers start at zero, so the first step's ``momentum * 0 + g`` is exactly ``g``. Where
+    torch has it, the update runs as torch's fused SGD kernel (what
+    ``torch.optim.SGD(fused=True)`` calls): one pass over each stacked tensor instead of
+    four, which matters because a stack of K clients' parameters no longer fits in cache.
     """
 
     def __init__(self, params: list[Tensor], *, lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, fused: bool | None = None) -> None:
         self.params = params
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
-        self.buffers: list[Tensor | None] = [None] * len(params)
+        self.buffers = [torch.zeros_like(p) for p in params] if self.momentum != 0 else []
+        self.fused = hasattr(torch, "_fused_sgd_") if fused is None else fused
 
     @torch.no_grad()
     def step(self, grads: list[Tensor | None], k: int) -> None:
-        """One step of clients ``0..k-1``; ``grads`` (k, ...) are consumed (updated in place)."""
-        for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
-            if g is None:  # unused by the loss: PlainSGD skips a parameter without a grad
-                continue
-            p = p[:k]
+        """One step of clients ``0..k-1``; ``grads`` (k, ...) are consumed (updated in place).
+        A parameter without a gradient (unused by the loss) is skipped, as PlainSGD does."""
+        live = [i for i, g in enumerate(grads) if g is not None]
+        if not live:
+            return
+        params = [self.params[i][:k] for i in live]
+        # the fused kernel reads its tensors as contiguous (it silently computes garbage
+        # otherwise); autograd may return a weight's gradient as a transposed view
+        gs = [grads[i].contiguous() for i in live]  # type: ignore[union-attr]
+        bufs = [self.buffers[i][:k] for i in live] if self.momentum != 0 else []
+        if self.fused:
+            torch._fused_sgd_(params, gs, bufs, weight_decay=self.weight_decay,  # type: ignore[attr-defined]
+                              momentum=self.momentum, lr=self.lr, dampening=0.0,
+                              nesterov=False, maximize=False, is_first_step=False)
+            return
+        for j, (p, g) in enumerate(zip(params, gs, strict=True)):
             if self.weight_decay != 0:
-                g.add_(p, alpha=self.weight_decay)  # PlainSGD's g.add(p, alpha=wd), in place
+                g.add_(p, alpha=self.weight_decay)
             if self.momentum != 0:
-                buf = self.buffers[i]
-                if buf is None:
-                    # every client takes its first step at step 0: the buffers of the clients
-                    # active then start as their g (PlainSGD's clone); a client without any
-                    # step (no samples) never reads its row
-                    if k == p.shape[0] == self.params[i].shape[0]:
-                        buf = g
-                    else:
-                        buf = torch.zeros_like(self.params[i])
-                        buf[:k] = g
-                    self.buffers[i] = buf
-                else:
-                    buf[:k].mul_(self.momentum).add_(g, alpha=1.0)
-                g = buf[:k]
+                g = bufs[j].mul_(self.momentum).add_(g, alpha=1.0)
             p.add_(g, alpha=-self.lr)
 
 
