@@ -84,24 +84,48 @@ class StackedSGD:
         """One step of clients ``0..k-1``; ``grads`` (k, ...) are consumed (updated in place).
         A parameter without a gradient (unused by the loss) is skipped, as PlainSGD does."""
         live = [i for i, g in enumerate(grads) if g is not None]
-        if not live:
-            return
         params = [self.params[i][:k] for i in live]
-        # the fused kernel reads its tensors as contiguous (it silently computes garbage
-        # otherwise); autograd may return a weight's gradient as a transposed view
-        gs = [grads[i].contiguous() for i in live]  # type: ignore[union-attr]
+        gs: list[Tensor] = [grads[i] for i in live]  # type: ignore[misc]
         bufs = [self.buffers[i][:k] for i in live] if self.momentum != 0 else []
-        if self.fused:
-            torch._fused_sgd_(params, gs, bufs, weight_decay=self.weight_decay,  # type: ignore[attr-defined]
-                              momentum=self.momentum, lr=self.lr, dampening=0.0,
-                              nesterov=False, maximize=False, is_first_step=False)
-            return
+        # The fused kernel walks its tensors' memory in order: only tensors with one dense
+        # layout (the trainer lays the stacks out as autograd returns the gradients) go to
+        # it; any other runs op by op, which follows strides.
+        fused = [j for j, (p, g) in enumerate(zip(params, gs, strict=True))
+                 if self.fused and p.stride() == g.stride() and _dense(p)]
+        if fused:
+            torch._fused_sgd_([params[j] for j in fused], [gs[j] for j in fused],  # type: ignore[attr-defined]
+                              [bufs[j] for j in fused] if bufs else [],
+                              weight_decay=self.weight_decay, momentum=self.momentum,
+                              lr=self.lr, dampening=0.0, nesterov=False, maximize=False,
+                              is_first_step=False)
+        done = set(fused)
         for j, (p, g) in enumerate(zip(params, gs, strict=True)):
+            if j in done:
+                continue
             if self.weight_decay != 0:
                 g.add_(p, alpha=self.weight_decay)
             if self.momentum != 0:
                 g = bufs[j].mul_(self.momentum).add_(g, alpha=1.0)
             p.add_(g, alpha=-self.lr)
+
+
+def _dense(t: Tensor) -> bool:
+    """Whether ``t`` fills its memory without gaps or overlaps (in some order of its dims)."""
+    order = sorted(range(t.ndim), key=lambda d: -t.stride(d))
+    return t.permute(order).is_contiguous()
+
+
+def stack_clients(value: Tensor, k: int) -> Tensor:
+    """``value`` repeated for ``k`` clients along a new dim 0. A matrix (a linear layer's
+    weight) is stored transposed, (k, in, out) memory viewed as (k, out, in): the layout
+    in which vmap's backward of a linear layer returns its gradient, so that the SGD update
+    runs on matching layouts (``StackedSGD``)."""
+    if value.ndim == 2:
+        out = value.new_empty(k, value.shape[1], value.shape[0]).transpose(1, 2)
+    else:
+        out = value.new_empty(k, *value.shape)
+    out.copy_(value.expand(k, *value.shape))
+    return out
 
 
 @dataclass
@@ -233,8 +257,7 @@ class VectorisedTrainer:
         fixed = {f"model.{n}": t.detach() for n, t in
                  list(model.named_parameters()) + list(model.named_buffers())
                  if n not in trainable}
-        stacked = [global_state[n].detach().to(device).unsqueeze(0).repeat(
-            k_all, *([1] * global_state[n].ndim)).contiguous() for n in trainable]
+        stacked = [stack_clients(global_state[n].detach().to(device), k_all) for n in trainable]
         anchor = {f"model.{n}": global_state[n].detach().to(device) for n in trainable}
         opt = StackedSGD(stacked, lr=spec.lr, momentum=spec.momentum,
                          weight_decay=spec.weight_decay)
@@ -279,9 +302,10 @@ class VectorisedTrainer:
         position = {n: i for i, n in enumerate(trainable)}
         results: list[LocalResult | None] = [None] * len(jobs)
         for col, i in enumerate(order):
-            # trained entries are rows of the stacks (no copy: nothing writes to the stacks
-            # after training); the others are copies of the received ones, as clone_state's
-            state = {key: (stacked[position[key]][col] if key in position
+            # trained entries are rows of the stacks (copied only where stored transposed:
+            # nothing writes to the stacks after training); the others are copies of the
+            # received ones, as clone_state's
+            state = {key: (stacked[position[key]][col].contiguous() if key in position
                            else v.detach().clone()) for key, v in global_state.items()}
             loss = float(totals[col]) / max(plan.steps[col], 1)
             results[i] = LocalResult(state, self.loss.client_state(state), loss)

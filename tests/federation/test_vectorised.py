@@ -21,6 +21,7 @@ from privfedcal.federation.vectorised import (
     VectorisedTrainer,
     check_vectorisable,
     client_steps,
+    stack_clients,
 )
 from privfedcal.federation.workers import InProcessTrainer, TrainJob
 from privfedcal.models import create_model
@@ -30,19 +31,26 @@ ATOL, RTOL = 2e-5, 1e-4  # float32: sums in another order differ in the last bit
 
 
 # ---- the batched SGD step ---------------------------------------------------------------
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused,layout", [(False, "contiguous"), (True, "contiguous"),
+                                          (True, "transposed")])
 @pytest.mark.parametrize("momentum,weight_decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-2),
                                                    (0.0, 1e-2)])
-def test_stacked_sgd_is_torch_sgd_per_client(momentum, weight_decay, fused):
+def test_stacked_sgd_is_torch_sgd_per_client(momentum, weight_decay, fused, layout):
     """Three clients with their own gradients; client 2 stops after 1 step, client 1 after
     3: each one's parameters are torch.optim.SGD's on its gradients, and a stopped client
-    no longer moves."""
+    no longer moves. The matrix's gradient comes as a transposed view (as autograd returns
+    it): with a contiguous stack it takes the op-by-op path, with a transposed one the
+    fused kernel."""
     g = torch.Generator().manual_seed(0)
     shapes = [(4, 3), (3,)]
     start = [torch.randn(3, *s, generator=g) for s in shapes]
     grads = [[torch.randn(3, *s, generator=g) for s in shapes] for _ in range(4)]
     active = [3, 2, 2, 1]  # clients still training at each step (a prefix)
     stacked = [p.clone() for p in start]
+    if layout == "transposed":  # the matrix stored as stack_clients lays it out
+        stacked[0] = stack_clients(start[0][0], 3)
+        stacked[0].copy_(start[0])
+        assert stacked[0].stride() == (12, 1, 4)
     opt = StackedSGD(stacked, lr=0.1, momentum=momentum, weight_decay=weight_decay,
                      fused=fused)
     for t, k in enumerate(active):
