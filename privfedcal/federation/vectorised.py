@@ -168,35 +168,30 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
             offsets, flipped = draw_augmentation(n, g)
             offs.append(offsets[:, safe])  # (2, S, width)
             flips.append(flipped[safe])
-    pos = torch.cat([order[safe] for order in orders]) if n else safe.repeat(len(orders), 1)
-    wts = ok.float().repeat(len(orders), 1)
-    pos = pos.masked_fill_(wts == 0, 0)
+    real = ok.repeat(len(orders), 1)
+    pos = torch.stack(orders)[:, safe].reshape(-1, width).masked_fill_(~real, 0)
     drawn = (torch.cat(offs, 1), torch.cat(flips, 0)) if offs else ()
-    return pos, wts, drawn
+    return pos, real.float(), drawn
 
 
 def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list[int], StepPlan]:
     """The step grid of ``jobs``: (job positions sorted by steps, most first; the plan)."""
+    from torch.nn.utils.rnn import pad_sequence
+
     sizes = [int(j.idx.numel()) for j in jobs]
     width = max(1, min(spec.batch_size, max(sizes)))
     per_client = [client_steps(n, spec, make_generator(spec.seed, round_, j.client, 1), width)
                   for n, j in zip(sizes, jobs, strict=True)]
     order = sorted(range(len(jobs)), key=lambda i: -per_client[i][0].shape[0])
     steps = [per_client[i][0].shape[0] for i in order]
-    t_max, k = max(steps), len(jobs)
-    index = torch.zeros(t_max, k, width, dtype=torch.long)
-    weight = torch.zeros(t_max, k, width)
-    offsets = torch.zeros(t_max, 2, k, width, dtype=torch.long) if spec.augment else None
-    flips = torch.zeros(t_max, k, width, dtype=torch.bool) if spec.augment else None
-    for col, i in enumerate(order):
-        pos, wts, drawn = per_client[i]
-        s = pos.shape[0]
-        index[:s, col] = jobs[i].idx.cpu()[pos]
-        weight[:s, col] = wts
-        if offsets is not None and flips is not None:
-            offsets[:s, :, col] = drawn[0].permute(1, 0, 2)
-            flips[:s, col] = drawn[1]
-    draws = () if offsets is None or flips is None else (offsets, flips)
+    # pad_sequence stacks (S_c, ...) along a new dim 1, zero-filled to the longest S_c:
+    # (T, K, width), client c's steps in column c
+    index = pad_sequence([jobs[i].idx.cpu()[per_client[i][0]] for i in order])
+    weight = pad_sequence([per_client[i][1] for i in order])
+    draws: tuple[Tensor, ...] = ()
+    if spec.augment:
+        offsets = pad_sequence([per_client[i][2][0].permute(1, 0, 2) for i in order])
+        draws = (offsets.permute(0, 2, 1, 3), pad_sequence([per_client[i][2][1] for i in order]))
     return order, StepPlan(index, weight, draws, steps)
 
 
