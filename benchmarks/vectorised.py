@@ -8,9 +8,10 @@ iid, batch 64, 1 local epoch) with 10 clients. Every client of a round is in one
 
     python benchmarks/vectorised.py [--repeats 5] [--threads 2] [--cnn-images 5000]
 
-Prints per setting and engine the min/median seconds of one round's local training, the
-peak resident memory above the start of the call (VmHWM, reset before each call), and
-``speedup <x>`` = sequential median / vectorised median.
+Prints per setting and engine the min/median wall and CPU seconds of one round's local
+training (engines interleaved, after one warm-up call each), the peak resident memory above
+the start of the call (VmHWM, reset before each call), and ``speedup <x>`` = sequential
+median / vectorised median (wall; CPU in brackets: the steadier figure on a shared machine).
 """
 
 from __future__ import annotations
@@ -39,17 +40,18 @@ def _rss_kib(field: str) -> int:
     return 0
 
 
-def measured(fn) -> tuple[float, float]:
-    """(seconds, peak MiB of resident memory above the level at the call's start)."""
+def measured(fn) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of this process, peak MiB of resident memory above the
+    level at the call's start). CPU time is the steadier figure on a shared machine."""
     try:  # "5" resets the peak resident size VmHWM (Linux)
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pass
     base = _rss_kib("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    dt = time.perf_counter() - t0
-    return dt, max(0, _rss_kib("VmHWM") - base) / 1024
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return dt, cpu, max(0, _rss_kib("VmHWM") - base) / 1024
 
 
 def bare_loop(exp, jobs: list[TrainJob]) -> None:
@@ -86,22 +88,28 @@ def bench(name: str, cfg: RunConfig, repeats: int) -> None:
     for fn in engines.values():  # warm-up: first-call costs (vmap tracing, allocator)
         fn()
     times: dict[str, list[float]] = {k: [] for k in engines}
+    cpus: dict[str, list[float]] = {k: [] for k in engines}
     peaks: dict[str, float] = dict.fromkeys(engines, 0.0)
     for _ in range(repeats):  # interleaved, so a burst of load hits every engine alike
         for key, fn in engines.items():
-            dt, peak = measured(fn)
+            dt, cpu, peak = measured(fn)
             times[key].append(dt)
+            cpus[key].append(cpu)
             peaks[key] = max(peaks[key], peak)
     sizes = [int(p.numel()) for p in exp.parts]
     print(f"== {name}: {cfg.clients} clients ({min(sizes)}-{max(sizes)} samples), model "
           f"{exp.cfg.model}, batch {exp.cfg.batch_size}, {exp.cfg.local_epochs} local "
           f"epoch(s), {torch.get_num_threads()} thread(s)")
     for key in engines:
-        print(f"  {key:<11} min {min(times[key]):.3f} s  median "
-              f"{statistics.median(times[key]):.3f} s  peak +{peaks[key]:.1f} MiB")
-    speedup = statistics.median(times["sequential"]) / statistics.median(times["vectorised"])
-    bare = statistics.median(times["bare loop"]) / statistics.median(times["vectorised"])
-    print(f"  speedup {speedup:.2f}x over the sequential trainer ({bare:.2f}x over the bare loop)")
+        print(f"  {key:<11} wall min {min(times[key]):.3f} s  median "
+              f"{statistics.median(times[key]):.3f} s | CPU min {min(cpus[key]):.3f} s  median "
+              f"{statistics.median(cpus[key]):.3f} s | peak +{peaks[key]:.1f} MiB")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cmed = {k: statistics.median(v) for k, v in cpus.items()}
+    print(f"  speedup {med['sequential'] / med['vectorised']:.2f}x over the sequential trainer "
+          f"(wall medians; CPU medians {cmed['sequential'] / cmed['vectorised']:.2f}x), "
+          f"{med['bare loop'] / med['vectorised']:.2f}x over the bare loop "
+          f"(CPU {cmed['bare loop'] / cmed['vectorised']:.2f}x)")
 
 
 def main() -> None:
