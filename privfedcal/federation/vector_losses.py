@@ -114,8 +114,9 @@ class FedUVLoss(VectorLoss):
         ce = weighted_ce(logits, y, w)
         n = w.sum()
         several = (n >= 2).to(ce.dtype)  # batch statistics need two rows
+        lam, c = algo.lam, algo.c  # type: ignore[attr-defined]  # FedUV's resolved weights
         return (ce + several * algo.params.mu * self.uniformity(z, w)
-                + several * algo.lam * self.variance(logits, w, n, algo.c))
+                + several * lam * self.variance(logits, w, n, c))
 
     @staticmethod
     def variance(logits: Tensor, w: Tensor, n: Tensor, c: float) -> Tensor:

@@ -111,7 +111,8 @@ class StackedSGD:
 
 def _dense(t: Tensor) -> bool:
     """Whether ``t`` fills its memory without gaps or overlaps (in some order of its dims)."""
-    order = sorted(range(t.ndim), key=lambda d: -t.stride(d))
+    strides = t.stride()
+    order = sorted(range(t.ndim), key=lambda d: -strides[d])
     return t.permute(order).is_contiguous()
 
 
