@@ -16,6 +16,10 @@ within float32 rounding:
 - clients are sorted by their number of steps, so the clients still training at a step are a
   prefix of the stack: a client that has finished is never computed or moved.
 
+The method's client hooks (``begin_client``/``local_loss``/``end_client``) act on one live
+module, so they are not called here: each supported method's loss has a functional twin in
+``vector_losses.py``, tested against its ``local_loss``; server rules run unchanged.
+
 Refused (``check_vectorisable``): methods whose loss has no batched form here (listed in
 the error), models with BatchNorm (padding rows would enter its batch statistics and the
 running statistics would need one copy per client) and models with Dropout (its random
@@ -243,6 +247,7 @@ class VectorisedTrainer:
 
     def _train_group(self, global_state: State, jobs: list[TrainJob], round_: int
                      ) -> list[LocalResult]:
+        """Every step of ``jobs`` (at most ``client_batch`` clients) as one batched step."""
         spec, model, device = self.spec, self.model, self.x.device
         model.load_state_dict(global_state)
         model.train()
