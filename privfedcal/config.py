@@ -107,6 +107,8 @@ class RunConfig:
     workers: int = setting(1, "Worker processes for local training and calibration payloads.",
                            group="Hardware")
     threads: int | None = setting(None, "Torch threads per process.", group="Hardware")
+    client_batch: int = setting(1, "Clients trained at once as one batched computation "
+                                "(1: one after the other); same results.", group="Hardware")
     precision: str = setting("auto", "auto | fp32 | bf16: bf16 autocast on CUDA (auto: for "
                              "models of 5M+ parameters).", group="Hardware", choices=PRECISIONS)
     deterministic: bool = setting(False, "Deterministic kernels: reproducible GPU runs "
@@ -162,6 +164,12 @@ class RunConfig:
             (self.data_seed is None or self.data_seed >= 0, "--data-seed must be >= 0"),
             (self.workers >= 1, "--workers must be >= 1"),
             (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
+            (self.client_batch >= 1, "--client-batch must be >= 1"),
+            (self.client_batch == 1 or self.workers == 1,
+             "--client-batch > 1 trains in this process: give --workers 1 (or --client-batch 1)"),
+            (self.client_batch == 1 or not self.dp_train,
+             "--client-batch > 1 cannot train with --dp-train: DP-SGD trains clients one at a "
+             "time (docs/usage.md); use --client-batch 1"),
             (self.dp_eps == math.inf or 0 < self.dp_eps <= MAX_EPSILON,
              f"--dp-eps must be in (0, {MAX_EPSILON:g}] (omit it for no DP): a larger "
              "epsilon protects nothing"),

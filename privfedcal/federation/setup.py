@@ -178,6 +178,10 @@ def _finish(cfg: RunConfig, data: Any, parts_np: list[np.ndarray] | None,
                                 data.in_channels, data.image_size)
     model, algo = builder()
     model.to(device)
+    if cfg.client_batch > 1:  # refused before a run folder is written
+        from privfedcal.federation.vectorised import check_vectorisable
+
+        check_vectorisable(model, cfg.local_method)
     local = LocalSpec(local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                       momentum=cfg.momentum, weight_decay=cfg.weight_decay, augment=cfg.augment,
                       seed=cfg.seed,

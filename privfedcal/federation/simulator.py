@@ -32,6 +32,7 @@ from privfedcal.federation.local import (
 from privfedcal.federation.runfolder import transcript_dir, write_run_files, write_summary
 from privfedcal.federation.runlog import RunLogger
 from privfedcal.federation.setup import Experiment, build_experiment
+from privfedcal.federation.vectorised import VectorisedTrainer
 from privfedcal.federation.workers import (
     InProcessTrainer,
     Trainer,
@@ -200,6 +201,9 @@ class Simulator:
             return WorkerPoolTrainer(exp.builder, exp.data.x_train, exp.data.y_train, exp.spec,
                                      self.cfg.workers, self.threads, exp.device,
                                      self.cfg.deterministic)
+        if self.cfg.client_batch > 1:
+            return VectorisedTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
+                                     exp.spec, self.cfg.client_batch, self.cfg.local_method)
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 

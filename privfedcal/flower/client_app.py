@@ -142,7 +142,8 @@ def client_runtime(context: Context) -> ClientRuntime:
     from privfedcal.protection import build_uplink
 
     cfg, _ = parse_run_config(context.run_config)
-    cfg = node_data_seed(context, cfg.replace(workers=1))
+    # a node trains its one client: no worker pool, no batch of clients
+    cfg = node_data_seed(context, cfg.replace(workers=1, client_batch=1))
     torch.set_num_threads(node_threads(context, cfg))
     key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     if key not in _EXPERIMENTS:

@@ -46,7 +46,7 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
                          "whose protections need a partition the server cannot redraw: give "
                          "it to every SuperNode instead (--node-config 'data-seed=S', "
                          "docs/flower.md)")
-    cfg = cfg.replace(workers=1)
+    cfg = cfg.replace(workers=1, client_batch=1)  # the nodes train; each its one client
     run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
     exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
     link = GridLink(grid, exp.cfg.clients, options)

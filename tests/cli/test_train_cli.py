@@ -134,3 +134,30 @@ def test_a_write_error_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
     assert code == 1 and "Traceback" not in out.err
     assert out.err.strip().splitlines() == [
         f"privfedcal: error: No space left on device: {tmp_path / 'run' / 'metrics.jsonl'}"]
+
+
+def test_client_batch_trains_the_same_model(tmp_path, capsys):
+    """``--client-batch 3``: the run's config records it and the final model is the
+    sequential run's (fp32 rounding); the resumable checkpoint is written as usual."""
+    import torch
+
+    from privfedcal.federation.checkpoint import load_checkpoint
+
+    finals = []
+    for k in ("1", "3"):
+        out = tmp_path / k
+        main(["train", *FAST, "--method", "fedprox", "--client-batch", k, "--out", str(out)])
+        assert json.loads((out / "config.json").read_text())["client_batch"] == int(k)
+        finals.append(load_checkpoint(out / "checkpoint")["global"])
+    for key, v in finals[0].items():
+        torch.testing.assert_close(finals[1][key], v, rtol=1e-4, atol=2e-5)
+
+
+def test_client_batch_refusals(tmp_path, capsys):
+    assert_usage_error(["train", *FAST, "--client-batch", "2", "--model", "resnet8",
+                        "--out", str(tmp_path / "a")], capsys, "BatchNorm", "--client-batch")
+    assert_usage_error(["train", *FAST, "--client-batch", "2", "--workers", "2",
+                        "--out", str(tmp_path / "b")], capsys, "--workers 1")
+    assert_usage_error(["train", *FAST, "--client-batch", "2", "--dp-train", "--dp-eps", "8",
+                        "--out", str(tmp_path / "c")], capsys, "--dp-train")
+    assert not any((tmp_path / d).exists() for d in "abc")
