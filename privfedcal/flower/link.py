@@ -131,39 +131,60 @@ class GridLink:
         Pulls run in helper threads (``_Pull``) and are waited for at most until the
         deadline. One pull asks for every outstanding reply; if it has not returned after
         ``stall`` seconds (Flower's Grid retries the objects of a reply whose upload
-        stalled), each outstanding reply is then pulled on its own, so a stalled one does
-        not hold back the replies that are there. A pull left running is a daemon thread.
+        stalled), each outstanding reply is then also pulled on its own, so a stalled one
+        does not hold back the replies that are there. Two pulls of one reply may then run
+        at once, and the later finds it gone (Flower answers with an error reply, "Message
+        Unavailable"): an error reply settles a message only when no other pull of it is
+        still running. A pull left running at the deadline is a daemon thread.
         """
-        stall = max(1.0, 2 * self.options.poll_interval)
+        poll = self.options.poll_interval
+        stall = min(max(5.0, 5 * poll), self.options.round_timeout / 3)
         got: list[Message] = []
+        errors: dict[str, Message] = {}   # error replies not yet final
         batch: _Pull | None = None
         single: dict[str, _Pull] = {}
         one_by_one = False
         next_pull = time.monotonic()
+
+        def running(msg_id: str) -> bool:
+            return any(p is not None and not p.done() and msg_id in p.ids
+                       for p in [batch, *single.values()])
+
         while True:
             for pull in [batch, *single.values()]:
-                if pull is not None and pull.done():
-                    for reply in pull.result():
-                        if reply.metadata.reply_to_message_id in ids:
-                            ids.discard(reply.metadata.reply_to_message_id)
-                            got.append(reply)
+                if pull is None or not pull.done() or pull.harvested:
+                    continue
+                pull.harvested = True
+                for reply in pull.result():
+                    msg_id = reply.metadata.reply_to_message_id
+                    if msg_id not in ids:
+                        continue
+                    if reply.has_error():
+                        errors.setdefault(msg_id, reply)
+                        continue
+                    ids.discard(msg_id)
+                    errors.pop(msg_id, None)
+                    got.append(reply)
             batch = batch if batch is not None and not batch.done() else None
             single = {i: p for i, p in single.items() if not p.done() and i in ids}
             now = time.monotonic()
+            for msg_id in [i for i in errors if i in ids]:
+                if not running(msg_id) or now >= deadline:
+                    ids.discard(msg_id)  # no pull of it left that could bring the reply
+                    got.append(errors.pop(msg_id))
             if not ids or now >= deadline:
                 return got
             if batch is not None and now - batch.started > stall:
                 one_by_one = True
             if now >= next_pull:  # at most one pull of a reply per poll interval
                 if one_by_one:
-                    for msg_id in ids - set(single):
+                    for msg_id in ids - set(single) - set(errors):
                         single[msg_id] = _Pull(self.grid, [msg_id])
                 elif batch is None:
                     batch = _Pull(self.grid, sorted(ids))
-                next_pull = now + self.options.poll_interval
+                next_pull = now + poll
             live = [p for p in [batch, *single.values()] if p is not None]
             _Pull.wait_any(live, min(next_pull, deadline) - now)
-
 
     def _by_client(self, replies: list[Message], node_of_msg: dict[str, int]
                    ) -> tuple[dict[int, Message], dict[int, str]]:
@@ -197,6 +218,7 @@ class _Pull:
     def __init__(self, grid: Grid, ids: list[str]) -> None:
         self.ids = ids
         self.started = time.monotonic()
+        self.harvested = False  # its replies were taken by the exchange
         self._box: dict[str, Any] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(grid,), daemon=True,
