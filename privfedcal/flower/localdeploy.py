@@ -93,6 +93,7 @@ class LocalDeployment:
         self.startup_timeout = startup_timeout
         self.port = free_port()
         self.procs: list[subprocess.Popen] = []
+        self.named: dict[str, subprocess.Popen] = {}  # by log name: "supernode-0", ...
         self.logs = self.workdir / "logs"
         self.home = self.workdir / "flwr-home"
         self.tls: dict[str, Path] = {}
@@ -133,6 +134,7 @@ class LocalDeployment:
                                 cwd=self.workdir, start_new_session=True)
         log.close()
         self.procs.append(proc)
+        self.named[name] = proc
         return proc
 
     def _wait_port(self, port: int, proc: subprocess.Popen) -> None:
@@ -254,6 +256,31 @@ class LocalDeployment:
             ) -> subprocess.CompletedProcess:
         """``flwr run`` of a copy of ``app_dir`` with run-config ``overrides``; waits for the
         end of the run (``--stream``) and returns the completed ``flwr`` process."""
+        return subprocess.run(self._run_command(app_dir, overrides), capture_output=True,
+                              text=True, env=self.env, cwd=self.workdir, timeout=timeout)
+
+    def start_run(self, app_dir: Path, overrides: dict[str, Any]) -> subprocess.Popen:
+        """``run`` without waiting: the ``flwr run --stream`` process, its output in
+        ``logs/flwr-run.log``; stopped with the deployment."""
+        log = open(self.logs / "flwr-run.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(self._run_command(app_dir, overrides), stdout=log,
+                                stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+                                start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def kill_node(self, k: int) -> None:
+        """SIGKILL SuperNode ``k`` and every process below it, as a machine that dies."""
+        proc = self.named[f"supernode-{k}"]
+        for pid in [*descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait(timeout=10)
+
+    def _run_command(self, app_dir: Path, overrides: dict[str, Any]) -> list[str]:
         app = self.workdir / "app"
         if app.exists():
             shutil.rmtree(app)
@@ -266,10 +293,8 @@ class LocalDeployment:
         # bare dotted keys nest ("method-params.mu"), as in the app's pyproject
         override_file.write_text("".join(f"{k} = {_toml_value(v)}\n"
                                          for k, v in overrides.items()))
-        cmd = [_flwr(), "run", str(app), CONNECTION, "--run-config", str(override_file),
-               "--stream", *self.run_args()]
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env,
-                              cwd=self.workdir, timeout=timeout)
+        return [_flwr(), "run", str(app), CONNECTION, "--run-config", str(override_file),
+                "--stream", *self.run_args()]
 
     def run_args(self) -> list[str]:
         return []
@@ -367,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         ok = (Path(flat["out"]) / "summary.json").exists()
         if not ok:
             sys.stderr.write(dep.log_tail())
-    print(f"run folder: {flat['out']}" if ok else "the run failed (logs above)")
+    # `flwr run --stream` exits 0 when the run started, whatever the ServerApp did: the
+    # run folder's summary.json is what says the run finished
+    print(f"run folder: {flat['out']}" if ok else
+          f"the run failed (logs above; flwr run exited {done.returncode})")
     return 0 if ok else 1
 
 
