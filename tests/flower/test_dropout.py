@@ -246,3 +246,41 @@ def test_lost_key_holder_stops_the_run(flower_cfg, faulty_run, message):
     with pytest.raises(FlowerRoundError, match=r"the CKKS key holder \(client 0, "
                        "flower.key-holder\\) is lost, so release ccvr-stats-1 cannot be formed"):
         faulty_run(cfg, min_replies=2, victim=0, phase="hang", message=message)
+
+
+def test_a_duplicate_pull_error_does_not_lose_a_reply(flower_cfg):
+    """Flower's SuperLink deletes a message on its first pull and answers any later pull of
+    it with an error reply ("Message Unavailable"). When a slow pull makes the exchange pull
+    the outstanding replies one by one, a one-by-one pull may find a reply the slow pull
+    already took: that error must not count as the client's answer (a real TLS run lost a
+    client so before the fix)."""
+    from flwr.app import Error, Message
+
+    class Slow(LoopbackGrid):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.sent, self.taken, self.errors = {}, set(), 0
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            ids = list(super().push_messages(messages))
+            self.sent.update(zip(ids, messages, strict=True))
+            return ids
+
+        def pull_messages(self, message_ids):
+            message_ids = list(message_ids)
+            gone = [i for i in message_ids if i in self.taken]
+            self.taken.update(message_ids)
+            if not gone and len(message_ids) > 1:
+                time.sleep(1.5)  # longer than the exchange's stall threshold (1 s here)
+            self.errors += len(gone)
+            return [Message(Error(0, "Message Unavailable"), reply_to=self.sent[i])
+                    for i in gone] + list(super().pull_messages(message_ids))
+
+    cfg = flower_cfg(clients=2)
+    grid = Slow(client_app, to_run_config(cfg), 2)
+    link = GridLink(grid, 2, FlowerOptions(round_timeout=3.0, poll_interval=0.05))
+    link.discover()
+    replies = link.exchange(RecordDict(), [0, 1], "query.hello", "x", need=1)
+    assert grid.errors > 0  # the one-by-one pulls did find the replies gone
+    assert sorted(replies) == [0, 1] and link.dropped == []
