@@ -284,3 +284,23 @@ def test_a_duplicate_pull_error_does_not_lose_a_reply(flower_cfg):
     replies = link.exchange(RecordDict(), [0, 1], "query.hello", "x", need=1)
     assert grid.errors > 0  # the one-by-one pulls did find the replies gone
     assert sorted(replies) == [0, 1] and link.dropped == []
+
+
+# ---- privacy accounting ------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["payload", "dp-sgd"])
+def test_a_lost_client_is_charged_as_if_it_took_part(flower_cfg, faulty_run, case):
+    """Client 2 is lost in a DP release (a calibration upload, or DP-SGD training in round
+    2): its epsilon is the others', as if it had taken part (it may have computed and sent
+    its share before it was lost)."""
+    if case == "payload":
+        cfg = flower_cfg(method="ccvr", dp_eps=8.0, clients=3, rounds=1)
+        fault = {"message": "query.payload"}
+    else:
+        pytest.importorskip("opacus")
+        cfg = flower_cfg(method="fedavg", dp_eps=8.0, dp_train=True, clients=3, rounds=2)
+        fault = {"message": "train", "group": "2"}
+    sim, summary, grid = faulty_run(cfg, min_replies=2, victim=2, phase="hang", **fault)
+    assert grid.hits == 1 and [d["client"] for d in summary["dropped_clients"]] == [2]
+    eps = summary["privacy"]["per_client_epsilon"]
+    assert sorted(eps) == ["0", "1", "2"] and eps["2"] > 0
+    assert eps["2"] == pytest.approx(eps["0"]) and eps["2"] == pytest.approx(eps["1"])
