@@ -154,8 +154,17 @@ class FlowerOptions:
                                "connect.", group="Flower", cli=False)
     key_holder: int = setting(0, "With --secagg: the client whose SuperNode holds the CKKS "
                               "secret key.", group="Flower", cli=False)
+    min_replies: int = setting(
+        0, "Fewest clients of a round whose replies let it go on without the others (lost "
+        "nodes are dropped and named in the summary); 0: every selected client must reply. "
+        "Never below --secagg-min-clients for a secure sum; the key holder is always needed.",
+        group="Flower", cli=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.min_replies, bool) or not isinstance(self.min_replies, int) \
+                or self.min_replies < 0:
+            raise UsageError(f"flower.min-replies must be an integer >= 0, got "
+                             f"{self.min_replies!r}")
         if isinstance(self.key_holder, bool) or not isinstance(self.key_holder, int) \
                 or self.key_holder < 0:
             raise UsageError(f"flower.key-holder must be a client index >= 0, got "

@@ -181,6 +181,15 @@ class Simulator:
         Flower: what the node reported)."""
         return [float(self.exp.parts[c].numel()) for c in selected]
 
+    def replied(self, selected: list[int]) -> list[int]:
+        """The selected clients whose update the last ``receive_updates`` averaged: all of
+        them here (under Flower, those whose nodes replied)."""
+        return selected
+
+    def extra_summary(self) -> dict[str, Any]:
+        """Entries a subclass adds to summary.json (Flower: the clients lost on the way)."""
+        return {}
+
     def trainer(self) -> Trainer:
         """The trainer of this run (the worker pool with ``--workers N``), started on first
         use and kept until ``close``: calibration payloads run on the same pool."""
@@ -263,7 +272,9 @@ class Simulator:
                 weights = self.uplink.update_weights(self.client_sizes(selected))
                 results, averaged, sent_bytes, checked = self.receive_updates(
                     trainer, jobs, selected, weights, round_)
+                # every selected client is charged (DP-SGD), whether its update arrived or not
                 self.uplink.after_local_training(selected)
+                selected = self.replied(selected)  # under Flower, lost clients leave the round
                 self.update_bytes += sent_bytes
                 divergence.check_local(checked, selected, averaged, round_, cfg.lr)
                 averaged = {k: v.to(exp.device) for k, v in averaged.items()}
@@ -334,7 +345,7 @@ class Simulator:
             accuracy=ev["accuracy"], loss=ev["loss"],
             per_class_accuracy=ev["per_class_accuracy"],
             rejected_uploads=list(self.uplink.rejected),
-            skipped_releases=list(self.uplink.skipped), **extra)
+            skipped_releases=list(self.uplink.skipped), **extra, **self.extra_summary())
         privacy = self.uplink.summary()
         if privacy:
             summary["privacy"] = privacy

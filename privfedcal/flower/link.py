@@ -1,8 +1,15 @@
 """Server-side messaging over a Flower ``Grid``: clients (partition ids) <-> SuperNode ids.
 
-Every exchange sends the same content to the SuperNodes of some clients and waits for all
-replies (push, then pull every ``poll_interval`` seconds, up to ``round_timeout``): a missing
-or failed reply fails the round with the clients named, never silently shrinks it.
+Every exchange sends the same content to the SuperNodes of some clients and waits for their
+replies (push, then pull every ``poll_interval`` seconds, up to ``round_timeout``). A client
+whose node did not reply in time, replied with an error, or is no longer connected is
+*lost*: the exchange returns the others' replies when at least ``need`` of them arrived
+(the round goes on without the lost ones, which are recorded in ``dropped``), and otherwise
+fails with the lost clients and their nodes named. ``need`` defaults to every client.
+
+The deadline is ours, whatever the Grid does: each pull runs in a helper thread that the
+exchange waits for at most until the deadline, so a pull that blocks (a reply whose upload
+stalled half-way) cannot hold the ServerApp past ``round_timeout``.
 
 Which node holds which partition is learnt from the replies (each carries ``meta``
 {partition-id}); a ``query.hello`` round asks for it only when a round needs a subset of
@@ -11,8 +18,10 @@ clients before every node has answered once.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -34,6 +43,7 @@ class GridLink:
         self.options = options
         self.node_of: dict[int, int] = {}   # partition id -> SuperNode id
         self.exchanges = 0
+        self.dropped: list[dict[str, Any]] = []  # lost clients of exchanges that went on
 
     def wait_for_nodes(self) -> list[int]:
         """Block until ``num_clients`` SuperNodes are connected (or ``node_wait`` passes)."""
@@ -49,12 +59,23 @@ class GridLink:
 
     def discover(self) -> dict[int, Message]:
         """Ask every node for its partition id (``query.hello``); its replies by client."""
-        return self._send(RecordDict(), "query.hello", self.wait_for_nodes(), group="hello")
+        nodes = self.wait_for_nodes()
+        replies, lost = self._send(RecordDict(), "query.hello", nodes, group="hello")
+        if lost:  # every node must answer once: its client's size and data settings
+            raise FlowerRoundError(
+                f"query.hello round hello: {len(lost)} of {len(nodes)} replies missing; lost: "
+                + "; ".join(f"node {n} ({why})" for n, why in sorted(lost.items())))
+        return replies
 
     def exchange(self, content: RecordDict, clients: Iterable[int], message_type: str,
-                 group: str) -> dict[int, Message]:
-        """Send ``content`` to the nodes of ``clients``; replies keyed by client index."""
+                 group: str, need: int | None = None) -> dict[int, Message]:
+        """Send ``content`` to the nodes of ``clients``; replies keyed by client index.
+
+        ``need``: fewest replies the exchange may go on with (None: all). Lost clients are
+        appended to ``dropped``; with fewer than ``need`` replies it raises
+        ``FlowerRoundError`` naming them."""
         wanted = sorted(set(clients))
+        need = len(wanted) if need is None else min(max(need, 1), len(wanted))
         if any(c not in self.node_of for c in wanted):
             if len(wanted) == self.num_clients:
                 nodes = self.wait_for_nodes()        # everyone: map from the replies
@@ -63,42 +84,121 @@ class GridLink:
                 nodes = [self.node_of[c] for c in wanted]
         else:
             nodes = [self.node_of[c] for c in wanted]
-        replies = self._send(content, message_type, nodes, group)
-        missing = sorted(set(wanted) - set(replies))
-        if missing:
-            raise FlowerRoundError(f"{message_type} round {group}: no reply for client(s) "
-                                   f"{missing}")
-        return {c: replies[c] for c in wanted}
+        replies, lost = self._send(content, message_type, nodes, group)
+        client_of = {n: c for c, n in self.node_of.items()}
+        lost_clients = {client_of[n]: (n, why) for n, why in lost.items() if n in client_of}
+        unmapped = {n: why for n, why in lost.items() if n not in client_of}
+        missing = [c for c in wanted if c not in replies]
+        if len(replies) < need or unmapped:
+            named = [f"client {c} (node {lost_clients[c][0]}: {lost_clients[c][1]})"
+                     for c in missing if c in lost_clients]
+            named += [f"node {n} ({why})" for n, why in sorted(unmapped.items())]
+            raise FlowerRoundError(
+                f"{message_type} round {group}: {len(wanted) - len(replies)} of "
+                f"{len(wanted)} replies missing, {need} needed to go on; lost: "
+                + "; ".join(named))
+        for c in missing:
+            node, why = lost_clients[c]
+            self.dropped.append({"group": group, "message": message_type, "client": c,
+                                 "node": node, "reason": why})
+        return {c: replies[c] for c in wanted if c in replies}
 
     def _send(self, content: RecordDict, message_type: str, nodes: list[int],
-              group: str) -> dict[int, Message]:
+              group: str) -> tuple[dict[int, Message], dict[int, str]]:
+        """Replies by client, and the lost nodes with why (no reply, an error, gone)."""
+        connected = set(self.grid.get_node_ids())
+        lost = {n: "no longer connected to the SuperLink" for n in nodes if n not in connected}
+        live = [n for n in nodes if n in connected]
         messages = [Message(content, dst_node_id=n, message_type=message_type, group_id=group)
-                    for n in nodes]
-        ids = set(self.grid.push_messages(messages))
+                    for n in live]
+        pushed = list(self.grid.push_messages(messages)) if messages else []
+        node_of_msg = dict(zip(pushed, live, strict=True))
+        ids = set(pushed)
         self.exchanges += 1
         deadline = time.monotonic() + self.options.round_timeout
-        got: list[Message] = []
-        while ids:
-            for reply in self.grid.pull_messages(ids):
-                ids.discard(reply.metadata.reply_to_message_id)
-                got.append(reply)
-            if not ids:
-                break
-            if time.monotonic() > deadline:
-                raise FlowerRoundError(f"{message_type} round {group}: {len(ids)} of "
-                                       f"{len(nodes)} replies missing after "
-                                       f"{self.options.round_timeout:g} s")
-            time.sleep(self.options.poll_interval)
-        return self._by_client(got, message_type, group)
+        got = self._collect(ids, deadline)
+        for msg_id in ids:
+            lost[node_of_msg[msg_id]] = (f"no reply within {self.options.round_timeout:g} s "
+                                         "(flower.round-timeout)")
+        replies, errors = self._by_client(got, node_of_msg)
+        lost.update(errors)
+        return replies, lost
 
-    def _by_client(self, replies: list[Message], message_type: str,
-                   group: str) -> dict[int, Message]:
+    def _collect(self, ids: set[str], deadline: float) -> list[Message]:
+        """Pull the replies of ``ids`` until all came or ``deadline`` passed; what did not
+        come stays in ``ids``.
+
+        Pulls run in helper threads (``_Pull``) and are waited for at most until the
+        deadline. One pull asks for every outstanding reply; if it has not returned after
+        ``stall`` seconds (Flower's Grid retries the objects of a reply whose upload
+        stalled), each outstanding reply is then also pulled on its own, so a stalled one
+        does not hold back the replies that are there. Two pulls of one reply may then run
+        at once, and the later finds it gone (Flower answers with an error reply, "Message
+        Unavailable"): an error reply settles a message only when no other pull of it is
+        still running. A pull left running at the deadline is a daemon thread.
+        """
+        poll = self.options.poll_interval
+        stall = min(max(5.0, 5 * poll), self.options.round_timeout / 3)
+        got: list[Message] = []
+        errors: dict[str, Message] = {}   # error replies not yet final
+        batch: _Pull | None = None
+        single: dict[str, _Pull] = {}
+        one_by_one = False
+        next_pull = time.monotonic()
+
+        def running(msg_id: str) -> bool:
+            return any(p is not None and not p.done() and msg_id in p.ids
+                       for p in [batch, *single.values()])
+
+        while True:
+            for pull in [batch, *single.values()]:
+                if pull is None or not pull.done() or pull.harvested:
+                    continue
+                pull.harvested = True
+                for reply in pull.result():
+                    msg_id = reply.metadata.reply_to_message_id
+                    if msg_id not in ids:
+                        continue
+                    if reply.has_error():
+                        errors.setdefault(msg_id, reply)
+                        continue
+                    ids.discard(msg_id)
+                    errors.pop(msg_id, None)
+                    got.append(reply)
+            batch = batch if batch is not None and not batch.done() else None
+            single = {i: p for i, p in single.items() if not p.done() and i in ids}
+            now = time.monotonic()
+            for msg_id in [i for i in errors if i in ids]:
+                if not running(msg_id) or now >= deadline:
+                    ids.discard(msg_id)  # no pull of it left that could bring the reply
+                    got.append(errors.pop(msg_id))
+            if not ids or now >= deadline:
+                return got
+            if batch is not None and now - batch.started > stall:
+                one_by_one = True
+            if now >= next_pull:  # at most one pull of a reply per poll interval
+                if one_by_one:
+                    for msg_id in ids - set(single) - set(errors):
+                        single[msg_id] = _Pull(self.grid, [msg_id])
+                elif batch is None:
+                    batch = _Pull(self.grid, sorted(ids))
+                next_pull = now + poll
+            live = [p for p in [batch, *single.values()] if p is not None]
+            _Pull.wait_any(live, min(next_pull, deadline) - now)
+
+    def _by_client(self, replies: list[Message], node_of_msg: dict[str, int]
+                   ) -> tuple[dict[int, Message], dict[int, str]]:
         out: dict[int, Message] = {}
-        errors = []
+        errors: dict[int, str] = {}
         for reply in replies:
-            node = reply.metadata.src_node_id
+            # the node we sent to: an error made by the SuperLink or the Grid on the node's
+            # behalf (a lost upload) names another source
+            node = node_of_msg.get(reply.metadata.reply_to_message_id,
+                                   reply.metadata.src_node_id)
             if reply.has_error():
-                errors.append(f"node {node}: {reply.error.reason}")
+                # a ClientApp's reason is its traceback: its last line names the error
+                lines = str(reply.error.reason).strip().splitlines() or ["(no reason)"]
+                errors[node] = f"error reply: {lines[-1].strip()}"
                 continue
             client = int(reply.content["meta"]["partition-id"])
             if client in out or self.node_of.get(client, node) != node:
@@ -109,7 +209,47 @@ class GridLink:
                                  f"0..{self.num_clients - 1}")
             self.node_of[client] = node
             out[client] = reply
-        if errors:
-            raise FlowerRoundError(f"{message_type} round {group} failed on the clients: "
-                                   + "; ".join(errors))
-        return out
+        return out, errors
+
+
+class _Pull:
+    """One ``grid.pull_messages`` call in a daemon thread (a Grid's pull can block)."""
+
+    def __init__(self, grid: Grid, ids: list[str]) -> None:
+        self.ids = ids
+        self.started = time.monotonic()
+        self.harvested = False  # its replies were taken by the exchange
+        self._box: dict[str, Any] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(grid,), daemon=True,
+                                        name="privfedcal-pull")
+        self._thread.start()
+
+    def _run(self, grid: Grid) -> None:
+        try:
+            self._box["replies"] = list(grid.pull_messages(self.ids))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            self._box["error"] = exc
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> list[Message]:
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["replies"]
+
+    @staticmethod
+    def wait_any(pulls: list[_Pull], timeout: float) -> None:
+        """Return when one of ``pulls`` is done or ``timeout`` seconds passed."""
+        end = time.monotonic() + max(0.0, timeout)
+        while not any(p.done() for p in pulls):
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            if pulls:
+                pulls[0]._done.wait(min(left, 0.02))
+            else:
+                time.sleep(left)

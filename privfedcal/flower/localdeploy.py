@@ -79,8 +79,13 @@ class LocalDeployment:
     """``with LocalDeployment(2, tmp) as dep: dep.run(app_dir, {"rounds": 2})``."""
 
     def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
-                 startup_timeout: float = 60.0, data_seed: int | None = None) -> None:
+                 startup_timeout: float = 60.0, data_seed: int | None = None,
+                 secure: bool = False) -> None:
         self.num_nodes = num_nodes
+        # secure: TLS on the SuperLink's port (a CA and certificate made here, for
+        # 127.0.0.1) and SuperNode authentication (--enable-supernode-auth; each node's key
+        # registered with `flwr supernode register` before it starts)
+        self.secure = secure
         # the partition's seed, shared by the nodes and never given to the SuperLink/server:
         # OS entropy unless given
         self.data_seed = secrets.randbits(63) if data_seed is None else data_seed
@@ -88,8 +93,11 @@ class LocalDeployment:
         self.startup_timeout = startup_timeout
         self.port = free_port()
         self.procs: list[subprocess.Popen] = []
+        self.named: dict[str, subprocess.Popen] = {}  # by log name: "supernode-0", ...
         self.logs = self.workdir / "logs"
         self.home = self.workdir / "flwr-home"
+        self.tls: dict[str, Path] = {}
+        self.keys = self.workdir / "keys"
         self.env = dict(os.environ)
         repo = str(Path(privfedcal.__file__).resolve().parents[1])
         self.env["PYTHONPATH"] = os.pathsep.join(
@@ -108,9 +116,16 @@ class LocalDeployment:
         """Log folder and a private FLWR_HOME whose config points ``flwr`` at our SuperLink."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
+        if self.secure:
+            from privfedcal.flower.credentials import make_tls
+
+            self.tls = make_tls(self.workdir / "tls", [LOOPBACK, "localhost"])
+            trust = f'root-certificates = "{self.tls["ca_cert"]}"\n'
+        else:
+            trust = "insecure = true\n"
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "{LOOPBACK}:{self.port}"\ninsecure = true\n')
+            f'address = "{LOOPBACK}:{self.port}"\n{trust}')
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         args = [_exe(args[0]), *args[1:]]
@@ -119,6 +134,7 @@ class LocalDeployment:
                                 cwd=self.workdir, start_new_session=True)
         log.close()
         self.procs.append(proc)
+        self.named[name] = proc
         return proc
 
     def _wait_port(self, port: int, proc: subprocess.Popen) -> None:
@@ -137,20 +153,65 @@ class LocalDeployment:
     def __enter__(self) -> LocalDeployment:
         self._prepare_home()
         try:
+            if self.secure:
+                tls = ["--ssl-ca-certfile", str(self.tls["ca_cert"]),
+                       "--ssl-certfile", str(self.tls["cert"]),
+                       "--ssl-keyfile", str(self.tls["key"]), "--enable-supernode-auth"]
+            else:
+                tls = ["--insecure"]
             link = self._start("superlink", [
-                "flower-superlink", "--insecure", "--host", LOOPBACK, "--port", str(self.port),
+                "flower-superlink", *tls, "--host", LOOPBACK, "--port", str(self.port),
                 "--disable-runtime-dependency-installation"])
             self._wait_port(self.port, link)
             for k in range(self.num_nodes):
-                self._start(f"supernode-{k}", [
-                    "flower-supernode", "--insecure", "--superlink", f"{LOOPBACK}:{self.port}",
-                    "--host", LOOPBACK, "--port", str(free_port()),
-                    "--node-config", f"partition-id={k} num-partitions={self.num_nodes} "
-                    f"data-seed={self.data_seed}"])
+                key = None
+                if self.secure:
+                    from privfedcal.flower.credentials import make_node_key
+
+                    key, public = make_node_key(self.keys / f"supernode-{k}")
+                    self.register(public)
+                self.start_node(k, key)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def register(self, public_key: Path) -> None:
+        """Allow the SuperNode of ``public_key`` to connect (``flwr supernode register``,
+        over the Control API; only with ``secure``)."""
+        done = subprocess.run([_flwr(), "supernode", "register", str(public_key), CONNECTION],
+                              capture_output=True, text=True, env=self.env, cwd=self.workdir,
+                              timeout=self.startup_timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr supernode register {public_key} exited "
+                               f"{done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+    def start_node(self, k: int, key: Path | None = None, *, tls: bool | None = None,
+                   name: str | None = None) -> subprocess.Popen:
+        """Start a SuperNode for partition ``k``: with TLS (``--root-certificates``, the
+        CA made here) when the deployment is secure unless ``tls`` says otherwise, and
+        signing with the private ``key`` if given (SuperNode authentication)."""
+        tls = self.secure if tls is None else tls
+        args = ["--root-certificates", str(self.tls["ca_cert"])] if tls else ["--insecure"]
+        if key is not None:
+            args += ["--auth-supernode-private-key", str(key)]
+        return self._start(name or f"supernode-{k}", [
+            "flower-supernode", *args, "--superlink", f"{LOOPBACK}:{self.port}",
+            "--host", LOOPBACK, "--port", str(free_port()),
+            "--node-config", f"partition-id={k} num-partitions={self.num_nodes} "
+            f"data-seed={self.data_seed}"])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The SuperLink's SuperNodes (``flwr supernode list --format json``)."""
+        import json
+
+        done = subprocess.run([_flwr(), "supernode", "list", CONNECTION, "--format", "json"],
+                              capture_output=True, text=True, env=self.env, cwd=self.workdir,
+                              timeout=self.startup_timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr supernode list exited {done.returncode}: "
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return list(json.loads(done.stdout)["nodes"])
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
@@ -195,6 +256,31 @@ class LocalDeployment:
             ) -> subprocess.CompletedProcess:
         """``flwr run`` of a copy of ``app_dir`` with run-config ``overrides``; waits for the
         end of the run (``--stream``) and returns the completed ``flwr`` process."""
+        return subprocess.run(self._run_command(app_dir, overrides), capture_output=True,
+                              text=True, env=self.env, cwd=self.workdir, timeout=timeout)
+
+    def start_run(self, app_dir: Path, overrides: dict[str, Any]) -> subprocess.Popen:
+        """``run`` without waiting: the ``flwr run --stream`` process, its output in
+        ``logs/flwr-run.log``; stopped with the deployment."""
+        log = open(self.logs / "flwr-run.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(self._run_command(app_dir, overrides), stdout=log,
+                                stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir,
+                                start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def kill_node(self, k: int) -> None:
+        """SIGKILL SuperNode ``k`` and every process below it, as a machine that dies."""
+        proc = self.named[f"supernode-{k}"]
+        for pid in [*descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait(timeout=10)
+
+    def _run_command(self, app_dir: Path, overrides: dict[str, Any]) -> list[str]:
         app = self.workdir / "app"
         if app.exists():
             shutil.rmtree(app)
@@ -207,10 +293,8 @@ class LocalDeployment:
         # bare dotted keys nest ("method-params.mu"), as in the app's pyproject
         override_file.write_text("".join(f"{k} = {_toml_value(v)}\n"
                                          for k, v in overrides.items()))
-        cmd = [_flwr(), "run", str(app), CONNECTION, "--run-config", str(override_file),
-               "--stream", *self.run_args()]
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env,
-                              cwd=self.workdir, timeout=timeout)
+        return [_flwr(), "run", str(app), CONNECTION, "--run-config", str(override_file),
+                "--stream", *self.run_args()]
 
     def run_args(self) -> list[str]:
         return []
@@ -277,7 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("app", type=Path, help="the Flower app folder (examples/flower)")
     ap.add_argument("config", nargs="*", help="run-config overrides KEY=VALUE (TOML values)")
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--secure", action="store_true",
+                    help="deploy only: TLS and SuperNode authentication, with a CA, "
+                    "certificate and node keys made in the temporary folder")
     args = ap.parse_args(argv)
+    if args.secure and args.mode != "deploy":
+        ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
     overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
     flat: dict[str, Any] = {}
 
@@ -295,14 +384,18 @@ def main(argv: list[str] | None = None) -> int:
     if "out" not in flat:
         flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
     kind = LocalDeployment if args.mode == "deploy" else LocalSimulation
-    with tempfile.TemporaryDirectory() as tmp, kind(clients, Path(tmp)) as dep:
+    extra = {"secure": True} if args.secure else {}
+    with tempfile.TemporaryDirectory() as tmp, kind(clients, Path(tmp), **extra) as dep:
         done = dep.run(args.app.resolve(), flat, timeout=args.timeout)
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
         ok = (Path(flat["out"]) / "summary.json").exists()
         if not ok:
             sys.stderr.write(dep.log_tail())
-    print(f"run folder: {flat['out']}" if ok else "the run failed (logs above)")
+    # `flwr run --stream` exits 0 when the run started, whatever the ServerApp did: the
+    # run folder's summary.json is what says the run finished
+    print(f"run folder: {flat['out']}" if ok else
+          f"the run failed (logs above; flwr run exited {done.returncode})")
     return 0 if ok else 1
 
 

@@ -38,7 +38,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import Payload
-from privfedcal.flower.link import GridLink
+from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg_stage import Sealing
@@ -137,9 +137,19 @@ class RemoteKeys:
         release = f"{rel.label}-{rel.round_}"
         content = RecordDict({"config": ConfigRecord(
             {"release": release, "params": json.dumps(params.to_dict())})})
-        reply = self.link.exchange(content, [self.key_holder], "query.keygen",
-                                   release)[self.key_holder]
+        reply = self._ask(content, "query.keygen", release)
         return bytes(reply.content[SECAGG]["public-context"])
+
+    def _ask(self, content: RecordDict, message_type: str, release: str) -> Any:
+        """The key holder's reply; without it no CKKS sum can be opened, whoever else
+        replied: the run stops (nothing is released in its place)."""
+        try:
+            return self.link.exchange(content, [self.key_holder], message_type,
+                                      release)[self.key_holder]
+        except FlowerRoundError as exc:
+            raise FlowerRoundError(
+                f"the CKKS key holder (client {self.key_holder}, flower.key-holder) is lost, "
+                f"so release {release} cannot be formed; the run stops: {exc}") from None
 
     def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
                 finish: Finish) -> Payload:
@@ -147,8 +157,7 @@ class RemoteKeys:
         content = RecordDict({"config": ConfigRecord({
             "release": release, "n-clients": rel.arrived, "layout": layout.to_json(),
             "ciphertexts": ciphertexts})})
-        reply = self.link.exchange(content, [self.key_holder], "query.decrypt",
-                                   release)[self.key_holder].content
+        reply = self._ask(content, "query.decrypt", release).content
         if "rejected" in reply:
             rel.log.raise_skipped(rel.round_, rel.label, "aggregate failed the key holder's check: "
                          + str(reply["rejected"]["reason"]))

@@ -34,6 +34,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
+from privfedcal.federation.aggregate import RunningAverage
 from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State
 from privfedcal.federation.local import LocalResult
 from privfedcal.federation.setup import Experiment, partition_settings_digest
@@ -45,7 +46,7 @@ from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.flower.tasks import task_to_records
 from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.secagg_stage import EncryptStage
-from privfedcal.privacy.transcript import sent_tensors
+from privfedcal.privacy.transcript import record_model_updates, sent_tensors
 
 log = logging.getLogger("privfedcal.flower")
 
@@ -53,17 +54,26 @@ log = logging.getLogger("privfedcal.flower")
 class FlowerTrainer:
     """The simulator's trainer interface, with SuperNodes doing the local training."""
 
-    def __init__(self, link: GridLink, exp: Experiment, sizes: dict[int, int]) -> None:
+    def __init__(self, link: GridLink, exp: Experiment, sizes: dict[int, int],
+                 need: int | None = None) -> None:
         self.link, self.exp, self.sizes = link, exp, sizes
+        self.need = need          # fewest replies a round goes on with (None: all)
+        self.arrived: list[int] = []  # the clients of the last ``train`` whose update came
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,
               consume: Callable[[State], None] | None = None) -> list[LocalResult]:
-        """``Trainer.train`` on the SuperNodes: one train message per client."""
+        """``Trainer.train`` on the SuperNodes, one train message per client: the results
+        of the clients whose nodes replied, in job order (their clients in ``arrived``);
+        lost ones are in ``link.dropped``."""
         content = RecordDict({"global": state_to_record(global_state),
                               "config": ConfigRecord({"round": round_})})
-        replies = self.link.exchange(content, [j.client for j in jobs], "train", str(round_))
+        replies = self.link.exchange(content, [j.client for j in jobs], "train", str(round_),
+                                     need=self.need)
+        self.arrived = [j.client for j in jobs if j.client in replies]
         out: list[LocalResult] = []
         for job in jobs:
+            if job.client not in replies:
+                continue
             reply = replies[job.client].content
             n = int(reply["metrics"]["num-examples"])
             if n != self.sizes[job.client]:
@@ -82,7 +92,7 @@ class FlowerTrainer:
         pass
 
     def terminate(self) -> None:
-        """Nothing runs here to stop: the nodes' work ends with the ServerApp's error."""
+        """``Simulator.close(abort=True)``: nothing runs here to stop (the nodes train)."""
 
 
 class FlowerSimulator(Simulator):
@@ -110,7 +120,44 @@ class FlowerSimulator(Simulator):
             wire.keys = RemoteKeys(link, key_holder)
 
     def _trainer(self) -> FlowerTrainer:
-        return FlowerTrainer(self.link, self.exp, self.sizes)
+        return FlowerTrainer(self.link, self.exp, self.sizes, self._need())
+
+    def _need(self, secure: bool = False) -> int | None:
+        """Fewest replies an exchange goes on with: ``flower.min-replies`` (None: all), and
+        for a secure sum never fewer than the protection plan's --secagg-min-clients."""
+        need = self.link.options.min_replies or None
+        if need is not None and secure:
+            need = max(need, self.cfg.secagg_min_clients)
+        return need
+
+    def receive_updates(self, trainer: Any, jobs: list[TrainJob], selected: list[int],
+                        weights: list[float], round_: int) -> tuple[list, State, int, list]:
+        """``Simulator.receive_updates`` for the clients whose nodes replied: a lost
+        client's update is missing, so the average is re-weighted over the others (their
+        reported sizes, or uniform under --dp-train) and the loss is noted."""
+        results = trainer.train(self.global_state, jobs, round_)
+        arrived = list(trainer.arrived)
+        self._arrived = arrived
+        if arrived != selected:
+            lost = [c for c in selected if c not in arrived]
+            self.notes.append(f"round {round_}: client(s) {lost} lost (no update; "
+                              f"averaged {len(arrived)} of {len(selected)} clients)")
+            log.warning("round %d: client(s) %s lost, going on with %d of %d", round_, lost,
+                        len(arrived), len(selected))
+            weights = self.uplink.update_weights(self.client_sizes(arrived))
+        recipe = self.uplink.recipe(self.exp.spec)
+        running = RunningAverage(weights)
+        for client, r, w in zip(arrived, results, weights, strict=True):
+            record_model_updates(self.transcript, round_, [client], [r.state], [w], recipe)
+            running.add(r.state)
+        return results, running.result(), running.bytes, results
+
+    def replied(self, selected: list[int]) -> list[int]:
+        return list(getattr(self, "_arrived", selected))
+
+    def extra_summary(self) -> dict[str, Any]:
+        # which clients were lost, when and why: the server saw who did not reply
+        return {"dropped_clients": list(self.link.dropped)}
 
     def client_index(self, client: int) -> None:
         return None  # the node holds its partition
@@ -146,9 +193,17 @@ class FlowerSimulator(Simulator):
         config = ConfigRecord({"round": round_, "label": label})
         content = RecordDict({"state": state_to_record(state), "config": config,
                               **task_to_records(task), **records})
-        replies = self.link.exchange(content, clients, "query.payload", f"{label}-{round_}")
+        # a lost client is a planned upload missing from the sum: the noise is topped up
+        # for it as for a rejected one, and its budget is charged all the same (close)
+        replies = self.link.exchange(content, clients, "query.payload", f"{label}-{round_}",
+                                     need=self._need(secure=up.wire.hides_uploads))
+        lost = [c for c in clients if c not in replies]
+        if lost:
+            self.notes.append(f"round {round_} {label}: client(s) {lost} lost (no upload; "
+                              f"released the sum of {len(replies)} of {len(clients)})")
         # the simulator's order of clients: the same float sums
-        uploads = [(c, received_upload(replies[c].content, self.exp.device)) for c in clients]
+        uploads = [(c, received_upload(replies[c].content, self.exp.device)) for c in clients
+                   if c in replies]
         total = up.server_side(uploads, rel)
         return {k: v.to(self.exp.device) for k, v in total.items()}
 

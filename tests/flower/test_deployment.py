@@ -63,3 +63,38 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"  # a zombie is not running
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_a_killed_supernode_is_dropped_and_the_run_finishes(tmp_path):
+    """3 SuperNodes, flower.min-replies 2: SuperNode 2 is killed (SIGKILL, as a machine
+    that dies) once round 1 is done; the run finishes its 3 rounds with the other two and
+    names client 2 in summary.json's dropped_clients."""
+    import time
+
+    out = tmp_path / "run"
+    dep = LocalDeployment(3, tmp_path)
+    try:
+        with dep:
+            run = dep.start_run(EXAMPLE, {"rounds": 3, "alpha": 0.5, "local-epochs": 1,
+                                          "out": str(out), "flower.min-replies": 2,
+                                          "flower.round-timeout": 120.0})
+            log = tmp_path / "logs" / "flwr-run.log"
+            deadline = time.monotonic() + TIMEOUT
+            while "round 1: train loss" not in log.read_text(errors="replace"):
+                assert run.poll() is None and time.monotonic() < deadline, (
+                    log.read_text(errors="replace")[-3000:] + dep.log_tail())
+                time.sleep(1)
+            dep.kill_node(2)
+            run.wait(timeout=max(1.0, deadline - time.monotonic()))
+            assert (out / "summary.json").exists(), (
+                f"{log.read_text(errors='replace')[-3000:]}\n{dep.log_tail()}")
+    finally:
+        dep.stop()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["accuracy"] > 0.5
+    drops = summary["dropped_clients"]
+    assert drops and {d["client"] for d in drops} == {2}
+    assert {d["group"] for d in drops} <= {"2", "3"}
+    assert dep.alive() == []
