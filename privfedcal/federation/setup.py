@@ -178,16 +178,20 @@ def _finish(cfg: RunConfig, data: Any, parts_np: list[np.ndarray] | None,
                                 data.in_channels, data.image_size)
     model, algo = builder()
     model.to(device)
+    notes = [warning] if warning else []
     if cfg.client_batch > 1:  # refused before a run folder is written
-        from privfedcal.federation.vectorised import check_vectorisable
+        from privfedcal.federation.vectorised import check_vectorisable, slow_on_device
 
         check_vectorisable(model, cfg.local_method)
+        slow = slow_on_device(model, device)
+        if slow:
+            notes.append(slow)
     local = LocalSpec(local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                       momentum=cfg.momentum, weight_decay=cfg.weight_decay, augment=cfg.augment,
                       seed=cfg.seed,
                       mixed_precision=choose_mixed_precision(model, device, cfg.precision))
-    return Experiment(cfg, device, data, parts, counts, model, algo, builder, local,
-                      [warning] if warning else [], num_examples)
+    return Experiment(cfg, device, data, parts, counts, model, algo, builder, local, notes,
+                      num_examples)
 
 
 def build_experiment(cfg: RunConfig) -> Experiment:

@@ -196,6 +196,14 @@ def test_refuses_batchnorm_and_dropout_models():
         check_vectorisable(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)), "fedavg")
 
 
+def test_convolutional_model_on_cpu_gets_a_note(tiny_cfg):
+    assert any("more slowly" in w for w in
+               build_experiment(tiny_cfg(model="digits-cnn", client_batch=2)).warnings)
+    assert not any("more slowly" in w for w in
+                   build_experiment(tiny_cfg(model="digits-cnn")).warnings)
+    assert not any("more slowly" in w for w in build_experiment(tiny_cfg(client_batch=2)).warnings)
+
+
 def test_run_with_a_refused_model_stops_before_training(tiny_cfg):
     with pytest.raises(UsageError, match="BatchNorm"):
         build_experiment(tiny_cfg(model="resnet8", client_batch=2))
