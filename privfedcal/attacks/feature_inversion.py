@@ -287,83 +287,15 @@ def optimise_images(
 
     Returns ``(x_best (B,C,H,W) normalised, final losses (R,), best restart, convergence)``.
     """
-    c, h, w = (int(s) for s in image_shape)
-    m, s = channel_stats(mean, std, c, device, dtype)
-    lo, hi = (0 - m) / s, (1 - m) / s
-    pixels = torch.rand(restarts * batch, c, h, w, generator=generator, device=generator.device)
-    if config.init_scale != 1.0:  # 1.0 keeps the plain uniform draw bit for bit
-        pixels = 0.5 + config.init_scale * (pixels - 0.5)
-    x = ((pixels.to(device=device, dtype=dtype) - m) / s).requires_grad_(True)
-    opt = torch.optim.Adam([x], lr=config.lr)
-    jitter = config.jitter_for(h, w)
-    tv_weight = config.tv_for(h, w)
-    cap = config.steps
+    from privfedcal.attacks.engine import optimise_batch
 
-    def total(inp: Tensor) -> Tensor:
-        loss = objective(inp)
-        pix = x * s + m
-        if tv_weight:
-            loss = loss + tv_weight * total_variation(pix).view(restarts, batch).mean(1)
-        if config.l2_weight:
-            l2 = x.pow(2).flatten(1).mean(1).view(restarts, batch).mean(1)
-            loss = loss + config.l2_weight * l2
-        return loss
-
-    def check() -> tuple[float, float]:
-        """(objective, relative error) of the best restart: one host sync."""
-        # no torch.no_grad(): a gradient-matching objective differentiates inside
-        loss = total(x).detach()
-        best = loss.argmin()
-        if trace is not None:
-            b = int(best)
-            trace(step, x.detach()[b * batch : (b + 1) * batch].clone())
-        err = error(x).detach()[best] if error is not None else loss.new_tensor(math.nan)
-        both = torch.stack([loss[best], err.to(loss.dtype)]).tolist()
-        return both[0], both[1]
-
-    factor, best_loss, bad, step, stopped = 1.0, math.inf, 0, 0, "cap"
-    shifts: list[list[int]] = []
-    while step < cap:
-        if jitter and not shifts:  # draw a block of shifts at once: no per-step host sync
-            block = torch.randint(-jitter, jitter + 1, (config.check_every, 2),
-                                  generator=generator, device=generator.device)
-            shifts = block.tolist()
-        lr = config.lr * factor * 0.5 * (1 + math.cos(math.pi * step / max(cap, 1)))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        inp = x
-        if jitter:
-            dx, dy = shifts.pop()
-            inp = torch.roll(x, shifts=(dx, dy), dims=(-2, -1))
-        (grad,) = torch.autograd.grad(total(inp).sum(), x)
-        x.grad = grad
-        opt.step()
-        with torch.no_grad():
-            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
-        step += 1
-        if step % config.check_every == 0 and step < cap:
-            loss_now, err_now = check()
-            if err_now <= config.tol:
-                stopped = "converged"
-                break
-            if loss_now < best_loss * (1 - config.min_improvement) or not math.isfinite(best_loss):
-                best_loss, bad = loss_now, 0
-            else:
-                bad += 1
-                if bad >= config.patience:
-                    factor, bad = factor / 2, 0
-                    if factor < config.min_lr_ratio:
-                        stopped = "plateau"
-                        break
-    final = total(x).detach()
-    best = int(final.argmin())
-    err = float(error(x).detach()[best]) if error is not None else math.nan
-    if stopped == "cap" and err <= config.tol:
-        stopped = "converged"
-    if trace is not None:
-        trace(step, x.detach()[best * batch : (best + 1) * batch].clone())
-    return (x.detach()[best * batch : (best + 1) * batch], final, best,
-            Convergence(step, err, stopped))
+    (out,) = optimise_batch(
+        lambda x, _active, _valid: objective(x.flatten(0, 2))[None],
+        batches=[batch], restarts=restarts, image_shape=image_shape, mean=mean, std=std,
+        config=config, generators=[generator], device=device, dtype=dtype,
+        error=None if error is None else (lambda x, _a, _v: error(x.flatten(0, 2))[None]),
+        traces=None if trace is None else [trace])
+    return out.images, out.losses, out.best, out.convergence
 
 
 def relative_feature_error(
