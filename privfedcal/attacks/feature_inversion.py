@@ -232,11 +232,13 @@ def total_variation(pixels: Tensor) -> Tensor:
 
 
 class _BNPrior:
-    """Forward hooks that record, per restart group, how far BN input statistics are from
-    the running statistics (DeepInversion's R_feature, L2 norms)."""
+    """Forward hooks that record, per restart group of ``per_group`` images, how far BN
+    input statistics are from the running statistics (DeepInversion's R_feature, L2
+    norms). ``valid`` (groups, per_group) bool, when set, leaves padding images out."""
 
-    def __init__(self, model: nn.Module, groups: int) -> None:
-        self.groups, self.loss = groups, None
+    def __init__(self, model: nn.Module, per_group: int) -> None:
+        self.per_group, self.loss = per_group, None
+        self.valid: Tensor | None = None
         self.handles = [
             m.register_forward_hook(self._hook)
             for m in model.modules()
@@ -245,12 +247,23 @@ class _BNPrior:
 
     def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
         x = inputs[0]
-        per_group = x.shape[0] // self.groups
-        h = x.reshape(self.groups, per_group, x.shape[1], -1).transpose(1, 2).flatten(2)
-        if h.shape[-1] < 2:
-            return  # one value per channel: no batch statistics to match
-        mean, var = h.mean(-1), h.var(-1, unbiased=False)
+        groups = x.shape[0] // self.per_group
+        h = x.reshape(groups, self.per_group, x.shape[1], -1).transpose(1, 2)
+        if self.valid is None:
+            h = h.flatten(2)
+            if h.shape[-1] < 2:
+                return  # one value per channel: no batch statistics to match
+            mean, var = h.mean(-1), h.var(-1, unbiased=False)
+            enough = None
+        else:
+            w = self.valid[:, None, :, None].to(h.dtype).expand_as(h).flatten(2)
+            h = h.flatten(2)
+            count = w.sum(-1)
+            mean = (h * w).sum(-1) / count
+            var = ((h - mean[..., None]).pow(2) * w).sum(-1) / count
+            enough = (count[:, 0] >= 2).to(h.dtype)  # as above: a single value adds nothing
         term = (mean - module.running_mean).norm(dim=-1) + (var - module.running_var).norm(dim=-1)
+        term = term if enough is None else term * enough
         self.loss = term if self.loss is None else self.loss + term
 
     def pop(self) -> Tensor | None:
@@ -298,44 +311,224 @@ def optimise_images(
     return out.images, out.losses, out.best, out.convergence
 
 
+def _masked_mean(z: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Mean over the image dim -2 of (..., B, d) features, and the valid-image weights
+    (..., B, 1) (None: every image counts)."""
+    if valid is None:
+        return z.mean(-2), None
+    w = valid[..., None].to(z.dtype)
+    return (z * w).sum(-2) / w.sum(-2), w
+
+
 def relative_feature_error(
     z: Tensor, *, per_image: Tensor | None = None, mu: Tensor | None = None,
-    cov: Tensor | None = None,
+    cov: Tensor | None = None, valid: Tensor | None = None,
 ) -> Tensor:
-    """Relative feature error per restart of (R, B, d) features, the convergence measure:
-    per-image targets ``max_i ||z_i - t_i|| / ||t_i||``; a mean ``||mean_i z_i - mu|| / ||mu||``;
-    mean and covariance the larger of that and ``||Sigma_hat - Sigma||_F / ||Sigma||_F``."""
+    """Relative feature error per restart of (..., R, B, d) features, the convergence
+    measure: per-image targets (..., B, d) ``max_i ||z_i - t_i|| / ||t_i||``; a mean
+    ``||mean_i z_i - mu|| / ||mu||``; mean and covariance the larger of that and
+    ``||Sigma_hat - Sigma||_F / ||Sigma||_F``. Leading target dims broadcast against
+    ``mu`` (..., 1, d) / ``cov`` (..., 1, d, d); ``valid`` (..., 1, B) masks padding."""
     def rel(a: Tensor, b: Tensor) -> Tensor:
-        return (a - b).flatten(2).norm(dim=-1) / b.flatten(2).norm(dim=-1).clamp_min(1e-12)
+        return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)
 
     if per_image is not None:
-        return rel(z, per_image.expand_as(z)).amax(-1)
-    m = z.mean(1, keepdim=True)
-    err = rel(m, mu.view(1, 1, -1).expand_as(m))[:, 0]  # type: ignore[union-attr]
+        err = rel(z, per_image.expand_as(z))
+        return (err if valid is None else err.masked_fill(~valid, -math.inf)).amax(-1)
+    m, w = _masked_mean(z, valid)
+    err = rel(m, mu.expand_as(m))  # type: ignore[union-attr]
     if cov is None:
         return err
-    centred = z - m
-    sigma = centred.transpose(1, 2) @ centred / max(z.shape[1] - 1, 1)
-    cerr = (sigma - cov).flatten(1).norm(dim=-1) / cov.norm().clamp_min(1e-12)
+    centred = z - m[..., None, :]
+    if w is None:
+        sigma = centred.transpose(-1, -2) @ centred / max(z.shape[-2] - 1, 1)
+    else:
+        centred = centred * w
+        sigma = centred.transpose(-1, -2) @ centred / (w.sum(-2)[..., None] - 1).clamp_min(1)
+    cerr = (sigma - cov).flatten(-2).norm(dim=-1) / cov.flatten(-2).norm(dim=-1).clamp_min(1e-12)
     return torch.maximum(err, cerr)
 
 
-def _raw_loss(z: Tensor, target: Tensor) -> Tensor:
-    """(R, B, d) vs (B, d): mean over B of (1 - cos) + squared error relative to ||z||^2."""
+def _raw_loss(z: Tensor, target: Tensor, valid: Tensor | None = None) -> Tensor:
+    """(..., R, B, d) vs (..., B, d): mean over B of (1 - cos) + squared error relative to
+    ||target||^2 (over the ``valid`` (..., 1, B) images only, when given)."""
     cos = F.cosine_similarity(z, target.expand_as(z), dim=-1)
     rel = (z - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)
-    return (1 - cos + rel).mean(-1)
+    if valid is None:
+        return (1 - cos + rel).mean(-1)
+    w = valid.to(z.dtype)
+    return ((1 - cos + rel) * w).sum(-1) / w.sum(-1)
 
 
-def _stats_loss(z: Tensor, mu: Tensor, cov: Tensor) -> Tensor:
-    """(R, n, d) features vs (mu, unbiased cov), each term scaled by its target's size."""
-    n = z.shape[1]
-    m = z.mean(1)
-    centred = z - m[:, None]
-    sigma = centred.transpose(1, 2) @ centred / (n - 1)
-    mean_term = (m - mu).pow(2).sum(-1) / (mu.pow(2).sum() + torch.trace(cov)).clamp_min(1e-12)
-    cov_term = (sigma - cov).pow(2).sum((-2, -1)) / cov.pow(2).sum().clamp_min(1e-12)
+def _stats_loss(z: Tensor, mu: Tensor, cov: Tensor, valid: Tensor | None = None) -> Tensor:
+    """(..., R, n, d) features vs (mu (..., 1, d), unbiased cov (..., 1, d, d)), each term
+    scaled by its target's size; ``valid`` (..., 1, n) masks padding images."""
+    m, w = _masked_mean(z, valid)
+    centred = z - m[..., None, :]
+    if w is None:
+        sigma = centred.transpose(-1, -2) @ centred / (z.shape[-2] - 1)
+    else:
+        centred = centred * w
+        sigma = centred.transpose(-1, -2) @ centred / (w.sum(-2)[..., None] - 1)
+    trace = cov.diagonal(dim1=-2, dim2=-1).sum(-1)
+    mean_term = (m - mu).pow(2).sum(-1) / (mu.pow(2).sum(-1) + trace).clamp_min(1e-12)
+    cov_term = (sigma - cov).pow(2).sum((-2, -1)) / cov.pow(2).sum((-2, -1)).clamp_min(1e-12)
     return mean_term + cov_term + (1 - F.cosine_similarity(m, mu.expand_as(m), dim=-1))
+
+
+@dataclass(frozen=True, eq=False)
+class _Posed:
+    """A target as the optimiser sees it: per-image feature targets (B, d), or a mean (d,)
+    with, for ``class-stats-direct``, an unbiased covariance; ``batch`` images."""
+
+    mode: str
+    batch: int
+    per_image: Tensor | None = None
+    mu: Tensor | None = None
+    cov: Tensor | None = None
+
+    @property
+    def term(self) -> str:
+        """Targets with the same term can share one batched optimisation."""
+        return "per-image" if self.per_image is not None else (
+            "stats" if self.cov is not None else "mean")
+
+
+def _pose(target: FeatureTarget, device: torch.device, dtype: torch.dtype) -> _Posed:
+    per_image: Tensor | None = None
+    mu = cov = None
+    if target.kind == "raw-feature":
+        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
+    elif target.kind == "class-mean":
+        if target.batch and target.n > 1:
+            mu, mode = target.mean, "class-mean-batch"
+        else:
+            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
+    elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
+        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
+        mode = "class-stats-features"
+    else:
+        mu, cov, mode = target.mean, target.cov, "class-stats-direct"
+    batch = per_image.shape[0] if per_image is not None else target.n
+    return _Posed(mode, batch,
+                  None if per_image is None else per_image.to(device, dtype),
+                  None if mu is None else mu.to(device, dtype),
+                  None if cov is None else cov.to(device, dtype))
+
+
+def _stack(rows: list[Tensor], bmax: int) -> Tensor:
+    """(B_t, d) per-image targets -> (T, Bmax, d), padded with ones (never scored)."""
+    out = rows[0].new_ones(len(rows), bmax, rows[0].shape[-1])
+    for t, row in enumerate(rows):
+        out[t, : row.shape[0]] = row
+    return out
+
+
+def _invert_group(model: FeatureClassifier, posed: list[_Posed],
+                  generators: Sequence[torch.Generator], cfg: InversionConfig,
+                  image_shape: Sequence[int], mean: Sequence[float], std: Sequence[float],
+                  traces: Sequence[Callable[[int, Tensor], None] | None] | None,
+                  ) -> list[InversionResult]:
+    """One batched optimisation over targets with the same ``_Posed.term``."""
+    from privfedcal.attacks.engine import optimise_batch
+
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    batches = [p.batch for p in posed]
+    bmax, r = max(batches), cfg.restarts
+    padded = len(set(batches)) > 1
+    per_image = _stack([p.per_image for p in posed], bmax) if posed[0].per_image is not None \
+        else None  # (T, Bmax, d)
+    mu = torch.stack([p.mu for p in posed]) if posed[0].mu is not None else None  # (T, d)
+    cov = torch.stack([p.cov for p in posed]) if posed[0].cov is not None else None
+    bn = _BNPrior(model, bmax) if cfg.bn_weight > 0 else None
+
+    def features(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded."""
+        if bn is not None:
+            bn.valid = valid.repeat_interleave(r, 0) if padded else None
+        z = model.features(x.flatten(0, 2)).view(*x.shape[:3], -1)
+        return z, valid[:, None] if padded else None
+
+    def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:
+        if per_image is not None:
+            return _raw_loss(z, per_image[act][:, None], mask)
+        if cov is not None:
+            return _stats_loss(z, mu[act][:, None], cov[act][:, None], mask)  # type: ignore[index]
+        m, _ = _masked_mean(z, mask)
+        return _raw_loss(m[..., None, :], mu[act][:, None, None])  # type: ignore[index]
+
+    def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
+        z, mask = features(x, valid)
+        loss = data_term(z, act, mask)
+        bn_loss = bn.pop() if bn is not None else None
+        return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss.view(loss.shape)
+
+    def error(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
+        with torch.no_grad():
+            z, mask = features(x, valid)
+            if bn is not None:
+                bn.pop()  # this forward is not part of the objective
+            return relative_feature_error(
+                z, per_image=None if per_image is None else per_image[act][:, None],
+                mu=None if mu is None else mu[act][:, None],
+                cov=None if cov is None else cov[act][:, None], valid=mask)
+
+    with eval_mode(model):
+        try:
+            outs = optimise_batch(
+                objective, batches=batches, restarts=r, image_shape=image_shape, mean=mean,
+                std=std, config=cfg, generators=generators, device=device, dtype=dtype,
+                error=error, traces=None if traces is None else [
+                    None if tr is None else (lambda step, xb, tr=tr: tr(step, to_pixels(
+                        xb, mean, std))) for tr in traces])
+        finally:
+            if bn is not None:
+                bn.remove()
+        results = []
+        for p, out in zip(posed, outs, strict=True):
+            with torch.no_grad():
+                z = model.features(out.images)
+            if p.per_image is not None:
+                cosine = F.cosine_similarity(z, p.per_image, dim=-1).mean()
+            else:
+                cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)  # type: ignore[arg-type]
+            results.append(InversionResult(
+                images=to_pixels(out.images, mean, std), features=z, cosine=float(cosine),
+                loss=float(out.losses[out.best]), restart_losses=out.losses, mode=p.mode,
+                target_features=p.per_image, convergence=out.convergence))
+    return results
+
+
+def invert_features_many(
+    model: FeatureClassifier,
+    targets: Sequence[FeatureTarget],
+    *,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generators: Sequence[torch.Generator],
+    config: InversionConfig | None = None,
+    traces: Sequence[Callable[[int, Tensor], None] | None] | None = None,
+) -> list[InversionResult]:
+    """``invert_features`` of several targets through one model state, optimised together
+    (``engine.optimise_batch``): targets of the same kind of loss term share one batch,
+    each with its own generator, stopping step and best restart, so every result is the
+    one ``invert_features`` gives for that target alone (up to float rounding)."""
+    if len(generators) != len(targets) or (traces is not None and len(traces) != len(targets)):
+        raise UsageError("need one generator (and trace, if any) per target")
+    cfg = config or InversionConfig()
+    param = next(model.parameters())
+    posed = [_pose(t, param.device, param.dtype) for t in targets]
+    results: list[InversionResult | None] = [None] * len(targets)
+    for term in dict.fromkeys(p.term for p in posed):
+        idx = [i for i, p in enumerate(posed) if p.term == term]
+        outs = _invert_group(model, [posed[i] for i in idx], [generators[i] for i in idx], cfg,
+                             image_shape, mean, std,
+                             None if traces is None else [traces[i] for i in idx])
+        for i, res in zip(idx, outs, strict=True):
+            results[i] = res
+    return results  # type: ignore[return-value]
 
 
 def invert_features(
@@ -371,84 +564,7 @@ def invert_features(
     )
     overrides = {k: v for k, v in given.items() if v is not None}
     cfg = dataclasses.replace(config or InversionConfig(), **overrides)
-    param = next(model.parameters())
-    device, dtype = param.device, param.dtype
-
-    per_image: Tensor | None = None  # (B, d) targets, one per image
-    mu = cov = None
-    if target.kind == "raw-feature":
-        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
-    elif target.kind == "class-mean":
-        if target.batch and target.n > 1:
-            mu, mode = target.mean, "class-mean-batch"
-        else:
-            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
-    elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
-        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
-        mode = "class-stats-features"
-    else:
-        mu, cov, mode = target.mean, target.cov, "class-stats-direct"
-    batch = per_image.shape[0] if per_image is not None else target.n
-    per_image = per_image.to(device, dtype) if per_image is not None else None
-    mu = mu.to(device, dtype) if mu is not None else None
-    cov = cov.to(device, dtype) if cov is not None else None
-
-    r = cfg.restarts
-    bn = _BNPrior(model, r) if cfg.bn_weight > 0 else None
-
-    def data_term(z: Tensor) -> Tensor:
-        z = z.view(r, batch, -1)
-        if per_image is not None:
-            return _raw_loss(z, per_image)
-        if cov is not None:
-            return _stats_loss(z, mu, cov)  # type: ignore[arg-type]
-        return _raw_loss(z.mean(1, keepdim=True), mu[None])  # type: ignore[index]
-
-    def objective(x: Tensor) -> Tensor:
-        loss = data_term(model.features(x))
-        bn_loss = bn.pop() if bn is not None else None
-        return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss
-
-    def error(x: Tensor) -> Tensor:
-        with torch.no_grad():
-            z = model.features(x).view(r, batch, -1)
-            if bn is not None:
-                bn.pop()  # this forward is not part of the objective
-            return relative_feature_error(z, per_image=per_image, mu=mu, cov=cov)
-
-    with eval_mode(model):
-        try:
-            x, losses, best, conv = optimise_images(
-                objective,
-                restarts=r,
-                batch=batch,
-                image_shape=image_shape,
-                mean=mean,
-                std=std,
-                config=cfg,
-                generator=generator,
-                device=device,
-                dtype=dtype,
-                error=error,
-                trace=None if trace is None else (
-                    lambda step, xb: trace(step, to_pixels(xb, mean, std))),
-            )
-        finally:
-            if bn is not None:
-                bn.remove()
-        with torch.no_grad():
-            z = model.features(x)
-    if per_image is not None:
-        cosine = F.cosine_similarity(z, per_image, dim=-1).mean()
-    else:
-        cosine = F.cosine_similarity(z.mean(0), mu, dim=0)  # type: ignore[arg-type]
-    return InversionResult(
-        images=to_pixels(x, mean, std),
-        features=z,
-        cosine=float(cosine),
-        loss=float(losses[best]),
-        restart_losses=losses,
-        mode=mode,
-        target_features=per_image,
-        convergence=conv,
-    )
+    (res,) = invert_features_many(model, [target], image_shape=image_shape, mean=mean, std=std,
+                                  generators=[generator], config=cfg,
+                                  traces=None if trace is None else [trace])
+    return res
