@@ -35,13 +35,12 @@ from privfedcal.attacks.feature_inversion import (
     FeatureTarget,
     InversionConfig,
     InversionResult,
-    invert_features,
     invert_features_many,
 )
 from privfedcal.attacks.gradient_inversion import (
     LocalRecipe,
     gradient_rank,
-    invert_class_gradients,
+    invert_class_gradients_many,
     invert_model_update,
     invert_update,
     recover_from_class_gradient,
@@ -124,21 +123,50 @@ class Attacked:
 
 @dataclass(frozen=True, eq=False)
 class Inversion:
-    """The feature inversion a job needs, ready to be batched with others (``execute``):
-    ``model`` in ``state`` (loaded through ``view``); ``key`` names an inversion several jobs share (the aggregate
-    under secure aggregation: one inversion, scored once per attacked client)."""
+    """The inversion a job needs, ready to be batched with others (``execute``): ``solve``
+    runs a list of them through ``model`` in ``state`` (loaded through ``view``) and
+    returns one result each; inversions with the same solver, model, state, config and
+    ``group`` can share a batch. ``images``: images per restart (batches sort by it, for
+    less padding). ``key`` names an inversion several jobs share (the aggregate under
+    secure aggregation: one inversion, scored once per attacked client)."""
 
     view: RunView
     model: FeatureClassifier
     state: dict[str, Tensor]
-    target: FeatureTarget
+    target: Any
     generator: torch.Generator
     config: InversionConfig
+    solve: Callable[[list[Inversion]], list[Any]]
+    images: int
+    group: Any = ()
     key: Any = None
 
 
+def _solve_features(invs: list[Inversion]) -> list[InversionResult]:
+    """Feature inversions of ``FeatureTarget``s, batched (``invert_features_many``)."""
+    view = invs[0].view
+    view.load_state(invs[0].state)
+    d = view.exp.data
+    return invert_features_many(invs[0].model, [v.target for v in invs],
+                                image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                                generators=[v.generator for v in invs], config=invs[0].config)
+
+
+def _solve_rounds(invs: list[Inversion]) -> list[Any]:
+    """Class gradients across rounds (``invert_class_gradients_many``); every target is
+    ``(states, heads, blocks, label, n)`` of the same releases (``group``)."""
+    view = invs[0].view
+    view.load_state(invs[0].state)
+    d = view.exp.data
+    states, heads = invs[0].target[:2]
+    return invert_class_gradients_many(
+        invs[0].model, states, heads, [v.target[2:] for v in invs],
+        image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+        generators=[v.generator for v in invs], config=invs[0].config)
+
+
 #: a job's two halves around its inversion: the inversion, and the scoring of its result
-Prepare = Callable[[], tuple[Inversion, Callable[[InversionResult, float], Attacked]]]
+Prepare = Callable[[], tuple[Inversion, Callable[[Any, float], Attacked]]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,11 +198,7 @@ def _single(view: RunView, prepare: Prepare, shared: dict[Any, Any]) -> Callable
         inv, finish = prepare()
         res = None if inv.key is None else shared.get(inv.key)
         if res is None:
-            view.load_state(inv.state)
-            d = view.exp.data
-            res = invert_features(inv.model, inv.target, image_shape=d.x_train.shape[1:],
-                                  mean=d.mean, std=d.std, generator=inv.generator,
-                                  config=inv.config)
+            (res,) = inv.solve([inv])
             if inv.key is not None:
                 shared[inv.key] = res
         return finish(res, time.perf_counter() - t0)
@@ -193,7 +217,7 @@ def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor],
     def prepare() -> tuple[Inversion, Callable[[InversionResult, float], Attacked]]:
         inv = Inversion(view, extractor or view.model, state, target,
                         make_generator(opts.seed, seed, 0, 61), opts.inversion,
-                        None if shared is None else key)
+                        _solve_features, _images(target), key=None if shared is None else key)
 
         def finish(res: InversionResult, seconds: float) -> Attacked:
             view.load_state(state)
@@ -380,7 +404,7 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
             target, how = FeatureTarget.raw(z.reshape(-1, z.shape[-1])), "analytic+"
             extra["needed"] = ["the class gradient only"]
         inv = Inversion(view, view.model, state, target, make_generator(opts.seed, seed, 0, 63),
-                        opts.inversion)
+                        opts.inversion, _solve_features, _images(target))
 
         def finish(res: InversionResult, seconds: float) -> Attacked:
             view.load_state(state)
@@ -558,30 +582,32 @@ def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
 
 def _rounds_job(view: RunView, opts: AttackOptions, rels: list[Release], blocks: list[Tensor],
                 truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
-    def run() -> Attacked:
-        t0 = time.perf_counter()
-        d = view.exp.data
+    def prepare() -> tuple[Inversion, Callable[[Any, float], Attacked]]:
         heads = [creff_head(view, r) for r in rels]
-        view.load_state(rels[-1].state)
-        res = invert_class_gradients(
-            view.model, [r.state for r in rels], heads, blocks, base["class"], base["n_used"],
-            image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
-            generator=make_generator(opts.seed, seed, 0, 68),
-            config=dataclasses.replace(opts.inversion, restarts=1, tv_weight=1e-2,
-                                       l2_weight=0.0, jitter=0, bn_weight=0.0))
-        view.load_state(rels[-1].state)
-        rec, matched = score(view, res.images, truth_idx, paired=False)
-        record = {**base, **rec, "mode": "class-gradients-across-rounds",
-                  "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
-                  "needed": ["the model state and head sent in every combined round",
-                             "n (count or gradient rank)",
-                             "the same samples in every round (n within CReFF's per-class "
-                             "draw cap)"],
-                  "seconds": round(time.perf_counter() - t0, 3)}
-        return Attacked(record, matched, res.images.detach().cpu())
+        target = ([r.state for r in rels], heads, blocks, base["class"], base["n_used"])
+        inv = Inversion(view, view.model, rels[-1].state, target,
+                        make_generator(opts.seed, seed, 0, 68),
+                        dataclasses.replace(opts.inversion, restarts=1, tv_weight=1e-2,
+                                            l2_weight=0.0, jitter=0, bn_weight=0.0),
+                        _solve_rounds, base["n_used"], group=tuple(r.round for r in rels))
+
+        def finish(res: Any, seconds: float) -> Attacked:
+            view.load_state(rels[-1].state)
+            rec, matched = score(view, res.images, truth_idx, paired=False)
+            record = {**base, **rec, "mode": "class-gradients-across-rounds",
+                      "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
+                      "needed": ["the model state and head sent in every combined round",
+                                 "n (count or gradient rank)",
+                                 "the same samples in every round (n within CReFF's per-class "
+                                 "draw cap)"],
+                      "seconds": round(seconds, 3)}
+            return Attacked(record, matched, res.images.detach().cpu())
+
+        return inv, finish
 
     return Job(f"class gradients client {base['client']} class {base['class']} rounds "
-               f"{','.join(map(str, base['rounds']))} (n={base['n']})", run, blocks, base)
+               f"{','.join(map(str, base['rounds']))} (n={base['n']})", _single(view, prepare, {}),
+               blocks, base, prepare)
 
 
 UPDATE_LABEL, ROUND_LABEL = UPDATE_RELEASE, ROUND_RECORD
@@ -705,7 +731,7 @@ def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
         raise UsageError(f"--attack-batch must be >= 1, got {size}")
     out: list[Attacked | None] = [None] * len(plan.jobs)
     groups: dict[Any, list[int]] = {}
-    prepared: dict[int, tuple[Inversion, Callable[[InversionResult, float], Attacked]]] = {}
+    prepared: dict[int, tuple[Inversion, Callable[[Any, float], Attacked]]] = {}
     for i, job in enumerate(plan.jobs):
         if size == 1 or job.prepare is None:
             out[i] = job.run()
@@ -713,25 +739,19 @@ def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
                 on_done(job)
             continue
         inv, finish = prepared[i] = job.prepare()
-        groups.setdefault((id(inv.model), id(inv.state), inv.config), []).append(i)
+        group = (inv.solve, id(inv.model), id(inv.state), inv.config, inv.group)
+        groups.setdefault(group, []).append(i)
     for members in groups.values():
         # one inversion per shared key; similar image counts together (less padding)
         first: dict[Any, int] = {}
         for i in members:
             first.setdefault(prepared[i][0].key if prepared[i][0].key is not None else i, i)
-        unique = sorted(first.values(), key=lambda i: _images(prepared[i][0].target))
-        results: dict[int, tuple[InversionResult, float]] = {}
+        unique = sorted(first.values(), key=lambda i: prepared[i][0].images)
+        results: dict[int, tuple[Any, float]] = {}
         for start in range(0, len(unique), size):
             chunk = unique[start:start + size]
-            invs = [prepared[i][0] for i in chunk]
             t0 = time.perf_counter()
-            view = invs[0].view
-            view.load_state(invs[0].state)
-            d = view.exp.data
-            many = invert_features_many(
-                invs[0].model, [v.target for v in invs], image_shape=d.x_train.shape[1:],
-                mean=d.mean, std=d.std, generators=[v.generator for v in invs],
-                config=invs[0].config)
+            many = prepared[chunk[0]][0].solve([prepared[i][0] for i in chunk])
             share = (time.perf_counter() - t0) / len(chunk)  # "seconds": a share of the batch
             for i, res in zip(chunk, many, strict=True):
                 results[i] = res, share
