@@ -83,6 +83,9 @@ class FeatureTarget:
 
 #: default step cap: breaching-scale (Inverting Gradients runs 24,000 Adam steps)
 DEFAULT_MAX_STEPS = 24_000
+#: targets optimised together (``runner.execute``, ``engine.py``): a digits run's targets
+#: fit in one batch; memory grows with it (every target's images and activations at once)
+DEFAULT_ATTACK_BATCH = 32
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from privfedcal.attacks.class_inference import infer_classes, score_class_sets
 from privfedcal.attacks.feature_inversion import (
+    DEFAULT_ATTACK_BATCH,
     DEFAULT_MAX_STEPS,
     Convergence,
     FeatureTarget,
@@ -60,10 +61,6 @@ from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 from privfedcal.seeding import make_generator
-
-#: targets per batched optimisation: enough for a digits run's targets in one batch; memory
-#: grows with it (all targets' images and activations are held at once)
-DEFAULT_ATTACK_BATCH = 32
 
 
 @dataclass(frozen=True)
