@@ -237,11 +237,13 @@ def total_variation(pixels: Tensor) -> Tensor:
 class _BNPrior:
     """Forward hooks that record, per restart group of ``per_group`` images, how far BN
     input statistics are from the running statistics (DeepInversion's R_feature, L2
-    norms). ``valid`` (groups, per_group) bool, when set, leaves padding images out."""
+    norms). ``group_ids`` (N,), when set, names the group of each input image instead
+    (groups of different sizes: a batch of targets without its padding)."""
 
     def __init__(self, model: nn.Module, per_group: int) -> None:
         self.per_group, self.loss = per_group, None
-        self.valid: Tensor | None = None
+        self.group_ids: Tensor | None = None
+        self.groups = 0
         self.handles = [
             m.register_forward_hook(self._hook)
             for m in model.modules()
@@ -250,21 +252,22 @@ class _BNPrior:
 
     def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
         x = inputs[0]
-        groups = x.shape[0] // self.per_group
-        h = x.reshape(groups, self.per_group, x.shape[1], -1).transpose(1, 2)
-        if self.valid is None:
-            h = h.flatten(2)
+        if self.group_ids is None:
+            groups = x.shape[0] // self.per_group
+            h = x.reshape(groups, self.per_group, x.shape[1], -1).transpose(1, 2).flatten(2)
             if h.shape[-1] < 2:
                 return  # one value per channel: no batch statistics to match
             mean, var = h.mean(-1), h.var(-1, unbiased=False)
             enough = None
-        else:
-            w = self.valid[:, None, :, None].to(h.dtype).expand_as(h).flatten(2)
-            h = h.flatten(2)
-            count = w.sum(-1)
-            mean = (h * w).sum(-1) / count
-            var = ((h - mean[..., None]).pow(2) * w).sum(-1) / count
-            enough = (count[:, 0] >= 2).to(h.dtype)  # as above: a single value adds nothing
+        else:  # the same two-pass statistics, summed per group with index_add
+            ids, h = self.group_ids, x.flatten(2)  # (N, C, S)
+            count = h.new_zeros(self.groups).index_add_(
+                0, ids, h.new_ones(h.shape[0])) * h.shape[-1]
+            mean = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, h.sum(-1))
+            mean = mean / count[:, None]
+            dev = (h - mean[ids][..., None]).pow(2).sum(-1)
+            var = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, dev) / count[:, None]
+            enough = (count >= 2).to(h.dtype)  # as above: a single value adds nothing
         term = (mean - module.running_mean).norm(dim=-1) + (var - module.running_var).norm(dim=-1)
         term = term if enough is None else term * enough
         self.loss = term if self.loss is None else self.loss + term
@@ -447,11 +450,17 @@ def _invert_group(model: FeatureClassifier, posed: list[_Posed],
     bn = _BNPrior(model, bmax) if cfg.bn_weight > 0 else None
 
     def features(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded."""
+        """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded. Padding
+        images do not go through the model (their features are zeros, masked out)."""
+        if not padded:
+            return model.features(x.flatten(0, 2)).view(*x.shape[:3], -1), None
+        sel = valid[:, None].expand(-1, r, -1).reshape(-1)  # (A * R * Bmax,)
         if bn is not None:
-            bn.valid = valid.repeat_interleave(r, 0) if padded else None
-        z = model.features(x.flatten(0, 2)).view(*x.shape[:3], -1)
-        return z, valid[:, None] if padded else None
+            bn.groups = x.shape[0] * r
+            bn.group_ids = torch.div(torch.nonzero(sel)[:, 0], bmax, rounding_mode="floor")
+        zv = model.features(x.flatten(0, 2)[sel])
+        z = zv.new_zeros(sel.shape[0], zv.shape[-1]).masked_scatter(sel[:, None], zv)
+        return z.view(*x.shape[:3], -1), valid[:, None]
 
     def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:
         if per_image is not None:
