@@ -454,12 +454,14 @@ def _invert_group(model: FeatureClassifier, posed: list[_Posed],
         images do not go through the model (their features are zeros, masked out)."""
         if not padded:
             return model.features(x.flatten(0, 2)).view(*x.shape[:3], -1), None
-        sel = valid[:, None].expand(-1, r, -1).reshape(-1)  # (A * R * Bmax,)
+        # positions of the valid images in the flat (A * R * Bmax) layout
+        idx = torch.nonzero(valid[:, None].expand(-1, r, -1).reshape(-1))[:, 0]
         if bn is not None:
             bn.groups = x.shape[0] * r
-            bn.group_ids = torch.div(torch.nonzero(sel)[:, 0], bmax, rounding_mode="floor")
-        zv = model.features(x.flatten(0, 2)[sel])
-        z = zv.new_zeros(sel.shape[0], zv.shape[-1]).masked_scatter(sel[:, None], zv)
+            bn.group_ids = torch.div(idx, bmax, rounding_mode="floor")
+        flat = x.flatten(0, 2)
+        zv = model.features(flat.index_select(0, idx))
+        z = zv.new_zeros(flat.shape[0], zv.shape[-1]).index_copy(0, idx, zv)
         return z.view(*x.shape[:3], -1), valid[:, None]
 
     def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:

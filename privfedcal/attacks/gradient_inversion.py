@@ -460,12 +460,14 @@ def invert_class_gradients_many(
 
     def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         w_img = valid[:, None, :, None].float()  # (A, 1, Bmax, 1): padding images count 0
-        sel = valid[:, None].expand(-1, x.shape[1], -1).reshape(-1)  # padding skips the model
-        flat = x.flatten(0, 2)[sel]
+        # padding images skip the model: valid ones in, features scattered back
+        idx = torch.nonzero(valid[:, None].expand(-1, x.shape[1], -1).reshape(-1))[:, 0]
+        flat = x.flatten(0, 2)
+        inp = flat.index_select(0, idx)
         terms = []
         for k, (st, (w, b)) in enumerate(zip(sent, hs, strict=True)):
-            zv = functional_call(wrapped, st, (flat,))
-            z = zv.new_zeros(sel.shape[0], zv.shape[-1]).masked_scatter(sel[:, None], zv)
+            zv = functional_call(wrapped, st, (inp,))
+            z = zv.new_zeros(flat.shape[0], zv.shape[-1]).index_copy(0, idx, zv)
             z = z.view(*x.shape[:3], -1)
             logits = z @ w.T + (0 if b is None else b)
             resid = (torch.softmax(logits, -1) - onehot[act][:, None, None]) * w_img

@@ -745,8 +745,7 @@ def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
             first.setdefault(prepared[i][0].key if prepared[i][0].key is not None else i, i)
         unique = sorted(first.values(), key=lambda i: prepared[i][0].images)
         results: dict[int, tuple[Any, float]] = {}
-        for start in range(0, len(unique), size):
-            chunk = unique[start:start + size]
+        for chunk in _chunks(unique, [prepared[i][0].images for i in unique], size):
             t0 = time.perf_counter()
             many = prepared[chunk[0]][0].solve([prepared[i][0] for i in chunk])
             share = (time.perf_counter() - t0) / len(chunk)  # "seconds": a share of the batch
@@ -759,6 +758,27 @@ def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
             if on_done is not None:
                 on_done(plan.jobs[i])
     return out  # type: ignore[return-value]
+
+
+#: a batch's per-step overhead in images' worth of compute: a target joins the batch while
+#: the padding it adds costs less than this (a heuristic, not a measured constant)
+CHUNK_OVERHEAD_IMAGES = 64
+
+
+def _chunks(order: list[int], images: list[int], size: int) -> list[list[int]]:
+    """Split ``order`` (sorted by image count, ``images`` in the same order) into batches of
+    at most ``size`` targets, starting a new batch where padding every earlier target up
+    to the next one's image count would cost more than another batch's overhead."""
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    widest = 0
+    for i, n in zip(order, images, strict=True):
+        if cur and (len(cur) >= size or len(cur) * (n - widest) > CHUNK_OVERHEAD_IMAGES):
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+        widest = n
+    return chunks + [cur] if cur else chunks
 
 
 def _images(target: FeatureTarget) -> int:
