@@ -141,3 +141,16 @@ def test_class_gradients_across_rounds_batched(toy):
         assert a.convergence.steps == b.convergence.steps
         torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-4)
         assert b.gradient_cosine == pytest.approx(a.gradient_cosine, abs=1e-5)
+
+
+def test_chunks_cut_where_padding_costs_more_than_a_batch():
+    """By hand, overhead 64 images: padding 6 targets of <= 12 images up to 99 would cost
+    6 * 87 = 522 > 64, so the two 99s form their own batch; 1 -> 12 pads 5 * 5 = 25 < 64."""
+    from privfedcal.attacks.runner import CHUNK_OVERHEAD_IMAGES, _chunks
+
+    assert CHUNK_OVERHEAD_IMAGES == 64
+    images = [1, 1, 1, 5, 7, 12, 99, 99]
+    order = list(range(10, 18))
+    assert _chunks(order, images, 32) == [order[:6], order[6:]]
+    assert _chunks(order, images, 2) == [order[i:i + 2] for i in range(0, 8, 2)]
+    assert _chunks(order, images, 1) == [[i] for i in order]
