@@ -119,8 +119,9 @@ def optimise_batch(
         return error(x, act, ok).detach().to(dtype)
 
     def trace(t: int, step: int, images: Tensor) -> None:
+        """Target t's best restart, (Bmax, C, H, W) -> its own (B_t, C, H, W) images."""
         if traces is not None and traces[t] is not None:
-            traces[t](step, images[:, : batches[t]].clone())  # type: ignore[misc]
+            traces[t](step, images[: batches[t]].clone())  # type: ignore[misc]
 
     outcomes: list[Outcome | None] = [None] * t_count
     n_act = t_count
@@ -140,7 +141,7 @@ def optimise_batch(
             t = int(active_list[row])
             stopped = "converged" if why[k] == "cap" and e <= config.tol else why[k]
             images = x.detach()[row, b]
-            trace(t, step, images[None])
+            trace(t, step, images)
             outcomes[t] = Outcome(images[: batches[t]].clone(), losses[row].clone(), b,
                                   Convergence(step, e, stopped))
 
@@ -188,7 +189,7 @@ def optimise_batch(
                         if factor[t] < config.min_lr_ratio:
                             done.append(row), why.append("plateau")
             for row in range(n_act) if traces is not None else ():
-                trace(active_list[row], step, x.detach()[row, int(best[row])][None])
+                trace(active_list[row], step, x.detach()[row, int(best[row])])
             if done:
                 finish(done, losses, errs, why)
                 keep = torch.tensor([row for row in range(n_act) if row not in done],

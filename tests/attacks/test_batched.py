@@ -154,3 +154,28 @@ def test_chunks_cut_where_padding_costs_more_than_a_batch():
     assert _chunks(order, images, 32) == [order[:6], order[6:]]
     assert _chunks(order, images, 2) == [order[i:i + 2] for i in range(0, 8, 2)]
     assert _chunks(order, images, 1) == [[i] for i in order]
+
+
+def test_traces_see_each_targets_own_images(linear_model, images):
+    """Each target's trace sees its best restart's (B_t, 1, 4, 4) pixels at every check and
+    once more at its end, as alone; the last one is the returned reconstruction."""
+    with torch.no_grad():
+        z = linear_model.features((images - 0.5) / 0.25)
+    targets = [FeatureTarget.raw(z[:1]), FeatureTarget.raw(z)]
+    cfg = InversionConfig(steps=120, restarts=2, check_every=50)
+    seen: dict[int, list[tuple[int, tuple[int, ...]]]] = {0: [], 1: []}
+    last: dict[int, torch.Tensor] = {}
+
+    def tracer(t):
+        def trace(step, pixels):
+            seen[t].append((step, tuple(pixels.shape)))
+            last[t] = pixels
+        return trace
+
+    res = invert_features_many(linear_model, targets, config=cfg, traces=[tracer(0), tracer(1)],
+                               generators=[torch.Generator().manual_seed(s) for s in (0, 1)],
+                               **KW)
+    assert seen[0] == [(50, (1, 1, 4, 4)), (100, (1, 1, 4, 4)), (120, (1, 1, 4, 4))]
+    assert seen[1] == [(50, (3, 1, 4, 4)), (100, (3, 1, 4, 4)), (120, (3, 1, 4, 4))]
+    for t in (0, 1):
+        torch.testing.assert_close(last[t], res[t].images)
