@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
 
@@ -68,6 +68,7 @@ class AuditConfig:
     local_epochs: int = 1
     steps: int = DEFAULT_MAX_STEPS  # cap; inversions stop at convergence
     restarts: int = 2
+    attack_batch: int = DEFAULT_ATTACK_BATCH  # targets per batched inversion (runner.execute)
     attack_clients: int = 1
     max_n: int = 256
     seed: int = 0
@@ -78,6 +79,9 @@ class AuditConfig:
             raise UsageError("the audit grid needs at least one eps, secagg and method value")
         if any(math.isnan(e) or e <= 0 for e in self.eps):
             raise UsageError("every --eps must be > 0 (inf = no DP)")
+        if self.attack_batch < 1:
+            raise UsageError(f"--attack-batch must be >= 1 (1: one target at a time), got "
+                             f"{self.attack_batch}")
         if self.attack_clients < 1:
             raise UsageError("--attack-clients must be >= 1")
         # an empty budget would report the random start as "nothing leaked"
@@ -132,6 +136,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                epsilon_spent=privacy.get("epsilon_spent", math.inf))
     view = load_run(run_dir, exp=sim.exp)
     opts = AttackOptions(steps=config.steps, restarts=config.restarts, raw_samples=0,
+                         attack_batch=config.attack_batch,
                          max_n=config.max_n, seed=config.seed,
                          default_clients=config.attack_clients, known_classes=True)
     try:

@@ -29,6 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+# the optimiser's settings and result live with the optimiser (attacks/engine.py), which
+# this module drives; they are re-exported here, where callers configure an inversion
+from privfedcal.attacks.engine import DEFAULT_ATTACK_BATCH as DEFAULT_ATTACK_BATCH
+from privfedcal.attacks.engine import DEFAULT_MAX_STEPS as DEFAULT_MAX_STEPS
+from privfedcal.attacks.engine import Convergence as Convergence
+from privfedcal.attacks.engine import InversionConfig as InversionConfig
+from privfedcal.attacks.engine import channel_stats as channel_stats
+from privfedcal.attacks.engine import optimise_batch
+from privfedcal.attacks.engine import total_variation as total_variation
 from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
@@ -81,88 +90,6 @@ class FeatureTarget:
         return cls("class-stats", mean=mean, cov=cov, n=n, mode=mode)
 
 
-#: default step cap: breaching-scale (Inverting Gradients runs 24,000 Adam steps)
-DEFAULT_MAX_STEPS = 24_000
-
-
-@dataclass(frozen=True)
-class InversionConfig:
-    """Optimiser, stopping rule and priors. Weights are relative to a feature loss of order 1.
-
-    Stopping (``optimise_images``): every ``check_every`` steps the relative feature error
-    of the best restart (by objective) is measured; the run stops when it is <= ``tol``
-    ("converged"), when the step-size has been halved down to ``lr * min_lr_ratio`` because
-    the objective stopped improving ("plateau": no relative improvement above
-    ``min_improvement`` over ``patience`` checks halves the step size), or at ``steps``
-    ("cap"). The step size also follows a cosine decay over ``steps``, so a short run
-    (``steps`` lowered for a quick look) still ends on a small step.
-    """
-
-    steps: int = DEFAULT_MAX_STEPS  # cap; the stopping rule usually ends the run earlier
-    lr: float = 0.1  # Adam, in normalised input units
-    restarts: int = 4
-    # mean absolute neighbour difference, pixel space; None: by image size (``tv_for``)
-    tv_weight: float | None = None
-    l2_weight: float = 1e-5  # mean squared normalised input
-    jitter: int | None = None  # max shift in pixels per step; None: 0 (``jitter_for``)
-    bn_weight: float = 1e-2  # only used when the model has BatchNorm layers
-    # start: pixels uniform in [0.5 - s/2, 0.5 + s/2]; 1 = uniform on [0, 1]. Components of
-    # the image the model ignores keep their start, so a smaller s leaves less noise there
-    init_scale: float = 1.0
-    tol: float = 1e-4  # relative feature error at which the inversion counts as converged
-    check_every: int = 100  # steps between checks (one host sync per check)
-    patience: int = 2  # checks without improvement before the step size is halved
-    min_improvement: float = 1e-3  # relative objective improvement that counts
-    min_lr_ratio: float = 1e-2  # stop once the step size fell below lr * this
-
-    def __post_init__(self) -> None:
-        if self.steps < 0 or self.restarts < 1:
-            raise UsageError("inversion needs steps >= 0 and restarts >= 1")
-        if not self.lr > 0:
-            raise UsageError(f"inversion lr must be > 0, got {self.lr}")
-        if min(self.tv_weight or 0.0, self.l2_weight, self.bn_weight) < 0:
-            raise UsageError("prior weights must be >= 0")
-        if not 0 <= self.init_scale <= 1:
-            raise UsageError(f"init_scale must be in [0, 1], got {self.init_scale}")
-        if self.jitter is not None and self.jitter < 0:
-            raise UsageError(f"jitter must be >= 0, got {self.jitter}")
-        if self.tol < 0 or self.check_every < 1 or self.patience < 1:
-            raise UsageError("need tol >= 0, check_every >= 1 and patience >= 1")
-        if not 0 < self.min_lr_ratio <= 1 or self.min_improvement < 0:
-            raise UsageError("need 0 < min_lr_ratio <= 1 and min_improvement >= 0")
-
-    def jitter_for(self, height: int, width: int) -> int:
-        """Jitter in pixels: the set value, else 0 at every size. Shifting the image at
-        every step makes the optimiser match shifted copies' features too; on CIFAR-10
-        with the CNN a 2-pixel jitter left the relative feature error of an image's own
-        feature at 0.05, no jitter at 0.01-0.04 (docs/privacy-audit.md)."""
-        del height, width
-        return 0 if self.jitter is None else self.jitter
-
-    def tv_for(self, height: int, width: int) -> float:
-        """TV weight: the set value, else by image size. 1e-3 below 16 px (8x8 digits: a
-        weak prior, the features pin the image down); 0.3 from 16 px (32x32 colour
-        images: the CNN's features leave most of the image free, and a weak prior leaves
-        the start's noise there; measured on CIFAR-10, docs/privacy-audit.md)."""
-        if self.tv_weight is not None:
-            return self.tv_weight
-        return 1e-3 if min(height, width) < 16 else 0.3
-
-
-@dataclass(frozen=True)
-class Convergence:
-    """How an optimisation ended: steps run, the kept restart's relative feature error
-    (NaN when no error function was given) and why it stopped (converged|plateau|cap)."""
-
-    steps: int
-    error: float
-    stopped: str
-
-    def as_record(self) -> dict[str, object]:
-        return {"steps_run": self.steps, "feature_error": self.error,
-                "converged": self.stopped == "converged", "stopped": self.stopped}
-
-
 @dataclass(frozen=True, eq=False)
 class InversionResult:
     images: Tensor  # (B, C, H, W) pixel space [0, 1]
@@ -200,43 +127,25 @@ def features_from_stats(n: int, mean: Tensor, cov: Tensor) -> Tensor:
     return (mu + centred).to(mean.dtype)
 
 
-def channel_stats(
-    mean: Sequence[float],
-    std: Sequence[float],
-    channels: int,
-    device: torch.device,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor]:
-    """Per-channel mean and std as (1, C, 1, 1) tensors, validated."""
-    m = torch.as_tensor(mean, dtype=dtype, device=device).reshape(1, -1, 1, 1)
-    s = torch.as_tensor(std, dtype=dtype, device=device).reshape(1, -1, 1, 1)
-    if m.shape[1] != channels or s.shape[1] != channels or not bool((s > 0).all()):
-        raise UsageError(f"mean/std need {channels} entries (std > 0), one per image channel")
-    return m, s
-
-
 def to_pixels(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """Normalised input space -> pixel space, clamped to [0, 1]."""
     m, s = channel_stats(mean, std, x.shape[1], x.device, x.dtype)
     return (x * s + m).clamp(0, 1)
 
 
-def total_variation(pixels: Tensor) -> Tensor:
-    """Mean absolute difference between neighbours, per image: (B,C,H,W) -> (B,)."""
-    tv = pixels.new_zeros(pixels.shape[0])
-    if pixels.shape[-2] > 1:
-        tv = tv + (pixels[..., 1:, :] - pixels[..., :-1, :]).abs().flatten(1).mean(1)
-    if pixels.shape[-1] > 1:
-        tv = tv + (pixels[..., :, 1:] - pixels[..., :, :-1]).abs().flatten(1).mean(1)
-    return tv
+
 
 
 class _BNPrior:
-    """Forward hooks that record, per restart group, how far BN input statistics are from
-    the running statistics (DeepInversion's R_feature, L2 norms)."""
+    """Forward hooks that record, per restart group of ``per_group`` images, how far BN
+    input statistics are from the running statistics (DeepInversion's R_feature, L2
+    norms). ``group_ids`` (N,), when set, names the group of each input image instead
+    (groups of different sizes: a batch of targets without its padding)."""
 
-    def __init__(self, model: nn.Module, groups: int) -> None:
-        self.groups, self.loss = groups, None
+    def __init__(self, model: nn.Module, per_group: int) -> None:
+        self.per_group, self.loss = per_group, None
+        self.group_ids: Tensor | None = None
+        self.groups = 0
         self.handles = [
             m.register_forward_hook(self._hook)
             for m in model.modules()
@@ -245,12 +154,24 @@ class _BNPrior:
 
     def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
         x = inputs[0]
-        per_group = x.shape[0] // self.groups
-        h = x.reshape(self.groups, per_group, x.shape[1], -1).transpose(1, 2).flatten(2)
-        if h.shape[-1] < 2:
-            return  # one value per channel: no batch statistics to match
-        mean, var = h.mean(-1), h.var(-1, unbiased=False)
+        if self.group_ids is None:
+            groups = x.shape[0] // self.per_group
+            h = x.reshape(groups, self.per_group, x.shape[1], -1).transpose(1, 2).flatten(2)
+            if h.shape[-1] < 2:
+                return  # one value per channel: no batch statistics to match
+            mean, var = h.mean(-1), h.var(-1, unbiased=False)
+            enough = None
+        else:  # the same two-pass statistics, summed per group with index_add
+            ids, h = self.group_ids, x.flatten(2)  # (N, C, S)
+            count = h.new_zeros(self.groups).index_add_(
+                0, ids, h.new_ones(h.shape[0])) * h.shape[-1]
+            mean = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, h.sum(-1))
+            mean = mean / count[:, None]
+            dev = (h - mean[ids][..., None]).pow(2).sum(-1)
+            var = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, dev) / count[:, None]
+            enough = (count >= 2).to(h.dtype)  # as above: a single value adds nothing
         term = (mean - module.running_mean).norm(dim=-1) + (var - module.running_var).norm(dim=-1)
+        term = term if enough is None else term * enough
         self.loss = term if self.loss is None else self.loss + term
 
     def pop(self) -> Tensor | None:
@@ -287,123 +208,241 @@ def optimise_images(
 
     Returns ``(x_best (B,C,H,W) normalised, final losses (R,), best restart, convergence)``.
     """
-    c, h, w = (int(s) for s in image_shape)
-    m, s = channel_stats(mean, std, c, device, dtype)
-    lo, hi = (0 - m) / s, (1 - m) / s
-    pixels = torch.rand(restarts * batch, c, h, w, generator=generator, device=generator.device)
-    if config.init_scale != 1.0:  # 1.0 keeps the plain uniform draw bit for bit
-        pixels = 0.5 + config.init_scale * (pixels - 0.5)
-    x = ((pixels.to(device=device, dtype=dtype) - m) / s).requires_grad_(True)
-    opt = torch.optim.Adam([x], lr=config.lr)
-    jitter = config.jitter_for(h, w)
-    tv_weight = config.tv_for(h, w)
-    cap = config.steps
 
-    def total(inp: Tensor) -> Tensor:
-        loss = objective(inp)
-        pix = x * s + m
-        if tv_weight:
-            loss = loss + tv_weight * total_variation(pix).view(restarts, batch).mean(1)
-        if config.l2_weight:
-            l2 = x.pow(2).flatten(1).mean(1).view(restarts, batch).mean(1)
-            loss = loss + config.l2_weight * l2
-        return loss
+    (out,) = optimise_batch(
+        lambda x, _active, _valid: objective(x.flatten(0, 2))[None],
+        batches=[batch], restarts=restarts, image_shape=image_shape, mean=mean, std=std,
+        config=config, generators=[generator], device=device, dtype=dtype,
+        error=None if error is None else (lambda x, _a, _v: error(x.flatten(0, 2))[None]),
+        traces=None if trace is None else [trace])
+    return out.images, out.losses, out.best, out.convergence
 
-    def check() -> tuple[float, float]:
-        """(objective, relative error) of the best restart: one host sync."""
-        # no torch.no_grad(): a gradient-matching objective differentiates inside
-        loss = total(x).detach()
-        best = loss.argmin()
-        if trace is not None:
-            b = int(best)
-            trace(step, x.detach()[b * batch : (b + 1) * batch].clone())
-        err = error(x).detach()[best] if error is not None else loss.new_tensor(math.nan)
-        both = torch.stack([loss[best], err.to(loss.dtype)]).tolist()
-        return both[0], both[1]
 
-    factor, best_loss, bad, step, stopped = 1.0, math.inf, 0, 0, "cap"
-    shifts: list[list[int]] = []
-    while step < cap:
-        if jitter and not shifts:  # draw a block of shifts at once: no per-step host sync
-            block = torch.randint(-jitter, jitter + 1, (config.check_every, 2),
-                                  generator=generator, device=generator.device)
-            shifts = block.tolist()
-        lr = config.lr * factor * 0.5 * (1 + math.cos(math.pi * step / max(cap, 1)))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        inp = x
-        if jitter:
-            dx, dy = shifts.pop()
-            inp = torch.roll(x, shifts=(dx, dy), dims=(-2, -1))
-        (grad,) = torch.autograd.grad(total(inp).sum(), x)
-        x.grad = grad
-        opt.step()
-        with torch.no_grad():
-            x.copy_(torch.maximum(torch.minimum(x, hi), lo))
-        step += 1
-        if step % config.check_every == 0 and step < cap:
-            loss_now, err_now = check()
-            if err_now <= config.tol:
-                stopped = "converged"
-                break
-            if loss_now < best_loss * (1 - config.min_improvement) or not math.isfinite(best_loss):
-                best_loss, bad = loss_now, 0
-            else:
-                bad += 1
-                if bad >= config.patience:
-                    factor, bad = factor / 2, 0
-                    if factor < config.min_lr_ratio:
-                        stopped = "plateau"
-                        break
-    final = total(x).detach()
-    best = int(final.argmin())
-    err = float(error(x).detach()[best]) if error is not None else math.nan
-    if stopped == "cap" and err <= config.tol:
-        stopped = "converged"
-    if trace is not None:
-        trace(step, x.detach()[best * batch : (best + 1) * batch].clone())
-    return (x.detach()[best * batch : (best + 1) * batch], final, best,
-            Convergence(step, err, stopped))
+def _masked_mean(z: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Mean over the image dim -2 of (..., B, d) features, and the valid-image weights
+    (..., B, 1) (None: every image counts)."""
+    if valid is None:
+        return z.mean(-2), None
+    w = valid[..., None].to(z.dtype)
+    return (z * w).sum(-2) / w.sum(-2), w
 
 
 def relative_feature_error(
     z: Tensor, *, per_image: Tensor | None = None, mu: Tensor | None = None,
-    cov: Tensor | None = None,
+    cov: Tensor | None = None, valid: Tensor | None = None,
 ) -> Tensor:
-    """Relative feature error per restart of (R, B, d) features, the convergence measure:
-    per-image targets ``max_i ||z_i - t_i|| / ||t_i||``; a mean ``||mean_i z_i - mu|| / ||mu||``;
-    mean and covariance the larger of that and ``||Sigma_hat - Sigma||_F / ||Sigma||_F``."""
+    """Relative feature error per restart of (..., R, B, d) features, the convergence
+    measure: per-image targets (..., B, d) ``max_i ||z_i - t_i|| / ||t_i||``; a mean
+    ``||mean_i z_i - mu|| / ||mu||``; mean and covariance the larger of that and
+    ``||Sigma_hat - Sigma||_F / ||Sigma||_F``. Leading target dims broadcast against
+    ``mu`` (..., 1, d) / ``cov`` (..., 1, d, d); ``valid`` (..., 1, B) masks padding."""
     def rel(a: Tensor, b: Tensor) -> Tensor:
-        return (a - b).flatten(2).norm(dim=-1) / b.flatten(2).norm(dim=-1).clamp_min(1e-12)
+        return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)
 
     if per_image is not None:
-        return rel(z, per_image.expand_as(z)).amax(-1)
-    m = z.mean(1, keepdim=True)
-    err = rel(m, mu.view(1, 1, -1).expand_as(m))[:, 0]  # type: ignore[union-attr]
+        err = rel(z, per_image.expand_as(z))
+        return (err if valid is None else err.masked_fill(~valid, -math.inf)).amax(-1)
+    m, w = _masked_mean(z, valid)
+    err = rel(m, mu.expand_as(m))  # type: ignore[union-attr]
     if cov is None:
         return err
-    centred = z - m
-    sigma = centred.transpose(1, 2) @ centred / max(z.shape[1] - 1, 1)
-    cerr = (sigma - cov).flatten(1).norm(dim=-1) / cov.norm().clamp_min(1e-12)
+    centred = z - m[..., None, :]
+    if w is None:
+        sigma = centred.transpose(-1, -2) @ centred / max(z.shape[-2] - 1, 1)
+    else:
+        centred = centred * w
+        sigma = centred.transpose(-1, -2) @ centred / (w.sum(-2)[..., None] - 1).clamp_min(1)
+    cerr = (sigma - cov).flatten(-2).norm(dim=-1) / cov.flatten(-2).norm(dim=-1).clamp_min(1e-12)
     return torch.maximum(err, cerr)
 
 
-def _raw_loss(z: Tensor, target: Tensor) -> Tensor:
-    """(R, B, d) vs (B, d): mean over B of (1 - cos) + squared error relative to ||z||^2."""
+def _raw_loss(z: Tensor, target: Tensor, valid: Tensor | None = None) -> Tensor:
+    """(..., R, B, d) vs (..., B, d): mean over B of (1 - cos) + squared error relative to
+    ||target||^2 (over the ``valid`` (..., 1, B) images only, when given)."""
     cos = F.cosine_similarity(z, target.expand_as(z), dim=-1)
     rel = (z - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)
-    return (1 - cos + rel).mean(-1)
+    if valid is None:
+        return (1 - cos + rel).mean(-1)
+    w = valid.to(z.dtype)
+    return ((1 - cos + rel) * w).sum(-1) / w.sum(-1)
 
 
-def _stats_loss(z: Tensor, mu: Tensor, cov: Tensor) -> Tensor:
-    """(R, n, d) features vs (mu, unbiased cov), each term scaled by its target's size."""
-    n = z.shape[1]
-    m = z.mean(1)
-    centred = z - m[:, None]
-    sigma = centred.transpose(1, 2) @ centred / (n - 1)
-    mean_term = (m - mu).pow(2).sum(-1) / (mu.pow(2).sum() + torch.trace(cov)).clamp_min(1e-12)
-    cov_term = (sigma - cov).pow(2).sum((-2, -1)) / cov.pow(2).sum().clamp_min(1e-12)
+def _stats_loss(z: Tensor, mu: Tensor, cov: Tensor, valid: Tensor | None = None) -> Tensor:
+    """(..., R, n, d) features vs (mu (..., 1, d), unbiased cov (..., 1, d, d)), each term
+    scaled by its target's size; ``valid`` (..., 1, n) masks padding images."""
+    m, w = _masked_mean(z, valid)
+    centred = z - m[..., None, :]
+    if w is None:
+        sigma = centred.transpose(-1, -2) @ centred / (z.shape[-2] - 1)
+    else:
+        centred = centred * w
+        sigma = centred.transpose(-1, -2) @ centred / (w.sum(-2)[..., None] - 1)
+    trace = cov.diagonal(dim1=-2, dim2=-1).sum(-1)
+    mean_term = (m - mu).pow(2).sum(-1) / (mu.pow(2).sum(-1) + trace).clamp_min(1e-12)
+    cov_term = (sigma - cov).pow(2).sum((-2, -1)) / cov.pow(2).sum((-2, -1)).clamp_min(1e-12)
     return mean_term + cov_term + (1 - F.cosine_similarity(m, mu.expand_as(m), dim=-1))
+
+
+@dataclass(frozen=True, eq=False)
+class _Posed:
+    """A target as the optimiser sees it: per-image feature targets (B, d), or a mean (d,)
+    with, for ``class-stats-direct``, an unbiased covariance; ``batch`` images."""
+
+    mode: str
+    batch: int
+    per_image: Tensor | None = None
+    mu: Tensor | None = None
+    cov: Tensor | None = None
+
+    @property
+    def term(self) -> str:
+        """Targets with the same term can share one batched optimisation."""
+        return "per-image" if self.per_image is not None else (
+            "stats" if self.cov is not None else "mean")
+
+
+def _pose(target: FeatureTarget, device: torch.device, dtype: torch.dtype) -> _Posed:
+    per_image: Tensor | None = None
+    mu = cov = None
+    if target.kind == "raw-feature":
+        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
+    elif target.kind == "class-mean":
+        if target.batch and target.n > 1:
+            mu, mode = target.mean, "class-mean-batch"
+        else:
+            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
+    elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
+        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
+        mode = "class-stats-features"
+    else:
+        mu, cov, mode = target.mean, target.cov, "class-stats-direct"
+    batch = per_image.shape[0] if per_image is not None else target.n
+    return _Posed(mode, batch,
+                  None if per_image is None else per_image.to(device, dtype),
+                  None if mu is None else mu.to(device, dtype),
+                  None if cov is None else cov.to(device, dtype))
+
+
+def _stack(rows: list[Tensor], bmax: int) -> Tensor:
+    """(B_t, d) per-image targets -> (T, Bmax, d), padded with ones (never scored)."""
+    out = rows[0].new_ones(len(rows), bmax, rows[0].shape[-1])
+    for t, row in enumerate(rows):
+        out[t, : row.shape[0]] = row
+    return out
+
+
+def _invert_group(model: FeatureClassifier, posed: list[_Posed],
+                  generators: Sequence[torch.Generator], cfg: InversionConfig,
+                  image_shape: Sequence[int], mean: Sequence[float], std: Sequence[float],
+                  traces: Sequence[Callable[[int, Tensor], None] | None] | None,
+                  ) -> list[InversionResult]:
+    """One batched optimisation over targets with the same ``_Posed.term``."""
+
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    batches = [p.batch for p in posed]
+    bmax, r = max(batches), cfg.restarts
+    padded = len(set(batches)) > 1
+    per_image = _stack([p.per_image for p in posed], bmax) if posed[0].per_image is not None \
+        else None  # (T, Bmax, d)
+    mu = torch.stack([p.mu for p in posed]) if posed[0].mu is not None else None  # (T, d)
+    cov = torch.stack([p.cov for p in posed]) if posed[0].cov is not None else None
+    bn = _BNPrior(model, bmax) if cfg.bn_weight > 0 else None
+
+    def features(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded. Padding
+        images do not go through the model (their features are zeros, masked out)."""
+        if not padded:
+            return model.features(x.flatten(0, 2)).view(*x.shape[:3], -1), None
+        # positions of the valid images in the flat (A * R * Bmax) layout
+        idx = torch.nonzero(valid[:, None].expand(-1, r, -1).reshape(-1))[:, 0]
+        if bn is not None:
+            bn.groups = x.shape[0] * r
+            bn.group_ids = torch.div(idx, bmax, rounding_mode="floor")
+        flat = x.flatten(0, 2)
+        zv = model.features(flat.index_select(0, idx))
+        z = zv.new_zeros(flat.shape[0], zv.shape[-1]).index_copy(0, idx, zv)
+        return z.view(*x.shape[:3], -1), valid[:, None]
+
+    def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:
+        if per_image is not None:
+            return _raw_loss(z, per_image[act][:, None], mask)
+        if cov is not None:
+            return _stats_loss(z, mu[act][:, None], cov[act][:, None], mask)  # type: ignore[index]
+        m, _ = _masked_mean(z, mask)
+        return _raw_loss(m[..., None, :], mu[act][:, None, None])  # type: ignore[index]
+
+    def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
+        z, mask = features(x, valid)
+        loss = data_term(z, act, mask)
+        bn_loss = bn.pop() if bn is not None else None
+        return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss.view(loss.shape)
+
+    def error(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
+        with torch.no_grad():
+            z, mask = features(x, valid)
+            if bn is not None:
+                bn.pop()  # this forward is not part of the objective
+            return relative_feature_error(
+                z, per_image=None if per_image is None else per_image[act][:, None],
+                mu=None if mu is None else mu[act][:, None],
+                cov=None if cov is None else cov[act][:, None], valid=mask)
+
+    with eval_mode(model):
+        try:
+            outs = optimise_batch(
+                objective, batches=batches, restarts=r, image_shape=image_shape, mean=mean,
+                std=std, config=cfg, generators=generators, device=device, dtype=dtype,
+                error=error, traces=None if traces is None else [
+                    None if tr is None else (lambda step, xb, tr=tr: tr(step, to_pixels(
+                        xb, mean, std))) for tr in traces])
+        finally:
+            if bn is not None:
+                bn.remove()
+        results = []
+        for p, out in zip(posed, outs, strict=True):
+            with torch.no_grad():
+                z = model.features(out.images)
+            if p.per_image is not None:
+                cosine = F.cosine_similarity(z, p.per_image, dim=-1).mean()
+            else:
+                cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)  # type: ignore[arg-type]
+            results.append(InversionResult(
+                images=to_pixels(out.images, mean, std), features=z, cosine=float(cosine),
+                loss=float(out.losses[out.best]), restart_losses=out.losses, mode=p.mode,
+                target_features=p.per_image, convergence=out.convergence))
+    return results
+
+
+def invert_features_many(
+    model: FeatureClassifier,
+    targets: Sequence[FeatureTarget],
+    *,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generators: Sequence[torch.Generator],
+    config: InversionConfig | None = None,
+    traces: Sequence[Callable[[int, Tensor], None] | None] | None = None,
+) -> list[InversionResult]:
+    """``invert_features`` of several targets through one model state, optimised together
+    (``engine.optimise_batch``): targets of the same kind of loss term share one batch,
+    each with its own generator, stopping step and best restart, so every result is the
+    one ``invert_features`` gives for that target alone (up to float rounding)."""
+    if len(generators) != len(targets) or (traces is not None and len(traces) != len(targets)):
+        raise UsageError("need one generator (and trace, if any) per target")
+    cfg = config or InversionConfig()
+    param = next(model.parameters())
+    posed = [_pose(t, param.device, param.dtype) for t in targets]
+    results: list[InversionResult | None] = [None] * len(targets)
+    for term in dict.fromkeys(p.term for p in posed):
+        idx = [i for i, p in enumerate(posed) if p.term == term]
+        outs = _invert_group(model, [posed[i] for i in idx], [generators[i] for i in idx], cfg,
+                             image_shape, mean, std,
+                             None if traces is None else [traces[i] for i in idx])
+        for i, res in zip(idx, outs, strict=True):
+            results[i] = res
+    return results  # type: ignore[return-value]
 
 
 def invert_features(
@@ -439,84 +478,7 @@ def invert_features(
     )
     overrides = {k: v for k, v in given.items() if v is not None}
     cfg = dataclasses.replace(config or InversionConfig(), **overrides)
-    param = next(model.parameters())
-    device, dtype = param.device, param.dtype
-
-    per_image: Tensor | None = None  # (B, d) targets, one per image
-    mu = cov = None
-    if target.kind == "raw-feature":
-        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
-    elif target.kind == "class-mean":
-        if target.batch and target.n > 1:
-            mu, mode = target.mean, "class-mean-batch"
-        else:
-            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
-    elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
-        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
-        mode = "class-stats-features"
-    else:
-        mu, cov, mode = target.mean, target.cov, "class-stats-direct"
-    batch = per_image.shape[0] if per_image is not None else target.n
-    per_image = per_image.to(device, dtype) if per_image is not None else None
-    mu = mu.to(device, dtype) if mu is not None else None
-    cov = cov.to(device, dtype) if cov is not None else None
-
-    r = cfg.restarts
-    bn = _BNPrior(model, r) if cfg.bn_weight > 0 else None
-
-    def data_term(z: Tensor) -> Tensor:
-        z = z.view(r, batch, -1)
-        if per_image is not None:
-            return _raw_loss(z, per_image)
-        if cov is not None:
-            return _stats_loss(z, mu, cov)  # type: ignore[arg-type]
-        return _raw_loss(z.mean(1, keepdim=True), mu[None])  # type: ignore[index]
-
-    def objective(x: Tensor) -> Tensor:
-        loss = data_term(model.features(x))
-        bn_loss = bn.pop() if bn is not None else None
-        return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss
-
-    def error(x: Tensor) -> Tensor:
-        with torch.no_grad():
-            z = model.features(x).view(r, batch, -1)
-            if bn is not None:
-                bn.pop()  # this forward is not part of the objective
-            return relative_feature_error(z, per_image=per_image, mu=mu, cov=cov)
-
-    with eval_mode(model):
-        try:
-            x, losses, best, conv = optimise_images(
-                objective,
-                restarts=r,
-                batch=batch,
-                image_shape=image_shape,
-                mean=mean,
-                std=std,
-                config=cfg,
-                generator=generator,
-                device=device,
-                dtype=dtype,
-                error=error,
-                trace=None if trace is None else (
-                    lambda step, xb: trace(step, to_pixels(xb, mean, std))),
-            )
-        finally:
-            if bn is not None:
-                bn.remove()
-        with torch.no_grad():
-            z = model.features(x)
-    if per_image is not None:
-        cosine = F.cosine_similarity(z, per_image, dim=-1).mean()
-    else:
-        cosine = F.cosine_similarity(z.mean(0), mu, dim=0)  # type: ignore[arg-type]
-    return InversionResult(
-        images=to_pixels(x, mean, std),
-        features=z,
-        cosine=float(cosine),
-        loss=float(losses[best]),
-        restart_losses=losses,
-        mode=mode,
-        target_features=per_image,
-        convergence=conv,
-    )
+    (res,) = invert_features_many(model, [target], image_shape=image_shape, mean=mean, std=std,
+                                  generators=[generator], config=cfg,
+                                  traces=None if trace is None else [trace])
+    return res

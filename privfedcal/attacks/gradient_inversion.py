@@ -413,44 +413,93 @@ def invert_class_gradients(
     extractor maps alike). Needs the same samples in every release (CReFF's per-class cap
     ``client_draws * draw_size`` is above n) and the model runs in eval mode.
     """
+    (res,) = invert_class_gradients_many(
+        model, states, heads, [(grads, label, n)], image_shape=image_shape, mean=mean,
+        std=std, generators=[generator], config=config)
+    return res
+
+
+def invert_class_gradients_many(
+    model: FeatureClassifier,
+    states: Sequence[Mapping[str, Tensor]],
+    heads: Sequence[tuple[Tensor, Tensor | None]],
+    targets: Sequence[tuple[Sequence[Tensor], int, int]],
+    *,
+    image_shape: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    generators: Sequence[torch.Generator],
+    config: InversionConfig | None = None,
+) -> list[GradientInversionResult]:
+    """``invert_class_gradients`` for several targets ``(grads, label, n)`` released under
+    the same states and heads (clients' class gradients of the same rounds), optimised
+    together (``engine.optimise_batch``: per-target generator, stop and best restart, so
+    each result is the one the target gets alone, up to float rounding)."""
     from torch.func import functional_call
 
-    if not states or not (len(states) == len(heads) == len(grads)):
+    from privfedcal.attacks.engine import optimise_batch
+
+    if not states or len(states) != len(heads) or any(len(g) != len(states)
+                                                      for g, _, _ in targets):
         raise UsageError("need one model state, head and class gradient per release")
+    if len(generators) != len(targets):
+        raise UsageError("need one generator per target")
     cfg = config or InversionConfig(restarts=1, tv_weight=1e-2, l2_weight=0.0, jitter=0,
                                     bn_weight=0.0)
     device = next(model.parameters()).device
     wrapped = _Features(model)  # functional_call with each release's state, model untouched
     sent = [{"model." + k: v.to(device) for k, v in st.items()} for st in states]
     hs = [(w.to(device).float(), None if b is None else b.to(device).float()) for w, b in heads]
-    gs = [g.to(device).float().flatten() for g in grads]
+    # (T, releases, C * (d + 1)) observed gradients; one-hot labels (T, C); image counts (T,)
+    gs = torch.stack([torch.stack([g.to(device).float().flatten() for g in grads])
+                      for grads, _, _ in targets])
+    onehot = F.one_hot(torch.tensor([lab for _, lab, _ in targets], device=device),
+                       hs[0][0].shape[0]).float()
+    counts = torch.tensor([n for _, _, n in targets], device=device, dtype=torch.float32)
+    r = cfg.restarts
 
-    def objective(x: Tensor) -> Tensor:
-        out = []
-        for xr in x.split(n):
-            terms = []
-            for st, (w, b), g in zip(sent, hs, gs, strict=True):
-                z = functional_call(wrapped, st, (xr,))
-                sim = _head_gradient(z, w, b, label).flatten()
-                terms.append(1 - (sim @ g) / (sim.norm().clamp_min(1e-12)
-                                              * g.norm().clamp_min(1e-12)))
-            out.append(torch.stack(terms).mean())
-        return torch.stack(out)
+    def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
+        w_img = valid[:, None, :, None].float()  # (A, 1, Bmax, 1): padding images count 0
+        # padding images skip the model: valid ones in, features scattered back
+        idx = torch.nonzero(valid[:, None].expand(-1, x.shape[1], -1).reshape(-1))[:, 0]
+        flat = x.flatten(0, 2)
+        inp = flat.index_select(0, idx)
+        terms = []
+        for k, (st, (w, b)) in enumerate(zip(sent, hs, strict=True)):
+            zv = functional_call(wrapped, st, (inp,))
+            z = zv.new_zeros(flat.shape[0], zv.shape[-1]).index_copy(0, idx, zv)
+            z = z.view(*x.shape[:3], -1)
+            logits = z @ w.T + (0 if b is None else b)
+            resid = (torch.softmax(logits, -1) - onehot[act][:, None, None]) * w_img
+            zb = torch.cat([z, torch.ones_like(z[..., :1])], -1)
+            # _head_gradient per (target, restart): residuals^T [z | 1] / n
+            sim = (resid.transpose(-1, -2) @ zb / counts[act][:, None, None, None]).flatten(2)
+            g = gs[act, k][:, None]
+            terms.append(1 - (sim * g).sum(-1) / (sim.norm(dim=-1).clamp_min(1e-12)
+                                                   * g.norm(dim=-1).clamp_min(1e-12)))
+        return torch.stack(terms).mean(0)
 
-    def error(x: Tensor) -> Tensor:
+    def error(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         with torch.enable_grad():
-            return torch.sqrt(2 * objective(x).detach().clamp_min(0))
+            return torch.sqrt(2 * objective(x, act, valid).detach().clamp_min(0))
 
     with eval_mode(model):
-        x, final, best, conv = optimise_images(
-            objective, restarts=cfg.restarts, batch=n, image_shape=image_shape, mean=mean,
-            std=std, config=cfg, generator=generator, device=device,
+        outs = optimise_batch(
+            objective, batches=[n for _, _, n in targets], restarts=r, image_shape=image_shape,
+            mean=mean, std=std, config=cfg, generators=generators, device=device,
             dtype=next(model.parameters()).dtype, error=error)
-        with torch.no_grad():
-            cos = 1 - float(objective(x)[0])
-    return GradientInversionResult(
-        images=to_pixels(x, mean, std), labels=torch.full((n,), int(label), dtype=torch.long),
-        gradient_cosine=cos, loss=float(final[best]), restart_losses=final, convergence=conv)
+        results = []
+        for t, ((_, label, n), out) in enumerate(zip(targets, outs, strict=True)):
+            with torch.no_grad():
+                one = out.images[None, None]  # as a batch of one target, one restart
+                ok = torch.ones(1, n, dtype=torch.bool, device=device)
+                cos = 1 - float(objective(one, torch.tensor([t], device=device), ok)[0, 0])
+            results.append(GradientInversionResult(
+                images=to_pixels(out.images, mean, std),
+                labels=torch.full((n,), int(label), dtype=torch.long), gradient_cosine=cos,
+                loss=float(out.losses[out.best]), restart_losses=out.losses,
+                convergence=out.convergence))
+    return results
 
 
 class _Features(torch.nn.Module):

@@ -30,17 +30,18 @@ from torch import Tensor
 
 from privfedcal.attacks.class_inference import infer_classes, score_class_sets
 from privfedcal.attacks.feature_inversion import (
+    DEFAULT_ATTACK_BATCH,
     DEFAULT_MAX_STEPS,
     Convergence,
     FeatureTarget,
     InversionConfig,
-    invert_features,
+    InversionResult,
+    invert_features_many,
 )
 from privfedcal.attacks.gradient_inversion import (
     LocalRecipe,
     gradient_rank,
-    invert_class_gradient,
-    invert_class_gradients,
+    invert_class_gradients_many,
     invert_model_update,
     invert_update,
     recover_from_class_gradient,
@@ -78,6 +79,8 @@ class AttackOptions:
     round: int | None = None  # release round to attack; None: the last one
     seed: int = 0
     false_positive_rate: float = 1e-3  # class inference under DP noise
+    # feature inversions optimised together per batch (engine.py); 1: one at a time
+    attack_batch: int = DEFAULT_ATTACK_BATCH
 
     def __post_init__(self) -> None:
         # 0 steps would score the random start as the attack's result ("nothing leaked")
@@ -91,6 +94,9 @@ class AttackOptions:
             raise UsageError("--rounds-combined must be >= 1 (1: one release at a time)")
         if self.default_clients < 1:
             raise UsageError("at least one client must be attacked")
+        if self.attack_batch < 1:
+            raise UsageError(f"--attack-batch must be >= 1 (1: one target at a time), got "
+                             f"{self.attack_batch}")
         if not 0 < self.false_positive_rate < 1:
             raise UsageError("the false-positive rate must be in (0, 1)")
 
@@ -104,14 +110,64 @@ def _convergence(conv: Convergence | None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, eq=False)
+class Inversion:
+    """The inversion a job needs, ready to be batched with others (``execute``): ``solve``
+    runs a list of them through ``model`` in ``state`` (loaded through ``view``) and
+    returns one result each; inversions with the same solver, model, state, config and
+    ``group`` can share a batch. ``images``: images per restart (batches sort by it, for
+    less padding). ``key`` names an inversion several jobs share (the aggregate under
+    secure aggregation: one inversion, scored once per attacked client)."""
+
+    view: RunView
+    model: FeatureClassifier
+    state: dict[str, Tensor]
+    target: Any
+    generator: torch.Generator
+    config: InversionConfig
+    solve: Callable[[list[Inversion]], list[Any]]
+    images: int
+    group: Any = ()
+    key: Any = None
+
+
+def _solve_features(invs: list[Inversion]) -> list[InversionResult]:
+    """Feature inversions of ``FeatureTarget``s, batched (``invert_features_many``)."""
+    view = invs[0].view
+    view.load_state(invs[0].state)
+    d = view.exp.data
+    return invert_features_many(invs[0].model, [v.target for v in invs],
+                                image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+                                generators=[v.generator for v in invs], config=invs[0].config)
+
+
+def _solve_rounds(invs: list[Inversion]) -> list[Any]:
+    """Class gradients across rounds (``invert_class_gradients_many``); every target is
+    ``(states, heads, blocks, label, n)`` of the same releases (``group``)."""
+    view = invs[0].view
+    view.load_state(invs[0].state)
+    d = view.exp.data
+    states, heads = invs[0].target[:2]
+    return invert_class_gradients_many(
+        invs[0].model, states, heads, [v.target[2:] for v in invs],
+        image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
+        generators=[v.generator for v in invs], config=invs[0].config)
+
+
+#: a job's two halves around its inversion: the inversion, and the scoring of its result
+Prepare = Callable[[], tuple[Inversion, Callable[[Any, float], Attacked]]]
+
+
+@dataclass(frozen=True, eq=False)
 class Job:
     """One attack to run; ``target`` and ``base`` (the record's known fields) are kept for
-    inspection before running (the FeatureTarget, the class-gradient block, or None)."""
+    inspection before running (the FeatureTarget, the class-gradient block, or None).
+    ``prepare`` (feature-inversion jobs) lets ``execute`` batch the inversion."""
 
     description: str
     run: Callable[[], Attacked]
     target: Any = None
     base: dict[str, Any] = field(default_factory=dict)
+    prepare: Prepare | None = None
 
 
 @dataclass
@@ -119,6 +175,23 @@ class Plan:
     jobs: list[Job] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shared: dict[Any, Any] = field(default_factory=dict)  # aggregate inversions, reused
+    attack_batch: int = DEFAULT_ATTACK_BATCH  # targets per batched inversion (execute)
+
+
+def _single(view: RunView, prepare: Prepare, shared: dict[Any, Any]) -> Callable[[], Attacked]:
+    """A job's ``run``: its inversion alone (or the shared one), then its scoring."""
+
+    def run() -> Attacked:
+        t0 = time.perf_counter()
+        inv, finish = prepare()
+        res = None if inv.key is None else shared.get(inv.key)
+        if res is None:
+            (res,) = inv.solve([inv])
+            if inv.key is not None:
+                shared[inv.key] = res
+        return finish(res, time.perf_counter() - t0)
+
+    return run
 
 
 def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], target,
@@ -129,27 +202,24 @@ def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor],
     per (target, class): every attacked client's row scores the same reconstruction."""
     key = (base["target"], base["class"]) if base.get("view") == "aggregate" else None
 
-    def run() -> Attacked:
-        t0 = time.perf_counter()
-        view.load_state(state)
-        d = view.exp.data
-        res = None if shared is None or key is None else shared.get(key)
-        if res is None:
-            res = invert_features(extractor or view.model, target,
-                                  image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
-                                  generator=make_generator(opts.seed, seed, 0, 61),
-                                  config=opts.inversion)
-            if shared is not None and key is not None:
-                shared[key] = res
-        rec, matched = score(view, res.images, truth_idx, paired=paired)
-        record = {**base, **rec, "mode": res.mode, "target_cosine": res.cosine,
-                  **_convergence(res.convergence),
-                  "seconds": round(time.perf_counter() - t0, 3)}
-        return Attacked(record, matched, res.images.detach().cpu())
+    def prepare() -> tuple[Inversion, Callable[[InversionResult, float], Attacked]]:
+        inv = Inversion(view, extractor or view.model, state, target,
+                        make_generator(opts.seed, seed, 0, 61), opts.inversion,
+                        _solve_features, _images(target), key=None if shared is None else key)
+
+        def finish(res: InversionResult, seconds: float) -> Attacked:
+            view.load_state(state)
+            rec, matched = score(view, res.images, truth_idx, paired=paired)
+            record = {**base, **rec, "mode": res.mode, "target_cosine": res.cosine,
+                      **_convergence(res.convergence), "seconds": round(seconds, 3)}
+            return Attacked(record, matched, res.images.detach().cpu())
+
+        return inv, finish
 
     client = "all" if base["client"] is None else base["client"]
-    return Job(f"{base['target']} client {client} class {base['class']} (n={base['n']})", run,
-               target, base)
+    return Job(f"{base['target']} client {client} class {base['class']} (n={base['n']})",
+               _single(view, prepare, {} if shared is None else shared), target, base,
+               prepare)
 
 
 # ---- sources: per-client uploads, or the aggregate under secure aggregation -------------------
@@ -221,7 +291,7 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
     from privfedcal.calibration.stats import ClassStats
     from privfedcal.privacy.dp import noisy_stats_to_moments
 
-    plan, rel = Plan(), view.release(STATS_LABEL, opts.round)
+    plan, rel = Plan(attack_batch=opts.attack_batch), view.release(STATS_LABEL, opts.round)
     extractor = view.stats_extractor()
     for client, payload, seen in _sources(view, rel, clients, plan, opts.default_clients):
         stds = view.noise_stds(STATS_LABEL, list(payload))
@@ -304,12 +374,10 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
     exactly (``recover_rank_n``) and inverted as a batch; otherwise the least-squares
     weighted-mean feature is inverted to one image."""
 
-    def run() -> Attacked:
-        t0 = time.perf_counter()
+    def prepare() -> tuple[Inversion, Callable[[InversionResult, float], Attacked]]:
         view.load_state(state)
-        d = view.exp.data
         gw, gb = split_class_gradient(block.to(view.exp.device).float())
-        _, info = recover_from_class_gradient(gw, gb)
+        z, info = recover_from_class_gradient(gw, gb)
         rank = gradient_rank(gw)
         n_est = n_known if n_known is not None else (rank if rank < gw.shape[0] - 1 else None)
         extra: dict[str, Any] = {"gradient_rank": rank, "n_used": n_est}
@@ -317,31 +385,31 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
             rn = recover_rank_n(block.to(view.exp.device).double(), head[0], head[1],
                                 int(info.label), n_est,
                                 generator=make_generator(opts.seed, seed, 0, 67))
-            res = invert_features(view.model, FeatureTarget.raw(rn.features.float()),
-                                  image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
-                                  generator=make_generator(opts.seed, seed, 0, 63),
-                                  config=opts.inversion)
-            mode = "rank-n+" + res.mode
+            target, how = FeatureTarget.raw(rn.features.float()), "rank-n+"
             extra.update(rank_n_residual=rn.residual,
                          needed=["the head the client used", "n (count or gradient rank)"])
-        else:
-            res = invert_class_gradient(view.model, gw, gb, image_shape=d.x_train.shape[1:],
-                                        mean=d.mean, std=d.std, config=opts.inversion,
-                                        generator=make_generator(opts.seed, seed, 0, 63))
-            mode = "analytic+" + res.mode
+        else:  # the least-squares weighted-mean feature, one image
+            target, how = FeatureTarget.raw(z.reshape(-1, z.shape[-1])), "analytic+"
             extra["needed"] = ["the class gradient only"]
-        rec, matched = score(view, res.images, truth_idx, paired=False)
-        label = int(info.label)
-        record = {**base, **rec, "mode": mode, "target_cosine": res.cosine,
-                  "recovered_label": label, "label_correct": label == base["class"],
-                  "fit_residual": float(info.residual), "single_sample": bool(info.single_sample),
-                  **extra, **_convergence(res.convergence),
-                  "seconds": round(time.perf_counter() - t0, 3)}
-        return Attacked(record, matched, res.images.detach().cpu())
+        inv = Inversion(view, view.model, state, target, make_generator(opts.seed, seed, 0, 63),
+                        opts.inversion, _solve_features, _images(target))
+
+        def finish(res: InversionResult, seconds: float) -> Attacked:
+            view.load_state(state)
+            rec, matched = score(view, res.images, truth_idx, paired=False)
+            label = int(info.label)
+            record = {**base, **rec, "mode": how + res.mode, "target_cosine": res.cosine,
+                      "recovered_label": label, "label_correct": label == base["class"],
+                      "fit_residual": float(info.residual),
+                      "single_sample": bool(info.single_sample),
+                      **extra, **_convergence(res.convergence), "seconds": round(seconds, 3)}
+            return Attacked(record, matched, res.images.detach().cpu())
+
+        return inv, finish
 
     client = "all" if base["client"] is None else base["client"]
-    return Job(f"class-gradient client {client} class {base['class']} (n={base['n']})", run,
-               block, base)
+    return Job(f"class-gradient client {client} class {base['class']} (n={base['n']})",
+               _single(view, prepare, {}), block, base, prepare)
 
 
 def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -> Job:
@@ -386,7 +454,7 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
     """Analytic + feature inversion of CReFF class gradients; with ``updates``, inversion of
     a simulated local model update of each attacked client (model updates are never
     encrypted, so this works under secure aggregation too)."""
-    plan = Plan()
+    plan = Plan(attack_batch=opts.attack_batch)
     has_grad = any(e["label"] == GRAD_LABEL for e in view.entries)
     if gradients and (has_grad or not updates):
         rel = view.release(GRAD_LABEL, opts.round)
@@ -502,30 +570,32 @@ def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
 
 def _rounds_job(view: RunView, opts: AttackOptions, rels: list[Release], blocks: list[Tensor],
                 truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
-    def run() -> Attacked:
-        t0 = time.perf_counter()
-        d = view.exp.data
+    def prepare() -> tuple[Inversion, Callable[[Any, float], Attacked]]:
         heads = [creff_head(view, r) for r in rels]
-        view.load_state(rels[-1].state)
-        res = invert_class_gradients(
-            view.model, [r.state for r in rels], heads, blocks, base["class"], base["n_used"],
-            image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
-            generator=make_generator(opts.seed, seed, 0, 68),
-            config=dataclasses.replace(opts.inversion, restarts=1, tv_weight=1e-2,
-                                       l2_weight=0.0, jitter=0, bn_weight=0.0))
-        view.load_state(rels[-1].state)
-        rec, matched = score(view, res.images, truth_idx, paired=False)
-        record = {**base, **rec, "mode": "class-gradients-across-rounds",
-                  "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
-                  "needed": ["the model state and head sent in every combined round",
-                             "n (count or gradient rank)",
-                             "the same samples in every round (n within CReFF's per-class "
-                             "draw cap)"],
-                  "seconds": round(time.perf_counter() - t0, 3)}
-        return Attacked(record, matched, res.images.detach().cpu())
+        target = ([r.state for r in rels], heads, blocks, base["class"], base["n_used"])
+        inv = Inversion(view, view.model, rels[-1].state, target,
+                        make_generator(opts.seed, seed, 0, 68),
+                        dataclasses.replace(opts.inversion, restarts=1, tv_weight=1e-2,
+                                            l2_weight=0.0, jitter=0, bn_weight=0.0),
+                        _solve_rounds, base["n_used"], group=tuple(r.round for r in rels))
+
+        def finish(res: Any, seconds: float) -> Attacked:
+            view.load_state(rels[-1].state)
+            rec, matched = score(view, res.images, truth_idx, paired=False)
+            record = {**base, **rec, "mode": "class-gradients-across-rounds",
+                      "target_cosine": res.gradient_cosine, **_convergence(res.convergence),
+                      "needed": ["the model state and head sent in every combined round",
+                                 "n (count or gradient rank)",
+                                 "the same samples in every round (n within CReFF's per-class "
+                                 "draw cap)"],
+                      "seconds": round(seconds, 3)}
+            return Attacked(record, matched, res.images.detach().cpu())
+
+        return inv, finish
 
     return Job(f"class gradients client {base['client']} class {base['class']} rounds "
-               f"{','.join(map(str, base['rounds']))} (n={base['n']})", run, blocks, base)
+               f"{','.join(map(str, base['rounds']))} (n={base['n']})", _single(view, prepare, {}),
+               blocks, base, prepare)
 
 
 UPDATE_LABEL, ROUND_LABEL = UPDATE_RELEASE, ROUND_RECORD
@@ -605,7 +675,7 @@ def plan_updates(view: RunView, opts: AttackOptions,
     ``model-update``, view ``plain-upload``) against the round's global state (label
     ``round``). Under secure aggregation of updates only the aggregate exists: noted, not
     attacked (it mixes every participant's images)."""
-    plan = Plan()
+    plan = Plan(attack_batch=opts.attack_batch)
     ups = [e for e in view.entries if e["label"] == UPDATE_LABEL]
     if not ups:
         plan.notes.append("this transcript records no model updates: attacking a simulated "
@@ -637,14 +707,76 @@ def plan_updates(view: RunView, opts: AttackOptions,
     return plan
 
 
-def execute(plan: Plan, on_done: Callable[[Job], None] | None = None) -> list[Attacked]:
-    """Run every job of a plan in order (each job loads the model state it needs)."""
-    out = []
-    for job in plan.jobs:
-        out.append(job.run())
-        if on_done is not None:
-            on_done(job)
-    return out
+def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
+            attack_batch: int | None = None) -> list[Attacked]:
+    """Run every job of a plan; results in plan order (each job loads the model state it
+    needs). Feature inversions through the same model, state and settings are optimised
+    together, up to ``attack_batch`` (default ``plan.attack_batch``) targets at a time
+    (``invert_features_many``: every target's result is the one it gets alone); 1 runs
+    every job on its own, in order."""
+    size = plan.attack_batch if attack_batch is None else attack_batch
+    if size < 1:
+        raise UsageError(f"--attack-batch must be >= 1, got {size}")
+    out: list[Attacked | None] = [None] * len(plan.jobs)
+    groups: dict[Any, list[int]] = {}
+    prepared: dict[int, tuple[Inversion, Callable[[Any, float], Attacked]]] = {}
+    for i, job in enumerate(plan.jobs):
+        if size == 1 or job.prepare is None:
+            out[i] = job.run()
+            if on_done is not None:
+                on_done(job)
+            continue
+        inv, finish = prepared[i] = job.prepare()
+        group = (inv.solve, id(inv.model), id(inv.state), inv.config, inv.group)
+        groups.setdefault(group, []).append(i)
+    for members in groups.values():
+        # one inversion per shared key; similar image counts together (less padding)
+        first: dict[Any, int] = {}
+        for i in members:
+            first.setdefault(prepared[i][0].key if prepared[i][0].key is not None else i, i)
+        unique = sorted(first.values(), key=lambda i: prepared[i][0].images)
+        results: dict[int, tuple[Any, float]] = {}
+        for chunk in _chunks(unique, [prepared[i][0].images for i in unique], size):
+            t0 = time.perf_counter()
+            many = prepared[chunk[0]][0].solve([prepared[i][0] for i in chunk])
+            share = (time.perf_counter() - t0) / len(chunk)  # "seconds": a share of the batch
+            for i, res in zip(chunk, many, strict=True):
+                results[i] = res, share
+        for i in members:
+            inv, finish = prepared[i]
+            src = first[inv.key if inv.key is not None else i]
+            out[i] = finish(*results[src])
+            if on_done is not None:
+                on_done(plan.jobs[i])
+    return out  # type: ignore[return-value]
+
+
+#: a batch's per-step overhead in images' worth of compute: a target joins the batch while
+#: the padding it adds costs less than this (a heuristic, not a measured constant)
+CHUNK_OVERHEAD_IMAGES = 64
+
+
+def _chunks(order: list[int], images: list[int], size: int) -> list[list[int]]:
+    """Split ``order`` (sorted by image count, ``images`` in the same order) into batches of
+    at most ``size`` targets, starting a new batch where padding every earlier target up
+    to the next one's image count would cost more than another batch's overhead."""
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    widest = 0
+    for i, n in zip(order, images, strict=True):
+        if cur and (len(cur) >= size or len(cur) * (n - widest) > CHUNK_OVERHEAD_IMAGES):
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+        widest = n
+    return chunks + [cur] if cur else chunks
+
+
+def _images(target: FeatureTarget) -> int:
+    """Images an inversion of ``target`` optimises per restart (its batch size)."""
+    if target.kind == "raw-feature":
+        return 1 if target.z.dim() == 1 else int(target.z.shape[0])  # type: ignore[union-attr]
+    return target.n
 
 
 def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str, Any]], list[str]]:

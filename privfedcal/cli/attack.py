@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, print_table
 from privfedcal.cli.output import all_or_nothing, check_fresh
@@ -93,6 +93,7 @@ def invert(
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
     steps: Annotated[int, Opt(help="Step cap per inversion (each stops earlier once converged); lower it for a quick look.")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Random restarts per inversion (best kept).")] = 4,
+    attack_batch: Annotated[int, Opt(help="Targets optimised together per batch (1: one at a time; same results, more memory).")] = DEFAULT_ATTACK_BATCH,
     clients: Annotated[str | None, Opt(help="Client ids to attack, e.g. 0,3 (default: the first two).")] = None,
     classes: Annotated[str | None, Opt(help="Classes to attack, e.g. 1,7 (default: all present).")] = None,
     round_: Annotated[int | None, Opt("--round", help="Release round (default: the last).")] = None,
@@ -126,7 +127,8 @@ def invert(
     kind = "stats" if stats else "gradients" if gradients else "updates"
     opts = AttackOptions(steps=steps, restarts=restarts, raw_samples=raw_samples, max_n=max_n,
                          update_batch=update_batch, round=round_, seed=seed,
-                         known_classes=known_classes, rounds_combined=rounds_combined)
+                         known_classes=known_classes, rounds_combined=rounds_combined,
+                         attack_batch=attack_batch)
     client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
     run = run_folder(run_dir, run, "attack invert", required=False)
     files = ("attack.json", "reconstructions.png")

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
 from privfedcal.cli.console import console, print_table
 from privfedcal.errors import UsageError
 
@@ -85,6 +85,7 @@ def audit(
     rounds: Annotated[int, Opt(help="Communication rounds per run.")] = 5,
     steps: Annotated[int, Opt(help="Inversion step cap per target (stops earlier once converged).")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Inversion restarts per target.")] = 2,
+    attack_batch: Annotated[int, Opt(help="Targets optimised together per batch (1: one at a time; same results, more memory).")] = DEFAULT_ATTACK_BATCH,
     clients: Annotated[int, Opt(help="Clients in each federation.")] = 5,
     attack_clients: Annotated[int, Opt(help="Clients whose uploads are inverted.")] = 1,
     dataset: Annotated[str, Opt(help="Dataset of the runs.")] = "digits",
@@ -105,7 +106,7 @@ def audit(
 
     config = AuditConfig(eps=parse_eps(eps), secagg=parse_secagg(secagg),
                          methods=parse_methods(methods), dataset=dataset, clients=clients,
-                         rounds=rounds, steps=steps, restarts=restarts,
+                         rounds=rounds, steps=steps, restarts=restarts, attack_batch=attack_batch,
                          attack_clients=attack_clients, seed=seed, device=device)
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
     files = ("audit.csv", "audit.png")

@@ -158,6 +158,7 @@ def test_earlier_results_are_kept_without_overwrite(runs, tmp_path, capsys):
 @pytest.mark.parametrize(("flags", "needle"), [
     (["--steps", "0"], "--steps >= 1"), (["--restarts", "0"], "--restarts >= 1"),
     (["--steps", "-3"], "--steps >= 1"), (["--raw-samples", "-1"], "--raw-samples"),
+    (["--attack-batch", "0"], "--attack-batch must be >= 1"),
 ])
 def test_meaningless_budgets_are_refused(runs, tmp_path, capsys, flags, needle):
     out = tmp_path / "out"

@@ -93,7 +93,8 @@ def test_bad_flags_are_one_line(capsys):
                          (["--methods", "moon"], "methods that upload one: ccvr, creff"),
                          (["--steps", "0"], "--steps >= 1"),
                          (["--restarts", "0"], "--restarts >= 1"),
-                         (["--rounds", "-1"], "--rounds >= 1")):
+                         (["--rounds", "-1"], "--rounds >= 1"),
+                         (["--attack-batch", "0"], "--attack-batch must be >= 1")):
         with pytest.raises(SystemExit) as exc:
             main(["audit", *args])
         err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""federation/simulator.py: client selection (the round loop itself: test_engine.py)."""
+"""federation/simulator.py: client selection (the round loop itself: test_round_engine.py)."""
 
 from __future__ import annotations
 
