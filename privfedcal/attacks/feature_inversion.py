@@ -301,6 +301,20 @@ class _Posed:
             "stats" if self.cov is not None else "mean")
 
 
+def shape_of(target: FeatureTarget) -> tuple[str, int]:
+    """``(term, images)``: the kind of loss term an inversion of ``target`` minimises
+    (``per-image`` | ``mean`` | ``stats``; only targets with the same term share a batch)
+    and how many images it optimises per restart (``_pose`` decides the same way)."""
+    if target.kind == "raw-feature":
+        z = target.z
+        return "per-image", 1 if z.dim() == 1 else int(z.shape[0])  # type: ignore[union-attr]
+    if target.kind == "class-mean":
+        return ("mean", target.n) if target.batch and target.n > 1 else ("per-image", 1)
+    if target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
+        return "per-image", target.n
+    return "stats", target.n
+
+
 def _pose(target: FeatureTarget, device: torch.device, dtype: torch.dtype) -> _Posed:
     per_image: Tensor | None = None
     mu = cov = None

@@ -37,6 +37,7 @@ from privfedcal.attacks.feature_inversion import (
     InversionConfig,
     InversionResult,
     invert_features_many,
+    shape_of,
 )
 from privfedcal.attacks.gradient_inversion import (
     LocalRecipe,
@@ -205,7 +206,8 @@ def _inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor],
     def prepare() -> tuple[Inversion, Callable[[InversionResult, float], Attacked]]:
         inv = Inversion(view, extractor or view.model, state, target,
                         make_generator(opts.seed, seed, 0, 61), opts.inversion,
-                        _solve_features, _images(target), key=None if shared is None else key)
+                        _solve_features, shape_of(target)[1], group=shape_of(target)[0],
+                        key=None if shared is None else key)
 
         def finish(res: InversionResult, seconds: float) -> Attacked:
             view.load_state(state)
@@ -392,7 +394,8 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
             target, how = FeatureTarget.raw(z.reshape(-1, z.shape[-1])), "analytic+"
             extra["needed"] = ["the class gradient only"]
         inv = Inversion(view, view.model, state, target, make_generator(opts.seed, seed, 0, 63),
-                        opts.inversion, _solve_features, _images(target))
+                        opts.inversion, _solve_features, shape_of(target)[1],
+                        group=shape_of(target)[0])
 
         def finish(res: InversionResult, seconds: float) -> Attacked:
             view.load_state(state)
@@ -770,13 +773,6 @@ def _chunks(order: list[int], images: list[int], size: int) -> list[list[int]]:
         cur.append(i)
         widest = n
     return chunks + [cur] if cur else chunks
-
-
-def _images(target: FeatureTarget) -> int:
-    """Images an inversion of ``target`` optimises per restart (its batch size)."""
-    if target.kind == "raw-feature":
-        return 1 if target.z.dim() == 1 else int(target.z.shape[0])  # type: ignore[union-attr]
-    return target.n
 
 
 def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str, Any]], list[str]]:

@@ -179,3 +179,20 @@ def test_traces_see_each_targets_own_images(linear_model, images):
     assert seen[1] == [(50, (3, 1, 4, 4)), (100, (3, 1, 4, 4)), (120, (3, 1, 4, 4))]
     for t in (0, 1):
         torch.testing.assert_close(last[t], res[t].images)
+
+
+def test_shape_of_is_what_the_optimiser_is_given(toy):
+    """``shape_of`` (the runner's grouping key) agrees with how each target is posed."""
+    from privfedcal.attacks.feature_inversion import _pose, shape_of
+
+    model = toy(mlp=True)
+    images = torch.rand(9, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    targets = _targets(model, images) + [
+        FeatureTarget.class_mean(torch.ones(32), 7),  # one image for a mean of 7
+        FeatureTarget.raw(torch.ones(32)),
+        FeatureTarget.class_stats(5, torch.ones(32), torch.eye(32), mode="features")]
+    got = [shape_of(t) for t in targets]
+    assert got == [(p.term, p.batch) for p in (_pose(t, torch.device("cpu"), torch.float32)
+                                               for t in targets)]
+    assert got[-3:] == [("per-image", 1), ("per-image", 1), ("per-image", 5)]
+    assert {g[0] for g in got} == {"per-image", "mean", "stats"}
