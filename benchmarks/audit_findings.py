@@ -85,7 +85,7 @@ def rounds_findings(args, sets: dict, add) -> None:
     """CReFF class gradients of the same n images in the last ``--rounds-combined`` releases
     of a CReFF run (each under the model state and head the transcript recorded for it),
     attacked one release at a time (the last) and all together."""
-    from privfedcal.attacks.gradient_inversion import invert_class_gradients
+    from privfedcal.attacks.rounds import invert_class_gradients
     from privfedcal.attacks.runner import GRAD_LABEL, creff_head
 
     view = load_run(args.creff_run or train_run(args.out, args.rounds, "creff"))
@@ -305,7 +305,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
         # the FedAvg update of the smallest client, as the transcript records it (its full
         # state after local training with the run's recipe and batch order), inverted
         from privfedcal.attacks.feature_inversion import InversionConfig
-        from privfedcal.attacks.gradient_inversion import (
+        from privfedcal.attacks.model_updates import (
             LocalRecipe,
             invert_model_update,
             simulate_local_training,

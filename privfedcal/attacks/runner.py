@@ -40,15 +40,13 @@ from privfedcal.attacks.feature_inversion import (
     shape_of,
 )
 from privfedcal.attacks.gradient_inversion import (
-    LocalRecipe,
     gradient_rank,
-    invert_class_gradients_many,
-    invert_model_update,
-    invert_update,
     recover_from_class_gradient,
     recover_rank_n,
     split_class_gradient,
 )
+from privfedcal.attacks.model_updates import LocalRecipe, invert_model_update, invert_update
+from privfedcal.attacks.rounds import invert_class_gradients_many
 from privfedcal.attacks.report import Attacked, score
 from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
     GRAD_LABEL,
@@ -607,7 +605,7 @@ UPDATE_LABEL, ROUND_LABEL = UPDATE_RELEASE, ROUND_RECORD
 def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
                          start: dict[str, Tensor], entry: dict[str, Any]) -> Job:
     """Invert one client's recorded model update (labels first, multi-step local training
-    simulated with the recorded recipe; ``gradient_inversion.invert_model_update``)."""
+    simulated with the recorded recipe; ``model_updates.invert_model_update``)."""
     client = int(entry["client"])
     cfg = view.cfg
     recipe = LocalRecipe(epochs=int(entry.get("local_epochs", cfg.local_epochs)),

@@ -279,7 +279,7 @@ def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Pat
     """The run with model updates recorded as the transcript format prescribes: a global
     state (label "round") and client 0's full state after local training, with its weight
     and recipe (here: one epoch of the run's recipe, simulated exactly)."""
-    from privfedcal.attacks.gradient_inversion import LocalRecipe, simulate_local_training
+    from privfedcal.attacks.model_updates import LocalRecipe, simulate_local_training
 
     shutil.copytree(view.run_dir, dest)
     tdir = dest / "server" / "transcript"
