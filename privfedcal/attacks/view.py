@@ -24,10 +24,7 @@ from torch import Tensor
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 from privfedcal.privacy.transcript import TASK_PREFIX
-
-STATS_LABEL, GRAD_LABEL = CCVR_RELEASE, CREFF_RELEASE
 
 
 @dataclass(frozen=True, eq=False)

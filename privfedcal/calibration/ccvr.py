@@ -37,7 +37,7 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.federation.local import CPU_INFERENCE_BATCH
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import CCVR_RELEASE, ReleaseSpec
+from privfedcal.privacy.releases import ReleaseSpec
 
 VIRTUAL_MODES = ("balanced", "proportional")
 
@@ -154,6 +154,10 @@ def sample_virtual_features(stats: ClassStats, per_class_counts: Tensor,
     return z.to(dtype), y
 
 
+#: the label of CCVR's release: its name in the transcript, the accountant and the reports
+CCVR_RELEASE = "ccvr-stats"
+
+
 @CALIBRATORS.register("ccvr")
 class CCVR(PosthocCalibrator):
     """Post-hoc calibration on virtual features drawn from federated class Gaussians."""
@@ -165,7 +169,7 @@ class CCVR(PosthocCalibrator):
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CCVR_RELEASE, sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
         magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all",
-        task=StatsTask),)
+        task=StatsTask, attack="stats"),)
 
     def __init__(self, params: CCVRParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:
@@ -205,4 +209,4 @@ class CCVR(PosthocCalibrator):
         return None
 
 
-__all__ = ["CCVR", "CCVRParams", "StatsTask", "sample_virtual_features", "virtual_counts"]
+__all__ = ["CCVR", "CCVR_RELEASE", "CCVRParams", "StatsTask", "sample_virtual_features", "virtual_counts"]

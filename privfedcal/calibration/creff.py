@@ -86,7 +86,7 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import CREFF_RELEASE, ReleaseSpec
+from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.seeding import derive_seed
 from privfedcal.tensors import all_finite
 
@@ -299,6 +299,11 @@ def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> t
 
 
 # ---- server side ----------------------------------------------------------------------------
+#: the label of CReFF's per-round release: its name in the transcript, the accountant and
+#: the reports
+CREFF_RELEASE = "creff-grad"
+
+
 @CALIBRATORS.register("creff")
 class CReFF(Calibrator):
     """Per-round gradient matching of federated features and head re-training."""
@@ -311,7 +316,7 @@ class CReFF(Calibrator):
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CREFF_RELEASE, sensitivity={"grad": "G", "count": "1", "holders": "1"},
         magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected",
-        task=GradTask),)
+        task=GradTask, attack="gradients"),)
 
     # ---- privacy policy -----------------------------------------------------------------
     @staticmethod
