@@ -33,6 +33,7 @@ from torch import Tensor
 from privfedcal.calibration.retrain import PosthocCalibrator, RetrainParams, retrain_head_of
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.calibration.transforms import relu_tukey
+from privfedcal.descriptions import calibration_option
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.federation.local import CPU_INFERENCE_BATCH
@@ -46,9 +47,9 @@ VIRTUAL_MODES = ("balanced", "proportional")
 class CCVRParams(RetrainParams):
     """``virtual_per_class`` M (paper: 100 CIFAR-10, 500 CIFAR-100, 1000 CINIC-10)."""
 
-    virtual_per_class: int = 100
-    virtual_mode: str = "balanced"
-    tukey: bool = False
+    virtual_per_class: int = calibration_option(100, "CCVR virtual features per class M.")
+    virtual_mode: str = calibration_option("balanced", "CCVR M_c: balanced | proportional")
+    tukey: bool = calibration_option(False, "CCVR ReLU + Tukey transform.")
     tukey_lambda: float = 0.5
     eig_floor: float = 1e-6
     feature_batch_size: int = 1024
