@@ -18,7 +18,8 @@ from privfedcal.attacks.feature_inversion import FeatureTarget
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.runner import AttackOptions, Plan, inversion_job, size_of
 from privfedcal.attacks.uploads import classes_to_attack, sources
-from privfedcal.attacks.view import RunView
+from privfedcal.attacks.view import RunView, UploadedFeatures
+from privfedcal.models.base import FeatureClassifier
 from privfedcal.seeding import make_generator
 
 NAME = "stats"
@@ -32,7 +33,7 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
 
     label = release_for(NAME).label
     plan, rel = Plan(attack_batch=opts.attack_batch), view.release(label, opts.round)
-    extractor = view.stats_extractor()
+    extractor = uploaded_extractor(view)
     for client, payload, seen in sources(view, rel, clients, plan, opts.default_clients):
         stds = view.noise_stds(label, list(payload))
         noisy = any(s > 0 for s in stds.values())
@@ -80,6 +81,19 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
     return plan
 
 
+def uploaded_extractor(view: RunView) -> FeatureClassifier:
+    """The extractor as the CCVR clients applied it (Tukey transform, DP clip)."""
+    from privfedcal.calibration.ccvr import CCVRParams
+
+    params = view.cfg.calibration_params
+    lam = (params.get("tukey_lambda", CCVRParams.tukey_lambda)
+           if params.get("tukey", CCVRParams.tukey) else None)
+    clip = view.summary.get("privacy", {}).get("feature_clip")
+    if lam is None and clip is None:
+        return view.model
+    return UploadedFeatures(view.model, lam, None if clip is None else float(clip))
+
+
 def task(cfg, exp, calibrator):
     """CCVR's client task with the run's options (what its ``after_training`` asks for)."""
     from privfedcal.calibration.ccvr import StatsTask
@@ -98,4 +112,4 @@ def keep(key: str, c: int) -> tuple:
 register(ReleaseAttack(NAME, plan_stats, task=task, clip="feature", keep=keep,
                        canary_keys=("sum", "outer")))
 
-__all__ = ["NAME", "keep", "plan_stats", "task"]
+__all__ = ["NAME", "keep", "plan_stats", "task", "uploaded_extractor"]

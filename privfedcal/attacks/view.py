@@ -85,18 +85,6 @@ class RunView:
     def model(self):  # noqa: ANN201 - FeatureClassifier
         return self.exp.model
 
-    def stats_extractor(self) -> FeatureClassifier:
-        """The extractor as the CCVR clients applied it (Tukey transform, DP clip)."""
-        from privfedcal.calibration.ccvr import CCVRParams
-
-        params = self.cfg.calibration_params
-        lam = (params.get("tukey_lambda", CCVRParams.tukey_lambda)
-               if params.get("tukey", CCVRParams.tukey) else None)
-        clip = self.summary.get("privacy", {}).get("feature_clip")
-        if lam is None and clip is None:
-            return self.model
-        return UploadedFeatures(self.model, lam, None if clip is None else float(clip))
-
     def load_state(self, state: dict[str, Tensor]) -> None:
         self.model.load_state_dict({k: v.to(self.exp.device) for k, v in state.items()})
         self.model.eval()
