@@ -27,7 +27,9 @@ import torch
 
 from privfedcal.api import train
 from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
-from privfedcal.attacks.runner import AttackOptions, execute, load_run, plan_gradients, plan_stats
+from privfedcal.attacks.gradients_attack import plan_gradients
+from privfedcal.attacks.runner import AttackOptions, execute, load_run
+from privfedcal.attacks.stats_attack import plan_stats
 
 QUICK = dict(dataset="digits", clients=5, alpha=0.3, local_epochs=1, threads=1)
 QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as cli/attack.py's quick run

@@ -58,7 +58,8 @@ from privfedcal.attacks.gradient_inversion import (
     recover_rank_n,
 )
 from privfedcal.attacks.report import score
-from privfedcal.attacks.runner import STATS_LABEL, UploadedFeatures, load_run
+from privfedcal.attacks.runner import UploadedFeatures, load_run
+from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import gaussian_mechanism, noisy_stats_to_moments, payload_sensitivities
@@ -85,8 +86,9 @@ def rounds_findings(args, sets: dict, add) -> None:
     """CReFF class gradients of the same n images in the last ``--rounds-combined`` releases
     of a CReFF run (each under the model state and head the transcript recorded for it),
     attacked one release at a time (the last) and all together."""
-    from privfedcal.attacks.gradient_inversion import invert_class_gradients
-    from privfedcal.attacks.runner import GRAD_LABEL, creff_head
+    from privfedcal.attacks.gradients_attack import creff_head
+    from privfedcal.attacks.rounds import invert_class_gradients
+    from privfedcal.calibration.creff import CREFF_RELEASE as GRAD_LABEL
 
     view = load_run(args.creff_run or train_run(args.out, args.rounds, "creff"))
     rels = [r for r in view.releases(GRAD_LABEL) if r.state is not None
@@ -305,7 +307,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
         # the FedAvg update of the smallest client, as the transcript records it (its full
         # state after local training with the run's recipe and batch order), inverted
         from privfedcal.attacks.feature_inversion import InversionConfig
-        from privfedcal.attacks.gradient_inversion import (
+        from privfedcal.attacks.model_updates import (
             LocalRecipe,
             invert_model_update,
             simulate_local_training,

@@ -32,7 +32,8 @@ from privfedcal.attacks.feature_inversion import (
     invert_features,
 )
 from privfedcal.attacks.report import score
-from privfedcal.attacks.runner import STATS_LABEL, load_run
+from privfedcal.attacks.runner import load_run
+from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.seeding import make_generator
 
 KEYS = ("psnr", "ssim", "feature_cosine", "nearest_is_true", "prior_psnr")

@@ -218,6 +218,9 @@ def load_run(path: str | Path) -> Run:
 
 # ---- attacks ----------------------------------------------------------------------------------
 
+#: ``stats`` and ``gradients`` are the attacks the calibrators' releases name
+#: (``ReleaseSpec.attack``); ``updates`` (the uplink's model updates) and ``classes`` (class
+#: sets from any calibration release) are not tied to one calibrator
 ATTACK_KINDS = ("stats", "gradients", "updates", "classes")
 
 
@@ -234,16 +237,10 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     ``DEFAULT_MAX_STEPS``); other ``options`` are ``AttackOptions`` fields. Nothing is
     written: ``privfedcal attack`` writes the files."""
     from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
-    from privfedcal.attacks.runner import (
-        AttackOptions,
-        execute,
-        infer_class_sets,
-        plan_gradients,
-        plan_stats,
-    )
-    from privfedcal.attacks.runner import (
-        load_run as load_view,
-    )
+    from privfedcal.attacks.release_attacks import release_attack
+    from privfedcal.attacks.runner import AttackOptions, execute
+    from privfedcal.attacks.runner import load_run as load_view
+    from privfedcal.attacks.uploads import infer_class_sets
 
     if kind not in ATTACK_KINDS:
         raise UsageError(f"attack kind must be one of {', '.join(ATTACK_KINDS)}, got {kind!r}")
@@ -258,11 +255,11 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
         return records
     ids = None if clients is None else list(clients)
     cls = None if classes is None else list(classes)
-    if kind == "stats":
-        plan = plan_stats(view, opts, ids, cls)
-    else:
-        plan = plan_gradients(view, opts, ids, cls, updates=kind == "updates",
-                              gradients=kind == "gradients")
+    if kind == "updates":  # model updates: the uplink's release, attacked beside CReFF's
+        plan = release_attack("gradients").plan(view, opts, ids, cls, updates=True,
+                                                gradients=False)
+    else:  # the attack registered under that name (a calibrator's ReleaseSpec.attack)
+        plan = release_attack(kind).plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     return [r.record for r in execute(plan, lambda job: None)]
@@ -294,6 +291,7 @@ def privatize_statistics(stats: Mapping[str, Tensor], *, epsilon: float, delta: 
     and outer, the noise multiplier from opacus' RDP accountant, noise from OS entropy.
     Privatize each client's upload before it leaves the client (or a secure sum of them);
     the epsilon holds for this one release."""
+    from privfedcal.calibration.ccvr import CCVR_RELEASE
     from privfedcal.privacy.accounting import ReleasePlan, plan_noise
     from privfedcal.privacy.dp import gaussian_mechanism, payload_sensitivities
     from privfedcal.privacy.noise import noise_generator
@@ -302,7 +300,7 @@ def privatize_statistics(stats: Mapping[str, Tensor], *, epsilon: float, delta: 
         raise UsageError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
     if not (clip > 0 and math.isfinite(clip)):
         raise UsageError(f"clip must be a finite number > 0, got {clip}")
-    (sigma,) = plan_noise(epsilon, delta, [ReleasePlan("ccvr-stats", 1.0, 1)])
+    (sigma,) = plan_noise(epsilon, delta, [ReleasePlan(CCVR_RELEASE, 1.0, 1)])
     sens = payload_sensitivities(stats.keys(), clip=clip, grad_clip=clip)
     return gaussian_mechanism(dict(stats), sens, sigma, noise_generator())
 

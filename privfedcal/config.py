@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.descriptions import (
-    CALIBRATION_SETTINGS,
     PER_MODEL,
+    calibration_settings,
     check_value,
     setting,
     settings_of,
@@ -272,7 +272,9 @@ def check_settings(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {k: check_value(known[k], v, prefix) for k, v in out.items()}
     # method hyperparameters are checked by the method's own Params (name, type, range)
     # when the run is built: which names are valid depends on the method
-    by_name = {s.name: s for s in CALIBRATION_SETTINGS}
+    # (the calibrators' flagged options, once privfedcal.calibration is loaded; the
+    # calibrator checks them again when it is built, calibration.calibrator_params)
+    by_name = {s.name: s for s in calibration_settings()}
     if "calibration_params" in out:
         out["calibration_params"] = {
             k: check_value(by_name[k], v, f"{prefix}calibration_params.") if k in by_name

@@ -125,20 +125,46 @@ def _hyper(name: str, kind: type, help: str, *, scope: str, flag: str | None = N
                    shown=shown)
 
 
-#: calibrator options with a flag (``[calibration_params]``); None: the calibrator's default
-CALIBRATION_SETTINGS: tuple[Setting, ...] = (
-    _hyper("virtual_per_class", int, "CCVR virtual features per class M.", scope="calibration"),
-    _hyper("virtual_mode", str, "CCVR M_c: balanced | proportional", scope="calibration"),
-    _hyper("tukey", bool, "CCVR ReLU + Tukey transform.", scope="calibration"),
-    _hyper("features_per_class", int, "CReFF federated features per class m.",
-           scope="calibration"),
-    _hyper("match_steps", int, "CReFF gradient-matching steps I.", scope="calibration"),
-    _hyper("retrain_steps", int, "CReFF classifier re-training steps J.", scope="calibration"),
-    _hyper("feature_lr", float, "CReFF federated-feature learning rate.", scope="calibration"),
-    _hyper("creff_weighting", str, "CReFF g_agg: client (paper) | sample", scope="calibration"),
-    _hyper("creff_dsa", str, "CReFF client-gradient augmentation (DSA): a strategy such as "
-           "color_crop_cutout_flip_scale_rotate (authors, default) | none", scope="calibration"),
-)
+def calibration_option(default: Any, help: str, *, flag: str | None = None) -> Any:
+    """A field of a calibrator's ``Params`` that ``privfedcal train`` has a flag for (and a
+    ``[calibration_params]`` key): ``--<field>``, or ``--<flag>`` for a name prefixed with
+    the calibrator's (``creff_weighting`` for CReFF's ``weighting``: the calibrator reads
+    either spelling); its type is the field's, and None on the CLI keeps the calibrator's
+    default. ``calibration_settings`` lists every registered calibrator's."""
+    return field(default=default, metadata={"calibration_option": {"help": help, "flag": flag}})
+
+
+#: calibrator options with a flag, in registration order (``register_calibration_options``)
+_CALIBRATION_OPTIONS: dict[str, Setting] = {}
+
+
+def calibration_options(params: type) -> tuple[Setting, ...]:
+    """The ``calibration_option`` fields of a calibrator's ``Params``, as settings."""
+    hints = typing.get_type_hints(params)
+    out = []
+    for f in dataclasses.fields(params):
+        meta = f.metadata.get("calibration_option")
+        if meta is not None:
+            kind, _ = _kind(hints[f.name])
+            out.append(_hyper(meta["flag"] or f.name, kind, meta["help"], scope="calibration"))
+    return tuple(out)
+
+
+def register_calibration_options(params: type) -> None:
+    """Add a calibrator's options (``calibration_options``) to ``calibration_settings``;
+    ``privfedcal.calibration`` registers every calibrator's when it is imported (the
+    calibrators sit above this module, as the methods above ``settings.method_settings``).
+    A name two calibrators share must mean one setting."""
+    for s in calibration_options(params):
+        if _CALIBRATION_OPTIONS.setdefault(s.name, s) != s:
+            raise TypeError(f"calibration option {s.name!r} is declared twice, differently")
+
+
+def calibration_settings() -> tuple[Setting, ...]:
+    """The calibrator options with a flag (``[calibration_params]``) of every registered
+    calibrator (empty until ``privfedcal.calibration`` is imported); None: the
+    calibrator's default."""
+    return tuple(_CALIBRATION_OPTIONS.values())
 
 
 @dataclass(frozen=True)

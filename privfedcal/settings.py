@@ -3,8 +3,9 @@
 A setting is declared once, as a field of :class:`privfedcal.config.RunConfig` (or of
 :class:`FlowerOptions`) made by :func:`setting` (``privfedcal/descriptions.py``, below the
 config), as a field of a method's ``Params`` made by ``algorithms.base.hyper`` (the flags of
-``METHOD_SETTINGS`` are derived from every registered method's), or as an entry of
-``CALIBRATION_SETTINGS``. Its name, type, default,
+``METHOD_SETTINGS`` are derived from every registered method's), or as a field of a
+calibrator's ``Params`` made by ``descriptions.calibration_option`` (``CALIBRATION_SETTINGS``,
+likewise). Its name, type, default,
 help text, help group and flag spelling live there, and everything else is derived from
 :func:`all_settings`:
 
@@ -16,8 +17,9 @@ help text, help group and flag spelling live there, and everything else is deriv
 - the tables of docs/usage.md and docs/flower.md (``python -m privfedcal.settings --write``
   rewrites them, ``--check`` fails when they differ; a test runs the check).
 
-Adding a setting: one ``setting(...)`` field on ``RunConfig`` (or one entry in the tuples
-below), then ``python -m privfedcal.settings --write`` and the new key with its default in
+Adding a setting: one ``setting(...)`` field on ``RunConfig`` (or a ``hyper`` /
+``calibration_option`` field of a method's / calibrator's ``Params``), then ``python -m
+privfedcal.settings --write`` and the new key with its default in
 ``examples/flower/pyproject.toml`` (``tests/flower/test_example.py`` names what is missing).
 """
 
@@ -29,9 +31,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import privfedcal.calibration  # noqa: F401  (each calibrator registers its options)
 from privfedcal.config import RunConfig
 from privfedcal.descriptions import (
-    CALIBRATION_SETTINGS,
     GROUPS,
     PER_MODEL,
     SCOPES,
@@ -39,6 +41,7 @@ from privfedcal.descriptions import (
     Setting,
     _hyper,
     _kind,
+    calibration_settings,
     check_value,
     render,
     setting,
@@ -73,6 +76,9 @@ def method_settings() -> tuple[Setting, ...]:
 
 
 METHOD_SETTINGS: tuple[Setting, ...] = method_settings()
+#: one ``--flag`` per ``calibration_option`` field of the registered calibrators' ``Params``
+#: (``descriptions.register_calibration_options``), in calibrator-name and field order
+CALIBRATION_SETTINGS: tuple[Setting, ...] = calibration_settings()
 
 
 def all_settings() -> tuple[Setting, ...]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
+from privfedcal.attacks.release_attacks import attacked_calibrators
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
 
@@ -33,7 +34,8 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
            "feature_cosine", "class_inference_accuracy", "epsilon_spent", "prior_psnr",
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
-ATTACKED_CALIBRATORS = ("ccvr", "creff")
+#: the calibrators whose releases an attack targets (their ``ReleaseSpec.attack``)
+ATTACKED_CALIBRATORS = attacked_calibrators()
 #: CReFF's server-side optimisation shortened for the sweep (the attack only needs uploads)
 AUDIT_CREFF = dict(match_steps=50, retrain_steps=100)
 
@@ -101,15 +103,10 @@ def _mean(values: list[float]) -> float:
 def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                 on_job: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train and attack one setting; returns its row (``note`` says why a row is empty)."""
+    from privfedcal.attacks.release_attacks import attacks_of
     from privfedcal.attacks.report import worst_case, write_records
-    from privfedcal.attacks.runner import (
-        AttackOptions,
-        execute,
-        infer_class_sets,
-        load_run,
-        plan_gradients,
-        plan_stats,
-    )
+    from privfedcal.attacks.runner import AttackOptions, execute, load_run
+    from privfedcal.attacks.uploads import infer_class_sets
     from privfedcal.config import RunConfig
     from privfedcal.experiment import build_simulator
 
@@ -140,7 +137,11 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                          max_n=config.max_n, seed=config.seed,
                          default_clients=config.attack_clients, known_classes=True)
     try:
-        plan = plan_stats(view, opts) if cfg.calibrator == "ccvr" else plan_gradients(view, opts)
+        # the attack on each release the calibrator declares (release_attacks.py)
+        plan, *more = [attack.plan(view, opts) for _, attack in attacks_of(sim.calibrator)]
+        for other in more:
+            plan.jobs += other.jobs
+            plan.notes += other.notes
         results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
         class_records, class_notes = infer_class_sets(view, opts)
     except UsageError as exc:  # e.g. every release was skipped: nothing to attack

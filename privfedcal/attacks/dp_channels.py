@@ -24,6 +24,11 @@ projection score, so the score's distribution is the same and the draw is far ch
 
 ``Faults`` breaks a release on purpose (noise scaled, clipping off, a key sent in the clear);
 only the tests of the audit pass them, to show that the audit catches each.
+
+A calibration release's channel is built from its declaration (``ReleaseSpec``: label,
+payload keys, participants) and from its attack's file (``stats_attack.py``,
+``gradients_attack.py``: the client task with the run's options, what it clips, the entries
+a canary moves); nothing here names a calibration release.
 """
 
 from __future__ import annotations
@@ -37,17 +42,17 @@ import torch
 from torch import Tensor
 
 from privfedcal.attacks.dp_audit import Channel, Stats, Views
+from privfedcal.attacks.release_attacks import declared_releases, release_attack
 from privfedcal.errors import UsageError
 from privfedcal.privacy.bound import NoBound
-from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE, DPSGD_RELEASE
+from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise_outer
 
-#: the client fields (privacy/client_fields.py) each channel's view carries
+#: the client fields (privacy/client_fields.py) each channel's view carries: a calibration
+#: release's payload keys (its declaration), and DP-SGD's model update and loss
 CHANNEL_FIELDS: dict[str, tuple[str, ...]] = {
-    CCVR_RELEASE: ("query.payload/payload/count", "query.payload/payload/sum",
-                   "query.payload/payload/outer"),
-    CREFF_RELEASE: ("query.payload/payload/grad", "query.payload/payload/count",
-                    "query.payload/payload/holders"),
+    **{r.label: tuple(f"query.payload/payload/{k}" for k in r.keys)
+       for r in declared_releases() if r.attack is not None},
     DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
 }
 CHANNELS = tuple(CHANNEL_FIELDS)
@@ -131,8 +136,10 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
     if not wanted:
         raise UsageError("this configuration has no channel to audit: give a calibrator "
                          "(--method ccvr/creff) or --dp-train")
-    builders = {CCVR_RELEASE: _ccvr, CREFF_RELEASE: _creff, DPSGD_RELEASE: _dpsgd}
-    return [builders[c](cfg, exp, calibrator, noise, bound, faults, plan) for c in wanted]
+    specs = {r.label: r for r in calibrator.releases}
+    return [_dpsgd(cfg, exp, calibrator, noise, bound, faults, plan) if c == DPSGD_RELEASE
+            else _release(specs[c], cfg, exp, calibrator, noise, bound, faults, plan)
+            for c in wanted]
 
 
 def claimed(plan, label: str, steps: int, sample_rate: float = 1.0) -> tuple[float, float]:
@@ -157,7 +164,7 @@ def client_features(exp, client: int = 0) -> tuple[Tensor, Tensor]:
 
 
 def _payload_channel(name, task, cfg, exp, noise, bound, faults, keep, steps, canary_text,
-                     claim) -> Channel:
+                     claim, clip) -> Channel:
     """A batched payload release: the task's payload of D or D' (features + canary row),
     restricted to ``keep(key, class)`` (an index), noised by the run's noise stage, ``steps``
     independent releases stacked on dimension 1."""
@@ -165,7 +172,7 @@ def _payload_channel(name, task, cfg, exp, noise, bound, faults, keep, steps, ca
     counts = torch.bincount(y, minlength=exp.data.num_classes)
     c = int(torch.argmin(counts))                       # the rarest class (absent if any)
     canary = torch.zeros(1, z.shape[1], dtype=z.dtype)
-    canary[0, 0] = CANARY_SCALE * canary_scale(bound, task)
+    canary[0, 0] = CANARY_SCALE * canary_scale(bound, clip)
     model = FeatureMap(z.shape[1])
     clean = [task.compute(model, z, y, bound),
              task.compute(model, torch.cat([z, canary]), torch.cat([y, torch.tensor([c])]),
@@ -208,67 +215,32 @@ def noiser(noise, label: str, faults: Faults = Faults()):
     return release
 
 
-def canary_scale(bound, task) -> float:
-    """The canary feature's unit: the clip bound of what the task clips (features for
-    CCVR; for CReFF the gradient bound, since ||g|| ~ ||z|| for a large feature)."""
-    from privfedcal.calibration.creff import GradTask
-
-    kind = "class-gradient" if isinstance(task, GradTask) else "feature"
+def canary_scale(bound, clip: str) -> float:
+    """The canary feature's unit: the clip bound of what the release's task clips (``clip``,
+    its attack's declaration: features for CCVR; for CReFF the gradient bound, since
+    ||g|| ~ ||z|| for a large feature)."""
     bound = getattr(bound, "assumed", bound)
     if hasattr(bound, "bound_for"):
-        return bound.bound_for(kind)
+        return bound.bound_for(clip)
     return 10.0  # a run without any bound: any large feature
 
 
-def ccvr_task(exp, calibrator):
-    """CCVR's client task with the run's options."""
-    from privfedcal.calibration.ccvr import StatsTask
-
-    p = calibrator.params
-    return StatsTask(exp.data.num_classes, p.tukey, p.tukey_lambda, p.feature_batch_size)
-
-
-def creff_task(cfg, exp, calibrator):
-    """CReFF's client task with the run's options and the initial model's head."""
-    from privfedcal.calibration.creff import GradTask
-
-    p = calibrator.params
-    head = exp.model.classifier
-    cap = None if p.client_draws is None else p.client_draws * p.draw_size
-    return GradTask(head.weight.detach().double().cpu(),
-                    None if head.bias is None else head.bias.detach().double().cpu(),
-                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.seed)
-
-
-def _ccvr(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
-    task = ccvr_task(exp, calibrator)
-
-    def keep(key: str, c: int):
-        return {"count": (slice(c, c + 1),), "sum": (slice(c, c + 1), slice(0, 1)),
-                "outer": (slice(c, c + 1), slice(0, 1), slice(0, 1))}[key]
-
-    return _payload_channel(
-        CCVR_RELEASE, task, cfg, exp, noise, bound, faults, keep, 1,
-        lambda c: f"one feature {CANARY_SCALE:g} x clip on axis 0, class {c}",
-        claimed(plan, CCVR_RELEASE, 1))
-
-
-def _creff(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
+def _release(spec, cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
+    """The channel of a calibration release: its attack's client task with the run's
+    options and the entries a canary moves (``release_attacks.ReleaseAttack``); released
+    once, or in every round the most selected client takes part in."""
     from privfedcal.protection import participation_counts
 
-    task = creff_task(cfg, exp, calibrator)
-    steps = max(participation_counts(cfg).values())
-
-    def keep(key: str, c: int):
-        # the canary's head gradient (p - e_c) [z, 1] with z on axis 0 moves columns 0 and
-        # d (the bias) of its class's row only
-        return (slice(c, c + 1), slice(None), [0, -1]) if key == "grad" else (slice(c, c + 1),)
-
+    attack = release_attack(spec.attack)
+    if attack.task is None or attack.keep is None:
+        raise UsageError(f"the attack on {spec.label!r} declares no audit channel")
+    steps = 1 if spec.participants == "all" else max(participation_counts(cfg).values())
+    rounds = "" if spec.participants == "all" else f", in each of {steps} rounds"
     return _payload_channel(
-        CREFF_RELEASE, task, cfg, exp, noise, bound, faults, keep, steps,
-        lambda c: (f"one feature {CANARY_SCALE:g} x clip on axis 0, class {c}, in each of "
-                   f"{steps} rounds"),
-        claimed(plan, CREFF_RELEASE, steps))
+        spec.label, attack.task(cfg, exp, calibrator), cfg, exp, noise, bound, faults,
+        attack.keep, steps,
+        lambda c: f"one feature {CANARY_SCALE:g} x clip on axis 0, class {c}{rounds}",
+        claimed(plan, spec.label, steps), attack.clip)
 
 
 def _dpsgd(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
@@ -333,5 +305,5 @@ def _canary_direction(model, start, x: Tensor, y: Tensor, names: list[str]) -> T
 
 
 __all__ = ["CANARY_SCALE", "CHANNELS", "CHANNEL_FIELDS", "FeatureMap", "Faults", "Unclipped",
-           "build_channels", "canary_scale", "ccvr_task", "claimed", "client_features",
-           "creff_task", "noiser", "parse_channels", "run_parts"]
+           "build_channels", "canary_scale", "claimed", "client_features", "noiser",
+           "parse_channels", "run_parts"]

@@ -31,16 +31,14 @@ from privfedcal.attacks.dp_channels import (
     Faults,
     FeatureMap,
     canary_scale,
-    ccvr_task,
     claimed,
     client_features,
-    creff_task,
     noiser,
     run_parts,
 )
+from privfedcal.attacks.release_attacks import attacks_of
 from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
-from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 
 
 def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor]) -> Tensor:
@@ -64,23 +62,23 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     t0 = time.perf_counter()
     cfg = exp.cfg
-    labels = [r.label for r in calibrator.releases]
-    if CCVR_RELEASE in labels:
-        label, task, keys = CCVR_RELEASE, ccvr_task(exp, calibrator), ("sum", "outer")
-    elif CREFF_RELEASE in labels:
-        label, task, keys = CREFF_RELEASE, creff_task(cfg, exp, calibrator), ("grad",)
-    else:
+    # the calibrator's first release whose attack declares the keys a canary owns
+    audited = [(r, a) for r, a in attacks_of(calibrator) if a.canary_keys and a.task]
+    if not audited:
         raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
+    spec, attack = audited[0]
+    label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
     from privfedcal.privacy.noise import noise_generator
     from privfedcal.seeding import select_clients
 
-    rounds = [[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
-              for k in range(cfg.clients)] if label == CREFF_RELEASE else [[1]] * cfg.clients
+    rounds = ([[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
+               for k in range(cfg.clients)] if spec.participants == "selected"
+              else [[1]] * cfg.clients)
     classes, dim = exp.data.num_classes, exp.model.feature_dim
     axes = dim if axes is None else min(axes, dim)
     c = torch.arange(classes).repeat_interleave(axes)   # canary i: class c[i], axis j[i]
     j = torch.arange(axes).repeat(classes)
-    unit = CANARY_SCALE * canary_scale(bound, task)
+    unit = CANARY_SCALE * canary_scale(bound, attack.clip)
     canaries = torch.zeros(len(c), dim, dtype=torch.float64)
     canaries[torch.arange(len(c)), j] = unit
     # membership: one fair coin per canary from OS entropy

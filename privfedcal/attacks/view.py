@@ -24,10 +24,7 @@ from torch import Tensor
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 from privfedcal.privacy.transcript import TASK_PREFIX
-
-STATS_LABEL, GRAD_LABEL = CCVR_RELEASE, CREFF_RELEASE
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,18 +84,6 @@ class RunView:
     @property
     def model(self):  # noqa: ANN201 - FeatureClassifier
         return self.exp.model
-
-    def stats_extractor(self) -> FeatureClassifier:
-        """The extractor as the CCVR clients applied it (Tukey transform, DP clip)."""
-        from privfedcal.calibration.ccvr import CCVRParams
-
-        params = self.cfg.calibration_params
-        lam = (params.get("tukey_lambda", CCVRParams.tukey_lambda)
-               if params.get("tukey", CCVRParams.tukey) else None)
-        clip = self.summary.get("privacy", {}).get("feature_clip")
-        if lam is None and clip is None:
-            return self.model
-        return UploadedFeatures(self.model, lam, None if clip is None else float(clip))
 
     def load_state(self, state: dict[str, Tensor]) -> None:
         self.model.load_state_dict({k: v.to(self.exp.device) for k, v in state.items()})

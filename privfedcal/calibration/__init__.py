@@ -30,6 +30,11 @@ from privfedcal.calibration.oracle import Oracle, OracleParams
 from privfedcal.calibration.retrain import RetrainParams, retrain_classifier
 from privfedcal.calibration.stats import ClassStats, merge_client_moments
 from privfedcal.calibration.transforms import relu_tukey
+from privfedcal.descriptions import (
+    calibration_options,
+    check_value,
+    register_calibration_options,
+)
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator
 
@@ -37,11 +42,14 @@ from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator
 def calibrator_params(cls: type[Calibrator], spec: CalibrationSpec, options: dict[str, Any]) -> Any:
     """The parameter dataclass of ``cls`` filled from ``options`` and ``spec.arg``."""
     params_cls = cls.Params  # type: ignore[attr-defined]
+    flagged = {s.name: s for s in calibration_options(params_cls)}
     values: dict[str, Any] = {}
     for f in dataclasses.fields(params_cls):
         for key in (f.name, f"{spec.name}_{f.name}"):   # the prefixed key is looked at last
             if options.get(key) is not None:
-                values[f.name] = options[key]
+                # a flagged option's type, as a settings file's is checked (config.py)
+                values[f.name] = (check_value(flagged[key], options[key], "calibration_params.")
+                                  if key in flagged else options[key])
     if spec.arg is not None:
         values[cls.arg_field] = spec.arg  # type: ignore[attr-defined]
     return params_cls(**values)
@@ -59,9 +67,13 @@ def create_calibrator(spec: CalibrationSpec, *, num_classes: int, feature_dim: i
     return cls(params, num_classes=num_classes, feature_dim=feature_dim)
 
 
-# every module here is imported, so a calibrator's own file registers it
+# every module here is imported, so a calibrator's own file registers it, and the options
+# its Params declare with a flag (descriptions.calibration_option) become settings
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
+for _name in CALIBRATORS.names():
+    if hasattr(CALIBRATORS.get(_name), "Params"):
+        register_calibration_options(CALIBRATORS.get(_name).Params)
 
 __all__ = [
     "CCVR", "CCVRParams", "CReFF", "CReFFParams", "ClassStats", "GradTask", "Oracle",

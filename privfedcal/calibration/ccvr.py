@@ -33,11 +33,12 @@ from torch import Tensor
 from privfedcal.calibration.retrain import PosthocCalibrator, RetrainParams, retrain_head_of
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.calibration.transforms import relu_tukey
+from privfedcal.descriptions import calibration_option
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.federation.local import CPU_INFERENCE_BATCH
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import CCVR_RELEASE, ReleaseSpec
+from privfedcal.privacy.releases import ReleaseSpec
 
 VIRTUAL_MODES = ("balanced", "proportional")
 
@@ -46,9 +47,9 @@ VIRTUAL_MODES = ("balanced", "proportional")
 class CCVRParams(RetrainParams):
     """``virtual_per_class`` M (paper: 100 CIFAR-10, 500 CIFAR-100, 1000 CINIC-10)."""
 
-    virtual_per_class: int = 100
-    virtual_mode: str = "balanced"
-    tukey: bool = False
+    virtual_per_class: int = calibration_option(100, "CCVR virtual features per class M.")
+    virtual_mode: str = calibration_option("balanced", "CCVR M_c: balanced | proportional")
+    tukey: bool = calibration_option(False, "CCVR ReLU + Tukey transform.")
     tukey_lambda: float = 0.5
     eig_floor: float = 1e-6
     feature_batch_size: int = 1024
@@ -154,6 +155,10 @@ def sample_virtual_features(stats: ClassStats, per_class_counts: Tensor,
     return z.to(dtype), y
 
 
+#: the label of CCVR's release: its name in the transcript, the accountant and the reports
+CCVR_RELEASE = "ccvr-stats"
+
+
 @CALIBRATORS.register("ccvr")
 class CCVR(PosthocCalibrator):
     """Post-hoc calibration on virtual features drawn from federated class Gaussians."""
@@ -165,7 +170,7 @@ class CCVR(PosthocCalibrator):
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CCVR_RELEASE, sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
         magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all",
-        task=StatsTask),)
+        task=StatsTask, attack="stats"),)
 
     def __init__(self, params: CCVRParams | None = None, *, num_classes: int,
                  feature_dim: int | None = None) -> None:
@@ -205,4 +210,4 @@ class CCVR(PosthocCalibrator):
         return None
 
 
-__all__ = ["CCVR", "CCVRParams", "StatsTask", "sample_virtual_features", "virtual_counts"]
+__all__ = ["CCVR", "CCVR_RELEASE", "CCVRParams", "StatsTask", "sample_virtual_features", "virtual_counts"]

@@ -76,6 +76,7 @@ from privfedcal.calibration.retrain import (
     write_head,
 )
 from privfedcal.data.dsa import AUTHORS_STRATEGY, apply_transforms, draw_transforms, parse_strategy
+from privfedcal.descriptions import calibration_option
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import (
     CALIBRATORS,
@@ -86,7 +87,7 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.base import FeatureClassifier
-from privfedcal.privacy.releases import CREFF_RELEASE, ReleaseSpec
+from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.seeding import derive_seed
 from privfedcal.tensors import all_finite
 
@@ -110,10 +111,10 @@ class CReFFParams:
     retrain_batch_size=None, initial_head="global", bias_match="rows", client_draws=None``.
     """
 
-    features_per_class: int = 100
-    match_steps: int = 100
-    retrain_steps: int = 300
-    feature_lr: float = 0.1
+    features_per_class: int = calibration_option(100, "CReFF federated features per class m.")
+    match_steps: int = calibration_option(100, "CReFF gradient-matching steps I.")
+    retrain_steps: int = calibration_option(300, "CReFF classifier re-training steps J.")
+    feature_lr: float = calibration_option(0.1, "CReFF federated-feature learning rate.")
     retrain_lr: float = 0.01
     feature_momentum: float = 0.0
     retrain_batch_size: int | None = 32
@@ -122,10 +123,13 @@ class CReFFParams:
     bias_match: str = "term"
     client_draws: int | None = 10
     draw_size: int = 32
-    weighting: str = "client"
+    weighting: str = calibration_option("client", "CReFF g_agg: client (paper) | sample",
+                                        flag="creff_weighting")
     match_reduction: str = "sum"
     feature_batch_size: int = 1024
-    dsa: str = AUTHORS_STRATEGY
+    dsa: str = calibration_option(
+        AUTHORS_STRATEGY, "CReFF client-gradient augmentation (DSA): a strategy such as "
+        "color_crop_cutout_flip_scale_rotate (authors, default) | none", flag="creff_dsa")
 
     def __post_init__(self) -> None:
         parse_strategy(self.dsa)  # refuses an unknown strategy with a one-line UsageError
@@ -299,6 +303,11 @@ def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> t
 
 
 # ---- server side ----------------------------------------------------------------------------
+#: the label of CReFF's per-round release: its name in the transcript, the accountant and
+#: the reports
+CREFF_RELEASE = "creff-grad"
+
+
 @CALIBRATORS.register("creff")
 class CReFF(Calibrator):
     """Per-round gradient matching of federated features and head re-training."""
@@ -311,7 +320,7 @@ class CReFF(Calibrator):
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CREFF_RELEASE, sensitivity={"grad": "G", "count": "1", "holders": "1"},
         magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected",
-        task=GradTask),)
+        task=GradTask, attack="gradients"),)
 
     # ---- privacy policy -----------------------------------------------------------------
     @staticmethod

@@ -111,14 +111,9 @@ def invert(
 ) -> None:
     """Reconstruct client images from what the server saw; score them against the truth."""
     set_threads(threads)
+    from privfedcal.attacks.release_attacks import release_attack
     from privfedcal.attacks.report import records_table, save_grid, write_records
-    from privfedcal.attacks.runner import (
-        AttackOptions,
-        execute,
-        load_run,
-        plan_gradients,
-        plan_stats,
-    )
+    from privfedcal.attacks.runner import AttackOptions, execute, load_run
 
     if stats and gradients or not (stats or gradients or updates):
         raise UsageError("give exactly one of --stats or --gradients (and/or --updates)")
@@ -138,11 +133,13 @@ def invert(
         run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,
                         device=device, threads=threads, quiet=quiet)
     view = load_run(run, device=device)
+    # the attack registered under the flag's name (a calibrator's ReleaseSpec.attack);
+    # --updates (the uplink's model updates) rides on the class-gradient attack
     if stats:
-        plan = plan_stats(view, opts, client_ids, class_ids)
+        plan = release_attack("stats").plan(view, opts, client_ids, class_ids)
     else:
-        plan = plan_gradients(view, opts, client_ids, class_ids, updates=updates,
-                              gradients=gradients)
+        plan = release_attack("gradients").plan(view, opts, client_ids, class_ids,
+                                                updates=updates, gradients=gradients)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     out_dir = out or Path(run) / f"attack-{kind}"
@@ -182,7 +179,8 @@ def classes_cmd(
     """Infer each client's class set (and counts) from its calibration uploads."""
     set_threads(threads)
     from privfedcal.attacks.report import classes_table, plot_class_sets, write_records
-    from privfedcal.attacks.runner import AttackOptions, infer_class_sets, load_run
+    from privfedcal.attacks.runner import AttackOptions, load_run
+    from privfedcal.attacks.uploads import infer_class_sets
 
     opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
     run = run_folder(run_dir, run, "attack classes", required=False)

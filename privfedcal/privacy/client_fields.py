@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE, UPDATE_RELEASE
+from privfedcal.privacy.releases import UPDATE_RELEASE
+
+# The calibration releases' labels appear below only in the texts of the table
+# (docs/threat-model.md): privacy/ sits below the calibrators that declare them
+# (calibration/ccvr.py, creff.py), and tests/privacy/test_client_fields.py checks every field
+# of a real run's messages against this table, so a new release's payload keys are listed
+# here as they reach the wire.
+CCVR_RELEASE, CREFF_RELEASE = "ccvr-stats", "creff-grad"
 
 CHARGED = "charged"
 PUBLIC = "public"
@@ -117,16 +124,18 @@ CLIENT_FIELDS: tuple[ClientField, ...] = (
                 "public without --dp-train (FedAvg weights); carries nothing with --dp-train"),
 )
 
-#: how each field appears in the simulator's server view: (transcript label, view) -> field
-#: of the tensors it records, plus the entry keys that come from a client
-TRANSCRIPT_FIELDS: dict[tuple[str, str], str] = {
-    (UPDATE_RELEASE, "plain-upload"): "train/local/*",
-    (CCVR_RELEASE, "plain-upload"): "query.payload/payload",
-    (CREFF_RELEASE, "plain-upload"): "query.payload/payload",
-    (CCVR_RELEASE, "aggregate"): "query.decrypt/aggregate/*",
-    (CREFF_RELEASE, "aggregate"): "query.decrypt/aggregate/*",
-    (UPDATE_RELEASE, "aggregate"): "query.decrypt/aggregate/*",
-}
+def transcript_field(label: str, view: str) -> str | None:
+    """How a transcript entry appears among the client's fields: the field of the tensors
+    an entry of ``label`` seen as ``view`` records (None: no client sent them). A model
+    update is the train reply's state; every other release is a calibration payload (a
+    payload task's reply, whatever its label); a decrypted sum is the key holder's."""
+    if view == "aggregate":
+        return "query.decrypt/aggregate/*"
+    if view == "plain-upload":
+        return "train/local/*" if label == UPDATE_RELEASE else "query.payload/payload"
+    return None
+
+
 #: transcript entry keys that carry what a client sent (the rest is the server's own
 #: bookkeeping or the public config: round, label, view, client, file, recipe, ...)
 TRANSCRIPT_ENTRY_KEYS: dict[str, str] = {
@@ -152,7 +161,7 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-__all__ = ["CLIENT_FIELDS", "ClientField", "declared", "markdown_table"]
+__all__ = ["CLIENT_FIELDS", "ClientField", "declared", "markdown_table", "transcript_field"]
 
 
 if __name__ == "__main__":  # regenerate the table of docs/threat-model.md

@@ -1,10 +1,14 @@
 """What a calibrator releases, declared next to the calibrator (``releases`` class attribute).
 
-A ``ReleaseSpec`` names a release (its label in the transcript and the accountant), the
+A ``ReleaseSpec`` is the one declaration of a release: its label (its name in the
+transcript, the accountant, ``summary.json``, the reports and ``audit dp``'s channels), the
 payload keys it may carry, each key's L2 sensitivity to one example and the bound on each
-key's aggregate entries (for CKKS parameters), who is asked for it and how often. The
-privacy code (``privfedcal/protection.py``, ``secagg_stage.py``) reads only these declarations,
-so a new calibrator declares its releases in its own file and touches nothing else.
+key's aggregate entries (for CKKS parameters), who is asked for it and how often, the
+payload task a client runs for it, and the name of the attack that targets it (the
+planner ``attacks/`` registers under that name: ``attack invert --<name>``, the privacy
+audit's channel). The privacy code (``privfedcal/protection.py``, ``secagg_stage.py``), the
+Flower task registry and the attacks read only these declarations, so a new calibrator
+declares its releases in its own file and touches nothing else.
 
 Sensitivities and bounds are products of symbols, written as strings so the declarations
 stay plain data: ``1``, ``R`` (feature clip ``--dp-clip``), ``G`` (gradient clip
@@ -20,10 +24,8 @@ from dataclasses import dataclass
 
 from privfedcal.errors import UsageError
 
-#: the label of every release and transcript record: the transcript, the accountant, the
-#: Flower task registry and the attacks key on these
-CCVR_RELEASE = "ccvr-stats"      # CCVR's class statistics, once after training
-CREFF_RELEASE = "creff-grad"     # CReFF's per-class classifier gradients, every round
+#: the labels of the releases the uplink makes itself (a calibrator's releases are labelled
+#: in its ``ReleaseSpec``): the transcript and the accountant key on these
 DPSGD_RELEASE = "dp-sgd"         # the model updates' DP-SGD (accountant only)
 UPDATE_RELEASE = "model-update"  # a participant's model state after local training
 ROUND_RECORD = "round"           # the global state sent at the start of a round
@@ -41,6 +43,10 @@ class ReleaseSpec:
     #: ``compute(model, x, y, bound)``); under Flower it travels by this release's label
     #: (flower/tasks.py builds its registry from the calibrators' declarations)
     task: type | None = None
+    #: the attack that targets this release: the name ``attacks/`` registers its planner
+    #: under (``attacks/release_attacks.py``; also the ``attack invert --<name>`` flag);
+    #: None: no attack is written for it yet
+    attack: str | None = None
 
     def __post_init__(self) -> None:
         if set(self.sensitivity) != set(self.magnitude):
@@ -48,6 +54,9 @@ class ReleaseSpec:
         if self.participants not in PARTICIPANTS:
             raise ValueError(f"release {self.label!r}: participants must be one of "
                              f"{PARTICIPANTS}")
+        if self.attack is not None and not self.attack.isidentifier():
+            raise ValueError(f"release {self.label!r}: attack must be a plain name, got "
+                             f"{self.attack!r}")
         for expr in (*self.sensitivity.values(), *self.magnitude.values()):
             evaluate(expr, {"R": 1.0, "G": 1.0, "N": 1.0, "K": 1.0})  # parses
 

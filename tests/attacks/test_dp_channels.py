@@ -17,10 +17,11 @@ from privfedcal.attacks.dp_channels import (
     claimed,
     parse_channels,
 )
+from privfedcal.calibration.ccvr import CCVR_RELEASE
+from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy.client_fields import CLIENT_FIELDS, declared
-from privfedcal.privacy.releases import CCVR_RELEASE, CREFF_RELEASE
 
 BASE = dict(dataset="digits", clients=5, rounds=2, device="cpu", threads=1, transcript=False,
             seed=0)

@@ -19,11 +19,8 @@ from privfedcal.attacks.feature_inversion import (
     invert_features,
     invert_features_many,
 )
-from privfedcal.attacks.gradient_inversion import (
-    _head_gradient,
-    invert_class_gradients,
-    invert_class_gradients_many,
-)
+from privfedcal.attacks.gradient_inversion import _head_gradient
+from privfedcal.attacks.rounds import invert_class_gradients, invert_class_gradients_many
 
 MEAN, STD = [0.5], [0.25]  # as in conftest.py
 KW = dict(image_shape=(1, 4, 4), mean=MEAN, std=STD)

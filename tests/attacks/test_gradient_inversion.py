@@ -1,5 +1,5 @@
-"""Gradient inversion: analytic recovery from classifier gradients, iDLG labels, and
-optimisation-based inversion of a client gradient / update."""
+"""Class-gradient inversion: analytic recovery from classifier gradients and iDLG labels
+(the inversion of a client gradient / update is tested in test_model_updates.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from torch import nn
 from privfedcal.attacks.feature_inversion import InversionConfig
 from privfedcal.attacks.gradient_inversion import (
     invert_class_gradient,
-    invert_update,
     labels_from_bias_gradient,
     recover_from_class_gradient,
     split_class_gradient,
@@ -99,48 +98,6 @@ def test_labels_from_bias_gradient_counts():
     assert labels_from_bias_gradient(gb1, 1).tolist() == [2]
     with pytest.raises(UsageError):
         labels_from_bias_gradient(gb, 0)
-
-
-def _observed(model, x, y, scale=1.0):
-    loss = F.cross_entropy(model((x - MEAN[0]) / STD[0]), y)
-    grads = torch.autograd.grad(loss, list(model.parameters()))
-    return {n: scale * g for (n, _), g in zip(model.named_parameters(), grads, strict=True)}
-
-
-def test_invert_update_single_image_gradient_and_update(mlp_model, images):
-    x, y = images[:1], torch.tensor([1])
-    kw = dict(batch_size=1, image_shape=SHAPE, mean=MEAN, std=STD, steps=100, lr=0.3, tv=0.0)
-    res = invert_update(
-        mlp_model, _observed(mlp_model, x, y), generator=torch.Generator().manual_seed(1), **kw
-    )
-    assert res.labels.tolist() == [1]  # recovered from the bias gradient
-    assert res.gradient_cosine > 0.999
-    assert psnr(res.images, x).item() > 25
-    # a one-step model update is -lr * gradient: same attack, scale-free
-    upd = _observed(mlp_model, x, y, scale=-0.05)
-    res_u = invert_update(
-        mlp_model, upd, kind="update", generator=torch.Generator().manual_seed(1), **kw
-    )
-    assert psnr(res_u.images, x).item() > 25
-
-
-def test_invert_update_validation(mlp_model):
-    kw = dict(
-        batch_size=1,
-        image_shape=SHAPE,
-        mean=MEAN,
-        std=STD,
-        generator=torch.Generator().manual_seed(0),
-        steps=1,
-    )
-    with pytest.raises(UsageError):
-        invert_update(mlp_model, {"nope": torch.zeros(1)}, **kw)
-    with pytest.raises(UsageError):
-        invert_update(mlp_model, {"classifier.bias": torch.zeros(3)}, kind="delta", **kw)
-    with pytest.raises(UsageError):
-        invert_update(
-            mlp_model, {"classifier.bias": torch.zeros(3)}, labels=torch.tensor([0, 1]), **kw
-        )
 
 
 def test_invert_class_gradient_to_images(linear_model, images):

@@ -1,5 +1,6 @@
-"""Recorded model updates: the simulated local training equals torch's SGD, labels come
-first from the bias change, and the inversion reproduces a multi-step update."""
+"""Model updates: a one-step gradient / update is inverted (Geiping et al.); the simulated
+local training equals torch's SGD, labels come first from the bias change, and the
+inversion reproduces a multi-step update."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from privfedcal.attacks.feature_inversion import InversionConfig
-from privfedcal.attacks.gradient_inversion import (
+from privfedcal.attacks.metrics import psnr
+from privfedcal.attacks.model_updates import (
     LocalRecipe,
     invert_model_update,
+    invert_update,
     labels_from_update,
     simulate_local_training,
 )
 from privfedcal.errors import UsageError
 
 MEAN, STD = [0.5], [0.25]  # as in conftest.py
+SHAPE = (1, 4, 4)
 
 
 def sgd_reference(model, x, y, recipe, order):
@@ -83,3 +87,45 @@ def test_inverting_a_two_step_update(toy, images):
     assert sorted(res.labels.tolist()) == sorted(y.tolist())
     assert res.gradient_cosine > 0.999
     assert res.convergence is not None and res.convergence.steps <= 600
+
+
+def _observed(model, x, y, scale=1.0):
+    loss = F.cross_entropy(model((x - MEAN[0]) / STD[0]), y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return {n: scale * g for (n, _), g in zip(model.named_parameters(), grads, strict=True)}
+
+
+def test_invert_update_single_image_gradient_and_update(mlp_model, images):
+    x, y = images[:1], torch.tensor([1])
+    kw = dict(batch_size=1, image_shape=SHAPE, mean=MEAN, std=STD, steps=100, lr=0.3, tv=0.0)
+    res = invert_update(
+        mlp_model, _observed(mlp_model, x, y), generator=torch.Generator().manual_seed(1), **kw
+    )
+    assert res.labels.tolist() == [1]  # recovered from the bias gradient
+    assert res.gradient_cosine > 0.999
+    assert psnr(res.images, x).item() > 25
+    # a one-step model update is -lr * gradient: same attack, scale-free
+    upd = _observed(mlp_model, x, y, scale=-0.05)
+    res_u = invert_update(
+        mlp_model, upd, kind="update", generator=torch.Generator().manual_seed(1), **kw
+    )
+    assert psnr(res_u.images, x).item() > 25
+
+
+def test_invert_update_validation(mlp_model):
+    kw = dict(
+        batch_size=1,
+        image_shape=SHAPE,
+        mean=MEAN,
+        std=STD,
+        generator=torch.Generator().manual_seed(0),
+        steps=1,
+    )
+    with pytest.raises(UsageError):
+        invert_update(mlp_model, {"nope": torch.zeros(1)}, **kw)
+    with pytest.raises(UsageError):
+        invert_update(mlp_model, {"classifier.bias": torch.zeros(3)}, kind="delta", **kw)
+    with pytest.raises(UsageError):
+        invert_update(
+            mlp_model, {"classifier.bias": torch.zeros(3)}, labels=torch.tensor([0, 1]), **kw
+        )

@@ -10,10 +10,10 @@ import torch
 
 from privfedcal.attacks.gradient_inversion import (
     _head_gradient,
-    invert_class_gradients,
     recover_rank_n,
     recover_rank_n_rounds,
 )
+from privfedcal.attacks.rounds import invert_class_gradients
 from privfedcal.calibration.creff import per_sample_head_grads
 from privfedcal.errors import UsageError
 

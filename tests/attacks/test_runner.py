@@ -18,19 +18,19 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from privfedcal.attacks.gradients_attack import plan_gradients
 from privfedcal.attacks.report import score
 from privfedcal.attacks.runner import (
-    GRAD_LABEL,
-    STATS_LABEL,
     AttackOptions,
     RunView,
     UploadedFeatures,
     execute,
-    infer_class_sets,
     load_run,
-    plan_gradients,
-    plan_stats,
 )
+from privfedcal.attacks.stats_attack import plan_stats
+from privfedcal.attacks.uploads import infer_class_sets
+from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
+from privfedcal.calibration.creff import CREFF_RELEASE as GRAD_LABEL
 from privfedcal.cli.main import main
 from privfedcal.errors import UsageError
 
@@ -275,68 +275,13 @@ def test_user_errors(ccvr_view, tmp_path):
         AttackOptions(steps=-1)
 
 
-def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Path, dict]:
-    """The run with model updates recorded as the transcript format prescribes: a global
-    state (label "round") and client 0's full state after local training, with its weight
-    and recipe (here: one epoch of the run's recipe, simulated exactly)."""
-    from privfedcal.attacks.gradient_inversion import LocalRecipe, simulate_local_training
-
-    shutil.copytree(view.run_dir, dest)
-    tdir = dest / "server" / "transcript"
-    entries = json.loads((tdir / "index.json").read_text())
-    start = view.release(STATS_LABEL, None).state
-    idx = view.truth_exp.parts[0]
-    cfg = view.cfg
-    recipe = LocalRecipe(1, cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay)
-    after = {k: v.detach() for k, v in simulate_local_training(
-        view.model, start, view.truth_exp.data.x_train[idx], view.truth_exp.data.y_train[idx],
-        recipe).items()}
-    after = {**start, **after}
-    save_file(dict(start), str(tdir / "round.safetensors"))
-    save_file(after, str(tdir / "update.safetensors"))
-    entries.append({"round": 1, "label": "round", "view": "model-state", "client": None,
-                    "file": "round.safetensors", "participants": [0, 1, 2]})
-    entries.append({"round": 1, "label": "model-update", "view": "plain-upload", "client": 0,
-                    "file": "update.safetensors",
-                    "weight": float(idx.numel()) if weight else None, "bytes": 1,
-                    "local_epochs": 1, "batch_size": cfg.batch_size, "lr": cfg.lr})
-    (tdir / "index.json").write_text(json.dumps(entries))
-    return dest, after
-
-
-@pytest.mark.slow
-def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
-    from privfedcal.attacks.runner import plan_updates
-
-    run, _ = updates_copy(ccvr_view, tmp_path / "up")
-    view = load_run(run, exp=ccvr_view.truth_exp)
-    plan = plan_updates(view, AttackOptions(steps=2, restarts=1))
-    (job,) = plan.jobs
-    n = int(ccvr_view.truth_exp.parts[0].numel())
-    assert job.base["client"] == 0 and job.base["n"] == n and job.base["round"] == 1
-    assert any("aggregation weight" in s for s in job.base["needed"])
-    rec = job.run().record
-    assert rec["target"] == "model-update" and rec["candidates"] == n
-    assert rec["steps_run"] == 2 and isinstance(rec["label_count_error"], int)
-    with pytest.raises(UsageError, match="sent no model update"):
-        plan_updates(view, AttackOptions(), clients=[7])  # the run has clients 0-2
-    # a transcript without recorded updates (older runs): noted, the simulated one is used
-    bare = tmp_path / "bare"
-    shutil.copytree(ccvr_view.run_dir, bare)
-    index = bare / "server" / "transcript" / "index.json"
-    index.write_text(json.dumps([e for e in json.loads(index.read_text())
-                                 if e["label"] != "model-update"]))
-    plain = plan_updates(load_run(bare, exp=ccvr_view.truth_exp), AttackOptions())
-    assert not plain.jobs and "records no model updates" in plain.notes[0]
-
-
 def test_creff_head_is_recorded_with_every_release(creff_view):
     """The head in every release reproduces the client's upload from its own features
     (per_sample_head_grads, computed independently here), so rank-n recovery runs in
     every round; a transcript without it falls back to the first release's sent head."""
     import dataclasses
 
-    from privfedcal.attacks.runner import creff_head
+    from privfedcal.attacks.gradients_attack import creff_head
     from privfedcal.calibration.creff import per_sample_head_grads
     from privfedcal.calibration.retrain import read_head
 
@@ -400,27 +345,6 @@ def test_class_gradients_across_rounds_job(creff_view):
     one = plan_gradients(creff_view, dataclasses.replace(TINY, rounds_combined=1),
                          clients=[0], classes=small[:1])
     assert not [j for j in one.jobs if j.base["target"] == "class-gradient-rounds"]
-
-
-def test_uniform_dp_sgd_weight_is_not_taken_for_a_sample_count(ccvr_view, tmp_path):
-    """Under --dp-train the server averages with weight 1 per client: the update attack must
-    not invert a single image for a client of n (it would under-report), and the record says
-    the update was DP-SGD's."""
-    from privfedcal.attacks.runner import plan_updates
-
-    run, _ = updates_copy(ccvr_view, tmp_path / "dpsgd")
-    index = run / "server" / "transcript" / "index.json"
-    entries = json.loads(index.read_text())
-    entries[-1]["weight"] = 1.0
-    index.write_text(json.dumps(entries))
-    config = json.loads((run / "server" / "config.json").read_text())
-    n = int(ccvr_view.truth_exp.parts[0].numel())
-    for dp_train, want_n in ((False, 1), (True, n)):
-        config["dp_train"] = dp_train
-        (run / "server" / "config.json").write_text(json.dumps(config))
-        (job,) = plan_updates(load_run(run, exp=ccvr_view.truth_exp), AttackOptions(steps=2)).jobs
-        assert job.base["n"] == want_n and job.base["dp"] is dp_train
-        assert any(("side knowledge" in s) is dp_train for s in job.base["needed"])
 
 
 @pytest.mark.parametrize("kind", ["stats", "gradients"])

@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from privfedcal.attacks.view import GRAD_LABEL, STATS_LABEL, RunView, UploadedFeatures, load_run
+from privfedcal.attacks.view import RunView, UploadedFeatures, load_run
+from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
+from privfedcal.calibration.creff import CREFF_RELEASE as GRAD_LABEL
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
 

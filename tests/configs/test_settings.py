@@ -269,3 +269,37 @@ def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
     monkeypatch.setitem(ALGORITHMS._items, "clash-test", Clash)
     with pytest.raises(TypeError, match="'mu' has different types"):
         method_settings()
+
+
+def test_calibration_flags_are_the_calibrators_declared_options():
+    """``CALIBRATION_SETTINGS`` is derived from the calibrators' ``Params`` fields made by
+    ``calibration_option`` (name or prefixed flag, the field's type, its help), in
+    calibrator-name and field order; a wrong type is refused when the calibrator is built
+    too, not only when a settings file is read."""
+    import dataclasses
+
+    from privfedcal.calibration import CALIBRATORS, calibrator_params
+    from privfedcal.descriptions import calibration_option, calibration_options
+    from privfedcal.federation.hooks import CalibrationSpec
+
+    assert [s.name for s in CALIBRATION_SETTINGS] == [
+        "virtual_per_class", "virtual_mode", "tukey", "features_per_class", "match_steps",
+        "retrain_steps", "feature_lr", "creff_weighting", "creff_dsa"]
+    derived = [s for n in CALIBRATORS.names() if hasattr(CALIBRATORS.get(n), "Params")
+               for s in calibration_options(CALIBRATORS.get(n).Params)]
+    assert tuple(derived) == CALIBRATION_SETTINGS
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyParams:
+        steps: int = calibration_option(3, "toy steps.")
+        mode: str = calibration_option("a", "toy mode.", flag="toy_mode")
+        quiet: float = 0.5  # no flag
+
+    (steps, mode) = calibration_options(ToyParams)
+    assert (steps.name, steps.type, steps.help, steps.scope) == ("steps", int, "toy steps.",
+                                                                 "calibration")
+    assert (mode.name, mode.type, mode.optional, mode.default) == ("toy_mode", str, True, None)
+    with pytest.raises(UsageError, match="calibration_params.virtual_per_class must be an "
+                                         "integer, got 1.5"):
+        calibrator_params(CALIBRATORS.get("ccvr"), CalibrationSpec("ccvr"),
+                          {"virtual_per_class": 1.5})

@@ -2,8 +2,8 @@
 
 Layer of each top-level module of ``privfedcal`` (a package counts as one module):
 foundations (errors, registry, descriptions, config, seeding, palette, plotstyle) < data,
-models < algorithms, privacy, settings < federation < calibration, attacks, analysis, experiment, protection,
-plots, accuracy_png < report < flower, api < cli. A module may import its own layer and the
+models < algorithms, privacy < federation < calibration, attacks, analysis, experiment, protection,
+settings (the catalogue reads the calibrators' options), plots, accuracy_png < report < flower, api < cli. A module may import its own layer and the
 layers below; nothing outside ``privfedcal.cli`` imports the CLI but ``privfedcal.__main__``
 (``python -m privfedcal``, the command's other entry). One exception: the package's
 ``__init__`` re-exports the public API, so it may import ``privfedcal.api`` (lazily, on first
@@ -25,9 +25,10 @@ LAYERS: dict[str, int] = {
     "seeding": 0, "palette": 0,
     "plotstyle": 0, "tensors": 0,
     "data": 1, "models": 1,
-    "algorithms": 2, "privacy": 2, "settings": 2,
+    "algorithms": 2, "privacy": 2,
     "federation": 3,
     "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "protection": 4,
+    "settings": 4,
     "plots": 4, "accuracy_png": 4,
     "report": 5,
     "flower": 6, "api": 6,

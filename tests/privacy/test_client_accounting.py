@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from opacus.accountants import RDPAccountant
 
+from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.errors import PrivacyBudgetError
 from privfedcal.experiment import calibrator_class
 from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.accounting import PrivacyAccountant
-from privfedcal.privacy.releases import CREFF_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.protection import (
     DPStage,

@@ -16,9 +16,9 @@ from privfedcal.experiment import build_simulator
 from privfedcal.privacy.client_fields import (
     CLIENT_FIELDS,
     TRANSCRIPT_ENTRY_KEYS,
-    TRANSCRIPT_FIELDS,
     declared,
     markdown_table,
+    transcript_field,
 )
 from privfedcal.privacy.transcript import load_transcript
 
@@ -41,7 +41,7 @@ def undeclared_fields(entries: list[dict]) -> list[str]:
         tensors = e.get("tensors") or {}
         if not tensors:
             continue
-        field = TRANSCRIPT_FIELDS.get((e["label"], e["view"]))
+        field = transcript_field(e["label"], e["view"])
         if field is None:
             bad.append(f"{where}: tensors of an undeclared record")
             continue

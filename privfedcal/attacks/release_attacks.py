@@ -1,0 +1,116 @@
+"""Which attack targets which release: the registry behind ``ReleaseSpec.attack``.
+
+A calibrator declares each of its releases once (``privacy/releases.py`` ``ReleaseSpec``:
+label, payload task, sensitivities, and ``attack``, the name of the attack that targets
+it). The attack's own file (``attacks/<name>_attack.py``, found by that suffix) registers
+a ``ReleaseAttack`` under that name: the planner ``attack invert --<name>`` and the audit
+run, and what the privacy audit (``audit dp``) needs to build the release's channel. The
+code that drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``) looks
+releases and attacks up here and names no release itself, so a new release is its
+calibrator's declaration plus one attack file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from privfedcal.errors import UsageError
+from privfedcal.registry import Registry
+
+#: the suffix of the modules that register attacks (``stats_attack.py``, ...)
+SUFFIX = "_attack"
+
+
+@dataclass(frozen=True)
+class ReleaseAttack:
+    """What ``attacks/`` does with one kind of release.
+
+    ``plan(view, opts, clients, classes)`` builds the inversion jobs (``runner.Plan``) from
+    a run's transcript. For the privacy audit: ``task(cfg, exp, calibrator)`` is the
+    release's client task with the run's options, ``clip`` what that task clips (the
+    bound stage's ``bound_for`` kind: the canary is sized by it), ``keep(key, c)`` the
+    index of ``payload[key]`` a canary feature on axis 0 of class ``c`` moves (the audit
+    keeps only that), and ``canary_keys`` the payload keys in which a canary on axis j of
+    class c moves coordinates no other canary moves (the one-run audit scores those)."""
+
+    name: str
+    plan: Callable[..., Any]
+    task: Callable[..., Any] | None = None
+    clip: str = "feature"
+    keep: Callable[[str, int], Any] | None = None
+    canary_keys: tuple[str, ...] = ()
+
+
+RELEASE_ATTACKS: Registry[ReleaseAttack] = Registry("release attack")
+_found = False
+
+
+def register(attack: ReleaseAttack) -> ReleaseAttack:
+    RELEASE_ATTACKS.register(attack.name)(attack)
+    return attack
+
+
+def _discover() -> None:
+    """Import every ``attacks/*_attack.py`` once, so each registers itself (on first use:
+    importing this module stays cheap and cannot run into a half-imported attack file)."""
+    global _found
+    if _found:
+        return
+    _found = True
+    import privfedcal.attacks as pkg
+
+    for module in pkgutil.iter_modules(pkg.__path__):
+        if module.name.endswith(SUFFIX):
+            importlib.import_module(f"{pkg.__name__}.{module.name}")
+
+
+def release_attack(name: str) -> ReleaseAttack:
+    """The attack registered under ``name`` (a ``ReleaseSpec.attack``)."""
+    _discover()
+    return RELEASE_ATTACKS.get(name)
+
+
+def declared_releases() -> list[Any]:
+    """Every release the registered calibrators declare (``ReleaseSpec``), by calibrator
+    name."""
+    import privfedcal.calibration  # noqa: F401  (every calibrator registers itself)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    return [r for name in CALIBRATORS.names()
+            for r in getattr(CALIBRATORS.get(name), "releases", ())]
+
+
+def release_for(attack: str) -> Any:
+    """The declaration (``ReleaseSpec``) of the release ``attack`` targets."""
+    found = [r for r in declared_releases() if r.attack == attack]
+    if not found:
+        names = sorted({r.attack for r in declared_releases() if r.attack})
+        raise UsageError(f"no release is attacked by {attack!r} (attacks: {', '.join(names)})")
+    return found[0]
+
+
+def attacked_calibrators() -> tuple[str, ...]:
+    """The calibrators that make a release some registered attack targets."""
+    import privfedcal.calibration  # noqa: F401
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    _discover()
+    return tuple(n for n in CALIBRATORS.names()
+                 if any(r.attack in RELEASE_ATTACKS
+                        for r in getattr(CALIBRATORS.get(n), "releases", ())))
+
+
+def attacks_of(calibrator: Any) -> list[tuple[Any, ReleaseAttack]]:
+    """``(release, attack)`` for each release of ``calibrator`` (class or object) that a
+    registered attack targets, in its declaration order."""
+    _discover()
+    return [(r, RELEASE_ATTACKS.get(r.attack)) for r in getattr(calibrator, "releases", ())
+            if r.attack in RELEASE_ATTACKS]
+
+
+__all__ = ["RELEASE_ATTACKS", "ReleaseAttack", "attacked_calibrators", "attacks_of",
+           "declared_releases", "register", "release_attack", "release_for"]

@@ -1,0 +1,63 @@
+"""Each release is declared once: the calibrator's ``ReleaseSpec`` names the attack, the
+attack's own file registers under that name, and everything else (the class-set inference,
+the privacy audit's channels and fields, the audit sweep's list of attacked calibrators)
+follows from the two. A new release with its attack is picked up without another edit."""
+
+from __future__ import annotations
+
+import pytest
+
+from privfedcal.attacks import release_attacks
+from privfedcal.attacks.dp_channels import CHANNEL_FIELDS, CHANNELS
+from privfedcal.attacks.release_attacks import (
+    RELEASE_ATTACKS,
+    ReleaseAttack,
+    attacked_calibrators,
+    attacks_of,
+    declared_releases,
+    release_attack,
+    release_for,
+)
+from privfedcal.errors import UsageError
+from privfedcal.privacy.releases import DPSGD_RELEASE, ReleaseSpec
+
+
+def test_every_declared_attack_is_registered_and_found_by_name():
+    named = [r for r in declared_releases() if r.attack is not None]
+    assert {r.label: r.attack for r in named} == {"ccvr-stats": "stats",
+                                                  "creff-grad": "gradients"}
+    for r in named:
+        assert release_attack(r.attack).name == r.attack
+        assert release_for(r.attack) is r
+    assert attacked_calibrators() == ("ccvr", "creff")
+    with pytest.raises(UsageError, match="unknown release attack 'nope'"):
+        release_attack("nope")
+    with pytest.raises(UsageError, match="no release is attacked by 'nope'"):
+        release_for("nope")
+
+
+def test_audit_channels_come_from_the_declarations():
+    assert CHANNELS == ("ccvr-stats", "creff-grad", DPSGD_RELEASE)
+    assert CHANNEL_FIELDS["ccvr-stats"] == ("query.payload/payload/count",
+                                            "query.payload/payload/sum",
+                                            "query.payload/payload/outer")
+    assert CHANNEL_FIELDS["creff-grad"] == ("query.payload/payload/grad",
+                                            "query.payload/payload/count",
+                                            "query.payload/payload/holders")
+
+
+def test_a_new_release_and_its_attack_plug_in(monkeypatch):
+    spec = ReleaseSpec("toy-sums", sensitivity={"s": "R"}, magnitude={"s": "R*N"},
+                       attack="toy")
+    calibrator = type("Toy", (), {"releases": (spec,)})
+    assert attacks_of(calibrator) == []  # declared, but nothing attacks it yet
+    monkeypatch.setattr(RELEASE_ATTACKS, "_items", dict(RELEASE_ATTACKS._items))
+    attack = release_attacks.register(ReleaseAttack("toy", plan=lambda *a, **k: None))
+    assert attacks_of(calibrator) == [(spec, attack)]
+    with pytest.raises(ValueError, match="registered twice"):
+        release_attacks.register(ReleaseAttack("toy", plan=lambda *a, **k: None))
+
+
+def test_the_attack_name_is_a_plain_name():
+    with pytest.raises(ValueError, match="plain name"):
+        ReleaseSpec("x", sensitivity={"s": "R"}, magnitude={"s": "R"}, attack="--stats")
