@@ -64,14 +64,14 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     return per_round(sim.history)
 
 
-def run_deployment(cfg: RunConfig, out: Path) -> float:
+def run_deployment(cfg: RunConfig, out: Path, warm: bool = False) -> float:
     from privfedcal.flower.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
 
     overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out))).items()
                  if "." not in k and v != ""}
     work = out.parent / "deployment"
-    with LocalDeployment(cfg.clients, work) as dep:
+    with LocalDeployment(cfg.clients, work, warm=warm) as dep:
         done = dep.run(EXAMPLE, overrides, timeout=3600)
         if not (out / "metrics.jsonl").exists():
             raise RuntimeError(f"flwr run failed ({done.returncode}):\n{done.stderr[-2000:]}\n"
@@ -121,7 +121,12 @@ def run_clientapp_startup(cfg: RunConfig, out: Path) -> float:
     return float(done.stdout.strip().splitlines()[-1].split("wall ")[1].split(" s")[0])
 
 
+def run_deployment_warm(cfg: RunConfig, out: Path) -> float:
+    return run_deployment(cfg, out, warm=True)
+
+
 MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run_deployment,
+         "deployment-warm": run_deployment_warm,
          "clientapp-startup": run_clientapp_startup}
 
 

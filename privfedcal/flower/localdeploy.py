@@ -80,8 +80,12 @@ class LocalDeployment:
 
     def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
                  startup_timeout: float = 60.0, data_seed: int | None = None,
-                 secure: bool = False) -> None:
+                 secure: bool = False, warm: bool = False) -> None:
         self.num_nodes = num_nodes
+        # warm: a privfedcal-clientapp-server (flower/warm.py) started first, and the
+        # flwr-clientapp shim first on the SuperNodes' PATH, so that every ClientApp
+        # process is forked from it with torch, Flower and privfedcal already imported
+        self.warm = warm
         # secure: TLS on the SuperLink's port (a CA and certificate made here, for
         # 127.0.0.1) and SuperNode authentication (--enable-supernode-auth; each node's key
         # registered with `flwr supernode register` before it starts)
@@ -150,9 +154,32 @@ class LocalDeployment:
         raise TimeoutError(f"nothing listens on {LOOPBACK}:{port} after "
                            f"{self.startup_timeout:g} s\n" + self.log_tail())
 
+    def _start_warm_server(self) -> None:
+        """The fork server on a socket in a private folder, the shim first on PATH."""
+        from privfedcal.flower import clientapp_shim, warm
+
+        folder = self.workdir / "clientapp-server"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        folder.chmod(0o700)
+        sock = str(folder / "server.sock")
+        shim_dir = self.workdir / "bin"
+        warm.install_shim(shim_dir)
+        self.env["PATH"] = os.pathsep.join((str(shim_dir), self.env["PATH"]))
+        self.env[clientapp_shim.SOCKET_ENV] = sock
+        proc = self._start("clientapp-server", [sys.executable, "-m", "privfedcal.flower.warm",
+                                                "--socket", sock])
+        deadline = time.monotonic() + self.startup_timeout
+        while warm.ping(sock) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the warm ClientApp server did not start:\n"
+                                   + self.log_tail())
+            time.sleep(0.1)
+
     def __enter__(self) -> LocalDeployment:
         self._prepare_home()
         try:
+            if self.warm:
+                self._start_warm_server()
             if self.secure:
                 tls = ["--ssl-ca-certfile", str(self.tls["ca_cert"]),
                        "--ssl-certfile", str(self.tls["cert"]),
@@ -307,7 +334,10 @@ class LocalDeployment:
 
 
 def _exe(name: str) -> str:
-    """Flower's command ``name`` of this Python environment (found without PATH), else PATH's."""
+    """Flower's command ``name`` of this Python environment (found without PATH), else PATH's;
+    a path is kept as it is."""
+    if os.sep in name:
+        return name
     path = Path(sys.executable).with_name(name)
     return str(path) if path.exists() else name
 

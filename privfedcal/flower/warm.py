@@ -33,6 +33,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from pathlib import Path
 
 from privfedcal.flower import clientapp_shim as shim
@@ -88,6 +89,7 @@ class Server:
         self.path = path
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, tuple[socket.socket | None, int]] = {}  # pid: conn, pidfd
+        self.started: dict[int, float] = {}  # pid: time.monotonic() at fork
         self.listener: socket.socket | None = None
         self.pid = os.getpid()
 
@@ -154,6 +156,7 @@ class Server:
             self._child(conn, req, fds)  # never returns
         for fd in fds:
             os.close(fd)
+        self.started[pid] = time.monotonic()
         pidfd = os.pidfd_open(pid)
         self.children[pid] = (conn, pidfd)
         self.sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
@@ -178,6 +181,9 @@ class Server:
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
+        # one line per ClientApp process (benchmarks/flower_overhead.py reads the seconds)
+        print(f"child {pid}: exit {code} after {time.monotonic() - self.started.pop(pid):.3f} s",
+              flush=True)
         _kill_group(pid, signal.SIGKILL)  # anything the ClientApp left in its session
         if conn is not None:
             self.sel.unregister(conn)
