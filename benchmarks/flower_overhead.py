@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a scri
 from privfedcal.config import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower"
+TESTS_FLOWER = Path(__file__).resolve().parents[1] / "tests" / "flower"
 
 
 def per_round(history: list[dict]) -> float:
@@ -53,7 +55,9 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     from flwr.app import Context, RecordDict
 
     from privfedcal.flower.client_app import app as client_app
-    from privfedcal.flower.loopback import LoopbackGrid
+    sys.path.insert(0, str(TESTS_FLOWER))  # the in-process Grid is test code
+    from loopback import LoopbackGrid
+
     from privfedcal.flower.records import to_run_config
     from privfedcal.flower.server_app import run_server
 
