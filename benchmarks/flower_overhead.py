@@ -68,20 +68,63 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     return per_round(sim.history)
 
 
+#: per deployment mode, what its logs say about the ClientApp processes (``breakdown``)
+DETAILS: dict[str, dict[str, list[float]]] = {}
+
+
 def run_deployment(cfg: RunConfig, out: Path, warm: bool = False) -> float:
+    from privfedcal.flower.client_app import TIMING_ENV
     from privfedcal.flower.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
 
     overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out))).items()
                  if "." not in k and v != ""}
     work = out.parent / "deployment"
-    with LocalDeployment(cfg.clients, work, warm=warm) as dep:
+    dep = LocalDeployment(cfg.clients, work, warm=warm)
+    dep.env[TIMING_ENV] = "1"  # each handler's seconds, in the SuperNodes' logs
+    with dep:
         done = dep.run(EXAMPLE, overrides, timeout=3600)
         if not (out / "metrics.jsonl").exists():
             raise RuntimeError(f"flwr run failed ({done.returncode}):\n{done.stderr[-2000:]}\n"
                                + dep.log_tail())
+    DETAILS["deployment-warm" if warm else "deployment"] = read_logs(dep.logs)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return per_round(history)
+
+
+def read_logs(logs: Path) -> dict[str, list[float]]:
+    """Seconds per ClientApp message from the logs: ``handler`` and ``build`` (our code,
+    ``privfedcal-clientapp timing`` lines) and, warm, ``process`` (fork to exit, the
+    server's ``child ... after S s`` lines)."""
+    got: dict[str, list[float]] = {"handler": [], "build": [], "process": []}
+    for log in logs.glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "privfedcal-clientapp timing: train" in line:
+                got["handler"].append(float(line.split(" handler ")[1].split(" s")[0]))
+                got["build"].append(float(line.split("experiment build ")[1].split(" s")[0]))
+            elif line.startswith("child ") and " after " in line:
+                got["process"].append(float(line.split(" after ")[1].split(" s")[0]))
+    return got
+
+
+def breakdown(mode: str, seconds: dict[str, float]) -> None:
+    """Where a deployment round's time goes: the work (the simulator's round), our code in
+    the ClientApp beyond it, and the rest (Flower: scheduling, polling, process start)."""
+    got = DETAILS.get(mode)
+    if not got or "simulator" not in seconds or not got["handler"]:
+        return
+    over = seconds[mode] - seconds["simulator"]
+    handler, build = statistics.median(got["handler"]), statistics.median(got["build"])
+    print(f"breakdown {mode}: {seconds[mode]:.2f} s/round = simulator {seconds['simulator']:.2f}"
+          f" s + {over:.2f} s over it; a node's train handler (ours, median of "
+          f"{len(got['handler'])}) {handler:.2f} s, of which the experiment build {build:.2f} s")
+    if got["process"]:
+        process = statistics.median(got["process"])
+        print(f"  warm ClientApp process, fork to exit (median of {len(got['process'])}): "
+              f"{process:.2f} s, of which outside our handler (Flower) "
+              f"{max(process - handler, 0.0):.2f} s")
+    print(f"  Flower's share (the round minus the slower node's handler, roughly): "
+          f"{max(seconds[mode] - handler, 0.0):.2f} s/round")
 
 
 _STARTUP = """
@@ -168,6 +211,8 @@ def main() -> None:
         for mode in modes:
             if mode != "simulator":
                 print(f"ratio {mode} / simulator: {seconds[mode] / seconds['simulator']:.2f}")
+        for mode in modes:
+            breakdown(mode, seconds)
 
 
 if __name__ == "__main__":
