@@ -394,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secure", action="store_true",
                     help="deploy only: TLS and SuperNode authentication, with a CA, "
                     "certificate and node keys made in the temporary folder")
+    ap.add_argument("--warm", action="store_true",
+                    help="deploy only: start privfedcal-clientapp-server and put its "
+                    "flwr-clientapp shim first on the nodes' PATH (docs/flower.md)")
     args = ap.parse_args(argv)
+    if args.warm and args.mode != "deploy":
+        ap.error("--warm applies to deploy (the simulation engine starts no flwr-clientapp)")
     if args.secure and args.mode != "deploy":
         ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
     overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
@@ -415,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
     kind = LocalDeployment if args.mode == "deploy" else LocalSimulation
     extra = {"secure": True} if args.secure else {}
+    if args.warm:
+        extra["warm"] = True
     with tempfile.TemporaryDirectory() as tmp, kind(clients, Path(tmp), **extra) as dep:
         done = dep.run(args.app.resolve(), flat, timeout=args.timeout)
         sys.stdout.write(done.stdout)
