@@ -68,6 +68,34 @@ def _run(shim: Path, args: list[str], sock: Path) -> subprocess.CompletedProcess
                           timeout=120)
 
 
+def test_forked_children_draw_fresh_random_state():
+    """A fork copies the server's generators: each child must reseed from the OS, as a
+    fresh process would, or every ClientApp would draw the same numbers."""
+    import torch
+
+    def child_draws() -> list[float]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                import random
+
+                warm._fresh_process_state()
+                os.write(write, json.dumps([torch.rand(()).item(), random.random()]).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as f:
+            draws = json.loads(f.read())
+        assert os.waitpid(pid, 0)[1] == 0
+        return draws
+
+    first, second = child_draws(), child_draws()
+    assert first[0] != second[0] and first[1] != second[1]
+
+
 def test_shim_without_server_runs_the_real_clientapp(shim, tmp_path):
     sock = tmp_path / "nobody" / "server.sock"
     done = _run(shim, ["--help"], sock)
