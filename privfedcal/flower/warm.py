@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from privfedcal.flower import clientapp_shim as shim
+from privfedcal.flower.warm_child import run_child
 
 #: imported before serving: what every privfedcal ClientApp process needs
 PRELOAD = ("torch", "flwr.supernode.cli", "flwr.supernode.runtime.run_clientapp",
@@ -73,15 +74,6 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
             raise ValueError("truncated request")
         body += chunk
     return json.loads(bytes(body)), list(fds)
-
-
-def _die_with_parent(parent: int) -> None:
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:  # the server died before prctl took effect
-        os._exit(1)
 
 
 class Server:
@@ -153,7 +145,10 @@ class Server:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._child(conn, req, fds)  # never returns
+            own = [self.listener, conn, *(c for c, _ in self.children.values() if c)]
+            self.sel.close()
+            run_child(self.pid, req, fds, [s.fileno() for s in own if s is not None]
+                      + [pidfd for _, pidfd in self.children.values()])  # never returns
         for fd in fds:
             os.close(fd)
         self.started[pid] = time.monotonic()
@@ -209,72 +204,6 @@ class Server:
                 pass
 
     # ---- the child ----------------------------------------------------------------------------
-    def _child(self, conn: socket.socket, req: dict, fds: list[int]) -> None:
-        code = 1
-        try:
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-                signal.signal(signum, signal.SIG_DFL)
-            os.setsid()
-            _die_with_parent(self.pid)
-            self.sel.close()
-            assert self.listener is not None
-            self.listener.close()
-            conn.close()
-            for other, pidfd in self.children.values():
-                if other is not None:
-                    other.close()
-                os.close(pidfd)
-            import fcntl
-
-            # above 2 first, so that no dup2 below overwrites a descriptor still to be moved
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in fds]
-            for fd in fds:
-                os.close(fd)
-            for target, fd in enumerate(high):
-                os.dup2(fd, target)  # dup2's copy is inheritable: 0, 1, 2 stay open on exec
-                os.close(fd)
-            os.chdir(req.get("cwd") or "/")
-            os.environ.clear()
-            os.environ.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
-            sys.argv = [str(a) for a in req["argv"]]
-            _fresh_process_state()
-            from flwr.supernode.cli import flwr_clientapp
-
-            try:
-                flwr_clientapp()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if isinstance(exc.code, str):
-                    print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - a child must never return into the server loop
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001
-                    pass
-            os._exit(code)
-
-
-def _fresh_process_state() -> None:
-    """What a fresh ``flwr-clientapp`` process would have: OS-seeded RNGs (a fork copies the
-    server's state to every child) and the environment's ``OMP_NUM_THREADS``."""
-    import random
-
-    import torch
-
-    random.seed()
-    torch.seed()
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) >= 1:
-        torch.set_num_threads(int(threads))
 
 
 def _kill_group(pid: int, signum: int) -> None:

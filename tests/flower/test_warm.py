@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.flower import warm  # noqa: E402
+from privfedcal.flower import warm, warm_child  # noqa: E402
 from privfedcal.flower.clientapp_shim import SOCKET_ENV  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
@@ -81,7 +81,7 @@ def test_forked_children_draw_fresh_random_state():
             try:
                 import random
 
-                warm._fresh_process_state()
+                warm_child.fresh_process_state()
                 os.write(write, json.dumps([torch.rand(()).item(), random.random()]).encode())
                 code = 0
             finally:
