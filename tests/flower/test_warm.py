@@ -147,6 +147,25 @@ def test_a_killed_shim_takes_its_clientapp_along(shim, server):
         time.sleep(0.1)
 
 
+def test_a_signal_to_the_shim_reaches_its_clientapp(shim, server):
+    sock, log = server
+    proc = subprocess.Popen([str(shim), *HANGING], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=_env(sock))
+    try:
+        children = _wait_for_child(sock)
+        assert len(children) == 1
+        time.sleep(1.0)  # let Flower install its signal handlers in the child
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)  # returns once the child has ended
+    finally:
+        proc.kill()
+    assert not _alive(children[0])
+    ended = [ln for ln in log.read_text().splitlines() if ln.startswith(f"child {children[0]}:")]
+    assert len(ended) == 1
+    status = int(ended[0].split("exit ")[1].split(" ")[0])
+    assert code == (status if status >= 0 else 128 - status)
+
+
 def _wait_for_child(sock: Path) -> list[int]:
     server = warm.ping(str(sock))
     deadline = time.monotonic() + 60
