@@ -1,19 +1,28 @@
 """Per-round wall time under Flower against the in-process simulator, same workload.
 
-Three ways to run the same config (same seeds, same clients, same SGD steps):
+Ways to run the same config (same seeds, same clients, same SGD steps):
 
 * ``simulator``: privfedcal's in-process round loop (the reference);
 * ``loopback``: the real ServerApp and ClientApp, messages serialised to Flower's wire
-  objects and back, all in this process (the cost of the message layer alone);
+  objects and back, all in this process (the cost of the message layer alone; the Grid is
+  test code, ``tests/flower/loopback.py``);
 * ``deployment``: a SuperLink and one SuperNode per client as processes on loopback, started
   with Flower's own commands (``flwr run``); Flower starts a ClientApp process per message,
-  which imports torch and rebuilds the client's data every time.
+  which imports torch and rebuilds the client's data every time;
+* ``deployment-warm``: the same with privfedcal's warm launcher (``flower/warm.py``): every
+  ClientApp process is forked from a server that has imported torch, Flower and privfedcal;
+* ``deployment-warm-short-idle``: BENCHMARK ONLY, not a way to run: ``deployment-warm`` with
+  Flower's SuperNode patched in this benchmark's node processes to sleep 0.2 s instead of
+  its hard-coded 3 s between empty pulls, to measure what that sleep costs;
+* ``clientapp-startup``: what one cold ClientApp process spends before its message.
 
 Seconds per round are the server's own ``seconds`` of each round (training, aggregation,
-evaluation), median over rounds.
+evaluation), median over rounds. For the deployment modes a breakdown follows: our train
+handler per message (``PRIVFEDCAL_CLIENTAPP_TIMING`` lines in the SuperNodes' logs), the
+warm ClientApp process from fork to exit (the server's log), and the rest, Flower's share.
 
     python benchmarks/flower_overhead.py [--clients 2] [--rounds 3] [--images 0]
-        [--modes simulator,loopback,deployment] [--threads 1]
+        [--modes simulator,loopback,deployment,deployment-warm] [--threads 1]
 
 ``--images N`` (> 0) swaps the 1.8k-image digits set for N random CIFAR-shaped images and
 the CCVR/MOON CNN, so that local training, not process start-up, dominates a round.
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +45,7 @@ from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a scri
 from privfedcal.config import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower"
+TESTS_FLOWER = Path(__file__).resolve().parents[1] / "tests" / "flower"
 
 
 def per_round(history: list[dict]) -> float:
@@ -53,7 +64,9 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     from flwr.app import Context, RecordDict
 
     from privfedcal.flower.client_app import app as client_app
-    from privfedcal.flower.loopback import LoopbackGrid
+    sys.path.insert(0, str(TESTS_FLOWER))  # the in-process Grid is test code
+    from loopback import LoopbackGrid
+
     from privfedcal.flower.records import to_run_config
     from privfedcal.flower.server_app import run_server
 
@@ -64,20 +77,96 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     return per_round(sim.history)
 
 
-def run_deployment(cfg: RunConfig, out: Path) -> float:
+#: per deployment mode, what its logs say about the ClientApp processes (``breakdown``)
+DETAILS: dict[str, dict[str, list[float]]] = {}
+
+
+#: BENCHMARK ONLY, never for a real deployment: a SuperNode whose idle sleep between pulls
+#: (Flower 1.41 ``start_client_internal``: ``time.sleep(3)``) is IDLE_SLEEP seconds, by
+#: swapping the ``time`` module that function sees; measures what that sleep costs a round
+_SHORT_IDLE = """
+import sys, time, types
+import flwr.supernode.start_client_internal as sci
+from flwr.supernode.cli import flower_supernode
+fake = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
+fake.sleep = lambda s: time.sleep(IDLE if s == 3 else s)  # only the idle sleep is 3 s
+sci.time = fake
+sys.argv[0] = "flower-supernode"
+flower_supernode()
+"""
+IDLE_SLEEP = 0.2
+
+
+def patched_node_deployment(base: type) -> type:
+    """``base`` (LocalDeployment) whose SuperNodes idle IDLE_SLEEP s instead of 3 s."""
+    import sys
+
+    class ShortIdle(base):  # type: ignore[misc, valid-type]
+        def _start(self, name, args):  # noqa: ANN001, ANN202
+            if args[0] == "flower-supernode":
+                code = _SHORT_IDLE.replace("IDLE if", f"{IDLE_SLEEP!r} if")
+                args = [sys.executable, "-c", code, *args[1:]]
+            return super()._start(name, args)
+
+    return ShortIdle
+
+
+def run_deployment(cfg: RunConfig, out: Path, warm: bool = False,
+                   short_idle: bool = False) -> float:
+    from privfedcal.flower.client_app import TIMING_ENV
     from privfedcal.flower.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
 
     overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out))).items()
                  if "." not in k and v != ""}
     work = out.parent / "deployment"
-    with LocalDeployment(cfg.clients, work) as dep:
+    kind = patched_node_deployment(LocalDeployment) if short_idle else LocalDeployment
+    dep = kind(cfg.clients, work, warm=warm)
+    dep.env[TIMING_ENV] = "1"  # each handler's seconds, in the SuperNodes' logs
+    with dep:
         done = dep.run(EXAMPLE, overrides, timeout=3600)
         if not (out / "metrics.jsonl").exists():
             raise RuntimeError(f"flwr run failed ({done.returncode}):\n{done.stderr[-2000:]}\n"
                                + dep.log_tail())
+    mode = "deployment-warm" if warm else "deployment"
+    DETAILS[mode + ("-short-idle" if short_idle else "")] = read_logs(dep.logs)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return per_round(history)
+
+
+def read_logs(logs: Path) -> dict[str, list[float]]:
+    """Seconds per ClientApp message from the logs: ``handler`` and ``build`` (our code,
+    ``privfedcal-clientapp timing`` lines) and, warm, ``process`` (fork to exit, the
+    server's ``child ... after S s`` lines)."""
+    got: dict[str, list[float]] = {"handler": [], "build": [], "process": []}
+    for log in logs.glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if "privfedcal-clientapp timing: train" in line:
+                got["handler"].append(float(line.split(" handler ")[1].split(" s")[0]))
+                got["build"].append(float(line.split("experiment build ")[1].split(" s")[0]))
+            elif line.startswith("child ") and " after " in line:
+                got["process"].append(float(line.split(" after ")[1].split(" s")[0]))
+    return got
+
+
+def breakdown(mode: str, seconds: dict[str, float]) -> None:
+    """Where a deployment round's time goes: the work (the simulator's round), our code in
+    the ClientApp beyond it, and the rest (Flower: scheduling, polling, process start)."""
+    got = DETAILS.get(mode)
+    if not got or "simulator" not in seconds or not got["handler"]:
+        return
+    over = seconds[mode] - seconds["simulator"]
+    handler, build = statistics.median(got["handler"]), statistics.median(got["build"])
+    print(f"breakdown {mode}: {seconds[mode]:.2f} s/round = simulator {seconds['simulator']:.2f}"
+          f" s + {over:.2f} s over it; a node's train handler (ours, median of "
+          f"{len(got['handler'])}) {handler:.2f} s, of which the experiment build {build:.2f} s")
+    if got["process"]:
+        process = statistics.median(got["process"])
+        print(f"  warm ClientApp process, fork to exit (median of {len(got['process'])}): "
+              f"{process:.2f} s, of which outside our handler (Flower) "
+              f"{max(process - handler, 0.0):.2f} s")
+    print(f"  Flower's share (the round minus the slower node's handler, roughly): "
+          f"{max(seconds[mode] - handler, 0.0):.2f} s/round")
 
 
 _STARTUP = """
@@ -121,7 +210,18 @@ def run_clientapp_startup(cfg: RunConfig, out: Path) -> float:
     return float(done.stdout.strip().splitlines()[-1].split("wall ")[1].split(" s")[0])
 
 
+def run_deployment_warm(cfg: RunConfig, out: Path) -> float:
+    return run_deployment(cfg, out, warm=True)
+
+
+def run_deployment_warm_short_idle(cfg: RunConfig, out: Path) -> float:
+    """Benchmark only: the warm deployment with Flower's SuperNode idle sleep patched."""
+    return run_deployment(cfg, out, warm=True, short_idle=True)
+
+
 MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run_deployment,
+         "deployment-warm": run_deployment_warm,
+         "deployment-warm-short-idle": run_deployment_warm_short_idle,
          "clientapp-startup": run_clientapp_startup}
 
 
@@ -159,6 +259,8 @@ def main() -> None:
         for mode in modes:
             if mode != "simulator":
                 print(f"ratio {mode} / simulator: {seconds[mode] / seconds['simulator']:.2f}")
+        for mode in modes:
+            breakdown(mode, seconds)
 
 
 if __name__ == "__main__":

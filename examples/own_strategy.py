@@ -236,8 +236,13 @@ def main(grid: Grid, context: Context) -> None:
 
 
 if __name__ == "__main__":
-    # in-process: privfedcal's LoopbackGrid runs the ClientApp for 3 nodes
-    from privfedcal.flower.loopback import LoopbackGrid
+    # in-process: the tests' LoopbackGrid (tests/flower/loopback.py, a checkout's) runs the
+    # ClientApp for 3 nodes
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "flower"))
+    from loopback import LoopbackGrid
 
     torch.set_num_threads(1)
     loop = LoopbackGrid(client, {}, 3)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +51,28 @@ from privfedcal.flower.records import parse_run_config, record_to_state, state_t
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 
 CLIENT_STATE = "privfedcal.client-state"
+#: set (to anything but "" or "0") in a SuperNode's environment: each message's handler
+#: prints one line of timings on stderr (benchmarks/flower_overhead.py reads them)
+TIMING_ENV = "PRIVFEDCAL_CLIENTAPP_TIMING"
+_BUILD_SECONDS: list[float] = []  # experiment builds in this process (client_runtime)
 
-app = ClientApp()
+
+def _timing_mod(msg: Message, context: Context, call_next: Any) -> Message:
+    """A Flower mod around every handler: with ``TIMING_ENV`` set, one stderr line
+    ``privfedcal-clientapp timing: <type> handler S s, experiment build B s``."""
+    if os.environ.get(TIMING_ENV, "") in ("", "0"):
+        return call_next(msg, context)
+    start, builds = time.perf_counter(), len(_BUILD_SECONDS)
+    try:
+        return call_next(msg, context)
+    finally:
+        build = sum(_BUILD_SECONDS[builds:])
+        print(f"privfedcal-clientapp timing: {msg.metadata.message_type} handler "
+              f"{time.perf_counter() - start:.3f} s, experiment build {build:.3f} s",
+              file=sys.stderr, flush=True)
+
+
+app = ClientApp(mods=[_timing_mod])
 
 # One ClientApp process may serve several messages (simulation engine, tests): keep the
 # experiment of the last run config instead of rebuilding the data for every message.
@@ -148,9 +170,11 @@ def client_runtime(context: Context) -> ClientRuntime:
     key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     if key not in _EXPERIMENTS:
         _EXPERIMENTS.clear()
+        start = time.perf_counter()
         exp = build_experiment(cfg)
         uplink = build_uplink(exp.cfg, exp, calibrator_class(exp.cfg))  # resolved defaults
         _EXPERIMENTS[key] = (exp, uplink)
+        _BUILD_SECONDS.append(time.perf_counter() - start)
     exp, uplink = _EXPERIMENTS[key]
     return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.clients))
 

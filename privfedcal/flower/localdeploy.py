@@ -80,8 +80,12 @@ class LocalDeployment:
 
     def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
                  startup_timeout: float = 60.0, data_seed: int | None = None,
-                 secure: bool = False) -> None:
+                 secure: bool = False, warm: bool = False) -> None:
         self.num_nodes = num_nodes
+        # warm: a privfedcal-clientapp-server (flower/warm.py) started first, and the
+        # flwr-clientapp shim first on the SuperNodes' PATH, so that every ClientApp
+        # process is forked from it with torch, Flower and privfedcal already imported
+        self.warm = warm
         # secure: TLS on the SuperLink's port (a CA and certificate made here, for
         # 127.0.0.1) and SuperNode authentication (--enable-supernode-auth; each node's key
         # registered with `flwr supernode register` before it starts)
@@ -150,9 +154,32 @@ class LocalDeployment:
         raise TimeoutError(f"nothing listens on {LOOPBACK}:{port} after "
                            f"{self.startup_timeout:g} s\n" + self.log_tail())
 
+    def _start_warm_server(self) -> None:
+        """The fork server on a socket in a private folder, the shim first on PATH."""
+        from privfedcal.flower import clientapp_shim, warm
+
+        folder = self.workdir / "clientapp-server"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        folder.chmod(0o700)
+        sock = str(folder / "server.sock")
+        shim_dir = self.workdir / "bin"
+        warm.install_shim(shim_dir)
+        self.env["PATH"] = os.pathsep.join((str(shim_dir), self.env["PATH"]))
+        self.env[clientapp_shim.SOCKET_ENV] = sock
+        proc = self._start("clientapp-server", [sys.executable, "-m", "privfedcal.flower.warm",
+                                                "--socket", sock])
+        deadline = time.monotonic() + self.startup_timeout
+        while warm.ping(sock) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the warm ClientApp server did not start:\n"
+                                   + self.log_tail())
+            time.sleep(0.1)
+
     def __enter__(self) -> LocalDeployment:
         self._prepare_home()
         try:
+            if self.warm:
+                self._start_warm_server()
             if self.secure:
                 tls = ["--ssl-ca-certfile", str(self.tls["ca_cert"]),
                        "--ssl-certfile", str(self.tls["cert"]),
@@ -307,7 +334,10 @@ class LocalDeployment:
 
 
 def _exe(name: str) -> str:
-    """Flower's command ``name`` of this Python environment (found without PATH), else PATH's."""
+    """Flower's command ``name`` of this Python environment (found without PATH), else PATH's;
+    a path is kept as it is."""
+    if os.sep in name:
+        return name
     path = Path(sys.executable).with_name(name)
     return str(path) if path.exists() else name
 
@@ -364,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secure", action="store_true",
                     help="deploy only: TLS and SuperNode authentication, with a CA, "
                     "certificate and node keys made in the temporary folder")
+    ap.add_argument("--warm", action="store_true",
+                    help="deploy only: start privfedcal-clientapp-server and put its "
+                    "flwr-clientapp shim first on the nodes' PATH (docs/flower.md)")
     args = ap.parse_args(argv)
+    if args.warm and args.mode != "deploy":
+        ap.error("--warm applies to deploy (the simulation engine starts no flwr-clientapp)")
     if args.secure and args.mode != "deploy":
         ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
     overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
@@ -385,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
     kind = LocalDeployment if args.mode == "deploy" else LocalSimulation
     extra = {"secure": True} if args.secure else {}
+    if args.warm:
+        extra["warm"] = True
     with tempfile.TemporaryDirectory() as tmp, kind(clients, Path(tmp), **extra) as dep:
         done = dep.run(args.app.resolve(), flat, timeout=args.timeout)
         sys.stdout.write(done.stdout)

@@ -31,9 +31,9 @@ def run_flower(tmp_path):
     (FlowerSimulator, summary, grid). The data seed goes to the nodes' node config, as in a
     deployment: the server's run config never holds it."""
     from flwr.app import Context, RecordDict
+    from loopback import LoopbackGrid
 
     from privfedcal.flower.client_app import app as client_app
-    from privfedcal.flower.loopback import LoopbackGrid
     from privfedcal.flower.records import to_run_config
     from privfedcal.flower.server_app import run_server
 

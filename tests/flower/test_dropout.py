@@ -24,10 +24,10 @@ import pytest
 pytest.importorskip("flwr")
 
 from flwr.app import Context, RecordDict  # noqa: E402
+from loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 
 from privfedcal.flower.client_app import app as client_app  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError, GridLink  # noqa: E402
-from privfedcal.flower.loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 from privfedcal.flower.records import FlowerOptions, record_to_state, to_run_config  # noqa: E402
 
 TIMEOUT = 1.5  # flower.round-timeout of these tests: seconds

@@ -7,11 +7,11 @@ import pytest
 pytest.importorskip("flwr")
 
 from flwr.app import RecordDict  # noqa: E402
+from loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 
 from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.client_app import app as client_app  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError, GridLink  # noqa: E402
-from privfedcal.flower.loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 from privfedcal.flower.records import FlowerOptions, to_run_config  # noqa: E402
 
 FAST = FlowerOptions(round_timeout=0.5, poll_interval=0.05, node_wait=0.3)

@@ -26,8 +26,7 @@ from flwr.app import (  # noqa: E402
     MetricRecord,
     RecordDict,
 )
-
-from privfedcal.flower.loopback import LoopbackGrid  # noqa: E402
+from loopback import LoopbackGrid  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_strategy.py"
 NODES = 3

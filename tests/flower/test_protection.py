@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("flwr")
 pytest.importorskip("tenseal")
 
-from privfedcal.flower.loopback import NODE_BASE  # noqa: E402
+from loopback import NODE_BASE  # noqa: E402
+
 from privfedcal.flower.protection import KEY_STATE  # noqa: E402
 
 
@@ -104,10 +105,10 @@ def test_only_the_designated_node_acts_as_key_holder(flower_cfg):
     import json
 
     from flwr.app import ConfigRecord, RecordDict
+    from loopback import LoopbackGrid
 
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import FlowerRoundError, GridLink
-    from privfedcal.flower.loopback import LoopbackGrid
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.privacy.secagg import CKKSParams
 
@@ -130,11 +131,12 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     """The Flower key holder, like the simulator's, tops the distributed noise up when an
     upload is rejected, and the release goes on with the others: the server and the nodes
     run the uplink's own stages, the key holder reached through ``RemoteKeys``."""
+    from loopback import LoopbackGrid
+
     from privfedcal.experiment import calibrator_class
     from privfedcal.federation.setup import build_experiment
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import GridLink
-    from privfedcal.flower.loopback import LoopbackGrid
     from privfedcal.flower.protection import RemoteKeys, client_upload, sealing_record
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.privacy.stages import NoiseStage

@@ -31,8 +31,9 @@ def test_the_server_holds_no_training_data_or_partition(flower_cfg, run_flower, 
 
 
 def test_a_node_with_other_data_settings_is_refused(flower_cfg, run_flower):
+    from loopback import LoopbackGrid
+
     from privfedcal.flower.link import FlowerRoundError
-    from privfedcal.flower.loopback import LoopbackGrid
 
     cfg = flower_cfg()
     other = cfg.replace(alpha=cfg.alpha * 2)

@@ -10,11 +10,11 @@ import torch
 pytest.importorskip("flwr")
 
 from flwr.app import ArrayRecord, ConfigRecord  # noqa: E402
+from loopback import over_the_wire  # noqa: E402
 
 from privfedcal.calibration.ccvr import StatsTask  # noqa: E402
 from privfedcal.calibration.creff import GradTask  # noqa: E402
 from privfedcal.errors import UsageError  # noqa: E402
-from privfedcal.flower.loopback import over_the_wire  # noqa: E402
 from privfedcal.flower.tasks import (  # noqa: E402
     TASK_ARRAYS,
     TASK_CONFIG,

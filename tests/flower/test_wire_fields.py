@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("tenseal")
 
-from privfedcal.flower.loopback import LoopbackGrid  # noqa: E402
+from loopback import LoopbackGrid  # noqa: E402
+
 from privfedcal.privacy.client_fields import declared  # noqa: E402
 
 

@@ -1,7 +1,8 @@
 """A Flower ``Grid`` that delivers messages to ClientApps in this process (no SuperLink).
 
-For tests and the overhead benchmark: the real ServerApp and ClientApp code runs, every
-message is serialised to Flower's wire objects and inflated again on the other side (as
+Test code, not part of the package: for tests/flower/ (pytest puts this folder on sys.path)
+and ``benchmarks/flower_overhead.py`` (which adds it). The real ServerApp and ClientApp code
+runs, every message is serialised to Flower's wire objects and inflated again on the other side (as
 through a SuperLink, so nothing can share Python objects across the boundary), each node
 keeps its own ``Context`` (node config, ``context.state``) across messages, and a failing
 client handler becomes an error reply as in a deployment. Not a deployment: no processes,
