@@ -12,7 +12,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "FeatureTarget": "privfedcal.attacks.feature_inversion",
+    "FeatureTarget": "privfedcal.attacks.feature_targets",
     "GradientInversionResult": "privfedcal.attacks.gradient_inversion",
     "InversionConfig": "privfedcal.attacks.feature_inversion",
     "InversionResult": "privfedcal.attacks.feature_inversion",
@@ -20,7 +20,7 @@ _WHERE = {
     "best_match": "privfedcal.attacks.metrics",
     "count_lower_bound": "privfedcal.attacks.class_inference",
     "feature_cosine": "privfedcal.attacks.metrics",
-    "features_from_stats": "privfedcal.attacks.feature_inversion",
+    "features_from_stats": "privfedcal.attacks.feature_targets",
     "infer_classes": "privfedcal.attacks.class_inference",
     "invert_class_gradient": "privfedcal.attacks.gradient_inversion",
     "invert_features": "privfedcal.attacks.feature_inversion",

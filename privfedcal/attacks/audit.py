@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
-from privfedcal.attacks.release_attacks import attacked_calibrators
+from privfedcal.attacks.release_attacks import attacked_calibrators, audit_params
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
 
@@ -36,8 +36,6 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
 #: the calibrators whose releases an attack targets (their ``ReleaseSpec.attack``)
 ATTACKED_CALIBRATORS = attacked_calibrators()
-#: CReFF's server-side optimisation shortened for the sweep (the attack only needs uploads)
-AUDIT_CREFF = dict(match_steps=50, retrain_steps=100)
 
 
 @dataclass(frozen=True)
@@ -118,12 +116,12 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                         alpha=config.alpha, rounds=config.rounds,
                         local_epochs=config.local_epochs, seed=config.seed,
                         device=config.device, threads=1, dp_eps=setting.eps,
-                        secagg=setting.secagg, out=str(run_dir),
-                        calibration_params=dict(AUDIT_CREFF) if setting.method == "creff"
-                        else {})
+                        secagg=setting.secagg, out=str(run_dir))
         if cfg.calibrator not in ATTACKED_CALIBRATORS:
             return {**row, "note": f"skipped: {setting.method} uploads no calibration payload "
                                    "(nothing to attack)"}
+        # the calibrator's server-side work cut to what its attacks need (ReleaseAttack)
+        cfg = cfg.replace(calibration_params=audit_params(cfg.calibrator))
         sim = build_simulator(cfg, run_dir)  # writes config.json
         summary = sim.run()
     except (UsageError, PrivacyBudgetError) as exc:

@@ -9,25 +9,21 @@ total variation and a small L2 prior, optional random jitter, several restarts r
 (the best by final objective is kept), and DeepInversion's BatchNorm prior (Yin et al.
 2020: the batch mean/variance of every BN input matched to its running statistics).
 
-Statistics pin features down (docs/privacy-audit.md): with ``D`` the n x d matrix of
-centred features, ``D^T D = (n-1) Sigma`` and ``1^T D = 0``, so D is known up to a rotation
-inside the (n-1)-dimensional space orthogonal to ``1``. For n = 2 there is no freedom left
-but the order: ``z = mu +- sqrt(lambda/2) v`` (lambda, v: top eigenpair of Sigma). Hence
-``class-stats`` either matches mean AND unbiased covariance of a batch of n images
-(``direct``) or first recovers the features and inverts each (``features``; used
-automatically for n <= 2, where it is exact).
+What is inverted (``FeatureTarget``, and why statistics pin features down) lives in
+``feature_targets.py``; the objective's terms and the convergence measure in
+``feature_losses.py``; the batched optimiser in ``engine.py``. This module poses targets,
+groups them by loss term and runs the optimisation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 # the optimiser's settings and result live with the optimiser (attacks/engine.py), which
 # this module drives; they are re-exported here, where callers configure an inversion
@@ -38,56 +34,24 @@ from privfedcal.attacks.engine import InversionConfig as InversionConfig
 from privfedcal.attacks.engine import channel_stats as channel_stats
 from privfedcal.attacks.engine import optimise_batch
 from privfedcal.attacks.engine import total_variation as total_variation
+from privfedcal.attacks.feature_losses import (
+    BNPrior,
+    masked_mean,
+    raw_loss,
+    relative_feature_error,
+    stats_loss,
+)
+
+# what is inverted (feature_targets.py) is re-exported here too, beside the inversion
+from privfedcal.attacks.feature_targets import STATS_MODES as STATS_MODES
+from privfedcal.attacks.feature_targets import TARGET_KINDS as TARGET_KINDS
+from privfedcal.attacks.feature_targets import FeatureTarget as FeatureTarget
+from privfedcal.attacks.feature_targets import PosedTarget, pose
+from privfedcal.attacks.feature_targets import features_from_stats as features_from_stats
+from privfedcal.attacks.feature_targets import shape_of as shape_of
 from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
 from privfedcal.models.base import FeatureClassifier
-
-TARGET_KINDS = ("raw-feature", "class-mean", "class-stats")
-STATS_MODES = ("auto", "direct", "features")
-
-
-@dataclass(frozen=True, eq=False)
-class FeatureTarget:
-    """What the attacker inverts. Build with ``raw``, ``class_mean`` or ``class_stats``."""
-
-    kind: str
-    z: Tensor | None = None  # raw-feature: (d,) or (k, d) independent features
-    mean: Tensor | None = None  # class-mean / class-stats: (d,)
-    cov: Tensor | None = None  # class-stats: (d, d) unbiased covariance
-    n: int = 1  # number of samples behind mean / stats
-    batch: bool = False  # class-mean: n images whose mean feature matches (else one image)
-    mode: str = "auto"  # class-stats: auto | direct | features
-
-    def __post_init__(self) -> None:
-        if self.kind not in TARGET_KINDS:
-            raise UsageError(f"unknown target kind {self.kind!r}; valid: {', '.join(TARGET_KINDS)}")
-        if self.n < 1:
-            raise UsageError(f"a target needs n >= 1 samples, got {self.n}")
-        if self.kind == "raw-feature":
-            if self.z is None or self.z.dim() not in (1, 2):
-                raise UsageError("raw-feature target needs z of shape (d,) or (k, d)")
-        elif self.mean is None or self.mean.dim() != 1:
-            raise UsageError(f"{self.kind} target needs a mean of shape (d,)")
-        if self.kind == "class-stats":
-            d = self.mean.shape[0]  # type: ignore[union-attr]
-            if self.cov is None or self.cov.shape != (d, d):
-                raise UsageError(f"class-stats target needs cov of shape ({d}, {d})")
-            if self.mode not in STATS_MODES:
-                raise UsageError(
-                    f"unknown stats mode {self.mode!r}; valid: {', '.join(STATS_MODES)}"
-                )
-
-    @classmethod
-    def raw(cls, z: Tensor) -> FeatureTarget:
-        return cls("raw-feature", z=z)
-
-    @classmethod
-    def class_mean(cls, mean: Tensor, n: int = 1, *, batch: bool = False) -> FeatureTarget:
-        return cls("class-mean", mean=mean, n=n, batch=batch)
-
-    @classmethod
-    def class_stats(cls, n: int, mean: Tensor, cov: Tensor, *, mode: str = "auto") -> FeatureTarget:
-        return cls("class-stats", mean=mean, cov=cov, n=n, mode=mode)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,85 +66,10 @@ class InversionResult:
     convergence: Convergence | None = None
 
 
-def features_from_stats(n: int, mean: Tensor, cov: Tensor) -> Tensor:
-    """The n features implied by (n, mean, unbiased cov), as an (n, d) tensor.
-
-    Exact (up to order) for n <= 2. For n > 2 the result has exactly the given mean and
-    the best rank-(n-1) approximation of cov, built on a fixed Helmert contrast basis; the
-    true set equals it only up to an unknown rotation of that basis, so individual features
-    are not identified by the statistics alone.
-    """
-    if n < 1:
-        raise UsageError(f"n must be >= 1, got {n}")
-    mu = mean.double()
-    if n == 1:
-        return mu[None].to(mean.dtype)
-    evals, evecs = torch.linalg.eigh(cov.double())
-    k = min(n - 1, mu.shape[0])
-    evals, evecs = evals.flip(0)[:k].clamp_min(0), evecs.flip(1)[:, :k]
-    # Helmert basis: n x (n-1), orthonormal columns orthogonal to the all-ones vector.
-    q = torch.zeros(n, n - 1, dtype=torch.float64, device=mu.device)
-    for j in range(1, n):
-        q[:j, j - 1] = 1.0 / math.sqrt(j * (j + 1))
-        q[j, j - 1] = -j / math.sqrt(j * (j + 1))
-    centred = q[:, :k] * torch.sqrt((n - 1) * evals) @ evecs.T
-    return (mu + centred).to(mean.dtype)
-
-
 def to_pixels(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """Normalised input space -> pixel space, clamped to [0, 1]."""
     m, s = channel_stats(mean, std, x.shape[1], x.device, x.dtype)
     return (x * s + m).clamp(0, 1)
-
-
-
-
-
-class _BNPrior:
-    """Forward hooks that record, per restart group of ``per_group`` images, how far BN
-    input statistics are from the running statistics (DeepInversion's R_feature, L2
-    norms). ``group_ids`` (N,), when set, names the group of each input image instead
-    (groups of different sizes: a batch of targets without its padding)."""
-
-    def __init__(self, model: nn.Module, per_group: int) -> None:
-        self.per_group, self.loss = per_group, None
-        self.group_ids: Tensor | None = None
-        self.groups = 0
-        self.handles = [
-            m.register_forward_hook(self._hook)
-            for m in model.modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
-        ]
-
-    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
-        x = inputs[0]
-        if self.group_ids is None:
-            groups = x.shape[0] // self.per_group
-            h = x.reshape(groups, self.per_group, x.shape[1], -1).transpose(1, 2).flatten(2)
-            if h.shape[-1] < 2:
-                return  # one value per channel: no batch statistics to match
-            mean, var = h.mean(-1), h.var(-1, unbiased=False)
-            enough = None
-        else:  # the same two-pass statistics, summed per group with index_add
-            ids, h = self.group_ids, x.flatten(2)  # (N, C, S)
-            count = h.new_zeros(self.groups).index_add_(
-                0, ids, h.new_ones(h.shape[0])) * h.shape[-1]
-            mean = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, h.sum(-1))
-            mean = mean / count[:, None]
-            dev = (h - mean[ids][..., None]).pow(2).sum(-1)
-            var = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, dev) / count[:, None]
-            enough = (count >= 2).to(h.dtype)  # as above: a single value adds nothing
-        term = (mean - module.running_mean).norm(dim=-1) + (var - module.running_var).norm(dim=-1)
-        term = term if enough is None else term * enough
-        self.loss = term if self.loss is None else self.loss + term
-
-    def pop(self) -> Tensor | None:
-        loss, self.loss = self.loss, None
-        return loss
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 def optimise_images(
@@ -218,125 +107,6 @@ def optimise_images(
     return out.images, out.losses, out.best, out.convergence
 
 
-def _masked_mean(z: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """Mean over the image dim -2 of (..., B, d) features, and the valid-image weights
-    (..., B, 1) (None: every image counts)."""
-    if valid is None:
-        return z.mean(-2), None
-    w = valid[..., None].to(z.dtype)
-    return (z * w).sum(-2) / w.sum(-2), w
-
-
-def relative_feature_error(
-    z: Tensor, *, per_image: Tensor | None = None, mu: Tensor | None = None,
-    cov: Tensor | None = None, valid: Tensor | None = None,
-) -> Tensor:
-    """Relative feature error per restart of (..., R, B, d) features, the convergence
-    measure: per-image targets (..., B, d) ``max_i ||z_i - t_i|| / ||t_i||``; a mean
-    ``||mean_i z_i - mu|| / ||mu||``; mean and covariance the larger of that and
-    ``||Sigma_hat - Sigma||_F / ||Sigma||_F``. Leading target dims broadcast against
-    ``mu`` (..., 1, d) / ``cov`` (..., 1, d, d); ``valid`` (..., 1, B) masks padding."""
-    def rel(a: Tensor, b: Tensor) -> Tensor:
-        return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)
-
-    if per_image is not None:
-        err = rel(z, per_image.expand_as(z))
-        return (err if valid is None else err.masked_fill(~valid, -math.inf)).amax(-1)
-    m, w = _masked_mean(z, valid)
-    err = rel(m, mu.expand_as(m))  # type: ignore[union-attr]
-    if cov is None:
-        return err
-    centred = z - m[..., None, :]
-    if w is None:
-        sigma = centred.transpose(-1, -2) @ centred / max(z.shape[-2] - 1, 1)
-    else:
-        centred = centred * w
-        sigma = centred.transpose(-1, -2) @ centred / (w.sum(-2)[..., None] - 1).clamp_min(1)
-    cerr = (sigma - cov).flatten(-2).norm(dim=-1) / cov.flatten(-2).norm(dim=-1).clamp_min(1e-12)
-    return torch.maximum(err, cerr)
-
-
-def _raw_loss(z: Tensor, target: Tensor, valid: Tensor | None = None) -> Tensor:
-    """(..., R, B, d) vs (..., B, d): mean over B of (1 - cos) + squared error relative to
-    ||target||^2 (over the ``valid`` (..., 1, B) images only, when given)."""
-    cos = F.cosine_similarity(z, target.expand_as(z), dim=-1)
-    rel = (z - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)
-    if valid is None:
-        return (1 - cos + rel).mean(-1)
-    w = valid.to(z.dtype)
-    return ((1 - cos + rel) * w).sum(-1) / w.sum(-1)
-
-
-def _stats_loss(z: Tensor, mu: Tensor, cov: Tensor, valid: Tensor | None = None) -> Tensor:
-    """(..., R, n, d) features vs (mu (..., 1, d), unbiased cov (..., 1, d, d)), each term
-    scaled by its target's size; ``valid`` (..., 1, n) masks padding images."""
-    m, w = _masked_mean(z, valid)
-    centred = z - m[..., None, :]
-    if w is None:
-        sigma = centred.transpose(-1, -2) @ centred / (z.shape[-2] - 1)
-    else:
-        centred = centred * w
-        sigma = centred.transpose(-1, -2) @ centred / (w.sum(-2)[..., None] - 1)
-    trace = cov.diagonal(dim1=-2, dim2=-1).sum(-1)
-    mean_term = (m - mu).pow(2).sum(-1) / (mu.pow(2).sum(-1) + trace).clamp_min(1e-12)
-    cov_term = (sigma - cov).pow(2).sum((-2, -1)) / cov.pow(2).sum((-2, -1)).clamp_min(1e-12)
-    return mean_term + cov_term + (1 - F.cosine_similarity(m, mu.expand_as(m), dim=-1))
-
-
-@dataclass(frozen=True, eq=False)
-class _Posed:
-    """A target as the optimiser sees it: per-image feature targets (B, d), or a mean (d,)
-    with, for ``class-stats-direct``, an unbiased covariance; ``batch`` images."""
-
-    mode: str
-    batch: int
-    per_image: Tensor | None = None
-    mu: Tensor | None = None
-    cov: Tensor | None = None
-
-    @property
-    def term(self) -> str:
-        """Targets with the same term can share one batched optimisation."""
-        return "per-image" if self.per_image is not None else (
-            "stats" if self.cov is not None else "mean")
-
-
-def shape_of(target: FeatureTarget) -> tuple[str, int]:
-    """``(term, images)``: the kind of loss term an inversion of ``target`` minimises
-    (``per-image`` | ``mean`` | ``stats``; only targets with the same term share a batch)
-    and how many images it optimises per restart (``_pose`` decides the same way)."""
-    if target.kind == "raw-feature":
-        z = target.z
-        return "per-image", 1 if z.dim() == 1 else int(z.shape[0])  # type: ignore[union-attr]
-    if target.kind == "class-mean":
-        return ("mean", target.n) if target.batch and target.n > 1 else ("per-image", 1)
-    if target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
-        return "per-image", target.n
-    return "stats", target.n
-
-
-def _pose(target: FeatureTarget, device: torch.device, dtype: torch.dtype) -> _Posed:
-    per_image: Tensor | None = None
-    mu = cov = None
-    if target.kind == "raw-feature":
-        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
-    elif target.kind == "class-mean":
-        if target.batch and target.n > 1:
-            mu, mode = target.mean, "class-mean-batch"
-        else:
-            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
-    elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
-        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
-        mode = "class-stats-features"
-    else:
-        mu, cov, mode = target.mean, target.cov, "class-stats-direct"
-    batch = per_image.shape[0] if per_image is not None else target.n
-    return _Posed(mode, batch,
-                  None if per_image is None else per_image.to(device, dtype),
-                  None if mu is None else mu.to(device, dtype),
-                  None if cov is None else cov.to(device, dtype))
-
-
 def _stack(rows: list[Tensor], bmax: int) -> Tensor:
     """(B_t, d) per-image targets -> (T, Bmax, d), padded with ones (never scored)."""
     out = rows[0].new_ones(len(rows), bmax, rows[0].shape[-1])
@@ -345,12 +115,12 @@ def _stack(rows: list[Tensor], bmax: int) -> Tensor:
     return out
 
 
-def _invert_group(model: FeatureClassifier, posed: list[_Posed],
+def _invert_group(model: FeatureClassifier, posed: list[PosedTarget],
                   generators: Sequence[torch.Generator], cfg: InversionConfig,
                   image_shape: Sequence[int], mean: Sequence[float], std: Sequence[float],
                   traces: Sequence[Callable[[int, Tensor], None] | None] | None,
                   ) -> list[InversionResult]:
-    """One batched optimisation over targets with the same ``_Posed.term``."""
+    """One batched optimisation over targets with the same ``PosedTarget.term``."""
 
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
@@ -361,7 +131,7 @@ def _invert_group(model: FeatureClassifier, posed: list[_Posed],
         else None  # (T, Bmax, d)
     mu = torch.stack([p.mu for p in posed]) if posed[0].mu is not None else None  # (T, d)
     cov = torch.stack([p.cov for p in posed]) if posed[0].cov is not None else None
-    bn = _BNPrior(model, bmax) if cfg.bn_weight > 0 else None
+    bn = BNPrior(model, bmax) if cfg.bn_weight > 0 else None
 
     def features(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
         """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded. Padding
@@ -380,11 +150,11 @@ def _invert_group(model: FeatureClassifier, posed: list[_Posed],
 
     def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:
         if per_image is not None:
-            return _raw_loss(z, per_image[act][:, None], mask)
+            return raw_loss(z, per_image[act][:, None], mask)
         if cov is not None:
-            return _stats_loss(z, mu[act][:, None], cov[act][:, None], mask)  # type: ignore[index]
-        m, _ = _masked_mean(z, mask)
-        return _raw_loss(m[..., None, :], mu[act][:, None, None])  # type: ignore[index]
+            return stats_loss(z, mu[act][:, None], cov[act][:, None], mask)  # type: ignore[index]
+        m, _ = masked_mean(z, mask)
+        return raw_loss(m[..., None, :], mu[act][:, None, None])  # type: ignore[index]
 
     def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         z, mask = features(x, valid)
@@ -447,7 +217,7 @@ def invert_features_many(
         raise UsageError("need one generator (and trace, if any) per target")
     cfg = config or InversionConfig()
     param = next(model.parameters())
-    posed = [_pose(t, param.device, param.dtype) for t in targets]
+    posed = [pose(t, param.device, param.dtype) for t in targets]
     results: list[InversionResult | None] = [None] * len(targets)
     for term in dict.fromkeys(p.term for p in posed):
         idx = [i for i, p in enumerate(posed) if p.term == term]

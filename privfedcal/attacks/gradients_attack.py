@@ -272,6 +272,10 @@ def keep(key: str, c: int) -> tuple:
 
 
 register(ReleaseAttack(NAME, plan_gradients, task=task, clip="class-gradient", keep=keep,
-                       canary_keys=("grad",)))
+                       canary_keys=("grad",),
+                       # model updates (updates_attack.py) are attacked alongside
+                       targets=("class-gradient", "class-gradient-rounds", "model-update"),
+                       # gradient matching and head retraining shortened for the sweep
+                       audit_params={"match_steps": 50, "retrain_steps": 100}))
 
 __all__ = ["NAME", "creff_head", "keep", "plan_gradients", "task"]

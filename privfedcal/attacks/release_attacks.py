@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from privfedcal.errors import UsageError
@@ -35,7 +35,12 @@ class ReleaseAttack:
     bound stage's ``bound_for`` kind: the canary is sized by it), ``keep(key, c)`` the
     index of ``payload[key]`` a canary feature on axis 0 of class ``c`` moves (the audit
     keeps only that), and ``canary_keys`` the payload keys in which a canary on axis j of
-    class c moves coordinates no other canary moves (the one-run audit scores those)."""
+    class c moves coordinates no other canary moves (the one-run audit scores those).
+
+    ``targets`` are the ``target`` names of the records its plans write, in the order the
+    reports list them (``target_order``). ``audit_params`` are the calibration options the
+    privacy audit (``audit``) trains its runs with: the calibrator's server-side work cut
+    to what the attack needs (the attack reads only the uploads)."""
 
     name: str
     plan: Callable[..., Any]
@@ -43,6 +48,8 @@ class ReleaseAttack:
     clip: str = "feature"
     keep: Callable[[str, int], Any] | None = None
     canary_keys: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
+    audit_params: Mapping[str, Any] = field(default_factory=dict)
 
 
 RELEASE_ATTACKS: Registry[ReleaseAttack] = Registry("release attack")
@@ -112,5 +119,27 @@ def attacks_of(calibrator: Any) -> list[tuple[Any, ReleaseAttack]]:
             if r.attack in RELEASE_ATTACKS]
 
 
+def target_order() -> tuple[str, ...]:
+    """Every record target the registered attacks write, in report order: the attacks in
+    the order of the releases they target (``declared_releases``), then any other by name."""
+    _discover()
+    first = [r.attack for r in declared_releases() if r.attack in RELEASE_ATTACKS]
+    names = list(dict.fromkeys(first)) + [n for n in RELEASE_ATTACKS.names() if n not in first]
+    return tuple(dict.fromkeys(t for n in names for t in RELEASE_ATTACKS.get(n).targets))
+
+
+def audit_params(calibrator: str) -> dict[str, Any]:
+    """The calibration options the audit trains ``calibrator`` with (the ``audit_params``
+    of the attacks on its releases)."""
+    import privfedcal.calibration  # noqa: F401
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    out: dict[str, Any] = {}
+    for _, attack in attacks_of(CALIBRATORS.get(calibrator)):
+        out.update(attack.audit_params)
+    return out
+
+
 __all__ = ["RELEASE_ATTACKS", "ReleaseAttack", "attacked_calibrators", "attacks_of",
-           "declared_releases", "register", "release_attack", "release_for"]
+           "audit_params", "declared_releases", "register", "release_attack", "release_for",
+           "target_order"]

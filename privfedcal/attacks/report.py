@@ -39,6 +39,7 @@ from privfedcal.attacks.metrics import (
     ssim,
 )
 from privfedcal.attacks.modes import eval_mode
+from privfedcal.attacks.release_attacks import target_order
 from privfedcal.plotstyle import colour, new_figure, save, styled
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ class Attacked:
     record: dict[str, Any]
     truth: Tensor
     recon: Tensor
-
-
-TARGET_ORDER = ("raw-feature", "class-mean", "class-stats", "class-gradient",
-                "class-gradient-rounds", "model-update")
 
 
 def nearest_training_image(view: RunView, recon: Tensor, chunk: int = 4096) -> Tensor:
@@ -233,7 +230,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["target"], r["view"]), []).append(r)
-    order = {t: i for i, t in enumerate(TARGET_ORDER)}
+    order = {t: i for i, t in enumerate(target_order())}  # the attacks' declared targets
     rows = []
     for (target, view), rs in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99),
                                                                      kv[0][1])):

@@ -110,6 +110,7 @@ def keep(key: str, c: int) -> tuple:
 
 
 register(ReleaseAttack(NAME, plan_stats, task=task, clip="feature", keep=keep,
-                       canary_keys=("sum", "outer")))
+                       canary_keys=("sum", "outer"),
+                       targets=("raw-feature", "class-mean", "class-stats")))
 
 __all__ = ["NAME", "keep", "plan_stats", "task", "uploaded_extractor"]

@@ -3,25 +3,25 @@ protects it, and whether it is charged to the privacy budget or public by declar
 
 The same fields leave a client in the simulator (as Python objects that the server side
 records in ``transcript/`` and ``clients.jsonl``) and under Flower (as reply records).
-``docs/threat-model.md`` prints this table (``markdown_table``) and
-``tests/privacy/test_client_fields.py`` walks the real messages of runs with every
-protection on, in the simulator and over Flower's wire, and fails on any field that is not
-declared here. A field is named ``message/record/key`` after its Flower reply; ``*`` stands
-for every key of a model state or of a payload.
+``FIXED_FIELDS`` are the fields every run may send (training, discovery, the key holder's
+role, the payload's envelope); the calibration payload's keys are not listed here but
+derived from the releases the calibrators declare (``payload_fields``: label, keys, what
+each holds, participants; every declared key has a sensitivity, so it is protected and
+charged). privacy/ sits below the calibrators, so the callers pass the declared releases in
+(``privfedcal/calibration/release_fields.py`` does, and prints ``markdown_table`` into
+``docs/threat-model.md``). ``tests/privacy/test_client_fields.py`` and
+``tests/flower/test_wire_fields.py`` walk the real messages of runs with every protection
+on, in the simulator and over Flower's wire, and fail on any field not declared. A field is
+named ``message/record/key`` after its Flower reply; ``*`` stands for every key of a model
+state or of a payload.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from privfedcal.privacy.releases import UPDATE_RELEASE
-
-# The calibration releases' labels appear below only in the texts of the table
-# (docs/threat-model.md): privacy/ sits below the calibrators that declare them
-# (calibration/ccvr.py, creff.py), and tests/privacy/test_client_fields.py checks every field
-# of a real run's messages against this table, so a new release's payload keys are listed
-# here as they reach the wire.
-CCVR_RELEASE, CREFF_RELEASE = "ccvr-stats", "creff-grad"
+from privfedcal.privacy.releases import UPDATE_RELEASE, ReleaseSpec
 
 CHARGED = "charged"
 PUBLIC = "public"
@@ -45,7 +45,7 @@ class ClientField:
 _META = "node's partition index (int)"
 _ID = "public: the server addresses nodes by id and names participants in the transcript"
 
-CLIENT_FIELDS: tuple[ClientField, ...] = (
+FIXED_FIELDS: tuple[ClientField, ...] = (
     # local training
     ClientField("train", "meta", "partition-id", _META, "always", "none", _ID),
     ClientField("train", "local", "*", "model state after local training (the model's shapes)",
@@ -73,22 +73,6 @@ CLIENT_FIELDS: tuple[ClientField, ...] = (
     # calibration uploads
     ClientField("query.payload", "meta", "partition-id", _META, "a calibration release",
                 "none", _ID),
-    ClientField("query.payload", "payload", "count", "CCVR: per-class counts (C,); CReFF "
-                "--creff-weighting sample: per-class counts (C,)",
-                f"{CCVR_RELEASE} / {CREFF_RELEASE} without --secagg", "DP with --dp-eps",
-                "charged with --dp-eps; without DP unprotected (what `attack classes` reads)"),
-    ClientField("query.payload", "payload", "sum", "CCVR: per-class feature sums (C, d)",
-                f"{CCVR_RELEASE} without --secagg", "DP with --dp-eps",
-                "charged with --dp-eps; without DP unprotected (`attack invert --stats`)"),
-    ClientField("query.payload", "payload", "outer", "CCVR: per-class sums of z z^T (C, d, d)",
-                f"{CCVR_RELEASE} without --secagg", "DP with --dp-eps",
-                "charged with --dp-eps; without DP unprotected (`attack invert --stats`)"),
-    ClientField("query.payload", "payload", "grad", "CReFF: per-class classifier gradients "
-                "(C, C, d+1)", f"{CREFF_RELEASE} without --secagg", "DP with --dp-eps",
-                "charged with --dp-eps; without DP unprotected (`attack invert --gradients`)"),
-    ClientField("query.payload", "payload", "holders", "CReFF: which classes the client holds "
-                "(C,) of 0/1", f"{CREFF_RELEASE} without --secagg", "DP with --dp-eps",
-                "charged with --dp-eps; without DP unprotected (`attack classes`)"),
     ClientField("query.payload", "ciphertext", "data", "CKKS ciphertext of the whole payload "
                 "(bytes; its length is seen)", "--secagg", "secure aggregation (+ DP with "
                 "--dp-eps)", "charged through the decrypted sum; the length is public: it "
@@ -144,25 +128,66 @@ TRANSCRIPT_ENTRY_KEYS: dict[str, str] = {
 }
 
 
-def declared(message: str, record: str, key: str) -> ClientField | None:
-    """The declaration of ``message/record/key`` (``*`` declarations match any key)."""
-    for f in CLIENT_FIELDS:
+#: who sends a release, by ``ReleaseSpec.participants``
+_SENDERS = {"all": "after training, every client", "selected": "each round, its selected clients"}
+#: the fixed field the payload's keys follow in the table
+_PAYLOAD_AFTER = "query.payload/meta/partition-id"
+
+
+def payload_fields(releases: Sequence[ReleaseSpec]) -> tuple[ClientField, ...]:
+    """One field per payload key of the declared ``releases``, in order of first
+    declaration; releases that share a key share its row. Every declared key has an L2
+    sensitivity (``ReleaseSpec`` refuses a key without one), so each is DP-noised with
+    --dp-eps and charged; without DP it is what the attacks read."""
+    by_key: dict[str, list[ReleaseSpec]] = {}
+    for r in releases:
+        for k in r.keys:
+            by_key.setdefault(k, []).append(r)
+    fields = []
+    for key, rs in by_key.items():
+        missing = [r.label for r in rs if key not in r.holds]
+        if missing:
+            raise ValueError(f"release(s) {', '.join(missing)} do not say what payload key "
+                             f"{key!r} holds (ReleaseSpec.holds)")
+        attacks = dict.fromkeys(f"`attack invert --{r.attack}`" for r in rs if r.attack)
+        fields.append(ClientField(
+            "query.payload", "payload", key,
+            "; ".join(f"{r.label}: {r.holds[key]}" for r in rs),
+            " / ".join(f"{r.label} ({_SENDERS[r.participants]})" for r in rs)
+            + " without --secagg",
+            "DP with --dp-eps (L2 sensitivity "
+            + ", ".join(f"{r.sensitivity[key]}" if len(rs) == 1 else
+                        f"{r.label} {r.sensitivity[key]}" for r in rs) + ")",
+            "charged with --dp-eps; without DP unprotected (read by "
+            + ", ".join(["`attack classes`", *attacks]) + ")"))
+    return tuple(fields)
+
+
+def client_fields(releases: Sequence[ReleaseSpec]) -> tuple[ClientField, ...]:
+    """Every field a client may send: the fixed ones and the declared releases' payload
+    keys (after the payload message's own meta field)."""
+    at = [f.name for f in FIXED_FIELDS].index(_PAYLOAD_AFTER) + 1
+    return FIXED_FIELDS[:at] + payload_fields(releases) + FIXED_FIELDS[at:]
+
+
+def declared(message: str, record: str, key: str,
+             releases: Sequence[ReleaseSpec]) -> ClientField | None:
+    """The declaration of ``message/record/key`` (``*`` declarations match any key) among
+    the fixed fields and the payload keys of ``releases``."""
+    for f in client_fields(releases):
         if f.message == message and f.record == record and f.key in (key, "*"):
             return f
     return None
 
 
-def markdown_table() -> str:
+def markdown_table(releases: Sequence[ReleaseSpec]) -> str:
     """The table of ``docs/threat-model.md``."""
     rows = ["| field | holds | sent when | protection | budget |",
             "| --- | --- | --- | --- | --- |"]
     rows += [f"| `{f.name}` | {f.holds} | {f.flag} | {f.protection} | {f.budget} |"
-             for f in CLIENT_FIELDS]
+             for f in client_fields(releases)]
     return "\n".join(rows)
 
 
-__all__ = ["CLIENT_FIELDS", "ClientField", "declared", "markdown_table", "transcript_field"]
-
-
-if __name__ == "__main__":  # regenerate the table of docs/threat-model.md
-    print(markdown_table())
+__all__ = ["FIXED_FIELDS", "ClientField", "client_fields", "declared", "markdown_table",
+           "payload_fields", "transcript_field"]

@@ -6,7 +6,8 @@ payload keys it may carry, each key's L2 sensitivity to one example and the boun
 key's aggregate entries (for CKKS parameters), who is asked for it and how often, the
 payload task a client runs for it, and the name of the attack that targets it (the
 planner ``attacks/`` registers under that name: ``attack invert --<name>``, the privacy
-audit's channel). The privacy code (``privfedcal/protection.py``, ``secagg_stage.py``), the
+audit's channel), and what each payload key holds (its row in docs/threat-model.md's table
+of client fields, ``privacy/client_fields.py``). The privacy code (``privfedcal/protection.py``, ``secagg_stage.py``), the
 Flower task registry and the attacks read only these declarations, so a new calibrator
 declares its releases in its own file and touches nothing else.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from privfedcal.errors import UsageError
 
@@ -47,6 +48,9 @@ class ReleaseSpec:
     #: under (``attacks/release_attacks.py``; also the ``attack invert --<name>`` flag);
     #: None: no attack is written for it yet
     attack: str | None = None
+    #: payload key -> what it carries, with its shape (the "holds" column of the client
+    #: fields' table; a release that reaches a client must describe every key)
+    holds: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if set(self.sensitivity) != set(self.magnitude):
@@ -57,6 +61,10 @@ class ReleaseSpec:
         if self.attack is not None and not self.attack.isidentifier():
             raise ValueError(f"release {self.label!r}: attack must be a plain name, got "
                              f"{self.attack!r}")
+        unknown = set(self.holds) - set(self.sensitivity)
+        if unknown:
+            raise ValueError(f"release {self.label!r}: holds describes undeclared payload "
+                             f"key(s) {sorted(unknown)}")
         for expr in (*self.sensitivity.values(), *self.magnitude.values()):
             evaluate(expr, {"R": 1.0, "G": 1.0, "N": 1.0, "K": 1.0})  # parses
 

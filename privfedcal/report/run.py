@@ -142,12 +142,12 @@ def _n_range(rs: list[dict[str, Any]]) -> str:
 
 
 def _groups(recon: list[dict[str, Any]]) -> list[tuple[tuple[str, str], list[dict[str, Any]]]]:
-    from privfedcal.attacks.report import TARGET_ORDER
+    from privfedcal.attacks.release_attacks import target_order
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in recon:
         groups.setdefault((str(r.get("target")), str(r.get("view"))), []).append(r)
-    order = {t: i for i, t in enumerate(TARGET_ORDER)}
+    order = {t: i for i, t in enumerate(target_order())}
     return sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1]))
 
 

@@ -4,6 +4,7 @@ train-and-attack sweep runs in tests/cli)."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -80,3 +81,13 @@ def test_plot_writes_a_png_and_skips_unattacked_rows(tmp_path):
             {"method": "creff", "eps": 1.0, "secagg": False, "note": "skipped: budget"}]
     path = plot_audit(rows, tmp_path / "audit.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_audit_trains_with_its_attacks_calibration_options(tmp_path):
+    """CReFF's runs take the gradient attack's ``audit_params`` (release_attacks.py)."""
+    row = run_setting(Setting("creff", math.inf, False),
+                      AuditConfig(steps=1, restarts=1, rounds=1, clients=3, max_n=8), tmp_path)
+    assert row["note"] == "" and 0 <= row["accuracy"] <= 1
+    config = json.loads((tmp_path / "runs" / "creff-epsinf-secagg-off" / "config.json")
+                        .read_text())
+    assert config["calibration_params"] == {"match_steps": 50, "retrain_steps": 100}

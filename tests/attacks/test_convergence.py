@@ -15,7 +15,6 @@ from privfedcal.attacks.feature_inversion import (
     FeatureTarget,
     InversionConfig,
     invert_features,
-    relative_feature_error,
 )
 from privfedcal.attacks.gradient_inversion import gradient_rank, recover_rank_n
 from privfedcal.attacks.metrics import feature_cosine
@@ -65,18 +64,6 @@ def test_unreachable_tolerance_ends_on_a_plateau(linear_model, images):
                             mean=MEAN, std=STD, generator=torch.Generator().manual_seed(0),
                             steps=30, config=cfg)
     assert short.convergence.stopped == "cap" and short.convergence.steps == 30
-
-
-def test_relative_feature_error_by_hand():
-    z = torch.tensor([[[3.0, 4.0], [1.0, 0.0]]])  # (R=1, B=2, d=2)
-    t = torch.tensor([[3.0, 0.0], [1.0, 0.0]])
-    assert float(relative_feature_error(z, per_image=t)[0]) == pytest.approx(4 / 3)
-    mu = torch.tensor([2.0, 2.0])  # batch mean is (2, 2): error 0
-    assert float(relative_feature_error(z, mu=mu)[0]) == pytest.approx(0.0)
-    cov = torch.tensor([[2.0, 4.0], [4.0, 8.0]])  # the batch's unbiased covariance
-    assert float(relative_feature_error(z, mu=mu, cov=cov)[0]) == pytest.approx(0.0, abs=1e-6)
-    err = float(relative_feature_error(z, mu=mu, cov=2 * cov)[0])
-    assert err == pytest.approx(0.5)  # ||S - 2S|| / ||2S||
 
 
 # ---- eval mode --------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ from privfedcal.attacks.dp_channels import (
     claimed,
     parse_channels,
 )
+from privfedcal.attacks.fields_table import client_fields, declared
 from privfedcal.calibration.ccvr import CCVR_RELEASE
 from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.privacy.client_fields import CLIENT_FIELDS, declared
 
 BASE = dict(dataset="digits", clients=5, rounds=2, device="cpu", threads=1, transcript=False,
             seed=0)
@@ -87,7 +87,7 @@ def test_channels_cover_every_charged_field():
         for name in fields:
             assert declared(*name.split("/")) is not None, name
     covered = {f for fs in CHANNEL_FIELDS.values() for f in fs}
-    for f in CLIENT_FIELDS:
+    for f in client_fields():
         if "charged" not in f.budget:
             continue
         # under --secagg the same releases reach the server as a ciphertext and its

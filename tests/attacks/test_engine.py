@@ -180,7 +180,7 @@ def test_traces_see_each_targets_own_images(linear_model, images):
 
 def test_shape_of_is_what_the_optimiser_is_given(toy):
     """``shape_of`` (the runner's grouping key) agrees with how each target is posed."""
-    from privfedcal.attacks.feature_inversion import _pose, shape_of
+    from privfedcal.attacks.feature_targets import pose, shape_of
 
     model = toy(mlp=True)
     images = torch.rand(9, 1, 4, 4, generator=torch.Generator().manual_seed(3))
@@ -189,7 +189,7 @@ def test_shape_of_is_what_the_optimiser_is_given(toy):
         FeatureTarget.raw(torch.ones(32)),
         FeatureTarget.class_stats(5, torch.ones(32), torch.eye(32), mode="features")]
     got = [shape_of(t) for t in targets]
-    assert got == [(p.term, p.batch) for p in (_pose(t, torch.device("cpu"), torch.float32)
+    assert got == [(p.term, p.batch) for p in (pose(t, torch.device("cpu"), torch.float32)
                                                for t in targets)]
     assert got[-3:] == [("per-image", 1), ("per-image", 1), ("per-image", 5)]
     assert {g[0] for g in got} == {"per-image", "mean", "stats"}

@@ -2,7 +2,8 @@
 
 The real ServerApp and ClientApp run over a ``LoopbackGrid`` (every message serialised and
 inflated as through a SuperLink); each reply that comes back is walked record by record and
-key by key. A field that ``CLIENT_FIELDS`` does not declare fails the test, so a new field
+key by key. A field that is not declared (``attacks/fields_table.py``: the fixed fields and the
+declared releases' payload keys) fails the test, so a new field
 cannot leave a client without a line in docs/threat-model.md's table.
 """
 
@@ -15,7 +16,7 @@ pytest.importorskip("tenseal")
 
 from loopback import LoopbackGrid  # noqa: E402
 
-from privfedcal.privacy.client_fields import declared  # noqa: E402
+from privfedcal.attacks.fields_table import declared  # noqa: E402
 
 
 class RecordingGrid(LoopbackGrid):

@@ -1,8 +1,8 @@
 """The simulator's server view holds only declared client fields (privacy/client_fields.py).
 
 Runs with every protection on write their transcript (the server's view); every recorded
-tensor and every entry key that comes from a client must map to a field of
-``CLIENT_FIELDS``. The Flower side walks the real wire messages
+tensor and every entry key that comes from a client must map to a declared field (the fixed
+``FIXED_FIELDS`` and the declared releases' payload keys, ``attacks/fields_table.py``). The Flower side walks the real wire messages
 (tests/flower/test_wire_fields.py). The table in docs/threat-model.md is the code's.
 """
 
@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from privfedcal.attacks.fields_table import client_fields, declared, markdown_table
 from privfedcal.experiment import build_simulator
+from privfedcal.privacy import client_fields as fields
 from privfedcal.privacy.client_fields import (
-    CLIENT_FIELDS,
     TRANSCRIPT_ENTRY_KEYS,
-    declared,
-    markdown_table,
+    payload_fields,
     transcript_field,
 )
+from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.transcript import load_transcript
 
 #: entry keys the server writes itself: its own bookkeeping or the public config
@@ -75,7 +76,35 @@ def test_the_walk_catches_an_undeclared_tensor_and_entry_key():
 
 
 def test_every_field_is_named_once_and_the_doc_prints_the_table():
-    names = [f.name for f in CLIENT_FIELDS]
+    names = [f.name for f in client_fields()]
     assert len(names) == len(set(names))
     doc = (Path(__file__).parents[2] / "docs" / "threat-model.md").read_text()
     assert markdown_table() in doc, "docs/threat-model.md must hold markdown_table() verbatim"
+
+
+def test_payload_rows_come_from_the_declared_releases():
+    """A release's payload keys are declared by its ReleaseSpec alone: a key shared by two
+    releases is one row naming both; each key is charged, with its sensitivity; a release
+    that does not say what a key holds cannot be tabled; without releases no payload key is
+    declared."""
+    a = ReleaseSpec("probe-a", {"s": "R", "n": "1"}, {"s": "R*N", "n": "N"}, "all",
+                    attack="stats", holds={"s": "sums (C, d)", "n": "counts (C,)"})
+    b = ReleaseSpec("probe-b", {"n": "1"}, {"n": "N"}, "selected",
+                    holds={"n": "counts (C,), sometimes"})
+    s, n = payload_fields([a, b])
+    assert [f.name for f in (s, n)] == ["query.payload/payload/s", "query.payload/payload/n"]
+    assert n.holds == "probe-a: counts (C,); probe-b: counts (C,), sometimes"
+    assert n.flag == ("probe-a (after training, every client) / probe-b (each round, its "
+                      "selected clients) without --secagg")
+    assert s.protection == "DP with --dp-eps (L2 sensitivity R)"
+    assert n.protection == "DP with --dp-eps (L2 sensitivity probe-a 1, probe-b 1)"
+    assert s.budget.startswith("charged with --dp-eps") and "`attack invert --stats`" in s.budget
+    assert "invert" not in payload_fields([b])[0].budget
+    assert fields.declared("query.payload", "payload", "s", [a]) == s
+    assert fields.declared("query.payload", "payload", "s", [b]) is None
+    assert fields.declared("query.payload", "payload", "s", []) is None
+    with pytest.raises(ValueError, match="do not say what payload key 's' holds"):
+        payload_fields([ReleaseSpec("probe-c", {"s": "R"}, {"s": "R*N"})])
+    with pytest.raises(ValueError, match="undeclared payload key"):
+        ReleaseSpec("probe-d", {"s": "R"}, {"s": "R*N"}, holds={"t": "?"})
+
