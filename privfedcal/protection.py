@@ -25,7 +25,7 @@ from privfedcal.privacy.dp import L2Clip, default_delta
 from privfedcal.privacy.dp_stage import ASSUMPTIONS, DPStage
 from privfedcal.privacy.noise import warn_if_seeded
 from privfedcal.privacy.releases import DPSGD_RELEASE
-from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage, Stage
+from privfedcal.privacy.stages import Stage, StagePlan, planned_stages
 from privfedcal.privacy.uplink import Uplink
 from privfedcal.seeding import select_clients
 
@@ -205,14 +205,9 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
 
 
 def uplink_stages(bound, dp, secagg, cfg) -> list[Stage]:
-    """The run's stages in client order: bound, noise (with a budget), then the wire."""
-    from privfedcal.privacy.secagg_stage import EncryptStage
-
-    stages: list[Stage] = [BoundStage(bound)]
-    if dp is not None:
-        stages.append(NoiseStage(dp, seed=cfg.seed, seeded=cfg.insecure_seeded_noise))
-    stages.append(EncryptStage(secagg) if secagg is not None else ClearWire())
-    return stages
+    """The run's stages in client order (bound, noise with a budget, ..., the wire): every
+    registered stage builds itself from the plan (``privacy/stages.py`` ``planned_stages``)."""
+    return planned_stages(StagePlan(cfg=cfg, bound=bound, dp=dp, secagg=secagg))
 
 
 #: |parameter| assumed <= this under --secagg-updates: a data-independent bound for CKKS

@@ -180,11 +180,6 @@ class CKKSParams:
     def slots(self) -> int:
         return self.poly_modulus_degree // 2
 
-    @property
-    def wrap_bound(self) -> float:
-        """|aggregate entry| from which decryption silently wraps (q/2 / scale, approx.)."""
-        return 2.0 ** (self.data_bits - 1 - self.scale_bits)
-
     def error_bound(self, n_clients: int) -> float:
         """Bound on the absolute CKKS error of an aggregate of ``n_clients`` uploads."""
         return n_clients * FRESH_ERROR_PER_DEGREE * self.poly_modulus_degree / 2.0**self.scale_bits

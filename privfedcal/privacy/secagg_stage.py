@@ -32,7 +32,14 @@ from privfedcal.privacy.secagg import (
     encrypt_payload,
     load_public_context,
 )
-from privfedcal.privacy.stages import MIN_SECAGG_CLIENTS, Finish, Release, Wire
+from privfedcal.privacy.stages import (
+    MIN_SECAGG_CLIENTS,
+    Finish,
+    Release,
+    Stage,
+    StagePlan,
+    Wire,
+)
 
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
@@ -193,6 +200,11 @@ class EncryptStage(Wire):
     keys: KeyService = field(default_factory=LocalKeys)
     name = "encrypt"
     hides_uploads = True
+    order = 1000
+
+    @classmethod
+    def plan(cls, plan: StagePlan) -> Stage | None:
+        return cls(plan.secagg) if plan.secagg is not None else None
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, LocalKeys):  # the in-process key holder: the run's minimum

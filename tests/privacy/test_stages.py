@@ -83,3 +83,81 @@ def test_a_stage_must_declare_both_halves():
 def test_default_uplink_is_bound_then_clear():
     assert [type(s) for s in Uplink().stages] == [BoundStage, ClearWire]
     assert Uplink().find(NoiseStage) is None
+
+
+# --- the stage registry: a stage's own file is all it takes ---------------------------
+
+def _plan(**kw):
+    from types import SimpleNamespace
+
+    from privfedcal.privacy.dp import L2Clip
+    from privfedcal.privacy.stages import StagePlan
+
+    cfg = SimpleNamespace(seed=3, insecure_seeded_noise=False)
+    return StagePlan(cfg=cfg, bound=L2Clip({"feature": 1.0}), **kw)
+
+
+def test_planned_stages_follow_the_plan():
+    from privfedcal.privacy.secagg_stage import EncryptStage
+    from privfedcal.privacy.stages import planned_stages
+
+    assert [type(s) for s in planned_stages(_plan())] == [BoundStage, ClearWire]
+    from types import SimpleNamespace
+
+    dp, secagg = object(), SimpleNamespace(min_clients=2)  # stand-ins: the stages store them
+    assert [type(s) for s in planned_stages(_plan(dp=dp))] == [BoundStage, NoiseStage, ClearWire]
+    stages = planned_stages(_plan(dp=dp, secagg=secagg))
+    assert [type(s) for s in stages] == [BoundStage, NoiseStage, EncryptStage]
+    assert stages[1].dp is dp and stages[1].seed == 3 and stages[2].secagg is secagg
+
+
+def test_a_new_stage_class_takes_its_place_by_its_order(monkeypatch):
+    from privfedcal.privacy import stages as mod
+
+    monkeypatch.setattr(mod, "STAGE_CLASSES", list(mod.STAGE_CLASSES))
+
+    @dataclass
+    class Padding(Recording):
+        order = 500
+
+        @classmethod
+        def plan(cls, plan):
+            return cls("pad", 0.0) if plan.dp is not None else None
+
+    class Unordered(Recording):  # no order: a helper class, never planned
+        pass
+
+    assert Padding in mod.STAGE_CLASSES and Unordered not in mod.STAGE_CLASSES
+    assert [type(s) for s in mod.planned_stages(_plan())] == [BoundStage, ClearWire]
+    assert [type(s) for s in mod.planned_stages(_plan(dp=object()))] == [
+        BoundStage, NoiseStage, Padding, ClearWire]
+
+
+def test_a_plan_must_end_in_exactly_one_wire(monkeypatch):
+    from privfedcal.privacy import stages as mod
+
+    monkeypatch.setattr(mod, "STAGE_CLASSES", list(mod.STAGE_CLASSES))
+
+    class LateStage(Recording):
+        order = 2000  # after the wire
+
+        @classmethod
+        def plan(cls, plan):
+            return cls("late", 0.0)
+
+    with pytest.raises(RuntimeError, match="exactly one wire"):
+        mod.planned_stages(_plan())
+
+
+def test_planned_stages_imports_every_stage_module():
+    # in a fresh interpreter: the encrypt stage's module is found by its name, not imported
+    # by the planner
+    import subprocess
+    import sys
+
+    code = ("import sys; from privfedcal.privacy.stages import planned_stages; "
+            "from tests.privacy.test_stages import _plan; "
+            "assert 'privfedcal.privacy.secagg_stage' not in sys.modules; "
+            "planned_stages(_plan()); "
+            "assert 'privfedcal.privacy.secagg_stage' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
