@@ -11,6 +11,17 @@ The deadline is ours, whatever the Grid does: each pull runs in a helper thread 
 exchange waits for at most until the deadline, so a pull that blocks (a reply whose upload
 stalled half-way) cannot hold the ServerApp past ``round_timeout``.
 
+With ``flower.hold`` > 0 every message is followed by a ``query.hold`` message to the same
+node, pushed right after it (the SuperLink hands a node its messages one at a time, oldest
+first). Flower 1.41's SuperNode pulls again as soon as it has pushed a reply and sleeps a
+fixed 3 s when that pull finds nothing: the next message of a round usually comes a moment
+later (after the other nodes' replies and the server's aggregation), so each round waited up
+to 3 s. The hold's ClientApp only waits and sends an empty reply: long enough, the node's
+next pull comes after the next message is there. A node's hold lasts its wait in the previous
+exchange (from its reply to the next push), at least ``flower.hold`` and at most 3 s. Holds
+are never waited for: their replies are pulled in the background and once more at ``close``,
+and a node lost during a hold is noticed by the next real exchange as before.
+
 Which node holds which partition is learnt from the replies (each carries ``meta``
 {partition-id}); a ``query.hello`` round asks for it only when a round needs a subset of
 clients before every node has answered once.
@@ -23,11 +34,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
 from privfedcal.flower.records import FlowerOptions
+
+#: the message type of a hold (``flower.hold``); its config carries ``seconds``
+HOLD_MESSAGE = "query.hold"
 
 
 class FlowerRoundError(RuntimeError):
@@ -44,6 +59,10 @@ class GridLink:
         self.node_of: dict[int, int] = {}   # partition id -> SuperNode id
         self.exchanges = 0
         self.dropped: list[dict[str, Any]] = []  # lost clients of exchanges that went on
+        self.holds: list[dict[str, Any]] = []    # every hold sent: {node, seconds, group}
+        self._replied_at: dict[int, float] = {}  # node -> when its last reply was pulled
+        self._hold_ids: set[str] = set()         # holds whose replies were not pulled yet
+        self._hold_pull: _Pull | None = None
 
     def wait_for_nodes(self) -> list[int]:
         """Block until ``num_clients`` SuperNodes are connected (or ``node_wait`` passes)."""
@@ -113,10 +132,15 @@ class GridLink:
                     for n in live]
         pushed = list(self.grid.push_messages(messages)) if messages else []
         node_of_msg = dict(zip(pushed, live, strict=True))
+        if self.options.hold > 0 and live:
+            self._push_holds(live, group)
         ids = set(pushed)
         self.exchanges += 1
         deadline = time.monotonic() + self.options.round_timeout
-        got = self._collect(ids, deadline)
+        arrived: dict[str, float] = {}
+        got = self._collect(ids, deadline, arrived)
+        for msg_id, at in arrived.items():
+            self._replied_at[node_of_msg[msg_id]] = at
         for msg_id in ids:
             lost[node_of_msg[msg_id]] = (f"no reply within {self.options.round_timeout:g} s "
                                          "(flower.round-timeout)")
@@ -124,7 +148,48 @@ class GridLink:
         lost.update(errors)
         return replies, lost
 
-    def _collect(self, ids: set[str], deadline: float) -> list[Message]:
+    def hold_seconds(self, node: int, now: float) -> float:
+        """How long ``node``'s hold lasts when a message is pushed to it at ``now``: its wait
+        since its last reply (the gap a hold must cover), at least ``flower.hold``, at most
+        ``HOLD_CAP``."""
+        waited = now - self._replied_at.get(node, now)
+        return min(HOLD_CAP, max(self.options.hold, waited))
+
+    def _push_holds(self, nodes: list[int], group: str) -> None:
+        """One hold message per node, queued behind the message just pushed to it."""
+        self._drain_holds()
+        now = time.monotonic()
+        seconds = {n: round(self.hold_seconds(n, now), 3) for n in nodes}
+        holds = [Message(RecordDict({"config": ConfigRecord({"seconds": seconds[n]})}),
+                         dst_node_id=n, message_type=HOLD_MESSAGE, group_id=group)
+                 for n in nodes]
+        self._hold_ids.update(self.grid.push_messages(holds))
+        self.holds += [{"node": n, "seconds": seconds[n], "group": group} for n in nodes]
+
+    def _drain_holds(self) -> None:
+        """Take the hold replies a background pull brought and start the next pull (one at a
+        time; a hold's reply carries nothing, so a failed pull is only retried)."""
+        pull = self._hold_pull
+        if pull is not None and pull.done():
+            self._hold_pull = None
+            if not pull.failed():
+                self._hold_ids -= {r.metadata.reply_to_message_id for r in pull.result()}
+        if self._hold_pull is None and self._hold_ids:
+            self._hold_pull = _Pull(self.grid, sorted(self._hold_ids))
+
+    def close(self, timeout: float = HOLD_CAP + 10.0) -> None:
+        """Pull the replies of the holds still out (each at most ``HOLD_CAP`` seconds
+        after the node's last reply), for at most ``timeout`` seconds, so that no message of
+        the run is left on the SuperLink."""
+        end = time.monotonic() + timeout
+        while self._hold_ids and time.monotonic() < end:
+            self._drain_holds()
+            if self._hold_pull is not None:
+                _Pull.wait_any([self._hold_pull], min(self.options.poll_interval,
+                                                      end - time.monotonic()))
+
+    def _collect(self, ids: set[str], deadline: float,
+                 arrived: dict[str, float] | None = None) -> list[Message]:
         """Pull the replies of ``ids`` until all came or ``deadline`` passed; what did not
         come stays in ``ids``.
 
@@ -135,7 +200,8 @@ class GridLink:
         does not hold back the replies that are there. Two pulls of one reply may then run
         at once, and the later finds it gone (Flower answers with an error reply, "Message
         Unavailable"): an error reply settles a message only when no other pull of it is
-        still running. A pull left running at the deadline is a daemon thread.
+        still running. A pull left running at the deadline is a daemon thread. ``arrived``
+        receives the time each good reply was taken.
         """
         poll = self.options.poll_interval
         stall = min(max(5.0, 5 * poll), self.options.round_timeout / 3)
@@ -165,6 +231,8 @@ class GridLink:
                     ids.discard(msg_id)
                     errors.pop(msg_id, None)
                     got.append(reply)
+                    if arrived is not None:
+                        arrived[msg_id] = time.monotonic()
             batch = batch if batch is not None and not batch.done() else None
             single = {i: p for i, p in single.items() if not p.done() and i in ids}
             now = time.monotonic()
@@ -235,6 +303,9 @@ class _Pull:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def failed(self) -> bool:
+        return "error" in self._box
 
     def result(self) -> list[Message]:
         if "error" in self._box:

@@ -69,6 +69,7 @@ def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str,
                  record["seconds"])
 
     summary = sim.run(progress=progress)
+    sim.link.close()  # the replies of the last holds (flower.hold), if any
     log.info("privfedcal summary: accuracy %.4f, %s", summary["accuracy"],
              json.dumps({k: summary[k] for k in ("method", "calibrator", "rounds",
                                                  "wall_seconds") if k in summary}))
