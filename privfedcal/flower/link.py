@@ -62,6 +62,7 @@ class GridLink:
         self.holds: list[dict[str, Any]] = []    # every hold sent: {node, seconds, group}
         self._replied_at: dict[int, float] = {}  # node -> when its last reply was pulled
         self._hold_ids: set[str] = set()         # holds whose replies were not pulled yet
+        self._hold_node: dict[str, int] = {}     # hold message id -> its node
         self._hold_pull: _Pull | None = None
 
     def wait_for_nodes(self) -> list[int]:
@@ -163,7 +164,9 @@ class GridLink:
         holds = [Message(RecordDict({"config": ConfigRecord({"seconds": seconds[n]})}),
                          dst_node_id=n, message_type=HOLD_MESSAGE, group_id=group)
                  for n in nodes]
-        self._hold_ids.update(self.grid.push_messages(holds))
+        ids = list(self.grid.push_messages(holds))
+        self._hold_ids.update(ids)
+        self._hold_node.update(zip(ids, nodes, strict=True))
         self.holds += [{"node": n, "seconds": seconds[n], "group": group} for n in nodes]
 
     def _drain_holds(self) -> None:
@@ -179,9 +182,12 @@ class GridLink:
 
     def close(self, timeout: float = HOLD_CAP + 10.0) -> None:
         """Pull the replies of the holds still out (each at most ``HOLD_CAP`` seconds
-        after the node's last reply), for at most ``timeout`` seconds, so that no message of
-        the run is left on the SuperLink."""
+        after the node's last reply) from the nodes still connected, for at most ``timeout``
+        seconds, so that no message of the run is left on the SuperLink."""
         end = time.monotonic() + timeout
+        if self._hold_ids:  # a node that left will not answer its hold
+            connected = set(self.grid.get_node_ids())
+            self._hold_ids = {i for i in self._hold_ids if self._hold_node[i] in connected}
         while self._hold_ids and time.monotonic() < end:
             self._drain_holds()
             if self._hold_pull is not None:

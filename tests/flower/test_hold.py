@@ -170,3 +170,20 @@ def test_client_hold_waits_then_replies_empty(seconds, ok):
         assert len(reply.content) == 0 and took >= seconds
     else:
         assert reply.has_error() and "seconds must be in" in reply.error.reason
+
+
+def test_close_does_not_wait_for_a_node_that_left(flower_cfg):
+    """A hold out to a node that is gone is not waited for at the end of the run."""
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.records import FlowerOptions
+
+    class Gone(LoopbackGrid):
+        def get_node_ids(self):
+            return []
+
+    link = GridLink(Gone(client_app, {}, 1), 1, FlowerOptions(hold=0.2))
+    link._hold_ids, link._hold_node = {"m"}, {"m": 1000}
+    t0 = time.monotonic()
+    link.close(timeout=5.0)
+    assert time.monotonic() - t0 < 1.0 and link._hold_ids == set()
