@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from privfedcal.flower import clientapp_shim as shim
+from privfedcal.flower.pulls import quick_object_pulls
 from privfedcal.flower.warm_child import run_child
 
 #: imported before serving: what every privfedcal ClientApp process needs
@@ -47,12 +48,6 @@ PRELOAD = ("torch", "numpy.ma", "httpx", "httpcore", "h11", "flwr.supernode.cli"
            "privfedcal.experiment", "privfedcal.protection", "privfedcal.data",
            "privfedcal.calibration")
 MAX_REQUEST = 4 << 20  # bytes of argv + environment + cwd
-#: seconds before a forked ClientApp first retries pulling its message's objects. Flower
-#: 1.41 waits 1 s (then 2, 4, ... up to 10): a forked child asks for the message while its
-#: SuperNode is still fetching the message from the SuperLink (the SuperNode creates the
-#: task first), so with a warm start that first 1 s wait came in most rounds with a
-#: CIFAR-sized model. Later retries double from here as Flower's do.
-PULL_INITIAL_BACKOFF = 0.05
 
 
 def install_shim(folder: Path, python: str | None = None) -> Path:
@@ -224,24 +219,10 @@ def _kill_group(pid: int, signum: int) -> None:
             pass
 
 
-def quick_object_pulls(seconds: float = PULL_INITIAL_BACKOFF) -> bool:
-    """Make this process's (and its forked children's) first retry of a ClientApp's object
-    pull wait ``seconds`` (Flower's default argument of
-    ``pull_and_inflate_object_from_tree``); False, changing nothing, if this Flower has no
-    such argument."""
-    from flwr.supercore.inflatable import inflatable_utils
-
-    defaults = getattr(inflatable_utils.pull_and_inflate_object_from_tree, "__kwdefaults__",
-                       None)
-    if not defaults or "initial_backoff" not in defaults:
-        return False
-    defaults["initial_backoff"] = seconds
-    return True
-
-
 def preload(modules: list[str]) -> None:
     for name in modules:
         importlib.import_module(name)
+    # a forked child asks for its message while its SuperNode is still fetching it
     if not quick_object_pulls():
         print("privfedcal-clientapp-server: this Flower has no initial_backoff for object "
               "pulls; children keep its own", file=sys.stderr)

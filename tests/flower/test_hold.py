@@ -187,3 +187,16 @@ def test_close_does_not_wait_for_a_node_that_left(flower_cfg):
     t0 = time.monotonic()
     link.close(timeout=5.0)
     assert time.monotonic() - t0 < 1.0 and link._hold_ids == set()
+
+
+def test_the_server_retries_object_pulls_quickly(flower_cfg, run_with_hold, monkeypatch):
+    """The ServerApp sets Flower's first retry of a reply's missing objects to 0.05 s
+    (flower/pulls.py): a reply is often found while its model is still uploading."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    from privfedcal.flower.pulls import PULL_INITIAL_BACKOFF
+
+    fn = iu.pull_objects
+    monkeypatch.setattr(fn, "__kwdefaults__", {**fn.__kwdefaults__, "initial_backoff": 1})
+    run_with_hold(flower_cfg(rounds=1, clients=2, method="fedavg"), hold=0.0)
+    assert fn.__kwdefaults__["initial_backoff"] == PULL_INITIAL_BACKOFF

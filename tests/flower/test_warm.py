@@ -23,6 +23,7 @@ pytest.importorskip("flwr")
 
 from privfedcal.flower import warm, warm_child  # noqa: E402
 from privfedcal.flower.clientapp_shim import SOCKET_ENV  # noqa: E402
+from privfedcal.flower.pulls import PULL_INITIAL_BACKOFF, PULLERS, quick_object_pulls  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
 REPO = str(Path(__file__).resolve().parents[2])
@@ -225,25 +226,29 @@ def test_a_warm_deployment_equals_the_simulator(tmp_path, tiny_cfg, hold):
         [h["train_loss"] for h in sim.history], abs=1e-9)
 
 
-def test_warm_children_retry_object_pulls_after_a_short_wait(monkeypatch):
+def test_quick_object_pulls_makes_the_first_retry_short(monkeypatch):
     """A forked ClientApp asks for its message's objects while its SuperNode is still
-    fetching them: the server makes the first retry wait PULL_INITIAL_BACKOFF, not 1 s."""
-    from flwr.supercore.inflatable import inflatable_utils
+    fetching them: the first retry waits PULL_INITIAL_BACKOFF, not Flower's 1 s, and a
+    ClientApp's pull hands that on to Flower's retry loop."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
 
-    fn = inflatable_utils.pull_and_inflate_object_from_tree
-    monkeypatch.setattr(fn, "__kwdefaults__", dict(fn.__kwdefaults__))
+    for name in PULLERS:  # Flower's own default, whatever an earlier test's ServerApp set
+        fn = getattr(iu, name)
+        monkeypatch.setattr(fn, "__kwdefaults__", {**fn.__kwdefaults__, "initial_backoff": 1})
+    assert quick_object_pulls() == list(PULLERS)
+    assert [getattr(iu, n).__kwdefaults__["initial_backoff"] for n in PULLERS] == \
+        [PULL_INITIAL_BACKOFF] * len(PULLERS)
     seen = {}
 
     def fake_pull(ids, pull_fn, **kw):
         seen.update(kw)
         raise LookupError("stop after the pull")
 
-    monkeypatch.setattr(inflatable_utils, "pull_objects", fake_pull)
-    tree = inflatable_utils.ObjectTree(object_id="0" * 64, children=[])
-    assert warm.quick_object_pulls() is True
+    monkeypatch.setattr(iu, "pull_objects", fake_pull)
     with pytest.raises(LookupError):
-        fn(tree, lambda _: b"", lambda _: None)
-    assert seen["initial_backoff"] == warm.PULL_INITIAL_BACKOFF < 1
+        iu.pull_and_inflate_object_from_tree(iu.ObjectTree(object_id="0" * 64, children=[]),
+                                             lambda _: b"", lambda _: None)
+    assert seen["initial_backoff"] == PULL_INITIAL_BACKOFF < 1
 
 
 def test_quick_object_pulls_leaves_another_flower_alone(monkeypatch):
@@ -251,11 +256,12 @@ def test_quick_object_pulls_leaves_another_flower_alone(monkeypatch):
 
     monkeypatch.setattr(inflatable_utils, "pull_and_inflate_object_from_tree",
                         lambda tree, pull, confirm: None)
-    assert warm.quick_object_pulls() is False
+    monkeypatch.setattr(inflatable_utils, "pull_objects", lambda ids, pull: None)
+    assert quick_object_pulls() == []
 
 
 def test_preload_sets_quick_object_pulls(monkeypatch):
     calls = []
-    monkeypatch.setattr(warm, "quick_object_pulls", lambda: calls.append(1) or True)
+    monkeypatch.setattr(warm, "quick_object_pulls", lambda: calls.append(1) or ["x"])
     warm.preload(["json"])
     assert calls == [1]
