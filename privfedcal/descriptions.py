@@ -193,7 +193,8 @@ class FlowerOptions:
     hold: float = setting(
         0.0, "Seconds a follow-up `query.hold` message keeps each SuperNode busy after it "
         "replies, so that its next pull finds the next message instead of Flower's 3 s idle "
-        "sleep; at least this, or the node's wait in the previous exchange, at most 3 s. 0: "
+        "sleep; the shorter of the node's waits in the last two exchanges, at least this, at "
+        "most 3 s. 0: "
         "no hold messages. Pays with the warm launcher only (docs/flower.md).",
         group="Flower", cli=False)
 

@@ -17,8 +17,9 @@ first). Flower 1.41's SuperNode pulls again as soon as it has pushed a reply and
 fixed 3 s when that pull finds nothing: the next message of a round usually comes a moment
 later (after the other nodes' replies and the server's aggregation), so each round waited up
 to 3 s. The hold's ClientApp only waits and sends an empty reply: long enough, the node's
-next pull comes after the next message is there. A node's hold lasts its wait in the previous
-exchange (from its reply to the next push), at least ``flower.hold`` and at most 3 s. Holds
+next pull comes after the next message is there. A node's hold lasts the shorter of its
+waits in the previous two exchanges (from its reply to the next push; ``hold_seconds`` says
+why two), at least ``flower.hold`` and at most 3 s. Holds
 are never waited for: their replies are pulled in the background and once more at ``close``,
 and a node lost during a hold is noticed by the next real exchange as before.
 
@@ -61,6 +62,7 @@ class GridLink:
         self.dropped: list[dict[str, Any]] = []  # lost clients of exchanges that went on
         self.holds: list[dict[str, Any]] = []    # every hold sent: {node, seconds, group}
         self._replied_at: dict[int, float] = {}  # node -> when its last reply was pulled
+        self._waits: dict[int, list[float]] = {}  # node -> its last two waits for a message
         self._hold_ids: set[str] = set()         # holds whose replies were not pulled yet
         self._hold_node: dict[str, int] = {}     # hold message id -> its node
         self._hold_pull: _Pull | None = None
@@ -150,17 +152,27 @@ class GridLink:
         return replies, lost
 
     def hold_seconds(self, node: int, now: float) -> float:
-        """How long ``node``'s hold lasts when a message is pushed to it at ``now``: its wait
-        since its last reply (the gap a hold must cover), at least ``flower.hold``, at most
-        ``HOLD_CAP``."""
-        waited = now - self._replied_at.get(node, now)
-        return min(HOLD_CAP, max(self.options.hold, waited))
+        """How long ``node``'s hold lasts when a message is pushed to it at ``now``: the
+        shorter of its last two waits for a message (from its reply to the next push: the
+        gap a hold must cover), at least ``flower.hold``, at most ``HOLD_CAP``.
+
+        Not the last wait alone: a hold that outlasts the next push makes its node reply
+        late, which lengthens the other nodes' waits; following the last wait, two nodes
+        would take turns holding too long. The shorter of two breaks that cycle and still
+        follows a node that is always the first to reply."""
+        waits = self._waits.get(node, [])
+        if node in self._replied_at:
+            waits = [*waits, now - self._replied_at[node]][-2:]
+        return min(HOLD_CAP, max(self.options.hold, min(waits, default=0.0)))
 
     def _push_holds(self, nodes: list[int], group: str) -> None:
         """One hold message per node, queued behind the message just pushed to it."""
         self._drain_holds()
         now = time.monotonic()
         seconds = {n: round(self.hold_seconds(n, now), 3) for n in nodes}
+        for n in nodes:  # the wait that ended now joins the node's last two
+            if n in self._replied_at:
+                self._waits[n] = [*self._waits.get(n, []), now - self._replied_at[n]][-2:]
         holds = [Message(RecordDict({"config": ConfigRecord({"seconds": seconds[n]})}),
                          dst_node_id=n, message_type=HOLD_MESSAGE, group_id=group)
                  for n in nodes]

@@ -132,17 +132,26 @@ def test_a_hold_lasts_the_nodes_previous_wait(flower_cfg, run_with_hold):
 
 
 def test_hold_seconds_rule():
+    """The shorter of the node's last two waits, within [flower.hold, HOLD_CAP]."""
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions
 
     link = GridLink(grid=None, num_clients=2, options=FlowerOptions(hold=0.5))  # type: ignore[arg-type]
     assert link.hold_seconds(7, now=100.0) == 0.5            # never replied: the minimum
     link._replied_at[7] = 99.2
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.8)
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.8)   # one wait known
     link._replied_at[7] = 90.0
     assert link.hold_seconds(7, now=100.0) == HOLD_CAP        # capped at Flower's idle sleep
     link._replied_at[7] = 99.9
     assert link.hold_seconds(7, now=100.0) == 0.5
+    link._waits[7] = [2.0]
+    link._replied_at[7] = 98.8
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.2)   # min(2.0, 1.2)
+    link._waits[7] = [0.6, 5.0]                                     # only the last two count
+    link._replied_at[7] = 98.0
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(2.0)   # min(5.0, 2.0)
+    link._waits[7] = [5.0, 0.7]
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.7)   # min(0.7, 2.0)
 
 
 @pytest.mark.parametrize("bad", [-1.0, HOLD_CAP + 0.5, True, "1"])
