@@ -17,9 +17,9 @@ first). Flower 1.41's SuperNode pulls again as soon as it has pushed a reply and
 fixed 3 s when that pull finds nothing: the next message of a round usually comes a moment
 later (after the other nodes' replies and the server's aggregation), so each round waited up
 to 3 s. The hold's ClientApp only waits and sends an empty reply: long enough, the node's
-next pull comes after the next message is there. A node's hold lasts the shorter of its
-waits in the previous two exchanges (from its reply to the next push; ``hold_seconds`` says
-why two), at least ``flower.hold`` and at most 3 s. Holds
+next pull comes after the next message is there. A hold waits what the node is expected to
+wait for its next message less what a hold costs beyond its wait (both measured on the
+node's earlier exchanges; ``hold_seconds``), plus ``flower.hold`` as a margin, at most 3 s. Holds
 are never waited for: their replies are pulled in the background and once more at ``close``,
 and a node lost during a hold is noticed by the next real exchange as before.
 
@@ -65,6 +65,9 @@ class GridLink:
         self._waits: dict[int, list[float]] = {}  # node -> its last two waits for a message
         self._hold_ids: set[str] = set()         # holds whose replies were not pulled yet
         self._hold_node: dict[str, int] = {}     # hold message id -> its node
+        self._hold_len: dict[str, float] = {}    # hold message id -> its seconds
+        self._hold_back: dict[str, float] = {}   # hold message id -> when its reply came
+        self._overhead: dict[int, float] = {}    # node -> a hold's time beyond its seconds
         self._hold_pull: _Pull | None = None
 
     def wait_for_nodes(self) -> list[int]:
@@ -135,8 +138,7 @@ class GridLink:
                     for n in live]
         pushed = list(self.grid.push_messages(messages)) if messages else []
         node_of_msg = dict(zip(pushed, live, strict=True))
-        if self.options.hold > 0 and live:
-            self._push_holds(live, group)
+        holds = self._push_holds(live, group) if self.options.hold > 0 and live else []
         ids = set(pushed)
         self.exchanges += 1
         deadline = time.monotonic() + self.options.round_timeout
@@ -144,6 +146,8 @@ class GridLink:
         got = self._collect(ids, deadline, arrived)
         for msg_id, at in arrived.items():
             self._replied_at[node_of_msg[msg_id]] = at
+        self._time_holds(holds, live if holds else [],
+                         {node_of_msg[m]: at for m, at in arrived.items()})
         for msg_id in ids:
             lost[node_of_msg[msg_id]] = (f"no reply within {self.options.round_timeout:g} s "
                                          "(flower.round-timeout)")
@@ -152,21 +156,27 @@ class GridLink:
         return replies, lost
 
     def hold_seconds(self, node: int, now: float) -> float:
-        """How long ``node``'s hold lasts when a message is pushed to it at ``now``: the
-        shorter of its last two waits for a message (from its reply to the next push: the
-        gap a hold must cover), at least ``flower.hold``, at most ``HOLD_CAP``.
+        """How long ``node``'s hold waits when a message is pushed to it at ``now``.
 
-        Not the last wait alone: a hold that outlasts the next push makes its node reply
-        late, which lengthens the other nodes' waits; following the last wait, two nodes
-        would take turns holding too long. The shorter of two breaks that cycle and still
-        follows a node that is always the first to reply."""
+        The hold must cover the node's wait for its next message (from its reply to the
+        next push). Its node pulls again after the hold's wait plus the hold's own cost (a
+        ClientApp process, Flower's polls: ``overhead``, measured on the node's earlier
+        holds), so the wait asked for is the expected wait minus that cost, plus
+        ``flower.hold`` as a margin (a node that pulls just before its message comes sleeps
+        3 s), at least ``flower.hold``, at most ``HOLD_CAP``. The expected wait is the
+        shorter of the node's last two: a hold that outlasts the next push makes its node
+        reply late, which lengthens the other nodes' waits, and following the last wait
+        alone two nodes would take turns holding too long."""
         waits = self._waits.get(node, [])
         if node in self._replied_at:
             waits = [*waits, now - self._replied_at[node]][-2:]
-        return min(HOLD_CAP, max(self.options.hold, min(waits, default=0.0)))
+        margin = self.options.hold
+        wanted = min(waits, default=0.0) - self._overhead.get(node, 0.0) + margin
+        return min(HOLD_CAP, max(margin, wanted))
 
-    def _push_holds(self, nodes: list[int], group: str) -> None:
-        """One hold message per node, queued behind the message just pushed to it."""
+    def _push_holds(self, nodes: list[int], group: str) -> list[str]:
+        """One hold message per node, queued behind the message just pushed to it; their
+        ids."""
         self._drain_holds()
         now = time.monotonic()
         seconds = {n: round(self.hold_seconds(n, now), 3) for n in nodes}
@@ -178,8 +188,20 @@ class GridLink:
                  for n in nodes]
         ids = list(self.grid.push_messages(holds))
         self._hold_ids.update(ids)
-        self._hold_node.update(zip(ids, nodes, strict=True))
+        self._hold_node.update(zip(ids, nodes, strict=True))  # until its reply is pulled
+        self._hold_len.update((i, seconds[n]) for i, n in zip(ids, nodes, strict=True))
         self.holds += [{"node": n, "seconds": seconds[n], "group": group} for n in nodes]
+        return ids
+
+    def _time_holds(self, holds: list[str], nodes: list[int], replied: dict[int, float]
+                    ) -> None:
+        """A hold's cost beyond its wait, for the holds of an exchange whose replies came
+        while the exchange still pulled (the node's reply, then its hold's, both timed by
+        the same polls): the node's ``overhead`` for its next holds."""
+        for hold, node in zip(holds, nodes, strict=True):
+            back, seconds = self._hold_back.pop(hold, None), self._hold_len.pop(hold)
+            if back is not None and node in replied and back > replied[node]:
+                self._overhead[node] = max(0.0, back - replied[node] - seconds)
 
     def _drain_holds(self) -> None:
         """Take the hold replies a background pull brought and start the next pull (one at a
@@ -188,7 +210,13 @@ class GridLink:
         if pull is not None and pull.done():
             self._hold_pull = None
             if not pull.failed():
-                self._hold_ids -= {r.metadata.reply_to_message_id for r in pull.result()}
+                for reply in pull.result():
+                    hold = reply.metadata.reply_to_message_id
+                    if hold in self._hold_ids:
+                        self._hold_ids.discard(hold)
+                        self._hold_node.pop(hold, None)
+                        if hold in self._hold_len:  # its exchange is still pulling
+                            self._hold_back[hold] = pull.finished
         if self._hold_pull is None and self._hold_ids:
             self._hold_pull = _Pull(self.grid, sorted(self._hold_ids))
 
@@ -263,6 +291,7 @@ class GridLink:
             if batch is not None and now - batch.started > stall:
                 one_by_one = True
             if now >= next_pull:  # at most one pull of a reply per poll interval
+                self._drain_holds()  # flower.hold: time the holds' replies as they come
                 if one_by_one:
                     for msg_id in ids - set(single) - set(errors):
                         single[msg_id] = _Pull(self.grid, [msg_id])
@@ -305,6 +334,7 @@ class _Pull:
         self.ids = ids
         self.started = time.monotonic()
         self.harvested = False  # its replies were taken by the exchange
+        self.finished = 0.0     # when the pull returned
         self._box: dict[str, Any] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(grid,), daemon=True,
@@ -317,6 +347,7 @@ class _Pull:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             self._box["error"] = exc
         finally:
+            self.finished = time.monotonic()
             self._done.set()
 
     def done(self) -> bool:

@@ -31,9 +31,10 @@ class OrderGrid(LoopbackGrid):
     their push."""
 
     def __init__(self, *args, slow: dict[int, float] | None = None, answer_holds: bool = False,
-                 **kwargs) -> None:
+                 hold_cost: float = 0.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.answer_holds = answer_holds
+        self.answer_holds, self.hold_cost = answer_holds, hold_cost
+        self.last_ready: dict[int, float] = {}
         self.pushed: list[tuple[int, str, float | None]] = []
         self.slow = slow or {}
         self.ready_at: dict[str, float] = {}
@@ -54,14 +55,20 @@ class OrderGrid(LoopbackGrid):
         if m.metadata.message_type != "query.hold":
             self.ready_at[msg_id] = (time.monotonic()
                                      + self.slow.get(m.metadata.dst_node_id, 0.0))
+            self.last_ready[m.metadata.dst_node_id] = self.ready_at[msg_id]
         return msg_id
 
     def _answer_hold(self, m):
-        """The hold's reply at once: the loopback runs a ClientApp inside push_messages,
-        where a hold's wait would delay the server itself."""
+        """The hold's reply, without running the ClientApp (the loopback runs it inside
+        push_messages, where a hold's wait would delay the server itself): available
+        ``hold_cost`` + its seconds after the node's last reply."""
         m.metadata.__dict__["_message_id"] = msg_id = uuid4().hex
         m.metadata.__dict__["_run_id"] = self.run_id
         self._replies[msg_id] = Message(RecordDict(), reply_to=m)
+        node = m.metadata.dst_node_id
+        seconds = m.content.config_records["config"]["seconds"]
+        self.ready_at[msg_id] = (self.last_ready.get(node, 0.0) + self.hold_cost + seconds
+                                 if self.hold_cost else 0.0)
         return msg_id
 
     def pull_messages(self, message_ids):
@@ -79,11 +86,12 @@ def run_with_hold(tmp_path):
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.flower.server_app import run_server
 
-    def run(cfg, hold, slow=None, answer_holds=False):
+    def run(cfg, hold, slow=None, answer_holds=False, hold_cost=0.0):
         run_config = to_run_config(cfg.replace(out=str(tmp_path / f"hold-{hold}"),
                                                data_seed=None), FlowerOptions(hold=hold))
         grid = OrderGrid(client_app, run_config, cfg.clients, slow=slow,
-                         answer_holds=answer_holds, node_config={"data-seed": cfg.data_seed})
+                         answer_holds=answer_holds, hold_cost=hold_cost,
+                         node_config={"data-seed": cfg.data_seed})
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                       run_config=run_config)
         sim, summary = run_server(grid, ctx)
@@ -132,26 +140,38 @@ def test_a_hold_lasts_the_nodes_previous_wait(flower_cfg, run_with_hold):
 
 
 def test_hold_seconds_rule():
-    """The shorter of the node's last two waits, within [flower.hold, HOLD_CAP]."""
+    """Expected wait (the shorter of the last two) less the hold's measured cost, plus
+    flower.hold as a margin; within [flower.hold, HOLD_CAP]."""
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions
 
     link = GridLink(grid=None, num_clients=2, options=FlowerOptions(hold=0.5))  # type: ignore[arg-type]
-    assert link.hold_seconds(7, now=100.0) == 0.5            # never replied: the minimum
-    link._replied_at[7] = 99.2
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.8)   # one wait known
+    assert link.hold_seconds(7, now=100.0) == 0.5             # nothing known: the margin
+    link._replied_at[7] = 99.2                                  # waited 0.8 s
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.3)
+    link._overhead[7] = 0.6                                     # a hold costs 0.6 s more
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.7)
+    link._overhead[7] = 2.0
+    assert link.hold_seconds(7, now=100.0) == 0.5             # never below the margin
+    link._overhead.clear()
     link._replied_at[7] = 90.0
-    assert link.hold_seconds(7, now=100.0) == HOLD_CAP        # capped at Flower's idle sleep
-    link._replied_at[7] = 99.9
-    assert link.hold_seconds(7, now=100.0) == 0.5
-    link._waits[7] = [2.0]
-    link._replied_at[7] = 98.8
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.2)   # min(2.0, 1.2)
-    link._waits[7] = [0.6, 5.0]                                     # only the last two count
-    link._replied_at[7] = 98.0
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(2.0)   # min(5.0, 2.0)
+    assert link.hold_seconds(7, now=100.0) == HOLD_CAP         # capped at Flower's idle sleep
+    link._waits[7], link._replied_at[7] = [2.0], 98.8           # waits 2.0, 1.2
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.7)
+    link._waits[7], link._replied_at[7] = [0.6, 5.0], 98.0      # only the last two count
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(2.5)
     link._waits[7] = [5.0, 0.7]
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.7)   # min(0.7, 2.0)
+    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.2)
+
+
+def test_a_holds_cost_is_measured(flower_cfg, run_with_hold):
+    """Each hold's reply comes 0.6 s after its wait: the link learns that cost per node."""
+    cfg = flower_cfg(rounds=3, clients=2, method="fedavg")
+    sim, _, grid = run_with_hold(cfg, hold=0.01, slow={1001: 1.5}, answer_holds=True,
+                                 hold_cost=0.6)
+    overhead = sim.link._overhead
+    assert 1000 in overhead, overhead  # node 0 replies first: its hold comes back in time
+    assert 0.4 <= overhead[1000] <= 1.0, overhead
 
 
 @pytest.mark.parametrize("bad", [-1.0, HOLD_CAP + 0.5, True, "1"])
