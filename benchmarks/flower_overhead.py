@@ -14,6 +14,9 @@ Ways to run the same config (same seeds, same clients, same SGD steps):
 * ``deployment-warm-short-idle``: BENCHMARK ONLY, not a way to run: ``deployment-warm`` with
   Flower's SuperNode patched in this benchmark's node processes to sleep 0.2 s instead of
   its hard-coded 3 s between empty pulls, to measure what that sleep costs;
+* ``deployment-warm-hold``: ``deployment-warm`` with ``flower.hold`` = ``--hold`` seconds
+  (default 0.2): a ``query.hold`` message behind every message keeps each SuperNode busy
+  until the next one is there, instead of its 3 s idle sleep (``flower/link.py``);
 * ``clientapp-startup``: what one cold ClientApp process spends before its message.
 
 Seconds per round are the server's own ``seconds`` of each round (training, aggregation,
@@ -111,14 +114,20 @@ def patched_node_deployment(base: type) -> type:
     return ShortIdle
 
 
+#: ``flower.hold`` of the ``deployment-warm-hold`` mode (``--hold``)
+HOLD = {"seconds": 0.2}
+
+
 def run_deployment(cfg: RunConfig, out: Path, warm: bool = False,
-                   short_idle: bool = False) -> float:
+                   short_idle: bool = False, hold: float = 0.0) -> float:
     from privfedcal.flower.client_app import TIMING_ENV
     from privfedcal.flower.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
 
     overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out))).items()
                  if "." not in k and v != ""}
+    if hold:
+        overrides["flower.hold"] = hold
     work = out.parent / "deployment"
     kind = patched_node_deployment(LocalDeployment) if short_idle else LocalDeployment
     dep = kind(cfg.clients, work, warm=warm)
@@ -129,8 +138,15 @@ def run_deployment(cfg: RunConfig, out: Path, warm: bool = False,
             raise RuntimeError(f"flwr run failed ({done.returncode}):\n{done.stderr[-2000:]}\n"
                                + dep.log_tail())
     mode = "deployment-warm" if warm else "deployment"
-    DETAILS[mode + ("-short-idle" if short_idle else "")] = read_logs(dep.logs)
+    mode += "-short-idle" if short_idle else "-hold" if hold else ""
+    DETAILS[mode] = read_logs(dep.logs)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    print(f"{mode}: rounds " + " ".join(f"{h['seconds']:.2f}" for h in history) + " s",
+          flush=True)
+    summary = json.loads((out / "summary.json").read_text()) \
+        if (out / "summary.json").exists() else {}
+    if "flower_holds" in summary:
+        print(f"{mode}: holds {summary['flower_holds']}", flush=True)
     return per_round(history)
 
 
@@ -219,9 +235,14 @@ def run_deployment_warm_short_idle(cfg: RunConfig, out: Path) -> float:
     return run_deployment(cfg, out, warm=True, short_idle=True)
 
 
+def run_deployment_warm_hold(cfg: RunConfig, out: Path) -> float:
+    return run_deployment(cfg, out, warm=True, hold=HOLD["seconds"])
+
+
 MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run_deployment,
          "deployment-warm": run_deployment_warm,
          "deployment-warm-short-idle": run_deployment_warm_short_idle,
+         "deployment-warm-hold": run_deployment_warm_hold,
          "clientapp-startup": run_clientapp_startup}
 
 
@@ -234,14 +255,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--modes", default="simulator,loopback,deployment")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="work in DIR and keep it (the deployments' logs), not a temp folder")
+    ap.add_argument("--hold", type=float, default=0.2,
+                    help="flower.hold of the deployment-warm-hold mode (seconds)")
     args = ap.parse_args()
+    HOLD["seconds"] = args.hold
     torch.set_num_threads(args.threads)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         ap.error(f"unknown mode(s) {unknown}; choose from {sorted(MODES)}")
     with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
+        tmp_path = Path(tmp) if args.keep is None else args.keep
+        tmp_path.mkdir(parents=True, exist_ok=True)
         data = {"dataset": "digits"}
         if args.images > 0:
             npz = make_npz(tmp_path / "cifar-shaped.npz", args.images)

@@ -167,6 +167,11 @@ def calibration_settings() -> tuple[Setting, ...]:
     return tuple(_CALIBRATION_OPTIONS.values())
 
 
+#: the longest ``flower.hold``: Flower 1.41's SuperNode sleeps 3 s after an empty pull, so a
+#: longer hold could only be slower than no hold at all
+HOLD_CAP = 3.0
+
+
 @dataclass(frozen=True)
 class FlowerOptions:
     """Flower-only settings (``flower.*`` run-config keys)."""
@@ -185,6 +190,13 @@ class FlowerOptions:
         "nodes are dropped and named in the summary); 0: every selected client must reply. "
         "Never below --secagg-min-clients for a secure sum; the key holder is always needed.",
         group="Flower", cli=False)
+    hold: float = setting(
+        0.0, "Seconds of margin for a follow-up `query.hold` message that keeps each SuperNode "
+        "busy after it replies, so that its next pull finds the next message instead of "
+        "Flower's 3 s idle sleep (the hold waits the node's expected wait less a hold's "
+        "measured cost, plus this; at most 3 s). 0: no hold messages. Pays with the warm "
+        "launcher only (docs/flower.md).",
+        group="Flower", cli=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_replies, bool) or not isinstance(self.min_replies, int) \
@@ -201,6 +213,10 @@ class FlowerOptions:
                     and math.isfinite(value) and value > 0):
                 raise UsageError(f"flower.{name.replace('_', '-')} must be a positive number of "
                                  f"seconds, got {value!r}")
+        if not (isinstance(self.hold, int | float) and not isinstance(self.hold, bool)
+                and 0 <= self.hold <= HOLD_CAP):
+            raise UsageError(f"flower.hold must be a number of seconds in [0, {HOLD_CAP:g}], "
+                             f"got {self.hold!r}")
 
 
 # ---- types ----------------------------------------------------------------------------

@@ -22,6 +22,8 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
 * ``query.keygen`` / ``query.decrypt``: the key holder's role (client ``flower.key-holder``).
 * ``query.hello``: -> meta {partition-id, num-partitions, settings (a digest of the data
   settings, ``partition_settings_digest``)}, metrics {num-examples}.
+* ``query.hold``: ``config`` {seconds} -> an empty reply after waiting that long
+  (``flower.hold``; ``flower/link.py`` says why); it builds nothing and reads no data.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from privfedcal.config import RunConfig
+from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import evaluate, train_client
 from privfedcal.federation.setup import (
@@ -263,6 +266,16 @@ def keygen_query(msg: Message, context: Context) -> Message:
 def decrypt_query(msg: Message, context: Context) -> Message:
     rt = _key_holder(context)
     return _reply(msg, rt, **dict(decrypt(context, msg.content["config"], rt.uplink)))
+
+
+@app.query("hold")
+def hold(msg: Message, context: Context) -> Message:
+    seconds = msg.content["config"]["seconds"]
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+            or not 0 <= seconds <= HOLD_CAP:
+        raise UsageError(f"query.hold: seconds must be in [0, {HOLD_CAP:g}], got {seconds!r}")
+    time.sleep(seconds)
+    return Message(RecordDict(), reply_to=msg)
 
 
 @app.query("hello")

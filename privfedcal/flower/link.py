@@ -11,6 +11,18 @@ The deadline is ours, whatever the Grid does: each pull runs in a helper thread 
 exchange waits for at most until the deadline, so a pull that blocks (a reply whose upload
 stalled half-way) cannot hold the ServerApp past ``round_timeout``.
 
+With ``flower.hold`` > 0 every message is followed by a ``query.hold`` message to the same
+node, pushed right after it (the SuperLink hands a node its messages one at a time, oldest
+first). Flower 1.41's SuperNode pulls again as soon as it has pushed a reply and sleeps a
+fixed 3 s when that pull finds nothing: the next message of a round usually comes a moment
+later (after the other nodes' replies and the server's aggregation), so each round waited up
+to 3 s. The hold's ClientApp only waits and sends an empty reply: long enough, the node's
+next pull comes after the next message is there. A hold waits what the node is expected to
+wait for its next message less what a hold costs beyond its wait (both measured on the
+node's earlier exchanges; ``hold_seconds``), plus ``flower.hold`` as a margin, at most 3 s. Holds
+are never waited for: their replies are pulled in the background and once more at ``close``,
+and a node lost during a hold is noticed by the next real exchange as before.
+
 Which node holds which partition is learnt from the replies (each carries ``meta``
 {partition-id}); a ``query.hello`` round asks for it only when a round needs a subset of
 clients before every node has answered once.
@@ -23,11 +35,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
 from privfedcal.flower.records import FlowerOptions
+
+#: the message type of a hold (``flower.hold``); its config carries ``seconds``
+HOLD_MESSAGE = "query.hold"
 
 
 class FlowerRoundError(RuntimeError):
@@ -44,6 +60,15 @@ class GridLink:
         self.node_of: dict[int, int] = {}   # partition id -> SuperNode id
         self.exchanges = 0
         self.dropped: list[dict[str, Any]] = []  # lost clients of exchanges that went on
+        self.holds: list[dict[str, Any]] = []    # every hold sent: {node, seconds, group}
+        self._replied_at: dict[int, float] = {}  # node -> when its last reply was pulled
+        self._waits: dict[int, list[float]] = {}  # node -> its last two waits for a message
+        self._hold_ids: set[str] = set()         # holds whose replies were not pulled yet
+        self._hold_node: dict[str, int] = {}     # hold message id -> its node
+        self._hold_len: dict[str, float] = {}    # hold message id -> its seconds
+        self._hold_back: dict[str, float] = {}   # hold message id -> when its reply came
+        self._overhead: dict[int, float] = {}    # node -> a hold's time beyond its seconds
+        self._hold_pull: _Pull | None = None
 
     def wait_for_nodes(self) -> list[int]:
         """Block until ``num_clients`` SuperNodes are connected (or ``node_wait`` passes)."""
@@ -113,10 +138,16 @@ class GridLink:
                     for n in live]
         pushed = list(self.grid.push_messages(messages)) if messages else []
         node_of_msg = dict(zip(pushed, live, strict=True))
+        holds = self._push_holds(live, group) if self.options.hold > 0 and live else []
         ids = set(pushed)
         self.exchanges += 1
         deadline = time.monotonic() + self.options.round_timeout
-        got = self._collect(ids, deadline)
+        arrived: dict[str, float] = {}
+        got = self._collect(ids, deadline, arrived)
+        for msg_id, at in arrived.items():
+            self._replied_at[node_of_msg[msg_id]] = at
+        self._time_holds(holds, live if holds else [],
+                         {node_of_msg[m]: at for m, at in arrived.items()})
         for msg_id in ids:
             lost[node_of_msg[msg_id]] = (f"no reply within {self.options.round_timeout:g} s "
                                          "(flower.round-timeout)")
@@ -124,7 +155,87 @@ class GridLink:
         lost.update(errors)
         return replies, lost
 
-    def _collect(self, ids: set[str], deadline: float) -> list[Message]:
+    def hold_seconds(self, node: int, now: float) -> float:
+        """How long ``node``'s hold waits when a message is pushed to it at ``now``.
+
+        The hold must cover the node's wait for its next message (from its reply to the
+        next push). Its node pulls again after the hold's wait plus the hold's own cost (a
+        ClientApp process, Flower's polls: ``overhead``, measured on the node's earlier
+        holds), so the wait asked for is the expected wait minus that cost, plus
+        ``flower.hold`` as a margin (a node that pulls just before its message comes sleeps
+        3 s), at least ``flower.hold``, at most ``HOLD_CAP``. The expected wait is the
+        shorter of the node's last two: a hold that outlasts the next push makes its node
+        reply late, which lengthens the other nodes' waits, and following the last wait
+        alone two nodes would take turns holding too long."""
+        waits = self._waits.get(node, [])
+        if node in self._replied_at:
+            waits = [*waits, now - self._replied_at[node]][-2:]
+        margin = self.options.hold
+        wanted = min(waits, default=0.0) - self._overhead.get(node, 0.0) + margin
+        return min(HOLD_CAP, max(margin, wanted))
+
+    def _push_holds(self, nodes: list[int], group: str) -> list[str]:
+        """One hold message per node, queued behind the message just pushed to it; their
+        ids."""
+        self._drain_holds()
+        now = time.monotonic()
+        seconds = {n: round(self.hold_seconds(n, now), 3) for n in nodes}
+        for n in nodes:  # the wait that ended now joins the node's last two
+            if n in self._replied_at:
+                self._waits[n] = [*self._waits.get(n, []), now - self._replied_at[n]][-2:]
+        holds = [Message(RecordDict({"config": ConfigRecord({"seconds": seconds[n]})}),
+                         dst_node_id=n, message_type=HOLD_MESSAGE, group_id=group)
+                 for n in nodes]
+        ids = list(self.grid.push_messages(holds))
+        self._hold_ids.update(ids)
+        self._hold_node.update(zip(ids, nodes, strict=True))  # until its reply is pulled
+        self._hold_len.update((i, seconds[n]) for i, n in zip(ids, nodes, strict=True))
+        self.holds += [{"node": n, "seconds": seconds[n], "group": group} for n in nodes]
+        return ids
+
+    def _time_holds(self, holds: list[str], nodes: list[int], replied: dict[int, float]
+                    ) -> None:
+        """A hold's cost beyond its wait, for the holds of an exchange whose replies came
+        while the exchange still pulled (the node's reply, then its hold's, both timed by
+        the same polls): the node's ``overhead`` for its next holds."""
+        for hold, node in zip(holds, nodes, strict=True):
+            back, seconds = self._hold_back.pop(hold, None), self._hold_len.pop(hold)
+            if back is not None and node in replied and back > replied[node]:
+                self._overhead[node] = max(0.0, back - replied[node] - seconds)
+
+    def _drain_holds(self) -> None:
+        """Take the hold replies a background pull brought and start the next pull (one at a
+        time; a hold's reply carries nothing, so a failed pull is only retried)."""
+        pull = self._hold_pull
+        if pull is not None and pull.done():
+            self._hold_pull = None
+            if not pull.failed():
+                for reply in pull.result():
+                    hold = reply.metadata.reply_to_message_id
+                    if hold in self._hold_ids:
+                        self._hold_ids.discard(hold)
+                        self._hold_node.pop(hold, None)
+                        if hold in self._hold_len:  # its exchange is still pulling
+                            self._hold_back[hold] = pull.finished
+        if self._hold_pull is None and self._hold_ids:
+            self._hold_pull = _Pull(self.grid, sorted(self._hold_ids))
+
+    def close(self, timeout: float = HOLD_CAP + 10.0) -> None:
+        """Pull the replies of the holds still out (each at most ``HOLD_CAP`` seconds
+        after the node's last reply) from the nodes still connected, for at most ``timeout``
+        seconds, so that no message of the run is left on the SuperLink."""
+        end = time.monotonic() + timeout
+        if self._hold_ids:  # a node that left will not answer its hold
+            connected = set(self.grid.get_node_ids())
+            self._hold_ids = {i for i in self._hold_ids if self._hold_node[i] in connected}
+        while self._hold_ids and time.monotonic() < end:
+            self._drain_holds()
+            if self._hold_pull is not None:
+                _Pull.wait_any([self._hold_pull], min(self.options.poll_interval,
+                                                      end - time.monotonic()))
+
+    def _collect(self, ids: set[str], deadline: float,
+                 arrived: dict[str, float] | None = None) -> list[Message]:
         """Pull the replies of ``ids`` until all came or ``deadline`` passed; what did not
         come stays in ``ids``.
 
@@ -135,7 +246,8 @@ class GridLink:
         does not hold back the replies that are there. Two pulls of one reply may then run
         at once, and the later finds it gone (Flower answers with an error reply, "Message
         Unavailable"): an error reply settles a message only when no other pull of it is
-        still running. A pull left running at the deadline is a daemon thread.
+        still running. A pull left running at the deadline is a daemon thread. ``arrived``
+        receives the time each good reply was taken.
         """
         poll = self.options.poll_interval
         stall = min(max(5.0, 5 * poll), self.options.round_timeout / 3)
@@ -165,6 +277,8 @@ class GridLink:
                     ids.discard(msg_id)
                     errors.pop(msg_id, None)
                     got.append(reply)
+                    if arrived is not None:
+                        arrived[msg_id] = time.monotonic()
             batch = batch if batch is not None and not batch.done() else None
             single = {i: p for i, p in single.items() if not p.done() and i in ids}
             now = time.monotonic()
@@ -177,6 +291,7 @@ class GridLink:
             if batch is not None and now - batch.started > stall:
                 one_by_one = True
             if now >= next_pull:  # at most one pull of a reply per poll interval
+                self._drain_holds()  # flower.hold: time the holds' replies as they come
                 if one_by_one:
                     for msg_id in ids - set(single) - set(errors):
                         single[msg_id] = _Pull(self.grid, [msg_id])
@@ -219,6 +334,7 @@ class _Pull:
         self.ids = ids
         self.started = time.monotonic()
         self.harvested = False  # its replies were taken by the exchange
+        self.finished = 0.0     # when the pull returned
         self._box: dict[str, Any] = {}
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(grid,), daemon=True,
@@ -231,10 +347,14 @@ class _Pull:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             self._box["error"] = exc
         finally:
+            self.finished = time.monotonic()
             self._done.set()
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def failed(self) -> bool:
+        return "error" in self._box
 
     def result(self) -> list[Message]:
         if "error" in self._box:

@@ -157,7 +157,12 @@ class FlowerSimulator(Simulator):
 
     def extra_summary(self) -> dict[str, Any]:
         # which clients were lost, when and why: the server saw who did not reply
-        return {"dropped_clients": list(self.link.dropped)}
+        extra: dict[str, Any] = {"dropped_clients": list(self.link.dropped)}
+        if self.link.holds:  # flower.hold: how many, and how long they lasted
+            seconds = sorted(h["seconds"] for h in self.link.holds)
+            extra["flower_holds"] = {"sent": len(seconds), "median_seconds":
+                                     seconds[len(seconds) // 2], "max_seconds": seconds[-1]}
+        return extra
 
     def client_index(self, client: int) -> None:
         return None  # the node holds its partition

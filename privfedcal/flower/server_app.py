@@ -26,6 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from privfedcal.errors import UsageError
 from privfedcal.flower.link import GridLink
+from privfedcal.flower.pulls import quick_object_pulls
 from privfedcal.flower.records import parse_run_config
 from privfedcal.flower.server import FlowerSimulator
 
@@ -59,6 +60,7 @@ def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str,
     """Build, wait for the SuperNodes, run every round and the post-hoc calibration;
     returns the simulator (its ``global_state``, ``transcript``) and the run summary."""
     sim = build_server(grid, context)
+    quick_object_pulls()  # a reply found mid-upload is retried after 0.05 s, not 1 s
     sim.link.wait_for_nodes()
 
     def progress(record: dict[str, Any]) -> None:
@@ -69,6 +71,7 @@ def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str,
                  record["seconds"])
 
     summary = sim.run(progress=progress)
+    sim.link.close()  # the replies of the last holds (flower.hold), if any
     log.info("privfedcal summary: accuracy %.4f, %s", summary["accuracy"],
              json.dumps({k: summary[k] for k in ("method", "calibrator", "rounds",
                                                  "wall_seconds") if k in summary}))

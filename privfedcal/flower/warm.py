@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from privfedcal.flower import clientapp_shim as shim
+from privfedcal.flower.pulls import quick_object_pulls
 from privfedcal.flower.warm_child import run_child
 
 #: imported before serving: what every privfedcal ClientApp process needs
@@ -221,6 +222,10 @@ def _kill_group(pid: int, signum: int) -> None:
 def preload(modules: list[str]) -> None:
     for name in modules:
         importlib.import_module(name)
+    # a forked child asks for its message while its SuperNode is still fetching it
+    if not quick_object_pulls():
+        print("privfedcal-clientapp-server: this Flower has no initial_backoff for object "
+              "pulls; children keep its own", file=sys.stderr)
     torch = sys.modules["torch"]
     if torch.cuda.is_initialized():  # a forked child cannot use an initialised CUDA context
         raise SystemExit("privfedcal-clientapp-server: a preloaded module initialised CUDA")

@@ -106,6 +106,10 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
     ClientField("query.hello", "metrics", "num-examples", "client size n_k (int)",
                 "start of a Flower run", "none; a constant 0 with --dp-train",
                 "public without --dp-train (FedAvg weights); carries nothing with --dp-train"),
+    # flower.hold: keeps a SuperNode busy between messages (flower/link.py)
+    ClientField("query.hold", "-", "-", "nothing: an empty reply, sent after waiting the "
+                "seconds the server asked for", "flower.hold > 0, after every reply", "none",
+                "public: no record; when it comes is set by the server's own request"),
 )
 
 def transcript_field(label: str, view: str) -> str | None:

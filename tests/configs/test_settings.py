@@ -62,7 +62,7 @@ def test_flower_options_defaults_are_the_described_ones():
     """docs/flower.md once said 3600/300 s and the example app 600/120 s: one source now."""
     flower = {s.name: s.default for s in settings_of(FlowerOptions, "flower")}
     assert flower == {"round_timeout": 3600.0, "poll_interval": 0.2, "node_wait": 300.0,
-                      "key_holder": 0, "min_replies": 0}
+                      "key_holder": 0, "min_replies": 0, "hold": 0.0}
     assert FlowerOptions() == FlowerOptions(**flower)
 
 

@@ -37,8 +37,9 @@ def run_flower(tmp_path):
     from privfedcal.flower.records import to_run_config
     from privfedcal.flower.server_app import run_server
 
-    def run(cfg, grid=None):
-        run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower"), data_seed=None))
+    def run(cfg, grid=None, options=None):
+        run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower"), data_seed=None),
+                                   options)
         nodes = {} if cfg.data_seed is None else {"data-seed": cfg.data_seed}
         grid = grid or LoopbackGrid(client_app, run_config, cfg.clients, node_config=nodes)
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),

@@ -23,6 +23,7 @@ pytest.importorskip("flwr")
 
 from privfedcal.flower import warm, warm_child  # noqa: E402
 from privfedcal.flower.clientapp_shim import SOCKET_ENV  # noqa: E402
+from privfedcal.flower.pulls import PULL_INITIAL_BACKOFF, PULLERS, quick_object_pulls  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
 REPO = str(Path(__file__).resolve().parents[2])
@@ -186,7 +187,10 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.flower
 @pytest.mark.slow
-def test_a_warm_deployment_equals_the_simulator(tmp_path, tiny_cfg):
+@pytest.mark.parametrize("hold", [0.0, 0.2], ids=["no-hold", "hold"])
+def test_a_warm_deployment_equals_the_simulator(tmp_path, tiny_cfg, hold):
+    """... and with flower.hold, whose holds then all run forked and all replies are
+    pulled (the run summary counts them)."""
     from privfedcal.experiment import build_simulator
     from privfedcal.flower.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
@@ -199,6 +203,8 @@ def test_a_warm_deployment_equals_the_simulator(tmp_path, tiny_cfg):
     out = tmp_path / "deployment" / "run"
     overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out), data_seed=None)).items()
                  if "." not in k and v != ""}
+    if hold:
+        overrides["flower.hold"] = hold
     dep = LocalDeployment(2, tmp_path / "deployment", warm=True, data_seed=7)
     try:
         with dep:
@@ -210,9 +216,52 @@ def test_a_warm_deployment_equals_the_simulator(tmp_path, tiny_cfg):
         dep.stop()
     assert dep.alive() == []
     # every ClientApp ran forked from the server: the hello and 2 rounds, on 2 nodes
-    assert served.count(": exit 0 after") >= 2 * 3 and ": exit 1" not in served
+    assert served.count(": exit 0 after") >= 2 * 3 * (2 if hold else 1)
+    assert ": exit 1" not in served
     fl_summary = json.loads((out / "summary.json").read_text())
+    assert ("flower_holds" in fl_summary) == bool(hold)
     assert fl_summary["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-9)
     fl_history = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [h["train_loss"] for h in fl_history] == pytest.approx(
         [h["train_loss"] for h in sim.history], abs=1e-9)
+
+
+def test_quick_object_pulls_makes_the_first_retry_short(monkeypatch):
+    """A forked ClientApp asks for its message's objects while its SuperNode is still
+    fetching them: the first retry waits PULL_INITIAL_BACKOFF, not Flower's 1 s, and a
+    ClientApp's pull hands that on to Flower's retry loop."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    for name in PULLERS:  # Flower's own default, whatever an earlier test's ServerApp set
+        fn = getattr(iu, name)
+        monkeypatch.setattr(fn, "__kwdefaults__", {**fn.__kwdefaults__, "initial_backoff": 1})
+    assert quick_object_pulls() == list(PULLERS)
+    assert [getattr(iu, n).__kwdefaults__["initial_backoff"] for n in PULLERS] == \
+        [PULL_INITIAL_BACKOFF] * len(PULLERS)
+    seen = {}
+
+    def fake_pull(ids, pull_fn, **kw):
+        seen.update(kw)
+        raise LookupError("stop after the pull")
+
+    monkeypatch.setattr(iu, "pull_objects", fake_pull)
+    with pytest.raises(LookupError):
+        iu.pull_and_inflate_object_from_tree(iu.ObjectTree(object_id="0" * 64, children=[]),
+                                             lambda _: b"", lambda _: None)
+    assert seen["initial_backoff"] == PULL_INITIAL_BACKOFF < 1
+
+
+def test_quick_object_pulls_leaves_another_flower_alone(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils
+
+    monkeypatch.setattr(inflatable_utils, "pull_and_inflate_object_from_tree",
+                        lambda tree, pull, confirm: None)
+    monkeypatch.setattr(inflatable_utils, "pull_objects", lambda ids, pull: None)
+    assert quick_object_pulls() == []
+
+
+def test_preload_sets_quick_object_pulls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(warm, "quick_object_pulls", lambda: calls.append(1) or ["x"])
+    warm.preload(["json"])
+    assert calls == [1]

@@ -16,7 +16,7 @@ pytest.importorskip("tenseal")
 
 from loopback import LoopbackGrid  # noqa: E402
 
-from privfedcal.attacks.fields_table import declared  # noqa: E402
+from privfedcal.attacks.fields_table import client_fields, declared  # noqa: E402
 
 
 class RecordingGrid(LoopbackGrid):
@@ -25,28 +25,36 @@ class RecordingGrid(LoopbackGrid):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[str, str, str, object]] = []
+        self.types: set[str] = set()
 
     def pull_messages(self, message_ids):
         replies = super().pull_messages(message_ids)
         for reply in replies:
             if reply.has_error():
                 continue
+            self.types.add(reply.metadata.message_type)
             for record_name, record in reply.content.items():
                 for key, value in record.items():
                     self.seen.append((reply.metadata.message_type, record_name, key, value))
         return replies
 
 
-def walk(cfg, run_flower):
+def walk(cfg, run_flower, hold=0.0):
     from privfedcal.flower.client_app import app as client_app
-    from privfedcal.flower.records import to_run_config
+    from privfedcal.flower.records import FlowerOptions, to_run_config
 
-    grid = RecordingGrid(client_app, to_run_config(cfg), cfg.clients)
-    run_flower(cfg, grid)
+    options = FlowerOptions(hold=hold)
+    grid = RecordingGrid(client_app, to_run_config(cfg, options), cfg.clients)
+    run_flower(cfg, grid, options)
     assert grid.seen, "no reply was recorded"
     undeclared = sorted({f"{m}/{r}/{k}" for m, r, k, _ in grid.seen if declared(m, r, k) is None})
     assert undeclared == [], "fields sent but not declared in privacy/client_fields.py: " \
         + ", ".join(undeclared)
+    # a reply with no record (query.hold) is a release too: its message must have a row
+    listed = {f.message for f in client_fields()}
+    unlisted = sorted(grid.types - listed)
+    assert unlisted == [], "replies without a row in privacy/client_fields.py: " \
+        + ", ".join(unlisted)
     return grid.seen
 
 
@@ -87,6 +95,18 @@ def test_the_walk_fails_on_an_undeclared_field(flower_cfg, run_flower, monkeypat
     monkeypatch.setattr(client_app, "_reply", leaky)
     with pytest.raises(AssertionError, match="train/metrics/private-extra"):
         walk(flower_cfg(rounds=1, method="fedavg"), run_flower)
+
+
+def test_a_hold_reply_has_its_row(flower_cfg, run_flower, monkeypatch):
+    """flower.hold's empty replies are declared; without their row the walk fails."""
+    import privfedcal.privacy.client_fields as fields
+
+    cfg = flower_cfg(rounds=1, method="ccvr")
+    walk(cfg, run_flower, hold=0.01)
+    monkeypatch.setattr(fields, "FIXED_FIELDS", tuple(
+        f for f in fields.FIXED_FIELDS if f.message != "query.hold"))
+    with pytest.raises(AssertionError, match="replies without a row.*query.hold"):
+        walk(cfg, run_flower, hold=0.01)
 
 
 def test_local_evaluation_is_refused_under_dp(flower_cfg):
