@@ -18,8 +18,9 @@ fixed 3 s when that pull finds nothing: the next message of a round usually come
 later (after the other nodes' replies and the server's aggregation), so each round waited up
 to 3 s. The hold's ClientApp only waits and sends an empty reply: long enough, the node's
 next pull comes after the next message is there. A hold waits what the node is expected to
-wait for its next message less what a hold costs beyond its wait (both measured on the
-node's earlier exchanges; ``hold_seconds``), plus ``flower.hold`` as a margin, at most 3 s. Holds
+wait for its next message (from the nodes' measured times to answer and the server's own
+time) less what a hold costs beyond its wait, plus ``flower.hold`` as a margin, at most 3 s
+(``hold_seconds``). Holds
 are never waited for: their replies are pulled in the background and once more at ``close``,
 and a node lost during a hold is noticed by the next real exchange as before.
 
@@ -30,6 +31,7 @@ clients before every node has answered once.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Iterable
@@ -61,12 +63,16 @@ class GridLink:
         self.exchanges = 0
         self.dropped: list[dict[str, Any]] = []  # lost clients of exchanges that went on
         self.holds: list[dict[str, Any]] = []    # every hold sent: {node, seconds, group}
-        self._replied_at: dict[int, float] = {}  # node -> when its last reply was pulled
-        self._waits: dict[int, list[float]] = {}  # node -> its last two waits for a message
+        # flower.hold bookkeeping (monotonic seconds, the ServerApp's own polls)
+        self._service: dict[int, list[float]] = {}  # node -> its last 3 times to answer
+        self._server_time = 0.0                  # last reply -> next push, last exchange
+        self._last_reply: float | None = None    # when the last exchange's last reply came
+        self._last_hold: dict[int, str] = {}     # node -> id of its latest hold
         self._hold_ids: set[str] = set()         # holds whose replies were not pulled yet
         self._hold_node: dict[str, int] = {}     # hold message id -> its node
         self._hold_len: dict[str, float] = {}    # hold message id -> its seconds
         self._hold_back: dict[str, float] = {}   # hold message id -> when its reply came
+                                                 # (cleared at each push)
         self._overhead: dict[int, float] = {}    # node -> a hold's time beyond its seconds
         self._hold_pull: _Pull | None = None
 
@@ -136,18 +142,27 @@ class GridLink:
         live = [n for n in nodes if n in connected]
         messages = [Message(content, dst_node_id=n, message_type=message_type, group_id=group)
                     for n in live]
+        pushed_at = time.monotonic()
+        if self._last_reply is not None:
+            self._server_time = pushed_at - self._last_reply
+        # holds still running now: their nodes start on this message when they end
+        running = {n: self._last_hold[n] for n in live
+                   if self._last_hold.get(n) in self._hold_ids}
+        self._hold_back.clear()
         pushed = list(self.grid.push_messages(messages)) if messages else []
         node_of_msg = dict(zip(pushed, live, strict=True))
-        holds = self._push_holds(live, group) if self.options.hold > 0 and live else []
+        holds = (self._push_holds(live, group, pushed_at)
+                 if self.options.hold > 0 and live else [])
         ids = set(pushed)
         self.exchanges += 1
         deadline = time.monotonic() + self.options.round_timeout
         arrived: dict[str, float] = {}
         got = self._collect(ids, deadline, arrived)
-        for msg_id, at in arrived.items():
-            self._replied_at[node_of_msg[msg_id]] = at
-        self._time_holds(holds, live if holds else [],
-                         {node_of_msg[m]: at for m, at in arrived.items()})
+        replied = {node_of_msg[m]: at for m, at in arrived.items()}
+        if replied:
+            self._last_reply = max(replied.values())
+        if holds:
+            self._time_holds(holds, live, replied, pushed_at, running)
         for msg_id in ids:
             lost[node_of_msg[msg_id]] = (f"no reply within {self.options.round_timeout:g} s "
                                          "(flower.round-timeout)")
@@ -155,34 +170,31 @@ class GridLink:
         lost.update(errors)
         return replies, lost
 
-    def hold_seconds(self, node: int, now: float) -> float:
-        """How long ``node``'s hold waits when a message is pushed to it at ``now``.
+    def hold_seconds(self, node: int, nodes: list[int]) -> float:
+        """How long ``node``'s hold waits when a message goes to ``nodes`` now.
 
-        The hold must cover the node's wait for its next message (from its reply to the
-        next push). Its node pulls again after the hold's wait plus the hold's own cost (a
-        ClientApp process, Flower's polls: ``overhead``, measured on the node's earlier
-        holds), so the wait asked for is the expected wait minus that cost, plus
-        ``flower.hold`` as a margin (a node that pulls just before its message comes sleeps
-        3 s), at least ``flower.hold``, at most ``HOLD_CAP``. The expected wait is the
-        shorter of the node's last two: a hold that outlasts the next push makes its node
-        reply late, which lengthens the other nodes' waits, and following the last wait
-        alone two nodes would take turns holding too long."""
-        waits = self._waits.get(node, [])
-        if node in self._replied_at:
-            waits = [*waits, now - self._replied_at[node]][-2:]
+        The hold must last from the node's reply to the next push, which comes when the
+        slowest node has replied and the server has aggregated: expected, the slowest
+        node's time to answer less this node's, plus the server's time (each node's time to
+        answer is the median of its last three, counted from when it could start: the push,
+        or the end of the hold it was still running then, so that a hold's own lateness
+        does not feed back into the others' holds). The node pulls again after the hold's
+        wait plus what a hold costs beyond it (a ClientApp process and Flower's polls,
+        ``_overhead``, measured on its earlier holds), so that cost is taken off, and
+        ``flower.hold`` is added as a margin (a node that pulls just before its message
+        comes sleeps 3 s); at least ``flower.hold``, at most ``HOLD_CAP``."""
+        answer = {n: statistics.median(self._service[n]) for n in nodes if n in self._service}
         margin = self.options.hold
-        wanted = min(waits, default=0.0) - self._overhead.get(node, 0.0) + margin
-        return min(HOLD_CAP, max(margin, wanted))
+        if node not in answer:
+            return margin
+        expected = max(answer.values()) - answer[node] + self._server_time
+        return min(HOLD_CAP, max(margin, expected - self._overhead.get(node, 0.0) + margin))
 
-    def _push_holds(self, nodes: list[int], group: str) -> list[str]:
+    def _push_holds(self, nodes: list[int], group: str, now: float) -> list[str]:
         """One hold message per node, queued behind the message just pushed to it; their
         ids."""
         self._drain_holds()
-        now = time.monotonic()
-        seconds = {n: round(self.hold_seconds(n, now), 3) for n in nodes}
-        for n in nodes:  # the wait that ended now joins the node's last two
-            if n in self._replied_at:
-                self._waits[n] = [*self._waits.get(n, []), now - self._replied_at[n]][-2:]
+        seconds = {n: round(self.hold_seconds(n, nodes), 3) for n in nodes}
         holds = [Message(RecordDict({"config": ConfigRecord({"seconds": seconds[n]})}),
                          dst_node_id=n, message_type=HOLD_MESSAGE, group_id=group)
                  for n in nodes]
@@ -190,16 +202,26 @@ class GridLink:
         self._hold_ids.update(ids)
         self._hold_node.update(zip(ids, nodes, strict=True))  # until its reply is pulled
         self._hold_len.update((i, seconds[n]) for i, n in zip(ids, nodes, strict=True))
+        self._last_hold.update(zip(nodes, ids, strict=True))
         self.holds += [{"node": n, "seconds": seconds[n], "group": group} for n in nodes]
         return ids
 
-    def _time_holds(self, holds: list[str], nodes: list[int], replied: dict[int, float]
-                    ) -> None:
-        """A hold's cost beyond its wait, for the holds of an exchange whose replies came
-        while the exchange still pulled (the node's reply, then its hold's, both timed by
-        the same polls): the node's ``overhead`` for its next holds."""
+    def _time_holds(self, holds: list[str], nodes: list[int], replied: dict[int, float],
+                    pushed_at: float, running: dict[int, str]) -> None:
+        """After an exchange: each node's time to answer (from the push, or from the end of
+        the hold it was running then), and a hold's cost beyond its wait for the holds whose
+        replies came while the exchange still pulled (timed by the same polls as the node's
+        reply)."""
+        for node, at in replied.items():
+            if node in running:  # started on this message when that hold ended
+                if running[node] not in self._hold_back:
+                    continue  # its end was not seen: no time for this exchange
+                start = max(pushed_at, self._hold_back[running[node]])
+            else:
+                start = pushed_at
+            self._service[node] = [*self._service.get(node, []), at - start][-3:]
         for hold, node in zip(holds, nodes, strict=True):
-            back, seconds = self._hold_back.pop(hold, None), self._hold_len.pop(hold)
+            back, seconds = self._hold_back.get(hold), self._hold_len.pop(hold)
             if back is not None and node in replied and back > replied[node]:
                 self._overhead[node] = max(0.0, back - replied[node] - seconds)
 
@@ -215,8 +237,7 @@ class GridLink:
                     if hold in self._hold_ids:
                         self._hold_ids.discard(hold)
                         self._hold_node.pop(hold, None)
-                        if hold in self._hold_len:  # its exchange is still pulling
-                            self._hold_back[hold] = pull.finished
+                        self._hold_back[hold] = pull.finished
         if self._hold_pull is None and self._hold_ids:
             self._hold_pull = _Pull(self.grid, sorted(self._hold_ids))
 

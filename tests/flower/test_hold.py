@@ -140,28 +140,39 @@ def test_a_hold_lasts_the_nodes_previous_wait(flower_cfg, run_with_hold):
 
 
 def test_hold_seconds_rule():
-    """Expected wait (the shorter of the last two) less the hold's measured cost, plus
-    flower.hold as a margin; within [flower.hold, HOLD_CAP]."""
+    """The slowest node's time to answer less this node's, plus the server's time, less the
+    hold's measured cost, plus flower.hold as a margin; within [flower.hold, HOLD_CAP]."""
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions
 
     link = GridLink(grid=None, num_clients=2, options=FlowerOptions(hold=0.5))  # type: ignore[arg-type]
-    assert link.hold_seconds(7, now=100.0) == 0.5             # nothing known: the margin
-    link._replied_at[7] = 99.2                                  # waited 0.8 s
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.3)
-    link._overhead[7] = 0.6                                     # a hold costs 0.6 s more
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(0.7)
-    link._overhead[7] = 2.0
-    assert link.hold_seconds(7, now=100.0) == 0.5             # never below the margin
+    assert link.hold_seconds(7, [7, 8]) == 0.5                # nothing known: the margin
+    link._service, link._server_time = {7: [1.0], 8: [1.8]}, 0.3
+    assert link.hold_seconds(7, [7, 8]) == pytest.approx(1.6)  # 1.8 - 1.0 + 0.3 + 0.5
+    assert link.hold_seconds(8, [7, 8]) == pytest.approx(0.8)  # the slowest: server time
+    assert link.hold_seconds(7, [7]) == pytest.approx(0.8)     # only the nodes of this push
+    link._overhead[7] = 0.4                                     # a hold costs 0.4 s more
+    assert link.hold_seconds(7, [7, 8]) == pytest.approx(1.2)
+    link._overhead[7] = 5.0
+    assert link.hold_seconds(7, [7, 8]) == 0.5                # never below the margin
     link._overhead.clear()
-    link._replied_at[7] = 90.0
-    assert link.hold_seconds(7, now=100.0) == HOLD_CAP         # capped at Flower's idle sleep
-    link._waits[7], link._replied_at[7] = [2.0], 98.8           # waits 2.0, 1.2
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.7)
-    link._waits[7], link._replied_at[7] = [0.6, 5.0], 98.0      # only the last two count
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(2.5)
-    link._waits[7] = [5.0, 0.7]
-    assert link.hold_seconds(7, now=100.0) == pytest.approx(1.2)
+    link._service[8] = [1.8, 9.0, 2.2]                          # the median of the last three
+    assert link.hold_seconds(7, [7, 8]) == pytest.approx(2.0)
+    link._service[8] = [9.0, 9.0, 9.0]
+    assert link.hold_seconds(7, [7, 8]) == HOLD_CAP           # capped at Flower's idle sleep
+
+
+def test_a_nodes_time_to_answer_leaves_out_its_holds_lateness():
+    """A node still holding when its message came starts when its hold ends: its lateness
+    is not its time to answer (else the other nodes' holds would follow it)."""
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.records import FlowerOptions
+
+    link = GridLink(grid=None, num_clients=3, options=FlowerOptions(hold=0.1))  # type: ignore[arg-type]
+    link._hold_back = {"h7": 102.0}
+    link._time_holds([], [], {7: 102.5, 8: 100.7, 9: 101.0}, pushed_at=100.0,
+                     running={7: "h7", 9: "h9"})
+    assert link._service == {7: [pytest.approx(0.5)], 8: [pytest.approx(0.7)]}  # 9: unknown
 
 
 def test_a_holds_cost_is_measured(flower_cfg, run_with_hold):
