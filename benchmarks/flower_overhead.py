@@ -15,7 +15,7 @@ Ways to run the same config (same seeds, same clients, same SGD steps):
   Flower's SuperNode patched in this benchmark's node processes to sleep 0.2 s instead of
   its hard-coded 3 s between empty pulls, to measure what that sleep costs;
 * ``deployment-warm-hold``: ``deployment-warm`` with ``flower.hold`` = ``--hold`` seconds
-  (default 0.2): a ``query.hold`` message behind every message keeps each SuperNode busy
+  (default 0.5): a ``query.hold`` message behind every message keeps each SuperNode busy
   until the next one is there, instead of its 3 s idle sleep (``flower/link.py``);
 * ``clientapp-startup``: what one cold ClientApp process spends before its message.
 
@@ -115,7 +115,7 @@ def patched_node_deployment(base: type) -> type:
 
 
 #: ``flower.hold`` of the ``deployment-warm-hold`` mode (``--hold``)
-HOLD = {"seconds": 0.2}
+HOLD = {"seconds": 0.5}
 
 
 def run_deployment(cfg: RunConfig, out: Path, warm: bool = False,
@@ -257,7 +257,7 @@ def main() -> None:
     ap.add_argument("--modes", default="simulator,loopback,deployment")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="work in DIR and keep it (the deployments' logs), not a temp folder")
-    ap.add_argument("--hold", type=float, default=0.2,
+    ap.add_argument("--hold", type=float, default=0.5,
                     help="flower.hold of the deployment-warm-hold mode (seconds)")
     args = ap.parse_args()
     HOLD["seconds"] = args.hold
