@@ -257,7 +257,7 @@ def main() -> None:
     ap.add_argument("--modes", default="simulator,loopback,deployment")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="work in DIR and keep it (the deployments' logs), not a temp folder")
-    ap.add_argument("--hold", type=float, default=0.5,
+    ap.add_argument("--hold", type=float, default=HOLD["seconds"],
                     help="flower.hold of the deployment-warm-hold mode (seconds)")
     args = ap.parse_args()
     HOLD["seconds"] = args.hold

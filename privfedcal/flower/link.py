@@ -20,9 +20,9 @@ to 3 s. The hold's ClientApp only waits and sends an empty reply: long enough, t
 next pull comes after the next message is there. A hold waits what the node is expected to
 wait for its next message (from the nodes' measured times to answer and the server's own
 time) less what a hold costs beyond its wait, plus ``flower.hold`` as a margin, at most 3 s
-(``hold_seconds``). Holds
-are never waited for: their replies are pulled in the background and once more at ``close``,
-and a node lost during a hold is noticed by the next real exchange as before.
+(``hold_seconds``). Holds are never waited for: their replies are pulled in the background
+and once more at ``close``, and a node lost during a hold is noticed by the next real
+exchange as before.
 
 Which node holds which partition is learnt from the replies (each carries ``meta``
 {partition-id}); a ``query.hello`` round asks for it only when a round needs a subset of
@@ -151,8 +151,7 @@ class GridLink:
         self._hold_back.clear()
         pushed = list(self.grid.push_messages(messages)) if messages else []
         node_of_msg = dict(zip(pushed, live, strict=True))
-        holds = (self._push_holds(live, group, pushed_at)
-                 if self.options.hold > 0 and live else [])
+        holds = self._push_holds(live, group) if self.options.hold > 0 and live else []
         ids = set(pushed)
         self.exchanges += 1
         deadline = time.monotonic() + self.options.round_timeout
@@ -190,7 +189,7 @@ class GridLink:
         expected = max(answer.values()) - answer[node] + self._server_time
         return min(HOLD_CAP, max(margin, expected - self._overhead.get(node, 0.0) + margin))
 
-    def _push_holds(self, nodes: list[int], group: str, now: float) -> list[str]:
+    def _push_holds(self, nodes: list[int], group: str) -> list[str]:
         """One hold message per node, queued behind the message just pushed to it; their
         ids."""
         self._drain_holds()

@@ -26,6 +26,7 @@ redrawing its partition.
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,9 +160,10 @@ class FlowerSimulator(Simulator):
         # which clients were lost, when and why: the server saw who did not reply
         extra: dict[str, Any] = {"dropped_clients": list(self.link.dropped)}
         if self.link.holds:  # flower.hold: how many, and how long they lasted
-            seconds = sorted(h["seconds"] for h in self.link.holds)
-            extra["flower_holds"] = {"sent": len(seconds), "median_seconds":
-                                     seconds[len(seconds) // 2], "max_seconds": seconds[-1]}
+            seconds = [h["seconds"] for h in self.link.holds]
+            extra["flower_holds"] = {"sent": len(seconds),
+                                     "median_seconds": statistics.median(seconds),
+                                     "max_seconds": max(seconds)}
         return extra
 
     def client_index(self, client: int) -> None:
