@@ -75,6 +75,10 @@ class GridLink:
                                                  # (cleared at each push)
         self._overhead: dict[int, float] = {}    # node -> a hold's time beyond its seconds
         self._hold_pull: _Pull | None = None
+        # holds whose reply came before their node's next message was pushed: the node then
+        # pulled an empty queue and slept Flower's 3 s (a lower bound: a reply seen after
+        # the push may have been sent before it)
+        self.missed_holds = 0
 
     def wait_for_nodes(self) -> list[int]:
         """Block until ``num_clients`` SuperNodes are connected (or ``node_wait`` passes)."""
@@ -142,12 +146,14 @@ class GridLink:
         live = [n for n in nodes if n in connected]
         messages = [Message(content, dst_node_id=n, message_type=message_type, group_id=group)
                     for n in live]
+        self._drain_holds()  # hold replies already pulled: those nodes are not holding
         pushed_at = time.monotonic()
         if self._last_reply is not None:
             self._server_time = pushed_at - self._last_reply
         # holds still running now: their nodes start on this message when they end
         running = {n: self._last_hold[n] for n in live
                    if self._last_hold.get(n) in self._hold_ids}
+        self.missed_holds += sum(self._last_hold.get(n) in self._hold_back for n in live)
         self._hold_back.clear()
         pushed = list(self.grid.push_messages(messages)) if messages else []
         node_of_msg = dict(zip(pushed, live, strict=True))

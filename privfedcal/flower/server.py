@@ -161,7 +161,7 @@ class FlowerSimulator(Simulator):
         extra: dict[str, Any] = {"dropped_clients": list(self.link.dropped)}
         if self.link.holds:  # flower.hold: how many, and how long they lasted
             seconds = [h["seconds"] for h in self.link.holds]
-            extra["flower_holds"] = {"sent": len(seconds),
+            extra["flower_holds"] = {"sent": len(seconds), "missed": self.link.missed_holds,
                                      "median_seconds": statistics.median(seconds),
                                      "max_seconds": max(seconds)}
         return extra
