@@ -109,7 +109,10 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
     # flower.hold: keeps a SuperNode busy between messages (flower/link.py)
     ClientField("query.hold", "-", "-", "nothing: an empty reply, sent after waiting the "
                 "seconds the server asked for", "flower.hold > 0, after every reply", "none",
-                "public: no record; when it comes is set by the server's own request"),
+                "public: no record; when it comes is the server's requested wait after the "
+                "node's previous reply, whose time the server sees anyway (timing is not "
+                "covered, below); `summary.json` counts those that came before the node's "
+                "next message (`flower_holds.missed`)"),
 )
 
 def transcript_field(label: str, view: str) -> str | None:
