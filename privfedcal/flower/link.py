@@ -197,8 +197,7 @@ class GridLink:
 
     def _push_holds(self, nodes: list[int], group: str) -> list[str]:
         """One hold message per node, queued behind the message just pushed to it; their
-        ids."""
-        self._drain_holds()
+        ids (``_send`` has taken the hold replies already pulled)."""
         seconds = {n: round(self.hold_seconds(n, nodes), 3) for n in nodes}
         holds = [Message(RecordDict({"config": ConfigRecord({"seconds": seconds[n]})}),
                          dst_node_id=n, message_type=HOLD_MESSAGE, group_id=group)
