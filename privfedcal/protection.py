@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from privfedcal.algorithms.base import ALGORITHMS
+from privfedcal.cohorts import check_schedule, cohort_plan, select_clients
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
 from privfedcal.privacy.dp import L2Clip, default_delta
@@ -27,7 +28,6 @@ from privfedcal.privacy.noise import warn_if_seeded
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import Stage, StagePlan, planned_stages
 from privfedcal.privacy.uplink import Uplink
-from privfedcal.seeding import select_clients
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)
@@ -109,24 +109,44 @@ def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
     return plans, plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
 
 
+def secure_schedule(cfg, calibrator) -> list[list[int]]:
+    """The participants of every securely summed release the plan makes, in order: each
+    round's selection for per-round releases and for the model updates under
+    --secagg-updates, every client for a release made once."""
+    releases = list(getattr(calibrator, "releases", ())) if cfg.secagg else []
+    rows: list[list[int]] = []
+    for r in range(1, cfg.rounds + 1):
+        chosen = select_clients(cfg, r)
+        if cfg.secagg_updates:
+            rows.append(chosen)
+        rows += [chosen for spec in releases if spec.participants != "all"]
+    rows += [list(range(cfg.clients)) for spec in releases if spec.participants == "all"]
+    return rows
+
+
 def check_secure_aggregation(cfg, calibrator) -> None:
     """Refuse secure aggregation that protects nothing, or whose plan can sum fewer uploads
-    than ``--secagg-min-clients`` (an aggregate of one is that client's upload)."""
+    than ``--secagg-min-clients`` (an aggregate of one is that client's upload), in one
+    release or in any combination of the run's releases (``cohorts.isolated_group`` on the
+    planned schedule: rounds select whole cohorts, so this holds by construction and the
+    check guards the construction)."""
     releases = list(getattr(calibrator, "releases", ()))
     if cfg.secagg and not releases:
         raise UsageError(f"--secagg protects calibration uploads, and {cfg.method} with "
                          f"--calibrate {cfg.calibrate} uploads none: use --secagg-updates to "
                          "hide the model updates")
-    per_round = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
-    sums = []
-    if cfg.secagg:
-        sums += [cfg.clients if r.participants == "all" else per_round for r in releases]
-    if cfg.secagg_updates:
-        sums.append(per_round)
-    if sums and min(sums) < cfg.secagg_min_clients:
-        raise UsageError(f"secure aggregation would sum {min(sums)} upload(s) per release, "
-                         f"fewer than --secagg-min-clients {cfg.secagg_min_clients}: raise "
-                         "--clients or --participation")
+    if not (cfg.secagg or cfg.secagg_updates):
+        return
+    plan = cohort_plan(cfg)  # raises when a round would ask for fewer than the minimum
+    rows = secure_schedule(cfg, calibrator)
+    if rows and min(len(r) for r in rows) < cfg.secagg_min_clients:
+        raise UsageError(f"secure aggregation would sum {min(len(r) for r in rows)} upload(s) "
+                         f"per release, fewer than --secagg-min-clients "
+                         f"{cfg.secagg_min_clients}: raise --clients or --participation")
+    if plan.smallest < cfg.secagg_min_clients:
+        raise UsageError(f"a cohort of {plan.smallest} client(s) is below --secagg-min-clients "
+                         f"{cfg.secagg_min_clients}")
+    check_schedule(rows, cfg.clients, cfg.secagg_min_clients)
 
 
 def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
@@ -227,7 +247,8 @@ def update_uplink(cfg, exp, uniform: bool) -> Uplink:
     weight_sum = float(cfg.clients) if uniform else float(exp.num_examples)  # public
     stage = SecAggStage(bounds={UPDATE_WEIGHT: weight_sum}, dp=None, clients=cfg.clients,
                         hide_counts=False, min_clients=cfg.secagg_min_clients,
-                        default_bound=PARAM_BOUND * weight_sum + weight_sum)
+                        default_bound=PARAM_BOUND * weight_sum + weight_sum,
+                        cohorts=cohort_plan(cfg).cohorts)
     return Uplink(stages=[EncryptStage(stage)])
 
 
@@ -246,4 +267,5 @@ def build_uplink(cfg, exp, calibrator) -> Uplink:
 
 __all__ = ["ASSUMPTIONS", "DPStage", "build_protected_uplink", "build_uplink",
            "dpsgd_methods",
-           "participation_counts", "planned_participants", "release_plans", "update_uplink"]
+           "participation_counts", "planned_participants", "release_plans", "secure_schedule",
+           "update_uplink"]

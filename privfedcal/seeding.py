@@ -5,8 +5,6 @@ DP noise never comes from here (privacy/noise.py draws OS entropy)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
@@ -21,15 +19,3 @@ def make_generator(*parts: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(derive_seed(*parts))
     return g
-
-
-def select_clients(cfg: Any, round_: int) -> list[int]:
-    """The clients of a round: a function of the public config alone (the privacy
-    accounting plans each client's participation from it, privfedcal/protection.py);
-    ``cfg`` is a ``RunConfig`` (``clients``, ``participation``, ``seed``)."""
-    k = cfg.clients
-    m = max(1, int(round(cfg.participation * k)))
-    if m >= k:
-        return list(range(k))
-    g = make_generator(cfg.seed, round_, 0, 3)
-    return sorted(torch.randperm(k, generator=g)[:m].tolist())

@@ -9,6 +9,7 @@ checkpoint. After the last round the calibrator's post-hoc hook runs (CCVR, orac
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from privfedcal.cohorts import select_clients, whole_run_record
 from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
@@ -44,10 +46,12 @@ from privfedcal.privacy.transcript import (
     Transcript,
     record_model_updates,
     record_round,
+    secure_participants,
     sent_tensors,
 )
-from privfedcal.seeding import make_generator, select_clients
+from privfedcal.seeding import make_generator
 
+log = logging.getLogger("privfedcal.simulator")
 
 @dataclass
 class RoundContext:
@@ -347,6 +351,8 @@ class Simulator:
             rejected_uploads=list(self.uplink.rejected),
             skipped_releases=list(self.uplink.skipped), **extra, **self.extra_summary())
         privacy = self.uplink.summary()
+        if "secagg" in privacy or "secagg_updates" in privacy:
+            privacy["whole_run"] = self.whole_run_check()
         if privacy:
             summary["privacy"] = privacy
             if "statement" in privacy:
@@ -357,6 +363,17 @@ class Simulator:
         summary["notes"] = self.notes + list(self.uplink.hints)
         write_summary(self.run_dir, summary)
         return summary
+
+    def whole_run_check(self) -> dict[str, Any]:
+        """What all the run's secure sums together isolate, from the contributors recorded
+        release by release (``cohorts.whole_run_record``); a run whose record breaks the
+        guarantee says so in its notes."""
+        rows = secure_participants(self.transcript.entries)
+        record = whole_run_record(rows, self.cfg.clients, self.cfg.secagg_min_clients)
+        if not record["holds"]:
+            log.warning("whole run: %s", record["statement"])
+            self.notes.append(f"WARNING: {record['statement']}")
+        return record
 
     # ---- divergence ---------------------------------------------------------------------------
     def checked_eval_state(self, round_: int) -> State:

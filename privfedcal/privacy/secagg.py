@@ -436,6 +436,11 @@ class ServerAggregator:
 
     def add(self, upload: EncryptedUpload | bytes) -> None:
         """Validate one upload fully, then add it; a rejected upload leaves the sum unchanged."""
+        self.accumulate(self.prepare(upload))
+
+    def prepare(self, upload: EncryptedUpload | bytes) -> list[ts.CKKSVector]:
+        """One upload validated and loaded (key id, layout, chunk count, ciphertexts), not
+        yet added: the caller decides which uploads enter the sum (whole cohorts)."""
         if not isinstance(upload, EncryptedUpload):
             upload = EncryptedUpload.from_bytes(upload)
         if upload.key_id != self.key_id:
@@ -448,10 +453,13 @@ class ServerAggregator:
             raise UploadRejected(
                 f"upload has {len(upload.chunks)} chunks, layout needs {len(self._lengths)}"
             )
-        vecs = [
+        return [
             _load_vector(self._ctx, c, k, f"upload chunk {i}")
             for i, (c, k) in enumerate(zip(upload.chunks, self._lengths, strict=True))
         ]
+
+    def accumulate(self, vecs: list[ts.CKKSVector]) -> None:
+        """Add a prepared upload to the sum."""
         if self._acc is None:
             self._acc = vecs
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from privfedcal.cohorts import cohort_plan, complete_cohorts
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
@@ -87,6 +88,9 @@ class SecAggStage:
     #: the bound of a key absent from ``bounds`` (model updates: one bound for every
     #: parameter tensor); None: such a key is an error
     default_bound: float | None = None
+    #: the run's fixed cohorts (privfedcal/cohorts.py): a sum holds whole cohorts only, an
+    #: upload missing or rejected takes its cohort out; None: no cohort rule
+    cohorts: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
@@ -101,7 +105,7 @@ class SecAggStage:
                                    clients=k).items():
                 bounds[key] = max(bounds.get(key, 0.0), b)
         return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts,
-                   min_clients=cfg.secagg_min_clients)
+                   min_clients=cfg.secagg_min_clients, cohorts=cohort_plan(cfg).cohorts)
 
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)
@@ -116,9 +120,13 @@ class SecAggStage:
         return self.default_bound
 
     def summary(self) -> dict[str, Any]:
-        return {"scheme": "CKKS (TenSEAL)", "params": self.params_used,
-                "min_clients": self.min_clients, "keys": "fresh per release; server holds the public context only",
-                "release_rounding": "2 x CKKS error bound"}
+        out = {"scheme": "CKKS (TenSEAL)", "params": self.params_used,
+               "min_clients": self.min_clients,
+               "keys": "fresh per release; server holds the public context only",
+               "release_rounding": "2 x CKKS error bound"}
+        if self.cohorts is not None:
+            out["cohorts"] = [list(c) for c in self.cohorts]
+        return out
 
 
 @dataclass
@@ -231,14 +239,29 @@ class EncryptStage(Wire):
         sealing: Sealing = rel.state["sealing"]
         server = ServerAggregator(sealing.public, sealing.layout, n_threads=1)
         assert not server.context.is_private()  # the server holds the public context only
+        prepared = []
         for client, data in uploads:
             try:
                 if not isinstance(data, bytes | bytearray):
                     raise UploadRejected("a plaintext upload where a ciphertext was due")
-                server.add(unpad(data) if sealing.pad_to is not None else bytes(data))
+                vecs = server.prepare(unpad(data) if sealing.pad_to is not None else bytes(data))
             except UploadRejected as exc:  # dropped; the release goes on, noise topped up
                 rel.log.reject(rel.round_, rel.label, client, str(exc))
                 continue
+            prepared.append((client, data, vecs))
+        # whole cohorts only: a sum missing one member of a cohort would, set against the
+        # other sums of the run, single out the rest of it (privfedcal/cohorts.py)
+        keep = complete_cohorts([c for c, _, _ in prepared], self.secagg.cohorts, rel.asked)
+        for client, data, vecs in prepared:
+            if client not in keep:
+                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
+                               "is missing: the cohort is left out of the sum")
+                continue
+            try:
+                server.accumulate(vecs)
+            except UploadRejected as exc:  # a partial cohort would be in the sum: no release
+                rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
+                                      f"could not be added ({exc})")
             rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
                                   client=client, bytes=len(data))
         rel.arrived = server.count

@@ -117,6 +117,21 @@ def record_model_updates(transcript: Transcript, round_: int, clients: list[int]
                           bytes=state_bytes(st), **recipe)
 
 
+def secure_participants(entries: list[dict[str, Any]]) -> list[list[int]]:
+    """The contributors of every securely aggregated release, from the server's record: for
+    each decrypted aggregate, the clients whose ciphertexts of that round and label entered
+    the sum (the whole-run check, privfedcal/cohorts.py, reads these)."""
+    senders: dict[tuple[int, str], list[int]] = {}
+    rows = []
+    for e in entries:
+        key = (int(e["round"]), str(e["label"]))
+        if e["view"] == "ciphertext":
+            senders.setdefault(key, []).append(int(e["client"]))
+        elif e["view"] == "aggregate" and key in senders:
+            rows.append(sorted(senders.pop(key)))
+    return rows
+
+
 def load_transcript(directory: Path) -> list[dict[str, Any]]:
     """Entries with their tensors loaded (safetensors only)."""
     index = directory / "index.json"

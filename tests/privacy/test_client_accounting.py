@@ -18,7 +18,7 @@ from privfedcal.protection import (
     participation_counts,
     release_plans,
 )
-from privfedcal.seeding import select_clients
+from privfedcal.cohorts import select_clients
 
 
 def opacus_eps(z, q, steps, delta):

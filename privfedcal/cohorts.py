@@ -1,0 +1,271 @@
+"""Fixed cohorts for secure aggregation, and the checker of a run's participation record.
+
+A secure aggregate hides each upload inside a sum, but the server sees every round's sum
+and who took part in it: sums over different sets of clients subtract. A value that does not
+change between rounds (a client's class counts, its size) is then recovered exactly by least
+squares, and one that changes slowly (a model update, a class gradient) approximately
+(gradient disaggregation, Lam et al., ICML 2021). What the server can learn from all the
+sums of a run is their row space: for every vector ``v`` in the span of the participation
+rows (and of the all-ones row, where the total over every client is public), it learns
+``sum_k v_k x_k``. A group ``G`` of clients is *isolated* when some non-zero ``v`` in that
+span is supported inside ``G``.
+
+The protocol therefore groups the clients once per run into fixed cohorts of at least ``m``
+clients (``--secagg-min-clients``), drawn from the public seed, and every round with partial
+participation selects whole cohorts (So et al., "Securing Secure Aggregation: Mitigating
+Multi-Round Privacy Leakage in Federated Learning", AAAI 2023). Every participation row is
+then a union of cohorts, so is every vector of their span: nothing finer than a cohort is
+ever isolated. An upload that is rejected or lost removes its whole cohort from a secure sum
+(``complete_cohorts``) so that the rule survives dropouts.
+
+``isolated_group`` is the independent check: it takes the participant sets of every secure
+release of a run and returns a group of fewer than ``m`` clients that the sums isolate, or
+None. It is exact (every group of ``m - 1`` clients is tested) when there are at most
+``EXACT_LIMIT`` such groups, and conservative above it (it then requires every set of
+clients with identical participation to hold at least ``m`` clients, which implies the
+guarantee). The planner runs it on the planned schedule before training, and the run on its
+actual record at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from privfedcal.errors import UsageError
+from privfedcal.seeding import make_generator
+
+#: purpose tag of the cohort draw (seeding.derive_seed's last part)
+COHORT_PURPOSE = 11
+#: groups of ``m - 1`` clients the exact check tests at most; above it the check is the
+#: conservative one on identical participation columns
+EXACT_LIMIT = 200_000
+#: a group is isolated when the largest singular value of its rows of an orthonormal basis
+#: of the row space reaches 1 within this tolerance (exactly 1 in exact arithmetic)
+TOLERANCE = 1e-9
+
+
+def per_round(clients: int, participation: float) -> int:
+    """Clients a round asks for: ``round(participation * clients)``, at least 1."""
+    return min(max(1, int(round(participation * clients))), clients)
+
+
+def cohort_size(clients: int, asked: int, minimum: int) -> int:
+    """The cohorts' nominal size: ``minimum`` when every client takes part in every round,
+    else the smallest divisor of ``asked`` that is at least ``minimum``, so that a round of
+    whole cohorts asks for ``asked`` clients when the cohorts are equal."""
+    if asked < minimum or clients < minimum:
+        raise UsageError(f"secure aggregation would sum {min(asked, clients)} upload(s) per "
+                         f"release, fewer than --secagg-min-clients {minimum}: raise --clients "
+                         "or --participation")
+    if asked >= clients:
+        return minimum
+    return next(s for s in range(minimum, asked + 1) if asked % s == 0)
+
+
+def make_cohorts(clients: int, size: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    """``clients // size`` cohorts of ``size`` clients drawn from the public ``seed``; the
+    remaining ``clients % size`` clients join the first cohorts one each, so that every
+    cohort holds at least ``size`` clients. Each cohort sorted, cohorts by first member."""
+    if size < 1 or clients < size:
+        raise UsageError(f"cannot form cohorts of {size} from {clients} clients")
+    order = torch.randperm(clients, generator=make_generator(seed, 0, 0, COHORT_PURPOSE))
+    order = order.tolist()
+    count = clients // size
+    groups = [order[i * size:(i + 1) * size] for i in range(count)]
+    for i, client in enumerate(order[count * size:]):
+        groups[i % count].append(client)
+    return tuple(sorted(tuple(sorted(g)) for g in groups))
+
+
+@dataclass(frozen=True)
+class CohortPlan:
+    """The run's cohorts and how many a round selects (``select``)."""
+
+    cohorts: tuple[tuple[int, ...], ...]
+    per_round: int  # cohorts selected per round
+
+    @property
+    def smallest(self) -> int:
+        return min(len(c) for c in self.cohorts)
+
+    def members(self) -> dict[int, int]:
+        """Client -> index of its cohort."""
+        return {c: i for i, group in enumerate(self.cohorts) for c in group}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cohorts": [list(c) for c in self.cohorts], "per_round": self.per_round,
+                "smallest": self.smallest}
+
+
+def secure_rounds(cfg: Any) -> bool:
+    """Whether a run sums uploads securely (its selection then takes whole cohorts)."""
+    return bool(getattr(cfg, "secagg", False) or getattr(cfg, "secagg_updates", False))
+
+
+def cohort_plan(cfg: Any) -> CohortPlan:
+    """The cohorts of a run, from its public config: cohorts of at least
+    ``--secagg-min-clients`` under secure aggregation, single clients otherwise (then the
+    selection is the plain draw of ``participation * clients`` clients)."""
+    return _plan(cfg.clients, cfg.participation, secure_rounds(cfg),
+                 int(getattr(cfg, "secagg_min_clients", 2)), cfg.seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(clients: int, participation: float, secure: bool, minimum: int,
+          seed: int) -> CohortPlan:
+    asked = per_round(clients, participation)
+    if not secure:
+        return CohortPlan(tuple((c,) for c in range(clients)), asked)
+    size = cohort_size(clients, asked, minimum)
+    cohorts = make_cohorts(clients, size, seed)
+    return CohortPlan(cohorts, len(cohorts) if asked >= clients else asked // size)
+
+
+def select_clients(cfg: Any, round_: int) -> list[int]:
+    """The clients of a round: a function of the public config alone (the privacy
+    accounting plans each client's participation from it, privfedcal/protection.py);
+    ``cfg`` is a ``RunConfig`` (``clients``, ``participation``, ``seed``, and under secure
+    aggregation ``secagg_min_clients``: whole cohorts are selected)."""
+    return select_cohorts(cohort_plan(cfg), cfg.seed, round_)
+
+
+def select_cohorts(plan: CohortPlan, seed: int, round_: int) -> list[int]:
+    """The clients of a round: ``plan.per_round`` whole cohorts drawn from the public seed
+    (with single-client cohorts, the same draw as a plain choice of clients)."""
+    k = len(plan.cohorts)
+    if plan.per_round >= k:
+        chosen = range(k)
+    else:
+        g = make_generator(seed, round_, 0, 3)
+        chosen = torch.randperm(k, generator=g)[:plan.per_round].tolist()
+    return sorted(c for i in chosen for c in plan.cohorts[i])
+
+
+def complete_cohorts(present: Iterable[int], cohorts: Sequence[Collection[int]] | None,
+                     asked: Collection[int]) -> set[int]:
+    """The clients of ``present`` whose whole cohort (as far as it was ``asked``) is
+    present: a missing or rejected upload takes its cohort out of a secure sum, so that the
+    sum stays a union of cohorts whatever drops out."""
+    present = set(present)
+    if cohorts is None:
+        return present
+    keep: set[int] = set()
+    for group in cohorts:
+        wanted = set(group) & set(asked)
+        if wanted and wanted <= present:
+            keep |= wanted
+    return keep | (present - {c for g in cohorts for c in g})  # clients in no cohort
+
+
+# ---- the checker -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Isolation:
+    """A group of fewer than ``m`` clients the released sums isolate (``exact`` False: the
+    conservative check could not rule it out)."""
+
+    group: tuple[int, ...]
+    exact: bool
+
+    def describe(self) -> str:
+        how = "isolate" if self.exact else "may isolate (conservative check)"
+        return f"the sums across rounds {how} client(s) {list(self.group)}"
+
+
+def participation_matrix(rows: Sequence[Collection[int]], clients: int,
+                         public_total: bool = True) -> np.ndarray:
+    """0/1 matrix, one row per released sum (plus the all-ones row of a public total)."""
+    mat = np.zeros((len(rows) + int(public_total), clients))
+    for i, row in enumerate(rows):
+        for c in row:
+            if not 0 <= int(c) < clients:
+                raise UsageError(f"participant {c} is not a client (0..{clients - 1})")
+            mat[i, int(c)] = 1.0
+    if public_total:
+        mat[-1] = 1.0
+    return mat
+
+
+def row_space_basis(mat: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the row space, one basis vector per column (n x rank)."""
+    if mat.size == 0:
+        return np.zeros((mat.shape[1], 0))
+    _, s, vt = np.linalg.svd(mat, full_matrices=False)
+    rank = int((s > s.max(initial=0.0) * max(mat.shape) * 1e-12).sum()) if s.size else 0
+    return vt[:rank].T
+
+
+def isolates(basis: np.ndarray, group: Sequence[int]) -> bool:
+    """Whether a non-zero vector of the row space is supported inside ``group``: the largest
+    singular value of the group's rows of the orthonormal basis is 1."""
+    if basis.shape[1] == 0 or not group:
+        return False
+    return float(np.linalg.norm(basis[list(group)], ord=2)) >= 1.0 - TOLERANCE
+
+
+def isolated_group(rows: Sequence[Collection[int]], clients: int, m: int, *,
+                   public_total: bool = True, known: Collection[int] = ()) -> Isolation | None:
+    """A group of fewer than ``m`` clients (outside ``known``) whose sum some combination
+    of the released sums determines, or None when there is none.
+
+    ``rows``: the participants of every released sum of the run (one set per release, all
+    labels together: the same client value may appear in several). ``public_total``: the sum
+    over every client is public (class totals, the number of examples). ``known``: clients
+    whose own values the observer holds (the key holder knows its own upload)."""
+    if m <= 1:
+        return None
+    others = [c for c in range(clients) if c not in set(known)]
+    mat = participation_matrix(rows, clients, public_total)[:, others]
+    mat = mat[np.abs(mat).sum(axis=1) > 0]
+    basis = row_space_basis(mat)
+    if basis.shape[1] == 0:
+        return None
+    size = min(m - 1, len(others))
+    if math.comb(len(others), size) <= EXACT_LIMIT:
+        for sub in range(1, size + 1):
+            for group in itertools.combinations(range(len(others)), sub):
+                if isolates(basis, group):
+                    return Isolation(tuple(others[i] for i in group), exact=True)
+        return None
+    # conservative: clients with identical columns are equal in every vector of the span,
+    # so if each such class has >= m clients, every non-zero vector has >= m non-zeros
+    classes: dict[bytes, list[int]] = {}
+    for j in range(mat.shape[1]):
+        classes.setdefault(mat[:, j].tobytes(), []).append(others[j])
+    small = min(classes.values(), key=len)
+    return Isolation(tuple(small), exact=False) if len(small) < m else None
+
+
+def whole_run_record(rows: Sequence[Collection[int]], clients: int, m: int) -> dict[str, Any]:
+    """``summary.json``'s statement of what the run's secure sums, taken together, isolate
+    (checked on the actual contributors of every release)."""
+    found = isolated_group(rows, clients, m)
+    exact = found.exact if found is not None else (
+        math.comb(clients, min(m - 1, clients)) <= EXACT_LIMIT)
+    return {"secure_sums": len(rows), "min_clients": m, "holds": found is None,
+            "isolated": list(found.group) if found is not None else None,
+            "check": "exact" if exact else "conservative (identical participation columns)",
+            "statement": ("no combination of the run's secure sums isolates fewer than "
+                          f"{m} clients" if found is None else found.describe())}
+
+
+def check_schedule(rows: Sequence[Collection[int]], clients: int, m: int, *,
+                   public_total: bool = True, known: Collection[int] = ()) -> None:
+    """Refuse (UsageError) a schedule whose sums isolate fewer than ``m`` clients."""
+    found = isolated_group(rows, clients, m, public_total=public_total, known=known)
+    if found is not None:
+        raise UsageError(f"{found.describe()}: fewer than --secagg-min-clients {m}")
+
+
+__all__ = ["COHORT_PURPOSE", "CohortPlan", "Isolation", "check_schedule", "cohort_plan",
+           "cohort_size", "complete_cohorts", "isolated_group", "make_cohorts",
+           "participation_matrix", "per_round", "secure_rounds", "select_clients",
+           "select_cohorts", "whole_run_record"]
