@@ -40,16 +40,23 @@ class ReleaseAttack:
     ``targets`` are the ``target`` names of the records its plans write, in the order the
     reports list them (``target_order``). ``audit_params`` are the calibration options the
     privacy audit (``audit``) trains its runs with: the calibrator's server-side work cut
-    to what the attack needs (the attack reads only the uploads)."""
+    to what the attack needs (the attack reads only the uploads).
+
+    An attack on the run as a whole rather than on one release (``disaggregate_attack.py``:
+    every secure sum of the run together) has no ``plan`` and gives ``run(view, opts)``
+    instead, returning its records and notes; ``audit_columns(records)`` gives its cells of
+    the audit's row. ``run_attacks`` lists them."""
 
     name: str
-    plan: Callable[..., Any]
+    plan: Callable[..., Any] | None
     task: Callable[..., Any] | None = None
     clip: str = "feature"
     keep: Callable[[str, int], Any] | None = None
     canary_keys: tuple[str, ...] = ()
     targets: tuple[str, ...] = ()
     audit_params: Mapping[str, Any] = field(default_factory=dict)
+    run: Callable[..., Any] | None = None
+    audit_columns: Callable[..., Mapping[str, Any]] | None = None
 
 
 RELEASE_ATTACKS: Registry[ReleaseAttack] = Registry("release attack")
@@ -128,6 +135,12 @@ def target_order() -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for n in names for t in RELEASE_ATTACKS.get(n).targets))
 
 
+def run_attacks() -> list[ReleaseAttack]:
+    """The registered attacks that read a run as a whole (``ReleaseAttack.run``), by name."""
+    _discover()
+    return [a for n in RELEASE_ATTACKS.names() if (a := RELEASE_ATTACKS.get(n)).run is not None]
+
+
 def audit_params(calibrator: str) -> dict[str, Any]:
     """The calibration options the audit trains ``calibrator`` with (the ``audit_params``
     of the attacks on its releases)."""
@@ -142,4 +155,4 @@ def audit_params(calibrator: str) -> dict[str, Any]:
 
 __all__ = ["RELEASE_ATTACKS", "ReleaseAttack", "attacked_calibrators", "attacks_of",
            "audit_params", "declared_releases", "register", "release_attack", "release_for",
-           "target_order"]
+           "run_attacks", "target_order"]

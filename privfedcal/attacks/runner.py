@@ -69,6 +69,10 @@ class AttackOptions:
     false_positive_rate: float = 1e-3  # class inference under DP noise
     # feature inversions optimised together per batch (engine.py); 1: one at a time
     attack_batch: int = DEFAULT_ATTACK_BATCH
+    # disaggregation (disaggregate_attack.py): releases per window over which a changing
+    # value is taken as constant (0: the whole run), and whether public totals join
+    window: int = 0
+    public_totals: bool = True
 
     def __post_init__(self) -> None:
         # 0 steps would score the random start as the attack's result ("nothing leaked")
@@ -87,6 +91,8 @@ class AttackOptions:
                              f"{self.attack_batch}")
         if not 0 < self.false_positive_rate < 1:
             raise UsageError("the false-positive rate must be in (0, 1)")
+        if self.window < 0:
+            raise UsageError(f"--window must be >= 0 (0: the whole run), got {self.window}")
 
     @property
     def inversion(self) -> InversionConfig:

@@ -2,7 +2,8 @@
 
 ``invert --stats`` inverts CCVR uploads (raw-feature baseline, class means, class
 statistics), ``invert --gradients`` CReFF class gradients (and, with ``--updates``, a
-simulated local model update); ``classes`` infers every client's class set. Without
+simulated local model update); ``classes`` infers every client's class set;
+``disaggregate`` differences the secure sums of a whole run into per-client values. Without
 ``--run`` a quick default run on digits is trained first. Outputs go to ``--out`` (default
 RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout. Earlier
 results there are kept unless ``--overwrite``; the files are renamed into place together
@@ -201,6 +202,46 @@ def classes_cmd(
     print_table(classes_table(records, f"privfedcal attack classes: {run}"))
     print_notes(notes)
     console.print(f"wrote attack.json and classes.png into {out_dir}")
+
+
+@attack_app.command("disaggregate")
+def disaggregate_cmd(
+    run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
+    run: Annotated[Path | None, Opt(help="Run folder to attack.")] = None,
+    window: Annotated[int, Opt(help="Releases over which a changing value (update, class gradient) is taken as constant (0: the whole run).")] = 0,
+    totals: Annotated[bool, Opt("--totals/--no-totals", help="Add the public all-clients totals (N for update weights, the public class totals for counts).")] = True,
+    device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
+    threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
+    out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-disaggregate).")] = None,
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
+) -> None:
+    """Difference the run's secure sums over changing participant sets into per-client
+    values (Lam et al., ICML 2021); say which clients and groups they determine."""
+    set_threads(threads)
+    from privfedcal.attacks.disaggregate_report import plot, table, verdicts
+    from privfedcal.attacks.release_attacks import release_attack
+    from privfedcal.attacks.report import write_records
+    from privfedcal.attacks.runner import AttackOptions, load_run
+
+    opts = AttackOptions(window=window, public_totals=totals)
+    run = run_folder(run_dir, run, "attack disaggregate", required=True)
+    out_dir = out or Path(run) / "attack-disaggregate"
+    files = ("attack.json", "disaggregation.png")
+    check_fresh(out_dir, files, overwrite=overwrite)
+    view = load_run(run, device=device)
+    with Reporter("attack disaggregate: solving every secure sum of the run", quiet=quiet):
+        records, notes = release_attack("disaggregate").run(view, opts)
+    if not records:
+        raise UsageError("nothing to disaggregate: " + "; ".join(notes))
+    with all_or_nothing(out_dir, files) as paths:
+        write_records(records, paths["attack.json"])
+        plot(records, paths["disaggregation.png"])
+    print_table(table(records, f"privfedcal attack disaggregate: {run}"))
+    for line in verdicts(records):
+        console.print(line)
+    print_notes(notes)
+    console.print(f"wrote attack.json and disaggregation.png into {out_dir}")
 
 
 def register(app: typer.Typer) -> None:

@@ -76,9 +76,10 @@ def test_the_attack_name_is_a_plain_name():
 def test_report_order_and_audit_options_come_from_the_attacks():
     """The report lists record targets in the declared releases' order (CCVR's statistics
     before CReFF's gradients and the model updates attacked with them), and the audit trains
-    CReFF with its server-side optimisation cut (the attack reads the uploads only)."""
+    CReFF with its server-side optimisation cut (the attack reads the uploads only); an
+    attack on the run as a whole (disaggregation across rounds) comes after them."""
     assert target_order() == ("raw-feature", "class-mean", "class-stats", "class-gradient",
-                              "class-gradient-rounds", "model-update")
+                              "class-gradient-rounds", "model-update", "disaggregate")
     assert audit_params("creff") == {"match_steps": 50, "retrain_steps": 100}
     assert audit_params("ccvr") == {} and audit_params("none") == {}
 
