@@ -9,6 +9,14 @@ class PrivacyBudgetError(RuntimeError):
     """A configuration cannot meet, or a release would exceed, the privacy budget."""
 
 
+class BudgetRefused(PrivacyBudgetError):
+    """A client refused a release: it would take the client past the releases its noise was
+    planned for, counted by its own ledger (privacy/client_ledger.py). Its error code on the
+    wire is ``code``."""
+
+    code = "budget-exhausted"
+
+
 class UploadRejected(ValueError):
     """A client upload is malformed (shape, NaN/Inf, foreign or tampered ciphertext)."""
 

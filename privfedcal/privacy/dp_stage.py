@@ -15,6 +15,7 @@ from torch import Tensor
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant
+from privfedcal.privacy.client_ledger import ClientLedger
 from privfedcal.privacy.dp import gaussian_mechanism, noise_stds, payload_sensitivities
 from privfedcal.privacy.releases import DPSGD_RELEASE
 
@@ -26,6 +27,8 @@ ASSUMPTIONS = [
     "DP-SGD's Poisson batches are drawn on the client from OS entropy: amplification by "
     "that subsampling is used (the server never sees the batches)",
     "noise drawn from OS entropy (no --insecure-seeded-noise)",
+    "every client keeps its own ledger and refuses a release past the count planned from "
+    "the public config, so a server that selects it more often gets a refusal",
     "with --secagg and distributed noise: the key holder does not collude with the server",
 ]
 
@@ -55,6 +58,9 @@ class DPStage:
     planned_clients: dict[str, int] = field(default_factory=dict)  # participants per release
     specs: dict[str, Any] = field(default_factory=dict)  # label -> releases.ReleaseSpec
     per_client: dict[int, PrivacyAccountant] = field(default_factory=dict)
+    #: each client's own ledger (privacy/client_ledger.py), where the simulator plays the
+    #: clients; a Flower node keeps its own in its Context.state (flower/node_ledger.py)
+    ledgers: dict[int, ClientLedger] = field(default_factory=dict)
 
     def _noise_multiplier(self, label: str) -> float:
         """The planned noise multiplier z of ``label`` (refused if it was never planned)."""
@@ -88,6 +94,22 @@ class DPStage:
         for c in ([-1] if clients is None else clients):
             self._acc(int(c)).record(z, q, t, label=label)
         self.accountant.record(z, q, t, label=label)
+
+    def ledger(self, client: int) -> ClientLedger:
+        """Client ``client``'s own ledger, its limits from this plan (the run config)."""
+        if client not in self.ledgers:
+            self.ledgers[client] = ClientLedger.planned(self)
+        return self.ledgers[client]
+
+    def admit(self, label: str, clients) -> None:
+        """The clients' side: each of ``clients`` counts a release of ``label`` in its own
+        ledger, or refuses it (``BudgetRefused``, nothing counted for anyone) if it would
+        take that client past the planned count."""
+        ledgers = [self.ledger(int(c)) for c in clients]
+        for ledger in ledgers:
+            ledger.check(label)
+        for ledger in ledgers:
+            ledger.record(label)
 
     def epsilon(self) -> float:
         """The largest epsilon any client has spent (0 before any release)."""
@@ -129,13 +151,17 @@ class DPStage:
 
     def state_dict(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(),
-                "clients": {str(c): a.state_dict() for c, a in self.per_client.items()}}
+                "clients": {str(c): a.state_dict() for c, a in self.per_client.items()},
+                "ledgers": {str(c): g.state_dict() for c, g in self.ledgers.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.accountant.load_state_dict(state["accountant"])
         self.per_client = {}
         for c, st in state.get("clients", {}).items():
             self._acc(int(c)).load_state_dict(st)
+        self.ledgers = {}
+        for c, st in state.get("ledgers", {}).items():
+            self.ledger(int(c)).load_state_dict(st)
 
     def summary(self) -> dict[str, Any]:
         uploads = any(label != DPSGD_RELEASE for label in self.sigmas)
@@ -160,4 +186,5 @@ class DPStage:
                 "distributed_noise": self.distributed, "releases": self.accountant.releases,
                 "per_client_epsilon": {str(c): a.epsilon() for c, a in
                                        sorted(self.per_client.items()) if c >= 0},
+                "client_release_limits": ClientLedger.planned(self).limits,
                 "assumptions": ASSUMPTIONS, "statement": statement}

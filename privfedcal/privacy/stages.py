@@ -120,6 +120,11 @@ class Stage(ABC):
         """Server, before any client computes its upload."""
         return None
 
+    def admit(self, rel: Release) -> None:
+        """Client ``rel.client``, before its halves run: refuse (``BudgetRefused``) a
+        release it must not make."""
+        return None
+
     @abstractmethod
     def client(self, payload: Any, rel: Release) -> Any:
         """Client ``rel.client``: this layer applied to its upload."""
@@ -244,6 +249,9 @@ class NoiseStage(Stage):
     def open(self, rel: Release) -> None:
         self.dp.check(rel.label, rel.asked)  # stop before a release that would exceed the budget
 
+    def admit(self, rel: Release) -> None:
+        self.dp.admit(rel.label, [rel.client])  # the client's own ledger (client_ledger.py)
+
     def client(self, payload: Payload, rel: Release) -> Payload:
         g = noise_generator(self.seed, rel.round_, rel.client, 101, seeded=self.seeded)
         return symmetrise_outer(self.dp.noise(payload, rel.label, g, self.dp.share(rel.label)))
@@ -262,6 +270,8 @@ class NoiseStage(Stage):
     def before_training(self, clients: list[int] | None) -> None:
         if DPSGD_RELEASE in self.dp.sigmas:
             self.dp.check(DPSGD_RELEASE, clients)
+            if clients is not None:  # each client's own ledger (a Flower node: its own)
+                self.dp.admit(DPSGD_RELEASE, clients)
 
     def after_training(self, clients: list[int] | None) -> None:
         if DPSGD_RELEASE in self.dp.sigmas:

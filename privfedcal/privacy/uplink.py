@@ -11,11 +11,13 @@ the public context alone, and the transcript records the server's view. Under Fl
 same stages run on the nodes and the server (flower/protection.py).
 
 Guarantees are never weakened silently: a release that would exceed any participant's budget
-stops the run (``PrivacyBudgetError``) before anything is released; a rejected upload is
-dropped and the release goes on, the key holder topping the distributed noise up to the
-planned variance; a release with fewer than two valid uploads, or an aggregate that fails
-the key holder's magnitude check, is skipped (``ReleaseSkipped``). Noise comes from OS
-entropy (privacy/noise.py), never from the public run seed.
+stops the run (``PrivacyBudgetError``) before anything is released; a client whose own
+ledger refuses the release (``BudgetRefused``, privacy/client_ledger.py) sends nothing, and
+like a rejected upload it is dropped and the release goes on, the key holder topping the
+distributed noise up to the planned variance; a release with fewer than two valid uploads,
+or an aggregate that fails the key holder's magnitude check, is skipped
+(``ReleaseSkipped``). Noise comes from OS entropy (privacy/noise.py), never from the public
+run seed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from privfedcal.errors import ReleaseSkipped, UploadRejected, UsageError
+from privfedcal.errors import BudgetRefused, ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import INSECURE_STATEMENT
 from privfedcal.privacy.releases import UPDATE_RELEASE
@@ -103,6 +105,12 @@ class Uplink:
         for stage in self.stages:
             stage.open(rel)
 
+    def admit(self, rel: Release) -> None:
+        """Client ``rel.client`` agrees to make the release, or refuses it
+        (``BudgetRefused``: past its own ledger's planned count, privacy/client_ledger.py)."""
+        for stage in self.stages:
+            stage.admit(rel)
+
     def client_side(self, payload: Payload, rel: Release) -> Any:
         """One client's upload: the client halves in order (``rel.client`` is the client)."""
         out: Any = payload
@@ -140,9 +148,12 @@ class Uplink:
         sent: list[tuple[int, Any]] = []
         for client, payload in valid:
             try:
+                self.admit(rel.at(client))
                 sent.append((client, self.client_side(payload, rel.at(client))))
             except UploadRejected as exc:  # dropped; the release goes on, noise topped up
                 self.reject(round_, label, client, str(exc))
+            except BudgetRefused as exc:  # not sent; the release goes on without it
+                self.reject(round_, label, client, f"refused by the client: {exc}")
         return self.server_side(sent, rel)
 
     def reject(self, round_: int, label: str, client: int, reason: str) -> None:

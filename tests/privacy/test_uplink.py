@@ -39,10 +39,13 @@ def secagg_stage(clients=4, n=100, clip=10.0, dp=None):
     return SecAggStage(bounds=bounds, dp=dp, clients=clients)
 
 
-def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, planned=4):
+def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, planned=4,
+             releases=1000):
+    """``releases``: the planned releases per client (each client's ledger refuses more)."""
     return DPStage(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                    sigmas={label: sigma}, rates={label: 1.0}, clip=10.0, grad_clip=1.0,
                    distributed=distributed, covers_updates=False,
+                   planned=[{"name": label, "sample_rate": 1.0, "steps": releases}],
                    planned_clients={label: planned})
 
 
