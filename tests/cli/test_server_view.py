@@ -44,7 +44,7 @@ def views(tmp_path_factory):
 @pytest.mark.parametrize(("name", "attack"), [
     ("ccvr", ["invert", "--stats"]), ("ccvr", ["invert", "--updates"]), ("ccvr", ["classes"]),
     ("creff", ["invert", "--gradients"]), ("creff", ["invert", "--gradients", "--updates"]),
-    ("creff", ["invert", "--updates"]), ("creff", ["classes"])])
+    ("creff", ["invert", "--updates"]), ("creff", ["classes"]), ("ccvr", ["disaggregate"])])
 def test_every_attack_runs_on_the_server_view_alone(views, name, attack, tmp_path):
     view = views[name]
     assert sorted(p.name for p in view.iterdir()) == ["config.json", "summary.json",
