@@ -19,6 +19,9 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
   {round, label}, ``secagg`` (with secure aggregation) -> ``payload``
   (ArrayRecord of the task's sums, DP-noised) or ``ciphertext`` {data: bytes}; the client
   side of the uplink runs here (``flower/protection.py``).
+* Under DP, ``query.payload`` and (with --dp-train) ``train`` are releases: the node counts
+  them in its own ledger, in ``context.state["privfedcal.ledger"]``, and refuses one past
+  the count its noise was planned for (``flower/node_ledger.py``; ``BudgetRefused``).
 * ``query.keygen`` / ``query.decrypt``: the key holder's role (client ``flower.key-holder``).
 * ``query.hello``: -> meta {partition-id, num-partitions, settings (a digest of the data
   settings, ``partition_settings_digest``)}, metrics {num-examples}.
@@ -32,6 +35,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,9 +53,11 @@ from privfedcal.federation.setup import (
     partition_is_secret,
     partition_settings_digest,
 )
+from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
+from privfedcal.privacy.releases import DPSGD_RELEASE
 
 CLIENT_STATE = "privfedcal.client-state"
 #: set (to anything but "" or "0") in a SuperNode's environment: each message's handler
@@ -201,9 +207,11 @@ def train(msg: Message, context: Context) -> Message:
     global_state = record_to_state(msg.content["global"], exp.device)
     kept = context.state.array_records.get(CLIENT_STATE)
     client_state = record_to_state(kept, exp.device) if kept is not None else None
-    state, new_client_state, loss = train_client(
-        exp.model, exp.algo, global_state, client_state, exp.data.x_train, exp.data.y_train,
-        rt.idx, exp.spec, round_, rt.partition)
+    # under --dp-train local training is a release: the node's own ledger (node_ledger.py)
+    with node_release(context, rt.uplink, DPSGD_RELEASE) if rt.cfg.dp_train else nullcontext():
+        state, new_client_state, loss = train_client(
+            exp.model, exp.algo, global_state, client_state, exp.data.x_train,
+            exp.data.y_train, rt.idx, exp.spec, round_, rt.partition)
     if new_client_state is not None:
         context.state[CLIENT_STATE] = state_to_record(new_client_state)
     metrics = {"num-examples": _reported_size(rt)}
@@ -235,15 +243,17 @@ def payload(msg: Message, context: Context) -> Message:
     exp = rt.exp
     content = msg.content
     config = content["config"]
-    task = task_from_records(content[TASK_CONFIG], content[TASK_ARRAYS], exp.device)
-    model = exp.model
-    model.load_state_dict(record_to_state(content["state"], exp.device))
-    model.eval()
-    x, y = exp.data.x_train[rt.idx], exp.data.y_train[rt.idx]
-    upload = task.compute(model, x, y, rt.uplink.bound)  # bound: inside the task, per sample
-    records = client_upload(rt.uplink, upload, label=str(config["label"]),
-                            round_=int(config["round"]), client=rt.partition,
-                            secagg=content.config_records.get(SECAGG))
+    label = str(config["label"])
+    # refused before anything is computed past the node's planned count (node_ledger.py)
+    with node_release(context, rt.uplink, label):
+        task = task_from_records(content[TASK_CONFIG], content[TASK_ARRAYS], exp.device)
+        model = exp.model
+        model.load_state_dict(record_to_state(content["state"], exp.device))
+        model.eval()
+        x, y = exp.data.x_train[rt.idx], exp.data.y_train[rt.idx]
+        upload = task.compute(model, x, y, rt.uplink.bound)  # bound: inside the task
+        records = client_upload(rt.uplink, upload, label=label, round_=int(config["round"]),
+                                client=rt.partition, secagg=content.config_records.get(SECAGG))
     return _reply(msg, rt, **records)
 
 
