@@ -13,7 +13,9 @@ charged). privacy/ sits below the calibrators, so the callers pass the declared 
 ``tests/flower/test_wire_fields.py`` walk the real messages of runs with every protection
 on, in the simulator and over Flower's wire, and fail on any field not declared. A field is
 named ``message/record/key`` after its Flower reply; ``*`` stands for every key of a model
-state or of a payload.
+state or of a payload, and, as the message, for every message (an error reply). A field
+with ``values`` may carry only those (a declared vocabulary, never free text: the walks
+check every value).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from privfedcal.privacy.error_codes import CODES, MEANING, ErrorCode
 from privfedcal.privacy.releases import UPDATE_RELEASE, ReleaseSpec
 
 CHARGED = "charged"
@@ -36,6 +39,7 @@ class ClientField:
     flag: str         # what makes a client send it
     protection: str   # "DP", "secure aggregation", "DP + secure aggregation", "none"
     budget: str       # CHARGED, or PUBLIC with the reason after a colon
+    values: tuple[str, ...] = ()  # the only values it may carry (as str); (): any
 
     @property
     def name(self) -> str:
@@ -43,6 +47,16 @@ class ClientField:
 
 
 _META = "node's partition index (int)"
+#: Flower's ErrorCode values a node's error reply can carry: privfedcal's ClientApp sends 2
+#: (CLIENT_APP_RAISED_EXCEPTION); the SuperNode itself sends 1 (the app failed to load),
+#: 7 (its FAB failed verification) and 8 (the ClientApp process stopped responding)
+_FLOWER_ERROR_CODES = ("1", "2", "7", "8")
+#: the fixed reasons of the SuperNode's own error replies (flwr 1.41:
+#: supernode/nodestate/in_memory_nodestate.py, supernode/start_client_internal.py,
+#: supernode/runtime/run_clientapp.py)
+_FLOWER_REASONS = ("ClientApp stopped responding.", "The FAB could not be verified.",
+                   "An exception was raised when attempting to load `ClientApp`")
+_CODES_HELD = "; ".join(f"`{c.value}`: {MEANING[c]}" for c in ErrorCode)
 _ID = "public: the server addresses nodes by id and names participants in the transcript"
 
 FIXED_FIELDS: tuple[ClientField, ...] = (
@@ -90,10 +104,12 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
                 "release (the payload's shapes)", "--secagg, key holder",
                 "secure aggregation (+ DP with --dp-eps)",
                 "charged with --dp-eps (it is the release); without DP unprotected"),
-    ClientField("query.decrypt", "rejected", "reason", "why the key holder refused to decrypt "
-                "(text)", "--secagg, key holder", "none",
+    ClientField("query.decrypt", "rejected", "reason", "that the key holder's check refused "
+                f"the sum: the code `{ErrorCode.UPLOAD_REJECTED.value}` (the check's text, "
+                "which can hold the sum's largest entry, stays in the node's log)",
+                "--secagg, key holder", "none",
                 "public: the outcome of a check on public facts (parameters, count) or on the "
-                "sum's magnitude bound"),
+                "sum's magnitude bound", values=(ErrorCode.UPLOAD_REJECTED.value,)),
     # discovery
     ClientField("query.hello", "meta", "partition-id", _META, "start of a Flower run", "none",
                 _ID),
@@ -113,6 +129,24 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
                 "node's previous reply, whose time the server sees anyway (timing is not "
                 "covered, below); `summary.json` counts those that came before the node's "
                 "next message (`flower_holds.missed`)"),
+    # error replies (Flower's Error), of any message: a code, never the error's text
+    ClientField("*", "error", "code", "Flower's error code (int): 2 from privfedcal's "
+                "ClientApp; 1, 7 or 8 from the SuperNode itself (the app did not load, its "
+                "FAB failed verification, the ClientApp process stopped)",
+                "a message the node could not answer", "none",
+                "public: which of Flower's fixed cases failed", values=_FLOWER_ERROR_CODES),
+    ClientField("*", "error", "reason", "one code of `privacy/error_codes.py`, from the "
+                f"error's class only: {_CODES_HELD}. The full error stays in the node's log. "
+                "The SuperNode's own replies carry Flower's fixed texts (" +
+                ", ".join(f'"{r}"' for r in _FLOWER_REASONS) + "); one of Flower's is free "
+                "text, outside the ClientApp: an error installing the app's FAB or its "
+                "dependencies, before the app runs, is sent as its class and text",
+                "a message the node could not answer", "none: a fixed vocabulary, never "
+                "the error's text",
+                "public: a few bits per failure; which code, like whether the node fails at "
+                "all (a dropped reply the server sees anyway), can depend on the data "
+                "(`out-of-memory`, `diverged`) and is not charged; `summary.json` keeps only "
+                "the code (`dropped_clients[].reason`)", values=CODES + _FLOWER_REASONS),
 )
 
 def transcript_field(label: str, view: str) -> str | None:
@@ -182,7 +216,7 @@ def declared(message: str, record: str, key: str,
     """The declaration of ``message/record/key`` (``*`` declarations match any key) among
     the fixed fields and the payload keys of ``releases``."""
     for f in client_fields(releases):
-        if f.message == message and f.record == record and f.key in (key, "*"):
+        if f.message in (message, "*") and f.record == record and f.key in (key, "*"):
             return f
     return None
 
