@@ -11,8 +11,11 @@ bound on the attacker, so that every setting gets a PSNR. Inversions run to conv
 reconstruction's PSNR, whether its nearest training image is its true one, the client /
 class / target it came from, the data-free prior's best PSNR under the same rule), then
 accuracy, the attacks' mean PSNR / SSIM / feature cosine over targets (plus the prior's
-mean PSNR, the level of an attack that learnt nothing), class-inference accuracy, and the
-epsilon actually spent. Settings the library refuses (a budget that cannot be met, a method
+mean PSNR, the level of an attack that learnt nothing), class-inference accuracy, what the
+attacks on the run as a whole find (``release_attacks.run_attacks``: disaggregation across
+rounds, the most clients whose own value the secure sums determine and the finest group they
+resolve; with ``participation`` below 1 the sums change between rounds), and the epsilon
+actually spent. Settings the library refuses (a budget that cannot be met, a method
 with no calibration upload to protect) are kept as rows with a note, never a crash.
 """
 
@@ -32,7 +35,8 @@ from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
-           "feature_cosine", "class_inference_accuracy", "epsilon_spent", "prior_psnr",
+           "feature_cosine", "class_inference_accuracy", "disaggregated", "finest_group",
+           "epsilon_spent", "prior_psnr",
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
 #: the calibrators whose releases an attack targets (their ``ReleaseSpec.attack``)
 ATTACKED_CALIBRATORS = attacked_calibrators()
@@ -65,6 +69,7 @@ class AuditConfig:
     clients: int = 5
     alpha: float = 0.3
     rounds: int = 5
+    participation: float = 1.0
     local_epochs: int = 1
     steps: int = DEFAULT_MAX_STEPS  # cap; inversions stop at convergence
     restarts: int = 2
@@ -84,6 +89,8 @@ class AuditConfig:
                              f"{self.attack_batch}")
         if self.attack_clients < 1:
             raise UsageError("--attack-clients must be >= 1")
+        if not 0 < self.participation <= 1:
+            raise UsageError(f"--participation must be in (0, 1], got {self.participation}")
         # an empty budget would report the random start as "nothing leaked"
         if self.steps < 1 or self.restarts < 1 or self.rounds < 1:
             raise UsageError(f"the audit needs --steps >= 1, --restarts >= 1 and --rounds >= 1 "
@@ -101,7 +108,7 @@ def _mean(values: list[float]) -> float:
 def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                 on_job: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train and attack one setting; returns its row (``note`` says why a row is empty)."""
-    from privfedcal.attacks.release_attacks import attacks_of
+    from privfedcal.attacks.release_attacks import attacks_of, run_attacks
     from privfedcal.attacks.report import worst_case, write_records
     from privfedcal.attacks.runner import AttackOptions, execute, load_run
     from privfedcal.attacks.uploads import infer_class_sets
@@ -114,6 +121,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
     try:
         cfg = RunConfig(method=setting.method, dataset=config.dataset, clients=config.clients,
                         alpha=config.alpha, rounds=config.rounds,
+                        participation=config.participation,
                         local_epochs=config.local_epochs, seed=config.seed,
                         device=config.device, threads=1, dp_eps=setting.eps,
                         secagg=setting.secagg, out=str(run_dir))
@@ -142,10 +150,16 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
             plan.notes += other.notes
         results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
         class_records, class_notes = infer_class_sets(view, opts)
+        whole_records, whole = [], {}
+        for attack in run_attacks():  # attacks on the run as a whole (disaggregation)
+            found, _ = attack.run(view, opts)
+            whole_records += found
+            if attack.audit_columns is not None:
+                whole.update(attack.audit_columns(found))
     except UsageError as exc:  # e.g. every release was skipped: nothing to attack
         return {**row, "targets": 0, "note": f"not attacked: {exc}"}
     records = [r.record for r in results]
-    write_records(records + class_records, run_dir / "attack.json")
+    write_records(records + class_records + whole_records, run_dir / "attack.json")
     notes = list(dict.fromkeys(plan.notes + class_notes))
     return {
         **row,
@@ -155,6 +169,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
         "ssim": _mean([r["ssim"] for r in records]),
         "feature_cosine": _mean([r["feature_cosine"] for r in records]),
         "class_inference_accuracy": _mean([r["accuracy"] for r in class_records]),
+        **whole,
         "prior_psnr": _mean([r["prior_psnr"] for r in records]),
         "nearest_is_true": _mean([r["nearest_is_true"] for r in records]),
         "nearest_chance": _mean([r["nearest_chance"] for r in records]),

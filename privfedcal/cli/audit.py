@@ -83,6 +83,7 @@ def audit(
     secagg: Annotated[str, Opt(help="Secure aggregation settings: off,on.")] = "off,on",
     methods: Annotated[str, Opt(help="Methods to audit (ccvr, creff).")] = "ccvr,creff",
     rounds: Annotated[int, Opt(help="Communication rounds per run.")] = 5,
+    participation: Annotated[float, Opt(help="Fraction of clients per round (below 1, secure sums change between rounds: see the disaggregation columns).")] = 1.0,
     steps: Annotated[int, Opt(help="Inversion step cap per target (stops earlier once converged).")] = DEFAULT_MAX_STEPS,
     restarts: Annotated[int, Opt(help="Inversion restarts per target.")] = 2,
     attack_batch: Annotated[int, Opt(help="Targets optimised together per batch (1: one at a time; same results, more memory).")] = DEFAULT_ATTACK_BATCH,
@@ -106,7 +107,8 @@ def audit(
 
     config = AuditConfig(eps=parse_eps(eps), secagg=parse_secagg(secagg),
                          methods=parse_methods(methods), dataset=dataset, clients=clients,
-                         rounds=rounds, steps=steps, restarts=restarts, attack_batch=attack_batch,
+                         rounds=rounds, participation=participation, steps=steps,
+                         restarts=restarts, attack_batch=attack_batch,
                          attack_clients=attack_clients, seed=seed, device=device)
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
     files = ("audit.csv", "audit.png")
@@ -126,7 +128,8 @@ def audit(
         plot_audit(rows, paths["audit.png"])
     table = Table(title=f"privfedcal audit: {out_dir}")
     for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
-                "prior max", "PSNR", "prior", "SSIM", "class inf", "eps spent"):
+                "prior max", "PSNR", "prior", "SSIM", "class inf", "disagg", "finest",
+                "eps spent"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in rows:
         nn_worst = r.get("nearest_of_worst")
@@ -137,7 +140,9 @@ def audit(
                       "-" if nn_worst is None else ("yes" if nn_worst else "no"), worst,
                       *(_fmt(r.get(k), 2 if "psnr" in k else 3) for k in
                         ("prior_psnr_max", "psnr", "prior_psnr", "ssim",
-                         "class_inference_accuracy", "epsilon_spent")))
+                         "class_inference_accuracy")),
+                      _fmt(r.get("disaggregated")), _fmt(r.get("finest_group")),
+                      _fmt(r.get("epsilon_spent"), 3))
     print_table(table)
     for r in rows:
         if r["note"]:

@@ -125,3 +125,20 @@ def test_progress_lines_when_not_on_a_terminal(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "privfedcal: audit [0/1]" in err  # start
     assert "privfedcal: audit ccvr-eps1e-09-secagg-off: training" in err  # a stage
+
+
+def test_the_audit_reports_what_the_secure_sums_of_a_run_determine(tmp_path):
+    """The whole-run attacks (disaggregation across rounds) fill their columns: under
+    --secagg with half the clients per round, rounds select whole cohorts of at least
+    --secagg-min-clients (2), so no client's own value is determined and the finest group
+    the sums resolve is a cohort (CReFF's client weighting: holder indicators)."""
+    out = tmp_path / "audit"
+    main(["audit", "--eps", "inf", "--secagg", "on", "--methods", "creff",
+          "--rounds", "4", "--steps", "2", "--restarts", "1", "--clients", "4",
+          "--participation", "0.5", "--device", "cpu", "--out", str(out)])
+    (secure,) = read_rows(out / "audit.csv")
+    assert secure["disaggregated"] == "0/4" and secure["finest_group"] == "2"
+    records = json.loads((out / "runs" / "creff-epsinf-secagg-on" / "attack.json").read_text())
+    assert {r["key"] for r in records if r.get("target") == "disaggregate"} == {"grad", "holders"}
+    with pytest.raises(UsageError, match="--participation"):
+        AuditConfig(participation=0.0)
