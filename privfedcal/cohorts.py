@@ -244,13 +244,16 @@ def isolated_group(rows: Sequence[Collection[int]], clients: int, m: int, *,
     return Isolation(tuple(small), exact=False) if len(small) < m else None
 
 
-def whole_run_record(rows: Sequence[Collection[int]], clients: int, m: int) -> dict[str, Any]:
+def whole_run_record(rows: Sequence[Collection[int]], clients: int, m: int,
+                     known: Collection[int] = ()) -> dict[str, Any]:
     """``summary.json``'s statement of what the run's secure sums, taken together, isolate
-    (checked on the actual contributors of every release)."""
-    found = isolated_group(rows, clients, m)
+    (checked on the actual contributors of every release; ``known``: clients whose values
+    the key holder, who sees every sum, knows as its own)."""
+    found = isolated_group(rows, clients, m, known=known)
     exact = found.exact if found is not None else (
         math.comb(clients, min(m - 1, clients)) <= EXACT_LIMIT)
     return {"secure_sums": len(rows), "min_clients": m, "holds": found is None,
+            "observer_knows": sorted(int(c) for c in known),
             "isolated": list(found.group) if found is not None else None,
             "check": "exact" if exact else "conservative (identical participation columns)",
             "statement": ("no combination of the run's secure sums isolates fewer than "

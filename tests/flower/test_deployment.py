@@ -28,7 +28,7 @@ TIMEOUT = 480  # seconds for the whole run; measured ~2.5 min on a loaded 2-core
 @pytest.mark.slow
 def test_fedavg_and_secure_ccvr_on_a_local_deployment(tmp_path):
     out = tmp_path / "run"
-    dep = LocalDeployment(2, tmp_path)
+    dep = LocalDeployment(3, tmp_path)  # the key holder node needs 2 uploads besides its own
     started: list[int] = []
     try:
         with dep:

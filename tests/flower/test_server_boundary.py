@@ -16,7 +16,7 @@ from privfedcal.federation.setup import partition_settings_digest  # noqa: E402
 
 
 def test_the_server_holds_no_training_data_or_partition(flower_cfg, run_flower, run_simulator):
-    cfg = flower_cfg(method="ccvr", secagg=True, hide_counts=True, transcript=True)
+    cfg = flower_cfg(method="ccvr", secagg=True, hide_counts=True, transcript=True, clients=3)
     sim, _ = run_simulator(cfg)
     fl, _, grid = run_flower(cfg)
     assert fl.exp.parts is None and fl.exp.counts is None
@@ -53,7 +53,7 @@ def test_a_data_seed_in_the_servers_run_config_is_refused_under_a_protection(flo
     from privfedcal.flower.records import to_run_config
     from privfedcal.flower.server_app import build_server
 
-    for protected in ({"secagg": True, "method": "ccvr"}, {"dp_eps": 4.0, "method": "ccvr"},
+    for protected in ({"secagg": True, "method": "ccvr", "clients": 3}, {"dp_eps": 4.0, "method": "ccvr"},
                       {"dp_train": True, "dp_eps": 4.0}):
         cfg = flower_cfg(**protected, out=str(tmp_path / "run"))  # data_seed=0
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
@@ -76,7 +76,7 @@ def test_a_node_takes_the_data_seed_from_its_config_or_environment(flower_cfg, m
     def ctx(**node):
         return Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
 
-    protected = flower_cfg(method="ccvr", secagg=True, data_seed=None)
+    protected = flower_cfg(method="ccvr", secagg=True, clients=3, data_seed=None)
     monkeypatch.delenv(DATA_SEED_ENV, raising=False)
     with pytest.raises(UsageError, match="data-seed=S"):
         node_data_seed(ctx(), protected)
