@@ -29,6 +29,8 @@ SETTING_COLUMNS = ("method", "eps", "secagg")
 #: the worst-case columns (the first table); every other column goes in the second
 WORST_COLUMNS = ("accuracy", "epsilon_spent", "psnr_max", "nearest_of_worst", "worst_client",
                  "worst_class", "worst_target", "prior_psnr_max")
+#: what the attacks on a run as a whole find (disaggregation across rounds): a third table
+WHOLE_RUN_COLUMNS = ("disaggregated", "finest_group")
 #: the most columns one table of the page has (it fits the page without scrolling)
 TABLE_COLUMNS = 12
 #: readable table headers for the audit's CSV columns (others are shown as named)
@@ -38,7 +40,8 @@ HEADERS = {"eps": "ε target", "secagg": "secure agg.", "accuracy": "accuracy",
            "prior_psnr": "prior PSNR", "psnr_max": "PSNR worst", "nearest_is_true": "NN true",
            "nearest_chance": "NN chance", "targets": "targets", "prior_psnr_max": "prior worst",
            "nearest_of_worst": "NN of worst", "worst_client": "worst client",
-           "worst_class": "worst class", "worst_target": "worst target"}
+           "worst_class": "worst class", "worst_target": "worst target",
+           "disaggregated": "clients disaggregated", "finest_group": "finest group"}
 
 
 def _value(text: str | None) -> Any:
@@ -137,7 +140,8 @@ def _cell(column: str, value: Any) -> str:
     """Whole numbers as such (eps 2, targets 18); PSNR in dB with 2 decimals; other
     fractions with 3 (so epsilon spent 1.998 never shows as 2)."""
     if isinstance(value, float) and math.isfinite(value):
-        if value.is_integer() and column in ("eps", "targets", "worst_client", "worst_class"):
+        if value.is_integer() and column in ("eps", "targets", "worst_client", "worst_class",
+                                                       "finest_group"):
             return str(int(value))
         return H.fmt_fixed(value, 2 if "psnr" in column else 3)
     return H.fmt_num(value)
@@ -188,9 +192,12 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
     shown = [c for c in columns if c != "note"]  # notes have their own section below
     key = [c for c in SETTING_COLUMNS if c in shown]
     worst = [c for c in shown if c not in key and c in WORST_COLUMNS]
-    rest = [c for c in shown if c not in key and c not in worst]
+    whole = [c for c in shown if c in WHOLE_RUN_COLUMNS]
+    rest = [c for c in shown if c not in key and c not in worst and c not in whole]
     for title, part, tid in (("Worst case over individuals", worst, "audit"),
-                             ("Means over the attacked targets", rest, "audit-means")):
+                             ("Means over the attacked targets", rest, "audit-means"),
+                             ("What the secure sums of the run determine", whole,
+                              "audit-whole-run")):
         if not part:
             continue
         cols = key + part
@@ -202,8 +209,11 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
                             table_id=tid))
     body.append("<p>PSNR, SSIM, feature cosine: mean over the attacked targets (higher = more "
                 "leakage); prior PSNR: a guess that uses no client data; NN true: share of "
-                "reconstructions whose nearest training image is the true one. Every column "
-                "of <code>audit.csv</code> is shown in one of the two tables.</p>")
+                "reconstructions whose nearest training image is the true one; clients "
+                "disaggregated: the most clients whose own value the run's secure sums "
+                "determine, finest group: the smallest group of clients whose sum they "
+                "determine (docs/privacy-audit.md). Every column of <code>audit.csv</code> "
+                "is shown in one of the tables.</p>")
     body.append("<h2>Most exposed targets per setting</h2>")
     for r in rows:
         name = setting_name(r)

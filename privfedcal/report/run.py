@@ -27,6 +27,9 @@ ATTACK_CAPTIONS = {
                            "reconstructions (lower row, with their PSNR)",
     "classes.png": "class sets inferred from the uploads: shade = true count; dot = found, "
                    "x = false positive, open circle = missed",
+    "disaggregation.png": "who is in each secure sum (rows: releases, and the public total "
+                          "where one is used; * a client whose own value the sums determine) "
+                          "and each scored client's relative error (filled: determined)",
 }
 
 
@@ -192,10 +195,28 @@ def _attack_sections(run_dir: Path) -> str:
                                         ("accuracy", "precision", "recall"))]
                  for (lab, view), rs in sorted(groups.items())],
                 numeric=[False, False, True, True, True, True]))
+        parts.append(_disaggregation([r for r in records if r.get("target") == "disaggregate"]))
         for png in sorted(folder.glob("*.png")):
             parts.append(H.figure(png, f"{folder.name}: {png.stem}", ATTACK_CAPTIONS.get(
                 png.name, png.stem.replace("_", " ")), tall=True))
     return "".join(parts)
+
+
+def _disaggregation(records: list[dict[str, Any]]) -> str:
+    """``attack disaggregate``: a row per (release, payload key) and a verdict per release
+    (docs/privacy-audit.md, "Disaggregation across rounds")."""
+    if not records:
+        return ""
+    from privfedcal.attacks.disaggregate_report import COLUMNS, rows, verdicts
+
+    return (H.table(list(COLUMNS), rows(records),
+                    numeric=[c not in ("release", "key", "total", "worst-off") for c in COLUMNS],
+                    table_id="disaggregation")
+            + "".join(f"<p>{H.esc(v)}.</p>" for v in verdicts(records))
+            + "<p>Determined: the sums fix the client's own value (e<sub>i</sub> in the row "
+              "space of the participation matrix); finest: the smallest group of clients "
+              "whose sum is determined; errors under one rule for every row (relative L2 "
+              "error; worst-off: the best-recovered client).</p>")
 
 
 def _dp_audit_section(run_dir: Path) -> str:
