@@ -27,11 +27,18 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
   settings, ``partition_settings_digest``)}, metrics {num-examples}.
 * ``query.hold``: ``config`` {seconds} -> an empty reply after waiting that long
   (``flower.hold``; ``flower/link.py`` says why); it builds nothing and reads no data.
+
+A message the node cannot answer gets an error reply whose reason is a code of
+``privacy/error_codes.py`` and nothing else (``CodedClientApp``): the error's text stays in
+the node's own log. Left to Flower, an exception raised in a ClientApp crosses the wire as
+its class and text (flwr 1.41, ``supernode/runtime/run_clientapp.py``), and an error's text
+can hold anything the failing code had at hand.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -40,8 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode as FlowerErrorCode
 
 from privfedcal.config import RunConfig
 from privfedcal.descriptions import HOLD_CAP
@@ -57,6 +65,7 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
+from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE
 
 CLIENT_STATE = "privfedcal.client-state"
@@ -81,7 +90,44 @@ def _timing_mod(msg: Message, context: Context, call_next: Any) -> Message:
               file=sys.stderr, flush=True)
 
 
-app = ClientApp(mods=[_timing_mod])
+#: the node's own log: a failed message's full error (never sent)
+LOG = logging.getLogger("privfedcal.flower.client")
+
+
+def error_reply(msg: Message, exc: BaseException) -> Message:
+    """The reply to ``msg``, whose handler raised ``exc``: Flower's error with a code of
+    ``privacy/error_codes.py`` as its whole reason; the error itself goes to the node's log."""
+    code = error_code(exc)
+    LOG.error("%s message failed; the server is sent only the code %s",
+              msg.metadata.message_type, code.value, exc_info=exc)
+    return _coded(msg, code)
+
+
+def _coded(msg: Message, code: ErrorCode) -> Message:
+    return Message(Error(code=FlowerErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=code.value),
+                   reply_to=msg)
+
+
+class CodedClientApp(ClientApp):
+    """A ClientApp that never lets an exception reach Flower: every one, raised by a handler,
+    a mod or Flower's dispatch, becomes ``error_reply``. (``BaseException``s that are not
+    ``Exception``s end the process; the SuperNode then answers with its fixed text.)"""
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        category, _, action = message.metadata.message_type.partition(".")
+        # Flower's dispatch raises ValueError for a type without a handler: say so by code
+        # (its registry is private; test_wire_fields.py sends such a message)
+        if f"{category}.{action or 'default'}" not in self._registered_funcs:
+            LOG.error("no handler for message type %r; the server is sent only the code %s",
+                      message.metadata.message_type, ErrorCode.UNKNOWN_MESSAGE.value)
+            return _coded(message, ErrorCode.UNKNOWN_MESSAGE)
+        try:
+            return super().__call__(message, context)
+        except Exception as exc:  # noqa: BLE001 - answered with its code only
+            return error_reply(message, exc)
+
+
+app = CodedClientApp(mods=[_timing_mod])
 
 # One ClientApp process may serve several messages (simulation engine, tests): keep the
 # experiment of the last run config instead of rebuilding the data for every message.
@@ -226,7 +272,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
     if rt.cfg.dp_enabled or rt.cfg.dp_train:
         # the local loss and accuracy are functions of the client's data outside any budget
-        raise UsageError("local evaluation is refused under DP: its loss and accuracy on the "
+        raise Refused("local evaluation is refused under DP: its loss and accuracy on the "
                          "client's data would leave the client uncharged")
     exp = rt.exp
     state = record_to_state(msg.content["global"], exp.device)
@@ -297,4 +343,4 @@ def hello(msg: Message, context: Context) -> Message:
         {"num-examples": _reported_size(rt)})}), reply_to=msg)
 
 
-__all__ = ["app", "client_runtime", "node_partition"]
+__all__ = ["CodedClientApp", "app", "client_runtime", "error_reply", "node_partition"]

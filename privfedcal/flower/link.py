@@ -24,6 +24,10 @@ time) less what a hold costs beyond its wait, plus ``flower.hold`` as a margin, 
 and once more at ``close``, and a node lost during a hold is noticed by the next real
 exchange as before.
 
+A client's error reply is kept as its code only (``error_reason``): a code of
+``privacy/error_codes.py``, which is all privfedcal's ClientApp sends, or else the name of
+Flower's error code; its text is never kept, logged or written to ``summary.json``.
+
 Which node holds which partition is learnt from the replies (each carries ``meta``
 {partition-id}); a ``query.hello`` round asks for it only when a round needs a subset of
 clients before every node has answered once.
@@ -37,12 +41,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode as FlowerErrorCode
 from flwr.serverapp import Grid
 
 from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
 from privfedcal.flower.records import FlowerOptions
+from privfedcal.privacy.error_codes import CODES
 
 #: the message type of a hold (``flower.hold``); its config carries ``seconds``
 HOLD_MESSAGE = "query.hold"
@@ -50,6 +56,29 @@ HOLD_MESSAGE = "query.hold"
 
 class FlowerRoundError(RuntimeError):
     """Clients did not answer an exchange, or answered with an error."""
+
+
+#: Flower's error codes by value, as the server names them (``flower-client-app-crashed``)
+_FLOWER_ERRORS = {v: "flower-" + k.lower().replace("_", "-")
+                  for k, v in vars(FlowerErrorCode).items() if isinstance(v, int)}
+
+
+def _log_note(reasons: Iterable[str]) -> str:
+    """A pointer to the nodes' logs when some of ``reasons`` are error codes."""
+    codes = set(CODES) | set(_FLOWER_ERRORS.values())
+    if any(r in codes or r.startswith("flower-error-") for r in reasons):
+        return " (an error reply carries only its code: the node's log holds the error)"
+    return ""
+
+
+def error_reason(error: Error) -> str:
+    """What the server keeps of an error reply: its reason if that is one of the declared
+    codes (``privacy/error_codes.py``), else the name of Flower's error code (the SuperNode's
+    own replies, or a client that sent text): never the text it received."""
+    reason = str(error.reason)
+    if reason in CODES:
+        return reason
+    return _FLOWER_ERRORS.get(error.code, f"flower-error-{int(error.code)}")
 
 
 class GridLink:
@@ -99,7 +128,8 @@ class GridLink:
         if lost:  # every node must answer once: its client's size and data settings
             raise FlowerRoundError(
                 f"query.hello round hello: {len(lost)} of {len(nodes)} replies missing; lost: "
-                + "; ".join(f"node {n} ({why})" for n, why in sorted(lost.items())))
+                + "; ".join(f"node {n} ({why})" for n, why in sorted(lost.items()))
+                + _log_note(lost.values()))
         return replies
 
     def exchange(self, content: RecordDict, clients: Iterable[int], message_type: str,
@@ -131,7 +161,7 @@ class GridLink:
             raise FlowerRoundError(
                 f"{message_type} round {group}: {len(wanted) - len(replies)} of "
                 f"{len(wanted)} replies missing, {need} needed to go on; lost: "
-                + "; ".join(named))
+                + "; ".join(named) + _log_note(lost.values()))
         for c in missing:
             node, why = lost_clients[c]
             self.dropped.append({"group": group, "message": message_type, "client": c,
@@ -336,9 +366,7 @@ class GridLink:
             node = node_of_msg.get(reply.metadata.reply_to_message_id,
                                    reply.metadata.src_node_id)
             if reply.has_error():
-                # a ClientApp's reason is its traceback: its last line names the error
-                lines = str(reply.error.reason).strip().splitlines() or ["(no reason)"]
-                errors[node] = f"error reply: {lines[-1].strip()}"
+                errors[node] = error_reason(reply.error)
                 continue
             client = int(reply.content["meta"]["partition-id"])
             if client in out or self.node_of.get(client, node) != node:

@@ -31,6 +31,7 @@ topped up, as in the simulator; an aggregate that fails the key holder's magnitu
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import Payload
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.records import record_to_state, state_to_record
+from privfedcal.privacy.error_codes import CODES, error_code
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg_stage import Sealing
 from privfedcal.privacy.stages import Finish, Release
@@ -117,7 +119,13 @@ def decrypt(context: Any, config: ConfigRecord, uplink: Any) -> RecordDict:
         total = key_holder_release(holder, [bytes(c) for c in config["ciphertexts"]], layout, n,
                                    uplink.wire.secagg.min_clients)
     except UploadRejected as exc:  # the release is skipped, never half-made
-        return RecordDict({"rejected": ConfigRecord({"reason": str(exc)})})
+        # the check's text can hold the sum's largest entry: it stays in this node's log,
+        # the server gets the code (privacy/error_codes.py)
+        code = error_code(exc).value
+        logging.getLogger("privfedcal.flower.client").error(
+            "release %s: the sum failed the key holder's check; the server is sent only the "
+            "code %s", config["release"], code, exc_info=exc)
+        return RecordDict({"rejected": ConfigRecord({"reason": code})})
     label, _, round_ = str(config["release"]).rpartition("-")
     rel = _release(uplink, label, int(round_))
     rel.arrived = n
@@ -159,8 +167,9 @@ class RemoteKeys:
             "ciphertexts": ciphertexts})})
         reply = self._ask(content, "query.decrypt", release).content
         if "rejected" in reply:
+            code = str(reply["rejected"]["reason"])  # kept only if it is a declared code
             rel.log.raise_skipped(rel.round_, rel.label, "aggregate failed the key holder's check: "
-                         + str(reply["rejected"]["reason"]))
+                                  + (code if code in CODES else "(an undeclared reason)"))
         return record_to_state(reply["aggregate"])
 
 

@@ -4,26 +4,26 @@ Test code, not part of the package: for tests/flower/ (pytest puts this folder o
 and ``benchmarks/flower_overhead.py`` (which adds it). The real ServerApp and ClientApp code
 runs, every message is serialised to Flower's wire objects and inflated again on the other side (as
 through a SuperLink, so nothing can share Python objects across the boundary), each node
-keeps its own ``Context`` (node config, ``context.state``) across messages, and a failing
-client handler becomes an error reply as in a deployment. Not a deployment: no processes,
+keeps its own ``Context`` (node config, ``context.state``) across messages, and an exception
+that escapes the ClientApp becomes the error reply a deployment's ``flwr-clientapp`` makes of
+it (its class and text; privfedcal's own ClientApp lets none escape). Not a deployment: no processes,
 no network, no isolation between the nodes' Python state.
 """
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.task_identity import TaskIdentity
 
-CLIENT_APP_RAISED_EXCEPTION = 0  # Flower's ErrorCode for an exception in a ClientApp
 NODE_BASE = 1000  # node ids of the loopback SuperNodes (1 is the SuperLink's)
 
 
@@ -89,8 +89,10 @@ class LoopbackGrid(Grid):
             self.bytes_sent += size
             try:
                 reply = self.client_app(received, self.contexts[node])
-            except Exception:  # noqa: BLE001 - a deployment turns it into an error reply
-                reply = Message(Error(CLIENT_APP_RAISED_EXCEPTION, traceback.format_exc()),
+            except Exception as ex:  # noqa: BLE001 - a deployment turns it into an error reply
+                # flwr 1.41 supernode/runtime/run_clientapp.py: the class and the text
+                reason = str(type(ex)) + ":<'" + str(ex) + "'>"
+                reply = Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason),
                                 reply_to=received)
             back, size = over_the_wire(reply)
             self.bytes_received += size

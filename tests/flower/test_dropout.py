@@ -3,7 +3,8 @@
 Each test makes one node fail at one phase of one exchange on a ``LoopbackGrid`` (the real
 ServerApp and ClientApp code, messages serialised as through a SuperLink):
 
-* ``before``: its ClientApp raises on the message before doing anything (an error reply);
+* ``before``: its ClientApp's handler raises on the message before doing anything (an error
+  reply, which carries the error's code only: ``internal-error``);
 * ``hang``: it never replies (a node stuck in training, or killed during it);
 * ``upload``: its reply is lost mid-upload, and the Grid's pull of it *blocks* (Flower's
   Grid retries the objects of a reply whose upload stalled), holding back any reply pulled
@@ -27,6 +28,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 
 from privfedcal.flower.client_app import app as client_app  # noqa: E402
+from privfedcal.flower.client_app import error_reply  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError, GridLink  # noqa: E402
 from privfedcal.flower.records import FlowerOptions, record_to_state, to_run_config  # noqa: E402
 
@@ -49,8 +51,8 @@ class FaultyGrid(LoopbackGrid):
         real = self.client_app
 
         def app(msg, context):
-            if self._hit(msg) and phase == "before":
-                raise RuntimeError("the node crashed before training")
+            if self._hit(msg) and phase == "before":  # answered as the ClientApp answers
+                return error_reply(msg, RuntimeError("the node crashed before training"))
             reply = real(msg, context)
             if msg.metadata.message_type == "train" and not reply.has_error():
                 self.trained[(context.node_id - NODE_BASE, msg.metadata.group_id)] = \
@@ -138,7 +140,7 @@ def test_round_goes_on_without_a_node_lost_in_training(flower_cfg, faulty_run, p
     (drop,) = summary["dropped_clients"]
     assert (drop["client"], drop["node"], drop["message"], drop["group"]) == \
         (2, NODE_BASE + 2, "train", "2")
-    want = {"before": "crashed before training", "hang": "no reply within",
+    want = {"before": "internal-error", "hang": "no reply within",
             "upload": "no reply within"}[phase]
     assert want in drop["reason"]
     assert any("round 2: client(s) [2] lost" in n for n in summary["notes"])
@@ -166,9 +168,35 @@ def test_too_few_replies_stop_the_run_naming_the_lost_node(flower_cfg, faulty_ru
 
 
 def test_default_needs_every_client(flower_cfg, faulty_run):
-    with pytest.raises(FlowerRoundError, match=r"client 0 \(node 1000: error reply: "
-                       "RuntimeError: the node crashed before training"):
+    with pytest.raises(FlowerRoundError, match=r"client 0 \(node 1000: internal-error\)"
+                       ".*the node's log holds the error"):
         faulty_run(flower_cfg(clients=2, rounds=1), victim=0, phase="before")
+
+
+def test_a_client_that_raises_is_dropped_with_its_code_only(flower_cfg, faulty_run,
+                                                            monkeypatch, tmp_path):
+    """Client 2's training raises an error whose text holds private numbers: the round goes
+    on without it, and summary.json names it with the error's code, never the text."""
+    from privfedcal.flower import client_app as module
+
+    secret = "loss 3.14159 on client data n_k=417"
+    real = module.train_client
+
+    def train_client(*args):
+        round_, client = args[-2:]
+        if (round_, client) == (2, 2):
+            raise FloatingPointError(secret)
+        return real(*args)
+
+    monkeypatch.setattr(module, "train_client", train_client)
+    _, summary, _ = faulty_run(flower_cfg(clients=3, rounds=2), min_replies=2, victim=2,
+                               phase="none")
+    (drop,) = summary["dropped_clients"]
+    assert (drop["client"], drop["message"], drop["group"], drop["reason"]) == \
+        (2, "train", "2", "internal-error")
+    written = (tmp_path / "flower" / "summary.json").read_text()
+    assert '"reason": "internal-error"' in written
+    assert "3.14159" not in written and "FloatingPointError" not in written
 
 
 def test_blocking_pull_cannot_outlast_the_round_timeout(flower_cfg):

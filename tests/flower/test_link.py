@@ -43,11 +43,27 @@ def test_duplicate_partition_ids_are_refused(flower_cfg):
         link.discover()
 
 
-def test_client_errors_fail_the_round_with_the_reason(flower_cfg):
+def test_client_errors_fail_the_round_with_their_code(flower_cfg):
     grid, link = _link(flower_cfg(clients=2))
     grid.contexts[NODE_BASE + 1].node_config["num-partitions"] = 5
-    with pytest.raises(FlowerRoundError, match="num-partitions=5 differs"):
+    with pytest.raises(FlowerRoundError, match=r"node 1001 \(bad-config\)") as info:
         link.discover()
+    assert "num-partitions" not in str(info.value)  # the text stayed on the node
+
+
+def test_the_server_keeps_a_code_never_the_text():
+    """An error reply whose reason is not a declared code (the SuperNode's own, or a client
+    that sends text) is kept as the name of Flower's error code."""
+    from flwr.app import Error
+
+    from privfedcal.flower.link import error_reason
+
+    assert error_reason(Error(2, "budget-exhausted")) == "budget-exhausted"
+    assert error_reason(Error(2, "<class 'KeyError'>:<'n_k=417'>")) == \
+        "flower-client-app-raised-exception"
+    assert error_reason(Error(8, "ClientApp stopped responding.")) == \
+        "flower-client-app-crashed"
+    assert error_reason(Error(99, "anything")) == "flower-error-99"
 
 
 def test_missing_replies_time_out(flower_cfg):

@@ -118,13 +118,48 @@ def test_only_the_designated_node_acts_as_key_holder(flower_cfg):
     params = CKKSParams.for_magnitude(10.0, max_clients=2)
     content = RecordDict({"config": ConfigRecord(
         {"release": "r", "params": json.dumps(params.to_dict())})})
-    with pytest.raises(FlowerRoundError, match="client 0 is not this run's CKKS key holder"):
+    with pytest.raises(FlowerRoundError, match=r"node 1000 \(bad-config\)"):
         link.exchange(content, [0, 1], "query.keygen", "r")
     reply = link.exchange(content, [1], "query.keygen", "r")[1].content
     assert KEY_STATE in grid.contexts[NODE_BASE + 1].state.config_records
     from privfedcal.privacy.secagg import load_public_context
 
     assert not load_public_context(bytes(reply["secagg"]["public-context"])).is_private()
+
+
+def test_the_key_holders_refusal_is_a_code(flower_cfg, monkeypatch, caplog):
+    """The key holder's check of a sum can fail on the sum's largest entry (a number of the
+    decrypted data): the server is sent the code, the text stays in the node's log."""
+    import json
+
+    from flwr.app import ConfigRecord, RecordDict
+    from loopback import LoopbackGrid
+
+    import privfedcal.privacy.secagg_stage as secagg_stage
+    from privfedcal.errors import UploadRejected
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.privacy.packing import PayloadLayout
+    from privfedcal.privacy.secagg import CKKSParams
+
+    def check(*args, **kwargs):
+        raise UploadRejected("aggregate entry 417.3 exceeds the declared bound 10")
+
+    monkeypatch.setattr(secagg_stage, "key_holder_release", check)
+    cfg = flower_cfg(method="ccvr", secagg=True)
+    grid = LoopbackGrid(client_app, to_run_config(cfg), 2)
+    link = GridLink(grid, 2, FlowerOptions(round_timeout=5))
+    params = CKKSParams.for_magnitude(10.0, max_clients=2)
+    link.exchange(RecordDict({"config": ConfigRecord(
+        {"release": "r-1", "params": json.dumps(params.to_dict())})}), [0], "query.keygen", "r")
+    layout = PayloadLayout.from_payload({"sum": torch.zeros(3)})
+    with caplog.at_level("ERROR", logger="privfedcal.flower.client"):
+        reply = link.exchange(RecordDict({"config": ConfigRecord(
+            {"release": "r-1", "n-clients": 2, "layout": layout.to_json(),
+             "ciphertexts": [b""]})}), [0], "query.decrypt", "r")[0].content
+    assert dict(reply["rejected"]) == {"reason": "upload-rejected-locally"}
+    assert "417.3" in caplog.text  # the node's own log
 
 
 def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg):
