@@ -113,7 +113,7 @@ def test_a_sum_with_a_missing_ciphertext_is_left_out(runs):
 def test_cohorts_leave_nothing_finer_than_a_cohort(runs, tmp_path):
     cfg = json.loads((runs / "secure" / "server" / "config.json").read_text())
     m = cfg["secagg_min_clients"]
-    main(["attack", "disaggregate", str(runs / "secure"), "--threads", "1", "--quiet"])
+    main(["attack", "disaggregate", str(runs / "secure"), "--threads", "1"])
     out = runs / "secure" / "attack-disaggregate"
     assert (out / "disaggregation.png").stat().st_size > 0
     records = json.loads((out / "attack.json").read_text())
@@ -130,6 +130,23 @@ def test_cohorts_leave_nothing_finer_than_a_cohort(runs, tmp_path):
     assert all(r["scored"] is False for r in alone) and any("unscored" in n for n in notes)
     assert [(r["key"], r["client"], r["determined"], r["group"]) for r in alone] == [
         (r["key"], r["client"], r["determined"], r["group"]) for r in records]
+
+
+def assert_usage_error(args, capsys, needle):
+    """Exit 2 with one line on stderr naming the problem (as tests/cli/cli_helpers.py)."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert exc.value.code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_bad_input_is_one_line(runs, capsys):
+    assert_usage_error(["attack", "disaggregate", str(runs / "secure"), "--window", "-1"],
+                       capsys, "--window must be >= 0")
+    assert_usage_error(["attack", "disaggregate"], capsys, "needs a run folder")
+    # a run without secure aggregation: every upload was in the clear
+    assert_usage_error(["attack", "disaggregate", str(runs / "plain"), "--out",
+                        str(runs / "plain-out")], capsys, "nothing to disaggregate")
 
 
 def test_registered_as_a_whole_run_attack():
