@@ -22,6 +22,7 @@ from privfedcal.flower.link import FlowerRoundError, GridLink  # noqa: E402
 from privfedcal.flower.node_ledger import LEDGER_STATE, node_ledger, node_release  # noqa: E402
 from privfedcal.flower.records import FlowerOptions, state_to_record  # noqa: E402
 from privfedcal.privacy.dp_stage import DPStage  # noqa: E402
+from privfedcal.privacy.error_codes import ErrorCode, error_code  # noqa: E402
 from privfedcal.privacy.releases import DPSGD_RELEASE  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
 from privfedcal.privacy.transcript import load_transcript  # noqa: E402
@@ -30,8 +31,8 @@ from privfedcal.protection import participation_counts  # noqa: E402
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}
-#: what a refusal's error reply says: its code (or, with free-text replies, its class)
-REFUSED = ("budget-exhausted", "BudgetRefused")
+#: what a refusal's error reply says: its code (privacy/error_codes.py)
+REFUSED = BudgetRefused.code
 
 
 def made(grid, client):
@@ -70,7 +71,7 @@ def test_node_refuses_an_overselection_and_the_release_goes_on(flower_cfg, run_f
                                                               min_replies=1))
     (drop,) = [d for d in summary["dropped_clients"] if d["client"] == client]
     assert drop["message"] == "query.payload" and drop["group"] == f"{CREFF_RELEASE}-{extra}"
-    assert any(code in drop["reason"] for code in REFUSED), drop["reason"]
+    assert drop["reason"] == REFUSED
     assert summary["skipped_releases"] == []
     uploads = [e for e in load_transcript(fl.transcript.directory)
                if e["label"] == CREFF_RELEASE and e["view"] == "plain-upload"
@@ -99,15 +100,18 @@ def test_node_refuses_dp_sgd_training_past_its_planned_rounds(flower_cfg, run_fl
                           "config": ConfigRecord({"round": 2})})
     with pytest.raises(FlowerRoundError) as info:
         link.exchange(content, [0], "train", "2")
-    assert any(code in str(info.value) for code in REFUSED), str(info.value)
+    assert REFUSED in str(info.value)
     assert made(grid, 0) == {DPSGD_RELEASE: 1}
 
 
 def test_a_run_without_dp_keeps_no_ledger_and_a_failed_release_is_not_counted(flower_cfg):
+    """No budget, no ledger; a refusal's code is budget-exhausted; a handler that fails
+    counts nothing; another run of the node starts afresh."""
     from privfedcal.experiment import calibrator_class
     from privfedcal.federation.setup import build_experiment
     from privfedcal.protection import build_uplink
 
+    assert error_code(BudgetRefused("x")) == ErrorCode.BUDGET_EXHAUSTED == REFUSED
     context = Context(run_id=7, node_id=1, node_config={}, state=RecordDict(), run_config={})
     assert node_ledger(context, Uplink()) is None
     cfg = flower_cfg(method="ccvr", dp_eps=8.0)
