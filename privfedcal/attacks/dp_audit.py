@@ -42,11 +42,18 @@ from privfedcal.privacy.empirical import (
     errors_at,
 )
 
-#: the columns of dp_audit.csv, one row per channel
-COLUMNS = ("channel", "claimed_eps", "delta", "eps_lower", "confidence", "trials", "canary")
+#: the columns of dp_audit.csv, one row per channel; ``stopped`` is ``budget`` for a row whose
+#: time budget ended it early (its bound counts the trials it ran), empty for a full one
+COLUMNS = ("channel", "claimed_eps", "delta", "eps_lower", "confidence", "trials", "canary",
+           "stopped")
 CSV_NAME, PNG_NAME = "dp_audit.csv", "dp_audit.png"
-#: fewest trials per side before a time budget may stop a game
+#: fewest trials per side ``--trials`` may ask for
 MIN_TRIALS = 20
+#: fewest trials per side a time budget may stop a game at: one to choose the threshold on,
+#: one to count (its bound is then 0: too few trials to refute anything, but a row)
+BUDGET_MIN_TRIALS = 2
+#: the ``stopped`` value of a row cut short by its time budget
+BUDGET_STOP = "budget"
 #: a variance estimate below this is a key released without noise
 VAR_FLOOR = 1e-30
 
@@ -120,28 +127,44 @@ def _scores(channel: Channel, neg: Stats, pos: Stats, half: int
     return s0, s1
 
 
-def play(channel: Channel, trials: int, *, budget_s: float | None = None,
-         confidence: float = 0.95,
-         progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Run the game with ``trials`` releases of each of D and D' (fewer when ``budget_s``
-    runs out, never fewer than ``MIN_TRIALS``) and return the channel's row of
-    dp_audit.csv with the error counts behind it."""
+def check_game(trials: int, confidence: float) -> None:
+    """Refuse game options no game can run with (before any game starts)."""
     if trials < MIN_TRIALS:
         raise UsageError(f"--trials must be >= {MIN_TRIALS}, got {trials}")
     if not 0 < confidence < 1:
         raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
+
+
+def play(channel: Channel, trials: int, *, budget_s: float | None = None,
+         confidence: float = 0.95,
+         progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run the game with ``trials`` releases of each of D and D' (fewer when ``budget_s``
+    runs out, never fewer than ``BUDGET_MIN_TRIALS``) and return the channel's row of
+    dp_audit.csv with the error counts behind it; a row the budget cut short has
+    ``stopped`` = ``"budget"`` and a bound from the trials it ran.
+
+    Under a budget the first chunk is ``BUDGET_MIN_TRIALS`` per side and every later one is
+    sized from the time per trial so far to fit what is left of the budget (at most
+    ``channel.chunk``), so that a slow channel (DP-SGD: one local training per trial)
+    overruns its budget by about one trial, not by a chunk."""
+    check_game(trials, confidence)
     reduce = channel.reduce or (lambda v: projection_stats(v, channel.reference))
     parts: dict[bool, list[Stats]] = {False: [], True: []}
     done, t0 = 0, time.perf_counter()
+    n = min(channel.chunk, trials, BUDGET_MIN_TRIALS if budget_s is not None else trials)
     while done < trials:
-        n = min(channel.chunk, trials - done)
         for canary in (False, True):  # the same draws of both: the halves stay balanced
             parts[canary].append(reduce(channel.draw(n, canary)))
         done += n
         if progress is not None:
             progress(done, trials)
-        if budget_s is not None and time.perf_counter() - t0 > budget_s and done >= MIN_TRIALS:
-            break
+        n = min(channel.chunk, trials - done)
+        if budget_s is not None and done < trials:
+            spent = time.perf_counter() - t0
+            if spent >= budget_s:
+                break
+            n = max(1, min(n, int((budget_s - spent) * done / spent) if spent > 0 else n))
+    stopped = BUDGET_STOP if done < trials else ""
     neg, pos = _concat(parts[False]), _concat(parts[True])
     half = done // 2
     s0, s1 = _scores(channel, neg, pos, half)
@@ -157,9 +180,15 @@ def play(channel: Channel, trials: int, *, budget_s: float | None = None,
                               confidence)
     return {"channel": channel.name, "claimed_eps": channel.claimed_eps,
             "delta": channel.delta, "eps_lower": eps, "confidence": confidence,
-            "trials": 2 * done, "canary": channel.canary, "score": name,
+            "trials": 2 * done, "canary": channel.canary, "stopped": stopped, "score": name,
             "false_pos": int(fp[0]), "false_neg": int(fn[0]), "test_trials": 2 * n_test,
             "seconds": time.perf_counter() - t0}
+
+
+def budget_spent(t0: float, budget_s: float | None) -> bool:
+    """Whether ``budget_s`` seconds have passed since ``t0`` (``time.perf_counter``); never
+    with no budget. The one-run audits check it between rounds or clients."""
+    return budget_s is not None and time.perf_counter() - t0 >= budget_s
 
 
 # ---- dp_audit.csv and its plot -----------------------------------------------------------------
@@ -171,7 +200,7 @@ def write_csv(rows: list[Mapping[str, Any]], path: Path) -> Path:
         writer.writeheader()
         for r in rows:
             writer.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])
-                             for k in COLUMNS})
+                             for k in COLUMNS if k in r})
     return path
 
 
@@ -185,8 +214,9 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         try:
-            out.append({**r, **{k: float(r[k]) for k in ("claimed_eps", "delta", "eps_lower",
-                                                          "confidence", "trials")}})
+            out.append({"stopped": "", **r,  # a file written before the column: full rows
+                        **{k: float(r[k]) for k in ("claimed_eps", "delta", "eps_lower",
+                                                    "confidence", "trials")}})
         except (KeyError, TypeError, ValueError):
             raise UsageError(f"{path} is not a dp_audit.csv (columns {', '.join(COLUMNS)})"
                              ) from None
@@ -195,7 +225,8 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 
 def plot(rows: list[Mapping[str, Any]], path: Path) -> Path:
     """Claimed (hollow bar) and empirical lower bound (filled bar) of epsilon per channel;
-    a channel without DP has no claimed bar, and its label says so."""
+    a channel without DP has no claimed bar, and its label says so, as does that of a row
+    its time budget cut short."""
     with styled():
         fig = new_figure(max(4.0, 1.6 * len(rows) + 1.5), 3.6)
         ax = fig.subplots()
@@ -210,7 +241,9 @@ def plot(rows: list[Mapping[str, Any]], path: Path) -> Path:
             ax.annotate(f"{float(r['eps_lower']):.2f}", (i + 0.18, float(r["eps_lower"])),
                         ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, [r["channel"] + ("" if math.isfinite(float(r["claimed_eps"]))
-                                          else "\n(no DP)") for r in rows])
+                                          else "\n(no DP)")
+                          + ("\n(stopped by its time budget)" if r.get("stopped") else "")
+                          for r in rows])
         conf = float(rows[0]["confidence"]) if rows else 0.95
         ax.set_ylabel(f"epsilon (lower bound at {100 * conf:g}%)")
         top = max([float(r["eps_lower"]) for r in rows] + [float(r["claimed_eps"]) for r in rows
@@ -222,5 +255,6 @@ def plot(rows: list[Mapping[str, Any]], path: Path) -> Path:
         return save(fig, path, dpi=110)
 
 
-__all__ = ["COLUMNS", "CSV_NAME", "Channel", "PNG_NAME", "play", "plot", "projection_score",
+__all__ = ["BUDGET_MIN_TRIALS", "BUDGET_STOP", "COLUMNS", "CSV_NAME", "Channel", "PNG_NAME",
+           "budget_spent", "check_game", "play", "plot", "projection_score",
            "projection_stats", "read_csv", "write_csv"]

@@ -22,10 +22,12 @@ charged like any of its examples.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from privfedcal.attacks.dp_audit import BUDGET_STOP, budget_spent
 from privfedcal.attacks.dp_channels import (
     CANARY_SCALE,
     Faults,
@@ -52,11 +54,17 @@ def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor]) -> Tensor:
 
 
 def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: float = 0.95,
-            faults: Faults = Faults()) -> dict:
+            faults: Faults = Faults(), budget_s: float | None = None,
+            progress: Callable[[int, int], None] | None = None) -> dict:
     """The one-run row of dp_audit.csv for the calibration channel of ``cfg``: canaries on
     the first ``axes`` feature axes (all by default) of every class of every client, and
     ``guesses`` of them guessed (half in, half out; 5% measured best of 5% and 20%,
-    docs/results.md)."""
+    docs/results.md).
+
+    ``budget_s``: the clients are released one after another and the audit stops after the
+    client in which the budget ran out (at least one); the canaries of the clients released
+    are scored, the claim is that of their releases, and the row is marked ``stopped`` =
+    ``budget``. ``progress(clients done, clients)`` after every client."""
     if not 0 < guesses <= 1:
         raise UsageError(f"--one-run-guesses must be in (0, 1], got {guesses}")
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
@@ -68,8 +76,8 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
         raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
     spec, attack = audited[0]
     label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
+    from privfedcal.cohorts import select_clients
     from privfedcal.privacy.noise import noise_generator
-    from privfedcal.seeding import select_clients
 
     rounds = ([[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
                for k in range(cfg.clients)] if spec.participants == "selected"
@@ -87,10 +95,15 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
            else dict.fromkeys(keys, 1.0))
     release = noiser(noise, label, faults)
     model = FeatureMap(dim)
-    scores, truth = [], []
+    scores, truth, done = [], [], []
     for k in range(cfg.clients):
+        if done and budget_spent(t0, budget_s):
+            break
+        if progress is not None:
+            progress(k, cfg.clients)
         if not rounds[k]:
             continue  # never selected: its canaries reach no release
+        done.append(k)
         z, y = client_features(exp, k)
         clean = task.compute(model, z, y, bound)
         full = task.compute(model, torch.cat([z, canaries]), torch.cat([y, c]), bound)
@@ -113,14 +126,19 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     half = max(1, int(round(guesses * m / 2)))
     order = torch.argsort(score)
     right = int(truth[order[-half:]].sum()) + int((~truth[order[:half]]).sum())
-    steps = max(len(r) for r in rounds)
+    steps = max(len(rounds[k]) for k in done)
     eps_claim, delta = claimed(plan, label, steps)
     eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
+    stopped = [k for k in range(cfg.clients) if rounds[k]] != done
+    if progress is not None:
+        progress(cfg.clients, cfg.clients)
     return {"channel": f"{label} (one run)", "claimed_eps": eps_claim, "delta": delta,
             "eps_lower": eps, "confidence": confidence, "trials": 1,
-            "canary": (f"{m} canaries ({cfg.clients} clients x {classes} classes x {axes} "
-                       f"axes, feature {CANARY_SCALE:g} x clip), {2 * half} guesses, "
-                       f"{right} right"),
+            "canary": (f"{m} canaries ({len(done)} client{'s' * (len(done) != 1)} x {classes} classes x {axes} "
+                       f"axes, feature {CANARY_SCALE:g} x clip)"
+                       + (f", {len(done)} of {cfg.clients} clients (time budget)"
+                          if stopped else "") + f", {2 * half} guesses, {right} right"),
+            "stopped": BUDGET_STOP if stopped else "",
             "score": "projection", "false_pos": 2 * half - right, "false_neg": 0,
             "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
 

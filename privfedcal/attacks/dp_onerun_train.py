@@ -11,6 +11,10 @@ config, the seed). A canary's score is how much the run lowered its loss; the su
 epsilon (``privacy/empirical.one_run_epsilon``). The claim is the run's own: the worst
 client's epsilon, which covers each canary as one example of its client.
 
+Under a time budget (``audit dp --budget-s``) the training stops after the round in which
+the budget ran out; the canaries are then scored on that round's global model against the
+accountant's charge for the rounds trained, and the row is marked ``stopped``.
+
 The neighbouring datasets the claim covers differ in one example; a canary is one, so the
 bound is directly comparable. The score reads the final model only (a weaker view than every
 round's updates), so the bound is lower than what an auditor of the whole transcript could
@@ -22,12 +26,14 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from privfedcal.attacks.dp_audit import BUDGET_STOP, budget_spent
 from privfedcal.attacks.dp_channels import Faults
 from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
@@ -69,12 +75,24 @@ def _losses(model: Any, state: dict[str, Tensor], x: Tensor, y: Tensor) -> Tenso
         return torch.nn.functional.cross_entropy(model(x), y, reduction="none").double().cpu()
 
 
+class _BudgetSpent(Exception):
+    """Raised between two rounds when the audit's time budget is spent."""
+
+
 def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
-                     confidence: float = 0.95, faults: Faults = Faults()) -> dict[str, Any]:
+                     confidence: float = 0.95, faults: Faults = Faults(),
+                     budget_s: float | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """The ``dp-sgd (one run)`` row of dp_audit.csv: train ``cfg`` (which must use
     ``--dp-train``) once with ``per_client`` canaries per client and bound epsilon from the
     final model's canary losses. ``faults`` (tests) scale DP-SGD's noise or turn its
-    clipping off, as in ``attacks/dp_channels.py``."""
+    clipping off, as in ``attacks/dp_channels.py``.
+
+    ``budget_s``: the training stops after the round in which the budget ran out (at least
+    one round); the canaries are scored on the model after the last round trained and the
+    claim is what the accountant charged for those rounds (a run of fewer rounds is a
+    mechanism of its own, whose claim that is), the row marked ``stopped`` = ``budget``.
+    ``progress(round, rounds)`` after every round."""
     from privfedcal.experiment import build_parts
     from privfedcal.federation.simulator import Simulator
     from privfedcal.privacy.noise import noise_generator
@@ -96,10 +114,23 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
         dp = dataclasses.replace(dp, noise_multiplier=dp.noise_multiplier * faults.noise_scale)
     exp.spec = dataclasses.replace(exp.spec, dp_sgd=dp)
     x, y, _, member = add_canaries(exp, per_client, noise_generator())
+    trained = 0
+
+    def on_round(record: dict[str, Any]) -> None:
+        nonlocal trained
+        trained = record["round"]
+        if progress is not None:
+            progress(trained, cfg.rounds)
+        if trained < cfg.rounds and budget_spent(t0, budget_s):
+            raise _BudgetSpent
+
     with tempfile.TemporaryDirectory() as tmp:
         sim = Simulator(exp.cfg, Path(tmp), calibrator=calibrator, uplink=uplink, exp=exp)
         start = {k: v.clone() for k, v in sim.global_state.items()}  # public: seed
-        summary = sim.run()
+        try:
+            privacy = sim.run(progress=on_round).get("privacy", {})
+        except _BudgetSpent:  # the global model after the last round trained
+            privacy = _spent(uplink)
         final = {k: v.clone() for k, v in sim.global_state.items()}
     model = sim.exp.model
     dev = exp.device
@@ -109,18 +140,27 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     half = max(1, int(round(guesses * m / 2)))
     order = torch.argsort(score)
     right = int(member[order[-half:]].sum()) + int((~member[order[:half]]).sum())
-    privacy = summary.get("privacy", {})
     claim = float(privacy.get("epsilon_spent", float("nan")))
     delta = float(privacy.get("delta", 0.0))
     eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
+    rounds = (f"the whole run of {cfg.rounds} round(s)" if trained == cfg.rounds else
+              f"{trained} of the run's {cfg.rounds} rounds (time budget)")
     return {"channel": "dp-sgd (one run)", "claimed_eps": claim, "delta": delta,
             "eps_lower": eps, "confidence": confidence, "trials": 1,
             "canary": (f"{m} canaries ({cfg.clients} clients x {per_client}: random inputs "
                        f"x {CANARY_INPUT_SCALE:g}, random labels, each in with a fair coin), "
-                       f"the whole run of {cfg.rounds} round(s), scored on the final model; "
+                       f"{rounds}, scored on the last global model; "
                        f"{2 * half} guesses, {right} right"),
+            "stopped": "" if trained == cfg.rounds else BUDGET_STOP,
             "score": "loss drop", "false_pos": 2 * half - right, "false_neg": 0,
             "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
+
+
+def _spent(uplink: Any) -> dict[str, Any]:
+    """``epsilon_spent`` and ``delta`` of a run stopped between rounds: its accountant's
+    charge so far (the run's summary.json is not written)."""
+    dp = next((s.dp for s in uplink.stages if getattr(s, "dp", None) is not None), None)
+    return {} if dp is None else {"epsilon_spent": dp.epsilon(), "delta": dp.delta}
 
 
 __all__ = ["CANARY_INPUT_SCALE", "add_canaries", "one_run_training"]

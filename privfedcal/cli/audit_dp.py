@@ -7,13 +7,14 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from privfedcal.cli.args import run_folder
-from privfedcal.cli.console import console, err_console, print_table
+from privfedcal.cli.console import Reporter, console, err_console, print_table
 from privfedcal.cli.train import command_options, resolve_config, setting_options
 from privfedcal.errors import UsageError
 from privfedcal.settings import cli_settings
@@ -26,10 +27,11 @@ def _dp_options(
     run_dir: Annotated[Path | None, typer.Argument(help="Run folder to audit (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Audit the configuration of this run folder and write the results into it (its report shows them).", rich_help_panel="Audit")] = None,
     trials: Annotated[int, Opt(help="Releases of each of D and D' per channel (half choose the threshold, half are counted).", rich_help_panel="Audit")] = 1_000_000,
-    budget_s: Annotated[float, Opt(help="Seconds per channel: a game stops drawing when they are spent.", rich_help_panel="Audit")] = 120.0,
+    budget_s: Annotated[float, Opt(help="Seconds per channel, one-run audits included: a channel stops when they are spent and its row, marked stopped=budget, bounds epsilon from the trials it ran.", rich_help_panel="Audit")] = 120.0,
     confidence: Annotated[float, Opt(help="Confidence of the lower bounds.", rich_help_panel="Audit")] = 0.95,
     channels: Annotated[str | None, Opt(help="Channels to audit (ccvr-stats, creff-grad, dp-sgd); default: every one the configuration has.", rich_help_panel="Audit")] = None,
     one_run: Annotated[bool, Opt("--one-run/--no-one-run", help="Also audit the whole run in one run with many canaries (Steinke et al. 2023): its calibration uploads, and under --dp-train its training.", rich_help_panel="Audit")] = True,
+    quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).", rich_help_panel="Audit")] = False,
 ) -> None:
     """``audit dp``'s own options."""
 
@@ -57,63 +59,69 @@ def out_dir(run: Path | None, out: str | None) -> Path:
     return Path("runs") / f"dp-audit-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _row_line(row: dict[str, Any]) -> str:
+    """One channel's result, as the log line printed when it is done."""
+    count = (f"{row['trials']:,} trials" if row["trials"] > 1 else row["canary"])
+    stop = ", stopped by its time budget" if row.get("stopped") else ""
+    return (f"{row['channel']}: {count} in {row['seconds']:.1f} s{stop}, eps_lower "
+            f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})")
+
+
 def dp(**flags: Any) -> None:
     """Empirical lower bounds on epsilon, one per channel, beside the epsilon the run claims."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, play, plot, write_csv
+    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, check_game, play, plot, write_csv
     from privfedcal.attacks.dp_channels import build_channels, parse_channels
+    from privfedcal.cli.attack import set_threads
     from privfedcal.privacy.releases import DPSGD_RELEASE
 
-    config, run_dir, run, trials, budget_s, confidence, channels, whole = (
+    config, run_dir, run, trials, budget_s, confidence, channels, whole, quiet = (
         flags.pop(k) for k in ("config", "run_dir", "run", "trials", "budget_s", "confidence",
-                               "channels", "one_run"))
+                               "channels", "one_run", "quiet"))
     run = run_folder(run_dir, run, "audit dp", required=False)
     if run is not None and not Path(run).is_dir():
         raise UsageError(f"--run {run}: no such run folder")
     if not (math.isfinite(budget_s) and budget_s > 0):
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
+    check_game(trials, confidence)
     names = parse_channels(channels)
     cfg = audit_config(run, config, flags)
+    set_threads(cfg.threads)  # the games run in this process: --threads holds for them too
     target = out_dir(run, flags.get("out"))
+    # built before any progress line: a configuration without a channel is refused in one line
     games = build_channels(cfg.replace(out=None, transcript=False), names)
-    live = err_console.is_terminal
-    rows = []
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=err_console, transient=True, disable=not live)
-    with bar:
-        for ch in games:
-            task = bar.add_task(f"{ch.name}: trials", total=trials)
-            row = play(ch, trials, budget_s=budget_s, confidence=confidence,
-                       progress=lambda done, total, task=task: bar.update(task, completed=done))
+    rows: list[dict[str, Any]] = []
+    with Reporter("audit dp", quiet=quiet, announce=False) as progress:
+
+        def done(row: dict[str, Any]) -> None:
+            """A channel's row: kept, written at once (an interrupted audit keeps the rows
+            it has) and printed as a line when not on a terminal."""
             rows.append(row)
-            if not live:
-                console.print(f"{ch.name}: {row['trials']} trials in {row['seconds']:.1f} s, "
-                              f"eps_lower {row['eps_lower']:.3f} (claimed "
-                              f"{row['claimed_eps']:.3f})", highlight=False, markup=False)
-    calibration = [ch.name for ch in games if ch.name != DPSGD_RELEASE]
-    if whole and calibration:  # the whole run's calibration uploads, one run
-        from privfedcal.attacks.dp_onerun import one_run
+            write_csv(rows, target / CSV_NAME)
+            progress.line(_row_line(row))
 
-        row = one_run(cfg.replace(out=None, transcript=False), confidence=confidence)
-        rows.append(row)
-        if not live:
-            console.print(f"{row['channel']}: {row['canary']}, eps_lower "
-                          f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})",
-                          highlight=False, markup=False)
-    if whole and cfg.dp_train:  # the whole run's training under DP-SGD, one run
-        from privfedcal.attacks.dp_onerun_train import one_run_training
+        def stage(text: str, total: int) -> Callable[[int, int], None]:
+            progress.update(description=f"audit dp: {text}", completed=0, total=total)
+            return lambda k, n: progress.update(completed=k, total=n)
 
-        console.print("dp-sgd (one run): training the run once with canaries ...",
-                      highlight=False, markup=False)
-        row = one_run_training(cfg, per_client=200, confidence=confidence)
-        rows.append(row)
-        if not live:
-            console.print(f"{row['channel']}: {row['canary']}, eps_lower "
-                          f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})",
-                          highlight=False, markup=False)
-    write_csv(rows, target / CSV_NAME)
+        for ch in games:
+            done(play(ch, trials, budget_s=budget_s, confidence=confidence,
+                      progress=stage(f"{ch.name}, trials per side", trials)))
+        calibration = [ch.name for ch in games if ch.name != DPSGD_RELEASE]
+        if whole and calibration:  # the whole run's calibration uploads, one run
+            from privfedcal.attacks.dp_onerun import one_run
+
+            done(one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
+                         budget_s=budget_s,
+                         progress=stage(f"{calibration[0]} (one run), clients", cfg.clients)))
+        if whole and cfg.dp_train:  # the whole run's training under DP-SGD, one run
+            from privfedcal.attacks.dp_onerun_train import one_run_training
+
+            done(one_run_training(cfg, per_client=200, confidence=confidence,
+                                  budget_s=budget_s,
+                                  progress=stage("dp-sgd (one run), training rounds",
+                                                 cfg.rounds)))
     plot(rows, target / PNG_NAME)
     table = Table(title=f"privfedcal audit dp: {target}")
     for col in ("channel", "claimed eps", "delta", f"eps lower ({100 * confidence:g}%)",
@@ -121,10 +129,11 @@ def dp(**flags: Any) -> None:
         table.add_column(col, justify="left" if col in ("channel", "score", "verdict") else "right")
     for r in rows:
         refuted = r["eps_lower"] > r["claimed_eps"]
+        verdict = "CLAIM REFUTED" if refuted else "consistent with the claim"
         table.add_row(r["channel"], f"{r['claimed_eps']:.3f}", f"{r['delta']:.2g}",
                       f"{r['eps_lower']:.3f}", f"{r['trials']:,}", r["score"],
                       f"{r['seconds']:.1f}",
-                      "CLAIM REFUTED" if refuted else "consistent with the claim")
+                      verdict + (" (stopped by its time budget)" if r.get("stopped") else ""))
     print_table(table)
     for r in rows:
         if r["eps_lower"] > r["claimed_eps"]:

@@ -6,6 +6,7 @@ plot."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,10 @@ import torch
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from privfedcal.attacks import dp_audit
 from privfedcal.attacks.dp_audit import (
+    BUDGET_MIN_TRIALS,
+    BUDGET_STOP,
     COLUMNS,
     MIN_TRIALS,
     Channel,
@@ -110,7 +114,12 @@ def test_budget_stops_after_the_first_chunk_and_bad_arguments():
     ch.chunk = 64
     seen = []
     row = play(ch, 10_000, budget_s=1e-9, progress=lambda d, t: seen.append((d, t)))
-    assert row["trials"] == 128 and seen == [(64, 10_000)]
+    # the first chunk under a budget is the minimum: one trial per side to choose on, one
+    # to count; the row says the budget stopped it and bounds epsilon from those trials
+    assert row["trials"] == 2 * BUDGET_MIN_TRIALS and seen == [(BUDGET_MIN_TRIALS, 10_000)]
+    assert row["stopped"] == BUDGET_STOP and row["test_trials"] == BUDGET_MIN_TRIALS
+    assert row["eps_lower"] == 0.0                      # one counted trial per side
+    assert play(ch, 200, budget_s=1e9)["stopped"] == ""  # a game that ran every trial
     with pytest.raises(UsageError, match="trials"):
         play(ch, MIN_TRIALS - 1)
     with pytest.raises(UsageError, match="confidence"):
@@ -119,16 +128,42 @@ def test_budget_stops_after_the_first_chunk_and_bad_arguments():
         Channel("x", (), 1.0, 0.0, "", ch.draw)
 
 
+def test_chunks_after_the_first_fit_what_is_left_of_the_budget(monkeypatch):
+    """A slow channel (a clock that a trial advances by half a second per side) with a
+    budget of 10 s: the first chunk (2 per side) takes 2 s, so the next is sized to the
+    8 s left (8 per side, not the channel's chunk of 16) and the game stops at 10 s with
+    10 trials per side; drawing whole chunks it would have run 32 per side (32 s)."""
+    clock = [0.0]
+    monkeypatch.setattr(dp_audit, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    ch = gaussian_channel(1.0, seed=5)
+    draw = ch.draw
+
+    def slow(n, canary):
+        clock[0] += 0.5 * n
+        return draw(n, canary)
+
+    ch.draw, ch.chunk = slow, 16
+    sizes = []
+    row = play(ch, 1_000, budget_s=10.0, progress=lambda d, t: sizes.append(d))
+    assert sizes == [2, 10] and row["trials"] == 20 and row["stopped"] == BUDGET_STOP
+    assert row["seconds"] == 10.0
+
+
 def test_csv_round_trip_and_plot(tmp_path):
     rows = [{"channel": "ccvr-stats", "claimed_eps": 1.0, "delta": 1e-5, "eps_lower": 0.41,
              "confidence": 0.95, "trials": 400000, "canary": "a, b", "score": "projection"},
             {"channel": "creff-grad", "claimed_eps": math.inf, "delta": 0.0, "eps_lower": 9.1,
-             "confidence": 0.95, "trials": 2000, "canary": "c"}]
+             "confidence": 0.95, "trials": 4, "canary": "c", "stopped": BUDGET_STOP}]
     path = write_csv(rows, tmp_path / "dp_audit.csv")
     assert path.read_text().splitlines()[0] == ",".join(COLUMNS)
     back = read_csv(path)
     assert back[0]["canary"] == "a, b" and back[1]["claimed_eps"] == math.inf
     assert back[0]["eps_lower"] == 0.41 and back[0]["trials"] == 400000
+    assert (back[0]["stopped"], back[1]["stopped"]) == ("", BUDGET_STOP)
+    older = tmp_path / "older.csv"  # written before the column: its rows ran in full
+    older.write_text("\n".join(",".join(line.split(",")[:-1]) for line in
+                               path.read_text().splitlines()) + "\n")
+    assert [r["stopped"] for r in read_csv(older)] == ["", ""]
     assert plot(back, tmp_path / "p.png").read_bytes()[:8] == PNG
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(UsageError, match="not a dp_audit.csv"):

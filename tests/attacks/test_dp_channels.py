@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from privfedcal.attacks.dp_audit import play
+from privfedcal.attacks.dp_audit import BUDGET_MIN_TRIALS, BUDGET_STOP, play
 from privfedcal.attacks.dp_channels import (
     CHANNEL_FIELDS,
     Faults,
@@ -108,6 +108,17 @@ def test_dpsgd_update_is_audited_and_clipping_off_is_caught():
     assert good["eps_lower"] < ok.claimed_eps
     assert bad["eps_lower"] > broken.claimed_eps, bad
     assert "train-loss" not in good["score"]            # no loss reaches the server
+
+
+def test_dpsgd_game_stops_at_its_budget_with_a_row():
+    """A DP-SGD trial is a local training: a budget too small for one chunk stops the game
+    after the fewest trials that give a bound (2 per side), and the row says so."""
+    cfg = RunConfig(method="fedavg", dp_eps=4.0, dp_train=True, **BASE)
+    (ch,) = build_channels(cfg)
+    assert ch.chunk > BUDGET_MIN_TRIALS
+    row = play(ch, 1_000, budget_s=1e-9)
+    assert row["trials"] == 2 * BUDGET_MIN_TRIALS and row["stopped"] == BUDGET_STOP
+    assert row["eps_lower"] == 0.0 and 0 < row["claimed_eps"] < 4.0 + 1e-9
 
 
 def test_clipping_off_is_caught_whatever_the_clip_bound():

@@ -40,6 +40,16 @@ def test_without_dp_every_guess_is_right():
     assert row["eps_lower"] == pytest.approx(one_run_epsilon(m, m // 2, m // 2, 0.0, 0.95))
 
 
+def test_a_spent_budget_scores_the_clients_released_so_far():
+    from privfedcal.attacks.dp_audit import BUDGET_STOP
+
+    full = one_run(RunConfig(method="ccvr", dp_eps=1.0, **BASE), axes=4)
+    row = one_run(RunConfig(method="ccvr", dp_eps=1.0, **BASE), axes=4, budget_s=1e-9)
+    assert full["stopped"] == "" and full["canary"].startswith("200 canaries (5 clients")
+    assert row["stopped"] == BUDGET_STOP and row["canary"].startswith("40 canaries (1 client x")
+    assert row["claimed_eps"] == full["claimed_eps"]  # CCVR: one release per client
+
+
 def test_bad_arguments():
     with pytest.raises(UsageError, match="guesses"):
         one_run(RunConfig(method="ccvr", **BASE), guesses=0.0)

@@ -35,6 +35,21 @@ def test_a_correct_run_stays_below_its_claim_and_a_broken_one_does_not():
     assert broken["eps_lower"] > broken["claimed_eps"], broken["canary"]
 
 
+def test_a_spent_budget_stops_the_run_after_a_round():
+    """With its budget spent the run stops after its first round: the canaries are scored on
+    that round's global model, the claim is the accountant's charge for one round (below
+    the run's), and the row says it was stopped."""
+    from privfedcal.attacks.dp_audit import BUDGET_STOP
+
+    cfg = CFG.replace(clients=3, rounds=3)
+    seen = []
+    row = one_run_training(cfg, per_client=20, budget_s=1e-9,
+                           progress=lambda r, n: seen.append((r, n)))
+    assert seen == [(1, 3)] and row["stopped"] == BUDGET_STOP
+    assert "1 of the run's 3 rounds" in row["canary"]
+    assert 0 < row["claimed_eps"] < 1.0 and row["delta"] > 0
+
+
 def test_the_training_audit_needs_dp_sgd():
     import pytest
 

@@ -46,8 +46,32 @@ def test_audit_dp_of_a_run_folder_writes_into_it(tmp_path, capsys):
     main(["audit", "dp", "--run", str(run), "--trials", "2000", "--no-one-run"])
     (row,) = rows(run / "dp_audit.csv")
     assert row["channel"] == "creff-grad" and float(row["claimed_eps"]) <= 2.0
+    capsys.readouterr()  # the audit's progress lines
     assert_usage_error(["audit", "dp", "--run", str(run), "--dp-eps", "3"], capsys,
                        "--run", "--dp-eps")
+
+
+def test_every_channel_stops_at_its_budget_with_its_rows_and_progress(tmp_path, capsys):
+    """DP-SGD with a budget no channel can keep: the game stops at the fewest trials, the
+    one-run training after its first round; both rows are written and marked, and the
+    progress lines (stderr is not a terminal here) name each stage and each row."""
+    out = tmp_path / "b"
+    main(["audit", "dp", "--method", "fedavg", "--dp-train", "--dp-eps", "4", *SMALL,
+          "--rounds", "2", "--threads", "1", "--budget-s", "1e-6", "--out", str(out)])
+    game, whole = rows(out / "dp_audit.csv")
+    assert (game["channel"], game["trials"], game["stopped"]) == ("dp-sgd", "4", "budget")
+    assert (whole["channel"], whole["stopped"]) == ("dp-sgd (one run)", "budget")
+    assert "1 of the run's 2 rounds" in whole["canary"]
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert any("audit dp: dp-sgd, trials per side" in line for line in lines)
+    assert any("audit dp: dp-sgd (one run), training rounds" in line for line in lines)
+    assert any(line.startswith("dp-sgd: 4 trials") and "stopped by its time budget" in line
+               for line in lines)
+    assert "stopped by its time budget" in captured.out  # the table's verdicts
+    main(["audit", "dp", "--method", "fedavg", "--dp-train", "--dp-eps", "4", *SMALL,
+          "--budget-s", "1e-6", "--no-one-run", "--quiet", "--out", str(tmp_path / "q")])
+    assert "audit dp:" not in capsys.readouterr().err
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
