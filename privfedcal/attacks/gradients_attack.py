@@ -26,6 +26,7 @@ from privfedcal.attacks.gradient_inversion import (
     recover_rank_n,
     split_class_gradient,
 )
+from privfedcal.attacks.modes import eval_mode
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.report import Attacked, score
 from privfedcal.attacks.rounds import invert_class_gradients_many
@@ -81,14 +82,73 @@ def creff_head(view: RunView, rel: Release) -> tuple[Tensor, Tensor | None] | No
         None if head.bias is None else head.bias.double())
 
 
+def differentiated_inputs(view: RunView, rel: Release) -> Callable[[Tensor], Tensor] | None:
+    """The inputs CReFF's clients differentiated in release ``rel``, as a function of
+    training indices; None without augmentation or without the experimenter's side.
+
+    Under DSA (``--creff-dsa``, on by default) a client's class gradient is that of the
+    features of its AUGMENTED images (``GradTask.augment``: the transform set its class and
+    content pick, drawn from the round's task seed), not of the images it holds. The
+    one-sample recovery ``dW_j / db_j`` is exact for that feature, which can differ from the
+    original image's (cosine down to 0.994 on the quick digits run, docs/privacy-audit.md);
+    the scoring compares features with these inputs', recomputed here from public values
+    (the run's seed and options) and the true images."""
+    from privfedcal.calibration.creff import GradTask, task_seed
+    from privfedcal.calibration.draws import content_keys
+    from privfedcal.data.dsa import parse_strategy
+    from privfedcal.experiment import build_calibrator
+    from privfedcal.seeding import derive_seed
+
+    if view.truth_exp is None:
+        return None
+    params = build_calibrator(view.cfg, view.exp).params
+    if not parse_strategy(params.dsa):
+        return None
+    # the seed of the round's generator, as the simulator's RoundContext draws it
+    # (federation/simulator.py: make_generator(seed, round, 0, 4))
+    seed = task_seed(derive_seed(view.cfg.seed, rel.round, 0, 4))
+    d = view.truth_exp.data
+    task = GradTask(torch.zeros(d.num_classes, 1), None, d.num_classes, seed=seed,
+                    dsa=params.dsa, dsa_groups=params.client_draws or 10)
+
+    def inputs(idx: Tensor) -> Tensor:
+        idx = idx.to(d.x_train.device)
+        x = d.x_train[idx]
+        return task.augment(x, d.y_train[idx], content_keys(x, seed))
+
+    return inputs
+
+
+def recovered_cosine(view: RunView, z: Tensor, truth_idx: Tensor,
+                     inputs: Callable[[Tensor], Tensor] | None) -> float:
+    """The worst cosine between recovered features ``z`` (k, d) and the features the
+    clients differentiated (``inputs`` of the true samples, or the samples themselves),
+    matched one to one (Hungarian on the cosine); for k = n = 1 the exactness of the
+    analytic recovery."""
+    from scipy.optimize import linear_sum_assignment
+
+    d = view.truth_exp.data
+    x = inputs(truth_idx) if inputs is not None else d.x_train[truth_idx.to(d.x_train.device)]
+    with eval_mode(view.model), torch.no_grad():
+        true = view.model.features(x).double()
+    cos = torch.nn.functional.cosine_similarity(z.double().to(true.device)[:, None],
+                                                true[None], dim=-1)
+    rows, cols = linear_sum_assignment(-cos.cpu().numpy())
+    return float(cos[rows, cols].min())
+
+
 def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], block: Tensor,
                   truth_idx: Tensor, base: dict[str, Any], seed: int,
                   head: tuple[Tensor, Tensor | None] | None = None,
-                  n_known: int | None = None) -> Job:
+                  n_known: int | None = None,
+                  inputs: Callable[[Tensor], Tensor] | None = None) -> Job:
     """Class-gradient attack: with the head known and n <= ``opts.rank_max`` (n from the
     uploaded count, else the gradient's rank when below C - 1) the n features are recovered
     exactly (``recover_rank_n``) and inverted as a batch; otherwise the least-squares
-    weighted-mean feature is inverted to one image."""
+    weighted-mean feature is inverted to one image. ``inputs``: what the client
+    differentiated (``differentiated_inputs``), the truth its features are scored against;
+    where the recovery claims exactness (one feature per true sample) the record's
+    ``recovered_cosine`` scores the recovered features before any image is inverted."""
 
     def prepare() -> tuple[Inversion, Callable[[InversionResult, float], Attacked]]:
         view.load_state(state)
@@ -107,13 +167,16 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
         else:  # the least-squares weighted-mean feature, one image
             target, how = FeatureTarget.raw(z.reshape(-1, z.shape[-1])), "analytic+"
             extra["needed"] = ["the class gradient only"]
+        if truth_idx is not None and view.truth_exp is not None and \
+                target.z.shape[0] == truth_idx.numel():
+            extra["recovered_cosine"] = recovered_cosine(view, target.z, truth_idx, inputs)
         inv = Inversion(view, view.model, state, target, make_generator(opts.seed, seed, 0, 63),
                         opts.inversion, solve_features, shape_of(target)[1],
                         group=shape_of(target)[0])
 
         def finish(res: InversionResult, seconds: float) -> Attacked:
             view.load_state(state)
-            rec, matched = score(view, res.images, truth_idx, paired=False)
+            rec, matched = score(view, res.images, truth_idx, paired=False, inputs=inputs)
             label = int(info.label)
             record = {**base, **rec, "mode": how + res.mode, "target_cosine": res.cosine,
                       "recovered_label": label, "label_correct": label == base["class"],
@@ -147,6 +210,11 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                               "so no rank-n recovery (weighted-mean features); only the first "
                               "release of a run with initial_head=global uses the sent "
                               "model's head")
+        inputs = differentiated_inputs(view, rel)
+        if inputs is not None:
+            plan.notes.append("the clients augmented their images (DSA) before taking the "
+                              "class gradients: feature_cosine and recovered_cosine compare "
+                              "with the augmented images' features, psnr with the originals")
         for client, payload, seen in sources(view, rel, clients, plan, opts.default_clients):
             stds = view.noise_stds(label, list(payload))
             noisy = any(s > 0 for s in stds.values())
@@ -166,7 +234,7 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                 block = block / max(n_obs, 1.0) if n_obs is not None else block
                 plan.jobs.append(_gradient_job(view, opts, rel.state, block, truth,
                                                base, tag, head=None if noisy else head,
-                                               n_known=n_known))
+                                               n_known=n_known, inputs=inputs))
         if opts.rounds_combined > 1:
             _plan_rounds(view, opts, rel, clients, classes, plan)
     if updates:
@@ -278,4 +346,5 @@ register(ReleaseAttack(NAME, plan_gradients, task=task, clip="class-gradient", k
                        # gradient matching and head retraining shortened for the sweep
                        audit_params={"match_steps": 50, "retrain_steps": 100}))
 
-__all__ = ["NAME", "creff_head", "keep", "plan_gradients", "task"]
+__all__ = ["NAME", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
+           "recovered_cosine", "task"]

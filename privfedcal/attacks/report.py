@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,8 +84,8 @@ def matching_rule(n_images: int, n_truth: int, *, paired: bool) -> str:
     return "best" if n_images == 1 or n_images > n_truth else "hungarian"
 
 
-def score(view: RunView, recon: Tensor, truth_idx: Tensor | None, *,
-          paired: bool) -> tuple[dict[str, Any], Tensor]:
+def score(view: RunView, recon: Tensor, truth_idx: Tensor | None, *, paired: bool,
+          inputs: Callable[[Tensor], Tensor] | None = None) -> tuple[dict[str, Any], Tensor]:
     """Metrics of ``recon`` (B,C,H,W pixels) against the training images ``truth_idx``.
 
     ``truth_idx`` is the attacked individuals' set (one client's class; never a whole
@@ -94,6 +94,11 @@ def score(view: RunView, recon: Tensor, truth_idx: Tensor | None, *,
     ``prior_psnr`` (and their maxima) are comparable in every row. Worst case over the
     individuals: ``psnr_best`` (the best reconstruction), ``nearest_of_best`` (is ITS
     nearest training image its matched true image), ``prior_psnr_best``.
+
+    ``inputs`` maps training indices to what the client differentiated when that is not
+    the image itself (CReFF under DSA: the augmented image,
+    ``gradients_attack.differentiated_inputs``): ``feature_cosine`` compares with those
+    inputs' features, the pixel metrics with the images.
 
     Returns the metric dict and the matched true images (B,C,H,W) for the grid. Without the
     experimenter's side (``truth_idx`` None: a server view alone) nothing is scored: the
@@ -110,7 +115,9 @@ def score(view: RunView, recon: Tensor, truth_idx: Tensor | None, *,
     d = view.truth_exp.data
     dev = d.x_train.device
     with eval_mode(view.model), torch.no_grad():
-        z_true = view.model.features(d.x_train[matched_idx.to(dev)])
+        x_true = (d.x_train[matched_idx.to(dev)] if inputs is None
+                  else inputs(matched_idx.to(dev)))
+        z_true = view.model.features(x_true)
         fc = feature_cosine(view.model, recon.to(dev), z_true, mean=d.mean, std=d.std)
     p = psnr(recon, matched)
     labels = d.y_train[matched_idx.to(dev)]

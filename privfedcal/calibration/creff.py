@@ -287,6 +287,14 @@ class GradTask:
         return apply_transforms(x, t, index)
 
 
+def task_seed(round_seed: int) -> int:
+    """The seed of a round's ``GradTask`` (its content keys and DSA transforms) from the seed
+    of the round's generator (``ServerContext.generator.initial_seed()``), which it leaves
+    unconsumed. Public, as the run's seed is: the attacks' scoring recomputes the
+    augmentation a client applied (attacks/gradients_attack.py)."""
+    return (round_seed * 1_000_003 + 17) % 2**63
+
+
 def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> tuple[Tensor, Tensor]:
     """Eq. 4 from the cross-client sum: (g_agg (C, C, d+1), mask of classes someone holds)."""
     key = "count" if weighting == "sample" else "holders"
@@ -391,7 +399,7 @@ class CReFF(Calibrator):
         cap = None if p.client_draws is None else p.client_draws * p.draw_size
         # Derived from the round's seed without consuming the stream: where no client holds
         # more than ``cap`` samples of a class, the run is identical to ``client_draws=None``.
-        seed = (ctx.generator.initial_seed() * 1_000_003 + 17) % 2**63
+        seed = task_seed(ctx.generator.initial_seed())
         task = GradTask(w_eff.cpu(), None if bias is None else bias.cpu(), c, p.weighting,
                         p.feature_batch_size, cap, seed, p.dsa, p.client_draws or 10)
         payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
