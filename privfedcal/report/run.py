@@ -232,8 +232,9 @@ def _dp_audit_section(run_dir: Path) -> str:
          "trials", "canary", "verdict"],
         [[r["channel"], H.fmt_fixed(r["claimed_eps"], 3), H.fmt_num(r["delta"]),
           H.fmt_fixed(r["eps_lower"], 3), H.fmt_num(r["confidence"]), H.fmt_num(int(r["trials"])),
-          r["canary"], "claim refuted" if r["eps_lower"] > r["claimed_eps"] else
-          "consistent with the claim"] for r in rows],
+          r["canary"], ("claim refuted" if r["eps_lower"] > r["claimed_eps"] else
+                        "consistent with the claim")
+          + (" (stopped by its time budget)" if r.get("stopped") else "")] for r in rows],
         numeric=[False, True, True, True, True, True, False, False], table_id="dp-audit")]
     parts.append("<p>A lower bound above the claimed epsilon shows, at the stated confidence, "
                  "that the channel is not as private as claimed; one below it proves nothing "

@@ -91,12 +91,15 @@ def test_dp_audit_table_and_plot_when_the_folder_holds_one(run_dir: Path, tmp_pa
     write_csv([{"channel": "ccvr-stats", "claimed_eps": 7.99, "delta": 1e-5, "eps_lower": 4.47,
                 "confidence": 0.95, "trials": 400000, "canary": "one feature"},
                {"channel": "creff-grad", "claimed_eps": 1.0, "delta": 1e-5, "eps_lower": 7.9,
-                "confidence": 0.95, "trials": 40000, "canary": "<b>x</b>"}],
+                "confidence": 0.95, "trials": 40000, "canary": "<b>x</b>"},
+               {"channel": "dp-sgd", "claimed_eps": 1.0, "delta": 1e-5, "eps_lower": 0.0,
+                "confidence": 0.95, "trials": 4, "canary": "y", "stopped": "budget"}],
               full / "dp_audit.csv")
     page = build_run_report(full).read_text()
     table = page.split('id="dp-audit"')[1].split("</table>")[0]
     assert "7.990" in table and "4.470" in table and "400,000" in table
     assert table.count("claim refuted") == 1 and "consistent with the claim" in table
+    assert table.count("stopped by its time budget") == 1    # the dp-sgd row only
     assert "&lt;b&gt;x&lt;/b&gt;" in table                  # the canary text is escaped
     assert page.count('src="data:image/png;base64,') == before.count(
         'src="data:image/png;base64,') + 1
