@@ -167,6 +167,8 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
         else:  # the least-squares weighted-mean feature, one image
             target, how = FeatureTarget.raw(z.reshape(-1, z.shape[-1])), "analytic+"
             extra["needed"] = ["the class gradient only"]
+        if inputs is not None:  # feature_cosine and recovered_cosine: against these
+            extra["features_of"] = "the augmented images (DSA) the clients differentiated"
         if truth_idx is not None and view.truth_exp is not None and \
                 target.z.shape[0] == truth_idx.numel():
             extra["recovered_cosine"] = recovered_cosine(view, target.z, truth_idx, inputs)
@@ -211,10 +213,6 @@ def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | 
                               "release of a run with initial_head=global uses the sent "
                               "model's head")
         inputs = differentiated_inputs(view, rel)
-        if inputs is not None:
-            plan.notes.append("the clients augmented their images (DSA) before taking the "
-                              "class gradients: feature_cosine and recovered_cosine compare "
-                              "with the augmented images' features, psnr with the originals")
         for client, payload, seen in sources(view, rel, clients, plan, opts.default_clients):
             stds = view.noise_stds(label, list(payload))
             noisy = any(s > 0 for s in stds.values())
