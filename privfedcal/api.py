@@ -255,11 +255,15 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
         return records
     ids = None if clients is None else list(clients)
     cls = None if classes is None else list(classes)
-    if kind == "updates":  # model updates: the uplink's release, attacked beside CReFF's
-        plan = release_attack("gradients").plan(view, opts, ids, cls, updates=True,
-                                                gradients=False)
-    else:  # the attack registered under that name (a calibrator's ReleaseSpec.attack)
-        plan = release_attack(kind).plan(view, opts, ids, cls)
+    # the attack registered under that name (a calibrator's ReleaseSpec.attack); model
+    # updates are the uplink's release, attacked beside CReFF's
+    attack = release_attack("gradients" if kind == "updates" else kind)
+    if attack.plan is None:  # a whole-run attack has no per-release plan
+        raise UsageError(f"attack kind {kind!r} attacks the whole run, not one release")
+    if kind == "updates":
+        plan = attack.plan(view, opts, ids, cls, updates=True, gradients=False)
+    else:
+        plan = attack.plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     return [r.record for r in execute(plan, lambda job: None)]

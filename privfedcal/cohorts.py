@@ -105,6 +105,21 @@ class CohortPlan:
                 "smallest": self.smallest}
 
 
+def secure_minimum(cfg: Any) -> int:
+    """Fewest uploads in a secure sum, and fewest clients in a cohort: ``--secagg-min-clients``
+    m, and m + 1 when the key holder is one of the clients (``--secagg-key-holder``, set under
+    Flower): it knows its own upload, so every sum needs m others besides it."""
+    m = int(getattr(cfg, "secagg_min_clients", 2))
+    return m + int(getattr(cfg, "secagg_key_holder", None) is not None)
+
+
+def observers_own(cfg: Any) -> tuple[int, ...]:
+    """Clients whose own values an observer of every secure sum knows: the key holder when
+    it is a client."""
+    holder = getattr(cfg, "secagg_key_holder", None)
+    return () if holder is None else (int(holder),)
+
+
 def secure_rounds(cfg: Any) -> bool:
     """Whether a run sums uploads securely (its selection then takes whole cohorts)."""
     return bool(getattr(cfg, "secagg", False) or getattr(cfg, "secagg_updates", False))
@@ -112,10 +127,10 @@ def secure_rounds(cfg: Any) -> bool:
 
 def cohort_plan(cfg: Any) -> CohortPlan:
     """The cohorts of a run, from its public config: cohorts of at least
-    ``--secagg-min-clients`` under secure aggregation, single clients otherwise (then the
-    selection is the plain draw of ``participation * clients`` clients)."""
-    return _plan(cfg.clients, cfg.participation, secure_rounds(cfg),
-                 int(getattr(cfg, "secagg_min_clients", 2)), cfg.seed)
+    ``secure_minimum(cfg)`` clients under secure aggregation, single clients otherwise (then
+    the selection is the plain draw of ``participation * clients`` clients)."""
+    return _plan(cfg.clients, cfg.participation, secure_rounds(cfg), secure_minimum(cfg),
+                 cfg.seed)
 
 
 @functools.lru_cache(maxsize=64)
@@ -269,6 +284,6 @@ def check_schedule(rows: Sequence[Collection[int]], clients: int, m: int, *,
 
 
 __all__ = ["COHORT_PURPOSE", "CohortPlan", "Isolation", "check_schedule", "cohort_plan",
-           "cohort_size", "complete_cohorts", "isolated_group", "make_cohorts",
-           "participation_matrix", "per_round", "secure_rounds", "select_clients",
+           "cohort_size", "complete_cohorts", "isolated_group", "make_cohorts", "observers_own",
+           "participation_matrix", "per_round", "secure_minimum", "secure_rounds", "select_clients",
            "select_cohorts", "whole_run_record"]

@@ -142,6 +142,10 @@ class RunConfig:
     secagg_min_clients: int = setting(
         2, "Fewest uploads a secure aggregate may sum (>= 2); the key holder refuses fewer.",
         group="Privacy")
+    secagg_key_holder: int | None = setting(
+        None, "Client that also holds the CKKS secret key and sees every sum (Flower sets it "
+        "from flower.key-holder): it needs --secagg-min-clients others in every sum.",
+        group="Privacy")
     # outputs
     out: str | None = setting(None, "Run folder (default runs/<method>-<dataset>-<time>).",
                               group="Output", shown="")
@@ -219,6 +223,13 @@ class RunConfig:
         if not (self.secagg or self.secagg_updates) and self.secagg_min_clients != 2:
             raise UsageError("--secagg-min-clients belongs to secure aggregation: give "
                              "--secagg or --secagg-updates")
+        if self.secagg_key_holder is not None:
+            if not (self.secagg or self.secagg_updates):
+                raise UsageError("--secagg-key-holder belongs to secure aggregation: give "
+                                 "--secagg or --secagg-updates")
+            if not 0 <= self.secagg_key_holder < self.clients:
+                raise UsageError(f"--secagg-key-holder {self.secagg_key_holder} is not a client "
+                                 f"(0..{self.clients - 1})")
 
     @property
     def calibrator_of_alias(self) -> str:

@@ -188,7 +188,8 @@ class FlowerOptions:
     min_replies: int = setting(
         0, "Fewest clients of a round whose replies let it go on without the others (lost "
         "nodes are dropped and named in the summary); 0: every selected client must reply. "
-        "Never below --secagg-min-clients for a secure sum; the key holder is always needed.",
+        "Never below --secagg-min-clients + 1 for a secure sum (m others besides the key "
+        "holder's own upload); the key holder is always needed.",
         group="Flower", cli=False)
     hold: float = setting(
         0.0, "Seconds of margin for a follow-up `query.hold` message that keeps each SuperNode "

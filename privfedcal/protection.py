@@ -19,7 +19,14 @@ from __future__ import annotations
 import math
 
 from privfedcal.algorithms.base import ALGORITHMS
-from privfedcal.cohorts import check_schedule, cohort_plan, select_clients
+from privfedcal.cohorts import (
+    check_schedule,
+    cohort_plan,
+    observers_own,
+    per_round,
+    secure_minimum,
+    select_clients,
+)
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
 from privfedcal.privacy.dp import L2Clip, default_delta
@@ -46,7 +53,7 @@ def dpsgd_methods() -> tuple[str, ...]:
 
 def participation_counts(cfg) -> dict[int, int]:
     """Rounds each client is selected in: the server's choice, a function of the public
-    config (``seeding.select_clients``), known before training."""
+    config (``cohorts.select_clients``), known before training."""
     counts = dict.fromkeys(range(cfg.clients), 0)
     for r in range(1, cfg.rounds + 1):
         for c in select_clients(cfg, r):
@@ -137,16 +144,23 @@ def check_secure_aggregation(cfg, calibrator) -> None:
                          "hide the model updates")
     if not (cfg.secagg or cfg.secagg_updates):
         return
-    plan = cohort_plan(cfg)  # raises when a round would ask for fewer than the minimum
+    need = secure_minimum(cfg)
+    minimum = f"--secagg-min-clients {cfg.secagg_min_clients}" + (
+        "" if cfg.secagg_key_holder is None else
+        f" plus the key holder (client {cfg.secagg_key_holder}, which knows its own upload)")
+    asked = per_round(cfg.clients, cfg.participation)
+    if asked < need:
+        raise UsageError(f"secure aggregation would sum {asked} upload(s) per release, fewer "
+                         f"than {minimum}: raise --clients or --participation")
+    plan = cohort_plan(cfg)
     rows = secure_schedule(cfg, calibrator)
-    if rows and min(len(r) for r in rows) < cfg.secagg_min_clients:
+    if rows and min(len(r) for r in rows) < need:
         raise UsageError(f"secure aggregation would sum {min(len(r) for r in rows)} upload(s) "
-                         f"per release, fewer than --secagg-min-clients "
-                         f"{cfg.secagg_min_clients}: raise --clients or --participation")
-    if plan.smallest < cfg.secagg_min_clients:
-        raise UsageError(f"a cohort of {plan.smallest} client(s) is below --secagg-min-clients "
-                         f"{cfg.secagg_min_clients}")
-    check_schedule(rows, cfg.clients, cfg.secagg_min_clients)
+                         f"per release, fewer than {minimum}: raise --clients or "
+                         "--participation")
+    if plan.smallest < need:
+        raise UsageError(f"a cohort of {plan.smallest} client(s) is below {minimum}")
+    check_schedule(rows, cfg.clients, cfg.secagg_min_clients, known=observers_own(cfg))
 
 
 def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
@@ -246,7 +260,7 @@ def update_uplink(cfg, exp, uniform: bool) -> Uplink:
 
     weight_sum = float(cfg.clients) if uniform else float(exp.num_examples)  # public
     stage = SecAggStage(bounds={UPDATE_WEIGHT: weight_sum}, dp=None, clients=cfg.clients,
-                        hide_counts=False, min_clients=cfg.secagg_min_clients,
+                        hide_counts=False, min_clients=secure_minimum(cfg),
                         default_bound=PARAM_BOUND * weight_sum + weight_sum,
                         cohorts=cohort_plan(cfg).cohorts)
     return Uplink(stages=[EncryptStage(stage)])

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privfedcal.cohorts import select_clients, whole_run_record
+from privfedcal.cohorts import observers_own, select_clients, whole_run_record
 from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
@@ -364,18 +364,13 @@ class Simulator:
         write_summary(self.run_dir, summary)
         return summary
 
-    def observers_own(self) -> tuple[int, ...]:
-        """Clients whose own uploads an observer of every decrypted sum also knows (the
-        in-process key holder holds no data: none)."""
-        return ()
-
     def whole_run_check(self) -> dict[str, Any]:
         """What all the run's secure sums together isolate, from the contributors recorded
         release by release (``cohorts.whole_run_record``); a run whose record breaks the
         guarantee says so in its notes."""
         rows = secure_participants(self.transcript.entries)
         record = whole_run_record(rows, self.cfg.clients, self.cfg.secagg_min_clients,
-                                  known=self.observers_own())
+                                  known=observers_own(self.cfg))
         if not record["holds"]:
             log.warning("whole run: %s", record["statement"])
             self.notes.append(f"WARNING: {record['statement']}")

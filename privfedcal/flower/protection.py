@@ -115,7 +115,9 @@ def decrypt(context: Any, config: ConfigRecord, uplink: Any) -> RecordDict:
     n = int(config["n-clients"])
     layout = PayloadLayout.from_json(str(config["layout"]))
     try:
-        # the minimum is this node's own run config, never a number the server sends
+        # the minimum is this node's own run config, never a number the server sends; this
+        # node is a client too (--secagg-key-holder), so the minimum counts its own upload
+        # apart: --secagg-min-clients others besides it (cohorts.secure_minimum)
         total = key_holder_release(holder, [bytes(c) for c in config["ciphertexts"]], layout, n,
                                    uplink.wire.secagg.min_clients)
     except UploadRejected as exc:  # the release is skipped, never half-made

@@ -33,7 +33,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
 
-from privfedcal.cohorts import isolated_group
+from privfedcal.cohorts import secure_minimum
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.aggregate import RunningAverage
@@ -97,28 +97,6 @@ class FlowerTrainer:
         """``Simulator.close(abort=True)``: nothing runs here to stop (the nodes train)."""
 
 
-def key_holder_view(cfg: RunConfig, calibrator: Any, key_holder: int) -> None:
-    """Refuse a run in which the key holder, a client node that decrypts every secure sum
-    and knows its own upload, could single out fewer than ``--secagg-min-clients`` other
-    clients from the sums of the run (``cohorts.isolated_group`` with its own value known):
-    every sum that may hold its upload needs that many others besides it."""
-    from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import secure_schedule
-
-    calibrator = calibrator if calibrator is not None else calibrator_class(cfg)
-    rows = secure_schedule(cfg, calibrator)
-    found = isolated_group(rows, cfg.clients, cfg.secagg_min_clients, known=(key_holder,))
-    if found is not None or min((len(r) for r in rows), default=cfg.clients) \
-            < cfg.secagg_min_clients + 1:
-        raise UsageError(
-            f"under Flower the CKKS key holder (client {key_holder}) is a client that sees "
-            f"every decrypted sum and knows its own upload: every sum needs "
-            f"--secagg-min-clients {cfg.secagg_min_clients} uploads besides its own (at least "
-            f"{cfg.secagg_min_clients + 1} clients in every release"
-            + (f"; these rounds would isolate client(s) {list(found.group)}"
-               if found is not None else "") + ")")
-
-
 class FlowerSimulator(Simulator):
     """``Simulator`` whose clients are SuperNodes reached through a Flower ``Grid``."""
 
@@ -134,8 +112,9 @@ class FlowerSimulator(Simulator):
                              "updates would reach the server in the clear before encryption")
         if not 0 <= key_holder < cfg.clients:
             raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
-        if cfg.secagg:
-            key_holder_view(cfg, calibrator, key_holder)
+        if cfg.secagg and cfg.secagg_key_holder != key_holder:
+            raise UsageError(f"the run config names client {cfg.secagg_key_holder} as the key "
+                             f"holder, flower.key-holder {key_holder}")
         super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp,
                          run_record=run_record)
         self.link = link
@@ -153,7 +132,7 @@ class FlowerSimulator(Simulator):
         for a secure sum never fewer than the protection plan's --secagg-min-clients."""
         need = self.link.options.min_replies or None
         if need is not None and secure:  # the key holder's own upload does not count
-            need = max(need, self.cfg.secagg_min_clients + 1)
+            need = max(need, secure_minimum(self.cfg))
         return need
 
     def receive_updates(self, trainer: Any, jobs: list[TrainJob], selected: list[int],
@@ -193,10 +172,6 @@ class FlowerSimulator(Simulator):
 
     def client_index(self, client: int) -> None:
         return None  # the node holds its partition
-
-    def observers_own(self) -> tuple[int, ...]:
-        """The key holder node knows its own upload and sees every decrypted sum."""
-        return (self.key_holder,) if self.cfg.secagg else ()
 
     def client_sizes(self, selected: list[int]) -> list[float]:
         """The sample counts the nodes report (``query.hello``, asked once; 0 under

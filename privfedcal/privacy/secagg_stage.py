@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from privfedcal.cohorts import cohort_plan, complete_cohorts
+from privfedcal.cohorts import cohort_plan, complete_cohorts, secure_minimum
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
@@ -83,7 +83,9 @@ class SecAggStage:
     dp: Any
     clients: int
     hide_counts: bool = True
-    min_clients: int = MIN_SECAGG_CLIENTS  # --secagg-min-clients: fewest uploads in a sum
+    #: fewest uploads in a sum: --secagg-min-clients, plus one when the key holder is a
+    #: client (cohorts.secure_minimum)
+    min_clients: int = MIN_SECAGG_CLIENTS
     params_used: dict[str, dict] = field(default_factory=dict)
     #: the bound of a key absent from ``bounds`` (model updates: one bound for every
     #: parameter tensor); None: such a key is an error
@@ -105,7 +107,7 @@ class SecAggStage:
                                    clients=k).items():
                 bounds[key] = max(bounds.get(key, 0.0), b)
         return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts,
-                   min_clients=cfg.secagg_min_clients, cohorts=cohort_plan(cfg).cohorts)
+                   min_clients=secure_minimum(cfg), cohorts=cohort_plan(cfg).cohorts)
 
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)

@@ -136,8 +136,13 @@ def test_class_gradients_across_rounds_batched(toy):
                                                    for i in range(3)], config=cfg, **KW)
     for a, b in zip(alone, together, strict=True):
         assert a.convergence.steps == b.convergence.steps
-        torch.testing.assert_close(b.images, a.images, rtol=0, atol=1e-4)
-        assert b.gradient_cosine == pytest.approx(a.gradient_cosine, abs=1e-5)
+        # the batched kernels sum in another order: float32 differences of ~1e-7, which 120
+        # optimiser steps on a multi-sample target amplify on some CPUs (images 0.028 apart,
+        # cosines 0.9260 and 0.9284 on one 2-core machine, at the code of the previous
+        # release too); a wrong batching (another target's gradient, a shared generator)
+        # moves the images by O(1) and the cosine far more
+        torch.testing.assert_close(b.images, a.images, rtol=0, atol=0.1)
+        assert b.gradient_cosine == pytest.approx(a.gradient_cosine, abs=1e-2)
 
 
 def test_chunks_cut_where_padding_costs_more_than_a_batch():

@@ -104,11 +104,12 @@ def test_hidden_counts_are_not_determined_by_the_server_view(tmp_path):
         assert len({e["bytes"] for e in mine if e["view"] == "ciphertext"}) == 1
 
 
-def least_squares_counts(run: Path) -> tuple[np.ndarray, np.ndarray]:
-    """What plain least squares over every round recovers of each client's hidden class
-    counts from ``RUN/server/`` alone (each aggregate's contributors are its ciphertext
-    entries), with the public class totals as one more equation: (estimate per client,
-    whether each client's counts are determined, i.e. its unit vector is in the row space)."""
+def least_squares(run: Path, key: str = "count") -> tuple[np.ndarray, np.ndarray]:
+    """What plain least squares over every round recovers of each client's ``key`` (hidden
+    class counts, or the update weight n_k) from ``RUN/server/`` alone (each aggregate's
+    contributors are its ciphertext entries), with the public total (the class totals, N)
+    as one more equation: (estimate per client, whether each client's value is determined,
+    i.e. its unit vector is in the row space)."""
     from safetensors.torch import load_file
 
     server = run / "server"
@@ -116,36 +117,45 @@ def least_squares_counts(run: Path) -> tuple[np.ndarray, np.ndarray]:
     clients = json.loads((server / "config.json").read_text())["clients"]
     rows, sums, senders = [], [], {}
     for e in index:
-        key = (e["round"], e["label"])
+        k = (e["round"], e["label"])
         if e["view"] == "ciphertext":
-            senders.setdefault(key, set()).add(e["client"])
-        elif e["view"] == "aggregate" and "count" in (tensors := load_file(
+            senders.setdefault(k, set()).add(e["client"])
+        elif e["view"] == "aggregate" and key in (tensors := load_file(
                 str(server / "transcript" / e["file"]))):
-            rows.append([float(c in senders[key]) for c in range(clients)])
-            sums.append(tensors["count"].double().numpy())
-    totals = np.asarray(json.loads((run / "private" / "partition.json").read_text())
-                        ["class_totals"], dtype=float)  # public: the dataset's labels
+            rows.append([float(c in senders[k]) for c in range(clients)])
+            sums.append(tensors[key].double().numpy())
+    partition = json.loads((run / "private" / "partition.json").read_text())
+    total = partition["class_totals"] if key == "count" else [partition["num_assigned"]]
     a = np.vstack([np.asarray(rows), np.ones(clients)])
-    b = np.vstack([np.asarray(sums), totals])
+    b = np.vstack([np.asarray(sums), np.asarray(total, dtype=float)])  # public totals
     estimate = np.linalg.lstsq(a, b, rcond=None)[0]
     proj = np.linalg.pinv(a) @ a  # projector onto the row space
     return estimate, np.isclose(np.diag(proj), 1.0, atol=1e-9)
 
 
-def test_hidden_counts_survive_differencing_across_rounds(tmp_path, monkeypatch):
-    """CReFF with hidden counts at participation 0.5 for 6 rounds: every round's aggregate
-    holds the class counts summed over that round's contributors. With fixed cohorts
-    (privfedcal/cohorts.py) least squares over all the rounds determines no client's
-    counts; with the cohorts switched off (a plain draw of 2 of 4 clients, the run's own
-    whole-run check disabled too) the same least squares recovers every client exactly."""
-    args = [*FAST, "--clients", "4", "--participation", "0.5", "--rounds", "6", *CREFF,
-            "--secagg", "--hide-counts", "--creff-weighting", "sample", "--data-seed", "1"]
+def _truth(run: Path, key: str) -> np.ndarray:
+    partition = json.loads((run / "private" / "partition.json").read_text())
+    values = partition["counts"] if key == "count" else [[n] for n in partition["sizes"]]
+    return np.asarray(values, dtype=float)
+
+
+@pytest.mark.parametrize(("key", "flags"), [
+    ("count", [*CREFF, "--secagg", "--hide-counts", "--creff-weighting", "sample"]),
+    ("__weight", ["--method", "fedavg", "--secagg-updates"])], ids=["counts", "sizes"])
+def test_secure_sums_survive_differencing_across_rounds(tmp_path, monkeypatch, key, flags):
+    """6 rounds at participation 0.5: every round's aggregate holds the hidden class counts
+    (CReFF) or the update weights n_k (--secagg-updates) summed over that round's
+    contributors. With fixed cohorts (privfedcal/cohorts.py) least squares over all the
+    rounds determines no client's value; with the cohorts switched off (a plain draw of 2 of
+    4 clients, the run's own whole-run check disabled too) the same least squares recovers
+    every client exactly."""
+    args = [*FAST, "--clients", "4", "--participation", "0.5", "--rounds", "6", *flags,
+            "--data-seed", "1"]
     main(["train", *args, "--out", str(tmp_path / "cohorts")])
     summary = json.loads((tmp_path / "cohorts" / "server" / "summary.json").read_text())
     assert summary["privacy"]["whole_run"]["holds"] is True
-    estimate, determined = least_squares_counts(tmp_path / "cohorts")
-    truth = np.asarray(json.loads((tmp_path / "cohorts" / "private" / "partition.json")
-                                  .read_text())["counts"], dtype=float)
+    estimate, determined = least_squares(tmp_path / "cohorts", key)
+    truth = _truth(tmp_path / "cohorts", key)
     assert not determined.any()
     assert all(np.abs(estimate[c] - truth[c]).max() > 1.0 for c in range(4))
 
@@ -157,9 +167,8 @@ def test_hidden_counts_survive_differencing_across_rounds(tmp_path, monkeypatch)
     main(["train", *args, "--out", str(tmp_path / "plain")])
     summary = json.loads((tmp_path / "plain" / "server" / "summary.json").read_text())
     assert summary["privacy"]["whole_run"]["holds"] is False  # the run's own check sees it
-    estimate, determined = least_squares_counts(tmp_path / "plain")
-    truth = np.asarray(json.loads((tmp_path / "plain" / "private" / "partition.json")
-                                  .read_text())["counts"], dtype=float)
+    estimate, determined = least_squares(tmp_path / "plain", key)
+    truth = _truth(tmp_path / "plain", key)
     assert determined.all()
     assert np.abs(estimate - truth).max() < 0.05
 

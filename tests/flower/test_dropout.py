@@ -241,29 +241,40 @@ def test_node_gone_from_the_superlink_is_lost_at_once(flower_cfg):
 
 # ---- secure aggregation ------------------------------------------------------------------
 @pytest.mark.parametrize("phase", ["hang", "upload"])
-def test_secure_sum_goes_on_without_a_lost_uploader(flower_cfg, faulty_run, phase):
-    """A client lost before its ciphertext arrived is a planned upload missing from the sum
-    (nothing of it is needed to decrypt the others'): the release is the sum of the other
-    two, and the privacy record is the one of the whole plan."""
+def test_secure_sum_goes_on_without_a_lost_uploaders_cohort(flower_cfg, faulty_run, phase):
+    """A client lost before its ciphertext arrived is a planned upload missing from the sum,
+    and it takes its cohort with it (privfedcal/cohorts.py): under Flower the key holder
+    (client 0) is a client, so cohorts hold --secagg-min-clients 2 others besides it, 3
+    clients: (0, 1, 2) and (3, 4, 5) at seed 0. Client 3 lost, the uploads of 4 and 5 are
+    left out too, and the release is the sum of cohort (0, 1, 2). Never a sum of five that,
+    set against the public totals, would single out client 3's."""
     pytest.importorskip("tenseal")
-    cfg = flower_cfg(method="ccvr", secagg=True, clients=3, rounds=1)
-    sim, summary, grid = faulty_run(cfg, min_replies=2, victim=2, phase=phase,
+    from privfedcal.cohorts import cohort_plan
+
+    cfg = flower_cfg(method="ccvr", secagg=True, clients=6, rounds=1)
+    assert cohort_plan(cfg.replace(secagg_key_holder=0)).cohorts == ((0, 1, 2), (3, 4, 5))
+    sim, summary, grid = faulty_run(cfg, min_replies=5, victim=3, phase=phase,
                                     message="query.payload")
     assert grid.hits == 1
     assert [(d["client"], d["message"]) for d in summary["dropped_clients"]] == \
-        [(2, "query.payload")]
+        [(3, "query.payload")]
     assert summary["skipped_releases"] == [] and summary["calibration"]
-    assert any("client(s) [2] lost (no upload; released the sum of 2 of 3)" in n
-               for n in summary["notes"])
+    assert [r["client"] for r in summary["rejected_uploads"]] == [4, 5]
+    assert all("cohort" in r["reason"] for r in summary["rejected_uploads"])
+    assert summary["privacy"]["whole_run"]["holds"] is True
+    assert summary["privacy"]["whole_run"]["observer_knows"] == [0]
+    aggregates = [e for e in sim.transcript.entries if e["view"] == "aggregate"]
+    assert [e["clients"] for e in aggregates] == [3]
 
 
 def test_secure_sum_keeps_the_secagg_minimum(flower_cfg, faulty_run):
-    """flower.min-replies 1 does not lower --secagg-min-clients 3: with one of three
-    uploaders lost the run stops rather than release a smaller sum."""
+    """flower.min-replies 1 does not lower --secagg-min-clients 3 (4 uploads: 3 besides the
+    key holder's): with one of four uploaders lost the run stops rather than release a
+    smaller sum."""
     pytest.importorskip("tenseal")
-    cfg = flower_cfg(method="ccvr", secagg=True, clients=3, rounds=1, secagg_min_clients=3)
-    with pytest.raises(FlowerRoundError, match="query.payload round ccvr-stats-1: 1 of 3 "
-                       "replies missing, 3 needed to go on; lost: client 2"):
+    cfg = flower_cfg(method="ccvr", secagg=True, clients=4, rounds=1, secagg_min_clients=3)
+    with pytest.raises(FlowerRoundError, match="query.payload round ccvr-stats-1: 1 of 4 "
+                       "replies missing, 4 needed to go on; lost: client 2"):
         faulty_run(cfg, min_replies=1, victim=2, phase="hang", message="query.payload")
 
 

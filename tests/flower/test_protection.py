@@ -58,7 +58,7 @@ def test_dp_noise_is_added_on_the_nodes_and_matches_the_simulator(flower_cfg, ru
 
 
 def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, run_flower):
-    cfg = flower_cfg(method="ccvr", secagg=True, hide_counts=True, transcript=True,
+    cfg = flower_cfg(method="ccvr", secagg=True, hide_counts=True, transcript=True, clients=3,
                      calibration_params={"virtual_per_class": 20})
     sim, summary = run_simulator(cfg)
     fl, fl_summary, grid = run_flower(cfg)
@@ -71,7 +71,7 @@ def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, ru
     assert fl_summary["accuracy"] > fl_summary["accuracy_before_calibration"]
     views = _views(fl, "ccvr-stats")
     kinds = [r["view"] for r in views]
-    assert kinds == ["model-state", "ciphertext", "ciphertext", "aggregate"]
+    assert kinds == ["model-state", "ciphertext", "ciphertext", "ciphertext", "aggregate"]
     sizes = {r["bytes"] for r in views if r["view"] == "ciphertext"}
     assert len(sizes) == 1  # hidden counts: every upload has the same padded size
     (sim_agg,) = [e for e in _views(sim, "ccvr-stats") if e["view"] == "aggregate"]
@@ -85,7 +85,7 @@ def test_secure_aggregation_with_a_key_holder_node(flower_cfg, run_simulator, ru
 
 def test_secure_aggregation_without_padding(flower_cfg, run_flower):
     """Without --hide-counts uploads travel unpadded (and are accepted)."""
-    cfg = flower_cfg(method="ccvr", secagg=True, rounds=1,
+    cfg = flower_cfg(method="ccvr", secagg=True, rounds=1, clients=3,
                      calibration_params={"virtual_per_class": 20})
     fl, summary, _ = run_flower(cfg)
     assert summary["rejected_uploads"] == [] and summary["skipped_releases"] == []
@@ -112,13 +112,13 @@ def test_only_the_designated_node_acts_as_key_holder(flower_cfg):
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.privacy.secagg import CKKSParams
 
-    cfg = flower_cfg(method="ccvr", secagg=True)
-    grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 1}, 2)
-    link = GridLink(grid, 2, FlowerOptions(round_timeout=5))
+    cfg = flower_cfg(method="ccvr", secagg=True, clients=3)  # 2 others beside the key holder
+    grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 1}, 3)
+    link = GridLink(grid, 3, FlowerOptions(round_timeout=5))
     params = CKKSParams.for_magnitude(10.0, max_clients=2)
     content = RecordDict({"config": ConfigRecord(
         {"release": "r", "params": json.dumps(params.to_dict())})})
-    with pytest.raises(FlowerRoundError, match=r"node 1000 \(bad-config\)"):
+    with pytest.raises(FlowerRoundError, match=r"node 1000\W+bad-config"):
         link.exchange(content, [0, 1], "query.keygen", "r")
     reply = link.exchange(content, [1], "query.keygen", "r")[1].content
     assert KEY_STATE in grid.contexts[NODE_BASE + 1].state.config_records
@@ -147,9 +147,9 @@ def test_the_key_holders_refusal_is_a_code(flower_cfg, monkeypatch, caplog):
         raise UploadRejected("aggregate entry 417.3 exceeds the declared bound 10")
 
     monkeypatch.setattr(secagg_stage, "key_holder_release", check)
-    cfg = flower_cfg(method="ccvr", secagg=True)
-    grid = LoopbackGrid(client_app, to_run_config(cfg), 2)
-    link = GridLink(grid, 2, FlowerOptions(round_timeout=5))
+    cfg = flower_cfg(method="ccvr", secagg=True, clients=3)  # 2 others beside the key holder
+    grid = LoopbackGrid(client_app, to_run_config(cfg), 3)
+    link = GridLink(grid, 3, FlowerOptions(round_timeout=5))
     params = CKKSParams.for_magnitude(10.0, max_clients=2)
     link.exchange(RecordDict({"config": ConfigRecord(
         {"release": "r-1", "params": json.dumps(params.to_dict())})}), [0], "query.keygen", "r")
@@ -178,11 +178,11 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     from privfedcal.privacy.transcript import Transcript
     from privfedcal.protection import build_uplink
 
-    cfg = flower_cfg(method="ccvr", clients=4, dp_eps=8.0, secagg=True)
+    cfg = flower_cfg(method="ccvr", clients=6, dp_eps=8.0, secagg=True, secagg_key_holder=0)
     exp = build_experiment(cfg)
     client_side = build_uplink(cfg, exp, calibrator_class(cfg))  # every node builds the same uplink
-    grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 0}, 4)
-    link = GridLink(grid, 4, FlowerOptions(round_timeout=30))
+    grid = LoopbackGrid(client_app, {**to_run_config(cfg), "flower.key-holder": 0}, 6)
+    link = GridLink(grid, 6, FlowerOptions(round_timeout=30))
     c, d = exp.data.num_classes, 8
     example = {"count": torch.zeros(c, dtype=torch.float64),
                "sum": torch.zeros(c, d, dtype=torch.float64),
@@ -193,33 +193,36 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     for rep in range(4):
         server = build_uplink(cfg, exp, calibrator_class(cfg))  # a fresh budget per repetition
         server.wire.keys = RemoteKeys(link, 0)
-        rel = server.release("ccvr-stats", rep + 1, [0, 1, 2, 3], [0, 1, 2, 3], example,
-                             Transcript(None))
+        rel = server.release("ccvr-stats", rep + 1, [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5],
+                             example, Transcript(None))
         server.open(rel)
         sealing = sealing_record(rel.state["sealing"])
         ups = [(k, bytes(client_upload(client_side, example, label="ccvr-stats",
                                        round_=rep + 1, client=k,
                                        secagg=sealing)["ciphertext"]["data"]))
-               for k in range(3)]
-        ups.append((3, b"garbage"))
+               for k in (0, 1, 2, 4, 5)]
+        ups.insert(3, (3, b"garbage"))  # cohorts (0, 1, 2), (3, 4, 5): 4 and 5 leave with 3
         total = server.server_side(ups, rel)
         rejected += server.rejected
         skipped += server.skipped
         devs.append(total["sum"].flatten() / stds["sum"])
         devs.append((total["outer"] / stds["outer"])[:, iu[0], iu[1]].flatten())
-    assert [r["client"] for r in rejected] == [3] * 4 and skipped == []
+    assert [r["client"] for r in rejected] == [3, 4, 5] * 4 and skipped == []
     var = float(torch.cat(devs).var())
-    # 3 shares of 1/3 arrive (variance 1), the top-up adds 1/3: 4/3; 1760 draws (SE ~ 0.05)
-    assert 1.17 < var < 1.5
+    # 3 shares of 1/5 arrive (3/5), the top-up adds the 3 missing: 6/5 (3 SE either side;
+    # no top-up would give 3/5); 1760 draws (SE ~ 0.05)
+    assert 1.05 < var < 1.35
 
 
-@pytest.mark.parametrize("flags", [{}, {"dp_eps": 8.0}, {"secagg": True},
-                                   {"dp_eps": 8.0, "secagg": True, "hide_counts": True}],
+@pytest.mark.parametrize("flags", [{}, {"dp_eps": 8.0}, {"secagg": True, "clients": 3},
+                                   {"dp_eps": 8.0, "secagg": True, "hide_counts": True,
+                                    "clients": 3}],
                          ids=["clear", "noise", "encrypt", "noise+encrypt"])
 def test_flower_and_simulator_run_the_same_stages(flags, flower_cfg, run_simulator,
                                                   run_flower, monkeypatch):
     """Every stage half the simulator runs, the Flower nodes, server and key holder run
-    too: the same classes, the same number of calls (one release of 2 clients)."""
+    too: the same classes, the same number of calls (one release of every client; 3 under
+    --secagg, where the key holder node needs two uploads besides its own)."""
     from privfedcal.privacy.stages import Stage
 
     calls: list[tuple[str, str]] = []
