@@ -122,7 +122,7 @@ class RunView:
         if z is None:
             return dict.fromkeys(keys, 0.0)
         sens = payload_sensitivities(keys, clip=p["feature_clip"], grad_clip=p["grad_clip"])
-        return noise_stds(sens, float(z))
+        return noise_stds(sens, float(z), budget=release_budget(label))
 
     def releases(self, label: str) -> list[Release]:
         groups: dict[int, dict[str, Any]] = {}
@@ -162,6 +162,19 @@ class RunView:
                 return r
         raise UsageError(f"no {label!r} release in round {round_}; rounds: "
                          f"{', '.join(str(r.round) for r in rels)}")
+
+
+def release_budget(label: str) -> dict[str, float] | None:
+    """How the calibrator that declares release ``label`` splits its noise budget between
+    its keys (``ReleaseSpec.noise_share``; None: equally), as the run's noise stage did."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    for name in CALIBRATORS.names():
+        for spec in getattr(CALIBRATORS.get(name), "releases", ()):
+            if spec.label == label and spec.noise_share:
+                return dict(spec.noise_share)
+    return None
 
 
 def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:

@@ -18,6 +18,11 @@ dividing key k by its sensitivity ``s_k`` gives K keys that each move by <= 1, h
 L2 sensitivity of ``sqrt(K)``; adding ``N(0, (z sqrt(K))^2)`` to the scaled payload and
 scaling back means key k gets noise of std ``z * sqrt(K) * s_k``. The release is then a
 Gaussian mechanism with noise multiplier ``z`` for the accountant (``accounting.py``).
+More generally, with budget shares ``w_k`` (positive, summing to 1 over the keys with a
+positive sensitivity; equal shares ``1/K`` above), dividing key k by ``s_k / sqrt(w_k)`` gives
+a joint sensitivity of ``sqrt(sum w_k) = 1``, so key k gets std ``z * s_k / sqrt(w_k)`` for the
+same multiplier ``z``: a key that needs little precision (CReFF's counts, used for a mask)
+can give its share to the others (``ReleaseSpec.noise_share``).
 
 The guarantee holds only if every per-sample quantity summed into the payload went through
 ``L2Clip.clip`` with the bound its key's sensitivity assumes, and only for what the payload
@@ -98,9 +103,11 @@ class L2Clip:
 
 
 def noise_stds(sensitivities: Mapping[str, float], noise_multiplier: float,
-               share: float = 1.0) -> dict[str, float]:
-    """Std of the Gaussian noise per key: ``z * sqrt(K) * s_k * sqrt(share)``, K = number of
-    keys with a positive sensitivity (keys with sensitivity 0 are data-independent)."""
+               share: float = 1.0, budget: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Std of the Gaussian noise per key: ``z * s_k / sqrt(w_k) * sqrt(share)`` with ``w_k``
+    the key's share of the budget: ``budget[k]`` normalised over the keys with a positive
+    sensitivity, or ``1/K`` for each of those K keys without ``budget`` (then the std is
+    ``z * sqrt(K) * s_k * sqrt(share)``). Keys with sensitivity 0 are data-independent."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
         raise ValueError(f"noise multiplier must be finite and >= 0, got {noise_multiplier}")
     if not 0 < share <= 1:
@@ -108,17 +115,24 @@ def noise_stds(sensitivities: Mapping[str, float], noise_multiplier: float,
     for k, s in sensitivities.items():
         if not (math.isfinite(s) and s >= 0):
             raise ValueError(f"sensitivity of {k!r} must be finite and >= 0, got {s}")
-    joint = math.sqrt(sum(1 for s in sensitivities.values() if s > 0))
-    return {k: noise_multiplier * joint * s * math.sqrt(share) for k, s in sensitivities.items()}
+    live = [k for k, s in sensitivities.items() if s > 0]
+    weights = {k: 1.0 for k in live} if budget is None else {k: budget.get(k, 0.0) for k in live}
+    if any(not (math.isfinite(w) and w > 0) for w in weights.values()):
+        raise ValueError(f"every noised key needs a positive finite budget share, got {weights}")
+    total = sum(weights.values())
+    return {k: noise_multiplier * s * math.sqrt(share * total / weights[k]) if s > 0 else 0.0
+            for k, s in sensitivities.items()}
 
 
 def gaussian_mechanism(payload: Mapping[str, Tensor], sensitivities: Mapping[str, float],
                        noise_multiplier: float, generator: torch.Generator,
-                       share: float = 1.0) -> dict[str, Tensor]:
+                       share: float = 1.0, budget: Mapping[str, float] | None = None
+                       ) -> dict[str, Tensor]:
     """Add Gaussian noise to every key of ``payload`` (see module docstring for the scale).
 
     ``share`` scales the variance: with distributed DP each of n clients passes ``1/n`` so the
-    securely aggregated sum carries the full variance. Every payload key needs an entry in
+    securely aggregated sum carries the full variance; ``budget`` splits the noise budget
+    between the keys (``noise_stds``). Every payload key needs an entry in
     ``sensitivities`` (extra entries are ignored); a missing one raises, so nothing is ever
     released without noise by accident. Integer tensors (counts) come back as floats of the
     default dtype. Noise is drawn on ``generator``'s device, then moved to the tensor's.
@@ -127,7 +141,7 @@ def gaussian_mechanism(payload: Mapping[str, Tensor], sensitivities: Mapping[str
     if missing:
         raise UsageError(f"payload keys {missing} have no sensitivity; refusing to release "
                          "them without noise")
-    stds = noise_stds({k: sensitivities[k] for k in payload}, noise_multiplier, share)
+    stds = noise_stds({k: sensitivities[k] for k in payload}, noise_multiplier, share, budget)
     out = {}
     for k, t in payload.items():
         dtype = t.dtype if t.is_floating_point() else torch.get_default_dtype()

@@ -142,12 +142,19 @@ class DPStage:
             return spec.sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
         return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
 
+    def budget(self, label: str) -> dict[str, float] | None:
+        """How the release's declaration splits its noise budget between its keys (None:
+        equally; ``ReleaseSpec.noise_share``)."""
+        spec = self.specs.get(label)
+        return dict(spec.noise_share) if spec is not None and spec.noise_share else None
+
     def noise(self, payload: dict[str, Tensor], label: str, generator, share: float) -> dict:
         return gaussian_mechanism(payload, self.sensitivities(payload, label), self._noise_multiplier(label),
-                                  generator, share=share)
+                                  generator, share=share, budget=self.budget(label))
 
     def stds(self, keys, label: str) -> dict[str, float]:
-        return noise_stds(self.sensitivities(keys, label), self._noise_multiplier(label))
+        return noise_stds(self.sensitivities(keys, label), self._noise_multiplier(label),
+                          budget=self.budget(label))
 
     def state_dict(self) -> dict[str, Any]:
         return {"accountant": self.accountant.state_dict(),

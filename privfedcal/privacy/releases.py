@@ -51,6 +51,9 @@ class ReleaseSpec:
     #: payload key -> what it carries, with its shape (the "holds" column of the client
     #: fields' table; a release that reaches a client must describe every key)
     holds: Mapping[str, str] = field(default_factory=dict)
+    #: payload key -> its share of the release's noise budget (``dp.noise_stds``), normalised
+    #: over the keys a payload carries; empty: equal shares. Every declared key needs one.
+    noise_share: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if set(self.sensitivity) != set(self.magnitude):
@@ -65,6 +68,10 @@ class ReleaseSpec:
         if unknown:
             raise ValueError(f"release {self.label!r}: holds describes undeclared payload "
                              f"key(s) {sorted(unknown)}")
+        if self.noise_share and (set(self.noise_share) != set(self.sensitivity) or not all(
+                math.isfinite(w) and w > 0 for w in self.noise_share.values())):
+            raise ValueError(f"release {self.label!r}: noise_share needs a positive share for "
+                             f"each payload key, got {dict(self.noise_share)}")
         for expr in (*self.sensitivity.values(), *self.magnitude.values()):
             evaluate(expr, {"R": 1.0, "G": 1.0, "N": 1.0, "K": 1.0})  # parses
 

@@ -88,6 +88,34 @@ def test_noise_stds_formula():
                                   "outer": 0.5 * r3 * 4 * 0.5, "const": 0.0})
 
 
+def test_noise_budget_split_is_one_gaussian_mechanism_with_the_same_multiplier():
+    """Budget shares w_k (normalised over the keys with a positive sensitivity): std_k =
+    z s_k / sqrt(w_k). Any change that moves each key by at most its sensitivity then has a
+    noise-scaled (Mahalanobis) length of at most 1/z, exactly as with equal shares, which are
+    the default (and w_k = 1/K gives the formula above)."""
+    sens = {"grad": 0.5, "count": 1.0, "const": 0.0}
+    z = 2.0
+    stds = noise_stds(sens, z, budget={"grad": 9.0, "count": 1.0})  # normalised: 0.9 / 0.1
+    assert stds == pytest.approx({"grad": z * 0.5 / math.sqrt(0.9),
+                                  "count": z * 1.0 / math.sqrt(0.1), "const": 0.0})
+    assert noise_stds(sens, z, budget={"grad": 1.0, "count": 1.0}) == pytest.approx(
+        noise_stds(sens, z))
+    for split in (None, {"grad": 0.9, "count": 0.1}, {"grad": 0.01, "count": 0.99}):
+        st_ = noise_stds(sens, z, budget=split)
+        worst = math.sqrt(sum((s / st_[k]) ** 2 for k, s in sens.items() if s > 0))
+        assert worst == pytest.approx(1 / z)
+    assert noise_stds(sens, z, share=0.25, budget={"grad": 0.9, "count": 0.1})["grad"] == \
+        pytest.approx(0.5 * stds["grad"])
+    with pytest.raises(ValueError, match="budget share"):
+        noise_stds(sens, z, budget={"grad": 1.0})  # count has none
+    m = 20_000
+    clean = {"grad": torch.zeros(m, 3, dtype=torch.float64),
+             "count": torch.zeros(m, 3, dtype=torch.float64)}
+    noisy = gaussian_mechanism(clean, sens, z, gen(4), budget={"grad": 0.9, "count": 0.1})
+    for k in ("grad", "count"):
+        assert float(noisy[k].std(0).mean()) == pytest.approx(stds[k], rel=0.03)
+
+
 def _stats_payload(m: int, seed: int) -> dict[str, torch.Tensor]:
     """m identical copies of a small CCVR payload (C=3, d=2): m independent noise draws."""
     z = torch.randn(7, 2, generator=gen(seed), dtype=torch.float64)
