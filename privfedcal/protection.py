@@ -51,11 +51,12 @@ def dpsgd_methods() -> tuple[str, ...]:
     return tuple(name for name in ALGORITHMS.names() if ALGORITHMS.get(name).dp_sgd)
 
 
-def participation_counts(cfg) -> dict[int, int]:
-    """Rounds each client is selected in: the server's choice, a function of the public
-    config (``cohorts.select_clients``), known before training."""
+def participation_counts(cfg, rounds=None) -> dict[int, int]:
+    """Rounds each client is selected in (among ``rounds``, default every round): the
+    server's choice, a function of the public config (``cohorts.select_clients``), known
+    before training."""
     counts = dict.fromkeys(range(cfg.clients), 0)
-    for r in range(1, cfg.rounds + 1):
+    for r in (range(1, cfg.rounds + 1) if rounds is None else rounds):
         for c in select_clients(cfg, r):
             counts[c] += 1
     return counts
@@ -72,7 +73,8 @@ def planned_participants(cfg, calibrator) -> dict[str, int]:
 def release_plans(cfg, calibrator) -> list[ReleasePlan]:
     """The releases this configuration will make, from its calibrator's declarations, for the
     accountant's plan: per client, q = 1 (no amplification from the server's choice of
-    clients), over the most rounds any client takes part in for per-round releases.
+    clients), over the most rounds any client takes part in for per-round releases (among
+    the rounds the calibrator makes them in, ``release_rounds``: public config only).
 
     ``calibrator`` is the run's calibrator (class or object: ``name``, ``releases``,
     ``protectable``), looked up by ``experiment.calibrator_class``."""
@@ -82,7 +84,10 @@ def release_plans(cfg, calibrator) -> list[ReleasePlan]:
                          "with DP")
     plans = []
     for r in calibrator.releases:
-        steps = 1 if r.participants == "all" else max(participation_counts(cfg).values())
+        steps = 1 if r.participants == "all" else max(participation_counts(
+            cfg, calibrator.release_rounds(cfg, r)).values(), default=0)
+        if steps < 1:
+            continue  # a schedule without any round releases nothing: nothing to charge
         plans.append(ReleasePlan(r.label, 1.0, steps))
     return plans
 
@@ -126,7 +131,8 @@ def secure_schedule(cfg, calibrator) -> list[list[int]]:
         chosen = select_clients(cfg, r)
         if cfg.secagg_updates:
             rows.append(chosen)
-        rows += [chosen for spec in releases if spec.participants != "all"]
+        rows += [chosen for spec in releases if spec.participants != "all"
+                 and r in calibrator.release_rounds(cfg, spec)]
     rows += [list(range(cfg.clients)) for spec in releases if spec.participants == "all"]
     return rows
 

@@ -22,7 +22,11 @@ Defaults follow the authors' code wherever the paper's tables came from it:
   average 10 batches of 32 images per class, augmented; same expectation, bounded client
   cost, each sample counted at most once, and a neighbouring dataset changes the draw by one
   swap, so the sensitivity the DP noise assumes holds: ``GradTask``); ``client_draws=None``
-  uses every sample;
+  (or 0) uses every sample, the default under DP (``DP_CLIENT_DRAWS``: a cap halves the
+  summed gradients to keep their sensitivity, i.e. halves the signal against the noise);
+* ``release_last=R``: gradients are released and matched in the last R rounds only
+  (``release_schedule``, public config; default every round, as the paper), so that under DP
+  the budget composes over R releases (docs/privacy-dp.md);
 * client gradients are computed on images under the authors' differentiable Siamese
   augmentation (``dsa``, default their strategy ``color_crop_cutout_flip_scale_rotate``;
   ``"none"`` turns it off; ``privfedcal/data/dsa.py``): the authors augment each class batch
@@ -98,6 +102,24 @@ RETRAIN_UNITS = ("epoch", "step")
 INITIAL_HEADS = ("fresh", "global")
 
 
+#: CReFF's per-class cap under DP unless ``--creff-client-draws`` is given: 0, every sample.
+#: A cap makes adding or removing one example a swap (2G), so capped sums are halved to keep
+#: the sensitivity at G, which halves the signal against the same noise; uncapped sums move
+#: by G unhalved (docs/privacy-dp.md)
+DP_CLIENT_DRAWS = 0
+
+
+def release_schedule(rounds: int, last: int | None) -> tuple[int, ...]:
+    """The rounds (1-based) in which CReFF's clients release class gradients: the last
+    ``last`` of ``rounds`` (every round when ``last`` is None or 0, or not below
+    ``rounds``). A function of the public config alone, so the planner, every client's
+    ledger and the server agree on it before training."""
+    if rounds < 1:
+        return ()
+    first = 1 if not last or last >= rounds else rounds - last + 1
+    return tuple(range(first, rounds + 1))
+
+
 @dataclass(frozen=True)
 class CReFFParams:
     """Paper: m = 100, I = 100, J = 300, SGD lr 0.1 for the features. The remaining defaults
@@ -121,7 +143,10 @@ class CReFFParams:
     retrain_unit: str = "epoch"
     initial_head: str = "fresh"
     bias_match: str = "term"
-    client_draws: int | None = 10
+    client_draws: int | None = calibration_option(
+        10, "CReFF: a client uses at most client_draws x draw_size (32) samples per class "
+        "(authors: 10); 0: every sample, which keeps a sum's sensitivity at the clip (a cap "
+        f"halves it). Default 10; {DP_CLIENT_DRAWS} under --dp-eps", flag="creff_client_draws")
     draw_size: int = 32
     weighting: str = calibration_option("client", "CReFF g_agg: client (paper) | sample",
                                         flag="creff_weighting")
@@ -130,6 +155,13 @@ class CReFFParams:
     dsa: str = calibration_option(
         AUTHORS_STRATEGY, "CReFF client-gradient augmentation (DSA): a strategy such as "
         "color_crop_cutout_flip_scale_rotate (authors, default) | none", flag="creff_dsa")
+    release_last: int | None = calibration_option(
+        None, "CReFF: clients release class gradients (and the server matches them) in the "
+        "last R rounds only, so that under --dp-eps the budget composes over R releases; "
+        "0 or unset: every round (paper, default)", flag="creff_release_last")
+    #: the run's rounds (public config), filled in by ``CReFF.privacy_options``: with
+    #: ``release_last`` it fixes the release rounds (``release_schedule``)
+    rounds: int | None = None
 
     def __post_init__(self) -> None:
         parse_strategy(self.dsa)  # refuses an unknown strategy with a one-line UsageError
@@ -146,8 +178,13 @@ class CReFFParams:
             raise UsageError(f"CReFF feature momentum must be in [0, 1), got {self.feature_momentum}")
         if self.retrain_batch_size is not None and self.retrain_batch_size < 1:
             raise UsageError(f"CReFF retrain batch size must be >= 1, got {self.retrain_batch_size}")
+        if self.release_last is not None and self.release_last < 0:
+            raise UsageError(f"CReFF release last must be >= 0 (0: every round), got "
+                             f"{self.release_last}")
+        if self.client_draws == 0:  # the flag's spelling of "every sample"
+            object.__setattr__(self, "client_draws", None)
         if self.client_draws is not None and self.client_draws < 1:
-            raise UsageError(f"CReFF client draws must be >= 1 (or unset: all samples), got {self.client_draws}")
+            raise UsageError(f"CReFF client draws must be >= 1 (0 or unset: all samples), got {self.client_draws}")
         for name, choices in (("match_reduction", REDUCTIONS), ("weighting", WEIGHTINGS),
                               ("bias_match", BIAS_MATCHES), ("retrain_unit", RETRAIN_UNITS),
                               ("initial_head", INITIAL_HEADS)):
@@ -311,6 +348,13 @@ def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> t
 
 
 # ---- server side ----------------------------------------------------------------------------
+#: how CReFF's release splits its noise budget (``dp.noise_stds``): counts and holder
+#: indicators only decide which classes are matched (g_agg's per-class scale is lost in the
+#: cosine), so they get a tenth and the gradients nine tenths: gradient noise std
+#: z G / sqrt(0.9) = 1.05 z G instead of sqrt(2) z G, count noise z / sqrt(0.1) = 3.2 z
+#: (docs/privacy-dp.md)
+NOISE_SHARE = {"grad": 0.9, "count": 0.1, "holders": 0.1}
+
 #: the label of CReFF's per-round release: its name in the transcript, the accountant and
 #: the reports
 CREFF_RELEASE = "creff-grad"
@@ -332,7 +376,8 @@ class CReFF(Calibrator):
         holds={"grad": "per-class classifier gradients (C, C, d+1)",
                "count": "per-class counts (C,), with --creff-weighting sample",
                "holders": "which classes the client holds (C,) of 0/1, with client "
-                          "weighting"}),)
+                          "weighting"},
+        noise_share=NOISE_SHARE),)
 
     # ---- privacy policy -----------------------------------------------------------------
     @staticmethod
@@ -344,9 +389,23 @@ class CReFF(Calibrator):
         """Under DP, sample weighting unless a weighting was given: client weighting
         uploads per-class means, whose signal does not grow with the data and drowns in the
         noise (docs/results.md)."""
+        options = {**options, "rounds": cfg.rounds}
+        given = {k for k, v in cfg.calibration_params.items() if v is not None}
+        if cfg.dp_enabled and not given & {"creff_client_draws", "client_draws"}:
+            options["creff_client_draws"] = DP_CLIENT_DRAWS
         if cfg.dp_enabled and not cls._weighting_given(cfg):
             return {**options, "creff_weighting": "sample"}
         return options
+
+    @classmethod
+    def release_rounds(cls, cfg: Any, spec: Any = None) -> tuple[int, ...]:
+        """The rounds of CReFF's class-gradient release: the last ``--creff-release-last``
+        rounds (``release_schedule``; every round by default, with or without DP), from the
+        public config alone. The calibrator a run builds reads the same two values
+        (``privacy_options`` passes it the run's rounds)."""
+        last = next((cfg.calibration_params[k] for k in ("creff_release_last", "release_last")
+                     if cfg.calibration_params.get(k) is not None), None)
+        return release_schedule(cfg.rounds, None if last is None else int(last))
 
     @classmethod
     def privacy_hints(cls, cfg: Any) -> list[str]:
@@ -388,7 +447,18 @@ class CReFF(Calibrator):
             self.weight = head.weight.detach().float().clone()
             self.bias = None if head.bias is None else head.bias.detach().float().clone()
 
+    def releases_in(self, round_: int) -> bool:
+        """Whether round ``round_`` releases class gradients (``release_schedule``; every
+        round where the run's rounds were not given)."""
+        p = self.params
+        return p.rounds is None or round_ in release_schedule(p.rounds, p.release_last)
+
     def after_round(self, ctx: ServerContext) -> None:
+        if not self.releases_in(ctx.round):
+            # no release this round: S and v_hat stay as they are (before the first
+            # release the run evaluates the global model)
+            self.last_round_info = {"name": self.name, "released": False}
+            return
         t0 = time.perf_counter()
         if self.features is None:
             self._start(ctx)
@@ -442,12 +512,17 @@ class CReFF(Calibrator):
             "match_loss_before": None if first is None else float(first),
             "match_loss_after": final,
             "matched_classes": int(mask.sum()),
+            "released": True,
             "seconds": round(time.perf_counter() - t0, 4),
         }
 
     def after_training(self, ctx: ServerContext) -> dict[str, Any]:
-        """The augmentation the client gradients ran under, for summary.json."""
-        return {"creff_dsa": self.params.dsa}
+        """The augmentation the client gradients ran under, their per-class cap and the
+        rounds that released them, for summary.json."""
+        p = self.params
+        rounds = None if p.rounds is None else list(release_schedule(p.rounds, p.release_last))
+        return {"creff_dsa": p.dsa, "creff_client_draws": p.client_draws,
+                "creff_release_rounds": rounds}
 
     def eval_state(self, global_state: State) -> State:
         if self.weight is None:

@@ -88,6 +88,13 @@ class Calibrator:
         protection; none by default."""
         return []
 
+    @classmethod
+    def release_rounds(cls, cfg: Any, spec: Any) -> tuple[int, ...]:
+        """The rounds in which the per-round release ``spec`` (``participants="selected"``)
+        is made, a function of the public config alone: the planner counts each client's
+        releases over these rounds. Every round by default."""
+        return tuple(range(1, cfg.rounds + 1))
+
     def after_round(self, ctx: ServerContext) -> None:
         """Every round, after aggregation (CReFF)."""
 

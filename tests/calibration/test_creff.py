@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privfedcal.calibration.creff import (
+    DP_CLIENT_DRAWS,
     CReFF,
     CReFFParams,
     GradTask,
@@ -21,6 +22,7 @@ from privfedcal.calibration.creff import (
     content_keys,
     matching_loss,
     per_sample_head_grads,
+    release_schedule,
 )
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.privacy.bound import NoBound
@@ -351,13 +353,83 @@ def test_privacy_policy_sample_weighting_under_dp_unless_given():
     from privfedcal.config import RunConfig
 
     dp = RunConfig(method="creff", dp_eps=8.0)
-    assert CReFF.privacy_options(dp, {"seed": 0}) == {"seed": 0, "creff_weighting": "sample"}
+    schedule = {"rounds": 30, "creff_client_draws": DP_CLIENT_DRAWS}
+    assert CReFF.privacy_options(dp, {"seed": 0}) == {"seed": 0, "creff_weighting": "sample",
+                                                      **schedule}
     assert "uses sample weighting" in CReFF.privacy_hints(dp)[0]
     given = dp.replace(calibration_params={"creff_weighting": "client"})
     assert CReFF.privacy_options(given, {"creff_weighting": "client"}) == {
-        "creff_weighting": "client"}
+        "creff_weighting": "client", **schedule}
     assert "far more accurate" in CReFF.privacy_hints(given)[0]
     sample = dp.replace(calibration_params={"creff_weighting": "sample"})
     assert CReFF.privacy_hints(sample) == []
     plain = RunConfig(method="creff")
-    assert CReFF.privacy_options(plain, {}) == {} and CReFF.privacy_hints(plain) == []
+    assert CReFF.privacy_options(plain, {}) == {"rounds": 30}
+    assert CReFF.privacy_hints(plain) == []
+
+
+def test_release_schedule_is_the_last_rounds_of_the_public_config():
+    """The rounds CReFF releases in: the last --creff-release-last rounds (every round by
+    default, with or without DP), from the public config alone."""
+    from privfedcal.config import RunConfig
+
+    assert release_schedule(30, 10) == tuple(range(21, 31))
+    assert release_schedule(30, None) == release_schedule(30, 0) == tuple(range(1, 31))
+    assert release_schedule(5, 10) == (1, 2, 3, 4, 5) and release_schedule(0, 3) == ()
+    dp = RunConfig(method="creff", dp_eps=8.0)
+    assert CReFF.release_rounds(dp) == tuple(range(1, 31))
+    assert CReFF.release_rounds(RunConfig(method="creff")) == tuple(range(1, 31))
+    assert CReFF.release_rounds(dp.replace(calibration_params={"creff_release_last": 10})) == \
+        tuple(range(21, 31))
+    given = dp.replace(calibration_params={"creff_release_last": 4}, rounds=12)
+    assert CReFF.release_rounds(given) == (9, 10, 11, 12)
+    assert CReFF.release_rounds(dp.replace(calibration_params={"creff_release_last": 0})) == \
+        tuple(range(1, 31))
+    # nothing private enters: the data seed (the partition) and the noise change nothing
+    for other in (given.replace(data_seed=123), given.replace(insecure_seeded_noise=True),
+                  given.replace(seed=7)):
+        assert CReFF.release_rounds(other) == CReFF.release_rounds(given)
+    with pytest.raises(UsageError, match="release last"):
+        CReFFParams(release_last=-1)
+
+
+def test_rounds_outside_the_schedule_release_nothing(make_context):
+    """A round outside the schedule collects nothing and leaves S and v_hat alone; before
+    the first release the run evaluates the global model."""
+    ctx = make_context()
+    creff = CReFF(CReFFParams(features_per_class=4, match_steps=3, retrain_steps=2, dsa="none",
+                              release_last=2, rounds=4), num_classes=3, feature_dim=4)
+    assert [r for r in range(1, 5) if creff.releases_in(r)] == [3, 4]
+    for r in (1, 2):
+        assert _round(creff, ctx, r) == {"name": "creff", "released": False}
+    assert ctx.labels == [] and creff.eval_state(ctx.global_state) is ctx.global_state
+    _round(creff, ctx, 3)
+    _round(creff, ctx, 4)
+    assert ctx.labels == ["creff-grad", "creff-grad"]
+    # without the run's rounds (a calibrator built by hand) every round releases
+    assert CReFF(CReFFParams(release_last=2), num_classes=3).releases_in(1)
+
+
+
+def test_under_dp_clients_sum_every_sample_unhalved_unless_a_cap_is_given(tiny_cfg, helpers):
+    """DP_CLIENT_DRAWS: under DP the calibrator a run builds has no per-class cap, so the
+    sample-weighted sums are not halved (sensitivity G without the swap); a given
+    --creff-client-draws is kept, and without DP the authors' 10 draws stay."""
+    from privfedcal.experiment import build_calibrator
+    from privfedcal.federation.setup import build_experiment
+
+    dp = tiny_cfg(method="creff", dp_eps=8.0)
+    exp = build_experiment(dp)
+    assert DP_CLIENT_DRAWS == 0 and build_calibrator(dp, exp).params.client_draws is None
+    capped = dp.replace(calibration_params={"creff_client_draws": 10})
+    assert build_calibrator(capped, exp).params.client_draws == 10
+    assert build_calibrator(tiny_cfg(method="creff"), exp).params.client_draws == 10
+    assert CReFFParams(client_draws=0).client_draws is None
+    # uncapped sample sums are the plain sums of the clipped per-sample gradients
+    model = helpers.TinyModel(4, 3).eval()  # features = x
+    x, y = _rand(12, 4, seed=41).float(), torch.tensor([0, 1, 2] * 4)
+    w, b = _rand(3, 4, seed=42).float(), _rand(3, seed=43).float()
+    out = GradTask(w, b, 3, "sample", per_class_cap=None).compute(model, x, y, NoBound())
+    g = per_sample_head_grads(x.double(), y, w.double(), b.double())
+    want = torch.zeros(3, 3, 5, dtype=torch.float64).index_add_(0, y, g)
+    assert torch.allclose(out["grad"], want, atol=1e-5)

@@ -284,7 +284,8 @@ def test_calibration_flags_are_the_calibrators_declared_options():
 
     assert [s.name for s in CALIBRATION_SETTINGS] == [
         "virtual_per_class", "virtual_mode", "tukey", "features_per_class", "match_steps",
-        "retrain_steps", "feature_lr", "creff_weighting", "creff_dsa"]
+        "retrain_steps", "feature_lr", "creff_client_draws", "creff_weighting", "creff_dsa",
+        "creff_release_last"]
     derived = [s for n in CALIBRATORS.names() if hasattr(CALIBRATORS.get(n), "Params")
                for s in calibration_options(CALIBRATORS.get(n).Params)]
     assert tuple(derived) == CALIBRATION_SETTINGS

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from opacus.accountants import RDPAccountant
 
-from privfedcal.calibration.creff import CREFF_RELEASE
+from privfedcal.calibration.creff import CREFF_RELEASE, CReFF
+from privfedcal.cohorts import select_clients
 from privfedcal.errors import PrivacyBudgetError
 from privfedcal.experiment import calibrator_class
 from privfedcal.federation.setup import build_experiment
@@ -18,7 +19,6 @@ from privfedcal.protection import (
     participation_counts,
     release_plans,
 )
-from privfedcal.cohorts import select_clients
 
 
 def opacus_eps(z, q, steps, delta):
@@ -55,6 +55,7 @@ def test_planned_noise_meets_the_budget_without_amplification(tiny_cfg):
     up = build_protected_uplink(cfg, build_experiment(cfg), calibrator_class(cfg))
     dp = up.find(NoiseStage).dp
     z, delta = dp.sigmas[CREFF_RELEASE], dp.delta
+    assert CReFF.release_rounds(cfg) == tuple(range(1, 21))
     t_max = max(participation_counts(cfg).values())
     assert dp.rates[CREFF_RELEASE] == 1.0
     assert opacus_eps(z, 1.0, t_max, delta) <= 8.0
@@ -96,3 +97,58 @@ def test_per_client_state_survives_resume():
     fresh.load_state_dict(dp.state_dict())
     assert fresh.epsilon() == pytest.approx(dp.epsilon())
     assert set(fresh.per_client) == {0, 3}
+
+
+@pytest.mark.parametrize("last", [None, 10])
+def test_creff_plan_counts_the_releases_of_its_schedule(tiny_cfg, last):
+    """The digits defaults (10 clients, 30 rounds, full participation) under --dp-eps 8:
+    CReFF releases every round (30 releases per client, the default) or, with
+    --creff-release-last 10, in rounds 21-30 only (10). The plan has that many releases per
+    client at q = 1, its noise multiplier is the smallest that opacus's RDP accountant,
+    called directly, accepts for them, and each client's ledger allows that many."""
+    params = {} if last is None else {"creff_release_last": last}
+    cfg = tiny_cfg(method="creff", clients=10, alpha=0.1, rounds=30, dp_eps=8.0,
+                   calibration_params=params)
+    assert cfg.participation == 1.0
+    releases = 30 if last is None else last
+    assert len(CReFF.release_rounds(cfg)) == releases
+    (plan,) = release_plans(cfg, calibrator_class(cfg))
+    assert (plan.name, plan.sample_rate, plan.steps) == (CREFF_RELEASE, 1.0, releases)
+    dp = build_protected_uplink(cfg, build_experiment(cfg), calibrator_class(cfg)) \
+        .find(NoiseStage).dp
+    z, delta = dp.sigmas[CREFF_RELEASE], dp.delta
+    assert delta == 1e-5
+    assert opacus_eps(z, 1.0, releases, delta) <= 8.0
+    assert opacus_eps(z * 0.99, 1.0, releases, delta) > 8.0
+    assert z == pytest.approx({None: 3.494, 10: 2.018}[last], abs=2e-3)
+    assert dp.ledger(0).limits == {CREFF_RELEASE: releases}
+
+
+def test_partial_participation_counts_selections_within_the_release_rounds(tiny_cfg):
+    part = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=12, dp_eps=8.0,
+                    calibration_params={"creff_release_last": 5})
+    (plan,) = release_plans(part, calibrator_class(part))
+    manual = dict.fromkeys(range(10), 0)
+    for r in range(8, 13):
+        for c in select_clients(part, r):
+            manual[c] += 1
+    assert plan.steps == max(manual.values()) < max(participation_counts(part).values())
+
+
+def test_a_run_charges_each_release_of_its_schedule(tiny_cfg, tmp_path):
+    """4 rounds, the last 2 release: each client is charged (server accountant and its own
+    ledger) twice, at the planned noise, and the summary names the release rounds."""
+    from privfedcal.experiment import build_simulator
+
+    run = tiny_cfg(method="creff", rounds=4, dp_eps=8.0, calibration_params={
+        "creff_release_last": 2, "features_per_class": 5, "match_steps": 2,
+        "retrain_steps": 5})
+    sim = build_simulator(run.replace(out=str(tmp_path / "r")), tmp_path / "r")
+    summary = sim.run()
+    dp = sim.uplink.find(NoiseStage).dp
+    assert [(r["label"], r["steps"]) for r in dp.accountant.releases] == [(CREFF_RELEASE, 2)]
+    assert summary["creff_release_rounds"] == [3, 4] and summary["creff_client_draws"] is None
+    for c in range(run.clients):
+        assert dp.ledgers[c].made == {CREFF_RELEASE: 2}
+        assert summary["privacy"]["per_client_epsilon"][str(c)] == pytest.approx(
+            opacus_eps(dp.sigmas[CREFF_RELEASE], 1.0, 2, dp.delta))

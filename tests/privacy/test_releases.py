@@ -56,3 +56,27 @@ def test_a_new_calibrator_only_declares_its_releases(tiny_cfg):
         assert planned_participants(cfg, probe) == {"probe-once": 10, "probe-rounds": 3}
     finally:
         CALIBRATORS._items.pop("decl-test", None)
+
+
+def test_noise_share_is_declared_for_every_key_or_none():
+    """A release's split of its noise budget (dp.noise_stds) names every payload key with a
+    positive share, or nothing (equal shares); CReFF gives its counts and holder indicators
+    a tenth, the noise stage and the attacks' view use the declaration."""
+    from privfedcal.attacks.view import release_budget
+    from privfedcal.privacy.accounting import PrivacyAccountant
+    from privfedcal.privacy.dp_stage import DPStage
+
+    with pytest.raises(ValueError, match="noise_share"):
+        ReleaseSpec("x", {"a": "1", "b": "1"}, {"a": "N", "b": "N"}, noise_share={"a": 1.0})
+    with pytest.raises(ValueError, match="noise_share"):
+        ReleaseSpec("x", {"a": "1"}, {"a": "N"}, noise_share={"a": 0.0})
+    (creff,) = CReFF.releases
+    assert dict(creff.noise_share) == {"grad": 0.9, "count": 0.1, "holders": 0.1}
+    assert release_budget(creff.label) == dict(creff.noise_share)
+    (ccvr,) = CCVR.releases
+    assert not ccvr.noise_share and release_budget(ccvr.label) is None
+    dp = DPStage(target=8.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+                 sigmas={creff.label: 2.0}, rates={creff.label: 1.0}, clip=1.0, grad_clip=0.5,
+                 distributed=False, covers_updates=False, specs={creff.label: creff})
+    assert dp.stds(["grad", "count"], creff.label) == pytest.approx(
+        {"grad": 2 * 0.5 / 0.9 ** 0.5, "count": 2 / 0.1 ** 0.5})
