@@ -234,7 +234,8 @@ def _release(spec, cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
     attack = release_attack(spec.attack)
     if attack.task is None or attack.keep is None:
         raise UsageError(f"the attack on {spec.label!r} declares no audit channel")
-    steps = 1 if spec.participants == "all" else max(participation_counts(cfg).values())
+    steps = 1 if spec.participants == "all" else max(participation_counts(
+        cfg, calibrator.release_rounds(cfg, spec)).values(), default=0)  # as the planner
     rounds = "" if spec.participants == "all" else f", in each of {steps} rounds"
     return _payload_channel(
         spec.label, attack.task(cfg, exp, calibrator), cfg, exp, noise, bound, faults,

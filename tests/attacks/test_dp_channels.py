@@ -63,6 +63,12 @@ def test_claim_is_opacus_epsilon_of_the_channel_alone():
     assert claimed(plan, CREFF_RELEASE, 3) == (pytest.approx(acc.get_epsilon(1e-5)), 1e-5)
     assert claimed(None, CREFF_RELEASE, 3) == (float("inf"), 0.0)
     assert "in each of 2 rounds" in channel("creff", 2.0).canary   # rounds = 2, all chosen
+    # --creff-release-last 1: the channel claims the one release the plan charges (counted
+    # over every round, its noise planned for one release would claim past the budget)
+    (last,) = build_channels(RunConfig(method="creff", dp_eps=2.0, **{
+        **BASE, "calibration_params": {"creff_release_last": 1}}))
+    assert "in each of 1 rounds" in last.canary
+    assert 1.9 < last.claimed_eps <= 2.0 + 1e-9
 
 
 def test_no_dp_has_no_claim_and_a_large_bound():
