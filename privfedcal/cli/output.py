@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from privfedcal.errors import UsageError
 
 def check_writable(folder: Path, flag: str = "--out") -> None:
     """``folder`` can be created (or written into): its nearest existing ancestor is a
-    folder this process may write. Nothing is created."""
+    folder this process may write. Permission bits are not enough (root passes them under
+    ``/proc`` and ``/sys``, which refuse new entries all the same), so a probe folder is
+    made there and removed at once; nothing is left behind."""
     folder = Path(folder)
     probe = folder
     while not probe.exists():
@@ -30,6 +33,11 @@ def check_writable(folder: Path, flag: str = "--out") -> None:
         raise UsageError(f"cannot write to {flag} {folder}: it {what} not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write to {flag} {folder}: {probe} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".privfedcal-probe-", dir=probe))
+    except OSError as exc:
+        raise UsageError(f"cannot write to {flag} {folder}: {probe} takes no new files "
+                         f"({exc.strerror or exc})") from None
 
 
 def check_fresh(folder: Path, names: Sequence[str], *, overwrite: bool,
