@@ -93,6 +93,19 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+def shown_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` as the Configuration table shows it: under a method alias (``--method
+    ccvr`` is fedavg + ccvr) ``calibrate`` is the calibrator that ran, not the ``none`` the
+    file keeps (``config.py`` ``RunConfig.calibrator``)."""
+    from privfedcal.config import METHOD_ALIASES
+
+    method = config.get("method")
+    if method in METHOD_ALIASES and config.get("calibrate", "none") == "none":
+        local, calibrator = METHOD_ALIASES[method]
+        return dict(config, calibrate=f"{calibrator} (--method {method} = {local} + {calibrator})")
+    return config
+
+
 def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[str]] | None:
     """Client x class counts: ``private/partition.json`` when the run wrote one, else
     recomputed from the experimenter's config (same loader and data seed as the run); None
@@ -415,7 +428,7 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
 
     body.append("<h2>Configuration</h2>")
     cfg_rows = [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
-                for k, v in _flatten(config) if not k.startswith("versions.")]
+                for k, v in _flatten(shown_config(config)) if not k.startswith("versions.")]
     half = (len(cfg_rows) + 1) // 2  # two columns side by side: half the scrolling
     body.append('<div class="grid2">' + "".join(
         H.table(["setting", "value"], chunk) for chunk in (cfg_rows[:half], cfg_rows[half:])

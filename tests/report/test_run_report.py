@@ -103,3 +103,20 @@ def test_dp_audit_table_and_plot_when_the_folder_holds_one(run_dir: Path, tmp_pa
     assert "&lt;b&gt;x&lt;/b&gt;" in table                  # the canary text is escaped
     assert page.count('src="data:image/png;base64,') == before.count(
         'src="data:image/png;base64,') + 1
+
+
+def test_configuration_table_shows_the_calibrator_that_ran(run_dir: Path):
+    """The fixture trains ``--method ccvr`` (fedavg + ccvr): config.json keeps calibrate
+    'none', the table shows ccvr."""
+    from privfedcal.report.run import shown_config
+
+    assert json.loads((run_dir / "config.json").read_text())["calibrate"] == "none"
+    page = build_run_report(run_dir).read_text()
+    config = page.split(">Configuration<")[1]
+    cells = dict(re.findall(r"<tr><td[^>]*>([^<]*)</td><td[^>]*>([^<]*)</td></tr>", config))
+    assert cells["calibrate"] == "ccvr (--method ccvr = fedavg + ccvr)"
+    assert cells["method"] == "ccvr"
+    for cfg in ({"method": "fedavg", "calibrate": "none"},
+                {"method": "fedprox", "calibrate": "creff"}, {"method": "ccvr",
+                                                            "calibrate": "ccvr"}):
+        assert shown_config(cfg) == cfg
