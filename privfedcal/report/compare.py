@@ -47,13 +47,16 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     worst = worst_class(summary)
     privacy = summary.get("privacy") or {}
     method = str(summary.get("method", "?"))
-    if summary.get("calibrator") not in (None, "none", method):
+    calibrated = summary.get("calibrator") not in (None, "none")
+    if calibrated and summary["calibrator"] != method:
         method += f" + {summary['calibrator']}"
     return {
         "run": str(run_dir), "method": method, "dataset": summary.get("dataset", "?"),
         "partition": _partition(cfg), "rounds": summary.get("rounds"),
-        "accuracy_before": summary.get("accuracy_before_calibration"),
-        "accuracy_after": summary.get("accuracy"),
+        # a run without a calibrator has no "after": its final accuracy is the "before"
+        "accuracy_before": (summary.get("accuracy_before_calibration") if calibrated
+                            else summary.get("accuracy")),
+        "accuracy_after": summary.get("accuracy") if calibrated else None,
         "worst_class": worst[1] if worst else None,
         "epsilon": privacy.get("epsilon_spent"),
         "bytes": (summary.get("calibration_upload_bytes", summary.get("uploaded_bytes")) or 0)
@@ -194,7 +197,10 @@ def write_html(rows: list[dict[str, Any]], warnings: list[str], path: Path) -> P
                      "bytes", "wall_seconds") for k in COLUMNS]
     body.append(H.table(HEADERS, cells, numeric=numeric, table_id="compare",
                         row_classes=["flagged" if r["flags"] else "" for r in rows]))
-    body.append("<p>Bytes: calibration uploads plus model updates sent by clients. Epsilon: "
+    body.append("<p>Accuracy after calibration: '-' for a run without a calibrator (its "
+                "final accuracy is the one before), and before calibration '-' for a "
+                "calibrator that re-trains the head every round (CReFF). "
+                "Bytes: calibration uploads plus model updates sent by clients. Epsilon: "
                 "spent by the end of the run ('-' without DP). Worst class: lowest per-class "
                 "test accuracy of the final model.</p>")
     return H.write(path, H.page("privfedcal compare", f"{len(rows)} runs", "\n".join(body),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,14 @@ import pytest
 from privfedcal.report.compare import collect, write_csv, write_html
 
 
-def fake_run(path: Path, dataset="digits", eps=None, acc=0.5, method="fedavg") -> Path:
+def fake_run(path: Path, dataset="digits", eps=None, acc=0.5, method="fedavg",
+             calibrator="none", before=None) -> Path:
     path.mkdir(parents=True)
-    summary = {"method": method, "calibrator": "none", "dataset": dataset, "rounds": 3,
+    summary = {"method": method, "calibrator": calibrator, "dataset": dataset, "rounds": 3,
                "accuracy": acc, "per_class_accuracy": [acc, 0.25], "wall_seconds": 2.5,
                "uploaded_bytes": 100, "model_update_bytes": 924}
+    if before is not None:
+        summary["accuracy_before_calibration"] = before
     if eps is not None:
         summary["privacy"] = {"epsilon_target": eps, "epsilon_spent": eps - 0.01, "delta": 1e-5}
     (path / "summary.json").write_text(json.dumps(summary))
@@ -49,7 +53,8 @@ def test_csv_and_html(tmp_path):
     rows, warnings = collect([fake_run(tmp_path / "a"), fake_run(tmp_path / "b", eps=2.0)])
     with write_csv(rows, tmp_path / "c.csv").open() as f:
         got = list(csv.DictReader(f))
-    assert [g["accuracy_after"] for g in got] == ["0.5", "0.5"]
+    # neither run has a calibrator: its accuracy is the one before calibration, none after
+    assert [(g["accuracy_before"], g["accuracy_after"]) for g in got] == [("0.5", "")] * 2
     assert got[1]["epsilon"] == "1.99" and got[0]["epsilon"] == ""
     page = write_html(rows, warnings, tmp_path / "c.html").read_text()
     assert 'class="flagged"' in page and "differ in privacy budget" in page
@@ -85,3 +90,23 @@ def test_compare_prints_the_differing_settings(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "settings that differ between the runs:" in out
     assert "alpha: 0.1 (1 run), 0.5 (1 run)" in out
+
+
+def test_after_calibration_is_empty_without_a_calibrator(tmp_path):
+    """Only a run with a calibrator has an accuracy after calibration; CReFF (calibrates
+    every round) has none before."""
+    from privfedcal.report.compare import display_rows
+
+    runs = [fake_run(tmp_path / "avg", acc=0.37),
+            fake_run(tmp_path / "ccvr", method="ccvr", calibrator="ccvr", acc=0.86, before=0.37),
+            fake_run(tmp_path / "creff", method="creff", calibrator="creff", acc=0.6)]
+    rows, warnings = collect(runs)
+    assert [(r["accuracy_before"], r["accuracy_after"]) for r in rows] == [
+        (0.37, None), (0.37, 0.86), (None, 0.6)]
+    cells = [dict(zip(("before", "after"), c[5:7], strict=True)) for c in display_rows(rows)]
+    assert cells == [{"before": "37.00 %", "after": "-"}, {"before": "37.00 %", "after": "86.00 %"},
+                     {"before": "-", "after": "60.00 %"}]
+    page = write_html(rows, warnings, tmp_path / "c.html").read_text()
+    body = page.split('id="compare"')[1].split("<tbody>")[1].split("</tbody>")[0]
+    shown = [re.findall(r"<td[^>]*>([^<]*)</td>", tr)[5:7] for tr in body.split("</tr>")[:-1]]
+    assert shown == [["37.00 %", "-"], ["37.00 %", "86.00 %"], ["-", "60.00 %"]]
