@@ -1,7 +1,8 @@
 """``privfedcal compare RUN_DIR...``: a table of finished runs side by side, printed and
 written as ``compare.csv`` and ``compare.html`` (accuracy curves overlaid). Runs trained on
 different datasets, privacy budgets or round counts are flagged, not silently compared, and
-every setting that differs between the runs is named."""
+every setting that differs between the runs is named. An earlier comparison in ``--out`` is
+kept unless ``--overwrite``; both files are renamed into place together (``output.py``)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ def compare(
     runs: Annotated[list[Path] | None, typer.Argument(help="Run folders written by privfedcal train (each may also be given as --run).", show_default=False)] = None,
     run: Annotated[list[Path] | None, typer.Option(help="A run folder; repeat for several (the same as the positional RUNS).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for compare.csv and compare.html.")] = Path("runs/compare"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier compare.csv and compare.html in --out.")] = False,
 ) -> None:
     """Compare finished runs: accuracy before/after calibration, worst class, epsilon, bytes, time."""
     from rich import box
     from rich.table import Table
 
     from privfedcal.cli.args import run_folders
+    from privfedcal.cli.output import all_or_nothing, check_fresh
     from privfedcal.report.compare import (
         collect,
         differing_settings,
@@ -36,6 +39,8 @@ def compare(
     if len(runs) < 1:
         raise UsageError("compare needs at least one run folder: privfedcal compare RUN... "
                          "(or --run RUN, repeated)")
+    files = ("compare.csv", "compare.html")
+    check_fresh(out, files, overwrite=overwrite, what="a comparison")
     rows, warnings = collect(runs)
     table = Table(title="privfedcal compare", box=box.SIMPLE_HEAD)
     short = ("method", "dataset", "partition", "rounds", "before", "after", "worst", "eps",
@@ -57,9 +62,9 @@ def compare(
         console.print("settings that differ between the runs:", highlight=False)
         for line in lines:
             console.print(f"  {line}", highlight=False, markup=False)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / "compare.csv")
-    write_html(rows, warnings, out / "compare.html")
+    with all_or_nothing(out, files) as paths:
+        write_csv(rows, paths["compare.csv"])
+        write_html(rows, warnings, paths["compare.html"])
     console.print(f"wrote {out / 'compare.csv'} and {out / 'compare.html'}")
 
 
