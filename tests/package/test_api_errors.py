@@ -1,0 +1,291 @@
+"""The Python API speaks Python (privfedcal/api.py, docs/api.md): its errors name keywords,
+never the CLI's flags; numpy scalars are taken wherever Python numbers are; every bad input
+is a one-line UsageError. The CLI's own lists of bad input are fed through the API."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import privfedcal
+from privfedcal import api
+from privfedcal.api import flag_keywords, python_message
+from privfedcal.errors import PrivacyBudgetError, UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = dict(clients=3, rounds=2, local_epochs=1, device="cpu", threads=1, alpha=0.5)
+#: a flag left in a message (``--dp-eps``), not a ``--`` inside a word or range
+FLAG = re.compile(r"(?<![\w-])--[a-z]")
+#: a value of each type, for the settings whose default is None
+SAMPLE = {int: 1, float: 0.5, str: "x", bool: True}
+
+
+def public_functions():
+    """Every public function of the API, with the methods of ``Run`` that take arguments."""
+    funcs = [getattr(api, n) for n in api.__all__
+             if inspect.isfunction(getattr(api, n))]
+    return funcs + [api.Run.experiment]
+
+
+def assert_speaks_python(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert "\n" not in message and not FLAG.search(message), message
+    return message
+
+
+# ---- one table: every flag is its keyword --------------------------------------------------
+def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
+    """Each ``privfedcal train`` flag (run settings, method hyperparameters, calibrator
+    options) reads as its keyword, and ``train`` takes that keyword: whatever it refuses,
+    it never calls it an unknown setting nor names a flag."""
+    from privfedcal.settings import cli_settings
+
+    settings = cli_settings()
+    assert len(settings) > 60
+    for s in settings:
+        if s.type is bool:
+            on, _, off = (s.param_decls or (s.flag_name,))[0].partition("/")
+            assert python_message(f"give {on}.") == f"give {s.name}=True."
+            if off:
+                assert python_message(f"give {off}.") == f"give {s.name}=False."
+        else:
+            assert python_message(f"{s.flag_name} must be") == f"{s.name} must be", s.name
+        value = s.default if s.default is not None else SAMPLE.get(s.type, {})
+        try:
+            api._config(None, {s.name: value})
+        except UsageError as exc:
+            message = python_message(str(exc))
+            assert "unknown setting" not in message and not FLAG.search(message), message
+
+
+def test_every_attack_option_is_a_keyword_of_attack():
+    import dataclasses
+
+    from privfedcal.attacks.runner import AttackOptions
+
+    for f in dataclasses.fields(AttackOptions):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag_keywords()[flag].name == f.name
+        word = f.name + ("=True" if f.type in (bool, "bool") else "")
+        assert python_message(f"{flag} must be") == f"{word} must be"
+    assert api._options(AttackOptions, {"raw_samples": np.int64(0)}, "x") == {"raw_samples": 0}
+
+
+def test_values_after_a_flag_join_their_keyword():
+    cases = {
+        "fewer than --secagg-min-clients 2.": "fewer than secagg_min_clients=2.",
+        "--dp-delta 0.5 must be < 1/N": "dp_delta=0.5 must be < 1/N",
+        "extend it with --rounds N > 4": "extend it with rounds=N > 4",
+        "use --method fedavg --calibrate ccvr": "use method='fedavg' calibrate='ccvr'",
+        "--calibrate 'oracle:x': the argument": "calibrate='oracle:x': the argument",
+        "pass --data-root DIR (and --download": "pass data_root=DIR (and download=True",
+        "--hide-counts needs --secagg": "hide_counts=True needs secagg=True",
+        "trained with --no-transcript?": "trained with transcript=False?",
+        "--show-counts": "hide_counts=False",
+        "--method must be one of": "method must be one of",
+        "rounds 1--2, --resume RUN": "rounds 1--2, --resume RUN",  # not a setting: kept
+    }
+    for flags, words in cases.items():
+        assert python_message(flags) == words
+
+
+# ---- numbers: numpy scalars as Python's, never a bool or a fraction for an int ---------------
+def test_numpy_scalars_are_taken_as_python_numbers():
+    cfg = api._config(None, dict(rounds=np.int64(3), dp_eps=np.float64(8), method="ccvr",
+                                 secagg=np.bool_(True), clients=np.int32(4),
+                                 participation=np.float32(1.0), mu=np.float64(0.1),
+                                 virtual_per_class=np.int64(50), lr=torch.tensor(0.05)))
+    assert (cfg.rounds, cfg.dp_eps, cfg.secagg, cfg.clients) == (3, 8.0, True, 4)
+    assert [type(v) for v in (cfg.rounds, cfg.dp_eps, cfg.secagg, cfg.lr)] == \
+        [int, float, bool, float]
+    assert cfg.method_params == {"mu": 0.1} and type(cfg.method_params["mu"]) is float
+    assert cfg.calibration_params == {"virtual_per_class": 50}
+    assert api._config({"rounds": np.int16(2)}, {}).rounds == 2
+    assert api._config(None, {"rounds": 4.0}).rounds == 4
+
+
+@pytest.mark.parametrize("value", [True, np.bool_(True), 2.5, np.float64(2.5), "3",
+                                   float("nan"), torch.tensor([1, 2])])
+def test_an_int_setting_refuses_bools_fractions_and_strings(value, tmp_path):
+    with pytest.raises(UsageError, match=r"^rounds must be an integer") as exc:
+        privfedcal.train(rounds=value, out=tmp_path / "run", device="cpu")
+    assert_speaks_python(exc)
+
+
+def test_every_public_function_checks_and_coerces_its_arguments():
+    """Each is wrapped (so no parameter goes unchecked) and each annotated int/float
+    parameter takes numpy scalars as Python numbers."""
+    for func in public_functions():
+        assert hasattr(func, "__wrapped__"), func.__name__
+    stats = {"count": torch.ones(3, dtype=torch.float64), "sum": torch.ones(3, 4, dtype=torch.float64),
+             "outer": torch.eye(4, dtype=torch.float64).repeat(3, 1, 1)}
+    noisy = privfedcal.privatize_statistics(stats, epsilon=np.float64(4), delta=np.float32(1e-5),
+                                            clip=np.int64(2))
+    assert set(noisy) == set(stats)
+    from privfedcal.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("mlp", num_classes=3, in_channels=1, image_size=8)
+    x, y = torch.randn(12, 1, 8, 8), torch.arange(12) % 3
+    up = privfedcal.ccvr_statistics(model, x, y, np.int64(3), clip=np.float32(4.0),
+                                    batch_size=np.int64(5))
+    assert up["count"].tolist() == [4.0, 4.0, 4.0]
+    model = privfedcal.calibrate_head(model, up, virtual_per_class=np.int64(5),
+                                      seed=np.int64(0), steps=np.int64(2), lr=np.float64(0.1))
+    with pytest.raises(UsageError, match="num_classes must be an integer") as exc:
+        privfedcal.ccvr_statistics(model, x, y, 3.5)
+    assert_speaks_python(exc)
+
+
+# ---- wrong input of any kind: one UsageError naming the keyword -------------------------------
+def test_an_unwritable_out_is_a_usage_error(tmp_path):
+    afile = tmp_path / "file"
+    afile.write_text("")
+    for out in ("/proc/privfedcal-x", afile / "run"):
+        with pytest.raises(UsageError, match="cannot write to out") as exc:
+            privfedcal.train(out=out, **FAST)
+        assert_speaks_python(exc)
+    assert not Path("/proc/privfedcal-x").exists()
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda p: privfedcal.train(out=3, **FAST), "out must be a path"),
+    (lambda p: privfedcal.train(p / "c.toml", out=p / "r"), "does not exist"),
+    (lambda p: privfedcal.train([1], out=p / "r"), "config must be a RunConfig"),
+    (lambda p: privfedcal.train(nope=1, out=p / "r"), "unknown setting(s) nope"),
+    (lambda p: privfedcal.train(progress=1, out=p / "r", **FAST), "progress must be callable"),
+    (lambda p: privfedcal.train(None, None, out=p / "r"), "train(): too many positional"),
+    (lambda p: privfedcal.load_run(3), "path must be a path"),
+    (lambda p: privfedcal.resume(p, rounds="2"), "rounds must be an integer"),
+    (lambda p: privfedcal.resume_simulator(p), "not a run folder"),
+    (lambda p: privfedcal.privatize_statistics([1], epsilon=1, delta=0.1, clip=1),
+     "stats must be a mapping"),
+    (lambda p: privfedcal.privatize_statistics({}, epsilon="1", delta=0.1, clip=1),
+     "epsilon must be a number"),
+    (lambda p: privfedcal.ccvr_statistics(None, torch.ones(1), torch.ones(1), 2),
+     "model must be a FeatureClassifier"),
+    (lambda p: privfedcal.calibrate_head(torch.nn.Linear(1, 1), {}), "model must be"),
+])
+def test_wrong_types_and_names_are_usage_errors(call, needle, tmp_path):
+    with pytest.raises(UsageError) as exc:
+        call(tmp_path)
+    assert needle in assert_speaks_python(exc)
+
+
+def test_resume_speaks_python(tmp_path):
+    run = privfedcal.train(out=tmp_path / "run", **FAST)
+    with pytest.raises(UsageError) as exc:
+        privfedcal.resume(run)
+    assert "extend it with rounds=N > 2" in assert_speaks_python(exc)
+    with pytest.raises(UsageError) as exc:
+        privfedcal.resume_simulator(run.path, rounds=np.int64(1))
+    assert "rounds must be >= 2" in assert_speaks_python(exc)
+
+
+@pytest.fixture(scope="module")
+def ccvr_run(tmp_path_factory):
+    return privfedcal.train(method="ccvr", out=tmp_path_factory.mktemp("api") / "ccvr", **FAST)
+
+
+def test_attack_options_are_checked_by_name_and_type(ccvr_run):
+    with pytest.raises(UsageError, match="unknown attack option.* bogus; valid names: .*raw_samples"):
+        privfedcal.attack(ccvr_run, "stats", bogus=1)
+    with pytest.raises(UsageError, match="raw_samples must be an integer"):
+        privfedcal.attack(ccvr_run, "stats", raw_samples="3")
+    with pytest.raises(UsageError, match=r"clients\[1\] must be an integer"):
+        privfedcal.attack(ccvr_run, "stats", clients=[0, 0.5])
+    with pytest.raises(UsageError, match="unknown re-training option.* epoch;"):
+        privfedcal.calibrate_head(ccvr_run.experiment().model, {}, epoch=3)
+    records = privfedcal.attack(ccvr_run, "classes", seed=np.int64(1),
+                                false_positive_rate=np.float64(0.01))
+    assert len(records) == 3
+    records = privfedcal.attack(ccvr_run, "stats", steps=np.int64(2), restarts=np.int64(1),
+                                clients=np.array([0]), classes=torch.tensor([1]),
+                                raw_samples=np.int64(0))
+    assert records and {r["client"] for r in records} == {0}
+
+
+# ---- the CLI's lists of bad input, through the API ---------------------------------------------
+def _cli_cases(file: str, test: str) -> tuple[list[str], list[tuple]]:
+    """The module's ``FAST`` argv and the parameters of ``test``'s parametrize, read from
+    the CLI test file's source (literals), so that a case added there is checked here."""
+    tree = ast.parse((ROOT / "tests" / "cli" / file).read_text())
+    fast, cases = [], None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["FAST"]:
+            fast = ast.literal_eval(node.value)
+        if isinstance(node, ast.FunctionDef) and node.name == test:
+            (deco,) = [d for d in node.decorator_list if ast.unparse(d.func).endswith("parametrize")]
+            cases = ast.literal_eval(deco.args[1])
+    assert cases, (file, test)
+    return fast, [c if isinstance(c, tuple) else (c,) for c in cases]
+
+
+def keywords_of(argv: list[str]) -> dict[str, object]:
+    """``privfedcal train`` flags as ``train`` keywords, typed by the settings table."""
+    table, out, i = flag_keywords(), {}, 0
+    while i < len(argv):
+        kw = table[argv[i]]
+        if kw.type is bool:
+            out[kw.name], i = kw.value, i + 1
+        else:
+            out[kw.name], i = kw.type(argv[i + 1]), i + 2
+    return out
+
+
+def expected(needle: str) -> str:
+    """The CLI test's needle as the API says it: its flags as keywords (a bare flag name,
+    ``hide-counts``, as its keyword too)."""
+    kw = flag_keywords().get("--" + needle)
+    words = kw.name if kw else python_message(needle)
+    assert not FLAG.search(words), needle
+    return words
+
+
+def _train_cases():
+    fast, weaken = _cli_cases("test_privacy_cli.py", "test_settings_that_weaken_a_guarantee_are_refused")
+    yield from ((fast[:4] + args + ["--device", "cpu"], needle, True) for args, needle in weaken)
+    _, bad = _cli_cases("test_privacy_cli.py", "test_bad_privacy_settings_one_line")
+    yield from ((args + ["--device", "cpu"], needle, False) for args, needle in bad)
+    fast, calibrate = _cli_cases("test_calibration_cli.py", "test_bad_calibrate_is_one_line_exit_2")
+    yield from ((fast + ["--calibrate", spec], needle, True) for spec, needle in calibrate)
+    fast, alias = _cli_cases("test_run_contract.py", "test_alias_with_another_calibrator_is_refused")
+    yield from ((fast + args, "--method fedavg --calibrate", True) for (args,) in alias)
+
+
+TRAIN_CASES = list(_train_cases())
+
+
+@pytest.mark.parametrize(("argv", "needle", "usage"), TRAIN_CASES,
+                         ids=[" ".join(a) for a, _, _ in TRAIN_CASES])
+def test_the_clis_bad_settings_are_refused_in_keywords(argv, needle, usage, tmp_path):
+    """The CLI's refusals, given as keywords: the same error in keywords (the CLI's needle
+    with its flags as keywords), one line, no folder written."""
+    out = tmp_path / "run"
+    with pytest.raises(UsageError if usage else (UsageError, PrivacyBudgetError)) as exc:
+        privfedcal.train(out=out, **keywords_of(argv))
+    message = assert_speaks_python(exc)
+    assert expected(needle) in message
+    if usage:
+        assert not out.exists()
+
+
+def test_the_cli_lists_are_all_fed_through():
+    assert len(TRAIN_CASES) >= 30
+    assert any("nan" in a for a, _, _ in TRAIN_CASES)
+    assert sum(bool(FLAG.search(needle)) for _, needle, _ in TRAIN_CASES) >= 15
+
+
+@pytest.mark.parametrize(("flags", "needle"),
+                         _cli_cases("test_attack_cli.py", "test_meaningless_budgets_are_refused")[1])
+def test_the_clis_meaningless_attack_budgets_are_refused_in_keywords(flags, needle, ccvr_run,
+                                                                     tmp_path):
+    with pytest.raises(UsageError) as exc:
+        privfedcal.attack(ccvr_run, "stats", clients=[0], **keywords_of(flags))
+    assert expected(needle) in assert_speaks_python(exc)
