@@ -114,7 +114,10 @@ class RunConfig:
     deterministic: bool = setting(False, "Deterministic kernels: reproducible GPU runs "
                                   "(slower).", group="Hardware")
     # calibration
-    calibrate: str = setting("none", "none | ccvr | creff | oracle | oracle:N",
+    calibrate: str = setting("none", "none | ccvr[:N] | creff[:N] | oracle[:N]; N: CCVR's "
+                             "virtual features per class (--virtual-per-class), CReFF's "
+                             "federated features per class (--features-per-class), the "
+                             "oracle's real features per class (default all).",
                              group="Calibration")
     calibration_params: dict[str, Any] = setting(
         None, "Calibrator options by name (None: the calibrator's default).",

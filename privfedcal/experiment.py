@@ -34,6 +34,7 @@ def check_calibration_params(cfg: RunConfig) -> None:
     import privfedcal.calibration  # noqa: F401  (registers the calibrators)
     from privfedcal.federation.hooks import CALIBRATORS
 
+    check_calibrate_spec(cfg)
     given = sorted(k for k, v in cfg.calibration_params.items() if v is not None)
     if not given:
         return
@@ -51,6 +52,31 @@ def check_calibration_params(cfg: RunConfig) -> None:
     if unknown:
         raise UsageError(f"calibrator {name!r} takes no {', '.join(unknown)}; its options: "
                          f"{', '.join(fields) or 'none'}")
+
+
+def check_calibrate_spec(cfg: RunConfig) -> None:
+    """``--calibrate name[:N]``: N is a whole number after the ':' and only for a calibrator
+    that takes it (its ``arg_field``: CCVR's virtual features, CReFF's federated features,
+    the oracle's real features per class); N and that option's own flag with another value
+    would leave one of them silently unused: refused."""
+    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    name, colon, arg = cfg.calibrator.partition(":")
+    cls = CALIBRATORS.get(name)  # an unknown name: a UsageError listing the valid ones
+    if not colon:
+        return
+    field = getattr(cls, "arg_field", None)
+    if field is None:
+        raise UsageError(f"calibrator {name!r} takes no ':N' argument")
+    if not arg.isdigit():
+        raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+    for key in (field, f"{name}_{field}"):
+        value = cfg.calibration_params.get(key)
+        if value is not None and value != int(arg):
+            raise UsageError(f"--calibrate {cfg.calibrator} sets {field.replace('_', '-')} "
+                             f"to {int(arg)} but --{key.replace('_', '-')} {value} was given "
+                             "too: give one of them")
 
 
 def calibrator_class(cfg: RunConfig):

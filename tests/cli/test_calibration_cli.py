@@ -3,6 +3,7 @@ round), the oracle (``--calibrate oracle:N``) and a bad ``--calibrate`` name."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -96,3 +97,49 @@ def test_bad_calibrate_is_one_line_exit_2(spec, needle, tmp_path, capsys):
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert needle in lines[0], lines[0]
+
+
+def test_help_lists_every_calibrate_form(capsys):
+    """Every ``NAME:N`` a calibrator takes (its ``arg_field``) is in ``train --help``."""
+    import privfedcal.calibration  # noqa: F401
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    with contextlib.suppress(SystemExit):  # help exits 0 (or returns)
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    forms = [f"{n}[:N]" if hasattr(CALIBRATORS.get(n), "arg_field") else n
+             for n in CALIBRATORS.names()]
+    assert set(forms) == {"none", "ccvr[:N]", "creff[:N]", "oracle[:N]"}
+    for form in forms:
+        assert form in text, form
+    assert "--virtual-per-class" in text.split("--calibrate", 1)[1].split("--virtual-mode")[0]
+
+
+def test_calibrate_n_is_the_calibrators_per_class_count():
+    """``ccvr:N`` = ``--virtual-per-class N``, ``creff:N`` = ``--features-per-class N``."""
+    from privfedcal.calibration import CCVR, CReFF, calibrator_params
+    from privfedcal.federation.hooks import CalibrationSpec
+
+    assert calibrator_params(CCVR, CalibrationSpec("ccvr", 7), {}).virtual_per_class == 7
+    assert calibrator_params(CReFF, CalibrationSpec("creff", 9), {}).features_per_class == 9
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--calibrate", "ccvr:"], "integer"),
+    (["--calibrate", "none:3"], "takes no ':N'"),
+    (["--calibrate", "ccvr:7", "--virtual-per-class", "20"], "give one of them"),
+    (["--calibrate", "creff:7", "--features-per-class", "20"], "give one of them"),
+])
+def test_calibrate_n_refusals_before_any_work(args, needle, tmp_path, capsys, monkeypatch):
+    import privfedcal.cli.run
+
+    def never(*_a, **_k):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(privfedcal.cli.run, "execute", never)
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *FAST, *args, "--out", str(tmp_path / "run")])
+    assert exc.value.code == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert not (tmp_path / "run").exists()
