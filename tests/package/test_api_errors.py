@@ -188,6 +188,26 @@ def test_resume_speaks_python(tmp_path):
     assert "rounds must be >= 2" in assert_speaks_python(exc)
 
 
+def test_the_cli_keeps_its_flags_where_it_calls_the_api(tmp_path, capsys):
+    """``train --resume`` runs ``resume_simulator``: its user typed flags and reads flags."""
+    from privfedcal.cli.main import main
+
+    privfedcal.train(out=tmp_path / "run", **FAST)
+    for argv, needle in ((["--rounds", "1"], "; --rounds must be >= 2"),
+                         ([], "extend it with --rounds N > 2")):
+        with pytest.raises(SystemExit):
+            main(["train", "--resume", str(tmp_path / "run"), *argv])
+        assert needle in capsys.readouterr().err
+
+
+def test_a_divergence_hint_names_keywords():
+    from privfedcal.errors import Diverged
+
+    exc = Diverged(3, "the loss is not finite", hint="lower --lr")
+    api._speak_python(exc)
+    assert exc.hint == "lower lr" and str(exc) == "diverged at round 3: the loss is not finite; lower lr"
+
+
 @pytest.fixture(scope="module")
 def ccvr_run(tmp_path_factory):
     return privfedcal.train(method="ccvr", out=tmp_path_factory.mktemp("api") / "ccvr", **FAST)
