@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from pathlib import Path
 
 from cli_helpers import assert_usage_error
 
@@ -51,6 +52,27 @@ def test_report_of_an_audit_folder(tmp_path, capsys):
     (tmp_path / "audit.csv").write_text("method,eps,secagg,accuracy,psnr\nccvr,inf,off,0.8,14\n")
     main(["report", str(tmp_path), "--out", str(tmp_path / "page.html")])
     assert "privacy audit" in (tmp_path / "page.html").read_text()
+
+
+def test_report_out_is_a_page_or_a_folder_and_refused_in_one_line(tmp_path, capsys):
+    """``--out`` ending in .html is the page; any other ``--out`` is a folder that gets
+    report.html; an ``--out`` that cannot be written is a usage error (exit 2), not exit 1."""
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "audit.csv").write_text("method,eps,secagg,accuracy,psnr\nccvr,inf,off,0.8,14\n")
+    main(["report", str(audit), "--out", str(tmp_path / "pages")])
+    assert "privacy audit" in (tmp_path / "pages" / "report.html").read_text()
+    main(["report", str(audit), "--out", str(tmp_path / "pages")])  # a report is re-written
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert_usage_error(["report", str(audit), "--out", str(blocker / "page.html")], capsys,
+                       "cannot write to --out", "not a folder")
+    (tmp_path / "x.html").mkdir()
+    assert_usage_error(["report", str(audit), "--out", str(tmp_path / "x.html")], capsys,
+                       "is a folder")
+    if Path("/proc").is_dir():  # refuses new entries even to root
+        assert_usage_error(["report", str(audit), "--out", "/proc/privfedcal.html"], capsys,
+                           "cannot write to --out")
 
 
 def test_bad_input(tmp_path, capsys):
