@@ -50,8 +50,10 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: a flag in a message: ``--dp-eps``, ``--no-transcript`` (not the ``--`` of a range)
-_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+#: a flag in a message: ``--dp-eps``, ``--no-transcript`` (not the ``--`` of a range), or a
+#: flag's name alone as a message lists several (``virtual-per-class``: only a name with a
+#: hyphen, which prose does not use)
+_FLAG = re.compile(r"(?<![\w-])(?:--)?[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w-])")
 #: a flag's value in a message: a number, or a placeholder (N, DIR)
 _VALUE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)|[A-Z]+")
 _KIND_WORDS = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
@@ -113,20 +115,25 @@ def python_message(text: str) -> str:
     """``text`` with each flag of ``flag_keywords`` as its keyword, and a value that follows
     the flag joined to it: ``--dp-eps must be`` -> ``dp_eps must be``,
     ``--secagg-min-clients 2`` -> ``secagg_min_clients=2``, ``--secagg`` -> ``secagg=True``,
-    ``--method fedavg`` -> ``method='fedavg'``. Other flags are left as they are."""
+    ``--method fedavg`` -> ``method='fedavg'``; a name alone (``match-steps``) is its keyword
+    (``match_steps``). Other flags are left as they are."""
     table = flag_keywords()
     out, pos = [], 0
     for m in _FLAG.finditer(text):
-        kw = table.get(m.group())
-        if kw is None:
+        flag = m.group()
+        bare = not flag.startswith("--")
+        kw = table.get("--" + flag if bare else flag)
+        if kw is None or (bare and "-" not in flag):
             continue
         out.append(text[pos:m.start()])
         pos = m.end()
-        if kw.type is bool:
-            out.append(f"{kw.name}={kw.value}")
+        if bare or kw.type is bool:
+            out.append(kw.name if bare else f"{kw.name}={kw.value}")
             continue
         after = re.match(r" ('[^']*'|[^\s,;()]+)", text[pos:])
         token = after.group(1).rstrip(":.") if after else ""
+        if text[pos + 1 + len(token):].startswith(" |"):  # a list of choices, not a value
+            token = ""
         if kw.type is str and token and (token[0] == "'" or token.isupper()
                                          or token.split(":")[0] in _named_values(kw.name)):
             shown = token if token[0] == "'" or token.isupper() else repr(token)

@@ -56,6 +56,8 @@ def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
                 assert python_message(f"give {off}.") == f"give {s.name}=False."
         else:
             assert python_message(f"{s.flag_name} must be") == f"{s.name} must be", s.name
+        if "_" in s.name:  # a name alone, as messages list several
+            assert python_message(f"({s.flag_name[2:]}, x)") == f"({s.name}, x)"
         value = s.default if s.default is not None else SAMPLE.get(s.type, {})
         try:
             api._config(None, {s.name: value})
@@ -89,6 +91,9 @@ def test_values_after_a_flag_join_their_keyword():
         "trained with --no-transcript?": "trained with transcript=False?",
         "--show-counts": "hide_counts=False",
         "--method must be one of": "method must be one of",
+        "add --calibrate ccvr | creff": "add calibrate ccvr | creff",
+        "option(s) match-steps, tukey given": "option(s) match_steps, tukey given",
+        "DP-SGD per-class /tmp/pytest-of-root": "DP-SGD per-class /tmp/pytest-of-root",
         "rounds 1--2, --resume RUN": "rounds 1--2, --resume RUN",  # not a setting: kept
     }
     for flags, words in cases.items():
@@ -232,19 +237,19 @@ def test_attack_options_are_checked_by_name_and_type(ccvr_run):
 
 
 # ---- the CLI's lists of bad input, through the API ---------------------------------------------
-def _cli_cases(file: str, test: str) -> tuple[list[str], list[tuple]]:
+def _cli_cases(file: str, test: str | None) -> tuple[list[str], list[tuple]]:
     """The module's ``FAST`` argv and the parameters of ``test``'s parametrize, read from
     the CLI test file's source (literals), so that a case added there is checked here."""
     tree = ast.parse((ROOT / "tests" / "cli" / file).read_text())
     fast, cases = [], None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["FAST"]:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["FAST"]:
             fast = ast.literal_eval(node.value)
         if isinstance(node, ast.FunctionDef) and node.name == test:
             (deco,) = [d for d in node.decorator_list if ast.unparse(d.func).endswith("parametrize")]
             cases = ast.literal_eval(deco.args[1])
-    assert cases, (file, test)
-    return fast, [c if isinstance(c, tuple) else (c,) for c in cases]
+    assert cases or test is None, (file, test)
+    return fast, [c if isinstance(c, tuple) else (c,) for c in cases or ()]
 
 
 def keywords_of(argv: list[str]) -> dict[str, object]:
@@ -279,7 +284,38 @@ def _train_cases():
     yield from ((fast + args, "--method fedavg --calibrate", True) for (args,) in alias)
 
 
+def _usage_error_calls():
+    """Every ``assert_usage_error(["train", ...], capsys, *needles)`` of tests/cli whose argv
+    is literal (``*FAST`` included) and made of settings only: an ``--out`` the test builds
+    is dropped, and a case about the output folder or an option of the command rather than
+    a setting (``--resume``, ``--config``) is left to its own test."""
+    table = flag_keywords()
+    for file in sorted((ROOT / "tests" / "cli").glob("test_*.py")):
+        fast, _ = _cli_cases(file.name, None)
+        for node in ast.walk(ast.parse(file.read_text())):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func) == "assert_usage_error"
+                    and isinstance(node.args[0], ast.List)):
+                continue
+            argv, elts = [], node.args[0].elts
+            for i, e in enumerate(elts):
+                if isinstance(e, ast.Starred) and ast.unparse(e.value).startswith("FAST"):
+                    argv += eval(ast.unparse(e.value), {"FAST": fast})  # FAST or a slice of it
+                elif isinstance(e, ast.Constant):
+                    argv.append(e.value)
+                elif i and argv[-1] == "--out":
+                    argv.pop()
+                else:
+                    argv = None
+                    break
+            needles = [ast.literal_eval(n) for n in node.args[2:] if isinstance(n, ast.Constant)]
+            if (argv and argv[0] == "train" and len(needles) == len(node.args) - 2
+                    and not any("out" in n or "writ" in n for n in needles)
+                    and all(a in table for a in argv[1:] if a.startswith("--"))):
+                yield argv[1:], needles
+
+
 TRAIN_CASES = list(_train_cases())
+CALL_CASES = list(_usage_error_calls())
 
 
 @pytest.mark.parametrize(("argv", "needle", "usage"), TRAIN_CASES,
@@ -296,7 +332,19 @@ def test_the_clis_bad_settings_are_refused_in_keywords(argv, needle, usage, tmp_
         assert not out.exists()
 
 
+@pytest.mark.parametrize(("argv", "needles"), CALL_CASES,
+                         ids=[" ".join(a) for a, _ in CALL_CASES])
+def test_the_clis_refused_trainings_are_refused_in_keywords(argv, needles, tmp_path):
+    """The CLI tests' other refusals of ``train`` (``assert_usage_error``), as keywords."""
+    with pytest.raises(UsageError) as exc:
+        privfedcal.train(out=tmp_path / "run", **keywords_of(argv))
+    message = assert_speaks_python(exc)
+    for needle in needles:
+        assert expected(needle) in message
+
+
 def test_the_cli_lists_are_all_fed_through():
+    assert len(CALL_CASES) >= 10
     assert len(TRAIN_CASES) >= 30
     assert any("nan" in a for a, _, _ in TRAIN_CASES)
     assert sum(bool(FLAG.search(needle)) for _, needle, _ in TRAIN_CASES) >= 15
