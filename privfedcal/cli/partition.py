@@ -3,7 +3,8 @@
 The partition is the one ``privfedcal train`` uses for the same settings: the defaults are
 ``train``'s (RunConfig's, e.g. ``--imbalance-factor 10``, used by ``--partition longtail``
 only) and ``--config`` takes the same TOML file or a run's ``config.json`` (its training
-settings are ignored here). Samples the long-tail shaping drops belong to no client.
+settings are ignored here). Samples the long-tail shaping drops belong to no client. An
+earlier partition in ``--out`` is kept unless ``--overwrite`` (``output.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from privfedcal.cli.output import check_writable
+from privfedcal.cli.output import all_or_nothing, check_fresh
 from privfedcal.cli.train import command_options, setting_options
 from privfedcal.config import RunConfig
 from privfedcal.data.partition import PartitionSpec
@@ -32,6 +33,7 @@ PARTITION_KEYS = ("dataset", "data_root", "download", "clients", "partition", "a
 def _partition_options(
     config: Annotated[Path | None, Opt(help="The TOML file or run config.json train takes; flags override it.", rich_help_panel="Output")] = None,
     out: Annotated[Path, Opt(help="Output folder for partition.png and partition.json.", rich_help_panel="Output")] = Path("runs/partition"),
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace an earlier partition.png and partition.json in --out.", rich_help_panel="Output")] = False,
 ) -> None:
     """``partition``'s options that are not settings of a run."""
 
@@ -43,8 +45,9 @@ def partition(**given: Any) -> None:
     from privfedcal.data.partition import class_counts, partition_indices
     from privfedcal.data.plots import plot_partition
 
-    config, out = given.pop("config"), given.pop("out")
-    check_writable(out)
+    config, out, overwrite = given.pop("config"), given.pop("out"), given.pop("overwrite")
+    files = ("partition.png", "partition.json")
+    check_fresh(out, files, overwrite=overwrite, what="a partition")  # before the data load
     given = {k: v for k, v in given.items() if v is not None}
     merged = {k: v for k, v in (load_toml(config) if config else {}).items()
               if k in PARTITION_KEYS}
@@ -60,9 +63,7 @@ def partition(**given: Any) -> None:
     domains = data.domains_train.numpy() if data.domains_train is not None else None
     parts = partition_indices(labels, spec, seed, domains=domains)
     counts = class_counts(labels, parts, data.num_classes)
-    out.mkdir(parents=True, exist_ok=True)
     title = f"{data.name}: {spec.scheme}, K={spec.num_clients}, seed={seed}"
-    plot_partition(counts, out / "partition.png", classes=data.classes, title=title)
     summary = {
         "dataset": data.name, "partition": spec.scheme, "clients": spec.num_clients,
         "alpha": spec.alpha, "imbalance_factor": spec.imbalance_factor,
@@ -73,7 +74,9 @@ def partition(**given: Any) -> None:
     }
     if data.domain_names is not None and spec.scheme == "domains":
         summary["client_domains"] = data.domain_names
-    (out / "partition.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with all_or_nothing(out, files) as paths:  # both files or neither
+        plot_partition(counts, paths["partition.png"], classes=data.classes, title=title)
+        paths["partition.json"].write_text(json.dumps(summary, indent=2) + "\n")
     _print_table(counts, data.classes, title)
     print(f"wrote {out / 'partition.png'} and {out / 'partition.json'}")
 

@@ -61,3 +61,18 @@ def test_errors_are_one_stderr_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("privfedcal: error:")
     assert message in err and "Traceback" not in err
+
+
+def test_an_earlier_partition_is_kept_unless_overwrite(tmp_path, capsys):
+    from cli_helpers import assert_usage_error
+
+    out = tmp_path / "part"
+    main(["partition", "--clients", "3", "--out", str(out)])
+    capsys.readouterr()
+    before = (out / "partition.json").read_text()
+    assert_usage_error(["partition", "--clients", "4", "--out", str(out)], capsys,
+                       "already holds a partition", "--overwrite")
+    assert (out / "partition.json").read_text() == before
+    main(["partition", "--clients", "4", "--out", str(out), "--overwrite"])
+    assert json.loads((out / "partition.json").read_text())["clients"] == 4
+    assert sorted(p.name for p in out.iterdir()) == ["partition.json", "partition.png"]

@@ -172,7 +172,7 @@ def test_help_groups_follow_the_description():
 def test_partition_options_are_trains():
     train = {p.name: p for p in _command("train").params}
     part = {p.name: p for p in _command("partition").params}
-    shared = set(part) - {"config", "out"}
+    shared = set(part) - {"config", "out", "overwrite"}
     assert "imbalance_factor" in shared and "min_size" in shared
     for name in shared:
         assert (part[name].help, part[name].show_default, part[name].opts) == \
