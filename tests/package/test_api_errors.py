@@ -225,6 +225,12 @@ def test_attack_options_are_checked_by_name_and_type(ccvr_run):
         privfedcal.attack(ccvr_run, "stats", raw_samples="3")
     with pytest.raises(UsageError, match=r"clients\[1\] must be an integer"):
         privfedcal.attack(ccvr_run, "stats", clients=[0, 0.5])
+    with pytest.raises(UsageError, match="clients must be a list of integers, got 9"):
+        privfedcal.attack(ccvr_run, "stats", clients=9)
+    with pytest.raises(UsageError, match="known_classes must be True or False"):
+        privfedcal.attack(ccvr_run, "stats", known_classes="yes")
+    with pytest.raises(UsageError, match=r"^rounds_combined must be >= 1"):
+        privfedcal.attack(ccvr_run, "stats", rounds_combined=np.int64(0))
     with pytest.raises(UsageError, match="unknown re-training option.* epoch;"):
         privfedcal.calibrate_head(ccvr_run.experiment().model, {}, epoch=3)
     records = privfedcal.attack(ccvr_run, "classes", seed=np.int64(1),
