@@ -4,7 +4,9 @@ and use CCVR's calibration with its protection from a federated loop of one's ow
 Every name here is re-exported by ``privfedcal`` (``privfedcal.__all__``); ``docs/api.md``
 is the guide, with doctested examples. The functions run the same code as the CLI
 (``privfedcal train`` / ``attack``) and write the same run folders; errors a user can fix
-raise ``privfedcal.UsageError`` (the CLI turns them into one line and exit 2).
+raise ``privfedcal.UsageError`` with one line (the CLI prints it and exits 2), which names
+the keyword (``dp_eps``) where the CLI's names the flag (``--dp-eps``). Numbers may be
+numpy scalars wherever Python numbers are taken.
 """
 
 from __future__ import annotations
