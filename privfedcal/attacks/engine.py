@@ -11,13 +11,22 @@ Targets with fewer images than the largest are padded; padded images are masked 
 every loss term (``valid``), so they get no gradient and never move. The cost is memory:
 all images of the batch and their activations are held at once (``attack_batch`` in
 ``runner.execute`` caps the number of targets per batch).
+
+Work is counted in restart-steps (one step of one restart of one target): an optimisation
+sets out to run ``targets x steps x restarts`` of them and runs fewer when targets stop
+early. Every ``optimise_batch`` inside ``reporting(sink)`` tells ``sink`` what it planned,
+what it ran (each step) and what its early stops saved, so a caller (``runner.execute``)
+shows progress and an ETA in the engine's own unit, not in targets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -133,6 +142,33 @@ def total_variation(pixels: Tensor) -> Tensor:
         tv = tv + (pixels[..., :, 1:] - pixels[..., :, :-1]).abs().flatten(1).mean(1)
     return tv
 
+class WorkSink(Protocol):
+    """Receives an optimisation's work (``reporting``) in restart-steps, and in image-steps
+    (restart-steps times the target's images: what a step costs, for an ETA)."""
+
+    def planned(self, steps: int, images: int) -> None:
+        """An optimisation starts and will run at most ``steps`` (``images``)."""
+
+    def advance(self, steps: int, images: int) -> None:
+        """``steps`` (``images``) more were run."""
+
+    def saved(self, steps: int, images: int) -> None:
+        """Targets stopped early: ``steps`` (``images``) of the planned will not run."""
+
+
+_SINK: ContextVar[WorkSink | None] = ContextVar("privfedcal_attack_work", default=None)
+
+
+@contextlib.contextmanager
+def reporting(sink: WorkSink) -> Iterator[WorkSink]:
+    """Every ``optimise_batch`` run in this block (this thread or task) reports to ``sink``."""
+    token = _SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _SINK.reset(token)
+
+
 #: Adam's defaults (torch.optim.Adam), applied by ``_adam_step`` exactly as torch does
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 
@@ -199,6 +235,10 @@ def optimise_batch(
     padded = not bool(valid.all())
     jitter, tv_weight, cap = config.jitter_for(h, w), config.tv_for(h, w), config.steps
     exp_avg, exp_avg_sq = torch.zeros_like(x), torch.zeros_like(x)
+    sink = _SINK.get()
+    if sink is not None:
+        sink.planned(t_count * cap * r, sum(batches) * cap * r)
+    act_images = sum(batches)  # images per restart of the active targets
 
     def per_image_mean(values: Tensor, ok: Tensor) -> Tensor:
         """(A*R*Bmax,) -> (A, R): mean over each restart's valid images."""
@@ -248,6 +288,9 @@ def optimise_batch(
             trace(t, step, images)
             outcomes[t] = Outcome(images[: batches[t]].clone(), losses[row].clone(), b,
                                   Convergence(step, e, stopped))
+        if sink is not None and step < cap:
+            stopped = sum(batches[int(active_list[row])] for row in rows)
+            sink.saved(len(rows) * (cap - step) * r, stopped * (cap - step) * r)
 
     active_list = active.tolist()
     while step < cap and n_act:
@@ -271,6 +314,8 @@ def optimise_batch(
         x = x.detach()
         _adam_step(x, grad, exp_avg, exp_avg_sq, step, sizes)
         x.copy_(torch.maximum(torch.minimum(x, hi), lo))
+        if sink is not None:
+            sink.advance(n_act * r, act_images * r)
         if step % config.check_every == 0 and step < cap:
             # no torch.no_grad(): a gradient-matching objective differentiates inside
             losses = total(x, x, active, ok).detach()
@@ -296,6 +341,7 @@ def optimise_batch(
                 trace(active_list[row], step, x.detach()[row, int(best[row])])
             if done:
                 finish(done, losses, errs, why)
+                act_images -= sum(batches[active_list[row]] for row in done)
                 keep = torch.tensor([row for row in range(n_act) if row not in done],
                                     dtype=torch.long, device=device)
                 x, exp_avg, exp_avg_sq = x[keep], exp_avg[keep], exp_avg_sq[keep]

@@ -15,9 +15,11 @@ baselines are left out with a note. Side knowledge an attack takes beyond the se
 is named in its record (``needed``, ``class_inferred``).
 
 Here: what a plan is (``Job``, ``Inversion``, ``Plan``), the attack options, and
-``execute``, which batches the inversions of a plan. Scoring is in ``report.py``. Every job
-loads the model state of its release itself, so jobs can run in any order on the one model
-object.
+``execute``, which batches the inversions of a plan, reports its progress in optimisation
+steps (``Progress``) and, when interrupted, hands back the targets it finished
+(``Stopped``; ``resume.py`` keeps them in a partial attack.json). Scoring is in
+``report.py``. Every job loads the model state of its release itself, so jobs can run in
+any order on the one model object.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from privfedcal.attacks.engine import reporting
 from privfedcal.attacks.feature_inversion import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_MAX_STEPS,
@@ -38,6 +41,12 @@ from privfedcal.attacks.feature_inversion import (
     InversionResult,
     invert_features_many,
     shape_of,
+)
+from privfedcal.attacks.progress import (  # noqa: F401  (re-exported)
+    Progress,
+    Stopped,
+    Tracker,
+    sigterm_interrupts,
 )
 from privfedcal.attacks.report import Attacked, score
 from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
@@ -211,47 +220,84 @@ def size_of(idx: Tensor | None) -> int | None:
 
 
 def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
-            attack_batch: int | None = None) -> list[Attacked]:
+            attack_batch: int | None = None,
+            on_progress: Callable[[Progress], None] | None = None,
+            done: dict[int, Attacked] | None = None) -> list[Attacked]:
     """Run every job of a plan; results in plan order (each job loads the model state it
     needs). Feature inversions through the same model, state and settings are optimised
     together, up to ``attack_batch`` (default ``plan.attack_batch``) targets at a time
     (``invert_features_many``: every target's result is the one it gets alone); 1 runs
-    every job on its own, in order."""
+    every job on its own.
+
+    ``on_progress`` receives a ``Progress`` (optimisation steps, targets, ETA) as the work
+    runs; ``on_done(job)`` after each job. ``done`` (plan index -> result, from a partial
+    attack: ``resume.py``) are not run again. A KeyboardInterrupt raises ``Stopped`` with
+    every target finished so far; a batch's targets finish together when it ends."""
     size = plan.attack_batch if attack_batch is None else attack_batch
     if size < 1:
         raise UsageError(f"--attack-batch must be >= 1, got {size}")
-    out: list[Attacked | None] = [None] * len(plan.jobs)
+    out: dict[int, Attacked] = dict(done or {})
+    tracker = Tracker(len(plan.jobs), len(out), on_progress)
+
+    def finished(i: int, result: Attacked) -> None:
+        out[i] = result
+        tracker.target_done()
+        if on_done is not None:
+            on_done(plan.jobs[i])
+
+    try:
+        with reporting(tracker):
+            _run(plan, [i for i in range(len(plan.jobs)) if i not in out], size, tracker,
+                 finished)
+            tracker.unit("")
+    except KeyboardInterrupt:
+        raise Stopped(out, len(plan.jobs)) from None
+    return [out[i] for i in range(len(plan.jobs))]
+
+
+def _run(plan: Plan, todo: list[int], size: int, tracker: Tracker,
+         finished: Callable[[int, Attacked], None]) -> None:
+    """``execute``'s work: prepare the jobs, plan the total, run the lone jobs, then the
+    batches of each group."""
+    alone = [i for i in todo if plan.jobs[i].prepare is None]
+    prepared = {i: plan.jobs[i].prepare() for i in todo if plan.jobs[i].prepare is not None}
     groups: dict[Any, list[int]] = {}
-    prepared: dict[int, tuple[Inversion, Callable[[Any, float], Attacked]]] = {}
-    for i, job in enumerate(plan.jobs):
-        if size == 1 or job.prepare is None:
-            out[i] = job.run()
-            if on_done is not None:
-                on_done(job)
-            continue
-        inv, finish = prepared[i] = job.prepare()
+    for i, (inv, _) in prepared.items():
         group = (inv.solve, id(inv.model), id(inv.state), inv.config, inv.group)
         groups.setdefault(group, []).append(i)
+    # one inversion per shared key; similar image counts together (less padding)
+    batches: list[tuple[list[int], dict[int, list[int]]]] = []
     for members in groups.values():
-        # one inversion per shared key; similar image counts together (less padding)
-        first: dict[Any, int] = {}
+        followers: dict[int, list[int]] = {}
+        source: dict[Any, int] = {}
         for i in members:
-            first.setdefault(prepared[i][0].key if prepared[i][0].key is not None else i, i)
-        unique = sorted(first.values(), key=lambda i: prepared[i][0].images)
-        results: dict[int, tuple[Any, float]] = {}
+            src = source.setdefault(prepared[i][0].key if prepared[i][0].key is not None
+                                    else i, i)
+            followers.setdefault(src, []).append(i)
+        unique = sorted(followers, key=lambda i: prepared[i][0].images)
         for chunk in _chunks(unique, [prepared[i][0].images for i in unique], size):
-            t0 = time.perf_counter()
-            many = prepared[chunk[0]][0].solve([prepared[i][0] for i in chunk])
-            share = (time.perf_counter() - t0) / len(chunk)  # "seconds": a share of the batch
-            for i, res in zip(chunk, many, strict=True):
-                results[i] = res, share
-        for i in members:
-            inv, finish = prepared[i]
-            src = first[inv.key if inv.key is not None else i]
-            out[i] = finish(*results[src])
-            if on_done is not None:
-                on_done(plan.jobs[i])
-    return out  # type: ignore[return-value]
+            batches.append((chunk, followers))
+
+    def work(chunk: list[int]) -> tuple[int, int]:
+        """Planned (restart-steps, image-steps) of the inversions ``chunk``."""
+        steps = [prepared[i][0].config.steps * prepared[i][0].config.restarts for i in chunk]
+        return sum(steps), sum(n * prepared[i][0].images for n, i in zip(steps, chunk,
+                                                                         strict=True))
+
+    planned = [work(chunk) for chunk, _ in batches]
+    tracker.plan(sum(p[0] for p in planned), sum(p[1] for p in planned))
+    for i in alone:
+        tracker.unit(plan.jobs[i].description)
+        finished(i, plan.jobs[i].run())
+    for chunk, followers in batches:
+        more = f" and {len(chunk) - 1} more" if len(chunk) > 1 else ""
+        tracker.unit(plan.jobs[chunk[0]].description + more, *work(chunk))
+        t0 = time.perf_counter()
+        many = prepared[chunk[0]][0].solve([prepared[i][0] for i in chunk])
+        share = (time.perf_counter() - t0) / len(chunk)  # "seconds": a share of the batch
+        for src, res in zip(chunk, many, strict=True):
+            for i in followers[src]:
+                finished(i, prepared[i][1](res, share))
 
 
 #: a batch's per-step overhead in images' worth of compute: a target joins the batch while

@@ -198,3 +198,53 @@ def test_shape_of_is_what_the_optimiser_is_given(toy):
                                                for t in targets)]
     assert got[-3:] == [("per-image", 1), ("per-image", 1), ("per-image", 5)]
     assert {g[0] for g in got} == {"per-image", "mean", "stats"}
+
+
+
+class Counted:
+    """A ``WorkSink`` that keeps every report as (restart-steps, image-steps)."""
+
+    def __init__(self):
+        self.plans, self.runs, self.saves = [], [], []
+
+    def planned(self, steps, images):
+        self.plans.append((steps, images))
+
+    def advance(self, steps, images):
+        self.runs.append((steps, images))
+
+    def saved(self, steps, images):
+        self.saves.append((steps, images))
+
+
+def test_engine_reports_every_step_and_what_early_stops_save(linear_model, images):
+    """Inside ``reporting`` the engine announces targets x cap x restarts, reports each step
+    of each active target's restarts, and what an early stop leaves unrun: run + saved ==
+    planned, in restart-steps and in image-steps (a target of n images counts n a step),
+    and the steps run are the targets' own stopping steps."""
+    from privfedcal.attacks.engine import reporting
+
+    with torch.no_grad():
+        z = linear_model.features((images - 0.5) / 0.25)
+    n = z.shape[0]
+    targets = [FeatureTarget.raw(z[:1]), FeatureTarget.raw(z * 50)]  # 1 and n images
+    cap, r = 600, 2
+    cfg = InversionConfig(steps=cap, restarts=r, tol=1e-4, check_every=50, tv_weight=0.0,
+                          l2_weight=0.0)
+    sink = Counted()
+    with reporting(sink):
+        easy, hard = invert_features_many(
+            linear_model, targets, config=cfg, **KW,
+            generators=[torch.Generator().manual_seed(s) for s in (1, 2)])
+    a, b = easy.convergence.steps, hard.convergence.steps
+    assert a < b <= cap  # an early stop happened: what it saves is tested
+    assert sink.plans == [(2 * cap * r, (1 + n) * cap * r)]
+    assert len(sink.runs) == b  # one report per step
+    assert sum(s for s, _ in sink.runs) == r * (a + b)
+    assert sum(i for _, i in sink.runs) == r * (a + n * b)
+    assert sum(s for s, _ in sink.saves) == r * ((cap - a) + (cap - b))
+    assert sum(i for _, i in sink.saves) == r * ((cap - a) + n * (cap - b))
+    # outside the block nothing is reported
+    invert_features_many(linear_model, targets[:1], config=cfg, **KW,
+                         generators=[torch.Generator().manual_seed(1)])
+    assert len(sink.plans) == 1

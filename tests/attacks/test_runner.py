@@ -375,3 +375,50 @@ def test_batched_execute_equals_one_job_at_a_time(ccvr_view, creff_view, kind):
         torch.testing.assert_close(b.recon, a.recon, rtol=0, atol=1e-4)
     with pytest.raises(UsageError, match="attack-batch"):
         AttackOptions(attack_batch=0)
+
+
+def test_execute_reports_optimisation_steps_up_to_the_total(ccvr_view):
+    """Progress counts restart-steps, never goes back, and ends at its total: the planned
+    steps x restarts of every inversion (none stops early in 7 steps: no check before
+    the 100th), with every target done and an ETA once steps ran."""
+    opts = AttackOptions(steps=7, restarts=2, raw_samples=1)
+    plan = plan_stats(ccvr_view, opts, clients=[0])
+    seen = []
+    execute(plan, on_progress=seen.append)
+    planned = 7 * 2 * len(plan.jobs)  # no aggregate: one inversion per job
+    assert seen[-1].steps == seen[-1].total == planned
+    assert (seen[-1].targets, seen[-1].of) == (len(plan.jobs), len(plan.jobs))
+    assert [p.steps for p in seen] == sorted(p.steps for p in seen)
+    assert all(p.total == planned for p in seen[1:])
+    assert any(0 < p.steps < planned for p in seen)  # counted within the batch, not per target
+    assert seen[-1].eta == 0 and all(p.eta is not None for p in seen if p.steps)
+
+
+def test_interrupted_execute_keeps_finished_targets_and_resumes(ccvr_view):
+    """A KeyboardInterrupt after the first batch raises ``Stopped`` with that batch's
+    targets; ``done=`` runs only the others, and the results are those of one run."""
+    from privfedcal.attacks.runner import Stopped
+
+    opts = AttackOptions(steps=7, restarts=1, raw_samples=1, attack_batch=2)
+    plan = plan_stats(ccvr_view, opts, clients=[0])
+    whole = execute(plan)
+
+    def stop_after_one(p):
+        if p.targets >= 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Stopped) as stop:
+        execute(plan, on_progress=stop_after_one)
+    kept = stop.value.finished
+    assert 1 <= len(kept) <= 2 < len(plan.jobs) and stop.value.of == len(plan.jobs)
+    seen = []
+    resumed = execute(plan, on_progress=seen.append, done=kept)
+    assert seen[0].targets == len(kept) and seen[-1].total == 7 * (len(plan.jobs) - len(kept))
+    for i, (a, b) in enumerate(zip(whole, resumed, strict=True)):
+        if i in kept:
+            assert b is kept[i]
+        # other batches than in the whole run: the same results within float32 rounding
+        assert (b.record["target"], b.record["class"], b.record["steps_run"]) == (
+            a.record["target"], a.record["class"], a.record["steps_run"])
+        assert b.record["psnr"] == pytest.approx(a.record["psnr"], abs=1e-3)
+        torch.testing.assert_close(b.recon, a.recon, rtol=0, atol=1e-4)
