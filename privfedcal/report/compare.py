@@ -63,8 +63,22 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         + (summary.get("model_update_bytes") or 0),
         "wall_seconds": summary.get("wall_seconds"),
         "budget": budget(summary), "flags": "", "differs": "",
-        "_curve": _curve(run_dir), "_settings": settings_of(cfg),
+        "_curve": _curve(run_dir), "_settings": settings_of(resolved(cfg)),
     }
+
+
+def resolved(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A config as what it runs: a method alias (``--method ccvr``) as its local method and
+    calibrator (fedavg, calibrate ccvr), so that it does not differ from the same run spelt
+    ``--method fedavg --calibrate ccvr``, nor show ``calibrate none``."""
+    from privfedcal.config import METHOD_ALIASES
+
+    method = cfg.get("method")
+    if method not in METHOD_ALIASES:
+        return cfg
+    local, calibrator = METHOD_ALIASES[method]
+    return dict(cfg, method=local, calibrate=(calibrator if cfg.get("calibrate", "none") == "none"
+                                              else cfg["calibrate"]))
 
 
 def settings_of(cfg: dict[str, Any], prefix: str = "") -> dict[str, str]:

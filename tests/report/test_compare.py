@@ -110,3 +110,24 @@ def test_after_calibration_is_empty_without_a_calibrator(tmp_path):
     body = page.split('id="compare"')[1].split("<tbody>")[1].split("</tbody>")[0]
     shown = [re.findall(r"<td[^>]*>([^<]*)</td>", tr)[5:7] for tr in body.split("</tr>")[:-1]]
     assert shown == [["37.00 %", "-"], ["37.00 %", "86.00 %"], ["-", "60.00 %"]]
+
+
+def test_a_method_alias_is_compared_as_what_it_runs(tmp_path):
+    """``--method ccvr`` (config: method ccvr, calibrate none) runs fedavg + ccvr: it differs
+    from ``--method fedavg --calibrate ccvr`` in nothing, and from plain fedavg in its
+    calibrator, never as 'calibrate none'."""
+    from privfedcal.report.compare import differing_settings
+
+    runs = [fake_run(tmp_path / "alias", method="ccvr", calibrator="ccvr", before=0.4),
+            fake_run(tmp_path / "spelt", method="fedavg", calibrator="ccvr", before=0.4),
+            fake_run(tmp_path / "plain")]
+    for run, cfg in zip(runs, ({"method": "ccvr", "calibrate": "none"},
+                               {"method": "fedavg", "calibrate": "ccvr"},
+                               {"method": "fedavg", "calibrate": "none"}), strict=True):
+        (run / "config.json").write_text(json.dumps(cfg))
+    rows, _ = collect(runs[:2])
+    assert differing_settings(rows) == []
+    rows, _ = collect(runs)  # collect sets each row's differs
+    assert [r["differs"] for r in rows] == ["", "", 'calibrate="none"']
+    assert differing_settings([dict(r, differs="") for r in rows]) == [
+        'calibrate: "ccvr" (2 runs), "none" (1 run)']
