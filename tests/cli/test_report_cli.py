@@ -40,10 +40,12 @@ def test_train_report_then_report_and_compare(tmp_path, capsys):
     out = capsys.readouterr()
     assert "privfedcal compare" in out.out and "warning" not in out.err
     rows = list(csv.DictReader((tmp_path / "cmp" / "compare.csv").open()))
-    assert float(rows[0]["accuracy_after"]) == sa["accuracy"]
+    # no calibrator: the final accuracy is the one before calibration, none after
+    assert float(rows[0]["accuracy_before"]) == sa["accuracy"]
+    assert rows[0]["accuracy_after"] == ""
     assert float(rows[0]["bytes"]) == sa["calibration_upload_bytes"] + sa["model_update_bytes"]
     sb = json.loads((b / "summary.json").read_text())
-    assert float(rows[1]["accuracy_after"]) == sb["accuracy"]
+    assert float(rows[1]["accuracy_before"]) == sb["accuracy"]
     page = (tmp_path / "cmp" / "compare.html").read_text()
     assert f"{100 * sa['accuracy']:.2f}" in page and f"{100 * sb['accuracy']:.2f}" in page
 
