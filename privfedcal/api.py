@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -231,9 +230,8 @@ def _speak_python(exc: BaseException) -> None:
 def _python_surface(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` as Python callers see it: arguments checked and made plain by their
     annotations (``_CHECKS``), a wrong call a ``UsageError``, and the message of a usage,
-    budget or divergence error in keywords (``python_message``). Called by the CLI
-    (``privfedcal.cli``: ``train --resume`` calls ``resume_simulator``), a message keeps
-    the flags the CLI's user typed."""
+    budget or divergence error in keywords (``python_message``). The CLI calls the
+    unwrapped functions (``_resume_simulator``), whose messages keep its flags."""
     sig = inspect.signature(func)
     checks = {name: (_CHECKS[str(p.annotation).removesuffix(" | None")],
                      str(p.annotation).endswith("| None"))
@@ -242,7 +240,6 @@ def _python_surface(func: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(func)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        cli = sys._getframe(1).f_globals.get("__name__", "").startswith("privfedcal.cli.")
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
@@ -253,8 +250,7 @@ def _python_surface(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*bound.args, **bound.kwargs)
         except (UsageError, PrivacyBudgetError, Diverged) as exc:
-            if not cli:
-                _speak_python(exc)
+            _speak_python(exc)
             raise
     return call
 

@@ -120,10 +120,11 @@ def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = N
                log: tuple[str, ...] = (), report_html: bool = False,
                quiet: bool = False) -> dict[str, Any]:
     """Continue an interrupted run, or extend a finished one to ``rounds``
-    (``privfedcal.api.resume_simulator`` checks and builds it)."""
-    from privfedcal.api import resume_simulator
+    (``privfedcal.api._resume_simulator`` checks and builds it; the API's wrapped
+    ``resume_simulator`` would speak in keywords)."""
+    from privfedcal.api import _resume_simulator
 
-    sim = resume_simulator(run_dir, rounds=rounds, threads=threads)
+    sim = _resume_simulator(run_dir, rounds=rounds, threads=threads)
     cfg = sim.cfg
     sim.log.enable(log)
     try:

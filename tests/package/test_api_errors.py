@@ -194,7 +194,8 @@ def test_resume_speaks_python(tmp_path):
 
 
 def test_the_cli_keeps_its_flags_where_it_calls_the_api(tmp_path, capsys):
-    """``train --resume`` runs ``resume_simulator``: its user typed flags and reads flags."""
+    """``train --resume`` runs the unwrapped ``_resume_simulator``: its user typed flags and
+    reads flags."""
     from privfedcal.cli.main import main
 
     privfedcal.train(out=tmp_path / "run", **FAST)
