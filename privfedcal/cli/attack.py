@@ -7,11 +7,16 @@ simulated local model update); ``classes`` infers every client's class set;
 ``--run`` a quick default run on digits is trained first. Outputs go to ``--out`` (default
 RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout. Earlier
 results there are kept unless ``--overwrite``; the files are renamed into place together
-at the end, so a failed or interrupted attack leaves nothing half-written.
+at the end, so a failed attack leaves nothing half-written. Progress (a bar, or lines on
+stderr when piped) counts optimisation steps x restarts with an ETA (``runner.execute``'s
+``Progress``). Ctrl-C or SIGTERM during ``invert`` writes the finished targets as a partial
+attack.json (``attacks/resume.py``) and exits 130; the same command with ``--resume``
+runs the other targets only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated
@@ -22,7 +27,7 @@ from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_M
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, print_table
 from privfedcal.cli.output import all_or_nothing, check_fresh
-from privfedcal.errors import UsageError
+from privfedcal.errors import Interrupted, UsageError
 
 Opt = typer.Option
 
@@ -85,6 +90,62 @@ def print_notes(notes: list[str]) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
+def clock(seconds: float | None) -> str:
+    """``1:05:09``, ``4:09``; ``?`` for None."""
+    if seconds is None:
+        return "?"
+    m, s = divmod(round(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def show_progress(progress: Reporter, kind: str, p) -> None:
+    """``execute``'s ``Progress`` on the bar (or log lines): optimisation steps of the
+    planned total, targets done, ETA; a new line per batch."""
+    progress.update(description=f"attack {kind}: {p.running or 'done'}",
+                    completed=p.steps, total=max(p.total, 1),
+                    info=f"steps x restarts, {p.targets}/{p.of} targets, ETA {clock(p.eta)}")
+
+
+def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict, keys: list[str],
+                    *, resume: bool, overwrite: bool) -> dict | None:
+    """The finished targets of a partial attack in ``out_dir`` with ``--resume`` (checked
+    against ``settings`` and the plan's ``keys``); None otherwise, after refusing to
+    replace earlier results without ``--overwrite``."""
+    from privfedcal.attacks.resume import finished, read_partial
+
+    partial = read_partial(out_dir) if not overwrite else None
+    if resume:
+        if partial is None:
+            raise UsageError(f"--resume: {out_dir} holds no partial attack to finish")
+        check_fresh(out_dir, (), overwrite=True)  # still writable
+        return finished(partial, settings, keys)
+    if partial is not None:
+        raise UsageError(f"{out_dir} holds a partial attack ({len(partial.targets)} of "
+                         f"{partial.planned} targets); finish it with the same command and "
+                         "--resume, or pass --overwrite to start over")
+    check_fresh(out_dir, files, overwrite=overwrite)  # before the attack's minutes
+    return None
+
+
+def keep_partial(out_dir: Path, files: tuple[str, ...], settings: dict, keys: list[str],
+                 stop) -> Interrupted:
+    """Write the targets an interrupted attack finished (a partial attack.json, all or
+    nothing) and say how to finish it."""
+    from privfedcal.attacks.report import save_grid
+    from privfedcal.attacks.resume import PARTIAL_IMAGES, write_partial
+
+    done = len(stop.finished)
+    with all_or_nothing(out_dir, (*files, PARTIAL_IMAGES)) as paths:
+        write_partial(paths["attack.json"], paths[PARTIAL_IMAGES], settings, keys,
+                      stop.finished)
+        save_grid([stop.finished[i] for i in sorted(stop.finished)],
+                  paths["reconstructions.png"], title=f"partial attack: {done} of "
+                  f"{stop.of} targets")
+    return Interrupted(f"wrote the {done} finished targets of {stop.of} to "
+                       f"{out_dir / 'attack.json'} (partial); finish the others with the "
+                       "same command and --resume")
+
+
 @attack_app.command("invert")
 def invert(
     stats: Annotated[bool, Opt("--stats", help="Invert CCVR class statistics (and means).")] = False,
@@ -108,14 +169,25 @@ def invert(
     threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<kind>).")] = None,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
+    resume: Annotated[bool, Opt("--resume", help="Finish an interrupted attack in the output folder (same settings): only the targets its partial attack.json lacks are run.")] = False,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
     """Reconstruct client images from what the server saw; score them against the truth."""
     set_threads(threads)
     from privfedcal.attacks.release_attacks import release_attack
     from privfedcal.attacks.report import records_table, save_grid, write_records
-    from privfedcal.attacks.runner import AttackOptions, execute, load_run
+    from privfedcal.attacks.resume import PARTIAL_IMAGES, job_keys
+    from privfedcal.attacks.runner import (
+        AttackOptions,
+        Stopped,
+        execute,
+        load_run,
+        sigterm_interrupts,
+    )
 
+    if resume and overwrite:
+        raise UsageError("--resume keeps the finished targets, --overwrite discards them: "
+                         "give one")
     if stats and gradients or not (stats or gradients or updates):
         raise UsageError("give exactly one of --stats or --gradients (and/or --updates)")
     if updates and stats:
@@ -128,7 +200,7 @@ def invert(
     client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
     run = run_folder(run_dir, run, "attack invert", required=False)
     files = ("attack.json", "reconstructions.png")
-    if run is None and out is not None:  # refused before the quick run is trained
+    if run is None and out is not None and not resume:  # refused before the quick run
         check_fresh(out, files, overwrite=overwrite)
     if run is None:
         run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,
@@ -144,22 +216,23 @@ def invert(
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     out_dir = out or Path(run) / f"attack-{kind}"
-    check_fresh(out_dir, files, overwrite=overwrite)  # before the attack's minutes
-    with Reporter(f"attack {kind}: {plan.jobs[0].description}", total=len(plan.jobs),
-                  quiet=quiet) as progress:
-        jobs = iter(plan.jobs[1:])
-
-        def done(_job) -> None:  # names the job that starts next: a line per stage
-            following = next(jobs, None)
-            progress.update(advance=1, description=None if following is None else
-                            f"attack {kind}: {following.description}")
-
-        results = execute(plan, done)
+    settings = {"attack": kind, "run": str(Path(run).resolve()), "clients": client_ids,
+                "classes": class_ids, **dataclasses.asdict(opts)}
+    keys = job_keys([job.description for job in plan.jobs])
+    done = earlier_targets(out_dir, files, settings, keys, resume=resume, overwrite=overwrite)
+    try:
+        with Reporter(f"attack {kind}: planning", total=1, quiet=quiet) as progress, \
+                sigterm_interrupts():
+            results = execute(plan, on_progress=lambda p: show_progress(progress, kind, p),
+                              done=done)
+    except Stopped as stop:
+        raise keep_partial(out_dir, files, settings, keys, stop) from None
     records = [r.record for r in results]
     with all_or_nothing(out_dir, files) as paths:
         write_records(records, paths["attack.json"])
         save_grid(results, paths["reconstructions.png"],
                   title=f"{kind} attack on {run}: true (top) vs reconstructed (bottom)")
+    (out_dir / PARTIAL_IMAGES).unlink(missing_ok=True)  # a resumed attack is whole now
     print_table(records_table(records, f"privfedcal attack invert --{kind}: {run}"))
     print_notes(plan.notes)
     console.print(f"wrote attack.json and reconstructions.png into {out_dir}")

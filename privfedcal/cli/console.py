@@ -101,6 +101,7 @@ class Reporter:
         self.quiet, self.every, self.announce = quiet, every, announce
         self.live = self.console.is_terminal and not quiet
         self.description, self.total, self.completed = description, total, 0.0
+        self.info = ""
         self._start = self._last = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -138,6 +139,8 @@ class Reporter:
             self.completed = completed
         self.completed += advance
         fields = {} if info is None else {"info": info}
+        if info is not None:
+            self.info = info
         self._bar.update(self._task, description=self.description, completed=self.completed,
                          total=self.total, **fields)
         if new_stage:
@@ -153,8 +156,9 @@ class Reporter:
     def _emit(self) -> None:
         if self.live or self.quiet:
             return
-        count = "" if not self.total else f" [{self.completed:g}/{self.total:g}]"
-        self.line(f"privfedcal: {self.description}{count}, "
+        count = "" if not self.total else f" [{self.completed:.10g}/{self.total:.10g}]"
+        info = f" ({self.info})" if self.info else ""
+        self.line(f"privfedcal: {self.description}{count}{info}, "
                   f"{time.monotonic() - self._start:.0f} s")
 
     def _heartbeat(self) -> None:

@@ -202,6 +202,45 @@ def test_progress_on_stderr_when_piped_and_quiet_silences_it(runs, tmp_path, cap
     main([*args, "--out", str(tmp_path / "a")])
     err = capsys.readouterr().err
     stages = [x for x in err.splitlines() if x.startswith("privfedcal: attack stats:")]
-    assert len(stages) >= 3, err  # one per target: raw feature, mean, statistics
+    assert len(stages) >= 3, err  # planning, one per batch of targets, done
+    assert "steps x restarts" in stages[-1] and "ETA" in stages[-1]
     main([*args, "--out", str(tmp_path / "b"), "--quiet"])
     assert capsys.readouterr().err == ""
+
+
+def test_interrupted_attack_keeps_finished_targets_and_resumes(runs, tmp_path, capsys,
+                                                                monkeypatch):
+    """SIGTERM (as a scheduler or Ctrl-C's SIGINT stops it) after the first finished target:
+    exit 130, one line, a partial attack.json with the finished targets; a plain rerun is
+    refused, one with other settings too, and --resume runs the rest into a whole one."""
+    import os
+    import signal
+
+    from privfedcal.cli import attack as attack_cli
+
+    out = tmp_path / "out"
+    args = ["attack", "invert", "--stats", "--run", str(runs / "ccvr"), *ATTACK,
+            "--clients", "0", "--raw-samples", "1", "--attack-batch", "2", "--out", str(out)]
+    shown = attack_cli.show_progress
+
+    def stop_after_first(progress, kind, p):
+        if p.targets >= 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        shown(progress, kind, p)
+
+    monkeypatch.setattr(attack_cli, "show_progress", stop_after_first)
+    code, printed = run_cli(args, capsys)
+    assert code == 130 and "Traceback" not in printed.err, printed.err
+    assert "finished targets of" in printed.err.splitlines()[-1]
+    doc = json.loads((out / "attack.json").read_text())
+    assert doc["partial"] is True and 1 <= doc["targets_done"] < doc["targets_planned"]
+    assert len(doc["records"]) == len(doc["done"]) == doc["targets_done"]
+    assert (out / "reconstructions.png").read_bytes().startswith(PNG)
+    monkeypatch.setattr(attack_cli, "show_progress", shown)
+    assert_usage_error(args, capsys, "partial attack", "--resume")
+    assert_usage_error([*args, "--resume", "--restarts", "2"], capsys, "restarts differ")
+    main([*args, "--resume"])
+    records = check_records(out / "attack.json", {"raw-feature", "class-mean", "class-stats"})
+    assert len(records) == doc["targets_planned"]
+    assert all(r in records for r in doc["records"])  # the finished ones kept, not rerun
+    assert sorted(p.name for p in out.iterdir()) == ["attack.json", "reconstructions.png"]
