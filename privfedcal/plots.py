@@ -10,16 +10,26 @@ from typing import Any
 
 from matplotlib.ticker import MaxNLocator
 
+from privfedcal.errors import UsageError
 from privfedcal.plotstyle import new_figure, save, series_style, styled
 
 
 def read_metrics(metrics_file: Path) -> list[dict[str, Any]]:
-    """The evaluated rounds of ``metrics.jsonl`` (empty when the file is missing)."""
+    """The evaluated rounds of ``metrics.jsonl`` (empty when the file is missing); a line
+    that is not JSON (a damaged or hand-edited file) is a UsageError naming it, as a damaged
+    ``summary.json`` is (``report/run.py`` ``load_json``)."""
     path = Path(metrics_file)
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("accuracy") is not None]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path} is not valid JSON ({exc.msg}, line {number})") from None
+    return [r for r in rows if isinstance(r, dict) and r.get("accuracy") is not None]
 
 
 def _round_axis(ax) -> None:

@@ -60,3 +60,14 @@ def test_compare_failing_half_way_leaves_the_earlier_files(tmp_path, capsys, mon
     assert code == 1 and "Traceback" not in err.err
     assert (out / "compare.csv").read_text() == csv
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.html"]
+
+
+def test_a_damaged_metrics_file_is_one_line_not_a_traceback(tmp_path, capsys):
+    """A metrics.jsonl that is not JSON lines: compare and report name it, exit 2."""
+    a = fake_run(tmp_path / "a", 0.5)
+    with (a / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 2, "accur')  # cut off mid-line
+    assert_usage_error(["compare", str(a), "--out", str(tmp_path / "c")], capsys,
+                       "metrics.jsonl is not valid JSON", "line 2")
+    assert_usage_error(["report", str(a)], capsys, "metrics.jsonl is not valid JSON")
+    assert not (tmp_path / "c").exists()
