@@ -74,6 +74,7 @@ def dp(**flags: Any) -> None:
     from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, check_game, play, plot, write_csv
     from privfedcal.attacks.dp_channels import build_channels, parse_channels
     from privfedcal.cli.attack import set_threads
+    from privfedcal.cli.output import check_writable
     from privfedcal.privacy.releases import DPSGD_RELEASE
 
     config, run_dir, run, trials, budget_s, confidence, channels, whole, quiet = (
@@ -89,6 +90,7 @@ def dp(**flags: Any) -> None:
     cfg = audit_config(run, config, flags)
     set_threads(cfg.threads)  # the games run in this process: --threads holds for them too
     target = out_dir(run, flags.get("out"))
+    check_writable(target)  # one line, exit 2, before the games run
     # built before any progress line: a configuration without a channel is refused in one line
     games = build_channels(cfg.replace(out=None, transcript=False), names)
     rows: list[dict[str, Any]] = []
