@@ -44,7 +44,9 @@ class Progress:
     @property
     def eta(self) -> float | None:
         """Seconds left at the average rate so far (image-steps per second); None before
-        the first step."""
+        the first step. The work left counts every running target up to its step cap, so
+        this is high while targets still stop early (a plateau often ends them far below
+        the cap) and falls as they do."""
         done, total = (self.images, self.images_total) if self.images else (self.steps,
                                                                             self.total)
         if done <= 0 or self.elapsed <= 0:

@@ -100,10 +100,12 @@ def clock(seconds: float | None) -> str:
 
 def show_progress(progress: Reporter, kind: str, p) -> None:
     """``execute``'s ``Progress`` on the bar (or log lines): optimisation steps of the
-    planned total, targets done, ETA; a new line per batch."""
+    planned total, targets done, ETA; a new line per batch. The ETA assumes every target
+    still running goes to the step cap; targets that stop earlier cut it."""
     progress.update(description=f"attack {kind}: {p.running or 'done'}",
                     completed=p.steps, total=max(p.total, 1),
-                    info=f"steps x restarts, {p.targets}/{p.of} targets, ETA {clock(p.eta)}")
+                    info=f"steps x restarts, {p.targets}/{p.of} targets, ETA {clock(p.eta)} "
+                         "or less")
 
 
 def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict, keys: list[str],
