@@ -155,6 +155,10 @@ class WorkSink(Protocol):
     def saved(self, steps: int, images: int) -> None:
         """Targets stopped early: ``steps`` (``images``) of the planned will not run."""
 
+    def stopped(self, run: int, planned: int) -> None:
+        """Targets stopped (early or at the cap) after ``run`` of their ``planned``
+        image-steps: how far below the cap targets stop, for an ETA."""
+
 
 _SINK: ContextVar[WorkSink | None] = ContextVar("privfedcal_attack_work", default=None)
 
@@ -288,9 +292,10 @@ def optimise_batch(
             trace(t, step, images)
             outcomes[t] = Outcome(images[: batches[t]].clone(), losses[row].clone(), b,
                                   Convergence(step, e, stopped))
-        if sink is not None and step < cap:
+        if sink is not None:
             stopped = sum(batches[int(active_list[row])] for row in rows)
             sink.saved(len(rows) * (cap - step) * r, stopped * (cap - step) * r)
+            sink.stopped(stopped * step * r, stopped * cap * r)
 
     active_list = active.tolist()
     while step < cap and n_act:

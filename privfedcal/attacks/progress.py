@@ -40,18 +40,21 @@ class Progress:
     running: str = ""
     images: int = 0
     images_total: int = 0
+    #: the share of their step cap (image-steps) the targets that stopped so far ran
+    stop_share: float | None = None
 
     @property
     def eta(self) -> float | None:
         """Seconds left at the average rate so far (image-steps per second); None before
-        the first step. The work left counts every running target up to its step cap, so
-        this is high while targets still stop early (a plateau often ends them far below
-        the cap) and falls as they do."""
+        the first step. The work left to the caps is scaled by ``stop_share`` once targets
+        have stopped (a plateau often ends them far below the cap); before, it is the
+        time to the caps, an upper estimate."""
         done, total = (self.images, self.images_total) if self.images else (self.steps,
                                                                             self.total)
         if done <= 0 or self.elapsed <= 0:
             return None
-        return max(total - done, 0) * self.elapsed / done
+        share = 1.0 if self.stop_share is None else self.stop_share
+        return max(total - done, 0) * share * self.elapsed / done
 
 
 class Tracker:
@@ -62,6 +65,7 @@ class Tracker:
     def __init__(self, of: int, targets: int, on_progress: Callable[[Progress], None] | None,
                  every: float = 0.2) -> None:
         self.done, self.total, self.reserved = [0, 0], [0, 0], [0, 0]  # [steps, images]
+        self.stops = [0, 0]  # image-steps run and planned by the targets that stopped
         self.targets, self.of, self.running = targets, of, ""
         self.on_progress, self.every = on_progress, every
         self.start = self.last = time.monotonic()
@@ -93,6 +97,10 @@ class Tracker:
         self.total[0] -= steps
         self.total[1] -= images
 
+    def stopped(self, run: int, planned: int) -> None:
+        self.stops[0] += run
+        self.stops[1] += planned
+
     def target_done(self) -> None:
         self.targets += 1
         self.emit()
@@ -103,7 +111,8 @@ class Tracker:
             (steps, images), (total, images_total) = self.done, self.total
             self.on_progress(Progress(steps, max(total, steps), self.targets, self.of,
                                       now - self.start, self.running, images,
-                                      max(images_total, images)))
+                                      max(images_total, images),
+                                      self.stops[0] / self.stops[1] if self.stops[1] else None))
 
 
 class Stopped(KeyboardInterrupt):

@@ -100,12 +100,14 @@ def clock(seconds: float | None) -> str:
 
 def show_progress(progress: Reporter, kind: str, p) -> None:
     """``execute``'s ``Progress`` on the bar (or log lines): optimisation steps of the
-    planned total, targets done, ETA; a new line per batch. The ETA assumes every target
-    still running goes to the step cap; targets that stop earlier cut it."""
+    planned total, targets done, ETA; a new line per batch. Until a target has stopped the
+    ETA is the time to every step cap (``<=``); after, scaled by how far below the cap
+    targets stopped (``~``, ``Progress.eta``)."""
+    bound = "" if p.eta is None else "~" if p.stop_share is not None else "<= "
     progress.update(description=f"attack {kind}: {p.running or 'done'}",
                     completed=p.steps, total=max(p.total, 1),
-                    info=f"steps x restarts, {p.targets}/{p.of} targets, ETA {clock(p.eta)} "
-                         "or less")
+                    info=f"steps x restarts, {p.targets}/{p.of} targets, "
+                         f"ETA {bound}{clock(p.eta)}")
 
 
 def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict, keys: list[str],

@@ -205,7 +205,10 @@ class Counted:
     """A ``WorkSink`` that keeps every report as (restart-steps, image-steps)."""
 
     def __init__(self):
-        self.plans, self.runs, self.saves = [], [], []
+        self.plans, self.runs, self.saves, self.stops = [], [], [], []
+
+    def stopped(self, run, planned):
+        self.stops.append((run, planned))
 
     def planned(self, steps, images):
         self.plans.append((steps, images))
@@ -244,6 +247,8 @@ def test_engine_reports_every_step_and_what_early_stops_save(linear_model, image
     assert sum(i for _, i in sink.runs) == r * (a + n * b)
     assert sum(s for s, _ in sink.saves) == r * ((cap - a) + (cap - b))
     assert sum(i for _, i in sink.saves) == r * ((cap - a) + n * (cap - b))
+    # each target's stop: the image-steps it ran of those its cap allowed
+    assert sorted(sink.stops) == sorted([(r * a, r * cap), (r * n * b, r * n * cap)])
     # outside the block nothing is reported
     invert_features_many(linear_model, targets[:1], config=cfg, **KW,
                          generators=[torch.Generator().manual_seed(1)])

@@ -21,6 +21,9 @@ def test_eta_is_the_remaining_work_at_the_rate_so_far():
     assert Progress(100, 400, 1, 4, 6.0).eta == pytest.approx(18.0)
     assert Progress(0, 400, 0, 4, 6.0).eta is None  # no rate before the first step
     assert Progress(400, 400, 4, 4, 6.0, images=9, images_total=9).eta == 0
+    # targets that stopped ran a quarter of their caps: the 900 left to the caps -> 225
+    p = Progress(100, 400, 1, 4, 6.0, images=300, images_total=1200, stop_share=0.25)
+    assert p.eta == pytest.approx(4.5)
 
 
 def test_tracker_counts_each_planned_step_once():
@@ -33,7 +36,9 @@ def test_tracker_counts_each_planned_step_once():
     assert t.total == [1100, 5100]
     t.advance(200, 1000)
     t.saved(300, 1500)  # a target stopped early
+    t.stopped(1000, 4000)
     t.target_done()
+    assert seen[-1].stop_share == 0.25
     t.unit("lone job")  # unplanned: its optimisation grows the total
     t.planned(50, 50)
     t.advance(50, 50)
