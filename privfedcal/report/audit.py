@@ -149,6 +149,8 @@ def _cell(column: str, value: Any) -> str:
 
 def _exposed(setting_dir: Path) -> list[dict[str, Any]]:
     records = load_json(setting_dir / "attack.json") or []
+    if isinstance(records, dict):  # an interrupted attack: its finished targets
+        records = records.get("records") or []
     def exposure(r: dict[str, Any]) -> float:  # best single image where records carry it
         v = r.get("psnr_best", r.get("psnr"))
         return float(v) if _finite(v) or isinstance(v, int) else -math.inf

@@ -174,6 +174,12 @@ def _attack_sections(run_dir: Path) -> str:
     for folder in sorted(p for p in run_dir.glob("attack-*") if p.is_dir()):
         records = load_json(folder / "attack.json") or []
         parts.append(f"<h3>{H.esc(folder.name)}</h3>")
+        if isinstance(records, dict):  # an interrupted attack: its finished targets
+            parts.append(f"<p>Partial: the attack was interrupted after "
+                         f"{H.esc(records.get('targets_done'))} of "
+                         f"{H.esc(records.get('targets_planned'))} targets (finish it with "
+                         f"<code>privfedcal attack invert ... --resume</code>).</p>")
+            records = records.get("records") or []
         recon = [r for r in records if "psnr" in r]
         if recon:
             parts.append(H.table(

@@ -68,6 +68,13 @@ def test_report_of_a_bare_folder_and_extras(run_dir: Path, tmp_path: Path):
     page = build_run_report(full).read_text()
     assert ">Analysis<" in page and ">Attacks<" in page and "13.500" in page
     assert page.count('src="data:image/png;base64,') == 6
+    # an interrupted attack's attack.json is an object: its finished targets are shown
+    record = json.loads((attack / "attack.json").read_text())[0]
+    (attack / "attack.json").write_text(json.dumps({
+        "partial": True, "targets_done": 1, "targets_planned": 4, "settings": {},
+        "done": [], "records": [{**record, "psnr": 17.25}]}))
+    page = build_run_report(full).read_text()
+    assert "17.250" in page and "after 1 of 4 targets" in page
 
 
 def test_unfinished_or_missing_folder_is_a_usage_error(tmp_path: Path):
