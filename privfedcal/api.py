@@ -32,6 +32,7 @@ from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
 
 if TYPE_CHECKING:
+    from privfedcal.attacks.progress import Progress
     from privfedcal.models.base import FeatureClassifier
 
 __all__ = [
@@ -210,6 +211,7 @@ _CHECKS: dict[str, Callable[[Any, str, bool], Any]] = {
         lambda v: isinstance(v, (RunConfig, Mapping, str, os.PathLike)),
         "a RunConfig, a mapping of settings or a settings file"),
     "Callable[[dict[str, Any]], None]": _is(callable, "callable"),
+    "Callable[[Progress], None]": _is(callable, "callable"),
     "Tensor": _is(lambda v: isinstance(v, Tensor), "a torch.Tensor (torch.from_numpy(a))"),
     "Mapping[str, Tensor]": _is(
         lambda v: isinstance(v, Mapping) and all(isinstance(t, Tensor) for t in v.values()),
@@ -527,7 +529,9 @@ ATTACK_KINDS = ("stats", "gradients", "updates", "classes")
 @_python_surface
 def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restarts: int = 4,
            clients: Iterable[int] | None = None, classes: Iterable[int] | None = None,
-           seed: int = 0, device: str = "cpu", **options: Any) -> list[dict[str, Any]]:
+           seed: int = 0, device: str = "cpu",
+           progress: Callable[[Progress], None] | None = None,
+           **options: Any) -> list[dict[str, Any]]:
     """Attack what the server observed in ``run`` and return one record per attacked
     target (the rows of ``attack.json``; scored against the truth when the experimenter's
     side of the run folder is there, unscored on a server view alone).
@@ -537,7 +541,10 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     set). ``steps`` caps each inversion (default: run to convergence, up to
     ``DEFAULT_MAX_STEPS``); other ``options`` are ``AttackOptions`` fields (``privfedcal
     attack``'s flags by their keyword names: ``raw_samples=0``, ``round=2``); an unknown one
-    is a ``UsageError``. Nothing is written: ``privfedcal attack`` writes the files."""
+    is a ``UsageError``. ``progress`` receives a ``privfedcal.attacks.progress.Progress``
+    as the inversions run (``steps`` of ``total`` optimisation steps, ``targets`` of ``of``,
+    ``eta`` in seconds), as ``privfedcal attack`` shows it. Nothing is written: ``privfedcal
+    attack`` writes the files."""
     from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
     from privfedcal.attacks.release_attacks import release_attack
     from privfedcal.attacks.runner import AttackOptions, execute
@@ -549,7 +556,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     steps = DEFAULT_MAX_STEPS if steps is None else steps  # AttackOptions checks both
     path = run.path if isinstance(run, Run) else Path(run)
     options = _options(AttackOptions, options, "attack option(s)",
-                       taken=("steps", "restarts", "seed"))
+                       taken=("steps", "restarts", "seed", "progress"))
     opts = AttackOptions(steps=steps, restarts=restarts, seed=seed, **options)
     view = load_view(path, device=device)
     if kind == "classes":
@@ -568,7 +575,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
         plan = attack.plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
-    return [r.record for r in execute(plan, lambda job: None)]
+    return [r.record for r in execute(plan, lambda job: None, on_progress=progress)]
 
 
 # ---- CCVR from a loop of one's own (e.g. a Flower Strategy) ------------------------------------

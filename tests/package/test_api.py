@@ -84,8 +84,16 @@ def test_load_run_and_attack_refuse_bad_input(tmp_path):
     with pytest.raises(privfedcal.UsageError, match=">= 1"):
         privfedcal.attack(run, "stats", steps=0)
     view = shutil.copytree(run.server_view, tmp_path / "view")
-    records = privfedcal.attack(view, "stats", steps=3, restarts=1, clients=[0], classes=[1])
+    seen = []
+    records = privfedcal.attack(view, "stats", steps=3, restarts=1, clients=[0], classes=[1],
+                                progress=seen.append)
     assert records and all(r.get("scored") is False for r in records)
+    # progress counts optimisation steps up to the total, targets up to every record
+    assert seen and seen[-1].steps == seen[-1].total > 0
+    assert seen[-1].targets == seen[-1].of == len(records)
+    assert [p.steps for p in seen] == sorted(p.steps for p in seen)
+    with pytest.raises(privfedcal.UsageError, match="progress"):
+        privfedcal.attack(view, "stats", steps=3, progress="print")
 
 
 def test_privatize_statistics_adds_the_noise_opacus_plans():
