@@ -98,7 +98,7 @@ class Simulator:
         write_run_files(self.run_dir, self.exp, **(run_record or {}))
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
-        self.threads = cfg.threads or default_threads(cfg.workers)
+        self.threads = self.cfg.threads or default_threads(self.cfg.workers, self.cfg.model)
         self.global_state: State = clone_state(self.exp.model)
         self.server_state: State | None = None
         self.client_states: dict[int, State] = {}

@@ -28,6 +28,7 @@ import torch.multiprocessing as tmp
 from torch import Tensor
 
 from privfedcal.algorithms.base import Algorithm, State
+from privfedcal.config import MODEL_FAMILY
 from privfedcal.federation.local import LocalResult, LocalSpec, set_deterministic, train_client
 from privfedcal.models.base import FeatureClassifier
 
@@ -302,5 +303,13 @@ def _shared(state: State) -> State:
     return {k: v.detach().cpu().clone().share_memory_() for k, v in state.items()}
 
 
-def default_threads(workers: int) -> int:
+def default_threads(workers: int, model: str | None = None) -> int:
+    """Torch threads per process when ``--threads`` is not given: one for the small models
+    (``config.MODEL_FAMILY``: the digits MLP and CNN), whose tiny matrix products gain
+    nothing from a second thread and lose many-fold when other processes compete for the
+    cores (the default digits run: 6.8 s with one thread against 7.3-8.2 s with two on a
+    quiet 2-core machine, 5.8 s against 40 s at a load average of 2; docs/results.md);
+    the cores shared among the worker processes otherwise."""
+    if model is not None and MODEL_FAMILY.get(model) == "small":
+        return 1
     return max(1, (mp.cpu_count() or 1) // workers)

@@ -118,3 +118,20 @@ def test_only_multiprocessings_connection_errors_are_silenced_after_terminate() 
             hook(*sys.exc_info())
         assert len(seen) == len(expected), (raiser, seen)
         assert all(issubclass(t, e) for t, e in zip(seen, expected, strict=True))
+
+
+def test_default_threads_are_one_for_the_small_models(tiny_cfg, tmp_path, monkeypatch):
+    """Small models train on one thread unless --threads says otherwise (a second thread
+    buys nothing there and collapses on a busy machine); others share the cores."""
+    import multiprocessing
+
+    from privfedcal.federation.workers import default_threads
+
+    monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 8)
+    assert default_threads(1, "mlp") == default_threads(2, "digits-cnn") == 1
+    assert default_threads(1, "cnn") == 8 and default_threads(2, "resnet8") == 4
+    assert default_threads(16, None) == 1
+    sim = build_simulator(tiny_cfg(threads=None), tmp_path / "run")
+    assert sim.cfg.model == "mlp" and sim.threads == 1
+    sim = build_simulator(tiny_cfg(threads=3), tmp_path / "run3")
+    assert sim.threads == 3
