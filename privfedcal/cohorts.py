@@ -164,20 +164,34 @@ def select_cohorts(plan: CohortPlan, seed: int, round_: int) -> list[int]:
     return sorted(c for i in chosen for c in plan.cohorts[i])
 
 
+def cohort_groups(present: Iterable[int], cohorts: Sequence[Collection[int]] | None,
+                  asked: Collection[int]) -> tuple[list[list[int]], list[int]]:
+    """``(groups, left_out)``: the clients of ``present`` in groups that may enter a secure
+    sum, each a whole cohort (as far as it was ``asked``; clients in no cohort alone), and
+    the present clients left out because another upload of their cohort is missing. A
+    missing or rejected upload takes its cohort out, so the sum stays a union of cohorts
+    whatever drops out."""
+    present = list(dict.fromkeys(int(c) for c in present))
+    have = set(present)
+    if cohorts is None:
+        return [[c] for c in present], []
+    groups, kept, asked = [], set(), set(asked)
+    for group in cohorts:
+        wanted = [c for c in group if c in asked]
+        if wanted and set(wanted) <= have:
+            groups.append(wanted)
+            kept |= set(wanted)
+    grouped = {c for g in cohorts for c in g}
+    groups += [[c] for c in present if c not in grouped]  # clients in no cohort
+    return groups, [c for c in present if c in grouped and c not in kept]
+
+
 def complete_cohorts(present: Iterable[int], cohorts: Sequence[Collection[int]] | None,
                      asked: Collection[int]) -> set[int]:
     """The clients of ``present`` whose whole cohort (as far as it was ``asked``) is
-    present: a missing or rejected upload takes its cohort out of a secure sum, so that the
-    sum stays a union of cohorts whatever drops out."""
-    present = set(present)
-    if cohorts is None:
-        return present
-    keep: set[int] = set()
-    for group in cohorts:
-        wanted = set(group) & set(asked)
-        if wanted and wanted <= present:
-            keep |= wanted
-    return keep | (present - {c for g in cohorts for c in g})  # clients in no cohort
+    present (``cohort_groups``)."""
+    groups, _ = cohort_groups(present, cohorts, asked)
+    return {c for g in groups for c in g}
 
 
 # ---- the checker -----------------------------------------------------------------------------
@@ -211,11 +225,20 @@ def participation_matrix(rows: Sequence[Collection[int]], clients: int,
 
 def row_space_basis(mat: np.ndarray) -> np.ndarray:
     """An orthonormal basis of the row space, one basis vector per column (n x rank)."""
-    if mat.size == 0:
+    if mat.shape[0] == 0:
         return np.zeros((mat.shape[1], 0))
     _, s, vt = np.linalg.svd(mat, full_matrices=False)
     rank = int((s > s.max(initial=0.0) * max(mat.shape) * 1e-12).sum()) if s.size else 0
     return vt[:rank].T
+
+
+def atoms(mat: np.ndarray) -> list[tuple[int, ...]]:
+    """Clients no sum tells apart (equal columns of ``mat``), in order of first client:
+    every vector of the row space is constant on each."""
+    groups: dict[bytes, list[int]] = {}
+    for j in range(mat.shape[1]):
+        groups.setdefault(np.ascontiguousarray(mat[:, j]).tobytes(), []).append(j)
+    return [tuple(g) for g in groups.values()]
 
 
 def isolates(basis: np.ndarray, group: Sequence[int]) -> bool:
@@ -252,11 +275,8 @@ def isolated_group(rows: Sequence[Collection[int]], clients: int, m: int, *,
         return None
     # conservative: clients with identical columns are equal in every vector of the span,
     # so if each such class has >= m clients, every non-zero vector has >= m non-zeros
-    classes: dict[bytes, list[int]] = {}
-    for j in range(mat.shape[1]):
-        classes.setdefault(mat[:, j].tobytes(), []).append(others[j])
-    small = min(classes.values(), key=len)
-    return Isolation(tuple(small), exact=False) if len(small) < m else None
+    small = min(atoms(mat), key=len)
+    return Isolation(tuple(others[j] for j in small), exact=False) if len(small) < m else None
 
 
 def whole_run_record(rows: Sequence[Collection[int]], clients: int, m: int,
@@ -283,7 +303,8 @@ def check_schedule(rows: Sequence[Collection[int]], clients: int, m: int, *,
         raise UsageError(f"{found.describe()}: fewer than --secagg-min-clients {m}")
 
 
-__all__ = ["COHORT_PURPOSE", "CohortPlan", "Isolation", "check_schedule", "cohort_plan",
-           "cohort_size", "complete_cohorts", "isolated_group", "make_cohorts", "observers_own",
-           "participation_matrix", "per_round", "secure_minimum", "secure_rounds", "select_clients",
-           "select_cohorts", "whole_run_record"]
+__all__ = ["COHORT_PURPOSE", "CohortPlan", "Isolation", "atoms", "check_schedule", "cohort_groups",
+           "cohort_plan", "cohort_size", "complete_cohorts", "isolated_group", "make_cohorts",
+           "observers_own", "participation_matrix", "per_round", "row_space_basis",
+           "secure_minimum", "secure_rounds", "select_clients", "select_cohorts",
+           "whole_run_record"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from privfedcal.cohorts import cohort_plan, complete_cohorts, secure_minimum
+from privfedcal.cohorts import cohort_groups, cohort_plan, secure_minimum
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
@@ -241,31 +241,41 @@ class EncryptStage(Wire):
         sealing: Sealing = rel.state["sealing"]
         server = ServerAggregator(sealing.public, sealing.layout, n_threads=1)
         assert not server.context.is_private()  # the server holds the public context only
-        prepared = []
-        for client, data in uploads:
-            try:
-                if not isinstance(data, bytes | bytearray):
-                    raise UploadRejected("a plaintext upload where a ciphertext was due")
-                vecs = server.prepare(unpad(data) if sealing.pad_to is not None else bytes(data))
-            except UploadRejected as exc:  # dropped; the release goes on, noise topped up
-                rel.log.reject(rel.round_, rel.label, client, str(exc))
-                continue
-            prepared.append((client, data, vecs))
         # whole cohorts only: a sum missing one member of a cohort would, set against the
-        # other sums of the run, single out the rest of it (privfedcal/cohorts.py)
-        keep = complete_cohorts([c for c, _, _ in prepared], self.secagg.cohorts, rel.asked)
-        for client, data, vecs in prepared:
-            if client not in keep:
-                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
-                               "is missing: the cohort is left out of the sum")
-                continue
-            try:
-                server.accumulate(vecs)
-            except UploadRejected as exc:  # a partial cohort would be in the sum: no release
-                rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
-                                      f"could not be added ({exc})")
-            rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
-                                  client=client, bytes=len(data))
+        # other sums of the run, single out the rest of it (privfedcal/cohorts.py). A cohort
+        # is checked member by member and added once all passed: at most one cohort's
+        # ciphertexts are held besides the running sum
+        data_of = dict(uploads)
+        groups, left_out = cohort_groups(data_of, self.secagg.cohorts, rel.asked)
+        for client in left_out:
+            rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort is "
+                           "missing: the cohort is left out of the sum")
+        for group in groups:
+            prepared = []
+            for client in group:
+                data = data_of[client]
+                try:
+                    if not isinstance(data, bytes | bytearray):
+                        raise UploadRejected("a plaintext upload where a ciphertext was due")
+                    prepared.append(server.prepare(
+                        unpad(data) if sealing.pad_to is not None else bytes(data)))
+                except UploadRejected as exc:  # dropped with its cohort; noise topped up
+                    rel.log.reject(rel.round_, rel.label, client, str(exc))
+                    for other in group:
+                        if other != client:
+                            rel.log.reject(rel.round_, rel.label, other, "another upload of "
+                                           "its cohort was rejected: the cohort is left out "
+                                           "of the sum")
+                    prepared = []
+                    break
+            for client, vecs in zip(group, prepared, strict=False):
+                try:
+                    server.accumulate(vecs)
+                except UploadRejected as exc:  # a partial cohort would be in the sum
+                    rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
+                                          f"could not be added ({exc})")
+                rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
+                                      client=client, bytes=len(data_of[client]))
         rel.arrived = server.count
         if server.count < self.secagg.min_clients:
             rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
