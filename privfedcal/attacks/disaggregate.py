@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privfedcal.cohorts import atoms as cohort_atoms
+from privfedcal.cohorts import row_space_basis
 from privfedcal.errors import UsageError
 
-#: relative tolerance of "in the row space" (participation matrices are small 0/1 matrices)
-TOL = 1e-8
 #: subsets tried when searching the finest groups of the undetermined clients
 MAX_SUBSETS = 200_000
 
@@ -61,14 +61,10 @@ def _check(a: np.ndarray) -> np.ndarray:
 
 
 def projector(a: np.ndarray) -> tuple[np.ndarray, int]:
-    """``(P, rank)``: the orthogonal projector onto the row space of ``a`` (K x K)."""
-    a = _check(a)
-    if a.shape[0] == 0:
-        return np.zeros((a.shape[1], a.shape[1])), 0
-    _, s, vt = np.linalg.svd(a, full_matrices=False)
-    rank = int((s > TOL * max(a.shape) * max(s.max(initial=0.0), 1.0)).sum())
-    v = vt[:rank]
-    return v.T @ v, rank
+    """``(P, rank)``: the orthogonal projector onto the row space of ``a`` (K x K), from the
+    orthonormal basis the whole-run check uses (``cohorts.row_space_basis``)."""
+    basis = row_space_basis(_check(a))
+    return basis @ basis.T, basis.shape[1]
 
 
 def in_row_space(a: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -103,12 +99,9 @@ def solve(a: np.ndarray, y: np.ndarray) -> Solution:
 
 
 def atoms(a: np.ndarray) -> list[tuple[int, ...]]:
-    """Clients no sum ever tells apart (equal columns of ``a``), in order of first client."""
-    a = _check(a)
-    groups: dict[bytes, list[int]] = {}
-    for i in range(a.shape[1]):
-        groups.setdefault(a[:, i].tobytes(), []).append(i)
-    return [tuple(g) for g in groups.values()]
+    """Clients no sum ever tells apart (equal columns of ``a``), in order of first client
+    (``cohorts.atoms``)."""
+    return cohort_atoms(_check(a))
 
 
 def finest_groups(a: np.ndarray, max_subsets: int = MAX_SUBSETS
