@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import privfedcal
-from privfedcal import api
-from privfedcal.api import flag_keywords, python_message
+from privfedcal import api, pysurface
 from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.pysurface import flag_keywords, python_message
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(clients=3, rounds=2, local_epochs=1, device="cpu", threads=1, alpha=0.5)
@@ -76,7 +76,7 @@ def test_every_attack_option_is_a_keyword_of_attack():
         assert flag_keywords()[flag].name == f.name
         word = f.name + ("=True" if f.type in (bool, "bool") else "")
         assert python_message(f"{flag} must be") == f"{word} must be"
-    assert api._options(AttackOptions, {"raw_samples": np.int64(0)}, "x") == {"raw_samples": 0}
+    assert pysurface.options_of(AttackOptions, {"raw_samples": np.int64(0)}, "x") == {"raw_samples": 0}
 
 
 def test_values_after_a_flag_join_their_keyword():
@@ -210,7 +210,7 @@ def test_a_divergence_hint_names_keywords():
     from privfedcal.errors import Diverged
 
     exc = Diverged(3, "the loss is not finite", hint="lower --lr")
-    api._speak_python(exc)
+    pysurface._speak_python(exc)
     assert exc.hint == "lower lr" and str(exc) == "diverged at round 3: the loss is not finite; lower lr"
 
 

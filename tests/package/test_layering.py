@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     "settings": 4,
     "plots": 4, "accuracy_png": 4,
     "report": 5,
-    "flower": 6, "api": 6,
+    "flower": 6, "api": 6, "pysurface": 6, "ownloop": 6,
     "cli": 7, "__main__": 7,
 }
 

@@ -1,0 +1,264 @@
+"""The Python surface of privfedcal's API: arguments checked and made plain by their
+annotations, and errors that name keywords instead of the CLI's flags.
+
+The library's checks are shared with the CLI and name its flags (``--dp-eps``). Each public
+function of the API (``privfedcal/api.py`` and the modules it re-exports) is wrapped by
+``python_surface``: its arguments become plain Python values (numpy and 0-d torch scalars
+included, checked against the parameter's annotation), and an error it raises names keywords
+instead of flags (``dp_eps``), translated through one table derived from the settings'
+descriptions (privfedcal/settings.py) and the attack options, so that a new setting is
+translated without a line here (tests/package/test_api_errors.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import re
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from privfedcal.config import RunConfig
+from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: a flag in a message: ``--dp-eps``, ``--no-transcript`` (not the ``--`` of a range), or a
+#: flag's name alone as a message lists several (``virtual-per-class``: only a name with a
+#: hyphen, which prose does not use)
+_FLAG = re.compile(r"(?<![\w-])(?:--)?[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w-])")
+#: a flag's value in a message: a number, or a placeholder (N, DIR)
+_VALUE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)|[A-Z]+")
+_KIND_WORDS = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+
+
+@dataclass(frozen=True)
+class Keyword:
+    """What a flag is in Python: the keyword, its type and, for a boolean flag, the value
+    the flag sets (``--show-counts`` is ``hide_counts=False``)."""
+
+    name: str
+    type: type
+    value: bool | None = None
+
+
+@functools.cache
+def flag_keywords() -> dict[str, Keyword]:
+    """Every flag of ``privfedcal train``'s settings and of ``privfedcal attack``'s options
+    (``AttackOptions`` fields), by its spelling: ``--dp-eps`` is ``dp_eps``."""
+    from privfedcal.attacks.runner import AttackOptions
+    from privfedcal.descriptions import _kind
+    from privfedcal.settings import cli_settings
+
+    table: dict[str, Keyword] = {}
+    hints = typing.get_type_hints(AttackOptions)
+    for f in dataclasses.fields(AttackOptions):
+        kind, flag = _kind(hints[f.name])[0], "--" + f.name.replace("_", "-")
+        table[flag] = Keyword(f.name, kind, True if kind is bool else None)
+        if kind is bool:
+            table["--no-" + flag[2:]] = Keyword(f.name, bool, False)
+    for s in cli_settings():  # a setting's spelling wins over an attack option's
+        if s.type is bool:
+            on, _, off = (s.param_decls or (s.flag_name,))[0].partition("/")
+            table[on] = Keyword(s.name, bool, True)
+            if off:
+                table[off] = Keyword(s.name, bool, False)
+        else:
+            table[s.flag_name] = Keyword(s.name, s.type)
+    return table
+
+
+def _named_values(name: str) -> set[str]:
+    """The values a string setting takes, by name (choices or its registry), so that a
+    message's ``--method ccvr`` reads ``method='ccvr'``."""
+    from privfedcal.data.datasets import DATASETS
+    from privfedcal.experiment import method_choices
+    from privfedcal.federation.hooks import CALIBRATORS
+    from privfedcal.models import MODELS
+    from privfedcal.settings import all_settings
+
+    registries: dict[str, Callable[[], Iterable[str]]] = {
+        "method": method_choices, "calibrate": lambda: [*CALIBRATORS.names(), "none"],
+        "dataset": lambda: DATASETS, "model": MODELS.names}
+    choices = next((s.choices for s in all_settings() if s.name == name and s.choices), None)
+    return set(choices or (registries[name]() if name in registries else ()))
+
+
+def python_message(text: str) -> str:
+    """``text`` with each flag of ``flag_keywords`` as its keyword, and a value that follows
+    the flag joined to it: ``--dp-eps must be`` -> ``dp_eps must be``,
+    ``--secagg-min-clients 2`` -> ``secagg_min_clients=2``, ``--secagg`` -> ``secagg=True``,
+    ``--method fedavg`` -> ``method='fedavg'``; a name alone (``match-steps``) is its keyword
+    (``match_steps``). Other flags are left as they are."""
+    table = flag_keywords()
+    out, pos = [], 0
+    for m in _FLAG.finditer(text):
+        flag = m.group()
+        bare = not flag.startswith("--")
+        kw = table.get("--" + flag if bare else flag)
+        if kw is None or (bare and "-" not in flag):
+            continue
+        out.append(text[pos:m.start()])
+        pos = m.end()
+        if bare or kw.type is bool:
+            out.append(kw.name if bare else f"{kw.name}={kw.value}")
+            continue
+        after = re.match(r" ('[^']*'|[^\s,;()]+)", text[pos:])
+        token = after.group(1).rstrip(":.") if after else ""
+        if text[pos + 1 + len(token):].startswith(" |"):  # a list of choices, not a value
+            token = ""
+        if kw.type is str and token and (token[0] == "'" or token.isupper()
+                                         or token.split(":")[0] in _named_values(kw.name)):
+            shown = token if token[0] == "'" or token.isupper() else repr(token)
+            out.append(f"{kw.name}={shown}")
+            pos += 1 + len(token)
+        elif kw.type is not str and token and _VALUE.fullmatch(token):
+            out.append(f"{kw.name}={token}")
+            pos += 1 + len(token)
+        else:
+            out.append(kw.name)
+    return "".join(out) + text[pos:]
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar or a 0-d tensor as the Python value it holds."""
+    if isinstance(value, np.generic) or (isinstance(value, Tensor) and value.ndim == 0):
+        return value.item()
+    return value
+
+
+def _coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> Any:
+    """``value`` as a plain ``kind`` (int, float, bool or str; other kinds: only made
+    plain). An int never from a bool or from a float with a fraction; None only where
+    ``optional`` (a setting's None is judged by its own check)."""
+    value = _plain(value)
+    if value is None and optional or kind not in _KIND_WORDS:
+        return value
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind is bool or kind is str:
+        ok = isinstance(value, kind)
+    else:
+        ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if not ok:
+        raise UsageError(f"{name} must be {_KIND_WORDS[kind]}, got {value!r}")
+    return float(value) if kind is float else value
+
+
+def _as_path(value: Any, name: str, optional: bool) -> Path | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise UsageError(f"{name} must be a path (a str or a Path), got {value!r}")
+
+
+def _as_ints(value: Any, name: str, optional: bool) -> list[int] | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise UsageError(f"{name} must be a list of integers, got {value!r}")
+    return [_coerce(v, int, f"{name}[{i}]", False) for i, v in enumerate(value)]
+
+
+def _is(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bool], Any]:
+    def check(value: Any, name: str, optional: bool) -> Any:
+        if (value is None and optional) or test(value):
+            return value
+        raise UsageError(f"{name} must be {what}, got {type(value).__name__}")
+    return check
+
+
+#: how each parameter annotation of a public function is checked (the annotation without
+#: ``| None``); an annotation missing here fails at import, so none goes unchecked. A module
+#: of the API with a type of its own adds its check with ``register_check``.
+_CHECKS: dict[str, Callable[[Any, str, bool], Any]] = {
+    "int": lambda v, n, o: _coerce(v, int, n, o),
+    "float": lambda v, n, o: _coerce(v, float, n, o),
+    "str": lambda v, n, o: _coerce(v, str, n, o),
+    "str | Path": _as_path,
+    "Iterable[int]": _as_ints,
+    "RunConfig | Mapping[str, Any] | str | Path": _is(
+        lambda v: isinstance(v, (RunConfig, Mapping, str, os.PathLike)),
+        "a RunConfig, a mapping of settings or a settings file"),
+    "Callable[[dict[str, Any]], None]": _is(callable, "callable"),
+    "Callable[[Progress], None]": _is(callable, "callable"),
+    "Tensor": _is(lambda v: isinstance(v, Tensor), "a torch.Tensor (torch.from_numpy(a))"),
+    "Mapping[str, Tensor]": _is(
+        lambda v: isinstance(v, Mapping) and all(isinstance(t, Tensor) for t in v.values()),
+        "a mapping of names to torch tensors"),
+    "FeatureClassifier": _is(
+        lambda v: isinstance(v, torch.nn.Module) and hasattr(v, "features")
+        and hasattr(v, "classifier"), "a FeatureClassifier (features(x) and a classifier head)"),
+}
+
+
+def register_check(annotation: str, check: Callable[[Any, str, bool], Any]) -> None:
+    """Check parameters annotated ``annotation`` (as ``str()`` of the annotation shows it,
+    without ``| None``) with ``check(value, name, optional)``, which returns the value to
+    pass on or raises ``UsageError``."""
+    _CHECKS[annotation] = check
+
+
+def _speak_python(exc: BaseException) -> None:
+    """Rewrite ``exc``'s message (and a divergence's hint) in keywords, in place."""
+    if isinstance(exc, Diverged):
+        exc.hint = python_message(exc.hint)
+    exc.args = (python_message(str(exc)),)
+
+
+def python_surface(func: Callable[P, R]) -> Callable[P, R]:
+    """``func`` as Python callers see it: arguments checked and made plain by their
+    annotations (``_CHECKS``), a wrong call a ``UsageError``, and the message of a usage,
+    budget or divergence error in keywords (``python_message``). The CLI calls the
+    unwrapped functions (``api._resume_simulator``), whose messages keep its flags."""
+    sig = inspect.signature(func)
+    checks = {name: (_CHECKS[str(p.annotation).removesuffix(" | None")],
+                     str(p.annotation).endswith("| None"))
+              for name, p in sig.parameters.items()
+              if p.annotation is not p.empty and p.kind is not p.VAR_KEYWORD}
+
+    @functools.wraps(func)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise UsageError(f"{func.__name__}(): {exc}") from None
+        for name, (check, optional) in checks.items():
+            if name in bound.arguments:
+                bound.arguments[name] = check(bound.arguments[name], name, optional)
+        try:
+            return func(*bound.args, **bound.kwargs)
+        except (UsageError, PrivacyBudgetError, Diverged) as exc:
+            _speak_python(exc)
+            raise
+    return call
+
+
+def options_of(cls: type, given: Mapping[str, Any], what: str,
+             taken: Iterable[str] = ()) -> dict[str, Any]:
+    """``given`` checked as keyword arguments of the dataclass ``cls`` (less the names
+    ``taken`` by the function itself): an unknown name is a UsageError listing the valid
+    ones, each value plain and of its field's type."""
+    from privfedcal.descriptions import _kind
+
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in set(taken)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise UsageError(f"unknown {what} {', '.join(unknown)}; valid names: {', '.join(names)}")
+    out = {}
+    for k, v in given.items():
+        kind, optional = _kind(hints[k])
+        out[k] = _coerce(v, kind, k, optional)
+    return out
