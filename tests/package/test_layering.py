@@ -22,7 +22,7 @@ import privfedcal
 
 LAYERS: dict[str, int] = {
     "": 0, "errors": 0, "registry": 0, "descriptions": 0, "config": 0,
-    "seeding": 0, "cohorts": 0, "palette": 0,
+    "seeding": 0, "cohorts": 0, "palette": 0, "results": 0,
     "plotstyle": 0, "tensors": 0,
     "data": 1, "models": 1,
     "algorithms": 2, "privacy": 2,
@@ -31,7 +31,8 @@ LAYERS: dict[str, int] = {
     "settings": 4,
     "plots": 4, "accuracy_png": 4,
     "report": 5,
-    "flower": 6, "api": 6, "pysurface": 6, "ownloop": 6,
+    "flower": 6, "api": 6, "pysurface": 6, "ownloop": 6, "jobs": 6,
+    "api_log": 6,
     "cli": 7, "__main__": 7,
 }
 
