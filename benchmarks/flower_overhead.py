@@ -5,7 +5,7 @@ Ways to run the same config (same seeds, same clients, same SGD steps):
 * ``simulator``: privfedcal's in-process round loop (the reference);
 * ``loopback``: the real ServerApp and ClientApp, messages serialised to Flower's wire
   objects and back, all in this process (the cost of the message layer alone; the Grid is
-  test code, ``tests/flower/loopback.py``);
+  ``privfedcal.flower.grid.InProcessGrid``);
 * ``deployment``: a SuperLink and one SuperNode per client as processes on loopback, started
   with Flower's own commands (``flwr run``); Flower starts a ClientApp process per message,
   which imports torch and rebuilds the client's data every time;
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,7 +47,6 @@ from cifar_like import make_npz  # benchmarks/ is on sys.path when run as a scri
 from privfedcal.config import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flower"
-TESTS_FLOWER = Path(__file__).resolve().parents[1] / "tests" / "flower"
 
 
 def per_round(history: list[dict]) -> float:
@@ -67,14 +65,12 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     from flwr.app import Context, RecordDict
 
     from privfedcal.flower.client_app import app as client_app
-    sys.path.insert(0, str(TESTS_FLOWER))  # the in-process Grid is test code
-    from loopback import LoopbackGrid
-
+    from privfedcal.flower.grid import InProcessGrid
     from privfedcal.flower.records import to_run_config
     from privfedcal.flower.server_app import run_server
 
     run_config = to_run_config(cfg.replace(out=str(out)))
-    grid = LoopbackGrid(client_app, run_config, cfg.clients)
+    grid = InProcessGrid(client_app, run_config, cfg.clients)
     sim, _ = run_server(grid, Context(run_id=1, node_id=1, node_config={},
                                       state=RecordDict(), run_config=run_config))
     return per_round(sim.history)

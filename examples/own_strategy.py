@@ -236,15 +236,8 @@ def main(grid: Grid, context: Context) -> None:
 
 
 if __name__ == "__main__":
-    # in-process: the tests' LoopbackGrid (tests/flower/loopback.py, a checkout's) runs the
-    # ClientApp for 3 nodes
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "flower"))
-    from loopback import LoopbackGrid
+    # in-process: privfedcal's InProcessGrid runs the ClientApp for 3 nodes (docs/flower.md)
+    from privfedcal.flower.grid import InProcessGrid
 
     torch.set_num_threads(1)
-    loop = LoopbackGrid(client, {}, 3)
-    main(loop, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                       run_config={}))
+    InProcessGrid(client, {}, 3).run_server_app(server)
