@@ -135,6 +135,14 @@ class RunConfig:
     dp_nominal_size: int | None = setting(
         None, "Public client size DP-SGD plans with (steps, sample rate); default: training "
         "examples / clients.", group="Privacy")
+    dp_updates: bool = setting(False, "User-level DP-FedAvg on the model updates: each "
+                               "client's update clipped, Gaussian noise on their sum.",
+                               group="Privacy")
+    dp_update_clip: float | None = setting(None, "L2 bound S of a client's model update "
+                                           "under --dp-updates.", group="Privacy",
+                                           shown="1.0")
+    dp_updates_share: float = setting(0.5, "Budget share of --dp-updates beside calibration "
+                                      "uploads.", group="Privacy")
     secagg: bool = setting(False, "CKKS secure aggregation.", group="Privacy")
     hide_counts: bool = setting(False, "Hide class counts.", group="Privacy",
                                 flag="--hide-counts/--show-counts")
@@ -186,6 +194,10 @@ class RunConfig:
             (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
             (self.dp_grad_clip is None or self.dp_grad_clip > 0, "--dp-grad-clip must be > 0"),
             (0 < self.dp_train_share < 1, "--dp-train-share must be in (0, 1)"),
+            (self.dp_update_clip is None or (math.isfinite(self.dp_update_clip)
+                                             and self.dp_update_clip > 0),
+             "--dp-update-clip must be a finite number > 0"),
+            (0 < self.dp_updates_share < 1, "--dp-updates-share must be in (0, 1)"),
             (self.dp_nominal_size is None or self.dp_nominal_size >= 1,
              "--dp-nominal-size must be >= 1"),
             (not self.hide_counts or self.secagg,
@@ -223,6 +235,19 @@ class RunConfig:
                      if on]
             if given:
                 raise UsageError(f"{', '.join(given)} belong(s) to DP-SGD: give --dp-train")
+        if not self.dp_updates:
+            given = [flag for flag, on in (("--dp-update-clip", self.dp_update_clip is not None),
+                                           ("--dp-updates-share", self.dp_updates_share != 0.5))
+                     if on]
+            if given:
+                raise UsageError(f"{', '.join(given)} belong(s) to user-level DP: give "
+                                 "--dp-updates")
+        elif not self.dp_enabled:
+            raise UsageError("--dp-updates needs a budget: give --dp-eps")
+        elif self.dp_train:
+            raise UsageError("--dp-updates and --dp-train both protect the model updates and "
+                             "are accounted apart: choose one (--dp-updates: user level, which "
+                             "covers every example of a client; --dp-train: sample level)")
         if not (self.secagg or self.secagg_updates) and self.secagg_min_clients != 2:
             raise UsageError("--secagg-min-clients belongs to secure aggregation: give "
                              "--secagg or --secagg-updates")

@@ -9,6 +9,8 @@ What each flag protects (docs/privacy.md has the whole story):
 - ``--dp-eps``: sample-level (epsilon, delta)-DP of the calibration uploads (features clipped
   to ``--dp-clip``, per-sample class gradients to ``--dp-grad-clip``), composed over every
   release by one accountant; with ``--dp-train`` also of the model updates (DP-SGD).
+- ``--dp-updates``: user-level DP-FedAvg of the model updates (privacy/user_dp.py), charged
+  to the same per-client accountants as the uploads.
 - ``--secagg``: the server sees ciphertexts and the decrypted sum only (CKKS, TenSEAL).
 - ``--hide-counts``: uploads have one shape whatever classes a client holds; counts and
   CReFF's holder indicators travel inside the ciphertexts (or DP-noised without secagg).
@@ -196,11 +198,18 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
         n_total = exp.num_examples  # public: federation/setup.py held_examples
         delta = cfg.dp_delta if cfg.dp_delta is not None else default_delta(n_total)
         plans = release_plans(cfg, calibrator)
-        if not plans and not cfg.dp_train:
+        if not plans and not (cfg.dp_train or cfg.dp_updates):
             raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
-                             "(--method ccvr/creff or --calibrate ccvr) and no --dp-train")
+                             "(--method ccvr/creff or --calibrate ccvr), no --dp-train and "
+                             "no --dp-updates")
         if cfg.dp_train:
             plans, sigmas = plan_with_dpsgd(cfg, exp, plans, delta)
+        elif cfg.dp_updates:  # user level, q = 1 over the most rounds a client takes part in
+            from privfedcal.privacy.user_dp import release_plan
+
+            steps = max(participation_counts(cfg).values())
+            plans = [*plans, release_plan(steps, cfg.dp_updates_share if plans else None)]
+            sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
         else:
             sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
         dp = DPStage(target=cfg.dp_eps, delta=delta,
@@ -240,8 +249,16 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
             CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
                                      max_clients=cfg.clients)
     hints = calibrator.privacy_hints(cfg)
-    return Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
-                  hints=hints, seeded_noise=cfg.insecure_seeded_noise)
+    up = Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
+                hints=hints, seeded_noise=cfg.insecure_seeded_noise)
+    if cfg.dp_updates:
+        from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP, UserDP
+
+        up.user_dp = UserDP(dp, cfg.dp_update_clip or DEFAULT_UPDATE_CLIP,
+                            denominator=per_round(cfg.clients, cfg.participation),
+                            distributed=cfg.secagg_updates, seed=cfg.seed,
+                            seeded=cfg.insecure_seeded_noise)
+    return up
 
 
 def uplink_stages(bound, dp, secagg, cfg) -> list[Stage]:

@@ -229,6 +229,10 @@ class Simulator:
         encrypted updates. Returns (results, average, update bytes, results for the
         divergence check)."""
         recipe = self.uplink.recipe(self.exp.spec)
+        if self.uplink.user_dp is not None:  # --dp-updates: clipped and noised (user_dp.py)
+            return self.uplink.user_dp.receive(
+                trainer, jobs, self.global_state, selected, round_, self.transcript, recipe,
+                self.uplink.average_updates if self.uplink.updates is not None else None)
         if self.uplink.updates is None:  # in the clear: each update recorded, then averaged
             running = RunningAverage(weights)
 

@@ -110,6 +110,9 @@ class FlowerSimulator(Simulator):
         if cfg.secagg_updates:
             raise UsageError("--secagg-updates runs in the simulator only: under Flower the "
                              "updates would reach the server in the clear before encryption")
+        if cfg.dp_updates:
+            raise UsageError("--dp-updates runs in the simulator only: under Flower the "
+                             "updates are averaged without its clipping and noise")
         if not 0 <= key_holder < cfg.clients:
             raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
         if cfg.secagg and cfg.secagg_key_holder != key_holder:

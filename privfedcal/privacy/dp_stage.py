@@ -17,7 +17,7 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.client_ledger import ClientLedger
 from privfedcal.privacy.dp import gaussian_mechanism, noise_stds, payload_sensitivities
-from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 
 #: what every epsilon the run reports assumes (summary.json, docs/privacy.md)
 ASSUMPTIONS = [
@@ -171,11 +171,13 @@ class DPStage:
             self.ledger(int(c)).load_state_dict(st)
 
     def summary(self) -> dict[str, Any]:
-        uploads = any(label != DPSGD_RELEASE for label in self.sigmas)
+        user = USER_DP_RELEASE in self.sigmas  # --dp-updates (privacy/user_dp.py)
+        uploads = any(label not in (DPSGD_RELEASE, USER_DP_RELEASE) for label in self.sigmas)
         covers = " and ".join(
             [w for w, on in (("calibration uploads", uploads),
-                             ("model updates (DP-SGD)", self.covers_updates)) if on])
-        if not self.covers_updates:
+                             ("model updates (DP-SGD)", self.covers_updates),
+                             ("model updates (user-level DP-FedAvg)", user)) if on])
+        if not (self.covers_updates or user):
             covers += " only"
         spent = self.epsilon()
         statement = (f"({spent:.3f}, {self.delta:.2g})-DP per example, sample level, for the "
@@ -184,7 +186,7 @@ class DPStage:
                      "sampling (the server chooses and sees the participants); assumes the "
                      "noise stays secret (drawn from OS entropy) and, with --secagg, a key "
                      "holder that does not collude with the server")
-        if not self.covers_updates:
+        if not (self.covers_updates or user):
             statement += ". Model updates are NOT differentially private (no --dp-train)."
         return {"epsilon_spent": spent, "epsilon_target": self.target, "delta": self.delta,
                 "accountant": self.accountant.kind, "covers": covers,

@@ -29,6 +29,7 @@ from privfedcal.errors import UsageError
 #: in its ``ReleaseSpec``): the transcript and the accountant key on these
 DPSGD_RELEASE = "dp-sgd"         # the model updates' DP-SGD (accountant only)
 UPDATE_RELEASE = "model-update"  # a participant's model state after local training
+USER_DP_RELEASE = "dp-fedavg"    # the clipped, noised sum of model updates (accountant only)
 ROUND_RECORD = "round"           # the global state sent at the start of a round
 
 PARTICIPANTS = ("all", "selected")  # all clients once after training, or each round's

@@ -68,6 +68,7 @@ class Uplink:
     stages: list[Stage] = field(default_factory=default_stages)
     seeded_noise: bool = False  # --insecure-seeded-noise: noise from the public seed
     updates: Uplink | None = None  # --secagg-updates: the model updates' encrypted uplink
+    user_dp: Any = None  # --dp-updates: DP-FedAvg of the model updates (privacy/user_dp.py)
     update_seconds: list[float] = field(default_factory=list)  # its wall time per round
     hide_counts: bool = False
     hints: list[str] = field(default_factory=list)  # advice printed with the run's notes
@@ -263,6 +264,10 @@ class Uplink:
                                  "the aggregate and the summed weight only",
                 **self.updates.wire.summary().get("secagg", {}), "rounds": n,
                 "mean_seconds_per_round": round(sum(self.update_seconds) / n, 4) if n else None}
+        if self.user_dp is not None:  # the sample-level statement, then the user-level one
+            user = self.user_dp.summary()
+            out["statement"] = f"{out.get('statement', '')}. {user['user_dp']['statement']}"
+            out.update(user_dp=user["user_dp"])
         if not out:
             return {}
         dp, encrypted = "epsilon_spent" in out, "secagg" in out

@@ -1,0 +1,289 @@
+"""User-level differential privacy of the model updates: DP-FedAvg.
+
+McMahan, Ramage, Talwar & Zhang, "Learning Differentially Private Recurrent Language
+Models" (ICLR 2018), Algorithm 1 with the fixed-denominator estimator: each participant's
+model update ``Delta_k = state_k - global`` is clipped to L2 norm ``<= S`` (all floating
+entries of the state together, buffers included), the clipped updates are summed, Gaussian
+noise ``N(0, (z S)^2 I)`` is added to the sum, and the sum is divided by a PUBLIC
+denominator ``m`` (the clients asked per round, from the config), never by the number that
+arrived or by client sizes (weights are uniform: sizes never leave a client).
+
+Sensitivity: neighbouring federations differ in ONE client's whole data, present or absent
+(an absent client's update is zero: "zero-out" adjacency, as add/remove one example is at
+sample level). The sum of clipped updates then moves by at most ``S``, so one round is a
+Gaussian mechanism with noise multiplier ``z`` (docs/privacy-dp.md, "User-level DP on model
+updates"). Under replace-one adjacency the sensitivity is ``2 S``.
+
+Accounting (no amplification by client sampling): privfedcal selects each round's clients
+from the public seed (``cohorts.select_clients``), so anyone holding the config knows who
+takes part; subsampling amplification assumes a selection secret from the adversary
+(Poisson sampling on hidden coins), which does not hold here. Each round a client takes part
+in is charged to that client's accountant as a full Gaussian release (q = 1), through the
+run's ``DPStage`` (its per-client accountants and ledgers, shared with the calibration
+releases), and the noise is planned over the most rounds any client takes part in.
+
+Where the noise is added:
+- central (default): the server adds the noise to the sum of clipped updates. The server
+  itself sees every clipped update (the transcript records them): the guarantee holds for
+  the global models it publishes (to the clients, to the model's users), not against it.
+- distributed (``--secagg-updates``): each client adds its share ``1/(m - 1)`` of the
+  variance (``m - 1`` shares already carry the full variance, so the key holder's node,
+  which knows its own share, cannot bring the sum below it) before CKKS encryption; the
+  server sees only the noisy sum, and the guarantee holds against it too, provided the key
+  holder does not collude with it.
+Noise comes from OS entropy (privacy/noise.py); with ``--insecure-seeded-noise`` nothing holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from privfedcal.errors import UsageError
+from privfedcal.privacy.accounting import ReleasePlan, compute_epsilon
+from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.releases import USER_DP_RELEASE
+from privfedcal.privacy.transcript import Transcript, record_model_updates
+from privfedcal.tensors import nonfinite_key
+
+if TYPE_CHECKING:
+    from privfedcal.privacy.dp_stage import DPStage
+
+State = dict[str, Tensor]
+
+#: default L2 bound S of a client's update (the digits MLP's two-epoch updates have norms
+#: of a few units: 1.0 clips most of them, as DP-FedAvg intends)
+DEFAULT_UPDATE_CLIP = 1.0
+
+#: what the user-level guarantee assumes (summary.json, docs/privacy-dp.md)
+USER_DP_ASSUMPTIONS = [
+    "user level: neighbouring federations differ in one client's whole data, present or "
+    "absent (zero-out adjacency; replace-one doubles the sensitivity)",
+    "no amplification by client sampling: the selection comes from the public seed, so each "
+    "round a client takes part in is a full Gaussian release (q = 1)",
+    "the average divides by the public number of clients asked per round, never by a count "
+    "or size that depends on the data",
+    "central noise: the server is trusted with the clipped updates; distributed noise "
+    "(--secagg-updates): the key holder does not collude with the server",
+    "noise drawn from OS entropy (no --insecure-seeded-noise)",
+]
+
+
+def floating_keys(state: State) -> list[str]:
+    """The entries an update carries: every floating-point tensor (integer buffers such as
+    BatchNorm's counters are not averaged under DP and keep the global value)."""
+    return [k for k, v in state.items() if v.is_floating_point()]
+
+
+def model_delta(state: State, reference: State) -> State:
+    """``state - reference`` on the floating entries, in float64."""
+    return {k: state[k].detach().to(torch.float64) - reference[k].detach().to(torch.float64)
+            .to(state[k].device) for k in floating_keys(reference)}
+
+
+def update_norm(delta: State) -> float:
+    """The L2 norm of the whole update (every entry flattened into one vector)."""
+    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in delta.values()))
+
+
+def clip_update(delta: State, clip: float) -> State:
+    """``delta * min(1, S / ||delta||)``: the whole update scaled into the ball of radius
+    ``clip``; an update already inside comes back unchanged."""
+    if not (math.isfinite(clip) and clip > 0):
+        raise UsageError(f"update clip must be a finite number > 0, got {clip}")
+    norm = update_norm(delta)
+    if norm <= clip:
+        return dict(delta)
+    return {k: v * (clip / norm) for k, v in delta.items()}
+
+
+def gaussian_noise(like: State, std: float, generator: torch.Generator) -> State:
+    """Independent ``N(0, std^2)`` for every coordinate of ``like`` (float64)."""
+    return {k: std * torch.randn(v.shape, generator=generator, dtype=torch.float64,
+                                 device=generator.device).to(v.device)
+            for k, v in like.items()}
+
+
+def distributed_share(clients: int) -> float:
+    """Each client's share of the noise variance under secure aggregation: ``1/(m - 1)``
+    of the ``m`` clients asked, so that any ``m - 1`` shares carry the full variance."""
+    return 1.0 if clients <= 2 else 1.0 / (clients - 1)
+
+
+def release_plan(steps: int, share: float | None) -> ReleasePlan:
+    """The accountant's plan of the updates: ``steps`` Gaussian releases at q = 1 (the most
+    rounds any client takes part in), with a ``share`` of the budget beside calibration
+    releases (None: alone, it takes the whole budget)."""
+    return ReleasePlan(USER_DP_RELEASE, 1.0, steps, share=share)
+
+
+@dataclass
+class UserDP:
+    """DP-FedAvg's clipping, noise and charge for one run; ``dp`` holds the noise plan and
+    the per-client accountants and ledgers (privacy/dp_stage.py)."""
+
+    dp: DPStage
+    clip: float
+    denominator: int  # clients asked per round: public
+    distributed: bool  # --secagg-updates: the clients add the noise, in shares
+    seed: int = 0
+    seeded: bool = False
+    label = USER_DP_RELEASE
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise UsageError(f"--dp-update-clip must be a finite number > 0, got {self.clip}")
+        if self.denominator < 1:
+            raise UsageError(f"DP-FedAvg needs >= 1 client per round, got {self.denominator}")
+        if self.label not in self.dp.sigmas:
+            raise UsageError("the noise plan has no model-update release: --dp-updates was "
+                             "not planned")
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.dp.sigmas[self.label]
+
+    @property
+    def std(self) -> float:
+        """Std of the noise on the SUM of clipped updates: ``z * S``."""
+        return self.noise_multiplier * self.clip
+
+    def client_share(self) -> float:
+        """Variance share each client adds: 0 with central noise."""
+        return distributed_share(self.denominator) if self.distributed else 0.0
+
+    # ---- one round -----------------------------------------------------------------------
+    def open(self, clients: list[int]) -> None:
+        """Before training: the server's budget check, then each client's own ledger."""
+        self.dp.check(self.label, clients)
+        self.dp.admit(self.label, clients)
+
+    def close(self, clients: list[int]) -> None:
+        self.dp.record(self.label, clients)
+
+    def client_update(self, global_state: State, state: State, round_: int,
+                      client: int) -> State:
+        """Client side: its clipped update, plus its noise share when distributed."""
+        delta = clip_update(model_delta(state, global_state), self.clip)
+        share = self.client_share()
+        if share > 0:
+            g = noise_generator(self.seed, round_, client, 301, seeded=self.seeded)
+            noise = gaussian_noise(delta, self.std * math.sqrt(share), g)
+            delta = {k: v + noise[k] for k, v in delta.items()}
+        return delta
+
+    def server_noise(self, total: State, round_: int) -> State:
+        """Server side, central noise: ``N(0, (z S)^2)`` on the sum (none when distributed)."""
+        if self.distributed:
+            return total
+        g = noise_generator(self.seed, round_, -1, 302, seeded=self.seeded)
+        noise = gaussian_noise(total, self.std, g)
+        return {k: v + noise[k] for k, v in total.items()}
+
+    def apply(self, global_state: State, total: State) -> State:
+        """The new global state: ``global + total / m`` (integer buffers: the global ones)."""
+        out = dict(global_state)
+        for k, v in total.items():
+            g = global_state[k]
+            out[k] = (g.to(torch.float64) + v.to(g.device) / self.denominator).to(g.dtype)
+        return out
+
+    def receive(self, trainer: Any, jobs: list, global_state: State, selected: list[int],
+                round_: int, transcript: Transcript, recipe: dict[str, Any],
+                secure_average: Callable[..., State] | None) -> tuple[list, State, int, list]:
+        """``Simulator.receive_updates`` under DP-FedAvg: returns (results, new global
+        state, bytes uploaded, results for the divergence check). No training loss leaves a
+        client (it is data-dependent); a non-finite local model is reported by the
+        divergence check and not summed. ``secure_average`` is the uplink's CKKS average
+        (``Uplink.average_updates``) under --secagg-updates, else None."""
+        self.open(selected)
+        markers: list[State] = []
+        total: State = {}
+        sent_bytes = 0
+
+        def take(state: State) -> State | None:
+            nonlocal sent_bytes
+            i = len(markers)
+            bad = nonfinite_key(state)
+            markers.append({} if bad is None else {bad: torch.tensor(float("nan"))})
+            sent_bytes += sum(v.numel() * v.element_size() for v in state.values())
+            return None if bad is not None else self.client_update(global_state, state, round_,
+                                                                   selected[i])
+
+        if secure_average is None:
+            def consume(state: State) -> None:
+                delta = take(state)
+                if delta is None:
+                    return
+                # what the server receives: the global state moved by the clipped update
+                seen = {k: (global_state[k].double() + d).to(global_state[k].dtype)
+                        for k, d in delta.items()}
+                record_model_updates(transcript, round_, [selected[len(markers) - 1]], [seen],
+                                     [1.0], recipe)
+                for k, d in delta.items():
+                    total[k] = total[k] + d if k in total else d.clone()
+
+            results = trainer.train(global_state, jobs, round_, consume=consume)
+            new = self.apply(global_state, self.server_noise(total, round_)) if total \
+                else dict(global_state)
+        else:
+            results = trainer.train(global_state, jobs, round_)
+            deltas = [take(r.state) for r in results]
+            if any(d is None for d in deltas):  # the divergence check stops the run
+                new = dict(global_state)
+            else:
+                uploads = [{k: (global_state[k].double() + d[k]).to(global_state[k].dtype)
+                            for k in d} for d in deltas]  # type: ignore[union-attr]
+                avg = secure_average(global_state, uploads, [1.0] * len(uploads), selected,
+                                     round_=round_, transcript=transcript)
+                # the secure average divides by the uploads summed; DP-FedAvg by m
+                total = {k: (avg[k].double() - global_state[k].double()) * len(uploads)
+                         for k in floating_keys(global_state)}
+                new = self.apply(global_state, total)
+        self.close(selected)
+        results = [r._replace(loss=None) for r in results]
+        checked = [r._replace(state=m) for r, m in zip(results, markers, strict=True)]
+        return results, new, sent_bytes, checked
+
+    # ---- report ----------------------------------------------------------------------------
+    def user_epsilon(self) -> float:
+        """The largest epsilon any client has spent on its model updates alone (user level)."""
+        worst = 0.0
+        for client, acc in self.dp.per_client.items():
+            if client < 0:
+                continue
+            history = [(z, q, t) for z, q, t, lab in acc.state_dict()["history"]
+                       if lab == self.label]
+            if history:
+                worst = max(worst, compute_epsilon(history, acc.kind, acc.delta))
+        return worst
+
+    def summary(self) -> dict[str, Any]:
+        eps = self.user_epsilon()
+        where = ("distributed: each client adds 1/(m-1) of the variance before CKKS "
+                 "encryption, the server sees only the noisy sum" if self.distributed else
+                 "central: the server adds it to the sum of the clipped updates it received")
+        against = ("every party but a key holder colluding with the server" if self.distributed
+                   else "anyone who sees the global models, NOT the server (it receives each "
+                   "clipped update: add --secagg-updates to hide them)")
+        statement = (f"model updates: ({eps:.3f}, {self.dp.delta:.2g})-DP at user level "
+                     f"(one client's whole data) for the worst-off client, DP-FedAvg with "
+                     f"update clip {self.clip:g}, noise multiplier "
+                     f"{self.noise_multiplier:.4g}, {where}; holds against {against}; no "
+                     "amplification by client sampling")
+        return {"user_dp": {"epsilon_spent": eps, "delta": self.dp.delta,
+                            "noise_multiplier": self.noise_multiplier,
+                            "update_clip": self.clip, "noise_std_of_sum": self.std,
+                            "denominator": self.denominator, "sample_rate": 1.0,
+                            "noise": "distributed" if self.distributed else "central",
+                            "assumptions": USER_DP_ASSUMPTIONS, "statement": statement}}
+
+
+__all__ = ["DEFAULT_UPDATE_CLIP", "USER_DP_ASSUMPTIONS", "UserDP", "clip_update",
+           "distributed_share", "gaussian_noise", "model_delta", "release_plan",
+           "update_norm"]
