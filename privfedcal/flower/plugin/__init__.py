@@ -1,0 +1,24 @@
+"""privfedcal's calibration with its protections as a plugin for a Flower app of one's own.
+
+Client (the user's ``ClientApp``)::
+
+    CalibrationClient(Net, data=trainloader_of, head="fc3").attach(app)
+
+Server (the user's ``ServerApp`` main, after ``strategy.start``)::
+
+    summary = calibrate(grid, model, context, method="ccvr", head="fc3", test_data=testloader)
+
+Both read privfedcal's settings from keyword arguments and the run config's
+``privfedcal.*`` keys (``privfedcal.dp-eps``, ``privfedcal.secagg``,
+``privfedcal.hide-counts``...; ``settings.py``); a node also from its node config, never
+from the server's messages. ``HeadAdapter`` shows the user's model to the calibrators
+through its head's input (a forward pre-hook) without renaming anything. See
+docs/flower.md.
+"""
+
+from privfedcal.flower.plugin.client import CalibrationClient
+from privfedcal.flower.plugin.head import HeadAdapter, find_head
+from privfedcal.flower.plugin.server import calibrate
+from privfedcal.flower.plugin.settings import PluginSettings
+
+__all__ = ["CalibrationClient", "HeadAdapter", "PluginSettings", "calibrate", "find_head"]

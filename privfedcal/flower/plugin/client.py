@@ -1,0 +1,246 @@
+"""The node's side of privfedcal's calibration, for a Flower ``ClientApp`` of one's own.
+
+``CalibrationClient(model, data, head="fc3").attach(app)`` registers on the user's
+``ClientApp`` the query handlers that privfedcal's server side sends
+(``flower/server.py``, ``flower/protection.py``):
+
+* ``query.hello``: the node's partition id and sample count, and the digest of its
+  settings (``settings.py``), which the server checks against its own before any release;
+* ``query.payload``: the calibrator's payload task (``flower/tasks.py``: a registered
+  description, never a pickle) computed on the node's data under the model state the
+  server sent, then the uplink's client halves (``flower/protection.py`` ``client_upload``:
+  the bound inside the task, this node's own DP noise from OS entropy, CKKS encryption under
+  the key holder's public context, padding), counted in the node's own ledger
+  (``flower/node_ledger.py``: a release past the planned count is refused before anything
+  is computed);
+* ``query.keygen`` / ``query.decrypt``: the CKKS key holder's role, on the node whose
+  ``partition-id`` is ``flower.key-holder`` (``flower/protection.py`` ``keygen``/``decrypt``);
+* ``query.hold``: privfedcal's own ClientApp's hold (``flower.hold``).
+
+These are the handlers of privfedcal's own ClientApp (``flower/client_app.py``) with the
+node's experiment replaced by the user's model (``HeadAdapter``) and data (``data.py``).
+Every setting of the protection comes from the node's keyword arguments, run config and node
+config (``settings.py``), never from a server's message; a task whose class is not the one
+the node's calibrator declares for the release's label is refused. A handler that fails
+sends its error's code only (``client_app.error_reply``), as privfedcal's ClientApp does.
+
+What the plugin does not protect: the user's own messages (``train``, ``evaluate``), which
+carry model updates and metrics as the user's app sends them (docs/flower.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from privfedcal.errors import UsageError
+from privfedcal.flower.client_app import error_reply
+from privfedcal.flower.client_app import hold as hold_handler
+from privfedcal.flower.node_ledger import node_release
+from privfedcal.flower.plugin import data as node_data
+from privfedcal.flower.plugin.head import HeadAdapter
+from privfedcal.flower.plugin.settings import PluginSettings, from_keywords, gather, resolve
+from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
+from privfedcal.flower.records import record_to_state
+from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
+from privfedcal.privacy.error_codes import Refused
+
+__all__ = ["ACTIONS", "CalibrationClient"]
+
+#: the query actions ``attach`` registers (message types ``query.<action>``)
+ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold")
+
+
+@dataclass
+class NodeRun:
+    """What one message needs: the node's settings, uplink and partition id."""
+
+    settings: PluginSettings
+    uplink: Any
+    partition: int
+
+    def meta(self) -> ConfigRecord:
+        return ConfigRecord({"partition-id": self.partition})
+
+
+def _call(source: Any, context: Context) -> Any:
+    """``source`` itself, or what it returns: called with the node's Context if it takes
+    an argument, else with none (a model class, ``lambda: loader``)."""
+    if not callable(source) or isinstance(source, nn.Module):
+        return source
+    if inspect.isclass(source):  # a model class: built without arguments
+        return source()
+    try:
+        params = inspect.signature(source).parameters
+    except (TypeError, ValueError):
+        params = {}
+    wanted = [p for p in params.values() if p.default is p.empty
+              and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return source(context) if wanted else source()
+
+
+class CalibrationClient:
+    """A node's calibration handlers (module docstring).
+
+    ``model``: the user's ``torch.nn.Module``, or a callable returning one (the model class,
+    ``lambda: Net()``); its head is the ``Linear`` named ``head`` (or the last one; see
+    ``HeadAdapter``). ``data``: the node's training data as a ``DataLoader`` or ``Dataset``,
+    or a callable taking the node's ``Context`` (or nothing) and returning one (for data
+    chosen by ``partition-id``); batches are ``(x, y)`` or mappings (``batch_keys``).
+    ``num_classes``: the head's outputs by default. ``settings``: privfedcal's settings by
+    keyword (``dp_eps=8.0, dp_clip=5.0, secagg=True, hide_counts=True, method="ccvr"``),
+    overridden by the run config's and node config's ``privfedcal.*`` keys (settings.py).
+    """
+
+    def __init__(self, model: Any, data: Any, *, head: str | None = None,
+                 num_classes: int | None = None, batch_size: int = 256,
+                 batch_keys: tuple[str, str] | None = None, device: str = "cpu",
+                 **settings: Any) -> None:
+        if model is None or data is None:
+            raise UsageError("CalibrationClient needs a model and the node's data")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UsageError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if batch_keys is not None and (len(batch_keys) != 2
+                                       or not all(isinstance(k, str) for k in batch_keys)):
+            raise UsageError(f"batch_keys must be (inputs key, labels key), got {batch_keys!r}")
+        self.model_source, self.data_source = model, data
+        self.head, self.num_classes = head, num_classes
+        self.batch_size, self.batch_keys, self.device = batch_size, batch_keys, device
+        self.keywords = dict(settings)
+        from_keywords(self.keywords)  # an unknown name fails here, not at the first message
+        self._adapter: HeadAdapter | None = None
+        self._checked = False
+        self._runs: dict[tuple[int, str], Any] = {}  # (run id, digest) -> the node's uplink
+
+    # ---- registration -------------------------------------------------------------------
+    def attach(self, app: ClientApp) -> ClientApp:
+        """Register the handlers on ``app`` (``query.hello``, ``query.payload``, ...);
+        returns ``app``. A ClientApp that already handles one of them is refused."""
+        if not isinstance(app, ClientApp):
+            raise UsageError(f"attach takes a flwr ClientApp, got {type(app).__name__}")
+        handlers: dict[str, Callable[[Message, Context], Message]] = {
+            "hello": self.hello, "payload": self.payload, "keygen": self.keygen,
+            "decrypt": self.decrypt, "hold": hold_handler}
+        for action in ACTIONS:
+            try:
+                app.query(action)(self._coded(handlers[action]))
+            except ValueError as exc:  # Flower's: already registered, or a client_fn app
+                raise UsageError(f"cannot register query.{action} on this ClientApp: "
+                                 f"{str(exc).splitlines()[0]}") from None
+        return app
+
+    @staticmethod
+    def _coded(fn: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+        """``fn`` whose exceptions become an error reply carrying their code only."""
+        def handler(msg: Message, context: Context) -> Message:
+            try:
+                return fn(msg, context)
+            except Exception as exc:  # noqa: BLE001 - answered with its code only
+                return error_reply(msg, exc)
+        handler.__name__ = getattr(fn, "__name__", "handler")
+        return handler
+
+    # ---- the node's parts ------------------------------------------------------------------
+    def adapter(self, context: Context) -> HeadAdapter:
+        if self._adapter is None:
+            model = _call(self.model_source, context)
+            self._adapter = HeadAdapter(model, self.head, self.num_classes)
+            self._adapter.to(self.device)
+        return self._adapter
+
+    def data(self, context: Context) -> Any:
+        return _call(self.data_source, context)
+
+    def _batches_kwargs(self, adapter: HeadAdapter) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "batch_keys": self.batch_keys,
+                "device": self.device, "num_classes": adapter.num_classes}
+
+    def node_run(self, context: Context) -> NodeRun:
+        """The node's settings (from its own configuration), partition id and uplink."""
+        from privfedcal.experiment import calibrator_class
+        from privfedcal.protection import build_uplink
+
+        nc = context.node_config
+        if "partition-id" not in nc:
+            raise UsageError("this node has no partition-id: start it with --node-config "
+                             "'partition-id=K num-partitions=N' (K in 0..N-1)")
+        partition = int(nc["partition-id"])
+        parts = nc.get("num-partitions")
+        settings = resolve(gather(self.keywords, context.run_config, nc),
+                           clients=None if parts is None else int(parts))
+        if not 0 <= partition < settings.cfg.clients:
+            raise UsageError(f"node partition-id={partition} is outside "
+                             f"0..{settings.cfg.clients - 1}")
+        key = (int(context.run_id), settings.digest())
+        if key not in self._runs:
+            # the public N the plan uses (settings.examples); unset, this node's own size
+            # stands in for the planner's range checks (delta was fixed without it)
+            n = settings.examples or self.size(context)
+            planned = types.SimpleNamespace(num_examples=n, spec=None)
+            self._runs = {key: build_uplink(settings.cfg, planned,
+                                            calibrator_class(settings.cfg))}
+        return NodeRun(settings, self._runs[key], partition)
+
+    def size(self, context: Context) -> int:
+        adapter = self.adapter(context)
+        return node_data.num_samples(self.data(context), **self._batches_kwargs(adapter))
+
+    # ---- handlers -----------------------------------------------------------------------
+    def hello(self, msg: Message, context: Context) -> Message:
+        run = self.node_run(context)
+        meta = ConfigRecord({"partition-id": run.partition,
+                             "num-partitions": run.settings.cfg.clients,
+                             "settings": run.settings.digest()})
+        return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
+            {"num-examples": self.size(context)})}), reply_to=msg)
+
+    def payload(self, msg: Message, context: Context) -> Message:
+        from privfedcal.experiment import calibrator_class
+
+        run = self.node_run(context)
+        content = msg.content
+        config = content["config"]
+        label = str(config["label"])
+        declared = {r.label: r.task for r in calibrator_class(run.settings.cfg).releases}
+        with node_release(context, run.uplink, label):
+            task = task_from_records(content[TASK_CONFIG], content[TASK_ARRAYS], self.device)
+            if declared.get(label) is not type(task):
+                raise Refused(f"release {label!r} with task {type(task).__name__} is not "
+                              f"one this node's {run.settings.method} makes")
+            adapter = self.adapter(context)
+            adapter.load_state_dict(record_to_state(content["state"], self.device))
+            adapter.eval()
+            data = self.data(context)
+            kwargs = self._batches_kwargs(adapter)
+            if not self._checked:
+                x, _ = next(iter(node_data.batches(data, **kwargs)))
+                adapter.check(x)
+                self._checked = True
+            upload = node_data.compute(task, adapter, data, run.uplink.bound, **kwargs)
+            records = client_upload(run.uplink, upload, label=label,
+                                    round_=int(config["round"]), client=run.partition,
+                                    secagg=content.config_records.get(SECAGG))
+        return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
+
+    def _key_holder(self, context: Context) -> NodeRun:
+        run = self.node_run(context)
+        if not (run.settings.cfg.secagg and run.partition == run.settings.options.key_holder):
+            raise UsageError(f"client {run.partition} is not this run's CKKS key holder")
+        return run
+
+    def keygen(self, msg: Message, context: Context) -> Message:
+        run = self._key_holder(context)
+        records = dict(keygen(context, msg.content["config"]))
+        return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
+
+    def decrypt(self, msg: Message, context: Context) -> Message:
+        run = self._key_holder(context)
+        records = dict(decrypt(context, msg.content["config"], run.uplink))
+        return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)

@@ -1,0 +1,245 @@
+"""The server's side of privfedcal's calibration, for a Flower ``ServerApp`` of one's own:
+one call after the user's strategy has trained the model.
+
+    result = strategy.start(grid=grid, initial_arrays=..., num_rounds=...)
+    model.load_state_dict(result.arrays.to_torch_state_dict())
+    summary = calibrate(grid, model, context, method="ccvr", head="fc3", test_data=testloader)
+
+What is shared with privfedcal's own ServerApp, unchanged:
+
+* ``FlowerSimulator`` (``flower/server.py``): ``collect`` (the release opened by the uplink,
+  the task sent as a description with the model state, the replies through
+  ``Uplink.server_side``: uploads validated, a malformed or NaN one rejected and named in
+  ``rejected_uploads``, lost nodes named in ``dropped_clients``, the noise topped up for
+  them), the CKKS key holder as a node (``RemoteKeys``), the dropout rule
+  (``flower.min-replies``, never below ``cohorts.secure_minimum`` for a secure sum),
+  ``finish`` (the calibrator's post-hoc step, the evaluation, summary.json with
+  ``privacy`` and its ``whole_run`` check of the secure sums, the notes);
+* ``GridLink`` (``flower/link.py``): every exchange, deadlines, error replies kept as codes;
+* the planner (``protection.build_uplink``): the releases the calibrator declares
+  (``ReleaseSpec``), the noise plan, accountant and budget ledger (``DPStage``), CKKS
+  set-up, hidden counts, cohorts and minimum contributors, all from privfedcal's
+  ``RunConfig`` built from the plugin's settings (``settings.py``), as every node builds it;
+* the calibrators (``calibration/ccvr.py``, ``calibration/creff.py``) and the run folder
+  (``config.json``, ``server/transcript/``, ``summary.json``, ``metrics.jsonl``, ``final/``).
+
+What is the plugin's own: the server's experiment wraps the user's model (``HeadAdapter``)
+and test data (evaluated batch by batch) instead of a privfedcal dataset; the nodes'
+sample counts come from ``query.hello`` (checked with the digest of each node's settings
+before any release); training is the user's, so the loop runs the calibration only: CCVR's
+one release, or CReFF's ``rounds`` rounds of class-gradient releases on the final
+extractor. The calibrated head is written into the user's model, under its own parameter
+names, and the run's ``final/`` checkpoint holds the user's state dict.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from flwr.app import Context
+from flwr.serverapp import Grid
+from torch import Tensor
+
+from privfedcal.errors import ReleaseSkipped, UsageError
+from privfedcal.federation.checkpoint import save_checkpoint
+from privfedcal.federation.simulator import RoundContext
+from privfedcal.flower.link import FlowerRoundError, GridLink
+from privfedcal.flower.plugin import data as plugin_data
+from privfedcal.flower.plugin.head import HeadAdapter
+from privfedcal.flower.plugin.settings import PluginSettings, gather, resolve
+from privfedcal.flower.server import FlowerSimulator
+from privfedcal.seeding import make_generator
+from privfedcal.tensors import State
+
+__all__ = ["PluginSimulator", "calibrate"]
+
+log = logging.getLogger("privfedcal.flower")
+
+
+@dataclass
+class ServerData:
+    """What the server's experiment holds of data: the classes, an empty batch of the test
+    inputs' shape (the example payload's input) and the user's test data."""
+
+    name: str
+    num_classes: int
+    x_test: Tensor
+    y_test: Tensor
+    test: Any
+
+
+class PluginSimulator(FlowerSimulator):
+    """``FlowerSimulator`` over the user's model and test data, running calibration only."""
+
+    batch_kwargs: dict[str, Any]
+    accuracy_before: float | None = None
+
+    def evaluate(self, state: State, transform: Any = None) -> dict[str, Any]:
+        """``Simulator.evaluate`` over the user's test batches (same fields)."""
+        key = (id(state), id(transform))
+        if self._last_eval is not None and self._last_eval[0] == key:
+            return self._last_eval[2]
+        model, c = self.exp.model, self.exp.data.num_classes
+        model.load_state_dict(state)
+        model.eval()
+        correct = torch.zeros(c, dtype=torch.float64)
+        seen = torch.zeros(c, dtype=torch.float64)
+        loss = 0.0
+        with torch.no_grad():
+            for x, y in plugin_data.batches(self.exp.data.test, **self.batch_kwargs):
+                z = model.features(x)
+                logits = model.classifier(z if transform is None else transform(z)).float()
+                loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                hit = (logits.argmax(1) == y).double().cpu()
+                correct.index_add_(0, y.cpu(), hit)
+                seen.index_add_(0, y.cpu(), torch.ones_like(hit))
+        n = float(seen.sum())
+        if n == 0:
+            raise UsageError("test_data is empty")
+        per_class = [None if s == 0 else round(float(k / s), 6)
+                     for k, s in zip(correct.tolist(), seen.tolist(), strict=True)]
+        result = {"accuracy": float(correct.sum()) / n, "loss": loss / n,
+                  "per_class_accuracy": per_class}
+        self._last_eval = (key, (state, transform), result)
+        return result
+
+    def extra_summary(self) -> dict[str, Any]:
+        extra = super().extra_summary()
+        model = self.exp.model
+        extra["plugin"] = {"model": type(model.net).__name__, "head": model.head_name,
+                           "nodes": self.cfg.clients, "examples": self.exp.num_examples}
+        if not hasattr(self.calibrator, "_install"):  # CReFF: CCVR's _install records it
+            extra["accuracy_before_calibration"] = self.accuracy_before
+        return extra
+
+    def run_calibration(self) -> dict[str, Any]:
+        """The calibrator's rounds on the final model (CReFF's per-round releases), then
+        ``finish`` (CCVR's release, the evaluation, summary.json); returns the summary."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        self.accuracy_before = self.evaluate(self.global_state)["accuracy"]
+        per_round = any(r.participants != "all" for r in self.calibrator.releases)
+        for round_ in range(1, cfg.rounds + 1) if per_round else ():
+            t0 = time.perf_counter()
+            selected = self.select_clients(round_)
+            ctx = RoundContext(self, round_, self.global_state, self.global_state, selected,
+                               make_generator(cfg.seed, round_, 0, 4))
+            try:
+                self.calibrator.after_round(ctx)
+            except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
+                self.notes.append(str(exc))
+            ev = self.evaluate(self.checked_eval_state(round_))
+            record = {"round": round_, "train_loss": None, "accuracy": ev["accuracy"],
+                      "loss": ev["loss"], "per_class_accuracy": ev["per_class_accuracy"],
+                      "seconds": round(time.perf_counter() - t0, 4)}
+            info = getattr(self.calibrator, "last_round_info", None)
+            if info:
+                record["calibration"] = info
+            self.history.append(record)
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        self.elapsed += time.perf_counter() - start
+        return self.finish()
+
+
+def _server_settings(grid: Grid, run_config: dict[str, Any], keywords: dict[str, Any]
+                     ) -> PluginSettings:
+    nodes = len(list(grid.get_node_ids()))
+    return resolve(gather(keywords, run_config), clients=nodes or None)
+
+
+def _hello(link: GridLink, settings: PluginSettings) -> dict[int, int]:
+    """Every node's sample count, after checking that it runs these settings."""
+    want = settings.digest()
+    sizes: dict[int, int] = {}
+    other: list[int] = []
+    for client, reply in sorted(link.discover().items()):
+        if str(reply.content["meta"].get("settings", "")) != want:
+            other.append(client)
+        sizes[client] = int(reply.content["metrics"]["num-examples"])
+    if other:
+        raise FlowerRoundError(
+            f"client(s) {other} run other privfedcal settings than the server (method, "
+            "clients, examples, DP, secure aggregation or calibration options differ): "
+            "give every node and the server the same privfedcal.* settings")
+    missing = sorted(set(range(settings.cfg.clients)) - set(sizes))
+    if missing:
+        raise FlowerRoundError(f"no node holds partition-id(s) {missing}")
+    return sizes
+
+
+def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None, *,
+              test_data: Any, method: str | None = None, head: str | None = None,
+              num_classes: int | None = None, out: str | Path | None = None,
+              batch_size: int = 256, batch_keys: tuple[str, str] | None = None,
+              device: str = "cpu", **settings: Any) -> dict[str, Any]:
+    """Calibrate ``model``'s head with CCVR or CReFF over the nodes of ``grid``, under every
+    protection the settings ask for; returns the run's summary (summary.json).
+
+    ``model``: the trained ``torch.nn.Module`` (its head ``head``, or the last ``Linear``);
+    its head is replaced in place by the calibrated one, under its own parameter names.
+    ``context``: the ServerApp's Context, whose run config's ``privfedcal.*`` keys override
+    the keyword ``settings`` (``dp_eps``, ``dp_clip``, ``secagg``, ``hide_counts``, ``rounds``,
+    ``key_holder``, ``min_replies``, ``examples``, ``calibration_params``...; settings.py).
+    ``method``: ``"ccvr"`` (default) or ``"creff"``. ``test_data``: the server's test
+    ``DataLoader`` or ``Dataset`` (accuracy before and after). ``out``: the run folder
+    (default ``runs/flower-plugin-<method>-<run id>``). The nodes must run
+    ``CalibrationClient`` with the same settings (checked before any release).
+    """
+    from privfedcal.algorithms import create_algorithm
+    from privfedcal.experiment import build_calibrator
+    from privfedcal.federation.setup import Experiment
+    from privfedcal.protection import build_uplink
+
+    if test_data is None:
+        raise UsageError("calibrate needs test_data: the server's test DataLoader or Dataset")
+    keywords = dict(settings)
+    if method is not None:
+        keywords["method"] = method
+    run_config = dict(context.run_config) if context is not None else {}
+    run_id = int(context.run_id) if context is not None else 0
+    adapter = HeadAdapter(model, head, num_classes)
+    adapter.to(device)
+    s = _server_settings(grid, run_config, keywords)
+    if s.cfg.calibration_params.get("tukey"):
+        raise UsageError("CCVR's tukey option transforms features at inference, which the "
+                         "model's own forward does not: leave it off in the plugin")
+    run_dir = Path(out) if out else Path("runs") / f"flower-plugin-{s.method}-{run_id}"
+    link = GridLink(grid, s.cfg.clients, s.options)
+    sizes = _hello(link, s)
+    n = s.examples or sum(sizes.values())
+    batch_kwargs = {"batch_size": batch_size, "batch_keys": batch_keys, "device": device,
+                    "num_classes": adapter.num_classes}
+    x, _ = next(iter(plugin_data.batches(test_data, **batch_kwargs)), (None, None))
+    if x is None:
+        raise UsageError("test_data is empty")
+    adapter.check(x)
+    cfg = s.cfg.replace(out=str(run_dir), model=type(model).__name__)
+    data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
+                      torch.zeros(0, dtype=torch.long, device=x.device), test_data)
+    exp = Experiment(cfg, torch.device(device), data, None, None, adapter,
+                     create_algorithm("fedavg", num_classes=adapter.num_classes),
+                     None, None, [], n)  # type: ignore[arg-type]
+    calibrator = build_calibrator(cfg, exp)
+    uplink = build_uplink(cfg, exp, calibrator)
+    sim = PluginSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
+                          key_holder=s.options.key_holder,
+                          run_record={"flower_run_id": run_id})
+    sim.batch_kwargs = batch_kwargs
+    sim.sizes = dict(sizes)
+    summary = sim.run_calibration()
+    final = sim.calibrator.eval_state(sim.global_state)
+    adapter.load_state_dict(final)
+    # the run's final model under the user's names: loadable into the user's model
+    save_checkpoint(run_dir / "final", {"model": adapter.user_state(final)})
+    link.close()
+    log.info("privfedcal %s: accuracy %.4f -> %.4f", s.method,
+             summary.get("accuracy_before_calibration") or float("nan"), summary["accuracy"])
+    return summary
