@@ -60,6 +60,8 @@ def add_canaries(exp: Any, per_client: int, generator: torch.Generator
     if data.domains_train is not None:
         extra["domains_train"] = torch.cat([data.domains_train,
                                             data.domains_train.new_zeros(m)])
+    if data.users_train is not None:  # read by the partition only, which is already drawn
+        extra["users_train"] = torch.cat([data.users_train, data.users_train.new_zeros(m)])
     exp.data = dataclasses.replace(data, **extra)
     ids = torch.arange(first, first + m)
     for k in range(clients):

@@ -57,6 +57,10 @@ class Dataset:
     domains_train: Tensor | None = None
     domain_names: list[str] | None = None
     domains_test: Tensor | None = None
+    #: the user of every training sample (``--partition natural``: one client per user) and
+    #: the users' names by id; None where the files give no users
+    users_train: Tensor | None = None
+    user_names: list[str] | None = None
 
     def __post_init__(self) -> None:
         for split, x, y in (("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test)):
@@ -68,6 +72,8 @@ class Dataset:
             raise UsageError(f"{self.name}: need one mean and one std per channel")
         if self.domains_train is not None and self.domains_train.shape != self.y_train.shape:
             raise UsageError(f"{self.name}: need one domain id per training sample")
+        if self.users_train is not None and self.users_train.shape != self.y_train.shape:
+            raise UsageError(f"{self.name}: need one user id per training sample")
 
     @property
     def num_classes(self) -> int:
@@ -156,7 +162,10 @@ def load_dataset(spec: str, data_root: str | Path | None = None, *,
     - imagefolder:PATH: ``PATH/train/<class>/*`` and ``PATH/test/<class>/*`` (``valid/`` is
       ignored), or ``PATH/<domain>/<class>/*``: every domain keeps round(20%) of its images for
       test (fixed seed per domain name) and ``domains_train`` holds each sample's domain.
-    - npz:PATH: see :func:`privfedcal.data.formats.read_npz`; augmented only with 3 channels.
+      Users (``users_train``, for ``--partition natural``) are the user folders of
+      ``PATH/train/<user>/<class>/*``, or the domain folders of ``PATH/<domain>/<class>/*``.
+    - npz:PATH: see :func:`privfedcal.data.formats.read_npz` (its ``users`` array gives
+      ``users_train``); augmented only with 3 channels.
     """
     name, sep, arg = spec.partition(":")
     if name not in LOADERS:
@@ -288,9 +297,10 @@ def _load_stl10(_arg: str, root: Path | None, download: bool) -> Dataset:
 
 @LOADERS.register("npz")
 def _load_npz(arg: str, _root: Path | None, _download: bool) -> Dataset:
-    x_tr, y_tr, x_te, y_te, classes = read_npz(Path(arg).expanduser())
-    return from_pixels(f"npz:{arg}", x_tr, y_tr, x_te, y_te, classes,
-                       augment=x_tr.shape[1] == 3)
+    im = read_npz(Path(arg).expanduser())
+    return from_pixels(f"npz:{arg}", im.x_train, im.y_train, im.x_test, im.y_test, im.classes,
+                       augment=im.x_train.shape[1] == 3, users_train=im.users_train,
+                       user_names=im.user_names)
 
 
 @LOADERS.register("imagefolder")
@@ -300,12 +310,16 @@ def _load_imagefolder(arg: str, _root: Path | None, _download: bool) -> Dataset:
         raise UsageError(f"imagefolder: {path} is not a directory")
     name = f"imagefolder:{arg}"
     if (path / "train").is_dir():
-        x_tr, y_tr, x_te, y_te, classes = read_split_folders(path)
-        return from_pixels(name, x_tr, y_tr, x_te, y_te, classes, augment=True)
+        im = read_split_folders(path)
+        return from_pixels(name, im.x_train, im.y_train, im.x_test, im.y_test, im.classes,
+                           augment=True, users_train=im.users_train, user_names=im.user_names)
     split = read_domain_folders(path, test_fraction=0.2, seed_of=_domain_seed)
+    # every domain folder is also a user (--partition natural: one client per folder, the
+    # same clients as --partition domains)
     return from_pixels(name, split.x_train, split.y_train, split.x_test, split.y_test,
                        split.classes, augment=True, domains_train=split.domains_train,
-                       domains_test=split.domains_test, domain_names=split.domain_names)
+                       domains_test=split.domains_test, domain_names=split.domain_names,
+                       users_train=split.domains_train, user_names=split.domain_names)
 
 
 def _domain_seed(domain: str) -> np.random.Generator:

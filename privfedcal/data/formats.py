@@ -6,9 +6,12 @@
   so a crafted file cannot run code.
 - STL-10 binary: ``{split}_X.bin`` uint8 images stored column-major (3, 96, 96) each,
   ``{split}_y.bin`` uint8 labels 1..10.
-- npz: ``x_train, y_train, x_test, y_test`` (optional ``classes``), see :func:`read_npz`.
+- npz: ``x_train, y_train, x_test, y_test`` (optional ``classes``; optional ``users``, one
+  user id per training image, with ``user_names``), see :func:`read_npz`.
 - Image folders: ``PATH/train/<class>/*`` + ``PATH/test/<class>/*`` (a ``valid/`` folder,
-  as in CINIC-10, is ignored), or domain folders ``PATH/<domain>/<class>/*``. Decoded pixels of
+  as in CINIC-10, is ignored), the same with a user level ``PATH/train/<user>/<class>/*``
+  (and ``PATH/test/<class>/*`` or ``PATH/test/<user>/<class>/*``, pooled), or domain folders
+  ``PATH/<domain>/<class>/*``. Decoded pixels of
   folders with at least :data:`CACHE_MIN_IMAGES` images are cached as ``.npy`` files (see
   :func:`cache_dir`), keyed by the file list, sizes and modification times, so a second run
   reads one array instead of decoding every image again.
@@ -106,13 +109,43 @@ def read_stl10_split(base: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 NPZ_KEYS = "arrays x_train, y_train, x_test, y_test (and optionally classes)"
 
 
-def read_npz(path: Path) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str]]:
+@dataclasses.dataclass(frozen=True)
+class Images:
+    """A dataset read from files: train/test pixels and labels, class names and, where the
+    files give them, one user id per training image (``users_train``, int64 >= 0) with the
+    users' names (``user_names[id]``; None: the ids are the names)."""
+
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    classes: list[str]
+    users_train: Tensor | None = None
+    user_names: list[str] | None = None
+
+
+def user_ids(values: np.ndarray, n: int, where: str) -> Tensor:
+    """``values`` as int64 user ids, checked: 1-D, one per training image, integers >= 0."""
+    values = np.asarray(values)
+    if not np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_:
+        raise UsageError(f"{where}: user ids must be integers, not {values.dtype}")
+    if values.ndim != 1 or len(values) != n:
+        raise UsageError(f"{where}: need one user id per training image: {n} images but "
+                         f"user ids of shape {values.shape}")
+    if n and values.min() < 0:
+        raise UsageError(f"{where}: user ids must be >= 0, got {int(values.min())}")
+    return torch.from_numpy(values.astype(np.int64))
+
+
+def read_npz(path: Path) -> Images:
     """Arrays ``x_train, y_train, x_test, y_test`` (and optional ``classes``) of an npz.
 
     Image layout rule: 3-D ``(N, H, W)`` is one channel; 4-D is ``(N, C, H, W)`` when dim 1
     has 1 or 3 entries, else ``(N, H, W, C)`` when the last dim has 1 or 3 entries. Integer
     pixels are 0..255, float pixels must lie in [0, 1]. Labels are integers 0..C-1; class
-    names default to "0".."C-1" with C = largest label + 1.
+    names default to "0".."C-1" with C = largest label + 1. An optional ``users`` array gives
+    the user of every training image (integers >= 0; ``--partition natural``), and an
+    optional ``user_names`` array the name of every id 0..max(users).
     """
     if not path.is_file():
         raise UsageError(f"npz: {path} not found")
@@ -152,7 +185,15 @@ def read_npz(path: Path) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str]]:
     classes = [str(c) for c in arrays["classes"]] if "classes" in arrays else [str(c) for c in range(top)]
     if len(classes) < top:
         raise UsageError(f"npz: {len(classes)} class names but labels go up to {top - 1}")
-    return out[0], out[1], out[2], out[3], classes
+    users, names = None, None
+    if "users" in arrays:
+        users = user_ids(arrays["users"], len(out[1]), f"npz: {path} users")
+        if "user_names" in arrays:
+            names = [str(u) for u in np.asarray(arrays["user_names"]).reshape(-1)]
+            if len(names) <= int(users.max()):
+                raise UsageError(f"npz: {path} has {len(names)} user_names but user ids go "
+                                 f"up to {int(users.max())}")
+    return Images(out[0], out[1], out[2], out[3], classes, users, names)
 
 
 def _npz_pixels(x: np.ndarray, split: str) -> Tensor:
@@ -266,31 +307,53 @@ def _decode_files(paths: list[str]) -> Tensor:
     return torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).contiguous()
 
 
-def _scan(folder: Path, rel: str, classes: list[str]) -> _Listing:
-    listing = _Listing()
-    for label, name in enumerate(classes):
-        if (folder / name).is_dir():
-            listing.add(folder / name, f"{rel}/{name}", label)
-    return listing
+def _user_folders(folder: Path) -> list[Path] | None:
+    """The user folders of a split laid out as ``<user>/<class>/*`` (every subfolder holds
+    folders and no image), else None (``<class>/*``)."""
+    subs = _subdirs(folder)
+    if subs and all(_subdirs(d) and not any(f.suffix.lower() in IMAGE_SUFFIXES
+                                            for f in d.iterdir() if f.is_file()) for d in subs):
+        return subs
+    return None
 
 
-def read_split_folders(path: Path) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str]]:
-    """``PATH/train/<class>/*`` and ``PATH/test/<class>/*``; classes sorted by folder name."""
-    classes = [d.name for d in _subdirs(path / "train")]
+def read_split_folders(path: Path) -> Images:
+    """``PATH/train/<class>/*`` and ``PATH/test/<class>/*``; classes sorted by folder name.
+
+    With a user level, ``PATH/train/<user>/<class>/*``, every training image carries the id
+    of its user (users numbered in folder-name order, ``user_names`` their folder names); the
+    test split may have a user level too (``PATH/test/<user>/<class>/*``), which is pooled.
+    """
     if not (path / "test").is_dir():
         raise UsageError(f"imagefolder: {path / 'test'} not found (need train/ and test/)")
-    extra = sorted({d.name for d in _subdirs(path / "test")} - set(classes))
+    users = {split: _user_folders(path / split) for split in ("train", "test")}
+    folders = {split: users[split] or [path / split] for split in ("train", "test")}
+    names = {split: sorted({c.name for f in folders[split] for c in _subdirs(f)})
+             for split in ("train", "test")}
+    classes = names["train"]
+    extra = sorted(set(names["test"]) - set(classes))
     if extra:
         raise UsageError(f"imagefolder: test class {extra[0]!r} has no folder in {path / 'train'}")
-    out = []
+    out, owner = [], []
     for split in ("train", "test"):
-        listing = _scan(path / split, split, classes)
+        listing = _Listing()
+        for j, folder in enumerate(folders[split]):
+            rel = f"{split}/{folder.name}" if users[split] else split
+            n = sum(listing.add(folder / name, f"{rel}/{name}", label)
+                    for label, name in enumerate(classes) if (folder / name).is_dir())
+            if split == "train":
+                if users[split] and not n:
+                    raise UsageError(f"imagefolder: user folder {folder} holds no images")
+                owner += [j] * n
         if not listing.paths:
             raise UsageError(f"imagefolder: no images under {path / split}/<class>/")
         out += [_decode(listing), torch.tensor(listing.labels, dtype=torch.int64)]
     if out[0].shape[1:] != out[2].shape[1:]:
         raise UsageError(f"imagefolder: train and test images of {path} differ in size")
-    return out[0], out[1], out[2], out[3], classes
+    if users["train"] is None:
+        return Images(out[0], out[1], out[2], out[3], classes)
+    return Images(out[0], out[1], out[2], out[3], classes,
+                  torch.tensor(owner, dtype=torch.int64), [u.name for u in users["train"]])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,10 @@
 - ``shards`` (FedAvg): sort by label (stable), cut into ``K * shards_per_client`` near-equal
   shards, deal ``shards_per_client`` random shards to every client.
 - ``domains`` (feature shift, FedUV): client k holds the domain with the k-th smallest id.
+- ``natural`` (real users, as LEAF's FEMNIST): the data give every training sample a user id;
+  client k holds the user with the k-th smallest id. Nothing is drawn (``seed`` is unused),
+  ``num_clients`` must equal the number of distinct ids, and a user below ``min_size`` is
+  refused by id, never dropped (docs/usage.md, "Natural partitions").
 
 Every scheme returns sorted int64 index arrays, is deterministic for ``seed`` and, for all
 schemes but ``longtail``, puts every training index on exactly one client. Every scheme
@@ -35,12 +39,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from privfedcal.errors import UsageError
 
-PARTITIONS = ("iid", "dirichlet", "longtail", "longtail-dirichlet", "shards", "domains")
+if TYPE_CHECKING:
+    from privfedcal.data.datasets import Dataset
+
+PARTITIONS = ("iid", "dirichlet", "longtail", "longtail-dirichlet", "shards", "domains",
+              "natural")
 CREFF_BLOCK = 10  # clients per block of CReFF's long-tail federation draw
 
 
@@ -78,15 +87,19 @@ def _is_int(v: object) -> bool:
 
 
 def partition_indices(labels: np.ndarray, spec: PartitionSpec, seed: int,
-                      domains: np.ndarray | None = None) -> list[np.ndarray]:
-    """Indices of ``labels`` held by each of ``spec.num_clients`` clients (sorted, int64)."""
+                      domains: np.ndarray | None = None,
+                      users: np.ndarray | None = None) -> list[np.ndarray]:
+    """Indices of ``labels`` held by each of ``spec.num_clients`` clients (sorted, int64);
+    ``domains`` and ``users`` are per-sample ids the ``domains`` and ``natural`` schemes read."""
     labels = _labels(labels)
     if not _is_int(seed) or seed < 0:
         raise UsageError(f"seed must be an integer >= 0, got {seed}")
-    if spec.num_clients > len(labels):
+    if spec.num_clients > len(labels) and spec.scheme != "natural":  # natural names the users
         raise UsageError(f"{spec.num_clients} clients but only {len(labels)} training samples")
     if spec.scheme == "domains":
         parts = _domains(labels, spec, domains)
+    elif spec.scheme == "natural":
+        parts = _natural(labels, spec, users)
     else:
         parts = _SCHEMES[spec.scheme](labels, spec, np.random.default_rng(seed), seed)
     small = min(len(p) for p in parts)
@@ -252,6 +265,49 @@ def _domains(labels: np.ndarray, spec: PartitionSpec, domains: np.ndarray | None
         raise UsageError(f"the domains partition has one client per domain: set clients to "
                          f"{len(ids)}, not {spec.num_clients}")
     return [np.flatnonzero(domains == d).astype(np.int64) for d in ids]
+
+
+def _natural(labels: np.ndarray, spec: PartitionSpec, users: np.ndarray | None) -> list[np.ndarray]:
+    if users is None:
+        raise UsageError("the natural partition needs a user id per training sample: a 'users' "
+                         "array in npz:PATH (one per x_train row) or user folders in "
+                         "imagefolder:PATH (PATH/train/<user>/<class>/ or PATH/<user>/<class>/)")
+    users = np.asarray(users)
+    if users.shape != labels.shape or not np.issubdtype(users.dtype, np.integer):
+        raise UsageError("users must be one integer user id per training sample")
+    ids, owner = np.unique(users, return_inverse=True)
+    if len(ids) != spec.num_clients:
+        raise UsageError(f"the natural partition has one client per user: the data hold "
+                         f"{len(ids)} users, so set clients to {len(ids)}, not {spec.num_clients}")
+    sizes = np.bincount(owner, minlength=len(ids))
+    k = int(sizes.argmin())
+    if sizes[k] < spec.min_size:
+        raise UsageError(f"natural partition: user {int(ids[k])} (client {k}) holds {int(sizes[k])} "
+                         f"training samples, fewer than min size {spec.min_size}; lower the min "
+                         "size or leave users that small out of the data")
+    return _split_by_owner(owner.astype(np.int64), len(ids))
+
+
+def partition_dataset(data: Dataset, spec: PartitionSpec, seed: int) -> list[np.ndarray]:
+    """``partition_indices`` of a Dataset's training labels, with its domain and user ids."""
+    def ids(t: object) -> np.ndarray | None:
+        return None if t is None else t.cpu().numpy()  # type: ignore[attr-defined]
+
+    return partition_indices(data.y_train.cpu().numpy(), spec, seed,
+                             domains=ids(data.domains_train), users=ids(data.users_train))
+
+
+def client_sources(data: Dataset, scheme: str) -> dict[str, list[str]]:
+    """What each client is, for the experimenter's partition records: ``client_domains``
+    (``domains``) or ``client_users`` (``natural``: the user names, or ids, in client order).
+    Private: the user-to-client map never leaves the clients' side (docs/threat-model.md)."""
+    if scheme == "domains" and data.domain_names is not None:
+        return {"client_domains": list(data.domain_names)}
+    if scheme == "natural" and data.users_train is not None:
+        ids = np.unique(data.users_train.cpu().numpy())
+        names = data.user_names
+        return {"client_users": [names[i] if names else str(i) for i in ids.tolist()]}
+    return {}
 
 
 _SCHEMES: dict[str, Callable[[np.ndarray, PartitionSpec, np.random.Generator, int], list[np.ndarray]]] = {

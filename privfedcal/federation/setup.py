@@ -137,6 +137,8 @@ class Experiment:
 
     def partition_record(self) -> dict[str, Any]:
         """What ``partition.json`` holds: the spec, per-client class counts and indices."""
+        from privfedcal.data.partition import client_sources
+
         cfg, d = self.cfg, self.data
         if self.parts is None or self.counts is None:
             raise ValueError("the server's experiment holds no partition")
@@ -149,8 +151,7 @@ class Experiment:
             "class_totals": self.counts.sum(axis=0).tolist(), "counts": self.counts.tolist(),
             "indices": [p.tolist() for p in self.parts],
         }
-        if d.domain_names is not None and cfg.partition == "domains":
-            record["client_domains"] = d.domain_names
+        record.update(client_sources(d, cfg.partition))  # private, as the indices
         return record
 
 
@@ -198,18 +199,17 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     """The clients' (and the experimenter's) experiment: the data and the partition drawn
     from the data seed (``resolve_data_seed``; ``exp.cfg.data_seed`` holds it)."""
     from privfedcal.data.datasets import load_dataset
-    from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+    from privfedcal.data.partition import PartitionSpec, class_counts, partition_dataset
 
     resolve_device(cfg.device)
     set_deterministic(cfg.deterministic)
     cfg = cfg.replace(data_seed=resolve_data_seed(cfg))
     data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
     labels = data.y_train.numpy()
-    domains = data.domains_train.numpy() if data.domains_train is not None else None
     spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
                          imbalance_factor=cfg.imbalance_factor,
                          shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
-    parts_np = partition_indices(labels, spec, cfg.data_seed, domains=domains)
+    parts_np = partition_dataset(data, spec, cfg.data_seed)
     counts = class_counts(labels, parts_np, data.num_classes)
     held = held_examples(labels, cfg)
     if int(counts.sum()) != held:  # the public count the server plans with must be exact
@@ -224,6 +224,8 @@ def server_dataset(data: Any) -> Any:
     empty = {"x_train": data.x_train[:0], "y_train": data.y_train[:0]}
     if data.domains_train is not None:
         empty["domains_train"] = data.domains_train[:0]
+    if data.users_train is not None:  # the users, and so the user-to-client map, stay private
+        empty["users_train"] = data.users_train[:0]
     return dataclasses.replace(data, **empty)
 
 

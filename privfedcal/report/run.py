@@ -122,17 +122,16 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
     try:
         from privfedcal.config import RunConfig
         from privfedcal.data.datasets import load_dataset
-        from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+        from privfedcal.data.partition import PartitionSpec, class_counts, partition_dataset
 
         cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "versions"})
         data = load_dataset(cfg.dataset, cfg.data_root, download=False)
         spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
                              imbalance_factor=cfg.imbalance_factor,
                              shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
-        labels = data.y_train.cpu().numpy()
-        domains = data.domains_train.cpu().numpy() if data.domains_train is not None else None
-        parts = partition_indices(labels, spec, int(data_seed), domains=domains)
-        return class_counts(labels, parts, data.num_classes).tolist(), list(data.classes)
+        parts = partition_dataset(data, spec, int(data_seed))
+        return (class_counts(data.y_train.cpu().numpy(), parts, data.num_classes).tolist(),
+                list(data.classes))
     except Exception:  # data moved or not readable: the report says so instead of failing
         return None
 
