@@ -82,7 +82,7 @@ class RunConfig:
                                    shown="the dataset's, see docs/usage.md")
     clients: int = setting(10, "Number of clients K.", group="Data")
     partition: str = setting("dirichlet", "iid | dirichlet | longtail | longtail-dirichlet | "
-                             "shards | domains", group="Data")
+                             "shards | domains | natural", group="Data")
     alpha: float = setting(0.1, "Dirichlet concentration (smaller = more skew).", group="Data")
     imbalance_factor: float = setting(10.0, "Long-tail imbalance factor IF.", group="Data")
     shards_per_client: int = setting(2, "Shards per client (shards partition).", group="Data")
