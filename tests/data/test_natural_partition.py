@@ -16,6 +16,7 @@ from privfedcal.data.partition import (
     partition_indices,
 )
 from privfedcal.errors import UsageError
+from privfedcal.federation.setup import server_dataset
 
 
 def write_png(path, pixels: np.ndarray) -> None:
@@ -88,6 +89,9 @@ def test_npz_users_make_the_clients(tmp_path):
     assert client_sources(ds, "dirichlet") == {}
     # the test split is the file's own: x_test/y_test, whoever they came from
     assert len(ds.y_test) == 3
+    # the server's dataset holds no user ids, as it holds no training sample
+    server = server_dataset(ds)
+    assert server.users_train.numel() == 0 and server.num_train == 0
 
 
 @pytest.mark.parametrize(("users", "extra", "match"), [
