@@ -64,7 +64,7 @@ def trainloader(partition: int, shuffle: bool = False) -> DataLoader:
                       shuffle=shuffle)
 
 
-def testloader() -> DataLoader:
+def eval_loader() -> DataLoader:
     d = digits()
     return DataLoader(DictDigits(d.x_test, d.y_test), batch_size=128)
 
