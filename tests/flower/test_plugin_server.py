@@ -17,6 +17,7 @@ from flwr.app import Context, Message, RecordDict  # noqa: E402
 from loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 from plugin_app import NODES, Net, eval_loader, fedavg, make_client_app  # noqa: E402
 
+from privfedcal.attacks.fields_table import declared  # noqa: E402
 from privfedcal.federation.checkpoint import load_checkpoint  # noqa: E402
 from privfedcal.flower.client_app import error_reply  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError  # noqa: E402
@@ -45,6 +46,24 @@ def _model(state) -> Net:
 def _context(run_config) -> Context:
     return Context(run_id=7, node_id=1, node_config={}, state=RecordDict(),
                    run_config=dict(run_config))
+
+
+class RecordingGrid(LoopbackGrid):
+    """A loopback grid that keeps (message type, record, key, value) of every reply to
+    privfedcal's queries (the user's own ``train`` replies are the user's app's)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, str, str, object]] = []
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        for reply in replies:
+            kind = reply.metadata.message_type
+            if kind.startswith("query.") and not reply.has_error():
+                self.seen += [(kind, name, key, value) for name, record in reply.content.items()
+                              for key, value in record.items()]
+        return replies
 
 
 class CorruptingGrid(LoopbackGrid):
@@ -77,7 +96,7 @@ def test_ccvr_with_dp_secagg_and_hidden_counts(trained, tmp_path):
     model = _model(trained)
     keys = list(model.state_dict())
     fc1, fc3 = model.fc1.weight.detach().clone(), model.fc3.weight.detach().clone()
-    grid = LoopbackGrid(make_client_app(), PROTECTED, NODES)
+    grid = RecordingGrid(make_client_app(), PROTECTED, NODES)
     out = tmp_path / "run"
     summary = calibrate(grid, model, _context(PROTECTED), head="fc3", test_data=eval_loader(),
                         out=out)
@@ -87,6 +106,11 @@ def test_ccvr_with_dp_secagg_and_hidden_counts(trained, tmp_path):
     views = [e["view"] for e in json.loads((out / "server" / "transcript" / "index.json")
                                            .read_text())]
     assert views == ["model-state", "ciphertext", "ciphertext", "ciphertext", "aggregate"]
+    # every field the nodes sent is one privfedcal's own ClientApp declares
+    kinds = {m for m, _, _, _ in grid.seen}
+    assert kinds == {"query.hello", "query.payload", "query.keygen", "query.decrypt"}
+    undeclared = sorted({f"{m}/{r}/{k}" for m, r, k, _ in grid.seen if declared(m, r, k) is None})
+    assert undeclared == []
     # the protections and their accounting
     privacy = summary["privacy"]
     assert privacy["epsilon_spent"] <= privacy["epsilon_target"] == 8.0
