@@ -84,9 +84,12 @@ class ClipSearch:
     ``share`` of the epsilon budget it spends; the grid's range ``[low, high]`` (norms
     outside fall in the end bins); the first stage's ``locate_quantile`` and its share
     ``locate_share`` of the clip's noise budget (1 / z^2); the fine grid's ``per_octave``
-    bins per octave from ``below`` octaves under the located quantile to ``above`` over."""
+    bins per octave from ``below`` octaves under the located quantile to ``above`` over.
+    The default quantile, 0.9, gave the best DP CCVR of 0.9 / 0.95 / 0.99 on the digits MLP
+    at epsilon 8, and leaves 10% of the samples above it to be counted against the noise
+    (0.99 leaves too few on small federations; docs/results.md)."""
 
-    quantile: float = 0.95
+    quantile: float = 0.9
     share: float = 0.1
     low: float = 1e-2
     high: float = 1e4
