@@ -25,7 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flwr.common.config import flatten_dict
+
 import privfedcal
+from privfedcal.errors import UsageError
+from privfedcal.flower.grid import app_run_config
 
 LOOPBACK = "127.0.0.1"
 CONNECTION = "privfedcal-local"
@@ -80,8 +84,12 @@ class LocalDeployment:
 
     def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
                  startup_timeout: float = 60.0, data_seed: int | None = None,
-                 secure: bool = False, warm: bool = False) -> None:
+                 secure: bool = False, warm: bool = False, node_data_seed: bool = True
+                 ) -> None:
         self.num_nodes = num_nodes
+        # node_data_seed: give each SuperNode the shared data seed in its node config
+        # (privfedcal's app reads it); off for an app that does not declare ``data-seed``
+        self.node_data_seed = node_data_seed
         # warm: a privfedcal-clientapp-server (flower/warm.py) started first, and the
         # flwr-clientapp shim first on the SuperNodes' PATH, so that every ClientApp
         # process is forked from it with torch, Flower and privfedcal already imported
@@ -225,8 +233,8 @@ class LocalDeployment:
         return self._start(name or f"supernode-{k}", [
             "flower-supernode", *args, "--superlink", f"{LOOPBACK}:{self.port}",
             "--host", LOOPBACK, "--port", str(free_port()),
-            "--node-config", f"partition-id={k} num-partitions={self.num_nodes} "
-            f"data-seed={self.data_seed}"])
+            "--node-config", f"partition-id={k} num-partitions={self.num_nodes}"
+            + (f" data-seed={self.data_seed}" if self.node_data_seed else "")])
 
     def nodes(self) -> list[dict[str, Any]]:
         """The SuperLink's SuperNodes (``flwr supernode list --format json``)."""
@@ -311,12 +319,15 @@ class LocalDeployment:
         app = self.workdir / "app"
         if app.exists():
             shutil.rmtree(app)
+        # nothing the app does not declare is added (a key of the caller's that it does not
+        # declare is left for `flwr run` to refuse, as Flower does)
+        if "clients" in app_run_config(app_dir):  # privfedcal's app: a partition per node
+            overrides = {"clients": self.num_nodes, **overrides}
         shutil.copytree(app_dir, app, ignore=shutil.ignore_patterns("runs", "__pycache__"))
-        overrides = {"clients": self.num_nodes, **overrides}  # one partition per SuperNode
         override_file = self.workdir / "overrides.toml"
         bad = [k for k in overrides if not _BARE_KEY.fullmatch(k)]
         if bad:
-            raise ValueError(f"run-config keys must be bare TOML keys, got {bad}")
+            raise UsageError(f"run-config keys must be bare TOML keys, got {bad}")
         # bare dotted keys nest ("method-params.mu"), as in the app's pyproject
         override_file.write_text("".join(f"{k} = {_toml_value(v)}\n"
                                          for k, v in overrides.items()))
@@ -325,6 +336,20 @@ class LocalDeployment:
 
     def run_args(self) -> list[str]:
         return []
+
+    def run_status(self, run_id: int) -> str:
+        """The SuperLink's status of run ``run_id`` (``flwr ls``): ``finished:completed``,
+        ``finished:failed``, ``running``, ...; "" when it cannot be read."""
+        import json
+
+        done = subprocess.run([_flwr(), "ls", CONNECTION, "--run-id", str(run_id),
+                               "--format", "json"], capture_output=True, text=True,
+                              env=self.env, cwd=self.workdir, timeout=self.startup_timeout)
+        try:
+            runs = json.loads(done.stdout)["runs"]
+        except (ValueError, KeyError, TypeError):
+            return ""
+        return str(runs[0]["status"]) if runs else ""
 
     def log_tail(self, chars: int = 3000) -> str:
         parts = []
@@ -377,10 +402,36 @@ class LocalSimulation(LocalDeployment):
         return ["--federation-config", f"num-supernodes={self.num_nodes}"]
 
 
+#: ``flwr run``'s line naming the run it started
+_STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def _nodes_for(args: Any, declared: dict[str, Any], flat: dict[str, Any]) -> int:
+    """The number of SuperNodes: ``--nodes``, else the app's ``clients`` (privfedcal's
+    app: one partition per node), else refused."""
+    if args.nodes is not None:
+        if args.nodes < 1:
+            raise UsageError(f"--nodes must be >= 1, got {args.nodes}")
+        if "clients" in flat and flat["clients"] != args.nodes:
+            raise UsageError(f"clients={flat['clients']} differs from --nodes {args.nodes}")
+        return int(args.nodes)
+    if "clients" in declared:
+        clients = flat.get("clients", declared["clients"])
+        if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
+            raise UsageError(f"clients must be an integer >= 1, got {clients!r}")
+        return clients
+    raise UsageError(f"{args.app} declares no 'clients': say how many nodes with --nodes N")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m privfedcal.flower.localdeploy {deploy,simulate} APP_DIR [KEY=VALUE ...]``:
-    run the Flower app on a throwaway local deployment (SuperLink + one SuperNode per
-    client) or on the simulation engine, print the run's output, stop every process."""
+    run any Flower app folder on a throwaway local deployment (SuperLink + one SuperNode per
+    node) or on the simulation engine, print the run's output, stop every process.
+
+    Only run-config keys the app declares are passed (a key it does not declare is refused
+    with one line, exit 2). For privfedcal's own app (it declares ``clients``, ``out`` and
+    ``data-seed``) the number of nodes defaults to ``clients``, ``out`` to a fresh folder
+    under ``runs/``, and the nodes get a shared data seed."""
     import argparse
     import tempfile
     import tomllib
@@ -390,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=["deploy", "simulate"])
     ap.add_argument("app", type=Path, help="the Flower app folder (examples/flower)")
     ap.add_argument("config", nargs="*", help="run-config overrides KEY=VALUE (TOML values)")
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="number of SuperNodes (default: the app's `clients`)")
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--secure", action="store_true",
                     help="deploy only: TLS and SuperNode authentication, with a CA, "
@@ -397,42 +450,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", action="store_true",
                     help="deploy only: start privfedcal-clientapp-server and put its "
                     "flwr-clientapp shim first on the nodes' PATH (docs/flower.md)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may come before or after options
     if args.warm and args.mode != "deploy":
         ap.error("--warm applies to deploy (the simulation engine starts no flwr-clientapp)")
     if args.secure and args.mode != "deploy":
         ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
-    overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
-    flat: dict[str, Any] = {}
-
-    def walk(table: dict, prefix: str = "") -> None:
-        for k, v in table.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[prefix + k] = v
-
-    walk(overrides)
-    app_cfg = tomllib.loads((args.app / "pyproject.toml").read_text())
-    clients = int(flat.get("clients", app_cfg["tool"]["flwr"]["app"]["config"]["clients"]))
-    flat["clients"] = clients
-    if "out" not in flat:
-        flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
+    try:
+        try:
+            overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
+        except tomllib.TOMLDecodeError as ex:
+            raise UsageError(f"run-config overrides must be KEY=VALUE in TOML ({ex})") from None
+        try:
+            flat = flatten_dict(overrides)
+        except ValueError as ex:  # a list or another type Flower's run config has not
+            raise UsageError(str(ex).replace("`", "")) from None
+        declared = app_run_config(args.app)
+        app_run_config(args.app, flat)  # a key the app does not declare: refused here
+        nodes = _nodes_for(args, declared, flat)
+        if "clients" in declared:
+            flat["clients"] = nodes
+        if "out" in declared and not flat.get("out"):
+            flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
+    except UsageError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
     kind = LocalDeployment if args.mode == "deploy" else LocalSimulation
-    extra = {"secure": True} if args.secure else {}
+    extra: dict[str, Any] = {"node_data_seed": "data-seed" in declared}
+    if args.secure:
+        extra["secure"] = True
     if args.warm:
         extra["warm"] = True
-    with tempfile.TemporaryDirectory() as tmp, kind(clients, Path(tmp), **extra) as dep:
+    with tempfile.TemporaryDirectory() as tmp, kind(nodes, Path(tmp), **extra) as dep:
         done = dep.run(args.app.resolve(), flat, timeout=args.timeout)
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
-        ok = (Path(flat["out"]) / "summary.json").exists()
+        # `flwr run --stream` exits 0 when the run started, whatever the ServerApp did: the
+        # SuperLink's status of the run says whether it finished, and for privfedcal's app
+        # the run folder's summary.json too
+        started = _STARTED.search(done.stdout + done.stderr)
+        status = dep.run_status(int(started.group(1))) if started else ""
+        ok = status == "finished:completed"
+        if ok and "out" in flat:
+            ok = (Path(flat["out"]) / "summary.json").exists()
         if not ok:
             sys.stderr.write(dep.log_tail())
-    # `flwr run --stream` exits 0 when the run started, whatever the ServerApp did: the
-    # run folder's summary.json is what says the run finished
-    print(f"run folder: {flat['out']}" if ok else
-          f"the run failed (logs above; flwr run exited {done.returncode})")
+    if ok:
+        print(f"run folder: {flat['out']}" if "out" in flat else "the run finished")
+    else:
+        print(f"the run failed (logs above; run status {status or 'unknown'}, flwr run "
+              f"exited {done.returncode})")
     return 0 if ok else 1
 
 
