@@ -179,3 +179,22 @@ def test_creff_rounds_on_the_final_model(trained, tmp_path):
     assert 0 < summary["accuracy_before_calibration"] < 1
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["round"] for r in rows] == [1, 2]
+
+
+def test_bad_arguments_are_one_line_errors_before_any_message(trained, tmp_path):
+    from privfedcal.errors import UsageError
+
+    grid = RecordingGrid(make_client_app(), {}, NODES)
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "summary.json").write_text("{}")
+    for kwargs, match in ((dict(out=tmp_path / "used"), "already holds a run"),
+                          (dict(head="conv1"), "not a torch.nn.Linear"),
+                          (dict(method="oracle"), "method must be one of ccvr, creff"),
+                          (dict(test_data=None), "needs test_data")):
+        args = {"test_data": eval_loader(), "out": tmp_path / "run", **kwargs}
+        with pytest.raises(UsageError, match=match) as info:
+            calibrate(grid, _model(trained), None, **args)
+        assert "\n" not in str(info.value)
+    with pytest.raises(UsageError, match="flwr Grid"):
+        calibrate(object(), _model(trained), test_data=eval_loader())
+    assert grid.seen == []  # nothing was asked of the nodes

@@ -197,9 +197,17 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     from privfedcal.experiment import build_calibrator
     from privfedcal.federation.setup import Experiment
     from privfedcal.protection import build_uplink
+    from privfedcal.report.output import check_writable
 
+    if not isinstance(grid, Grid):
+        raise UsageError(f"grid must be the ServerApp's flwr Grid, got {type(grid).__name__}")
+    if context is not None and not isinstance(context, Context):
+        raise UsageError(f"context must be the ServerApp's flwr Context or None, got "
+                         f"{type(context).__name__}")
     if test_data is None:
         raise UsageError("calibrate needs test_data: the server's test DataLoader or Dataset")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     keywords = dict(settings)
     if method is not None:
         keywords["method"] = method
@@ -212,6 +220,9 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         raise UsageError("CCVR's tukey option transforms features at inference, which the "
                          "model's own forward does not: leave it off in the plugin")
     run_dir = Path(out) if out else Path("runs") / f"flower-plugin-{s.method}-{run_id}"
+    check_writable(run_dir, "out")  # before any message: a run is never half-written
+    if any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "server")):
+        raise UsageError(f"{run_dir} already holds a run: give calibrate another out")
     link = GridLink(grid, s.cfg.clients, s.options)
     sizes = _hello(link, s)
     n = s.examples or sum(sizes.values())
