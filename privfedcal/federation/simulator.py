@@ -206,6 +206,12 @@ class Simulator:
         if self._trainer_obj is not None:
             trainer, self._trainer_obj = self._trainer_obj, None
             trainer.terminate() if abort else trainer.close()
+        try:  # the transcript's pending files, then its writer thread
+            self.transcript.close()
+        except Exception as exc:
+            if not abort:
+                raise
+            log.warning("transcript not fully written: %s", exc)
 
     def _trainer(self) -> Trainer:
         """The run's trainer; a subclass returns another (``FlowerSimulator``: the nodes)."""
@@ -365,6 +371,7 @@ class Simulator:
             self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
                               "--secagg): the server saw every client's payload")
         summary["notes"] = self.notes + list(self.uplink.hints)
+        self.transcript.flush()
         write_summary(self.run_dir, summary)
         return summary
 
@@ -403,6 +410,7 @@ class Simulator:
                                     if last else None),
             checkpoint_round=self.history[-1]["round"] if self.history else 0,
             notes=self.notes + [str(exc)])
+        self.transcript.flush()
         write_summary(self.run_dir, summary)
 
     def summary_fields(self, **fields: Any) -> dict[str, Any]:
@@ -419,6 +427,7 @@ class Simulator:
 
     # ---- checkpoint / resume ------------------------------------------------------------------
     def save(self, round_: int) -> None:
+        self.transcript.flush()  # the round's record is on disk before its checkpoint
         save_checkpoint(self.run_dir / "checkpoint", {
             "round": round_,
             "elapsed": self.elapsed,

@@ -8,11 +8,18 @@ the aggregation weight the server used, its size on the wire and the public loca
 Files: ``transcript/index.json`` (one entry per release) and one safetensors file per entry.
 Disk: (participants + 1) model states per round; for large models and long runs use
 ``--no-transcript`` (docs/privacy.md lists the cost).
+
+The files are written off the training path: ``record`` copies the tensors and hands them to
+one writer thread, and ``flush`` (the simulator calls it before each checkpoint and at the
+end of a run) waits for the pending files and then rewrites the index, so the index never
+names a file that is not on disk and a checkpoint never precedes its round's record.
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +30,56 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 
 
+class _Writer:
+    """One daemon thread writing safetensors files in the order they were handed over. An
+    error is kept and raised by the next ``put`` or ``wait``, in the recording thread."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], str] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="privfedcal-transcript",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    save_file(*job)
+            except BaseException as exc:  # handed to the recording thread
+                self._error = exc
+            finally:
+                self._jobs.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            exc, self._error = self._error, None
+            raise exc
+
+    def put(self, tensors: dict[str, torch.Tensor], path: str) -> None:
+        self._raise()
+        self._jobs.put((tensors, path))
+
+    def wait(self) -> None:
+        """Block until every file handed over is written."""
+        self._jobs.join()
+        self._raise()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
 class Transcript:
     """Append-only record of the server's view. ``directory=None`` keeps nothing on disk."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self.entries: list[dict[str, Any]] = []
+        self._writer: _Writer | None = None
         # Each entry is encoded once, when recorded (json's C encoder: no indent), and the
         # index is rewritten from these strings; re-encoding the whole growing index on every
         # record made the default digits run spend a fifth of its time in json.
@@ -44,8 +95,11 @@ class Transcript:
         if self.directory is None:
             return None
         fname = f"{len(self.entries):05d}-{name}.safetensors"
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                  str(self.directory / fname))
+        if self._writer is None:
+            self._writer = _Writer()
+        # a private copy: the caller may change its tensors once record returns
+        self._writer.put({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                         str(self.directory / fname))
         return fname
 
     def record(self, *, round_: int, label: str, view: str, client: int | None,
@@ -59,7 +113,6 @@ class Transcript:
             entry["file"] = self._write(tag, tensors)
         self.entries.append(entry)
         self._encoded.append(json.dumps(entry))
-        self.flush()
 
     def truncate_after(self, round_: int) -> None:
         """On resume, forget releases of rounds after the checkpoint (they are redone)."""
@@ -69,10 +122,20 @@ class Transcript:
         self.flush()
 
     def flush(self) -> None:
-        """Rewrite ``index.json``: a JSON array, one entry per line."""
+        """Wait for the files recorded so far, then rewrite ``index.json``: a JSON array,
+        one entry per line."""
         if self.directory is not None:
+            if self._writer is not None:
+                self._writer.wait()
             text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
             (self.directory / "index.json").write_text(text)
+
+    def close(self) -> None:
+        """Flush, and stop the writer thread (a later ``record`` starts another)."""
+        self.flush()
+        if self._writer is not None:
+            self._writer.stop()
+            self._writer = None
 
     def uploaded_bytes(self) -> int:
         """Bytes of the calibration uploads (model updates are counted apart)."""

@@ -60,6 +60,7 @@ def test_the_server_sees_uploads_after_every_client_half(tmp_path):
     up = Uplink([Recording("a", 1.0), Recording("b", 10.0), ClearWire()])
     up.aggregate([(3, {"x": torch.tensor([3.0])}), (5, {"x": torch.tensor([5.0])})],
                  round_=2, label="x", transcript=tr)
+    tr.flush()
     seen = {e["client"]: float(e["tensors"]["x"]) for e in load_transcript(tr.directory)}
     assert seen == {3: 14.0, 5: 16.0}
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors import SafetensorError
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.transcript import (
@@ -26,6 +27,7 @@ def test_record_writes_index_and_one_safetensors_file_per_entry(tmp_path):
     tr.record(round_=1, label="ccvr-stats", view="ciphertext", client=4, bytes=1000)
     tr.record(round_=1, label="ccvr-stats", view="aggregate", client=None,
               tensors={"sum": torch.tensor([3.0, 5.0])}, bytes=16)
+    tr.flush()  # the files are written by a thread; flush waits for them, then the index
     index = json.loads((tmp_path / "transcript" / "index.json").read_text())
     assert index == [
         {"round": 1, "label": "ccvr-stats", "view": "plain-upload", "client": 3, "bytes": 8,
@@ -47,6 +49,7 @@ def test_resume_keeps_entries_and_truncate_drops_later_rounds(tmp_path):
     tr = Transcript(d)
     for r in (1, 2, 3):
         tr.record(round_=r, label="creff-grad", view="aggregate", client=None, bytes=r)
+    tr.flush()
     again = Transcript(d)
     assert [e["round"] for e in again.entries] == [1, 2, 3]
     again.truncate_after(1)
@@ -94,11 +97,40 @@ def test_index_on_disk_always_equals_the_entries_in_memory(tmp_path_factory, ops
     for op in ops:
         if op == "truncate":
             tr.truncate_after(2)
-        elif op == "reopen":
+        elif op == "reopen":  # a resume reads what the last flush (checkpoint) wrote
+            tr.flush()
             tr = Transcript(d)
         else:
             tr.record(round_=op, label="creff-grad", view="plain-upload", client=op % 3,
                       tensors={"g": torch.full((2,), float(op))}, bytes=8, note=[op, "x"])
-        if d.exists() and (d / "index.json").exists():
-            assert json.loads((d / "index.json").read_text()) == tr.entries
+        tr.flush()
+        index = json.loads((d / "index.json").read_text())
+        assert index == tr.entries
+        assert all((d / e["file"]).is_file() for e in index)
+    tr.close()
     assert Transcript(d).entries == tr.entries
+
+
+def test_files_hold_the_tensors_as_they_were_when_recorded(tmp_path):
+    # the writer thread gets a copy: a caller that reuses its tensors after record (as the
+    # simulator's round loop does) cannot change what the transcript holds
+    tr = Transcript(tmp_path)
+    t = torch.zeros(1000)
+    for v in range(5):
+        t.fill_(float(v))
+        tr.record(round_=v, label="x", view="plain-upload", client=0, tensors={"a": t})
+    tr.close()
+    loaded = load_transcript(tmp_path)
+    assert [float(e["tensors"]["a"].unique()) for e in loaded] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_failed_write_is_raised_by_the_next_flush_and_the_index_is_not_rewritten(tmp_path):
+    d = tmp_path / "t"
+    tr = Transcript(d)
+    tr.record(round_=1, label="x", view="plain-upload", client=0, tensors={"a": torch.ones(1)})
+    tr.flush()
+    (d / "00001-r1-x-plain-upload-c1.safetensors").mkdir()  # the next file cannot be written
+    tr.record(round_=1, label="x", view="plain-upload", client=1, tensors={"a": torch.ones(1)})
+    with pytest.raises(SafetensorError):
+        tr.flush()
+    assert len(json.loads((d / "index.json").read_text())) == 1
