@@ -28,6 +28,7 @@ from privfedcal.results.audit import DPAuditRow
 from privfedcal.results.check import docs_of, validate
 from privfedcal.results.run import (
     AccountedRelease,
+    AdaptiveClip,
     Calibration,
     CKKSParams,
     Diverged,
@@ -41,6 +42,7 @@ from privfedcal.results.run import (
     SecAggUpdates,
     Skipped,
     Summary,
+    UserDP,
     WholeRun,
 )
 
@@ -88,10 +90,10 @@ def field_docs(kind: Any) -> dict[str, str]:
 
 
 __all__ = [
-    "AccountedRelease", "AttackRecord", "CKKSParams", "Calibration", "ClassSetRecord",
+    "AccountedRelease", "AdaptiveClip", "AttackRecord", "CKKSParams", "Calibration", "ClassSetRecord",
     "DPAuditRow", "DisaggregationRecord", "Diverged", "Evaluation", "FlowerHolds",
     "InversionRecord", "MetricsRow", "PartialAttack", "Privacy", "Rejected",
-    "RoundCalibration", "SecAgg", "SecAggUpdates", "Skipped", "Summary", "View", "WholeRun",
+    "RoundCalibration", "SecAgg", "SecAggUpdates", "Skipped", "Summary", "UserDP", "View", "WholeRun",
     "attack_record_from_dict", "dp_audit_row_from_dict", "field_docs",
     "metrics_row_from_dict", "partial_attack_from_dict", "summary_from_dict",
 ]

@@ -9,7 +9,7 @@ The summary is assembled from several writers, each typed here with the key it w
 ``summary``, ``cohorts.whole_run_record``).
 """
 
-from typing import Annotated, NotRequired, TypedDict
+from typing import Annotated, Literal, NotRequired, TypedDict
 
 
 class RoundCalibration(TypedDict):
@@ -138,6 +138,38 @@ class WholeRun(TypedDict):
     statement: Annotated[str, "the finding, in one sentence"]
 
 
+class AdaptiveClip(TypedDict):
+    """The update clip moved each round towards a quantile of the update norms
+    (`dp_adaptive_clip=True`), from a noised count of updates below it."""
+
+    quantile: Annotated[float, "the target quantile (`dp_clip_quantile`)"]
+    lr: Annotated[float, "learning rate of the clip's geometric update"]
+    initial_clip: Annotated[float, "the clip of the first round"]
+    count_noise_std: Annotated[float, "std of the noise on the count below the clip"]
+    update_noise_multiplier: Annotated[float, "noise multiplier of the updates, with the "
+                                              "count's share of the budget taken off"]
+
+
+class UserDP(TypedDict):
+    """User-level DP-FedAvg of the model updates (`dp_updates=True`; ``privacy/user_dp.py``):
+    each client's update clipped, Gaussian noise on the sum."""
+
+    epsilon_spent: Annotated[float, "user-level epsilon spent by the worst-off client"]
+    delta: Annotated[float, "its delta"]
+    noise_multiplier: Annotated[float, "noise std over the update clip"]
+    update_clip: Annotated[float, "the L2 bound of a client's update (the last round's, "
+                                  "with an adaptive clip)"]
+    noise_std_of_sum: Annotated[float, "std of the noise on the sum of the updates"]
+    denominator: Annotated[float, "the fixed public denominator of the average"]
+    sample_rate: Annotated[float, "sampling rate the accountant charged (1: no amplification)"]
+    noise: Annotated[Literal["central", "distributed"], "who adds the noise: the server to "
+                                                        "the sum, or the clients in shares"]
+    adaptive_clip: NotRequired[Annotated[AdaptiveClip | None, "the adaptive clip (None: "
+                                                              "a fixed clip)"]]
+    assumptions: Annotated[list[str], "what the guarantee assumes"]
+    statement: Annotated[str, "the guarantee in words"]
+
+
 class Privacy(TypedDict):
     """The run's protection (``Uplink.summary``): the DP keys where DP is on (`dp_eps`),
     `secagg` / `secagg_updates` where sums are encrypted, and what every protected run
@@ -167,6 +199,8 @@ class Privacy(TypedDict):
     secagg: NotRequired[Annotated[SecAgg, "secure aggregation of the calibration uploads"]]
     secagg_updates: NotRequired[Annotated[SecAggUpdates, "secure aggregation of the model "
                                                          "updates"]]
+    user_dp: NotRequired[Annotated[UserDP, "user-level DP of the model updates "
+                                           "(`dp_updates=True`)"]]
     statement: NotRequired[Annotated[str, "the guarantee (or its absence) in words"]]
     hide_counts: Annotated[bool, "whether ciphertexts are padded so that their size hides "
                                  "the counts (`hide_counts`)"]
@@ -251,6 +285,6 @@ class Summary(TypedDict):
     notes: Annotated[list[str], "what the run printed at its end (warnings, the guarantee)"]
 
 
-__all__ = ["AccountedRelease", "CKKSParams", "Calibration", "Diverged", "Evaluation",
+__all__ = ["AccountedRelease", "AdaptiveClip", "CKKSParams", "Calibration", "Diverged", "Evaluation",
            "FlowerHolds", "MetricsRow", "Privacy", "Rejected", "RoundCalibration", "SecAgg",
-           "SecAggUpdates", "Skipped", "Summary", "WholeRun"]
+           "SecAggUpdates", "Skipped", "Summary", "UserDP", "WholeRun"]

@@ -40,6 +40,7 @@ VARIANTS: dict[str, tuple[dict[str, typing.Any], str]] = {
     "oracle": (dict(method="fedavg", calibrate="oracle"), "calibration"),
     "seeded-noise": (dict(method="ccvr", dp_eps=8, insecure_seeded_noise=True),
                      "privacy.insecure"),
+    "user-dp": (dict(method="ccvr", dp_eps=8, dp_updates=True), "privacy.user_dp"),
 }
 
 
@@ -85,6 +86,27 @@ def test_a_diverged_runs_summary_reads_as_a_summary(tmp_path):
     summary = R.summary_from_dict(json.loads((tmp_path / "div" / "summary.json").read_text()))
     assert summary["accuracy"] is None and summary["diverged"]["round"] == 1
     assert "loss" not in summary  # a diverged run's summary has no final evaluation
+
+
+@pytest.mark.flower
+def test_a_flower_runs_summary_reads_as_a_summary(tmp_path):
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.grid import InProcessGrid
+    from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.flower.server_app import run_server
+
+    cfg = privfedcal.RunConfig(method="ccvr", transcript=False, **{**FAST, "clients": 2,
+                                                                   "rounds": 1})
+    run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower")),
+                               FlowerOptions(hold=0.01))
+    grid = InProcessGrid(client_app, run_config, cfg.clients, node_config={"data-seed": 0})
+    run_server(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                             run_config=run_config))
+    summary = R.summary_from_dict(json.loads((tmp_path / "flower" / "summary.json").read_text()))
+    assert summary["dropped_clients"] == [] and summary["flower_holds"]["sent"] > 0
 
 
 def test_the_progress_records_of_evaluated_rounds_are_metrics_rows(tmp_path):
