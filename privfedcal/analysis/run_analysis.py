@@ -264,11 +264,14 @@ def _finite(value: Any) -> Any:
 
 def analyze_run(run_dir: Path, options: AnalysisOptions | None = None, *,
                 on_client: Callable[[int], None] | None = None,
-                on_start: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Compute every analysis, write the PNGs and ``analysis.json`` into ``run_dir``.
+                on_start: Callable[[int], None] | None = None,
+                write: bool = True) -> dict[str, Any]:
+    """Compute every analysis and, with ``write``, write the PNGs and ``analysis.json`` into
+    ``run_dir``.
 
     ``on_start(k)`` is called with the number of clients about to be retrained and
-    ``on_client(c)`` after each one (progress reporting). Returns the ``analysis.json`` dict.
+    ``on_client(c)`` after each one (progress reporting). Returns the ``analysis.json`` dict
+    (its ``plots`` name the PNGs written, none without ``write``).
     """
     from privfedcal.analysis.plots import plot_cka, plot_classifier_norms, plot_singular_values
 
@@ -287,12 +290,13 @@ def analyze_run(run_dir: Path, options: AnalysisOptions | None = None, *,
     out = Path(run_dir)
     names = data.classes if data.num_classes <= 20 else None
     norms, svals = classifier["norms"], classifier["singular_values"]
-    plot_classifier_norms(norms["before"], norms["after"], out / "classifier_norms.png", names,
-                          labels=("global (checkpoint)", "final (after calibration)"))
-    plot_singular_values({"global (checkpoint)": svals["before"],
-                          "final (after calibration)": svals["after"]},
-                         out / "singular_values.png")
-    plot_cka(cka.mean, out / "cka.png")
+    if write:
+        plot_classifier_norms(norms["before"], norms["after"], out / "classifier_norms.png",
+                              names, labels=("global (checkpoint)", "final (after calibration)"))
+        plot_singular_values({"global (checkpoint)": svals["before"],
+                              "final (after calibration)": svals["after"]},
+                             out / "singular_values.png")
+        plot_cka(cka.mean, out / "cka.png")
     result = {
         "run_dir": str(out),
         "method": cfg.method,
@@ -303,8 +307,9 @@ def analyze_run(run_dir: Path, options: AnalysisOptions | None = None, *,
         "cka": {**cka_info, "mean": cka.mean,
                 "matrices": {layer: m.tolist() for layer, m in cka.matrices.items()}},
         "separability": sep,
-        "plots": ["classifier_norms.png", "cka.png", "singular_values.png"],
+        "plots": ["classifier_norms.png", "cka.png", "singular_values.png"] if write else [],
     }
     result = _finite(result)
-    (out / "analysis.json").write_text(json.dumps(result, indent=2))
+    if write:
+        (out / "analysis.json").write_text(json.dumps(result, indent=2))
     return result

@@ -1,6 +1,7 @@
 """``privfedcal analyze RUN_DIR``: classifier norms, singular values, client CKA per layer and
 GMM separability of a finished run (CCVR, Luo et al. 2021, figs. 1-3 and 6), written into the
-run folder as PNGs plus ``analysis.json``."""
+run folder as PNGs plus ``analysis.json``. The job is ``privfedcal.jobs.analyze``; this parses
+and prints."""
 
 from __future__ import annotations
 
@@ -50,25 +51,19 @@ def analyze(
 ) -> None:
     """Classifier norms and singular values before/after calibration, client CKA per layer
     and class separability of a finished run."""
-    from privfedcal.analysis.run_analysis import AnalysisOptions, analyze_run
+    from privfedcal import jobs
     from privfedcal.cli.args import run_folder
 
     run_dir = run_folder(run_dir, run, "analyze", required=True)
     assert run_dir is not None
-
-    options = AnalysisOptions(samples=samples, projections=projections,
-                              max_clients=max_clients, device=device)
     # the run is checked while it loads: no line before a usage error
     with Reporter(f"analyze {run_dir}: loading the run", quiet=quiet,
                   announce=False) as progress:
-        def on_start(k: int) -> None:
-            progress.update(description=f"analyze {run_dir}: retraining clients for CKA",
-                            total=k, completed=0)
-
-        def on_client(_c: int) -> None:
-            progress.update(advance=1)
-
-        result = analyze_run(run_dir, options, on_start=on_start, on_client=on_client)
+        result = jobs._analyze(run_dir, samples=samples, projections=projections,
+                               max_clients=max_clients, device=device,
+                               progress=lambda s: progress.update(
+                                   description=f"analyze {run_dir}: {s.description}",
+                                   completed=s.done, total=s.total))
     print_table(summary_table(result))
     note = result["classifier"].get("note")
     if note:

@@ -3,12 +3,12 @@
 
 ``audit`` is a command group: without a sub-command it runs this reconstruction sweep (its
 options are the group's), and ``audit dp`` runs the distinguishing games of
-``cli/audit_dp.py`` (docs/privacy-audit.md puts the two side by side)."""
+``cli/audit_dp.py`` (docs/privacy-audit.md puts the two side by side). The jobs are
+``privfedcal.jobs.audit`` and ``audit_dp``; these commands parse and print."""
 
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Annotated
@@ -52,23 +52,9 @@ def parse_secagg(text: str) -> tuple[bool, ...]:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
-    from privfedcal.attacks.audit import ATTACKED_CALIBRATORS
-    from privfedcal.config import RunConfig
-    from privfedcal.experiment import check_method
+    from privfedcal.jobs import check_methods
 
-    out = [t.strip() for t in text.split(",") if t.strip()]
-    if not out:
-        raise UsageError("--methods needs at least one method (ccvr, creff)")
-    for m in out:
-        check_method(m)
-    # refused before any run: a method without a calibration upload gives the audit's
-    # attacks nothing to invert, whatever its eps and secagg
-    idle = [m for m in out if RunConfig(method=m).calibrator not in ATTACKED_CALIBRATORS]
-    if idle:
-        raise UsageError(f"--methods: {', '.join(idle)} upload(s) no calibration payload, so "
-                         "the audit has nothing to attack; methods that upload one: "
-                         f"{', '.join(ATTACKED_CALIBRATORS)}")
-    return tuple(dict.fromkeys(out))
+    return check_methods(t.strip() for t in text.split(",") if t.strip())
 
 
 def _fmt(value: object, digits: int = 3) -> str:
@@ -101,9 +87,9 @@ def audit(
     `privfedcal audit dp` instead measures a lower bound on epsilon per channel."""
     if ctx.invoked_subcommand is not None:
         return  # `audit dp ...`: the group's own sweep does not run
-    from privfedcal.attacks.audit import AuditConfig, Setting, plot_audit, run_setting, write_csv
+    from privfedcal import jobs
+    from privfedcal.attacks.audit import AuditConfig, Setting
     from privfedcal.cli.console import Reporter
-    from privfedcal.cli.output import all_or_nothing, check_fresh
 
     config = AuditConfig(eps=parse_eps(eps), secagg=parse_secagg(secagg),
                          methods=parse_methods(methods), dataset=dataset, clients=clients,
@@ -111,21 +97,11 @@ def audit(
                          restarts=restarts, attack_batch=attack_batch,
                          attack_clients=attack_clients, seed=seed, device=device)
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
-    files = ("audit.csv", "audit.png")
-    check_fresh(out_dir, (*files, "runs"), overwrite=overwrite, what="an audit")
-    if overwrite and (out_dir / "runs").is_dir():  # each setting trains afresh
-        shutil.rmtree(out_dir / "runs")
-    settings = config.settings()
-    rows = []
-    with Reporter("audit", total=len(settings), quiet=quiet) as bar:
-        for s in settings:
-            bar.update(description=f"audit {s.name}: training")
-            rows.append(run_setting(s, config, out_dir, on_job=lambda d, s=s: bar.update(
-                description=f"audit {s.name}: {d}")))
-            bar.update(advance=1)
-    with all_or_nothing(out_dir, files) as paths:
-        write_csv(rows, paths["audit.csv"])
-        plot_audit(rows, paths["audit.png"])
+    # no line before the job's checks pass: its first stage (no description) is the start
+    with Reporter("", total=len(config.settings()), quiet=quiet, announce=False) as bar:
+        rows = jobs._audit(config, out_dir, overwrite=overwrite, progress=lambda s: bar.update(
+            description=f"audit {s.description}".strip(), completed=s.done,
+            total=s.total)).rows
     table = Table(title=f"privfedcal audit: {out_dir}")
     for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
                 "prior max", "PSNR", "prior", "SSIM", "class inf", "disagg", "finest",

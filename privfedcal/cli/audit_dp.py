@@ -1,13 +1,12 @@
 """``privfedcal audit dp``: does the printed epsilon hold? A distinguishing game per channel of
 a run configuration (the options of ``train``, or ``--run DIR``); writes ``dp_audit.csv`` and
-``dp_audit.png`` (claimed vs empirical epsilon). docs/privacy-audit.md explains the bound."""
+``dp_audit.png`` (claimed vs empirical epsilon). docs/privacy-audit.md explains the bound.
+The job is ``privfedcal.jobs.audit_dp``; this parses and prints."""
 
 from __future__ import annotations
 
 import inspect
-import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,11 +70,9 @@ def dp(**flags: Any) -> None:
     """Empirical lower bounds on epsilon, one per channel, beside the epsilon the run claims."""
     from rich.table import Table
 
-    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, check_game, play, plot, write_csv
-    from privfedcal.attacks.dp_channels import build_channels, parse_channels
-    from privfedcal.cli.attack import set_threads
-    from privfedcal.cli.output import check_writable
-    from privfedcal.privacy.releases import DPSGD_RELEASE
+    from privfedcal import jobs
+    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME
+    from privfedcal.attacks.dp_channels import parse_channels
 
     config, run_dir, run, trials, budget_s, confidence, channels, whole, quiet = (
         flags.pop(k) for k in ("config", "run_dir", "run", "trials", "budget_s", "confidence",
@@ -83,48 +80,16 @@ def dp(**flags: Any) -> None:
     run = run_folder(run_dir, run, "audit dp", required=False)
     if run is not None and not Path(run).is_dir():
         raise UsageError(f"--run {run}: no such run folder")
-    if not (math.isfinite(budget_s) and budget_s > 0):
-        raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
-    check_game(trials, confidence)
     names = parse_channels(channels)
     cfg = audit_config(run, config, flags)
-    set_threads(cfg.threads)  # the games run in this process: --threads holds for them too
     target = out_dir(run, flags.get("out"))
-    check_writable(target)  # one line, exit 2, before the games run
-    # built before any progress line: a configuration without a channel is refused in one line
-    games = build_channels(cfg.replace(out=None, transcript=False), names)
-    rows: list[dict[str, Any]] = []
     with Reporter("audit dp", quiet=quiet, announce=False) as progress:
-
-        def done(row: dict[str, Any]) -> None:
-            """A channel's row: kept, written at once (an interrupted audit keeps the rows
-            it has) and printed as a line when not on a terminal."""
-            rows.append(row)
-            write_csv(rows, target / CSV_NAME)
-            progress.line(_row_line(row))
-
-        def stage(text: str, total: int) -> Callable[[int, int], None]:
-            progress.update(description=f"audit dp: {text}", completed=0, total=total)
-            return lambda k, n: progress.update(completed=k, total=n)
-
-        for ch in games:
-            done(play(ch, trials, budget_s=budget_s, confidence=confidence,
-                      progress=stage(f"{ch.name}, trials per side", trials)))
-        calibration = [ch.name for ch in games if ch.name != DPSGD_RELEASE]
-        if whole and calibration:  # the whole run's calibration uploads, one run
-            from privfedcal.attacks.dp_onerun import one_run
-
-            done(one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
-                         budget_s=budget_s,
-                         progress=stage(f"{calibration[0]} (one run), clients", cfg.clients)))
-        if whole and cfg.dp_train:  # the whole run's training under DP-SGD, one run
-            from privfedcal.attacks.dp_onerun_train import one_run_training
-
-            done(one_run_training(cfg, per_client=200, confidence=confidence,
-                                  budget_s=budget_s,
-                                  progress=stage("dp-sgd (one run), training rounds",
-                                                 cfg.rounds)))
-    plot(rows, target / PNG_NAME)
+        rows = jobs._audit_dp(
+            cfg, target, trials=trials, budget_s=budget_s, confidence=confidence,
+            channels=names, one_run=whole,
+            progress=lambda s: progress.update(description=f"audit dp: {s.description}",
+                                               completed=s.done, total=s.total),
+            on_row=lambda row: progress.line(_row_line(row))).rows
     table = Table(title=f"privfedcal audit dp: {target}")
     for col in ("channel", "claimed eps", "delta", f"eps lower ({100 * confidence:g}%)",
                 "trials", "score", "seconds", "verdict"):

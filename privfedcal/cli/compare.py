@@ -2,7 +2,8 @@
 written as ``compare.csv`` and ``compare.html`` (accuracy curves overlaid). Runs trained on
 different datasets, privacy budgets or round counts are flagged, not silently compared, and
 every setting that differs between the runs is named. An earlier comparison in ``--out`` is
-kept unless ``--overwrite``; both files are renamed into place together (``output.py``)."""
+kept unless ``--overwrite``; both files are renamed into place together
+(``report/output.py``). The job is ``privfedcal.jobs.compare``; this parses and prints."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Annotated
 import typer
 
 from privfedcal.cli.console import console, err_console, print_table
-from privfedcal.errors import UsageError
 
 
 def compare(
@@ -25,46 +25,30 @@ def compare(
     from rich import box
     from rich.table import Table
 
+    from privfedcal import jobs
     from privfedcal.cli.args import run_folders
-    from privfedcal.cli.output import all_or_nothing, check_fresh
-    from privfedcal.report.compare import (
-        collect,
-        differing_settings,
-        display_rows,
-        write_csv,
-        write_html,
-    )
+    from privfedcal.report.compare import display_rows
 
-    runs = run_folders(runs, run)
-    if len(runs) < 1:
-        raise UsageError("compare needs at least one run folder: privfedcal compare RUN... "
-                         "(or --run RUN, repeated)")
-    files = ("compare.csv", "compare.html")
-    check_fresh(out, files, overwrite=overwrite, what="a comparison")
-    rows, warnings = collect(runs)
+    result = jobs._compare(run_folders(runs, run), out, overwrite)
     table = Table(title="privfedcal compare", box=box.SIMPLE_HEAD)
     short = ("method", "dataset", "partition", "rounds", "before", "after", "worst", "eps",
              "bytes", "time s", "differs")
     for h in short:
         table.add_column(h, justify="left" if h in ("method", "dataset", "partition", "differs")
                          else "right", overflow="fold")
-    for cells, r in zip(display_rows(rows), rows, strict=True):
+    for cells, r in zip(display_rows(result.rows), result.rows, strict=True):
         # flagged fields (not comparable), then the names of the other differing settings
         names = [d.split("=", 1)[0] for d in r["differs"].split(", ") if d]
         extra = [n for n in names if n not in ("dataset", "rounds")]
         differs = "; ".join(x for x in (r["flag"], ",".join(extra)) if x)
         table.add_row(*cells[1:-2], differs, style="yellow" if r["flags"] else None)
     print_table(table)
-    for w in warnings:
+    for w in result.warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
-    lines = differing_settings([dict(r, differs="") for r in rows])
-    if lines:
+    if result.differing:
         console.print("settings that differ between the runs:", highlight=False)
-        for line in lines:
+        for line in result.differing:
             console.print(f"  {line}", highlight=False, markup=False)
-    with all_or_nothing(out, files) as paths:
-        write_csv(rows, paths["compare.csv"])
-        write_html(rows, warnings, paths["compare.html"])
     console.print(f"wrote {out / 'compare.csv'} and {out / 'compare.html'}")
 
 

@@ -4,30 +4,26 @@ The partition is the one ``privfedcal train`` uses for the same settings: the de
 ``train``'s (RunConfig's, e.g. ``--imbalance-factor 10``, used by ``--partition longtail``
 only) and ``--config`` takes the same TOML file or a run's ``config.json`` (its training
 settings are ignored here). Samples the long-tail shaping drops belong to no client. An
-earlier partition in ``--out`` is kept unless ``--overwrite`` (``output.py``).
+earlier partition in ``--out`` is kept unless ``--overwrite`` (``report/output.py``). The job is
+``privfedcal.jobs.partition``; this parses and prints.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
 
-from privfedcal.cli.output import all_or_nothing, check_fresh
 from privfedcal.cli.train import command_options, setting_options
 from privfedcal.config import RunConfig
-from privfedcal.data.partition import PartitionSpec
+from privfedcal.jobs import PARTITION_KEYS
 from privfedcal.settings import settings_of
 
 Opt = typer.Option
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
-#: flags of this command that are RunConfig fields (the rest of a --config file is ignored)
-PARTITION_KEYS = ("dataset", "data_root", "download", "clients", "partition", "alpha",
-                  "imbalance_factor", "shards_per_client", "min_size", "seed", "data_seed")
 
 
 def _partition_options(
@@ -40,44 +36,11 @@ def _partition_options(
 
 def partition(**given: Any) -> None:
     """Partition a training set over clients; print per-client class counts, write a heatmap."""
-    from privfedcal.config import load_toml
-    from privfedcal.data.datasets import load_dataset
-    from privfedcal.data.partition import class_counts, partition_indices
-    from privfedcal.data.plots import plot_partition
+    from privfedcal import jobs
 
     config, out, overwrite = given.pop("config"), given.pop("out"), given.pop("overwrite")
-    files = ("partition.png", "partition.json")
-    check_fresh(out, files, overwrite=overwrite, what="a partition")  # before the data load
-    given = {k: v for k, v in given.items() if v is not None}
-    merged = {k: v for k, v in (load_toml(config) if config else {}).items()
-              if k in PARTITION_KEYS}
-    cfg = RunConfig.from_dict({**merged, **given})
-    spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                         imbalance_factor=cfg.imbalance_factor,
-                         shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
-    # the seed the partition is drawn from: --data-seed (a run's config.json records it),
-    # else --seed, as a run without a protection draws it
-    seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
-    labels = data.y_train.numpy()
-    domains = data.domains_train.numpy() if data.domains_train is not None else None
-    parts = partition_indices(labels, spec, seed, domains=domains)
-    counts = class_counts(labels, parts, data.num_classes)
-    title = f"{data.name}: {spec.scheme}, K={spec.num_clients}, seed={seed}"
-    summary = {
-        "dataset": data.name, "partition": spec.scheme, "clients": spec.num_clients,
-        "alpha": spec.alpha, "imbalance_factor": spec.imbalance_factor,
-        "shards_per_client": spec.shards_per_client, "min_size": spec.min_size, "seed": seed,
-        "classes": data.classes, "num_train": data.num_train,
-        "num_assigned": int(counts.sum()), "sizes": counts.sum(axis=1).tolist(),
-        "class_totals": counts.sum(axis=0).tolist(), "counts": counts.tolist(),
-    }
-    if data.domain_names is not None and spec.scheme == "domains":
-        summary["client_domains"] = data.domain_names
-    with all_or_nothing(out, files) as paths:  # both files or neither
-        plot_partition(counts, paths["partition.png"], classes=data.classes, title=title)
-        paths["partition.json"].write_text(json.dumps(summary, indent=2) + "\n")
-    _print_table(counts, data.classes, title)
+    result = jobs._partition(config, given, out, overwrite)
+    _print_table(result.counts, result.classes, result.title)
     print(f"wrote {out / 'partition.png'} and {out / 'partition.json'}")
 
 
