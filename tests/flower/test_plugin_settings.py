@@ -33,7 +33,7 @@ def test_delta_follows_the_public_example_count():
     ({"epsilon": 1.0}, {}, "unknown privfedcal setting 'epsilon'"),
     ({}, {"privfedcal.dataset": "x"}, "unknown privfedcal setting 'dataset'"),
     ({"method": "oracle"}, {}, "method must be one of ccvr, creff"),
-    ({"dp_eps": 1.0, "dp_clip": "auto"}, {}, "dp-clip='auto' is not available"),
+    ({"dp_eps": 1.0, "dp_clip": "auto"}, {}, "dp-clip=.auto. is not wired"),
     ({"hide_counts": True}, {}, "--hide-counts needs --secagg"),
 ])
 def test_bad_settings_are_one_line_errors(kwargs, run_config, match):

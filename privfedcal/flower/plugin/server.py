@@ -184,7 +184,8 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     protection the settings ask for; returns the run's summary (summary.json).
 
     ``model``: the trained ``torch.nn.Module`` (its head ``head``, or the last ``Linear``);
-    its head is replaced in place by the calibrated one, under its own parameter names.
+    its head is replaced in place by the calibrated one, under its own parameter names
+    (the model is moved to ``device``).
     ``context``: the ServerApp's Context, whose run config's ``privfedcal.*`` keys override
     the keyword ``settings`` (``dp_eps``, ``dp_clip``, ``secagg``, ``hide_counts``, ``rounds``,
     ``key_holder``, ``min_replies``, ``examples``, ``calibration_params``...; settings.py).
