@@ -3,18 +3,23 @@ and use CCVR's calibration with its protection from a federated loop of one's ow
 
 Every name here is re-exported by ``privfedcal`` (``privfedcal.__all__``); ``docs/api.md``
 is the guide, with doctested examples. The functions run the same code as the CLI
-(``privfedcal train`` / ``attack``) and write the same run folders; errors a user can fix
-raise ``privfedcal.UsageError`` with one line (the CLI prints it and exits 2), which names
-the keyword (``dp_eps``) where the CLI's names the flag (``--dp-eps``; ``pysurface.py``).
-Numbers may be numpy scalars wherever Python numbers are taken.
+(``privfedcal train`` / ``attack``) and write the same run folders, but ``train`` without
+``out`` keeps its run in a temporary folder until ``Run.save``; progress shows as a bar
+when interactive and goes to the ``privfedcal`` logger (``api_log.py``). Errors a user can
+fix raise ``privfedcal.UsageError`` with one line (the CLI prints it and exits 2), which
+names the keyword (``dp_eps``) where the CLI's names the flag (``--dp-eps``;
+``pysurface.py``). Numbers may be numpy scalars wherever Python numbers are taken.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +29,7 @@ from privfedcal.ownloop import calibrate_head, ccvr_statistics, privatize_statis
 from privfedcal.pysurface import (
     _as_path,
     _coerce,
+    _plain,
     options_of,
     python_surface,
     register_check,
@@ -38,7 +44,31 @@ __all__ = [
 ]
 
 
+register_check("bool", lambda v, n, o: _coerce(v, bool, n, o))
+
+
+def _check_progress(value: Any, name: str, optional: bool) -> Any:
+    """``progress``: None (a bar when interactive), True, False or a callable."""
+    value = _plain(value)
+    if (value is None and optional) or isinstance(value, bool) or callable(value):
+        return value
+    raise UsageError(f"{name} must be callable, True or False, got {type(value).__name__}")
+
+
+register_check("bool | Callable[[dict[str, Any]], None]", _check_progress)  # a round's record
+register_check("bool | Callable[[Progress], None]", _check_progress)  # an attack's progress
+
+
 # ---- runs -------------------------------------------------------------------------------------
+
+class Scratch:
+    """A temporary folder that holds in-memory runs: removed when the last ``Run`` holding
+    it is garbage-collected, or at interpreter exit."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="privfedcal-"))
+        self._removal = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+
 
 @dataclass(frozen=True)
 class Run:
@@ -46,9 +76,18 @@ class Run:
 
     ``path`` is the folder; ``config`` its settings (the experimenter's, with the data seed);
     ``summary`` and ``metrics`` the files of the same names; ``server_view`` the folder an
-    auditor is given (``RUN/server``: public config, transcript, summary)."""
+    auditor is given (``RUN/server``: public config, transcript, summary). A run trained
+    without ``out`` is kept in a temporary folder that lives as long as the ``Run`` (and
+    the runs ``resume`` makes of it): ``in_memory`` is then True, and ``save`` keeps it."""
 
     path: Path
+    #: the temporary folder an in-memory run lives in (None for a folder of one's own)
+    scratch: Scratch | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def in_memory(self) -> bool:
+        """True for a run in a temporary folder, removed with the ``Run`` (``save`` it)."""
+        return self.scratch is not None
 
     @property
     def config(self) -> RunConfig:
@@ -103,6 +142,38 @@ class Run:
         from privfedcal.report.run import build_run_report
 
         return Path(build_run_report(self.path))
+
+    @python_surface
+    def save(self, path: str | Path, overwrite: bool = False) -> Run:
+        """Copy the run to the folder ``path`` (the folder ``privfedcal train --out path``
+        writes) and return it as a ``Run`` of its own. A ``path`` that holds a run is
+        refused unless ``overwrite`` (then that run folder is replaced: only a folder with a
+        ``config.json``, never another one); a non-empty folder that holds no run is
+        refused either way. The saved ``config.json`` records ``path`` as the run's
+        ``out``."""
+        dest = Path(path)
+        here = self.path.resolve()
+        if dest.resolve() == here:
+            return self
+        if here in dest.resolve().parents:
+            raise UsageError(f"cannot save {self.path} into itself ({dest})")
+        _make_room(dest, overwrite, "pick another path or give overwrite=True")
+        if dest.is_dir() and any(dest.iterdir()):
+            raise UsageError(f"{dest} is not empty and holds no run: save into a new or "
+                             "empty folder")
+        _check_writable(dest)
+        shutil.copytree(self.path, dest, dirs_exist_ok=True)
+        from privfedcal.federation.runfolder import server_dir
+
+        for folder in (dest, server_dir(dest)):
+            record = folder / "config.json"
+            if record.is_file():
+                record.write_text(json.dumps({**json.loads(record.read_text()),
+                                              "out": str(dest)}, indent=2))
+        saved = Run(dest)
+        if (dest / "report.html").is_file():  # it shows the settings, ``out`` included
+            saved.report()
+        return saved
 
 
 register_check("Run | str | Path",
@@ -168,40 +239,78 @@ def _check_writable(folder: Path) -> None:
         raise UsageError(f"cannot write to out {folder}: {probe}: {exc.strerror or exc}") from None
 
 
+def _make_room(folder: Path, overwrite: bool, hint: str) -> None:
+    """Refuse a ``folder`` that holds a run (its ``checkpoint/`` or ``summary.json``)
+    unless ``overwrite``; with ``overwrite``, remove it if it is a run folder (a
+    ``config.json`` in a real folder, not a link) and refuse a non-empty folder that is not
+    one: only a run folder is ever deleted."""
+    holds = (folder / "checkpoint").exists() or (folder / "summary.json").exists()
+    if not overwrite:
+        if holds:
+            raise UsageError(f"{folder} already holds a run; {hint}")
+        return
+    if not folder.exists() or (folder.is_dir() and not folder.is_symlink()
+                               and not any(folder.iterdir())):
+        return
+    if folder.is_symlink() or not folder.is_dir() or not (folder / "config.json").is_file():
+        raise UsageError(f"{folder} is not a privfedcal run folder (no config.json): "
+                         "overwrite=True replaces only a run folder")
+    shutil.rmtree(folder)
+
+
 @python_surface
 def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
-          out: str | Path | None = None,
-          progress: Callable[[dict[str, Any]], None] | None = None,
+          out: str | Path | None = None, overwrite: bool = False,
+          progress: bool | Callable[[dict[str, Any]], None] | None = None,
           **settings: Any) -> Run:
-    """Train one federated experiment and return its run folder.
+    """Train one federated experiment and return its run.
 
     ``config``: a ``RunConfig``, a mapping of settings, or a TOML file / ``config.json``;
     keyword ``settings`` (``RunConfig`` field names: ``method="ccvr"``, ``dp_eps=8``)
     override it, and so do method hyperparameters and calibrator options by name
     (``mu=0.01``, ``match_steps=50``: the CLI's flags, each the keyword of its flag's name).
-    Numbers may be numpy scalars. ``out``: the run folder (default
-    ``runs/<method>-<dataset>-<time>``); a folder that already holds a run, or one that
-    cannot be written, is refused. ``progress`` is called with each round's
-    record. Raises ``Diverged`` when the loss or model stops being finite (the folder keeps
-    what was written), ``UsageError`` on bad settings, ``PrivacyBudgetError`` when the
-    budget cannot be met."""
+    Numbers may be numpy scalars.
+
+    ``out``: the run folder. Without one (here or in ``config``) the run is kept in a
+    temporary folder removed with the returned ``Run`` (``Run.save`` keeps it), so a cell
+    re-run never collides with a previous run. A folder that already holds a run is
+    refused unless ``overwrite`` (then it is replaced; only a folder with a ``config.json``
+    is), and so is one that cannot be written.
+
+    ``progress``: None (a bar when stderr is a terminal or in a notebook), True (a bar),
+    False (none), or a callable called with each round's record instead of the bar. The
+    ``privfedcal`` logger receives a line at the start, per evaluated round and at the end
+    (``api_log.py``). Raises ``Diverged`` when the loss or model stops being finite (a
+    folder given as ``out`` keeps what was written), ``UsageError`` on bad settings,
+    ``PrivacyBudgetError`` when the budget cannot be met."""
+    from privfedcal.api_log import run_simulator
     from privfedcal.experiment import build_simulator
 
     cfg = _config(config, settings)
-    run_dir = Path(out) if out is not None else (Path(cfg.out) if cfg.out else _default_dir(cfg))
-    if (run_dir / "checkpoint").exists() or (run_dir / "summary.json").exists():
-        raise UsageError(f"{run_dir} already holds a run; resume it or pick another out")
-    _check_writable(run_dir)  # before the data are loaded and the model built
-    sim = build_simulator(cfg.replace(out=str(run_dir)), run_dir)
-    sim.run(progress=progress)
-    sim.log.close()
-    return Run(run_dir)
+    scratch = None
+    if out is not None or cfg.out:
+        run_dir = Path(out) if out is not None else Path(str(cfg.out))
+        _make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
+        _check_writable(run_dir)  # before the data are loaded and the model built
+        cfg = cfg.replace(out=str(run_dir))
+    else:  # in memory: config.json records no out until the run is saved
+        scratch = Scratch()
+        run_dir = scratch.path / _run_name(cfg)
+    sim = build_simulator(cfg, run_dir)
+    run_simulator(sim, progress, _where(run_dir, scratch))
+    return Run(run_dir, scratch)
 
 
-def _default_dir(cfg: RunConfig) -> Path:
+def _where(run_dir: Path, scratch: Scratch | None) -> str:
+    """Where a run is kept, for its first log line."""
+    return str(run_dir) if scratch is None else f"memory (a temporary folder, {run_dir})"
+
+
+def _run_name(cfg: RunConfig) -> str:
+    """An in-memory run's folder name, as the CLI names its runs (``ccvr-digits-<time>``)."""
     import time
 
-    return Path("runs") / f"{cfg.method}-{cfg.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{cfg.method}-{cfg.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 @python_surface
@@ -265,14 +374,18 @@ def _resume_simulator(run_dir: Path, rounds: int | None = None,
 
 @python_surface
 def resume(run: Run | str | Path, rounds: int | None = None,
-           progress: Callable[[dict[str, Any]], None] | None = None) -> Run:
+           progress: bool | Callable[[dict[str, Any]], None] | None = None) -> Run:
     """Continue an interrupted run, or extend a finished one to ``rounds`` (as
-    ``privfedcal train --resume RUN --rounds N``; see ``resume_simulator``)."""
+    ``privfedcal train --resume RUN --rounds N``; see ``resume_simulator``), in its own
+    folder: an in-memory run stays in memory. ``progress`` and the log lines as in
+    ``train``."""
+    from privfedcal.api_log import run_simulator
+
     path = run.path if isinstance(run, Run) else Path(run)
+    scratch = run.scratch if isinstance(run, Run) else None
     sim = _resume_simulator(path, rounds=rounds)
-    sim.run(progress=progress)
-    sim.log.close()
-    return Run(path)
+    run_simulator(sim, progress, _where(path, scratch))
+    return Run(path, scratch)
 
 
 @python_surface
@@ -296,7 +409,7 @@ ATTACK_KINDS = ("stats", "gradients", "updates", "classes")
 def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restarts: int = 4,
            clients: Iterable[int] | None = None, classes: Iterable[int] | None = None,
            seed: int = 0, device: str = "cpu",
-           progress: Callable[[Progress], None] | None = None,
+           progress: bool | Callable[[Progress], None] | None = None,
            **options: Any) -> list[dict[str, Any]]:
     """Attack what the server observed in ``run`` and return one record per attacked
     target (the rows of ``attack.json``; scored against the truth when the experimenter's
@@ -309,13 +422,15 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     attack``'s flags by their keyword names: ``raw_samples=0``, ``round=2``); an unknown one
     is a ``UsageError``. ``progress`` receives a ``privfedcal.attacks.progress.Progress``
     as the inversions run (``steps`` of ``total`` optimisation steps, ``targets`` of ``of``,
-    ``eta`` in seconds), as ``privfedcal attack`` shows it. Nothing is written: ``privfedcal
-    attack`` writes the files."""
+    ``eta`` in seconds), as ``privfedcal attack`` shows it, in place of the bar over
+    optimisation steps that is drawn by default when interactive (``progress=False``: none;
+    as ``train``'s). The ``privfedcal`` logger gets the attack's start and end (INFO) and
+    each finished target (DEBUG). Nothing is written: ``privfedcal attack`` writes the
+    files."""
+    from privfedcal.api_log import AttackWatch
     from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
-    from privfedcal.attacks.release_attacks import release_attack
-    from privfedcal.attacks.runner import AttackOptions, execute
+    from privfedcal.attacks.runner import AttackOptions
     from privfedcal.attacks.runner import load_run as load_view
-    from privfedcal.attacks.uploads import infer_class_sets
 
     if kind not in ATTACK_KINDS:
         raise UsageError(f"attack kind must be one of {', '.join(ATTACK_KINDS)}, got {kind!r}")
@@ -325,9 +440,23 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
                        taken=("steps", "restarts", "seed", "progress"))
     opts = AttackOptions(steps=steps, restarts=restarts, seed=seed, **options)
     view = load_view(path, device=device)
+    with AttackWatch(progress, f"attack {kind}", str(path)) as watch:
+        records = _attack_records(view, kind, opts, clients, classes, watch)
+        watch.finished(len(records))
+    return records
+
+
+def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | None,
+                    classes: Iterable[int] | None,
+                    on_progress: Callable[[Progress], None]) -> list[dict[str, Any]]:
+    """The records of ``attack``'s ``kind`` on ``view`` (a loaded server view)."""
+    from privfedcal.attacks.release_attacks import release_attack
+    from privfedcal.attacks.runner import execute
+    from privfedcal.attacks.uploads import infer_class_sets
+
     if kind == "classes":
         records, _ = infer_class_sets(view, opts)
-        return records
+        return list(records)
     ids = None if clients is None else list(clients)
     cls = None if classes is None else list(classes)
     # the attack registered under that name (a calibrator's ReleaseSpec.attack); model
@@ -341,4 +470,4 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
         plan = attack.plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
-    return [r.record for r in execute(plan, lambda job: None, on_progress=progress)]
+    return [r.record for r in execute(plan, lambda job: None, on_progress=on_progress)]
