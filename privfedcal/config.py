@@ -143,6 +143,11 @@ class RunConfig:
                                            shown="1.0")
     dp_updates_share: float = setting(0.5, "Budget share of --dp-updates beside calibration "
                                       "uploads.", group="Privacy")
+    dp_adaptive_clip: bool = setting(False, "Move --dp-update-clip each round towards a "
+                                     "quantile of the update norms (noised count).",
+                                     group="Privacy")
+    dp_clip_quantile: float = setting(0.5, "Target quantile of --dp-adaptive-clip.",
+                                      group="Privacy")
     secagg: bool = setting(False, "CKKS secure aggregation.", group="Privacy")
     hide_counts: bool = setting(False, "Hide class counts.", group="Privacy",
                                 flag="--hide-counts/--show-counts")
@@ -198,6 +203,7 @@ class RunConfig:
                                              and self.dp_update_clip > 0),
              "--dp-update-clip must be a finite number > 0"),
             (0 < self.dp_updates_share < 1, "--dp-updates-share must be in (0, 1)"),
+            (0 < self.dp_clip_quantile < 1, "--dp-clip-quantile must be in (0, 1)"),
             (self.dp_nominal_size is None or self.dp_nominal_size >= 1,
              "--dp-nominal-size must be >= 1"),
             (not self.hide_counts or self.secagg,
@@ -235,9 +241,15 @@ class RunConfig:
                      if on]
             if given:
                 raise UsageError(f"{', '.join(given)} belong(s) to DP-SGD: give --dp-train")
+        if not self.dp_adaptive_clip and self.dp_clip_quantile != 0.5:
+            raise UsageError("--dp-clip-quantile belongs to --dp-adaptive-clip")
+        if self.dp_adaptive_clip and self.secagg_updates:
+            raise UsageError("--dp-adaptive-clip runs with central noise only: under "
+                             "--secagg-updates its count would leave the ciphertexts")
         if not self.dp_updates:
             given = [flag for flag, on in (("--dp-update-clip", self.dp_update_clip is not None),
-                                           ("--dp-updates-share", self.dp_updates_share != 0.5))
+                                           ("--dp-updates-share", self.dp_updates_share != 0.5),
+                                           ("--dp-adaptive-clip", self.dp_adaptive_clip))
                      if on]
             if given:
                 raise UsageError(f"{', '.join(given)} belong(s) to user-level DP: give "

@@ -252,12 +252,15 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
     up = Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
                 hints=hints, seeded_noise=cfg.insecure_seeded_noise)
     if cfg.dp_updates:
+        from privfedcal.privacy.adaptive_clip import AdaptiveClip
         from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP, UserDP
 
         up.user_dp = UserDP(dp, cfg.dp_update_clip or DEFAULT_UPDATE_CLIP,
                             denominator=per_round(cfg.clients, cfg.participation),
                             distributed=cfg.secagg_updates, seed=cfg.seed,
-                            seeded=cfg.insecure_seeded_noise)
+                            seeded=cfg.insecure_seeded_noise,
+                            adaptive=AdaptiveClip(cfg.dp_clip_quantile)
+                            if cfg.dp_adaptive_clip else None)
     return up
 
 

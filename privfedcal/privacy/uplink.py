@@ -241,12 +241,15 @@ class Uplink:
     def state_dict(self) -> dict[str, Any]:
         noise = self.find(NoiseStage)
         return {"dp": noise.state_dict() if noise is not None else None,
+                "user_dp": self.user_dp.state_dict() if self.user_dp is not None else None,
                 "rejected": self.rejected, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         noise = self.find(NoiseStage)
         if noise is not None and state.get("dp") is not None:
             noise.load_state_dict(state["dp"])
+        if self.user_dp is not None and state.get("user_dp") is not None:
+            self.user_dp.load_state_dict(state["user_dp"])  # the adaptive clip's value
         self.rejected = list(state.get("rejected", []))
         self.skipped = list(state.get("skipped", []))
 

@@ -32,6 +32,8 @@ Where the noise is added:
   server sees only the noisy sum, and the guarantee holds against it too, provided the key
   holder does not collude with it.
 Noise comes from OS entropy (privacy/noise.py); with ``--insecure-seeded-noise`` nothing holds.
+With ``--dp-adaptive-clip`` the clip follows a quantile of the update norms through a noised
+count released in the same round (privacy/adaptive_clip.py, central noise only).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from torch import Tensor
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import ReleasePlan, compute_epsilon
+from privfedcal.privacy.adaptive_clip import AdaptiveClip, count_noise_std, update_multiplier
 from privfedcal.privacy.noise import noise_generator
 from privfedcal.privacy.releases import USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript, record_model_updates
@@ -133,9 +136,14 @@ class UserDP:
     distributed: bool  # --secagg-updates: the clients add the noise, in shares
     seed: int = 0
     seeded: bool = False
+    adaptive: AdaptiveClip | None = None  # --dp-adaptive-clip: ``clip`` moves every round
     label = USER_DP_RELEASE
 
     def __post_init__(self) -> None:
+        self.initial_clip = self.clip
+        if self.adaptive is not None and self.distributed:
+            raise UsageError("--dp-adaptive-clip runs with central noise only: under "
+                             "--secagg-updates its count would leave the ciphertexts")
         if not (math.isfinite(self.clip) and self.clip > 0):
             raise UsageError(f"--dp-update-clip must be a finite number > 0, got {self.clip}")
         if self.denominator < 1:
@@ -149,9 +157,23 @@ class UserDP:
         return self.dp.sigmas[self.label]
 
     @property
+    def count_std(self) -> float | None:
+        """Std of the noise on the count of updates within the clip (adaptive clip only)."""
+        if self.adaptive is None:
+            return None
+        return count_noise_std(self.noise_multiplier, self.denominator)
+
+    @property
+    def update_multiplier(self) -> float:
+        """The updates' own multiplier: ``z``, or more where the count shares the round."""
+        count = self.count_std
+        return self.noise_multiplier if count is None else update_multiplier(
+            self.noise_multiplier, count)
+
+    @property
     def std(self) -> float:
-        """Std of the noise on the SUM of clipped updates: ``z * S``."""
-        return self.noise_multiplier * self.clip
+        """Std of the noise on the SUM of clipped updates: ``z * S`` (``z_u * S`` adaptive)."""
+        return self.update_multiplier * self.clip
 
     def client_share(self) -> float:
         """Variance share each client adds: 0 with central noise."""
@@ -167,15 +189,27 @@ class UserDP:
         self.dp.record(self.label, clients)
 
     def client_update(self, global_state: State, state: State, round_: int,
-                      client: int) -> State:
-        """Client side: its clipped update, plus its noise share when distributed."""
-        delta = clip_update(model_delta(state, global_state), self.clip)
+                      client: int) -> tuple[State, bool]:
+        """Client side: its clipped update, plus its noise share when distributed, and
+        whether its norm was within the clip (the adaptive clip's bit)."""
+        delta = model_delta(state, global_state)
+        within = update_norm(delta) <= self.clip
+        delta = clip_update(delta, self.clip)
         share = self.client_share()
         if share > 0:
             g = noise_generator(self.seed, round_, client, 301, seeded=self.seeded)
             noise = gaussian_noise(delta, self.std * math.sqrt(share), g)
             delta = {k: v + noise[k] for k, v in delta.items()}
-        return delta
+        return delta, within
+
+    def adapt(self, within: int, round_: int) -> None:
+        """Server side, adaptive clip: the count noised, the clip moved for the next round."""
+        if self.adaptive is None:
+            return
+        g = noise_generator(self.seed, round_, -1, 303, seeded=self.seeded)
+        noisy = within + self.count_std * float(torch.randn((), generator=g,
+                                                            dtype=torch.float64))
+        self.clip = self.adaptive.next_clip(self.clip, noisy / self.denominator)
 
     def server_noise(self, total: State, round_: int) -> State:
         """Server side, central noise: ``N(0, (z S)^2)`` on the sum (none when distributed)."""
@@ -205,15 +239,19 @@ class UserDP:
         markers: list[State] = []
         total: State = {}
         sent_bytes = 0
+        within = 0
 
         def take(state: State) -> State | None:
-            nonlocal sent_bytes
+            nonlocal sent_bytes, within
             i = len(markers)
             bad = nonfinite_key(state)
             markers.append({} if bad is None else {bad: torch.tensor(float("nan"))})
             sent_bytes += sum(v.numel() * v.element_size() for v in state.values())
-            return None if bad is not None else self.client_update(global_state, state, round_,
-                                                                   selected[i])
+            if bad is not None:
+                return None
+            delta, ok = self.client_update(global_state, state, round_, selected[i])
+            within += int(ok)
+            return delta
 
         if secure_average is None:
             def consume(state: State) -> None:
@@ -246,9 +284,19 @@ class UserDP:
                          for k in floating_keys(global_state)}
                 new = self.apply(global_state, total)
         self.close(selected)
+        self.adapt(within, round_)
         results = [r._replace(loss=None) for r in results]
         checked = [r._replace(state=m) for r, m in zip(results, markers, strict=True)]
         return results, new, sent_bytes, checked
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"clip": self.clip}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        clip = float(state.get("clip", self.clip))
+        if not (math.isfinite(clip) and clip > 0):
+            raise UsageError(f"a checkpoint's update clip must be > 0, got {clip}")
+        self.clip = clip
 
     # ---- report ----------------------------------------------------------------------------
     def user_epsilon(self) -> float:
@@ -271,9 +319,12 @@ class UserDP:
         against = ("every party but a key holder colluding with the server" if self.distributed
                    else "anyone who sees the global models, NOT the server (it receives each "
                    "clipped update: add --secagg-updates to hide them)")
+        clip = (f"update clip {self.clip:g}" if self.adaptive is None else
+                f"adaptive update clip ({self.initial_clip:g} -> {self.clip:.4g}, quantile "
+                f"{self.adaptive.quantile:g})")
         statement = (f"model updates: ({eps:.3f}, {self.dp.delta:.2g})-DP at user level "
                      f"(one client's whole data) for the worst-off client, DP-FedAvg with "
-                     f"update clip {self.clip:g}, noise multiplier "
+                     f"{clip}, noise multiplier "
                      f"{self.noise_multiplier:.4g}, {where}; holds against {against}; no "
                      "amplification by client sampling")
         return {"user_dp": {"epsilon_spent": eps, "delta": self.dp.delta,
@@ -281,6 +332,11 @@ class UserDP:
                             "update_clip": self.clip, "noise_std_of_sum": self.std,
                             "denominator": self.denominator, "sample_rate": 1.0,
                             "noise": "distributed" if self.distributed else "central",
+                            "adaptive_clip": None if self.adaptive is None else {
+                                "quantile": self.adaptive.quantile, "lr": self.adaptive.lr,
+                                "initial_clip": self.initial_clip,
+                                "count_noise_std": self.count_std,
+                                "update_noise_multiplier": self.update_multiplier},
                             "assumptions": USER_DP_ASSUMPTIONS, "statement": statement}}
 
 

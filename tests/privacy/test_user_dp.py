@@ -333,3 +333,88 @@ def test_flower_refuses_dp_updates(tiny_cfg, tmp_path):
 
     with pytest.raises(UsageError, match="simulator only"):
         FlowerSimulator(tiny_cfg(dp_updates=True, dp_eps=8.0), tmp_path, link=None)
+
+
+# ---- adaptive clipping (privacy/adaptive_clip.py) --------------------------------------------
+def test_count_and_updates_share_the_rounds_multiplier():
+    from privfedcal.privacy.adaptive_clip import count_noise_std, update_multiplier
+
+    assert update_multiplier(2.0, 4.0) == pytest.approx(4 / math.sqrt(3))  # (1/4 - 1/16)^-1/2
+    z = 1.3
+    sb = count_noise_std(z, 10)  # ten clients: the privacy share decides, z / sqrt(0.1)
+    assert sb == pytest.approx(z / math.sqrt(0.1))
+    assert count_noise_std(z, 1000) == 50.0  # many clients: the paper's m / 20
+    zu = update_multiplier(z, sb)
+    assert zu ** -2 + sb ** -2 == pytest.approx(z ** -2, rel=1e-12)  # one Gaussian of z
+    assert zu == pytest.approx(z / math.sqrt(0.9))
+    with pytest.raises(UsageError):
+        update_multiplier(2.0, 1.5)
+
+
+def states_with_norms(norms, seed=0):
+    """A global state and one state per norm whose update has exactly that L2 norm."""
+    g = torch.Generator().manual_seed(seed)
+    glob = {"w": torch.zeros(30, dtype=torch.float64)}
+    out = []
+    for n in norms:
+        d = torch.randn(30, generator=g, dtype=torch.float64)
+        out.append({"w": d * (n / d.norm())})
+    return glob, out
+
+
+def test_adaptive_clip_takes_the_papers_geometric_step():
+    from privfedcal.privacy.adaptive_clip import AdaptiveClip
+    from privfedcal.privacy.noise import noise_generator
+
+    glob, states = states_with_norms([0.5, 0.8, 3.0, 4.0])  # 2 of 4 within a clip of 1
+    udp = UserDP(stage(z=1.0), 1.0, denominator=4, distributed=False, seed=9, seeded=True,
+                 adaptive=AdaptiveClip(0.75))
+    one_round(udp, glob, states)
+    draw = float(torch.randn((), generator=noise_generator(9, 1, -1, 303, seeded=True),
+                             dtype=torch.float64))
+    b = (2 + udp.count_std * draw) / 4
+    assert udp.clip == pytest.approx(math.exp(-0.2 * (b - 0.75)), rel=1e-12)
+    assert udp.std == pytest.approx(udp.update_multiplier * udp.clip)
+    assert udp.summary()["user_dp"]["adaptive_clip"]["initial_clip"] == 1.0
+
+
+def test_adaptive_clip_settles_near_the_target_quantile():
+    from privfedcal.privacy.adaptive_clip import AdaptiveClip
+
+    norms = list(np.linspace(1.0, 40.0, 40))  # median 20.5
+    glob, states = states_with_norms(norms)
+    udp = UserDP(stage(z=0.5, steps=80, target=1e4), 1.0, denominator=40, distributed=False,
+                 adaptive=AdaptiveClip(0.5))
+    for r in range(1, 81):
+        one_round(udp, glob, states, round_=r)
+    assert 16.0 < udp.clip < 25.0  # from 1.0 (20 trials: 19.1 to 20.9); count noise std 2
+    restored = UserDP(stage(z=0.5, steps=80, target=1e4), 1.0, denominator=40,
+                      distributed=False,
+                      adaptive=AdaptiveClip(0.5))
+    restored.load_state_dict(udp.state_dict())  # resume keeps the clip
+    assert restored.clip == udp.clip
+
+
+def test_adaptive_clip_runs_end_to_end(tmp_path, tiny_cfg):
+    from privfedcal.experiment import build_simulator
+
+    cfg = tiny_cfg(rounds=2, dp_updates=True, dp_eps=8.0, dp_adaptive_clip=True,
+                   dp_clip_quantile=0.7)
+    p = build_simulator(cfg, tmp_path / "a").run()["privacy"]["user_dp"]
+    assert p["adaptive_clip"]["quantile"] == 0.7 and p["update_clip"] != 1.0
+    assert 7.9 <= p["epsilon_spent"] <= 8.0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--dp-adaptive-clip"], "belong(s) to user-level DP"),
+    (["--dp-updates", "--dp-eps", "8", "--dp-clip-quantile", "0.9"],
+     "--dp-clip-quantile belongs to --dp-adaptive-clip"),
+    (["--dp-updates", "--dp-eps", "8", "--dp-adaptive-clip", "--dp-clip-quantile", "1"],
+     "--dp-clip-quantile must be in (0, 1)"),
+    (["--dp-updates", "--dp-eps", "8", "--dp-adaptive-clip", "--secagg-updates"],
+     "central noise only"),
+])
+def test_bad_adaptive_settings_are_refused(args, needle, capsys):
+    from tests.cli.cli_helpers import assert_usage_error
+
+    assert_usage_error(["train", *args, "--device", "cpu", "--threads", "1"], capsys, needle)
