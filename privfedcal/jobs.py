@@ -66,8 +66,10 @@ class Stage:
 @dataclass(frozen=True)
 class Comparison:
     """``compare``'s result: one row per run (``compare.csv``'s columns,
-    ``report/compare.py`` ``COLUMNS``), the warnings of runs that are not comparable, one
-    line per setting that differs between the runs, and the files written (None: none)."""
+    ``report/compare.py`` ``COLUMNS``, with ``budget``, ``flag`` and ``curve``: the
+    (round, accuracy) of each evaluated round), the warnings of runs that are not
+    comparable, one line per setting that differs between the runs, and the files written
+    (None: none)."""
 
     rows: list[dict[str, Any]]
     warnings: list[str]
@@ -220,12 +222,15 @@ def _compare(runs: list[Path], out: Path | None = None, overwrite: bool = False)
         check_fresh(out, COMPARE_FILES, overwrite=overwrite, what="a comparison")
     rows, warnings = comparing.collect(runs)
     differing = comparing.differing_settings([dict(r, differs="") for r in rows])
+    # the rows as returned: the writers' private keys left out, the accuracy curve kept
+    shown = [{**{k: v for k, v in r.items() if not k.startswith("_")}, "curve": r["_curve"]}
+             for r in rows]
     if out is None:
-        return Comparison(rows, warnings, differing)
+        return Comparison(shown, warnings, differing)
     with all_or_nothing(out, COMPARE_FILES) as paths:
         comparing.write_csv(rows, paths["compare.csv"])
         comparing.write_html(rows, warnings, paths["compare.html"])
-    return Comparison(rows, warnings, differing, out / "compare.csv", out / "compare.html")
+    return Comparison(shown, warnings, differing, out / "compare.csv", out / "compare.html")
 
 
 @_job
@@ -484,6 +489,7 @@ def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
     from privfedcal.data import partition as partitioning
     from privfedcal.data.datasets import load_dataset
     from privfedcal.data.plots import plot_partition
+    from privfedcal.data.sizes import size_distribution
 
     if out is not None:
         check_fresh(out, PARTITION_FILES, overwrite=overwrite, what="a partition")  # first
@@ -503,13 +509,9 @@ def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
     # without a protection draws it
     seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
     data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
-    labels = data.y_train.numpy()
-    domains = data.domains_train.numpy() if data.domains_train is not None else None
-    # the per-sample user ids of data that carry them (the natural partition reads them)
-    users = getattr(data, "users_train", None)
-    ids = {} if users is None else {"users": users.numpy()}
-    parts = partitioning.partition_indices(labels, spec, seed, domains=domains, **ids)
-    counts = partitioning.class_counts(labels, parts, data.num_classes)
+    # with the data's domain or user ids (the domains and natural schemes read them)
+    parts = partitioning.partition_dataset(data, spec, seed)
+    counts = partitioning.class_counts(data.y_train.numpy(), parts, data.num_classes)
     title = f"{data.name}: {spec.scheme}, K={spec.num_clients}, seed={seed}"
     summary = {
         "dataset": data.name, "partition": spec.scheme, "clients": spec.num_clients,
@@ -518,9 +520,9 @@ def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
         "classes": data.classes, "num_train": data.num_train,
         "num_assigned": int(counts.sum()), "sizes": counts.sum(axis=1).tolist(),
         "class_totals": counts.sum(axis=0).tolist(), "counts": counts.tolist(),
+        "size_distribution": size_distribution(counts.sum(axis=1)),
+        **partitioning.client_sources(data, spec.scheme),  # client_domains / client_users
     }
-    if data.domain_names is not None and spec.scheme == "domains":
-        summary["client_domains"] = data.domain_names
     result = Partition(counts, parts, list(data.classes), title, summary)
     if out is None:
         return result

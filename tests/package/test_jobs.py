@@ -58,6 +58,7 @@ def test_compare_returns_the_rows_and_writes_only_into_out(runs, tmp_path, monke
     assert a["accuracy_before"] == ccvr.summary["accuracy_before_calibration"]
     # FedAvg has no calibrator: its accuracy is the "before", no "after"
     assert (b["accuracy_before"], b["accuracy_after"]) == (fedavg.summary["accuracy"], None)
+    assert a["curve"] == [(m["round"], m["accuracy"]) for m in ccvr.metrics]
     assert result.differing == ['calibrate: "ccvr" (1 run), "none" (1 run)']
     written = jobs.compare([ccvr, fedavg], out=tmp_path / "cmp")
     assert written.html == tmp_path / "cmp" / "compare.html" and written.html.is_file()
