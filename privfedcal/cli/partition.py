@@ -24,6 +24,7 @@ from privfedcal.settings import settings_of
 
 Opt = typer.Option
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
+_TABLE_MAX_CLIENTS = 100  # more clients (a natural partition's users): the size summary only
 
 
 def _partition_options(
@@ -37,10 +38,15 @@ def _partition_options(
 def partition(**given: Any) -> None:
     """Partition a training set over clients; print per-client class counts, write a heatmap."""
     from privfedcal import jobs
+    from privfedcal.data.sizes import size_lines
 
     config, out, overwrite = given.pop("config"), given.pop("out"), given.pop("overwrite")
     result = jobs._partition(config, given, out, overwrite)
-    _print_table(result.counts, result.classes, result.title)
+    if len(result.counts) <= _TABLE_MAX_CLIENTS:
+        _print_table(result.counts, result.classes, result.title)
+    else:  # one row per client no longer reads; partition.json has every count
+        print(result.title)
+    print("\n".join(size_lines(result.summary["size_distribution"])))
     print(f"wrote {out / 'partition.png'} and {out / 'partition.json'}")
 
 
