@@ -193,19 +193,19 @@ def test_a_partial_attack_json_reads_as_its_type(trained, tmp_path):
     assert partial["targets_done"] == 2 and partial["targets_planned"] == len(records)
 
 
-def test_dp_audit_rows_read_as_their_type():
-    from privfedcal.attacks.dp_audit import COLUMNS, play
-    from privfedcal.attacks.dp_channels import build_channels
-    from privfedcal.attacks.dp_onerun import one_run
+def test_dp_audit_rows_read_as_their_type(tmp_path):
+    from privfedcal.attacks.dp_audit import COLUMNS, read_csv
+    from privfedcal.jobs import audit_dp
 
-    cfg = privfedcal.RunConfig(method="ccvr", dp_eps=8.0, **{**FAST, "rounds": 1})
-    (channel,) = build_channels(cfg, ("ccvr-stats",))
-    rows = [play(channel, 200), one_run(cfg, budget_s=30)]
-    for row in rows:
+    audit = audit_dp(method="ccvr", dp_eps=8.0, **{**FAST, "rounds": 1}, trials=200,
+                     budget_s=30, channels="ccvr-stats", out=tmp_path)
+    for row in audit.rows:
         R.dp_audit_row_from_dict(row)
-    assert [r["trials"] for r in rows] == [400, 1]
+    assert [r["channel"] for r in audit.rows] == ["ccvr-stats", "ccvr-stats (one run)"]
+    assert [r["trials"] for r in audit.rows] == [400, 1]
     # dp_audit.csv keeps the first keys of a row, in the type's order
     assert COLUMNS == tuple(keys_of(R.DPAuditRow))[:len(COLUMNS)]
+    assert [set(r) for r in read_csv(tmp_path / "dp_audit.csv")] == [set(COLUMNS)] * 2
 
 
 # ---- the check itself -----------------------------------------------------------------------
