@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from privfedcal.privacy.error_codes import CODES, MEANING, ErrorCode
+from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import UPDATE_RELEASE, ReleaseSpec
 
 CHARGED = "charged"
@@ -110,13 +111,21 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
                 "--secagg, key holder", "none",
                 "public: the outcome of a check on public facts (parameters, count) or on the "
                 "sum's magnitude bound", values=(ErrorCode.UPLOAD_REJECTED.value,)),
+    # dp-clip = "auto" in the Flower plugin: the feature clip's private search
+    ClientField("query.clip", "meta", "partition-id", _META, "the Flower plugin with dp-clip "
+                "auto", "none", _ID),
+    ClientField("query.clip", "histogram", "counts", "noisy counts of the node's feature norms "
+                "over a public grid (float64, bins + 1), one per search stage",
+                "the Flower plugin with dp-clip auto", "DP (Gaussian, sensitivity 1)",
+                CHARGED),
     # discovery
     ClientField("query.hello", "meta", "partition-id", _META, "start of a Flower run", "none",
                 _ID),
     ClientField("query.hello", "meta", "num-partitions", "number of clients (int)",
                 "start of a Flower run", "none", "public: in the run config"),
     ClientField("query.hello", "meta", "settings", "a 16-hex digest of the run's public data "
-                "settings (dataset, partition scheme and its parameters, clients)",
+                "settings (dataset, partition scheme and its parameters, clients; the Flower "
+                "plugin's: of its public protection settings)",
                 "start of a Flower run", "none",
                 "public: a function of the public run config only, never of the data seed"),
     ClientField("query.hello", "metrics", "num-examples", "client size n_k (int)",
@@ -156,6 +165,8 @@ def transcript_field(label: str, view: str) -> str | None:
     payload task's reply, whatever its label); a decrypted sum is the key holder's."""
     if view == "aggregate":
         return "query.decrypt/aggregate/*"
+    if label == QUANTILE_RELEASE:  # the Flower plugin's clip search (dp-clip = "auto")
+        return "query.clip/histogram/counts"
     if view == "plain-upload":
         return "train/local/*" if label == UPDATE_RELEASE else "query.payload/payload"
     return None
