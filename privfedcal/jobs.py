@@ -397,7 +397,7 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
 
     from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, check_game, play, plot, write_csv
     from privfedcal.attacks.dp_channels import build_channels
-    from privfedcal.privacy.releases import DPSGD_RELEASE
+    from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 
     if not (math.isfinite(budget_s) and budget_s > 0):
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
@@ -424,7 +424,7 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
     for ch in games:
         done(play(ch, trials, budget_s=budget_s, confidence=confidence,
                   progress=stage(f"{ch.name}, trials per side", trials)))
-    calibration = [ch.name for ch in games if ch.name != DPSGD_RELEASE]
+    calibration = [ch.name for ch in games if ch.name not in (DPSGD_RELEASE, USER_DP_RELEASE)]
     if one_run and calibration:  # the whole run's calibration uploads, one run
         from privfedcal.attacks.dp_onerun import one_run as audit_one_run
 

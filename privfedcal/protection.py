@@ -252,16 +252,21 @@ def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
     up = Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
                 hints=hints, seeded_noise=cfg.insecure_seeded_noise)
     if cfg.dp_updates:
-        from privfedcal.privacy.adaptive_clip import AdaptiveClip
-        from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP, UserDP
-
-        up.user_dp = UserDP(dp, cfg.dp_update_clip or DEFAULT_UPDATE_CLIP,
-                            denominator=per_round(cfg.clients, cfg.participation),
-                            distributed=cfg.secagg_updates, seed=cfg.seed,
-                            seeded=cfg.insecure_seeded_noise,
-                            adaptive=AdaptiveClip(cfg.dp_clip_quantile)
-                            if cfg.dp_adaptive_clip else None)
+        up.user_dp = user_dp_of(cfg, dp)
     return up
+
+
+def user_dp_of(cfg, dp):
+    """``--dp-updates``: DP-FedAvg of the model updates (privacy/user_dp.py) with the noise
+    plan ``dp``, its clip and its public denominator (the clients asked per round)."""
+    from privfedcal.privacy.adaptive_clip import AdaptiveClip
+    from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP, UserDP
+
+    return UserDP(dp, cfg.dp_update_clip or DEFAULT_UPDATE_CLIP,
+                  denominator=per_round(cfg.clients, cfg.participation),
+                  distributed=cfg.secagg_updates, seed=cfg.seed,
+                  seeded=cfg.insecure_seeded_noise,
+                  adaptive=AdaptiveClip(cfg.dp_clip_quantile) if cfg.dp_adaptive_clip else None)
 
 
 def uplink_stages(bound, dp, secagg, cfg) -> list[Stage]:
@@ -308,4 +313,4 @@ def build_uplink(cfg, exp, calibrator) -> Uplink:
 __all__ = ["ASSUMPTIONS", "DPStage", "build_protected_uplink", "build_uplink",
            "dpsgd_methods",
            "participation_counts", "planned_participants", "release_plans", "secure_schedule",
-           "update_uplink"]
+           "update_uplink", "user_dp_of"]

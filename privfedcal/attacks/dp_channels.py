@@ -45,7 +45,7 @@ from privfedcal.attacks.dp_audit import Channel, Stats, Views
 from privfedcal.attacks.release_attacks import declared_releases, release_attack
 from privfedcal.errors import UsageError
 from privfedcal.privacy.bound import NoBound
-from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise_outer
 
 #: the client fields (privacy/client_fields.py) each channel's view carries: a calibration
@@ -54,6 +54,7 @@ CHANNEL_FIELDS: dict[str, tuple[str, ...]] = {
     **{r.label: tuple(f"query.payload/payload/{k}" for k in r.keys)
        for r in declared_releases() if r.attack is not None},
     DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
+    USER_DP_RELEASE: ("train/local/*",),  # --dp-updates (attacks/dp_channel_updates.py)
 }
 CHANNELS = tuple(CHANNEL_FIELDS)
 #: the canary feature's norm in units of the clip bound: far outside the ball, so that
@@ -124,10 +125,11 @@ def run_parts(cfg, faults: Faults = Faults()):
 def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = Faults(),
                    ) -> list[Channel]:
     """The channels of ``cfg`` (a ``RunConfig``) in the order of ``CHANNELS``: the
-    calibrator's releases, and DP-SGD with ``--dp-train``."""
+    calibrator's releases, DP-SGD with ``--dp-train``, DP-FedAvg with ``--dp-updates``."""
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     cfg = exp.cfg
     labels = [r.label for r in calibrator.releases] + ([DPSGD_RELEASE] if cfg.dp_train else [])
+    labels += [USER_DP_RELEASE] if cfg.dp_updates else []
     wanted = [c for c in CHANNELS if c in labels and (names is None or c in names)]
     missing = [n for n in (names or ()) if n not in labels]
     if missing:
@@ -135,11 +137,19 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
                          f"{', '.join(labels) or 'no charged channel'})")
     if not wanted:
         raise UsageError("this configuration has no channel to audit: give a calibrator "
-                         "(--method ccvr/creff) or --dp-train")
+                         "(--method ccvr/creff), --dp-train or --dp-updates")
     specs = {r.label: r for r in calibrator.releases}
-    return [_dpsgd(cfg, exp, calibrator, noise, bound, faults, plan) if c == DPSGD_RELEASE
-            else _release(specs[c], cfg, exp, calibrator, noise, bound, faults, plan)
-            for c in wanted]
+
+    def build(c: str) -> Channel:
+        if c == DPSGD_RELEASE:
+            return _dpsgd(cfg, exp, calibrator, noise, bound, faults, plan)
+        if c == USER_DP_RELEASE:
+            from privfedcal.attacks.dp_channel_updates import user_dp_channel
+
+            return user_dp_channel(cfg, noise, plan, faults)
+        return _release(specs[c], cfg, exp, calibrator, noise, bound, faults, plan)
+
+    return [build(c) for c in wanted]
 
 
 def claimed(plan, label: str, steps: int, sample_rate: float = 1.0) -> tuple[float, float]:
