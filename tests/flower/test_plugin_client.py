@@ -104,3 +104,34 @@ def test_attach_refuses_a_second_registration_and_bad_arguments():
         CalibrationClient(Net, [], epsilon=1.0)
     with pytest.raises(UsageError, match="batch_size"):
         CalibrationClient(Net, [], batch_size=0)
+
+
+def _clip_query(model, **config) -> RecordDict:
+    state = HeadAdapter(model, "fc3").state_dict()
+    return RecordDict({"state": state_to_record(state), "config": ConfigRecord(config)})
+
+
+def test_a_node_sends_each_clip_stage_once_and_takes_a_clip_in_range():
+    run = {"privfedcal.dp-eps": 8.0, "privfedcal.dp-clip": "auto"}
+    grid = LoopbackGrid(make_client_app(), run, NODES)
+    model = Net()
+    first = _ask(grid, 0, "query.clip", _clip_query(model, stage=1))
+    counts = record_to_state(first.content["histogram"])["counts"]
+    auto = resolve(gather({}, run), clients=NODES).auto_clip
+    assert counts.shape == (auto.search.first_edges().numel() + 1,)
+    again = _ask(grid, 0, "query.clip", _clip_query(model, stage=1))
+    assert again.has_error() and again.error.reason == "budget-exhausted"
+    # a payload before the clip is known is refused; a clip outside the search's range too
+    early = _ask(grid, 0, "query.payload", _payload_query(model))
+    assert early.has_error() and early.error.reason == "bad-config"
+    wild = _ask(grid, 0, "query.clip", RecordDict({"config": ConfigRecord(
+        {"stage": 3, "clip": 1e9})}))
+    assert wild.has_error() and wild.error.reason == "bad-config"
+    ok = _ask(grid, 0, "query.clip", RecordDict({"config": ConfigRecord(
+        {"stage": 3, "clip": 4.0})}))
+    assert not ok.has_error()
+    assert not _ask(grid, 0, "query.payload", _payload_query(model)).has_error()
+    # a node whose clip is a number sends no histogram
+    fixed = LoopbackGrid(make_client_app(), RUN, NODES)
+    refused = _ask(fixed, 1, "query.clip", _clip_query(model, stage=1))
+    assert refused.has_error() and refused.error.reason == "refused-by-policy"

@@ -198,3 +198,25 @@ def test_bad_arguments_are_one_line_errors_before_any_message(trained, tmp_path)
     with pytest.raises(UsageError, match="flwr Grid"):
         calibrate(object(), _model(trained), test_data=eval_loader())
     assert grid.seen == []  # nothing was asked of the nodes
+
+
+def test_an_auto_clip_is_chosen_privately_within_the_budget(trained, tmp_path):
+    run = {"privfedcal.dp-eps": 8.0, "privfedcal.dp-clip": "auto", "privfedcal.secagg": True,
+           "privfedcal.hide-counts": True}
+    grid = RecordingGrid(make_client_app(), run, NODES)
+    out = tmp_path / "run"
+    summary = calibrate(grid, _model(trained), _context(run), test_data=eval_loader(), out=out)
+    clip = summary["plugin"]["feature_clip"]
+    privacy = summary["privacy"]
+    # the calibration release used the chosen clip; both parts stay within the run's budget
+    assert privacy["feature_clip"] == clip["clip"] and 0.01 < clip["clip"] < 1e4
+    assert privacy["epsilon_spent"] <= privacy["epsilon_target"] == pytest.approx(7.2)
+    assert clip["run_epsilon"] <= 8.0 and clip["run_delta"] <= 1e-5 + 1e-12
+    # the server saw each node's two noisy histograms, recorded in its view
+    entries = json.loads((out / "server" / "transcript" / "index.json").read_text())
+    clip_entries = [e for e in entries if e["label"] == "feature-clip"]
+    assert sorted(e["client"] for e in clip_entries) == [0, 0, 1, 1, 2, 2]
+    assert {(m, r, k) for m, r, k, _ in grid.seen if m == "query.clip"} == {
+        ("query.clip", "meta", "partition-id"), ("query.clip", "histogram", "counts")}
+    assert all(declared(m, r, k) is not None for m, r, k, _ in grid.seen)
+    assert json.loads((out / "summary.json").read_text()) == summary

@@ -33,7 +33,7 @@ def test_delta_follows_the_public_example_count():
     ({"epsilon": 1.0}, {}, "unknown privfedcal setting 'epsilon'"),
     ({}, {"privfedcal.dataset": "x"}, "unknown privfedcal setting 'dataset'"),
     ({"method": "oracle"}, {}, "method must be one of ccvr, creff"),
-    ({"dp_eps": 1.0, "dp_clip": "auto"}, {}, "dp-clip=.auto. is not wired"),
+    ({"dp_clip": "auto", "secagg": True}, {}, "dp-clip='auto' needs dp-eps"),
     ({"hide_counts": True}, {}, "--hide-counts needs --secagg"),
 ])
 def test_bad_settings_are_one_line_errors(kwargs, run_config, match):
@@ -57,3 +57,19 @@ def test_creff_runs_without_image_augmentation_unless_asked():
     s = resolve(gather({"method": "creff", "calibration_params": {"creff_dsa": "flip"}}, {}),
                 clients=3)
     assert "dsa" not in s.cfg.calibration_params
+
+
+def test_an_auto_clip_takes_its_share_of_the_budget_by_basic_composition():
+    from opacus.accountants import RDPAccountant
+
+    s = resolve(gather({"dp_eps": 8.0, "dp_clip": "auto", "examples": 1000}, {}), clients=3)
+    auto = s.auto_clip
+    assert s.cfg.dp_clip is None  # chosen by the search, before the calibration release
+    assert auto.epsilon == pytest.approx(0.1 * 8.0) and auto.delta == pytest.approx(5e-6)
+    assert s.cfg.dp_eps + auto.epsilon == pytest.approx(8.0)
+    assert s.cfg.dp_delta + auto.delta == pytest.approx(1e-5)  # min(1e-5, 1/(10 N))
+    # the search's one release (q = 1) at its multiplier spends its share: opacus directly
+    acc = RDPAccountant()
+    acc.history = [(auto.sigma, 1.0, 1)]
+    spent = acc.get_epsilon(auto.delta)
+    assert spent == pytest.approx(auto.epsilon, rel=1e-2) and spent <= auto.epsilon + 1e-9

@@ -15,7 +15,9 @@
   is computed);
 * ``query.keygen`` / ``query.decrypt``: the CKKS key holder's role, on the node whose
   ``partition-id`` is ``flower.key-holder`` (``flower/protection.py`` ``keygen``/``decrypt``);
-* ``query.hold``: privfedcal's own ClientApp's hold (``flower.hold``).
+* ``query.hold``: privfedcal's own ClientApp's hold (``flower.hold``);
+* ``query.clip``: with ``dp-clip = "auto"``, the stages of the clip's private search
+  (``clip.py``): noisy norm histograms, each stage once, then the chosen clip.
 
 These are the handlers of privfedcal's own ClientApp (``flower/client_app.py``) with the
 node's experiment replaced by the user's model (``HeadAdapter``) and data (``data.py``).
@@ -30,32 +32,35 @@ carry model updates and metrics as the user's app sends them (docs/flower.md).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import BudgetRefused, UsageError
 from privfedcal.flower.client_app import error_reply
 from privfedcal.flower.client_app import hold as hold_handler
 from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
+from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES
 from privfedcal.flower.plugin.head import HeadAdapter
 from privfedcal.flower.plugin.settings import PluginSettings, from_keywords, gather, resolve
 from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
-from privfedcal.flower.records import record_to_state
+from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.privacy.error_codes import Refused
+from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
 
 __all__ = ["ACTIONS", "CalibrationClient"]
 
 #: the query actions ``attach`` registers (message types ``query.<action>``)
-ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold")
+ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold", "clip")
 
 
 @dataclass
@@ -127,7 +132,7 @@ class CalibrationClient:
             raise UsageError(f"attach takes a flwr ClientApp, got {type(app).__name__}")
         handlers: dict[str, Callable[[Message, Context], Message]] = {
             "hello": self.hello, "payload": self.payload, "keygen": self.keygen,
-            "decrypt": self.decrypt, "hold": hold_handler}
+            "decrypt": self.decrypt, "hold": hold_handler, "clip": self.clip}
         for action in ACTIONS:
             try:
                 app.query(action)(self._coded(handlers[action]))
@@ -162,11 +167,8 @@ class CalibrationClient:
         return {"batch_size": self.batch_size, "batch_keys": self.batch_keys,
                 "device": self.device, "num_classes": adapter.num_classes}
 
-    def node_run(self, context: Context) -> NodeRun:
-        """The node's settings (from its own configuration), partition id and uplink."""
-        from privfedcal.experiment import calibrator_class
-        from privfedcal.protection import build_uplink
-
+    def node_settings(self, context: Context) -> tuple[PluginSettings, int]:
+        """The node's settings, from its own configuration, and its partition id."""
         nc = context.node_config
         if "partition-id" not in nc:
             raise UsageError("this node has no partition-id: start it with --node-config "
@@ -178,7 +180,23 @@ class CalibrationClient:
         if not 0 <= partition < settings.cfg.clients:
             raise UsageError(f"node partition-id={partition} is outside "
                              f"0..{settings.cfg.clients - 1}")
-        key = (int(context.run_id), settings.digest())
+        return settings, partition
+
+    def node_run(self, context: Context) -> NodeRun:
+        """The node's settings, partition id and uplink (with dp-clip = "auto", planned
+        with the clip the server sent at the end of the clip's search)."""
+        from privfedcal.experiment import calibrator_class
+        from privfedcal.protection import build_uplink
+
+        settings, partition = self.node_settings(context)
+        clip = None
+        if settings.auto_clip is not None:
+            clip = clip_record(context).get("clip")
+            if clip is None:
+                raise UsageError("dp-clip is 'auto' and the server has not sent the clip of "
+                                 "its search (query.clip) yet")
+            settings = dataclasses.replace(settings, cfg=settings.cfg.replace(dp_clip=clip))
+        key = (int(context.run_id), settings.digest(), clip)
         if key not in self._runs:
             # the public N the plan uses (settings.examples); unset, this node's own size
             # stands in for the planner's range checks (delta was fixed without it)
@@ -194,10 +212,9 @@ class CalibrationClient:
 
     # ---- handlers -----------------------------------------------------------------------
     def hello(self, msg: Message, context: Context) -> Message:
-        run = self.node_run(context)
-        meta = ConfigRecord({"partition-id": run.partition,
-                             "num-partitions": run.settings.cfg.clients,
-                             "settings": run.settings.digest()})
+        settings, partition = self.node_settings(context)
+        meta = ConfigRecord({"partition-id": partition, "num-partitions": settings.cfg.clients,
+                             "settings": settings.digest()})
         return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
             {"num-examples": self.size(context)})}), reply_to=msg)
 
@@ -229,18 +246,68 @@ class CalibrationClient:
                                     secagg=content.config_records.get(SECAGG))
         return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
 
-    def _key_holder(self, context: Context) -> NodeRun:
-        run = self.node_run(context)
-        if not (run.settings.cfg.secagg and run.partition == run.settings.options.key_holder):
-            raise UsageError(f"client {run.partition} is not this run's CKKS key holder")
-        return run
+    def _key_holder(self, context: Context) -> int:
+        settings, partition = self.node_settings(context)
+        if not (settings.cfg.secagg and partition == settings.options.key_holder):
+            raise UsageError(f"client {partition} is not this run's CKKS key holder")
+        return partition
 
     def keygen(self, msg: Message, context: Context) -> Message:
-        run = self._key_holder(context)
+        partition = self._key_holder(context)
         records = dict(keygen(context, msg.content["config"]))
-        return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
+        return Message(RecordDict({"meta": ConfigRecord({"partition-id": partition}),
+                                   **records}), reply_to=msg)
 
     def decrypt(self, msg: Message, context: Context) -> Message:
-        run = self._key_holder(context)
+        self._key_holder(context)
+        run = self.node_run(context)
         records = dict(decrypt(context, msg.content["config"], run.uplink))
         return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
+
+    def clip(self, msg: Message, context: Context) -> Message:
+        """One stage of the clip's search (clip.py): stage 1 and 2 a noisy histogram of the
+        node's feature norms under the server's model, each at most once; stage 3 the
+        clip the server chose, kept for the calibration release."""
+        settings, partition = self.node_settings(context)
+        auto = settings.auto_clip
+        if auto is None:
+            raise Refused("this node's dp-clip is not 'auto': it sends no norm histogram")
+        config = msg.content["config"]
+        stage = config.get("stage")
+        record = clip_record(context)
+        meta = ConfigRecord({"partition-id": partition})
+        if stage == 3:
+            clip = auto.check_clip(config.get("clip"))
+            if record.get("clip") not in (None, clip):
+                raise UsageError("the server sent a second, different clip for this run")
+            save_clip_record(context, {**record, "clip": clip})
+            return Message(RecordDict({"meta": meta}), reply_to=msg)
+        if stage not in STAGES:
+            raise UsageError(f"clip stage must be 1, 2 or 3, got {stage!r}")
+        made = [int(x) for x in str(record.get("stages", "")).split(",") if x]
+        if stage in made:
+            raise BudgetRefused(f"this node has released its stage-{stage} norm histogram "
+                                "already: refusing another")
+        edges = auto.edges(stage, config.get("centre"))
+        adapter = self.adapter(context)
+        adapter.load_state_dict(record_to_state(msg.content["state"], self.device))
+        adapter.eval()
+        kwargs = self._batches_kwargs(adapter)
+        norms = feature_norms(adapter.features,
+                              (x for x, _ in node_data.batches(self.data(context), **kwargs)))
+        histogram = noisy_norm_histogram(norms, edges, auto.stage_sigma(stage))
+        save_clip_record(context, {**record, "stages": ",".join(map(str, [*made, stage]))})
+        return Message(RecordDict({"meta": meta, "histogram": ArrayRecord(
+            {"counts": tensor_to_array(histogram)})}), reply_to=msg)
+
+
+def clip_record(context: Context) -> dict[str, Any]:
+    """The node's record of this run's clip search (``CLIP_STATE``): stages made, clip."""
+    kept = context.state.config_records.get(CLIP_STATE)
+    if kept is None or int(kept["run-id"]) != int(context.run_id):
+        return {"run-id": int(context.run_id)}
+    return dict(kept)
+
+
+def save_clip_record(context: Context, record: dict[str, Any]) -> None:
+    context.state[CLIP_STATE] = ConfigRecord(record)

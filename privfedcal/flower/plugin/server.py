@@ -49,12 +49,15 @@ from torch import Tensor
 
 from privfedcal.errors import ReleaseSkipped, UsageError
 from privfedcal.federation.checkpoint import save_checkpoint
+from privfedcal.federation.runfolder import write_summary
 from privfedcal.federation.simulator import RoundContext
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
+from privfedcal.flower.plugin.clip import choose_clip
 from privfedcal.flower.plugin.head import HeadAdapter
 from privfedcal.flower.plugin.settings import PluginSettings, gather, resolve
 from privfedcal.flower.server import FlowerSimulator
+from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.seeding import make_generator
 from privfedcal.tensors import State
 
@@ -234,6 +237,11 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         raise UsageError("test_data is empty")
     adapter.check(x)
     cfg = s.cfg.replace(out=str(run_dir), model=type(model).__name__)
+    searched = None
+    if s.auto_clip is not None:  # dp-clip = "auto": the nodes' private search (clip.py)
+        searched = choose_clip(link, adapter.state_dict(), s.auto_clip, sizes,
+                               s.options.min_replies or None)
+        cfg = cfg.replace(dp_clip=searched.clip)
     data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
                       torch.zeros(0, dtype=torch.long, device=x.device), test_data)
     exp = Experiment(cfg, torch.device(device), data, None, None, adapter,
@@ -246,7 +254,18 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
                           run_record={"flower_run_id": run_id})
     sim.batch_kwargs = batch_kwargs
     sim.sizes = dict(sizes)
+    if searched is not None:  # what the server saw of the search, in its view
+        for stage, histograms in searched.histograms.items():
+            for client, counts in histograms.items():
+                sim.transcript.record(round_=0, label=QUANTILE_RELEASE, view="plain-upload",
+                                      client=client, tensors={f"stage{stage}": counts})
+        sim.notes += searched.notes
     summary = sim.run_calibration()
+    if searched is not None and s.auto_clip is not None:
+        privacy = summary.get("privacy", {})
+        summary["plugin"]["feature_clip"] = s.auto_clip.summary(
+            searched.clip, searched.centre, privacy.get("epsilon_spent"), privacy.get("delta"))
+        write_summary(run_dir, summary)
     final = sim.calibrator.eval_state(sim.global_state)
     adapter.load_state_dict(final)
     # the run's final model under the user's names: loadable into the user's model

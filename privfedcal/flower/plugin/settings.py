@@ -19,6 +19,8 @@ keyword arguments spell them with ``_``), plus the plugin's own:
 * ``method``: ``ccvr`` or ``creff``;
 * ``clients``: the number of nodes K (default: the node config's ``num-partitions`` on a
   node, the number of connected nodes on the server);
+* ``dp-clip = "auto"``: the feature clip chosen privately by the nodes within the budget
+  (``clip.py``);
 * ``examples``: a public upper bound on the nodes' training examples together. It sets the
   default delta (``min(1e-5, 1/(10 N))``, as ``privfedcal train``); unset, delta defaults
   to 1e-5 and the server bounds CKKS magnitudes by the sizes the nodes report (a node that
@@ -40,6 +42,7 @@ from typing import Any
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
+from privfedcal.flower.plugin.clip import AUTO, AutoClip
 from privfedcal.flower.records import FlowerOptions, parse_run_config
 from privfedcal.privacy.dp import default_delta
 
@@ -118,6 +121,9 @@ class PluginSettings:
     options: FlowerOptions
     examples: int | None
     flat: dict[str, Any]
+    #: with dp-clip = "auto": the clip's search and budget (its ``cfg`` has the rest of the
+    #: budget and no clip until the search has chosen one)
+    auto_clip: AutoClip | None = None
 
     @property
     def method(self) -> str:
@@ -150,13 +156,6 @@ def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
     examples = flat.pop("examples", None)
     if examples is not None:
         examples = _int(examples, "examples", 1)
-    if flat.get("dp-clip") == "auto":
-        # the extension point for a private choice of the clip: a DP quantile of the nodes'
-        # feature norms (privacy/quantile.py) planned with the calibration release in one
-        # budget, which needs its own query and a planned release of its own
-        raise UsageError("dp-clip='auto' is not wired into the Flower plugin yet: give the "
-                         "feature clip as a number (privfedcal.privacy.quantile chooses one "
-                         "privately in one process; docs/privacy-dp.md)")
     eps = flat.get("dp-eps", math.inf)
     dp_on = isinstance(eps, int | float) and not isinstance(eps, bool) and math.isfinite(eps)
     if dp_on and flat.get("dp-delta") is None:
@@ -166,10 +165,19 @@ def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
                                      if key.startswith(CALIBRATION)):
         # CReFF's default augmentation is for images; an app's inputs may be anything
         flat[CALIBRATION + "dsa"] = "none"
+    run_flat, auto = dict(flat), None
+    if flat.get("dp-clip") == AUTO:  # the clip chosen privately, within the budget (clip.py)
+        if not dp_on:
+            raise UsageError("dp-clip='auto' needs dp-eps: the clip is chosen within the DP "
+                             "budget (give a number without DP)")
+        auto = AutoClip.plan(float(eps), float(flat["dp-delta"]), flat.get("accountant", "rdp"))
+        del run_flat["dp-clip"]
+        run_flat["dp-eps"] = float(eps) - auto.epsilon
+        run_flat["dp-delta"] = float(flat["dp-delta"]) - auto.delta
     # rounds: CReFF's calibration rounds on the final model (CCVR makes one release)
     run = {"method": "fedavg", "calibrate": method, "clients": k, "dataset": DATASET,
-           "workers": 1, "rounds": 1, **flat}
+           "workers": 1, "rounds": 1, **run_flat}
     cfg, options = parse_run_config(run)
     shared = {"method": method, "clients": k, "examples": examples,
               **{key: v for key, v in flat.items() if key not in SERVER_ONLY}}
-    return PluginSettings(cfg, options, examples, shared)
+    return PluginSettings(cfg, options, examples, shared, auto)
