@@ -66,7 +66,12 @@ def _has(record: dict, dotted: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+#: the longest variant runs with the slow tests (CKKS keys per round); its keys are the others'
+SLOW = {"creff-dp-secagg"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in VARIANTS])
 def test_a_runs_summary_and_metrics_read_as_their_types(trained, name):
     run = trained(name)
     for folder in (run.path, run.server_view):
