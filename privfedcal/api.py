@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
@@ -37,6 +37,7 @@ from privfedcal.pysurface import (
 
 if TYPE_CHECKING:
     from privfedcal.attacks.progress import Progress
+    from privfedcal.results import AttackRecord, MetricsRow, Summary
 
 __all__ = [
     "Run", "RunConfig", "UsageError", "attack", "calibrate_head", "ccvr_statistics",
@@ -60,6 +61,13 @@ register_check("bool | Callable[[Progress], None]", _check_progress)  # an attac
 
 
 # ---- runs -------------------------------------------------------------------------------------
+
+def _read_json(text: str, where: str | Path) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where} is not valid JSON ({exc.msg})") from None
+
 
 class Scratch:
     """A temporary folder that holds in-memory runs: removed when the last ``Run`` holding
@@ -96,24 +104,37 @@ class Run:
         return read_run_config(self.path)
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Summary:
+        """``summary.json``, typed (``privfedcal.results.Summary``; docs/api.md, "Result
+        types"); keys of another version are kept untyped, a damaged file is a
+        ``UsageError`` naming it."""
+        from privfedcal.results import summary_from_dict
+
         file = self.path / "summary.json"
         if not file.is_file():
             raise UsageError(f"{self.path} has no summary.json: the run did not finish")
-        return json.loads(file.read_text())
+        return summary_from_dict(_read_json(file.read_text(), file), strict=False,
+                                 where=str(file))
 
     @property
     def accuracy(self) -> float:
         """Test accuracy of the final (calibrated) model, a fraction."""
-        return float(self.summary["accuracy"])
+        accuracy = self.summary["accuracy"]
+        if accuracy is None:  # a diverged run's summary
+            raise UsageError(f"{self.path} has no accuracy: the run diverged (summary.json)")
+        return float(accuracy)
 
     @property
-    def metrics(self) -> list[dict[str, Any]]:
-        """One record per evaluated round (``metrics.jsonl``)."""
+    def metrics(self) -> list[MetricsRow]:
+        """One record per evaluated round (``metrics.jsonl``), typed as ``summary``."""
+        from privfedcal.results import metrics_row_from_dict
+
         file = self.path / "metrics.jsonl"
         if not file.is_file():
             return []
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        return [metrics_row_from_dict(_read_json(line, f"{file}:{n}"), strict=False,
+                                      where=f"{file}:{n}")
+                for n, line in enumerate(file.read_text().splitlines(), 1) if line.strip()]
 
     @property
     def server_view(self) -> Path:
@@ -410,7 +431,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
            clients: Iterable[int] | None = None, classes: Iterable[int] | None = None,
            seed: int = 0, device: str = "cpu",
            progress: bool | Callable[[Progress], None] | None = None,
-           **options: Any) -> list[dict[str, Any]]:
+           **options: Any) -> list[AttackRecord]:
     """Attack what the server observed in ``run`` and return one record per attacked
     target (the rows of ``attack.json``; scored against the truth when the experimenter's
     side of the run folder is there, unscored on a server view alone).
@@ -430,7 +451,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     from privfedcal.api_log import AttackWatch
     from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
     from privfedcal.attacks.runner import AttackOptions
-    from privfedcal.attacks.runner import load_run as load_view
+    from privfedcal.attacks.view import load_run as load_view
 
     if kind not in ATTACK_KINDS:
         raise UsageError(f"attack kind must be one of {', '.join(ATTACK_KINDS)}, got {kind!r}")
@@ -448,7 +469,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
 
 def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | None,
                     classes: Iterable[int] | None,
-                    on_progress: Callable[[Progress], None]) -> list[dict[str, Any]]:
+                    on_progress: Callable[[Progress], None]) -> list[AttackRecord]:
     """The records of ``attack``'s ``kind`` on ``view`` (a loaded server view)."""
     from privfedcal.attacks.release_attacks import release_attack
     from privfedcal.attacks.runner import execute
@@ -456,7 +477,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
 
     if kind == "classes":
         records, _ = infer_class_sets(view, opts)
-        return list(records)
+        return cast("list[AttackRecord]", list(records))
     ids = None if clients is None else list(clients)
     cls = None if classes is None else list(classes)
     # the attack registered under that name (a calibrator's ReleaseSpec.attack); model
@@ -470,4 +491,6 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
         plan = attack.plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
-    return [r.record for r in execute(plan, lambda job: None, on_progress=on_progress)]
+    done = execute(plan, lambda job: None, on_progress=on_progress)
+    # typed by their writers (tests/package/test_results.py checks them against the types)
+    return cast("list[AttackRecord]", [r.record for r in done])

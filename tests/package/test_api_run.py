@@ -59,7 +59,9 @@ def test_save_writes_a_run_folder_that_load_run_and_report_read(tmp_path, capsys
     assert "wrote" in capsys.readouterr().out and (kept.path / "report.html").is_file()
     with pytest.raises(privfedcal.UsageError, match="already holds a run"):
         run.save(tmp_path / "kept")
-    (kept.path / "metrics.jsonl").write_text("")  # the copy's own change, undone below
+    (kept.path / "metrics.jsonl").write_text("{damaged\n")  # the copy's, undone below
+    with pytest.raises(privfedcal.UsageError, match=r"metrics.jsonl:1 is not valid JSON"):
+        kept.metrics  # noqa: B018
     again = run.save(tmp_path / "kept", overwrite=True)
     assert again.metrics == run.metrics
     assert run.save(run.path) is run
