@@ -220,3 +220,4 @@ def test_an_auto_clip_is_chosen_privately_within_the_budget(trained, tmp_path):
         ("query.clip", "meta", "partition-id"), ("query.clip", "histogram", "counts")}
     assert all(declared(m, r, k) is not None for m, r, k, _ in grid.seen)
     assert json.loads((out / "summary.json").read_text()) == summary
+    assert "whole run's guarantee" in summary["notes"][-1]

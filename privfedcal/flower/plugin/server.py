@@ -263,8 +263,15 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     summary = sim.run_calibration()
     if searched is not None and s.auto_clip is not None:
         privacy = summary.get("privacy", {})
-        summary["plugin"]["feature_clip"] = s.auto_clip.summary(
-            searched.clip, searched.centre, privacy.get("epsilon_spent"), privacy.get("delta"))
+        record = s.auto_clip.summary(searched.clip, searched.centre,
+                                     privacy.get("epsilon_spent"), privacy.get("delta"))
+        summary["plugin"]["feature_clip"] = record
+        if "run_epsilon" in record:  # the statement above covers the calibration's part only
+            summary["notes"].append(
+                f"the feature clip {searched.clip:.4g} was chosen privately with "
+                f"({record['epsilon']:g}, {record['delta']:g})-DP: the whole run's guarantee "
+                f"is ({record['run_epsilon']:.4g}, {record['run_delta']:g})-DP per example "
+                "(basic composition)")
         write_summary(run_dir, summary)
     final = sim.calibrator.eval_state(sim.global_state)
     adapter.load_state_dict(final)
