@@ -418,3 +418,31 @@ def test_bad_adaptive_settings_are_refused(args, needle, capsys):
     from tests.cli.cli_helpers import assert_usage_error
 
     assert_usage_error(["train", *args, "--device", "cpu", "--threads", "1"], capsys, needle)
+
+
+def test_schedule_holds_with_thousands_of_clients():
+    """2,000 clients, 100 per round, 30 rounds: the plan is q = 1 over the most rounds any
+    client is selected in (public), and the whole schedule runs through every client's
+    ledger and the server's check without a refusal, the worst-off client ending within
+    the budget."""
+    from types import SimpleNamespace
+
+    from privfedcal.cohorts import select_clients
+    from privfedcal.config import RunConfig
+    from privfedcal.federation.hooks import Calibrator
+    from privfedcal.protection import build_uplink, participation_counts
+
+    cfg = RunConfig(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
+                    dp_delta=1e-6)
+    udp = build_uplink(cfg, SimpleNamespace(num_examples=100_000), Calibrator()).user_dp
+    steps = max(participation_counts(cfg).values())
+    assert udp.denominator == 100 and udp.dp.planned[0]["steps"] == steps > 1
+    (z,) = plan_noise(8.0, 1e-6, [release_plan(steps, None)], "rdp")
+    assert udp.noise_multiplier == pytest.approx(z)
+    for r in range(1, cfg.rounds + 1):
+        chosen = select_clients(cfg, r)
+        udp.open(chosen)
+        udp.close(chosen)
+    assert 7.9 <= udp.user_epsilon() <= 8.0
+    worst = max(udp.dp.ledgers.values(), key=lambda g: g.made[USER_DP_RELEASE])
+    assert worst.made[USER_DP_RELEASE] == steps
