@@ -1,0 +1,46 @@
+"""privfedcal.flower.plugin.clip: the search of dp-clip = "auto" (its budget, grids, the
+clip a node accepts, and the server's sum of the nodes' histograms)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("flwr")
+
+import torch  # noqa: E402
+
+from privfedcal.errors import UsageError  # noqa: E402
+from privfedcal.flower.plugin.clip import AutoClip, histogram_total  # noqa: E402
+from privfedcal.privacy.quantile import ClipSearch  # noqa: E402
+
+
+def test_the_two_stages_compose_to_the_planned_release():
+    auto = AutoClip.plan(8.0, 1e-5, "rdp")
+    z1, z2 = auto.stage_sigma(1), auto.stage_sigma(2)
+    # Gaussian RDP at order a is a / (2 z^2): the stages add up to one release of z
+    assert 1 / z1**2 + 1 / z2**2 == pytest.approx(1 / auto.sigma**2)
+    assert auto.epsilon == pytest.approx(0.8) and auto.delta == pytest.approx(5e-6)
+
+
+def test_grids_and_the_clip_a_node_accepts():
+    auto = AutoClip.plan(8.0, 1e-5, "rdp")
+    assert torch.equal(auto.edges(1), ClipSearch().first_edges())
+    assert torch.equal(auto.edges(2, 3.0), ClipSearch().fine_edges(3.0))
+    for centre in (None, math.nan, -1.0):
+        with pytest.raises(UsageError, match="centre"):
+            auto.edges(2, centre)
+    assert auto.check_clip(4) == 4.0
+    for clip in (1e9, 0.0, True, "5", math.inf):
+        with pytest.raises(UsageError, match="the clip must be a number"):
+            auto.check_clip(clip)
+
+
+def test_malformed_histograms_are_left_out_of_the_sum():
+    good = {0: torch.tensor([1.0, 2.0, 3.0]), 2: torch.tensor([0.5, -1.0, 4.0])}
+    bad = {1: torch.tensor([1.0, math.nan, 0.0]), 3: torch.tensor([1.0, 2.0]),
+           4: torch.full((0,), math.nan)}
+    total, dropped = histogram_total({**good, **bad}, 3)
+    assert torch.equal(total, torch.tensor([1.5, 1.0, 7.0], dtype=torch.float64))
+    assert dropped == [1, 3, 4]
