@@ -122,7 +122,7 @@ class CalibrationClient:
         from_keywords(self.keywords)  # an unknown name fails here, not at the first message
         self._adapter: HeadAdapter | None = None
         self._checked = False
-        self._runs: dict[tuple[int, str], Any] = {}  # (run id, digest) -> the node's uplink
+        self._runs: dict[tuple[int, str, float | None], Any] = {}  # (run, digest, clip) -> uplink
 
     # ---- registration -------------------------------------------------------------------
     def attach(self, app: ClientApp) -> ClientApp:
