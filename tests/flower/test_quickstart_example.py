@@ -89,20 +89,21 @@ def test_the_calibrated_app_over_the_in_process_grid(monkeypatch, tmp_path, reco
     import torch
 
     torch.set_num_threads(1)
-    context = _run(CALIBRATED, monkeypatch, tmp_path, **{"num-server-rounds": 3})
+    context = _run(CALIBRATED, monkeypatch, tmp_path)  # the app's config: 5 rounds
     (run,) = (tmp_path / "runs").iterdir()  # calibrate's run folder (runs/flower-plugin-...)
     summary = json.loads((run / "summary.json").read_text())
     before, after = summary["accuracy_before_calibration"], summary["accuracy"]
     record_property("accuracy_before_calibration", before)
     record_property("accuracy_after_calibration", after)
-    print(f"quickstart_calibrated, 3 nodes, 3 rounds: FedAvg {before:.3f}, "
+    print(f"quickstart_calibrated, 3 nodes, 5 rounds: FedAvg {before:.3f}, "
           f"after calibration {after:.3f}")
     assert context.state["quickstart"]["accuracy"] == pytest.approx(before)
     privacy = summary["privacy"]
     assert privacy["epsilon_spent"] <= privacy["epsilon_target"] == 8.0
     assert privacy["secagg"]["scheme"].startswith("CKKS") and privacy["hide_counts"]
     assert summary["rejected_uploads"] == [] and summary["dropped_clients"] == []
-    # label-skewed digits: FedAvg's head is far off, the calibrated one much better
+    # label-skewed digits: FedAvg's head is far off, the calibrated one much better (0.357
+    # -> 0.62-0.69 over four noise draws, docs/flower.md)
     assert after > before + 0.1
     # the app's own checkpoint is the calibrated model, under its own names
     state = torch.load(tmp_path / "final_model.pt")
@@ -112,7 +113,7 @@ def test_the_calibrated_app_over_the_in_process_grid(monkeypatch, tmp_path, reco
 @pytest.mark.flower
 @pytest.mark.slow
 def test_the_plain_app_over_the_in_process_grid(monkeypatch, tmp_path):
-    context = _run(PLAIN, monkeypatch, tmp_path, **{"num-server-rounds": 3})
+    context = _run(PLAIN, monkeypatch, tmp_path)
     assert 0.1 < context.state["quickstart"]["accuracy"] < 1
     assert not (tmp_path / "runs").exists()  # nothing of privfedcal's runs here
 
@@ -123,12 +124,11 @@ def test_the_calibrated_app_on_a_local_deployment(capsys, monkeypatch, tmp_path)
     from privfedcal.flower.localdeploy import main
 
     monkeypatch.chdir(tmp_path)
-    code = main(["deploy", str(CALIBRATED), "--nodes", str(NODES), "num-server-rounds=2",
-                 "--timeout", "900"])
+    code = main(["deploy", str(CALIBRATED), "--nodes", str(NODES), "--timeout", "1200"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     before = float(re.search(r"test accuracy: ([\d.]+)", out).group(1))
     after = float(re.search(r"after calibration: ([\d.]+)", out).group(1))
-    print(f"quickstart_calibrated on SuperLink + {NODES} SuperNodes, 2 rounds: FedAvg "
+    print(f"quickstart_calibrated on SuperLink + {NODES} SuperNodes, 5 rounds: FedAvg "
           f"{before:.3f}, after calibration {after:.3f}")
     assert after > before

@@ -21,6 +21,9 @@ def node_data(context: Context, shuffle: bool = True):
 @app.train()
 def fit(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)
+    # the local shuffle from (round, node): a run is reproducible, whichever node runs where
+    torch.manual_seed(1000 * int(msg.content["config"]["server-round"])
+                      + int(context.node_config["partition-id"]))
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     loader = node_data(context)
