@@ -167,6 +167,7 @@ def test_nodes_with_other_settings_are_refused_before_any_release(trained, tmp_p
 
 def test_creff_rounds_on_the_final_model(trained, tmp_path):
     run = {"privfedcal.dp-eps": 8.0, "privfedcal.dp-clip": 5.0, "privfedcal.rounds": 2,
+           "privfedcal.secagg": True, "privfedcal.hide-counts": True,
            "privfedcal.calibration-params.match-steps": 5,
            "privfedcal.calibration-params.retrain-steps": 2,
            "privfedcal.calibration-params.features-per-class": 10}
@@ -176,6 +177,9 @@ def test_creff_rounds_on_the_final_model(trained, tmp_path):
     assert summary["calibrator"] == "creff"
     assert [r["steps"] for r in summary["privacy"]["releases"]] == [2]
     assert summary["privacy"]["epsilon_spent"] <= 8.0
+    # two secure sums of the same cohort: the whole run isolates no one
+    assert summary["privacy"]["whole_run"]["secure_sums"] == 2
+    assert summary["privacy"]["whole_run"]["holds"]
     assert 0 < summary["accuracy_before_calibration"] < 1
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["round"] for r in rows] == [1, 2]
