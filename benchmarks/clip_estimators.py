@@ -12,8 +12,7 @@ so that their RDP adds up to it (T steps of z sqrt(T), or z / sqrt(w) and z / sq
 * ``coarse-at-target``: one bin per octave, then a fine grid of 8 per octave one octave
   either side of the coarse estimate OF THE TARGET quantile, half the budget each;
 * ``median-located``: what ``privacy/quantile.py`` does (the coarse stage locates the median
-  with 0.2 of the budget, the fine grid spans [median / 2^0.5, 2^1.5 median] at 4 per
-  octave);
+  with 0.2 of the budget, the fine grid spans [median / 2, 2^1.5 median] at 4 per octave);
 * ``geometric-T``: adaptive clipping's update (Andrew et al., NeurIPS 2021): T rounds, each
   client releasing its noisy count of norms below C, the server moving
   C <- C exp(-eta (b - gamma)) with b the noisy fraction below, from C = 1, eta = 2.

@@ -17,7 +17,7 @@ noise each time):
   reference), both with the whole ``--eps`` for CCVR's release.
 
 Prints the norms' quantiles, each clip's mean and range, each accuracy's mean and std, and
-the noise multipliers.
+the noise multipliers (``--repeats 0``: the norms only).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def main() -> None:
     print("feature norms: " + ", ".join(f"q{q:g} {v:.3f}" for q, v in true.items())
           + f", max {float(norms.max()):.3f}; default clip {DP_DEFAULT_CLIP:g}")
     print(f"uncalibrated accuracy {accuracy(exp.model, data.x_test, data.y_test):.4f}")
+    if args.repeats < 1:  # --repeats 0: the norms only
+        return
     (z_all,) = plan_noise(args.eps, delta, [ReleasePlan("ccvr-stats", 1.0, 1)])
     rows = []
     base = [ccvr_accuracy(exp, clients, DP_DEFAULT_CLIP, z_all) for _ in range(args.repeats)]
