@@ -41,6 +41,8 @@ VARIANTS: dict[str, tuple[dict[str, typing.Any], str]] = {
     "seeded-noise": (dict(method="ccvr", dp_eps=8, insecure_seeded_noise=True),
                      "privacy.insecure"),
     "user-dp": (dict(method="ccvr", dp_eps=8, dp_updates=True), "privacy.user_dp"),
+    "user-dp-adaptive": (dict(method="fedavg", dp_eps=8, dp_updates=True,
+                              dp_adaptive_clip=True), "privacy.user_dp.adaptive_clip.lr"),
 }
 
 
