@@ -29,17 +29,16 @@ from privfedcal.privacy.releases import USER_DP_RELEASE
 FIELDS = ("train/local/*",)
 
 
-def user_dp_channel(cfg, noise, plan, faults) -> Channel:
+def user_dp_channel(cfg, noise, faults, claim: tuple[float, float], scale: float) -> Channel:
     """The channel of ``cfg``'s model updates under ``--dp-updates``; ``noise`` is the run's
-    noise stage broken as ``faults`` says (``dp_channels.run_parts``), ``plan`` the correct
-    one, whose charge is the claim."""
-    from privfedcal.attacks.dp_channels import CANARY_SCALE, claimed
+    noise stage broken as ``faults`` says (``dp_channels.run_parts``), ``claim`` the correct
+    run's (epsilon, delta) for one round, ``scale`` the canary's size in clips."""
     from privfedcal.privacy import user_dp as mechanism
     from privfedcal.protection import user_dp_of
 
     udp = user_dp_of(cfg, noise.dp)
     clip = udp.clip
-    canary = {"w": torch.tensor([CANARY_SCALE * clip], dtype=torch.float64)}
+    canary = {"w": torch.tensor([scale * clip], dtype=torch.float64)}
     # the clip client_update applies (its noise share is drawn below with the others');
     # clipping off (a fault): the canary's whole update reaches the sum
     moved = float((mechanism.clip_update(canary, clip) if faults.clip else canary)["w"][0])
@@ -55,9 +54,8 @@ def user_dp_channel(cfg, noise, plan, faults) -> Channel:
 
     reference = ({"update": torch.zeros(1, 1, dtype=torch.float64)},
                  {"update": torch.full((1, 1), clip, dtype=torch.float64)})
-    eps, delta = claimed(plan, USER_DP_RELEASE, 1)
-    return Channel(USER_DP_RELEASE, FIELDS, eps, delta,
-                   f"one client's whole data: an update of {CANARY_SCALE:g} x clip against "
+    return Channel(USER_DP_RELEASE, FIELDS, *claim,
+                   f"one client's whole data: an update of {scale:g} x clip against "
                    "none, one round", draw, reference=reference)
 
 

@@ -146,7 +146,8 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
         if c == USER_DP_RELEASE:
             from privfedcal.attacks.dp_channel_updates import user_dp_channel
 
-            return user_dp_channel(cfg, noise, plan, faults)
+            return user_dp_channel(cfg, noise, faults, claimed(plan, USER_DP_RELEASE, 1),
+                                   CANARY_SCALE)
         return _release(specs[c], cfg, exp, calibrator, noise, bound, faults, plan)
 
     return [build(c) for c in wanted]
