@@ -318,8 +318,15 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
         scratch = Scratch()
         run_dir = scratch.path / _run_name(cfg)
     sim = build_simulator(cfg, run_dir)
-    run_simulator(sim, progress, _where(run_dir, scratch))
+    _plot(run_dir, run_simulator(sim, progress, _where(run_dir, scratch)))
     return Run(run_dir, scratch)
+
+
+def _plot(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``accuracy.png``, as ``privfedcal train`` draws it after a run (Pillow, milliseconds)."""
+    from privfedcal.accuracy_png import plot_accuracy_png
+
+    plot_accuracy_png(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
 
 
 def _where(run_dir: Path, scratch: Scratch | None) -> str:
@@ -405,7 +412,7 @@ def resume(run: Run | str | Path, rounds: int | None = None,
     path = run.path if isinstance(run, Run) else Path(run)
     scratch = run.scratch if isinstance(run, Run) else None
     sim = _resume_simulator(path, rounds=rounds)
-    run_simulator(sim, progress, _where(path, scratch))
+    _plot(path, run_simulator(sim, progress, _where(path, scratch)))
     return Run(path, scratch)
 
 

@@ -61,6 +61,9 @@ def test_train_gives_the_clis_numbers(tmp_path, capsys):
     cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert run.accuracy == cli["accuracy"]
     assert run.summary["per_class_accuracy"] == cli["per_class_accuracy"]
+    # the same folder: every file and folder the CLI writes (accuracy.png included)
+    assert sorted(p.name for p in run.path.iterdir()) == sorted(
+        p.name for p in (tmp_path / "cli").iterdir())
     with pytest.raises(privfedcal.UsageError, match="already holds a run"):
         privfedcal.train(method="ccvr", out=tmp_path / "api", **FAST)
 

@@ -50,6 +50,7 @@ def test_save_writes_a_run_folder_that_load_run_and_report_read(tmp_path, capsys
     run = privfedcal.train(method="ccvr", progress=False, **FAST)
     kept = run.save(tmp_path / "kept")
     assert not kept.in_memory and kept.path == tmp_path / "kept"
+    assert (kept.path / "accuracy.png").is_file()  # drawn as privfedcal train draws it
     loaded = privfedcal.load_run(tmp_path / "kept")
     assert loaded.accuracy == run.accuracy and loaded.metrics == run.metrics
     # the saved settings name the folder they are in, at the top and in the server's view
