@@ -446,3 +446,18 @@ def test_schedule_holds_with_thousands_of_clients():
     assert 7.9 <= udp.user_epsilon() <= 8.0
     worst = max(udp.dp.ledgers.values(), key=lambda g: g.made[USER_DP_RELEASE])
     assert worst.made[USER_DP_RELEASE] == steps
+
+
+def test_resume_keeps_the_clip_the_ledgers_and_the_accountants(tmp_path, tiny_cfg):
+    from privfedcal.experiment import build_simulator
+
+    cfg = tiny_cfg(rounds=2, dp_updates=True, dp_eps=8.0, dp_adaptive_clip=True)
+    sim = build_simulator(cfg, tmp_path / "r")
+    sim.run()
+    again = build_simulator(cfg, tmp_path / "r")
+    again.restore()  # the last round's checkpoint
+    a, b = sim.uplink.user_dp, again.uplink.user_dp
+    assert b.clip == a.clip != 1.0
+    assert {c: g.made for c, g in b.dp.ledgers.items()} == {c: g.made for c, g in
+                                                           a.dp.ledgers.items()}
+    assert b.user_epsilon() == a.user_epsilon() > 0
