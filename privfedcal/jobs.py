@@ -122,6 +122,46 @@ def _report(progress: Callable[[Stage], None] | None, stage: Stage) -> None:
         progress(stage)
 
 
+class _Watch:
+    """What a job shows from Python, as ``train`` and ``attack`` do (``api_log.py``): its
+    start, each new stage and its end at INFO on the ``privfedcal`` logger, and a bar when
+    ``progress`` asks for one (None: when interactive; True: always; False: none), or the
+    caller's callable. The watch is the ``progress`` given to the job's unwrapped half."""
+
+    def __init__(self, progress: bool | Callable[[Stage], None] | None, name: str) -> None:
+        self.progress, self.name = progress, name
+        self.bar: Any = None
+        self.opened, self.stage = False, ""
+
+    def __enter__(self) -> _Watch:
+        from privfedcal.api_log import logger
+
+        logger.info("%s: started", self.name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from privfedcal.api_log import logger
+
+        if self.bar is not None:
+            self.bar.close()
+        if exc[0] is None:
+            logger.info("%s: done", self.name)
+
+    def __call__(self, stage: Stage) -> None:
+        from privfedcal.api_log import logger, open_bar
+
+        if callable(self.progress):
+            self.progress(stage)
+        if stage.description and stage.description != self.stage:
+            self.stage = stage.description
+            logger.info("%s: %s", self.name, stage.description)
+        if not self.opened and stage.total is not None:  # the total is known from here
+            self.opened, self.bar = True, open_bar(self.progress, self.name, stage.total,
+                                                   stage.done)
+        if self.bar is not None and stage.total is not None:
+            self.bar.update(stage.done, stage.total, stage.description)
+
+
 # ---- how arguments and messages read from Python -----------------------------------------------
 
 def _keywords_of(func: Callable[..., Any]) -> dict[str, str]:
@@ -205,7 +245,8 @@ register_check("Iterable[Run | str | Path]", _runs)
 register_check("float | Iterable[float]", _several(float))
 register_check("bool | Iterable[bool]", _several(bool))
 register_check("str | Iterable[str]", _several(str))
-register_check("Callable[[Stage], None]", _callable)
+register_check("bool | Callable[[Stage], None]", lambda v, n, o: v if isinstance(v, bool)
+               else _callable(v, n, o))
 
 
 # ---- compare ----------------------------------------------------------------------------------
@@ -274,14 +315,16 @@ def _analyze(run_dir: Path, *, samples: int = 500, projections: int = 256,
 @_job
 def analyze(run: Run | str | Path, *, samples: int = 500, projections: int = 256,
             max_clients: int | None = None, device: str | None = None, write: bool = True,
-            progress: Callable[[Stage], None] | None = None) -> dict[str, Any]:
+            progress: bool | Callable[[Stage], None] | None = None) -> dict[str, Any]:
     """Classifier norms and singular values before and after calibration, client CKA per
     layer and class separability of a finished run, as ``privfedcal analyze`` (CCVR, Luo et
     al. 2021, figs. 1-3 and 6): the ``analysis.json`` dict. Like the command it writes
     ``analysis.json`` and its PNGs into the run folder; ``write=False`` writes nothing.
-    ``progress`` receives a ``Stage`` per client retrained for CKA."""
-    return _analyze(_run_path(run), samples=samples, projections=projections,
-                    max_clients=max_clients, device=device, write=write, progress=progress)
+    ``progress``: a bar over the clients retrained for CKA when interactive (None), always
+    (True) or never (False), or a callable given a ``Stage`` per client."""
+    with _Watch(progress, "analyze") as watch:
+        return _analyze(_run_path(run), samples=samples, projections=projections,
+                        max_clients=max_clients, device=device, write=write, progress=watch)
 
 
 # ---- audit: the reconstruction sweep ----------------------------------------------------------
@@ -357,7 +400,7 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
           attack_batch: int | None = None, clients: int = 5, attack_clients: int = 1,
           dataset: str = "digits", seed: int = 0, device: str = "cpu",
           out: str | Path | None = None, overwrite: bool = False,
-          progress: Callable[[Stage], None] | None = None) -> Audit:
+          progress: bool | Callable[[Stage], None] | None = None) -> Audit:
     """Train and attack every protection setting of a grid, as ``privfedcal audit``: DP
     epsilon (``eps``; ``math.inf``: no DP) x secure aggregation (``secagg``) x ``methods``,
     one row per setting (accuracy, the best reconstruction's PSNR, class inference, what
@@ -366,7 +409,8 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
     ``DEFAULT_ATTACK_BATCH``). With ``out``, the runs are kept in ``out/runs`` and
     ``audit.csv`` and ``audit.png`` written into ``out`` (an earlier audit there is kept
     unless ``overwrite=True``); without, the runs are trained in a temporary folder that is
-    removed and nothing is written. ``progress`` receives a ``Stage`` per step of each
+    removed and nothing is written. ``progress``: a bar over the settings when interactive
+    (None), always (True) or never (False), or a callable given a ``Stage`` per step of each
     setting (``done`` of ``total`` settings)."""
     from privfedcal.attacks.audit import AuditConfig
     from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
@@ -378,8 +422,9 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
         steps=DEFAULT_MAX_STEPS if steps is None else steps, restarts=restarts,
         attack_batch=DEFAULT_ATTACK_BATCH if attack_batch is None else attack_batch,
         attack_clients=attack_clients, seed=seed, device=device)
-    return _audit(config, None if out is None else Path(out), overwrite=overwrite,
-                  progress=progress)
+    with _Watch(progress, "audit") as watch:
+        return _audit(config, None if out is None else Path(out), overwrite=overwrite,
+                      progress=watch)
 
 
 # ---- audit dp: the distinguishing games -------------------------------------------------------
@@ -447,7 +492,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
              budget_s: float = 120.0, confidence: float = 0.95,
              channels: str | Iterable[str] | None = None, one_run: bool = True,
              out: str | Path | None = None,
-             progress: Callable[[Stage], None] | None = None, **settings: Any) -> DPAudit:
+             progress: bool | Callable[[Stage], None] | None = None, **settings: Any) -> DPAudit:
     """Does the claimed epsilon hold? Empirical lower bounds on epsilon, one per channel, as
     ``privfedcal audit dp`` (docs/privacy-audit.md). The configuration is ``config`` with
     ``settings`` over it, as ``train`` takes them, or the run folder ``run``'s own (then
@@ -456,7 +501,9 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     ``dp-sgd``; default every one the configuration has); ``one_run`` adds the one-run
     audits (Steinke et al. 2023). Writes ``dp_audit.csv`` and ``dp_audit.png`` into ``out``
     only when ``out`` is given (``out=run`` puts them in the run's report, as the command
-    does by default with ``--run``). ``progress`` receives a ``Stage`` per trial batch."""
+    does by default with ``--run``). ``progress``: a bar over each channel's trials when
+    interactive (None), always (True) or never (False), or a callable given a ``Stage`` per
+    batch of trials."""
     from privfedcal.attacks.dp_channels import parse_channels
     from privfedcal.federation.runfolder import read_run_config
 
@@ -470,8 +517,10 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     else:
         cfg = _config(config, settings)
     names = None if channels is None else parse_channels(",".join(_tuple(channels)))
-    return _audit_dp(cfg, None if out is None else Path(out), trials=trials, budget_s=budget_s,
-                     confidence=confidence, channels=names, one_run=one_run, progress=progress)
+    with _Watch(progress, "audit dp") as watch:
+        return _audit_dp(cfg, None if out is None else Path(out), trials=trials,
+                         budget_s=budget_s, confidence=confidence, channels=names,
+                         one_run=one_run, progress=watch)
 
 
 # ---- partition --------------------------------------------------------------------------------

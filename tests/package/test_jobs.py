@@ -144,6 +144,45 @@ def test_audit_dp_of_a_configuration_and_of_a_run(runs, tmp_path, monkeypatch):
             "dp_eps")
 
 
+def test_a_job_shows_a_bar_when_interactive_and_logs_its_stages(monkeypatch, caplog):
+    """As train and attack: a bar by default when interactive (none with progress=False),
+    the caller's callable instead where given, and INFO lines on the privfedcal logger."""
+    from privfedcal import api_log
+
+    bars = []
+
+    class FakeBar:
+        def __init__(self, description, total, completed=0):
+            self.opened, self.updates, self.closed = (description, total, completed), [], False
+            bars.append(self)
+
+        def update(self, completed, total, info):
+            self.updates.append((completed, total, info))
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(api_log, "TerminalBar", FakeBar)
+    monkeypatch.setattr(api_log, "in_notebook", lambda: False)
+    monkeypatch.setattr(api_log, "interactive", lambda: True)
+    stages = [jobs.Stage("", 0, 2), jobs.Stage("a: training", 0, 2), jobs.Stage("a: done", 1, 2)]
+    caplog.set_level("INFO", logger="privfedcal")
+    with jobs._Watch(None, "audit") as watch:
+        for st in stages:
+            watch(st)
+    (bar,) = bars
+    assert bar.opened == ("audit", 2, 0) and bar.closed
+    assert bar.updates == [(0, 2, ""), (0, 2, "a: training"), (1, 2, "a: done")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "audit: started", "audit: a: training", "audit: a: done", "audit: done"]
+    seen = []
+    for progress in (False, seen.append):
+        with jobs._Watch(progress, "audit") as watch:
+            for st in stages:
+                watch(st)
+    assert len(bars) == 1 and seen == stages
+
+
 # ---- bad input: one line, in keywords ---------------------------------------------------------
 
 def test_bad_input_names_the_keyword(runs, tmp_path):
@@ -171,6 +210,7 @@ def test_bad_input_names_the_keyword(runs, tmp_path):
         (lambda: jobs.partition(clients="many"), ["clients must be an integer"]),
         (lambda: jobs.write_report(run, out=3), ["out must be a path"]),
         (lambda: jobs.write_report(tmp_path / "none"), ["is not a folder"]),
+        (lambda: jobs.analyze(run, progress="bar"), ["progress must be callable"]),
     ]
     for call, needles in cases:
         refused(call, *needles)
