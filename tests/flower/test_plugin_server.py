@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("flwr")
 
 import torch  # noqa: E402
-from flwr.app import Context, Message, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from loopback import NODE_BASE, LoopbackGrid  # noqa: E402
 from plugin_app import NODES, Net, eval_loader, fedavg, make_client_app  # noqa: E402
 
@@ -68,7 +68,8 @@ class RecordingGrid(LoopbackGrid):
 
 class CorruptingGrid(LoopbackGrid):
     """A loopback grid whose node of client ``victim`` spoils its ``query.payload`` reply:
-    ``nan`` (NaN in its sums), ``empty`` (no payload at all) or ``error`` (an error reply)."""
+    ``nan`` (NaN in its sums), ``empty`` (no payload at all), ``garbage`` (zero bytes in
+    place of its ciphertext) or ``error`` (an error reply)."""
 
     def __init__(self, *args, victim: int, how: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -82,6 +83,10 @@ class CorruptingGrid(LoopbackGrid):
             if how == "error":
                 return error_reply(msg, RuntimeError("the node failed"))
             meta = reply.content["meta"]
+            if how == "garbage":  # bytes that are no ciphertext under the release's key
+                data = bytes(len(bytes(reply.content["ciphertext"]["data"])))
+                return Message(RecordDict({"meta": meta, "ciphertext": ConfigRecord(
+                    {"data": data})}), reply_to=msg)
             if how == "empty":
                 return Message(RecordDict({"meta": meta}), reply_to=msg)
             payload = record_to_state(reply.content["payload"])
@@ -138,6 +143,23 @@ def test_a_malformed_reply_is_dropped_and_named(trained, tmp_path, how):
     assert rejected["client"] == 1 and rejected["label"] == "ccvr-stats"
     assert math.isfinite(summary["accuracy"])
     assert summary["privacy"]["epsilon_spent"] <= 8.0
+
+
+def test_a_bad_ciphertext_is_named_and_the_short_secure_sum_never_made(trained, tmp_path):
+    grid = CorruptingGrid(make_client_app(), PROTECTED, NODES, victim=2, how="garbage")
+    model = _model(trained)
+    fc3 = model.fc3.weight.detach().clone()
+    summary = calibrate(grid, model, _context(PROTECTED), test_data=eval_loader(),
+                        out=tmp_path / "run")
+    rejected = summary["rejected_uploads"]
+    # the bad upload is named, and its cohort (here every node) is left out with it
+    assert rejected[0]["client"] == 2 and sorted(r["client"] for r in rejected) == [0, 1, 2]
+    assert all("cohort" in r["reason"] for r in rejected[1:])
+    # fewer uploads than the key holder's own plus secagg-min-clients: no release
+    (skipped,) = summary["skipped_releases"]
+    assert skipped["label"] == "ccvr-stats"
+    assert summary["accuracy"] == summary["accuracy_before_calibration"]
+    assert torch.equal(model.fc3.weight, fc3)  # the head stays as FedAvg left it
 
 
 def test_a_lost_node_is_dropped_under_min_replies(trained, tmp_path):

@@ -118,7 +118,9 @@ class PluginSimulator(FlowerSimulator):
         model = self.exp.model
         extra["plugin"] = {"model": type(model.net).__name__, "head": model.head_name,
                            "nodes": self.cfg.clients, "examples": self.exp.num_examples}
-        if not hasattr(self.calibrator, "_install"):  # CReFF: CCVR's _install records it
+        # CCVR's head, once installed, recorded the accuracy before (PosthocCalibrator);
+        # CReFF, or a CCVR release that was skipped, did not
+        if getattr(self.calibrator, "_head", None) is None:
             extra["accuracy_before_calibration"] = self.accuracy_before
         return extra
 
