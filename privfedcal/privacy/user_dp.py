@@ -220,11 +220,16 @@ class UserDP:
         return {k: v + noise[k] for k, v in total.items()}
 
     def apply(self, global_state: State, total: State) -> State:
-        """The new global state: ``global + total / m`` (integer buffers: the global ones)."""
+        """The new global state: ``global + total / m`` (integer buffers: the global ones).
+        BatchNorm running variances are clamped at 0 after the noise (post-processing: the
+        guarantee is unchanged, and a negative variance would make evaluation NaN)."""
         out = dict(global_state)
         for k, v in total.items():
             g = global_state[k]
-            out[k] = (g.to(torch.float64) + v.to(g.device) / self.denominator).to(g.dtype)
+            new = g.to(torch.float64) + v.to(g.device) / self.denominator
+            if k.endswith("running_var"):
+                new = new.clamp_min(0.0)
+            out[k] = new.to(g.dtype)
         return out
 
     def receive(self, trainer: Any, jobs: list, global_state: State, selected: list[int],
@@ -259,8 +264,9 @@ class UserDP:
                 if delta is None:
                     return
                 # what the server receives: the global state moved by the clipped update
-                seen = {k: (global_state[k].double() + d).to(global_state[k].dtype)
-                        for k, d in delta.items()}
+                # (integer buffers are not sent: the global ones, for a complete state)
+                seen = {k: (global_state[k].double() + delta[k]).to(v.dtype) if k in delta
+                        else v for k, v in global_state.items()}
                 record_model_updates(transcript, round_, [selected[len(markers) - 1]], [seen],
                                      [1.0], recipe)
                 for k, d in delta.items():

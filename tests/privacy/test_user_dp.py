@@ -461,3 +461,12 @@ def test_resume_keeps_the_clip_the_ledgers_and_the_accountants(tmp_path, tiny_cf
     assert {c: g.made for c, g in b.dp.ledgers.items()} == {c: g.made for c, g in
                                                            a.dp.ledgers.items()}
     assert b.user_epsilon() == a.user_epsilon() > 0
+
+
+def test_noised_batchnorm_variance_stays_a_variance():
+    glob = {"bn.running_var": torch.full((2000,), 1e-3), "bn.running_mean": torch.zeros(2000)}
+    states = [{k: v + 1e-4 for k, v in glob.items()} for _ in range(2)]
+    udp = UserDP(stage(z=5.0), 1.0, denominator=2, distributed=False)
+    new = one_round(udp, glob, states)[1]
+    assert float(new["bn.running_var"].min()) == 0.0  # the noise pushed some below 0: clamped
+    assert float(new["bn.running_mean"].min()) < 0  # other entries are left as noised
