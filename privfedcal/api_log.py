@@ -139,7 +139,7 @@ def open_bar(progress: object, description: str, total: float,
 
 def round_line(rec: dict[str, Any], total: int) -> str:
     """The log line of an evaluated round."""
-    train = "withheld (DP-SGD)" if rec["train_loss"] is None else f"{rec['train_loss']:.4f}"
+    train = "withheld (DP)" if rec["train_loss"] is None else f"{rec['train_loss']:.4f}"
     return (f"round {rec['round']}/{total}: accuracy {rec['accuracy']:.4f}, test loss "
             f"{rec['loss']:.4f}, train loss {train}, {rec['seconds']:.1f} s")
 

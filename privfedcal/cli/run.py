@@ -22,7 +22,7 @@ from privfedcal.federation.checkpoint import checkpoint_round
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
     """The line printed (stderr) per evaluated round when stderr is not a terminal."""
-    train = "withheld (DP-SGD)" if rec["train_loss"] is None else f"{rec['train_loss']:.4f}"
+    train = "withheld (DP)" if rec["train_loss"] is None else f"{rec['train_loss']:.4f}"
     return (f"round {rec['round']}/{total}: accuracy {rec['accuracy']:.4f}, test loss "
             f"{rec['loss']:.4f}, train loss {train}, {rec['seconds']:.1f} s")
 

@@ -66,7 +66,7 @@ def run_server(grid: Grid, context: Context) -> tuple[FlowerSimulator, dict[str,
     def progress(record: dict[str, Any]) -> None:
         acc = f" accuracy {record['accuracy']:.4f}" if "accuracy" in record else ""
         loss = record["train_loss"]
-        train = "withheld (DP-SGD)" if loss is None else f"{loss:.4f}"
+        train = "withheld (DP)" if loss is None else f"{loss:.4f}"
         log.info("round %d: train loss %s%s (%.2f s)", record["round"], train, acc,
                  record["seconds"])
 
