@@ -23,13 +23,14 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from privfedcal.api import Run, _config
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.pysurface import _coerce, python_surface, register_check
 from privfedcal.report.output import all_or_nothing, check_fresh, check_writable
+from privfedcal.results import DPAuditRow
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,11 +95,11 @@ class DPAudit:
     columns, ``attacks/dp_audit.py`` ``COLUMNS``: ``eps_lower`` beside ``claimed_eps``) and
     the folder holding ``dp_audit.csv`` and ``dp_audit.png`` (None: nothing written)."""
 
-    rows: list[dict[str, Any]]
+    rows: list[DPAuditRow]
     folder: Path | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays have no truth value: compare the fields
 class Partition:
     """``partition``'s result: ``counts[k, c]``, the samples of class c client k holds;
     ``indices[k]``, client k's training-set indices; ``summary``, ``partition.json``'s
@@ -483,7 +484,7 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
                               progress=stage("dp-sgd (one run), training rounds", cfg.rounds)))
     if out is not None:
         plot(rows, out / PNG_NAME)
-    return DPAudit([dict(r) for r in rows], out)
+    return DPAudit([cast(DPAuditRow, dict(r)) for r in rows], out)
 
 
 @_job

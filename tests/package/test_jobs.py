@@ -212,6 +212,9 @@ def test_bad_input_names_the_keyword(runs, tmp_path):
         (lambda: jobs.write_report(tmp_path / "none"), ["is not a folder"]),
         (lambda: jobs.analyze(run, progress="bar"), ["progress must be callable"]),
     ]
+    if Path("/proc").is_dir():  # refuses new entries, whatever the permission bits say
+        cases += [(lambda: jobs.compare([run], out="/proc/x"), ["cannot write to out /proc/x"]),
+                  (lambda: jobs.partition(out="/proc/x"), ["cannot write to out /proc/x"])]
     for call, needles in cases:
         refused(call, *needles)
 
