@@ -236,6 +236,40 @@ class FlowerHolds(TypedDict):
     max_seconds: Annotated[float, "longest hold"]
 
 
+class Dropped(TypedDict):
+    """A client whose node was lost in a Flower exchange that went on without it."""
+
+    group: Annotated[str, "the exchange (its round, or label and round)"]
+    message: Annotated[str, "the message type (`train`, `query.payload`, ...)"]
+    client: Annotated[int, "the client"]
+    node: Annotated[int, "its SuperNode's id"]
+    reason: Annotated[str, "an error code, or why no reply came"]
+
+
+class FeatureClipSearch(TypedDict):
+    """The Flower plugin's private choice of the feature clip (`dp-clip = "auto"`)."""
+
+    clip: Annotated[float, "the clip chosen"]
+    median_estimate: Annotated[float, "the first stage's estimate of the median norm"]
+    quantile: Annotated[float, "the norm quantile the clip estimates"]
+    epsilon: Annotated[float, "the search's epsilon"]
+    delta: Annotated[float, "the search's delta"]
+    noise_multiplier: Annotated[float, "its one release's noise multiplier"]
+    composition: Annotated[str, "how it composes with the calibration release"]
+    run_epsilon: NotRequired[Annotated[float, "the whole run's epsilon"]]
+    run_delta: NotRequired[Annotated[float, "the whole run's delta"]]
+
+
+class PluginRun(TypedDict):
+    """What the Flower plugin (`privfedcal.flower.plugin.calibrate`) calibrated."""
+
+    model: Annotated[str, "the user's model class"]
+    head: Annotated[str, "its head's module name"]
+    nodes: Annotated[int, "the nodes that took part"]
+    examples: Annotated[int, "the public example count N the plan used"]
+    feature_clip: NotRequired[Annotated[FeatureClipSearch, "with dp-clip auto: the search"]]
+
+
 class Summary(TypedDict):
     """`summary.json` (`Run.summary`): what the run was, how it ended and what it spent.
 
@@ -273,8 +307,9 @@ class Summary(TypedDict):
                                                           "client's draws (None: no cap)"]]
     creff_release_rounds: NotRequired[Annotated[list[int] | None, "creff: rounds that "
                                                 "released class gradients (None: every one)"]]
-    dropped_clients: NotRequired[Annotated[list[int], "Flower: clients whose nodes were lost "
-                                                      "on the way"]]
+    dropped_clients: NotRequired[Annotated[list[Dropped], "Flower: clients whose nodes were "
+                                                          "lost on the way"]]
+    plugin: NotRequired[Annotated[PluginRun, "the Flower plugin's run: model, head, nodes"]]
     flower_holds: NotRequired[Annotated[FlowerHolds, "Flower: hold messages (`flower.hold`)"]]
     privacy: NotRequired[Annotated[Privacy, "the run's protection (absent: none)"]]
     diverged: NotRequired[Annotated[Diverged, "diverged runs: where the guard stopped them"]]
@@ -285,6 +320,7 @@ class Summary(TypedDict):
     notes: Annotated[list[str], "what the run printed at its end (warnings, the guarantee)"]
 
 
-__all__ = ["AccountedRelease", "AdaptiveClip", "CKKSParams", "Calibration", "Diverged", "Evaluation",
-           "FlowerHolds", "MetricsRow", "Privacy", "Rejected", "RoundCalibration", "SecAgg",
-           "SecAggUpdates", "Skipped", "Summary", "UserDP", "WholeRun"]
+__all__ = ["AccountedRelease", "AdaptiveClip", "CKKSParams", "Calibration", "Diverged", "Dropped",
+           "Evaluation", "FeatureClipSearch", "FlowerHolds", "MetricsRow", "PluginRun",
+           "Privacy", "Rejected", "RoundCalibration", "SecAgg", "SecAggUpdates", "Skipped",
+           "Summary", "UserDP", "WholeRun"]
