@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,18 +126,17 @@ class Simulator:
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=sent_tensors(state, task))
         trainer = self._trainer_obj
+        uploads: Iterable[tuple[int, Payload]]
         if isinstance(trainer, WorkerPoolTrainer) and len(clients) > 1:
             computed = trainer.collect(task, [self.exp.parts[c] for c in clients], state,
                                        self.uplink.bound)
             uploads = [(c, {k: v.to(self.exp.device) for k, v in up.items()})
                        for c, up in zip(clients, computed, strict=True)]
-        else:
-            uploads = []
-            for c in clients:
-                x, y = self.client_data(c)
-                uploads.append((c, task.compute(model, x, y, self.uplink.bound)))
+        else:  # computed as the uplink reaches each client: one payload held at a time
+            uploads = ((c, task.compute(model, *self.client_data(c), self.uplink.bound))
+                       for c in clients)
         payload = self.uplink.aggregate(uploads, round_=round_, label=label,
-                                        transcript=self.transcript)
+                                        transcript=self.transcript, asked=list(clients))
         divergence.check_payload(payload, round_, label)
         return payload
 

@@ -22,8 +22,10 @@ run seed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -138,24 +140,45 @@ class Uplink:
             stage.close(rel)
         return total
 
-    def aggregate(self, uploads: list[tuple[int, Payload]], *, round_: int, label: str,
-                  transcript: Transcript) -> Payload:
-        """Every role of one release in this process: open, client halves, server halves."""
-        asked = [c for c, _ in uploads]
-        valid = self._validate(uploads, round_, label)
-        rel = self.release(label, round_, asked, [c for c, _ in valid], valid[0][1],
-                           transcript)
+    def aggregate(self, uploads: Iterable[tuple[int, Payload]], *, round_: int, label: str,
+                  transcript: Transcript, asked: list[int] | None = None) -> Payload:
+        """Every role of one release in this process: open, client halves, server halves.
+
+        With ``asked`` (the clients asked for an upload, in order), ``uploads`` may be lazy,
+        each payload computed when it is reached: the release then holds one client's
+        payload at a time besides the wire's running sum (an encrypting wire keeps the
+        ciphertexts until its cohort check), so its memory does not grow with the number of
+        clients. An invalid upload found on the way is dropped as a rejected one is (the
+        noise topped up); without ``asked`` every upload is validated before the release
+        opens."""
+        if asked is None:
+            uploads = list(uploads)
+            asked = [c for c, _ in uploads]
+            valid = self._validate(uploads, round_, label)
+            clients, stream = [c for c, _ in valid], iter(valid)
+        else:
+            stream = self._validated(uploads, round_, label)
+            first = next(stream, None)
+            if first is None:
+                self.raise_skipped(round_, label, "no valid upload")
+            valid = [first]
+            clients, stream = list(asked), itertools.chain(valid, stream)
+        rel = self.release(label, round_, asked, clients, valid[0][1], transcript)
+        del valid  # the stream alone holds the uploads from here
         self.open(rel)
-        sent: list[tuple[int, Any]] = []
+        return self.server_side(self._client_halves(stream, rel), rel)
+
+    def _client_halves(self, valid: Iterator[tuple[int, Payload]],
+                       rel: Release) -> Iterator[tuple[int, Any]]:
+        """Each valid upload through its client's halves, as the wire takes it."""
         for client, payload in valid:
             try:
                 self.admit(rel.at(client))
-                sent.append((client, self.client_side(payload, rel.at(client))))
+                yield client, self.client_side(payload, rel.at(client))
             except UploadRejected as exc:  # dropped; the release goes on, noise topped up
-                self.reject(round_, label, client, str(exc))
+                self.reject(rel.round_, rel.label, client, str(exc))
             except BudgetRefused as exc:  # not sent; the release goes on without it
-                self.reject(round_, label, client, f"refused by the client: {exc}")
-        return self.server_side(sent, rel)
+                self.reject(rel.round_, rel.label, client, f"refused by the client: {exc}")
 
     def reject(self, round_: int, label: str, client: int, reason: str) -> None:
         log.warning("round %d %s: upload of client %d rejected: %s", round_, label, client,
@@ -169,15 +192,22 @@ class Uplink:
         self.skipped.append({"round": round_, "label": label, "reason": reason})
         raise ReleaseSkipped(f"round {round_} {label}: {reason}")
 
-    def _validate(self, uploads, round_, label) -> list[tuple[int, Payload]]:
-        valid: list[tuple[int, Payload]] = []
+    def _validated(self, uploads: Iterable[tuple[int, Payload]], round_: int,
+                   label: str) -> Iterator[tuple[int, Payload]]:
+        """The uploads that are well formed and shaped like the first valid one; the others
+        rejected on the way."""
+        reference: Payload | None = None
         for client, payload in uploads:
             try:
-                validate_upload(payload, valid[0][1] if valid else None)
+                validate_upload(payload, reference)
             except UploadRejected as exc:
                 self.reject(round_, label, client, str(exc))
                 continue
-            valid.append((client, payload))
+            reference = payload if reference is None else reference
+            yield client, payload
+
+    def _validate(self, uploads, round_, label) -> list[tuple[int, Payload]]:
+        valid = list(self._validated(uploads, round_, label))
         if not valid:
             self.raise_skipped(round_, label, "no valid upload")
         return valid

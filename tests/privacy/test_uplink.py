@@ -223,3 +223,35 @@ def test_refuses_to_start_when_budget_cannot_be_met(tiny_cfg):
     exp = build_experiment(cfg)
     with pytest.raises(PrivacyBudgetError):
         build_protected_uplink(cfg, exp, calibrator_class(cfg))
+
+
+def test_lazy_uploads_are_summed_one_at_a_time():
+    """With ``asked``, uploads computed on demand are passed on and dropped one by one: when
+    client k's payload is computed, every one before k - 2 but the first (the release's
+    example) is freed (k - 2 is the last one summed when k - 1 was rejected); the sum and
+    the rejections equal those of the list."""
+    import weakref
+
+    payloads = {k: stats_payload([2, 3], seed=k) for k in range(6)}
+    payloads[4] = {**payloads[4], "sum": torch.full((2, 3), math.nan, dtype=torch.float64)}
+    alive: list[weakref.ref] = []
+    held_at: dict[int, list[int]] = {}
+
+    def lazy():
+        for k, p in payloads.items():
+            held_at[k] = [i for i, r in enumerate(alive) if r() is not None]
+            fresh = {n: v.clone() for n, v in p.items()}
+            alive.append(weakref.ref(fresh["outer"]))
+            yield k, fresh
+
+    up = Uplink()
+    total = up.aggregate(lazy(), round_=1, label="x", transcript=Transcript(None),
+                         asked=list(payloads))
+    for k, held in held_at.items():
+        assert set(held) <= {0, k - 2, k - 1}, (k, held)
+    listed = Uplink()
+    expected = listed.aggregate(list(payloads.items()), round_=1, label="x",
+                                transcript=Transcript(None))
+    for name in expected:
+        assert torch.allclose(total[name], expected[name])
+    assert [r["client"] for r in up.rejected] == [r["client"] for r in listed.rejected] == [4]
