@@ -23,6 +23,7 @@ from privfedcal.flower.client_app import error_reply  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError  # noqa: E402
 from privfedcal.flower.plugin import calibrate  # noqa: E402
 from privfedcal.flower.records import record_to_state, state_to_record  # noqa: E402
+from privfedcal.results import summary_from_dict  # noqa: E402
 
 pytestmark = pytest.mark.flower
 
@@ -105,8 +106,10 @@ def test_ccvr_with_dp_secagg_and_hidden_counts(trained, tmp_path):
     out = tmp_path / "run"
     summary = calibrate(grid, model, _context(PROTECTED), head="fc3", test_data=eval_loader(),
                         out=out)
-    # the run folder of privfedcal's own apps: summary, server view, transcript
+    # the run folder of privfedcal's own apps: summary (its documented type), server view,
+    # transcript
     assert json.loads((out / "summary.json").read_text()) == summary
+    summary_from_dict(summary)
     assert (out / "server" / "summary.json").is_file() and (out / "server" / "config.json").is_file()
     views = [e["view"] for e in json.loads((out / "server" / "transcript" / "index.json")
                                            .read_text())]
@@ -170,6 +173,7 @@ def test_a_lost_node_is_dropped_under_min_replies(trained, tmp_path):
                         out=tmp_path / "run")
     (lost,) = summary["dropped_clients"]
     assert lost["client"] == 2 and lost["reason"] == "internal-error"
+    summary_from_dict(summary)
     # without min-replies every node must answer: the run stops naming the lost one
     grid = CorruptingGrid(make_client_app(), {**run, "privfedcal.flower.min-replies": 0},
                           NODES, victim=2, how="error")
@@ -247,3 +251,4 @@ def test_an_auto_clip_is_chosen_privately_within_the_budget(trained, tmp_path):
     assert all(declared(m, r, k) is not None for m, r, k, _ in grid.seen)
     assert json.loads((out / "summary.json").read_text()) == summary
     assert "whole run's guarantee" in summary["notes"][-1]
+    summary_from_dict(summary)
