@@ -26,8 +26,9 @@ Where the noise is added:
 - central (default): the server adds the noise to the sum of clipped updates. The server
   itself sees every clipped update (the transcript records them): the guarantee holds for
   the global models it publishes (to the clients, to the model's users), not against it.
-- distributed (``--secagg-updates``): each client adds its share ``1/(m - 1)`` of the
-  variance (``m - 1`` shares already carry the full variance, so the key holder's node,
+- distributed (``--secagg-updates``): each of the round's ``n`` participants (public; ``n``
+  may exceed ``m`` where cohorts are selected whole) adds its share ``1/(n - 1)`` of the
+  variance (``n - 1`` shares already carry the full variance, so the key holder's node,
   which knows its own share, cannot bring the sum below it) before CKKS encryption; the
   server sees only the noisy sum, and the guarantee holds against it too, provided the key
   holder does not collude with it.
@@ -113,8 +114,8 @@ def gaussian_noise(like: State, std: float, generator: torch.Generator) -> State
 
 
 def distributed_share(clients: int) -> float:
-    """Each client's share of the noise variance under secure aggregation: ``1/(m - 1)``
-    of the ``m`` clients asked, so that any ``m - 1`` shares carry the full variance."""
+    """Each client's share of the noise variance under secure aggregation: ``1/(n - 1)``
+    of the ``n`` clients taking part, so that any ``n - 1`` shares carry the full variance."""
     return 1.0 if clients <= 2 else 1.0 / (clients - 1)
 
 
@@ -175,9 +176,13 @@ class UserDP:
         """Std of the noise on the SUM of clipped updates: ``z * S`` (``z_u * S`` adaptive)."""
         return self.update_multiplier * self.clip
 
-    def client_share(self) -> float:
-        """Variance share each client adds: 0 with central noise."""
-        return distributed_share(self.denominator) if self.distributed else 0.0
+    def client_share(self, participants: int | None = None) -> float:
+        """Variance share each client adds: 0 with central noise; distributed, ``1/(n - 1)``
+        for the round's ``n`` participants (public: the selection comes from the config;
+        under cohorts a round may select more than ``m``), default ``m``."""
+        if not self.distributed:
+            return 0.0
+        return distributed_share(self.denominator if participants is None else participants)
 
     # ---- one round -----------------------------------------------------------------------
     def open(self, clients: list[int]) -> None:
@@ -188,14 +193,15 @@ class UserDP:
     def close(self, clients: list[int]) -> None:
         self.dp.record(self.label, clients)
 
-    def client_update(self, global_state: State, state: State, round_: int,
-                      client: int) -> tuple[State, bool]:
-        """Client side: its clipped update, plus its noise share when distributed, and
-        whether its norm was within the clip (the adaptive clip's bit)."""
+    def client_update(self, global_state: State, state: State, round_: int, client: int,
+                      participants: int | None = None) -> tuple[State, bool]:
+        """Client side: its clipped update, plus its noise share when distributed (of a
+        round with ``participants`` clients, default ``m``), and whether its norm was within
+        the clip (the adaptive clip's bit)."""
         delta = model_delta(state, global_state)
         within = update_norm(delta) <= self.clip
         delta = clip_update(delta, self.clip)
-        share = self.client_share()
+        share = self.client_share(participants)
         if share > 0:
             g = noise_generator(self.seed, round_, client, 301, seeded=self.seeded)
             noise = gaussian_noise(delta, self.std * math.sqrt(share), g)
@@ -254,7 +260,8 @@ class UserDP:
             sent_bytes += sum(v.numel() * v.element_size() for v in state.values())
             if bad is not None:
                 return None
-            delta, ok = self.client_update(global_state, state, round_, selected[i])
+            delta, ok = self.client_update(global_state, state, round_, selected[i],
+                                           len(selected))
             within += int(ok)
             return delta
 
@@ -319,7 +326,7 @@ class UserDP:
 
     def summary(self) -> dict[str, Any]:
         eps = self.user_epsilon()
-        where = ("distributed: each client adds 1/(m-1) of the variance before CKKS "
+        where = ("distributed: each of the round's n clients adds 1/(n-1) of the variance before CKKS "
                  "encryption, the server sees only the noisy sum" if self.distributed else
                  "central: the server adds it to the sum of the clipped updates it received")
         against = ("every party but a key holder colluding with the server" if self.distributed

@@ -470,3 +470,20 @@ def test_noised_batchnorm_variance_stays_a_variance():
     new = one_round(udp, glob, states)[1]
     assert float(new["bn.running_var"].min()) == 0.0  # the noise pushed some below 0: clamped
     assert float(new["bn.running_mean"].min()) < 0  # other entries are left as noised
+
+
+def test_distributed_share_follows_the_rounds_public_selection():
+    """Under cohorts a round may select more clients than m (7 clients at 0.5: 4 or 5); each
+    participant adds 1/(n - 1) for the round's n, so any n - 1 shares carry the full
+    variance whatever the round's size."""
+    from privfedcal.cohorts import select_clients
+    from privfedcal.config import RunConfig
+
+    cfg = RunConfig(clients=7, participation=0.5, rounds=6, secagg_updates=True,
+                    dp_updates=True, dp_eps=8.0)
+    sizes = {len(select_clients(cfg, r)) for r in range(1, 7)}
+    assert sizes == {4, 5}  # the selection this test is about
+    udp = UserDP(stage(), 1.0, denominator=4, distributed=True)
+    assert udp.client_share(5) == 0.25 and udp.client_share() == 1 / 3
+    std, _ = noise_std_of_sum(distributed=True, m=5, z=1.5, clip=0.2)
+    assert std == pytest.approx(1.5 * 0.2 * math.sqrt(5 / 4), rel=0.03)
