@@ -29,14 +29,22 @@ from safetensors.torch import load_file, save_file
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 
+#: bytes of tensors handed to the writer and not yet on disk at most: ``put`` waits beyond
+#: it, so a recorder faster than the disk (a calibration release over thousands of
+#: clients) holds a bounded copy of the server's view, not one per client
+MAX_PENDING_BYTES = 256 * 2**20
+
 
 class _Writer:
     """One daemon thread writing safetensors files in the order they were handed over. An
     error is kept and raised by the next ``put`` or ``wait``, in the recording thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING_BYTES) -> None:
         self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], str] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._max_pending = max_pending
+        self._pending = 0  # bytes queued, not yet written
+        self._room = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="privfedcal-transcript",
                                         daemon=True)
         self._thread.start()
@@ -52,6 +60,10 @@ class _Writer:
             except BaseException as exc:  # handed to the recording thread
                 self._error = exc
             finally:
+                if job is not None:
+                    with self._room:
+                        self._pending -= _nbytes(job[0])
+                        self._room.notify_all()
                 self._jobs.task_done()
 
     def _raise(self) -> None:
@@ -60,7 +72,14 @@ class _Writer:
             raise exc
 
     def put(self, tensors: dict[str, torch.Tensor], path: str) -> None:
+        """Queue a file; wait first while the queued bytes would pass the bound (a single
+        file larger than the bound waits for an empty queue)."""
         self._raise()
+        size = _nbytes(tensors)
+        with self._room:
+            self._room.wait_for(lambda: self._pending == 0
+                                or self._pending + size <= self._max_pending)
+            self._pending += size
         self._jobs.put((tensors, path))
 
     def wait(self) -> None:
@@ -71,6 +90,10 @@ class _Writer:
     def stop(self) -> None:
         self._jobs.put(None)
         self._thread.join()
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return int(sum(v.numel() * v.element_size() for v in tensors.values()))
 
 
 class Transcript:

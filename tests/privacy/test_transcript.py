@@ -134,3 +134,37 @@ def test_a_failed_write_is_raised_by_the_next_flush_and_the_index_is_not_rewritt
     with pytest.raises(SafetensorError):
         tr.flush()
     assert len(json.loads((d / "index.json").read_text())) == 1
+
+
+def test_writer_holds_a_bounded_number_of_pending_bytes(tmp_path, monkeypatch):
+    """A file that would take the queued bytes past the bound waits until the writer has
+    written the earlier ones (the disk is held back here by a gate)."""
+    import threading
+
+    from privfedcal.privacy import transcript as module
+
+    gate, real_save = threading.Event(), module.save_file
+
+    def gated_save(tensors, path):
+        gate.wait()
+        real_save(tensors, path)
+
+    monkeypatch.setattr(module, "save_file", gated_save)
+    tensors = {"x": torch.zeros(1000)}  # 4,000 bytes
+    writer = module._Writer(max_pending=6000)
+    writer.put(dict(tensors), str(tmp_path / "a.safetensors"))  # 4,000 pending: accepted
+    returned = threading.Event()
+
+    def second():
+        writer.put(dict(tensors), str(tmp_path / "b.safetensors"))
+        returned.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert not returned.wait(0.5)  # 8,000 would pass 6,000: waits for the first file
+    gate.set()
+    assert returned.wait(10)
+    thread.join()
+    writer.wait()
+    writer.stop()
+    assert (tmp_path / "a.safetensors").exists() and (tmp_path / "b.safetensors").exists()
