@@ -12,7 +12,10 @@ Both read privfedcal's settings from keyword arguments and the run config's
 ``privfedcal.*`` keys (``privfedcal.dp-eps``, ``privfedcal.secagg``,
 ``privfedcal.hide-counts``...; ``settings.py``); a node also from its node config, never
 from the server's messages. ``HeadAdapter`` shows the user's model to the calibrators
-through its head's input (a forward pre-hook) without renaming anything. See
+through its head's input (a forward pre-hook) without renaming anything. With
+``privfedcal.dp-clip = "auto"`` the nodes choose the feature clip privately within the
+budget (``clip.py``). The server reuses privfedcal's own Flower machinery
+(``FlowerSimulator``, ``GridLink``, the planner; ``server.py`` says which parts). See
 docs/flower.md.
 """
 
