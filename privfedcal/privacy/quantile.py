@@ -9,8 +9,9 @@ without a central look").
 The mechanism is a noisy histogram of feature norms over a PUBLIC geometric grid, in the
 spirit of adaptive clipping (Andrew et al., NeurIPS 2021, "Differentially Private Learning
 with Adaptive Clipping"), which releases noisy counts of norms below a candidate clip and
-moves the clip geometrically towards a target quantile. Here, with one client of many
-holding many samples each, counts over a whole grid of candidates are released at once:
+moves the clip geometrically towards a target quantile. Here, where the neighbouring
+datasets differ in one sample (not one client), counts over a whole grid of candidates cost
+no more than one count, so a grid is released at once:
 
 * client half (``noisy_norm_histogram``): the client's counts of norms in the bins of the
   grid ``(-inf, e_0], (e_0, e_1], ..., (e_{B-1}, inf)``, plus Gaussian noise of std
@@ -45,9 +46,10 @@ composition of everything in opacus' accountant stays within the target.
 The guarantee holds for what the server sees of the histograms when every client adds its
 noise from OS entropy (``noise.noise_generator``) and sends one histogram per stage at that
 stage's multiplier (a client ledger's limit: ``STAGES``); the grid's edges and the estimates
-are public. It does not hold
-for a client that reports a histogram of other norms than those it then clips: the clip
-itself is public and any clip keeps the calibration release's sensitivities.
+are public, and the second stage's edges depending on the first stage's output is the
+adaptive composition RDP covers. A client reporting false norms can move the clip, which is
+a matter of accuracy, not privacy: every feature is clipped to the public clip, so any clip
+keeps the calibration release's sensitivities.
 """
 
 from __future__ import annotations
@@ -316,8 +318,9 @@ def private_feature_clip(features: Callable[[Tensor], Tensor],
     """Choose the feature clip of a calibration release privately, within one budget.
 
     ``features``: the model's feature map (``model.features`` for privfedcal's models, or a
-    hook on the head's input); ``client_batches``: one iterable of inputs per client (a
-    tensor split in batches, a DataLoader). Plans the noise of the clip's releases and of the
+    hook on the head's input), in eval mode, taking the batches as they come (move them to
+    the model's device inside it); ``client_batches``: one iterable of inputs per client (a
+    tensor of inputs, or a DataLoader's batches). Plans the noise of the clip's releases and of the
     ``calibration`` releases together (``plan_clip_noise``), releases every client's noisy
     norm histograms (one per stage) and returns the clip with the noise
     multipliers the calibration release must then use: using another multiplier, or
