@@ -77,6 +77,12 @@ class Scratch:
         self.path = Path(tempfile.mkdtemp(prefix="privfedcal-"))
         self._removal = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Scratch:
+        return self  # one owner: a copied Run shares the folder (and keeps it alive)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}  # unpickled (another process), it refers without owning
+
 
 @dataclass(frozen=True)
 class Run:

@@ -5,6 +5,7 @@ a run folder; progress through the ``privfedcal`` logger, a bar when interactive
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import logging
@@ -38,7 +39,11 @@ def test_a_run_without_out_stays_in_memory_until_its_last_run_goes(tmp_path, mon
     del run
     gc.collect()
     assert (longer.path / "summary.json").is_file()
+    twin = copy.deepcopy(longer)  # a copy shares the folder and keeps it too
     del longer
+    gc.collect()
+    assert twin.accuracy > 0
+    del twin
     gc.collect()
     assert not root.exists()
     assert list(tmp_path.iterdir()) == []
