@@ -1,21 +1,32 @@
 """privfedcal: federated learning with classifier calibration, hardened uploads and audits.
 
 The public Python API (``docs/api.md``) is importable from here: ``privfedcal.train``,
-``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.RunConfig``, ... (``__all__``).
-They live in ``privfedcal/api.py`` and are loaded on first use, so that ``import privfedcal``
-stays cheap for the modules of the package that only need ``__version__``.
+``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.compare``,
+``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api.py`` (runs,
+attacks, CCVR's halves for a loop of one's own) and ``privfedcal/jobs.py`` (the other jobs
+of the CLI: compare, analyze, audit, audit_dp, partition, write_report), and are loaded on
+first use, so that ``import privfedcal`` stays cheap for the modules of the package that
+only need ``__version__``. The typed results are in ``privfedcal.results``.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Run", "RunConfig", "UsageError", "__version__", "attack", "calibrate_head",
-    "ccvr_statistics", "load_run", "privatize_statistics", "resume", "resume_simulator", "train",
-]
+#: each public name and the module that defines it
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(("Run", "RunConfig", "UsageError", "attack", "calibrate_head",
+                     "ccvr_statistics", "load_run", "privatize_statistics", "resume",
+                     "resume_simulator", "train"), "privfedcal.api"),
+    **dict.fromkeys(("Audit", "Comparison", "DPAudit", "Partition", "Stage", "analyze",
+                     "audit", "audit_dp", "compare", "partition", "write_report"),
+                    "privfedcal.jobs"),
+}
+
+__all__ = ["__version__", *sorted(_HOMES)]
 
 if TYPE_CHECKING:  # the names as a type checker sees them
     from privfedcal.api import (  # noqa: F401
@@ -31,14 +42,25 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         resume_simulator,
         train,
     )
+    from privfedcal.jobs import (  # noqa: F401
+        Audit,
+        Comparison,
+        DPAudit,
+        Partition,
+        Stage,
+        analyze,
+        audit,
+        audit_dp,
+        compare,
+        partition,
+        write_report,
+    )
 
 
 def __getattr__(name: str) -> Any:
-    """PEP 562: the API's names, imported from ``privfedcal.api`` on first access."""
-    if name in __all__:
-        from privfedcal import api
-
-        value = getattr(api, name)
+    """PEP 562: the API's names, imported from their module on first access."""
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'privfedcal' has no attribute {name!r}")

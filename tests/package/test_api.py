@@ -27,14 +27,15 @@ def test_the_api_page_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_every_exported_name_resolves_and_import_stays_cheap():
-    from privfedcal import api
+    from privfedcal import api, jobs
 
-    assert set(privfedcal.__all__) - {"__version__"} <= set(api.__all__)
+    assert set(privfedcal.__all__) - {"__version__"} == set(api.__all__) | set(jobs.__all__)
     for name in privfedcal.__all__:
         assert getattr(privfedcal, name) is not None
+    assert privfedcal.compare is jobs.compare and privfedcal.train is api.train
     with pytest.raises(AttributeError):
         privfedcal.no_such_name  # noqa: B018
-    code = "import sys, privfedcal; print('privfedcal.api' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, privfedcal; print('privfedcal.api' in sys.modules or 'privfedcal.jobs' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.split()
     assert out == ["False", "False"]
