@@ -31,6 +31,9 @@ ASSUMPTIONS = [
     "the public config, so a server that selects it more often gets a refusal",
     "with --secagg and distributed noise: the key holder does not collude with the server",
 ]
+#: the adjacency of a run whose only release is DP-FedAvg's (--dp-updates alone)
+USER_ADJACENCY = ("user-level DP: neighbouring federations differ in one client's whole "
+                  "data, present or absent")
 
 
 @dataclass
@@ -180,7 +183,13 @@ class DPStage:
         if not (self.covers_updates or user):
             covers += " only"
         spent = self.epsilon()
-        statement = (f"({spent:.3f}, {self.delta:.2g})-DP per example, sample level, for the "
+        # DP-FedAvg alone bounds one client's whole data; with a sample-level release (a
+        # calibration upload, DP-SGD) in the same accountant the composed guarantee is per
+        # example (a user-level release is also a sample-level one)
+        user_only = user and not uploads and not self.covers_updates
+        level = ("at user level (one client's whole data)" if user_only
+                 else "per example, sample level")
+        statement = (f"({spent:.3f}, {self.delta:.2g})-DP {level}, for the "
                      f"worst-off client, spent of epsilon {self.target:g} "
                      f"({self.accountant.kind}); covers {covers}; no amplification by client "
                      "sampling (the server chooses and sees the participants); assumes the "
@@ -196,4 +205,10 @@ class DPStage:
                 "per_client_epsilon": {str(c): a.epsilon() for c, a in
                                        sorted(self.per_client.items()) if c >= 0},
                 "client_release_limits": ClientLedger.planned(self).limits,
-                "assumptions": ASSUMPTIONS, "statement": statement}
+                "assumptions": self.assumptions(user_only), "statement": statement}
+
+    def assumptions(self, user_only: bool) -> list[str]:
+        """``ASSUMPTIONS`` for this run: the adjacency it is stated for, and DP-SGD's
+        batches only where DP-SGD runs."""
+        out = [USER_ADJACENCY if user_only else ASSUMPTIONS[0], *ASSUMPTIONS[1:]]
+        return [a for a in out if self.covers_updates or not a.startswith("DP-SGD's")]

@@ -487,3 +487,22 @@ def test_distributed_share_follows_the_rounds_public_selection():
     assert udp.client_share(5) == 0.25 and udp.client_share() == 1 / 3
     std, _ = noise_std_of_sum(distributed=True, m=5, z=1.5, clip=0.2)
     assert std == pytest.approx(1.5 * 0.2 * math.sqrt(5 / 4), rel=0.03)
+
+
+def test_the_statement_names_the_level_its_releases_hold_at():
+    # DP-FedAvg alone: one client's whole data; beside a sample-level release (a calibration
+    # upload) the composed guarantee is per example, and DP-SGD's batches are assumed only
+    # where DP-SGD runs
+    alone = stage().summary()
+    assert "at user level (one client's whole data)" in alone["statement"]
+    assert "sample level" not in alone["statement"].split(";")[0]
+    assert alone["assumptions"][0].startswith("user-level DP")
+    assert not any(a.startswith("DP-SGD's") for a in alone["assumptions"])
+    both = DPStage(target=50.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+                   sigmas={USER_DP_RELEASE: 1.5, "ccvr-stats": 2.0},
+                   rates={USER_DP_RELEASE: 1.0, "ccvr-stats": 1.0}, clip=1.0, grad_clip=1.0,
+                   distributed=False, covers_updates=False,
+                   planned=[{"name": USER_DP_RELEASE, "sample_rate": 1.0, "steps": 3},
+                            {"name": "ccvr-stats", "sample_rate": 1.0, "steps": 1}]).summary()
+    assert "per example, sample level" in both["statement"]
+    assert both["assumptions"][0].startswith("sample-level DP")
