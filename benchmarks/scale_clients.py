@@ -10,7 +10,9 @@ size changes. The test set (2,000 samples) is the same.
 Each configuration runs ``privfedcal train`` in a fresh process (MLP, 1 local epoch, one
 thread, CPU, ``--min-size 5``) and reports
 
-- per-round wall time (median of the rounds' ``seconds`` in ``metrics.jsonl``) and the
+- per-round wall time (median of the rounds' ``seconds`` in ``metrics.jsonl``), the
+  process's CPU time per round (rounds' CPU seconds / rounds: less sensitive than wall time
+  to other processes on the machine, since the run uses one thread), and the
   samples the round's clients hold (clients are drawn from a long tail: two draws of 100
   clients differ in work, so compare seconds per 1,000 samples too);
 - peak RSS of the child (``ru_maxrss``);
@@ -54,21 +56,26 @@ T0 = time.time()
 import json, resource, runpy, sys
 from privfedcal.federation import simulator as S
 T1 = time.time()  # torch and the engine imported
-first = []
-select = S.Simulator.select_clients
+first, last = [], []
+select, finish = S.Simulator.select_clients, S.Simulator.finish
 def timed(self, round_):
     if not first:
-        first.append(time.time())
+        first.append((time.time(), time.process_time()))
     return select(self, round_)
-S.Simulator.select_clients = timed
+def finished(self):
+    last.append((time.time(), time.process_time()))
+    return finish(self)
+S.Simulator.select_clients, S.Simulator.finish = timed, finished
 sys.argv = ['privfedcal'] + sys.argv[1:]
 try:
     runpy.run_module('privfedcal.cli.main', run_name='__main__')
 except SystemExit as e:
     assert not e.code, e.code
 print('BENCH', json.dumps({'peak_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                           'setup_s': first[0] - T0 if first else None,
-                           'setup_after_imports_s': first[0] - T1 if first else None,
+                           'setup_s': first[0][0] - T0,
+                           'setup_after_imports_s': first[0][0] - T1,
+                           'rounds_s': last[0][0] - first[0][0],
+                           'rounds_cpu_s': last[0][1] - first[0][1],
                            'process_s': time.time() - T0}))
 """
 
@@ -139,6 +146,7 @@ def run_one(npz: Path, sizes: np.ndarray, clients: int, per_round: int, protect:
     sampled = [json.loads(x)["sampled"] for x in (out / "clients.jsonl").read_text().splitlines()]
     held = [int(sizes[s].sum()) for s in sampled]
     row.update(round_s=statistics.median(seconds), round_s_all=seconds,
+               round_cpu_s=row["rounds_cpu_s"] / len(seconds),
                s_per_1k_samples=statistics.median(1000 * t / h for t, h in zip(seconds, held, strict=True)),
                samples_per_round=statistics.median(held),
                calibration_s=(summary.get("calibration") or {}).get("seconds"),
@@ -152,12 +160,49 @@ def run_one(npz: Path, sizes: np.ndarray, clients: int, per_round: int, protect:
     return row
 
 
+def ckks_probe(examples: int, clients: int, d: int = 128, classes: int = 10,
+               clip: float = 10.0) -> dict:
+    """CKKS cost of CCVR's release per client, from two secure sums of 4 and 16 uploads of
+    the MLP's shape (10 classes, 128 features), run through the uplink's encrypting wire as
+    a ``--secagg`` run builds it (its bounds for ``examples`` and ``clients``): seconds per
+    upload (seal, the server's check and add) as the slope, the release's fixed cost (keys,
+    decryption) as the intercept, and the ciphertext bytes per upload."""
+    import torch
+
+    from privfedcal.calibration.stats import ClassStats
+    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
+    from privfedcal.privacy.transcript import Transcript
+    from privfedcal.privacy.uplink import Uplink
+
+    n = float(examples)
+    stage = SecAggStage(bounds={"count": n, "holders": float(clients), "sum": clip * n,
+                                "outer": clip * clip * n, "grad": n},
+                        dp=None, clients=clients, hide_counts=False)
+    g = torch.Generator().manual_seed(0)
+    seconds, sizes = {}, []
+    for k in (4, 16):
+        uploads = []
+        for c in range(k):
+            z = torch.randn(8, d, generator=g).clamp(-3, 3)
+            y = torch.randint(0, classes, (8,), generator=g)
+            uploads.append((c, ClassStats.from_features(z, y, classes).to_payload()))
+        tr = Transcript(None)
+        t0 = time.perf_counter()
+        Uplink([EncryptStage(stage)]).aggregate(uploads, round_=1, label="ccvr-stats",
+                                                transcript=tr)
+        seconds[k] = time.perf_counter() - t0
+        sizes += [e["bytes"] for e in tr.entries if e["view"] == "ciphertext"]
+    slope = (seconds[16] - seconds[4]) / 12
+    return {"per_upload_s": slope, "fixed_s": seconds[4] - 4 * slope,
+            "ciphertext_bytes": statistics.median(sizes)}
+
+
 def describe(r: dict) -> str:
     head = f"{r['clients']:>6} clients, {r['per_round']:>3}/round, {r['protect']:<6}"
     if "error" in r:
         return f"{head}: {r['error']}"
     cal = f", calibration {r['calibration_s']:.1f} s" if r["calibration_s"] is not None else ""
-    return (f"{head}: round {r['round_s']:.2f} s ({r['s_per_1k_samples']:.3f} s per 1,000 "
+    return (f"{head}: round {r['round_s']:.2f} s, CPU {r['round_cpu_s']:.2f} s ({r['s_per_1k_samples']:.3f} s per 1,000 "
             f"samples, {r['samples_per_round']:.0f} samples), peak {r['peak_kib'] / 1024:.0f} MiB, "
             f"set-up {r['setup_s']:.1f} s ({r['setup_after_imports_s']:.1f} s after importing "
             f"torch){cal}, process {r['process_s']:.1f} s; bytes per "
@@ -178,10 +223,22 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=180)
     ap.add_argument("--no-transcript", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the rows to this file")
+    ap.add_argument("--ckks-probe", action="store_true",
+                    help="only time CKKS per CCVR upload (no runs)")
     args = ap.parse_args()
     protects = args.protect.split(",")
     if unknown := set(protects) - set(PROTECT):
         raise SystemExit(f"--protect: unknown {sorted(unknown)}; choose from {sorted(PROTECT)}")
+    if args.ckks_probe:
+        with open("/proc/loadavg") as f:
+            load = " ".join(f.read().split()[:3])
+        for k, examples in ((1000, 13956), (10000, 134962)):  # the generated sets' sizes
+            p = ckks_probe(examples, k)
+            print(f"CKKS, CCVR upload (10 x 128 features), bounds of {k} clients: "
+                  f"{p['per_upload_s']:.3f} s per upload, {p['fixed_s']:.2f} s per release, "
+                  f"{p['ciphertext_bytes']:,.0f} ciphertext bytes per upload [load {load}]",
+                  flush=True)
+        return
     rows = []
     with open("/proc/loadavg") as f:
         print(f"load average at start: {' '.join(f.read().split()[:3])}", flush=True)
