@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +21,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from privfedcal.errors import UsageError
 from privfedcal.pysurface import options_of, python_surface, register_check
+
+if TYPE_CHECKING:
+    from privfedcal.models.base import FeatureClassifier
 
 __all__ = ["calibrate_head", "ccvr_statistics", "privatize_statistics"]
 
@@ -45,7 +48,8 @@ register_check("tuple[str, str]", _check(
     "a pair of batch keys (inputs key, labels key)"))
 
 
-def _feature_model(model: nn.Module, head: str | None, num_classes: int | None) -> nn.Module:
+def _feature_model(model: nn.Module, head: str | None,
+                   num_classes: int | None) -> FeatureClassifier:
     """``model`` as a ``FeatureClassifier``: itself if it is one (and no other head is
     named), else a ``HeadAdapter`` on its Linear head; ``num_classes`` must be the head's
     number of outputs."""
