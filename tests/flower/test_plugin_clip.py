@@ -12,20 +12,48 @@ pytest.importorskip("flwr")
 import torch  # noqa: E402
 
 from privfedcal.errors import UsageError  # noqa: E402
-from privfedcal.flower.plugin.clip import AutoClip, histogram_total  # noqa: E402
-from privfedcal.privacy.quantile import ClipSearch  # noqa: E402
+from privfedcal.flower.plugin.clip import AutoClip, histogram_total, stage_label  # noqa: E402
+from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan  # noqa: E402
+from privfedcal.privacy.dp_stage import DPStage  # noqa: E402
+from privfedcal.privacy.quantile import ClipSearch, plan_clip_noise  # noqa: E402
+
+CCVR = [ReleasePlan("ccvr-stats", 1.0, 1)]
 
 
 def test_the_two_stages_compose_to_the_planned_release():
-    auto = AutoClip.plan(8.0, 1e-5, "rdp")
+    auto = AutoClip.plan(8.0, 1e-5, "rdp", CCVR)
     z1, z2 = auto.stage_sigma(1), auto.stage_sigma(2)
     # Gaussian RDP at order a is a / (2 z^2): the stages add up to one release of z
     assert 1 / z1**2 + 1 / z2**2 == pytest.approx(1 / auto.sigma**2)
-    assert auto.epsilon == pytest.approx(0.8) and auto.delta == pytest.approx(5e-6)
+    assert auto.search_epsilon == pytest.approx(0.8) and auto.delta == 1e-5
+    assert (auto.sigma, [auto.calibration["ccvr-stats"]]) == plan_clip_noise(
+        8.0, 1e-5, ClipSearch(), CCVR)
+
+
+def test_the_plan_is_written_into_the_calibrations_dp_stage():
+    auto = AutoClip.plan(8.0, 1e-5, "rdp", CCVR)
+    dp = DPStage(target=8.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+                 sigmas={"ccvr-stats": 0.638}, rates={"ccvr-stats": 1.0}, clip=1.0,
+                 grad_clip=1.0, distributed=False, covers_updates=False,
+                 planned=[{"name": "ccvr-stats", "sample_rate": 1.0, "steps": 1}])
+    auto.plan_into(dp)
+    assert dp.sigmas == {"ccvr-stats": auto.calibration["ccvr-stats"],
+                         stage_label(1): auto.stage_sigma(1), stage_label(2): auto.stage_sigma(2)}
+    for stage in (1, 2):
+        dp.record(stage_label(stage), [0])
+    dp.check("ccvr-stats", [0])  # the calibration still fits after the search
+    dp.record("ccvr-stats", [0])
+    assert dp.epsilon() <= 8.0
+    assert dp.ledger(0).limits == {"ccvr-stats": 1, stage_label(1): 1, stage_label(2): 1}
+    other = DPStage(target=7.2, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+                    sigmas={"ccvr-stats": 0.7}, rates={"ccvr-stats": 1.0}, clip=1.0,
+                    grad_clip=1.0, distributed=False, covers_updates=False)
+    with pytest.raises(UsageError, match="not the run's"):
+        auto.plan_into(other)
 
 
 def test_grids_and_the_clip_a_node_accepts():
-    auto = AutoClip.plan(8.0, 1e-5, "rdp")
+    auto = AutoClip.plan(8.0, 1e-5, "rdp", CCVR)
     assert torch.equal(auto.edges(1), ClipSearch().first_edges())
     assert torch.equal(auto.edges(2, 3.0), ClipSearch().fine_edges(3.0))
     for centre in (None, math.nan, -1.0):

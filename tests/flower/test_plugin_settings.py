@@ -59,17 +59,28 @@ def test_creff_runs_without_image_augmentation_unless_asked():
     assert "dsa" not in s.cfg.calibration_params
 
 
-def test_an_auto_clip_takes_its_share_of_the_budget_by_basic_composition():
+def test_an_auto_clip_is_planned_with_the_calibration_in_one_budget():
     from opacus.accountants import RDPAccountant
+
+    from privfedcal.privacy.accounting import ReleasePlan, plan_noise
+    from privfedcal.privacy.quantile import ClipSearch, plan_clip_noise
 
     s = resolve(gather({"dp_eps": 8.0, "dp_clip": "auto", "examples": 1000}, {}), clients=3)
     auto = s.auto_clip
     assert s.cfg.dp_clip is None  # chosen by the search, before the calibration release
-    assert auto.epsilon == pytest.approx(0.1 * 8.0) and auto.delta == pytest.approx(5e-6)
-    assert s.cfg.dp_eps + auto.epsilon == pytest.approx(8.0)
-    assert s.cfg.dp_delta + auto.delta == pytest.approx(1e-5)  # min(1e-5, 1/(10 N))
-    # the search's one release (q = 1) at its multiplier spends its share: opacus directly
+    # the calibration's DPStage plans against the whole target, not a remainder
+    assert s.cfg.dp_eps == 8.0 and s.cfg.dp_delta == pytest.approx(1e-5)  # min(1e-5, 1/10N)
+    clip_z, (calibration_z,) = plan_clip_noise(8.0, s.cfg.dp_delta, ClipSearch(),
+                                               [ReleasePlan("ccvr-stats", 1.0, 1)])
+    assert auto.sigma == clip_z and auto.calibration == {"ccvr-stats": calibration_z}
+    # basic composition (0.1 epsilon and delta / 2 for the search) plans more noise
+    (basic,) = plan_noise(7.2, 5e-6, [ReleasePlan("ccvr-stats", 1.0, 1)])
+    assert calibration_z == pytest.approx(0.643, abs=2e-3) and basic > 1.1 * calibration_z
+    # opacus by hand: the search's two stages and the calibration spend the target, no more
     acc = RDPAccountant()
+    acc.history = [(auto.stage_sigma(1), 1.0, 1), (auto.stage_sigma(2), 1.0, 1),
+                   (calibration_z, 1.0, 1)]
+    assert 8.0 * 0.99 < acc.get_epsilon(s.cfg.dp_delta) <= 8.0
+    # the search alone spends its share
     acc.history = [(auto.sigma, 1.0, 1)]
-    spent = acc.get_epsilon(auto.delta)
-    assert spent == pytest.approx(auto.epsilon, rel=1e-2) and spent <= auto.epsilon + 1e-9
+    assert acc.get_epsilon(s.cfg.dp_delta) == pytest.approx(0.8, rel=1e-2)

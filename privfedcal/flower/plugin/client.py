@@ -56,6 +56,7 @@ from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.privacy.error_codes import Refused
 from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
+from privfedcal.privacy.stages import NoiseStage
 
 __all__ = ["ACTIONS", "CalibrationClient"]
 
@@ -202,8 +203,10 @@ class CalibrationClient:
             # stands in for the planner's range checks (delta was fixed without it)
             n = settings.examples or self.size(context)
             planned = types.SimpleNamespace(num_examples=n, spec=None)
-            self._runs = {key: build_uplink(settings.cfg, planned,
-                                            calibrator_class(settings.cfg))}
+            uplink = build_uplink(settings.cfg, planned, calibrator_class(settings.cfg))
+            if settings.auto_clip is not None:  # the run's one plan, as the server's
+                settings.auto_clip.plan_into(uplink.find(NoiseStage).dp)
+            self._runs = {key: uplink}
         return NodeRun(settings, self._runs[key], partition)
 
     def size(self, context: Context) -> int:

@@ -1,28 +1,33 @@
 """``dp-clip = "auto"`` under the plugin: the feature clip chosen by the nodes' noisy norm
-histograms (``privacy/quantile.py``), before the calibration release, within the run's
+histograms (``privacy/quantile.py``), before the calibration release, within the run's one
 epsilon.
 
-The run's budget (epsilon, delta) is split by basic composition: the clip's search takes
-``ClipSearch.share`` of epsilon and half of delta, the calibration release the rest (its
-``DPStage`` plans and accounts for that rest, as for a given clip). The search is one
-Gaussian release per node at q = 1, split into two stages whose RDP adds up to that one
-release (``ClipSearch.stage_sigmas``): each node sends a histogram of its feature norms
-under the server's model over a public grid, with its own noise from OS entropy, at most
-once per stage (its ledger in ``context.state``); the server sums them, locates the median
-(stage 1), then estimates the target quantile on a finer grid around it (stage 2), and sends
-the clip to the nodes (stage 3), which then clip and noise their calibration upload with
-it. A node computes every grid itself from the public search parameters and, for stage 2,
-the server's first estimate; it takes the clip from the server's message, checked to lie in
-the search's range: any clip keeps the guarantee, since the release's noise is scaled to the
-clip it uses (its sensitivities are R and R^2), and a bad clip only costs accuracy.
-The guarantee of the whole run: (epsilon_clip + epsilon_spent, delta_clip + delta) of the
-calibration, within the run's target; it does not hold for a node that reports norms other
-than those of the data it then uploads from (quantile.py).
+The run's budget (epsilon, delta) is planned once for the clip's search and the calibration
+releases together (``quantile.plan_clip_noise``: the clip's release is calibrated alone to
+``ClipSearch.share`` of epsilon, the calibration releases take the smallest noise for which
+the RDP composition of everything stays within epsilon, at the run's delta). Both sides
+derive that plan from the shared settings (``settings.resolve``) and write it into the
+calibration's ``DPStage`` (``AutoClip.plan_into``), so the server's per-client accountants,
+each node's noise and the summary's ``epsilon_target`` / ``epsilon_spent`` cover the whole
+run. The search is one Gaussian release per node at q = 1, split into two stages whose RDP
+adds up to that one release (``ClipSearch.stage_sigmas``): each node sends a histogram of its
+feature norms under the server's model over a public grid, with its own noise from OS
+entropy, at most once per stage (its record in ``context.state``); the server sums them,
+locates the median (stage 1), then estimates the target quantile on a finer grid around it
+(stage 2), and sends the clip to the nodes (stage 3), which then clip and noise their
+calibration upload with it. A node computes every grid itself from the public search
+parameters and, for stage 2, the server's first estimate; it takes the clip from the
+server's message, checked to lie in the search's range: any clip keeps the guarantee, since
+the release's noise is scaled to the clip it uses (its sensitivities are R and R^2), and a
+bad clip only costs accuracy. Likewise a node that reports false norms can only move the
+clip (accuracy), never weaken the guarantee: the histograms are noised at sensitivity 1
+whatever the norms, and every feature is clipped to the public clip before release.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +35,15 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import UsageError
-from privfedcal.privacy.accounting import ReleasePlan, plan_noise
-from privfedcal.privacy.quantile import QUANTILE_RELEASE, ClipSearch, check_edges
+from privfedcal.privacy.accounting import ReleasePlan
+from privfedcal.privacy.quantile import (
+    QUANTILE_RELEASE,
+    ClipSearch,
+    check_edges,
+    plan_clip_noise,
+)
 
-__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip"]
+__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "stage_label"]
 
 AUTO = "auto"
 #: the message of the clip's stages (``config``: stage, and centre or clip)
@@ -45,23 +55,50 @@ STAGES = (1, 2)
 
 @dataclass(frozen=True)
 class AutoClip:
-    """The clip's search and its share of the budget: ``epsilon``, ``delta`` and the
-    noise multiplier ``sigma`` of its one (two-stage) release."""
+    """The clip's search and the run's one noise plan (``plan_clip_noise``): the run's
+    ``epsilon`` and ``delta``, the noise multiplier ``sigma`` of the search's one
+    (two-stage) release and ``calibration``, the multiplier of each calibration release."""
 
     search: ClipSearch
     epsilon: float
     delta: float
     sigma: float
+    calibration: dict[str, float]
 
     @classmethod
-    def plan(cls, epsilon: float, delta: float, accountant: str) -> AutoClip:
+    def plan(cls, epsilon: float, delta: float, accountant: str,
+             releases: Sequence[ReleasePlan]) -> AutoClip:
+        """The plan for the run's target (``epsilon``, ``delta``) and its calibration
+        ``releases`` (``protection.release_plans``)."""
         search = ClipSearch()
-        eps, dlt = search.share * epsilon, delta / 2
-        (sigma,) = plan_noise(eps, dlt, [ReleasePlan(QUANTILE_RELEASE, 1.0, 1)], accountant)
-        return cls(search, eps, dlt, sigma)
+        sigma, sigmas = plan_clip_noise(epsilon, delta, search, releases, accountant)
+        return cls(search, epsilon, delta, sigma,
+                   {p.name: z for p, z in zip(releases, sigmas, strict=True)})
+
+    @property
+    def search_epsilon(self) -> float:
+        """The search's epsilon alone (its share of the target, as planned)."""
+        return self.search.share * self.epsilon
 
     def stage_sigma(self, stage: int) -> float:
         return self.search.stage_sigmas(self.sigma)[stage - 1]
+
+    def plan_into(self, dp: Any) -> None:
+        """Write the plan into the calibration's ``DPStage`` (built by ``build_uplink`` for
+        the same run target, before any release): the calibration releases' multipliers, and
+        the search's two stages as planned releases (q = 1, once each) that ``record``
+        charges to the clients' accountants."""
+        if set(dp.sigmas) != set(self.calibration) or dp.target != self.epsilon \
+                or dp.delta != self.delta:
+            raise UsageError(f"the auto clip's plan ({sorted(self.calibration)}, epsilon "
+                             f"{self.epsilon:g}) is not the run's ({sorted(dp.sigmas)}, "
+                             f"epsilon {dp.target:g})")
+        dp.sigmas.update(self.calibration)
+        for stage in STAGES:
+            label = stage_label(stage)
+            dp.sigmas[label] = self.stage_sigma(stage)
+            dp.rates[label] = 1.0
+            dp.planned.append({"name": label, "sample_rate": 1.0, "steps": 1})
 
     def edges(self, stage: int, centre: float | None = None) -> Tensor:
         """The grid of ``stage``: public, or around the server's first estimate."""
@@ -79,15 +116,23 @@ class AutoClip:
                              f"{self.search.high:g}], got {clip!r}")
         return float(clip)
 
-    def summary(self, clip: float, centre: float, calibration_spent: float | None,
-                calibration_delta: float | None) -> dict[str, Any]:
+    def summary(self, clip: float, centre: float, run_spent: float | None) -> dict[str, Any]:
+        """The summary's record of the search; ``run_spent``: the run's epsilon_spent (the
+        search's stages and the calibration in one accountant)."""
         out = {"clip": clip, "median_estimate": centre, "quantile": self.search.quantile,
-               "epsilon": self.epsilon, "delta": self.delta, "noise_multiplier": self.sigma,
-               "composition": "basic: the clip's (epsilon, delta) plus the calibration's"}
-        if calibration_spent is not None and calibration_delta is not None:
-            out["run_epsilon"] = self.epsilon + calibration_spent
-            out["run_delta"] = self.delta + calibration_delta
+               "epsilon": self.search_epsilon, "delta": self.delta,
+               "noise_multiplier": self.sigma,
+               "composition": "RDP: the search's two stages and the calibration releases "
+                              "in one accountant, within the run's epsilon"}
+        if run_spent is not None:
+            out["run_epsilon"] = run_spent
+            out["run_delta"] = self.delta
         return out
+
+
+def stage_label(stage: int) -> str:
+    """The accountant's label of the search's ``stage`` (1 or 2)."""
+    return f"{QUANTILE_RELEASE}/{stage}"
 
 
 def histogram_total(histograms: dict[int, Tensor], bins: int) -> tuple[Tensor, list[int]]:

@@ -53,11 +53,12 @@ from privfedcal.federation.runfolder import write_summary
 from privfedcal.federation.simulator import RoundContext
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
-from privfedcal.flower.plugin.clip import choose_clip
+from privfedcal.flower.plugin.clip import choose_clip, stage_label
 from privfedcal.flower.plugin.head import HeadAdapter
 from privfedcal.flower.plugin.settings import PluginSettings, gather, resolve
 from privfedcal.flower.server import FlowerSimulator
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
+from privfedcal.privacy.stages import NoiseStage
 from privfedcal.seeding import make_generator
 from privfedcal.tensors import State
 
@@ -251,6 +252,13 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
                      None, None, [], n)  # type: ignore[arg-type]
     calibrator = build_calibrator(cfg, exp)
     uplink = build_uplink(cfg, exp, calibrator)
+    if searched is not None and s.auto_clip is not None:
+        # the search's stages in the run's one plan, charged to every node asked (a lost
+        # node may have released its histogram)
+        dp = uplink.find(NoiseStage).dp
+        s.auto_clip.plan_into(dp)
+        for stage in searched.histograms:
+            dp.record(stage_label(stage), sorted(sizes))
     sim = PluginSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
                           key_holder=s.options.key_holder,
                           run_record={"flower_run_id": run_id})
@@ -264,16 +272,10 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         sim.notes += searched.notes
     summary = sim.run_calibration()
     if searched is not None and s.auto_clip is not None:
-        privacy = summary.get("privacy", {})
-        record = s.auto_clip.summary(searched.clip, searched.centre,
-                                     privacy.get("epsilon_spent"), privacy.get("delta"))
-        summary["plugin"]["feature_clip"] = record
-        if "run_epsilon" in record:  # the statement above covers the calibration's part only
-            summary["notes"].append(
-                f"the feature clip {searched.clip:.4g} was chosen privately with "
-                f"({record['epsilon']:g}, {record['delta']:g})-DP: the whole run's guarantee "
-                f"is ({record['run_epsilon']:.4g}, {record['run_delta']:g})-DP per example "
-                "(basic composition)")
+        # the privacy statement covers the search and the calibration (one accountant)
+        spent = summary.get("privacy", {}).get("epsilon_spent")
+        summary["plugin"]["feature_clip"] = s.auto_clip.summary(searched.clip, searched.centre,
+                                                                spent)
         write_summary(run_dir, summary)
     final = sim.calibrator.eval_state(sim.global_state)
     adapter.load_state_dict(final)

@@ -121,8 +121,8 @@ class PluginSettings:
     options: FlowerOptions
     examples: int | None
     flat: dict[str, Any]
-    #: with dp-clip = "auto": the clip's search and budget (its ``cfg`` has the rest of the
-    #: budget and no clip until the search has chosen one)
+    #: with dp-clip = "auto": the clip's search and the run's one noise plan (its ``cfg``
+    #: has the whole budget and no clip until the search has chosen one)
     auto_clip: AutoClip | None = None
 
     @property
@@ -139,6 +139,18 @@ def _int(value: Any, name: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise UsageError(f"{name} must be an integer >= {low}, got {value!r}")
     return value
+
+
+def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
+    """The search's and the calibration releases' noise in one plan for the run's target
+    (clip.py), from the releases ``cfg`` declares: the same on the server and every node."""
+    from privfedcal.experiment import calibrator_class
+    from privfedcal.protection import release_plans
+
+    if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
+        raise UsageError("dp-clip='auto' needs dp-delta")
+    return AutoClip.plan(float(cfg.dp_eps), float(cfg.dp_delta), cfg.accountant,
+                         release_plans(cfg, calibrator_class(cfg)))
 
 
 def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
@@ -165,19 +177,18 @@ def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
                                      if key.startswith(CALIBRATION)):
         # CReFF's default augmentation is for images; an app's inputs may be anything
         flat[CALIBRATION + "dsa"] = "none"
-    run_flat, auto = dict(flat), None
-    if flat.get("dp-clip") == AUTO:  # the clip chosen privately, within the budget (clip.py)
+    run_flat = dict(flat)
+    auto_clip = flat.get("dp-clip") == AUTO
+    if auto_clip:  # the clip chosen privately, within the one budget (clip.py)
         if not dp_on:
             raise UsageError("dp-clip='auto' needs dp-eps: the clip is chosen within the DP "
                              "budget (give a number without DP)")
-        auto = AutoClip.plan(float(eps), float(flat["dp-delta"]), flat.get("accountant", "rdp"))
-        del run_flat["dp-clip"]
-        run_flat["dp-eps"] = float(eps) - auto.epsilon
-        run_flat["dp-delta"] = float(flat["dp-delta"]) - auto.delta
+        del run_flat["dp-clip"]  # the search's clip, once chosen
     # rounds: CReFF's calibration rounds on the final model (CCVR makes one release)
     run = {"method": "fedavg", "calibrate": method, "clients": k, "dataset": DATASET,
            "workers": 1, "rounds": 1, **run_flat}
     cfg, options = parse_run_config(run)
+    auto = _plan_auto_clip(cfg) if auto_clip else None
     shared = {"method": method, "clients": k, "examples": examples,
               **{key: v for key, v in flat.items() if key not in SERVER_ONLY}}
     return PluginSettings(cfg, options, examples, shared, auto)
