@@ -45,6 +45,7 @@ from privfedcal.attacks.dp_audit import Channel, Stats, Views
 from privfedcal.attacks.release_attacks import declared_releases, release_attack
 from privfedcal.errors import UsageError
 from privfedcal.privacy.bound import NoBound
+from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise_outer
 
@@ -55,6 +56,8 @@ CHANNEL_FIELDS: dict[str, tuple[str, ...]] = {
        for r in declared_releases() if r.attack is not None},
     DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
     USER_DP_RELEASE: ("train/local/*",),  # --dp-updates (attacks/dp_channel_updates.py)
+    # the Flower plugin's dp-clip = "auto" search (attacks/dp_channel_clip.py)
+    QUANTILE_RELEASE: ("query.clip/histogram/counts",),
 }
 CHANNELS = tuple(CHANNEL_FIELDS)
 #: the canary feature's norm in units of the clip bound: far outside the ball, so that
@@ -125,11 +128,17 @@ def run_parts(cfg, faults: Faults = Faults()):
 def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = Faults(),
                    ) -> list[Channel]:
     """The channels of ``cfg`` (a ``RunConfig``) in the order of ``CHANNELS``: the
-    calibrator's releases, DP-SGD with ``--dp-train``, DP-FedAvg with ``--dp-updates``."""
+    calibrator's releases, DP-SGD with ``--dp-train``, DP-FedAvg with ``--dp-updates``, and,
+    when ``names`` asks for it, the Flower plugin's clip search planned for this budget."""
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     cfg = exp.cfg
     labels = [r.label for r in calibrator.releases] + ([DPSGD_RELEASE] if cfg.dp_train else [])
     labels += [USER_DP_RELEASE] if cfg.dp_updates else []
+    # the plugin's clip search for this budget and these releases: only when asked, since
+    # privfedcal train itself does not run it
+    if names is not None and QUANTILE_RELEASE in names and plan is not None \
+            and calibrator.releases:
+        labels.append(QUANTILE_RELEASE)
     wanted = [c for c in CHANNELS if c in labels and (names is None or c in names)]
     missing = [n for n in (names or ()) if n not in labels]
     if missing:
@@ -148,6 +157,10 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
 
             return user_dp_channel(cfg, noise, faults, claimed(plan, USER_DP_RELEASE, 1),
                                    CANARY_SCALE)
+        if c == QUANTILE_RELEASE:
+            from privfedcal.attacks.dp_channel_clip import clip_channel
+
+            return clip_channel(cfg, calibrator, plan, faults.noise_scale)
         return _release(specs[c], cfg, exp, calibrator, noise, bound, faults, plan)
 
     return [build(c) for c in wanted]

@@ -24,7 +24,8 @@ from privfedcal.attacks.release_attacks import (
     target_order,
 )
 from privfedcal.errors import UsageError
-from privfedcal.privacy.releases import DPSGD_RELEASE, ReleaseSpec
+from privfedcal.privacy.quantile import QUANTILE_RELEASE
+from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE, ReleaseSpec
 
 
 def test_every_declared_attack_is_registered_and_found_by_name():
@@ -42,7 +43,9 @@ def test_every_declared_attack_is_registered_and_found_by_name():
 
 
 def test_audit_channels_come_from_the_declarations():
-    assert CHANNELS == ("ccvr-stats", "creff-grad", DPSGD_RELEASE)
+    # the calibrators' releases first, then the channels that are not calibration releases
+    assert CHANNELS == ("ccvr-stats", "creff-grad", DPSGD_RELEASE, USER_DP_RELEASE,
+                        QUANTILE_RELEASE)
     assert CHANNEL_FIELDS["ccvr-stats"] == ("query.payload/payload/count",
                                             "query.payload/payload/sum",
                                             "query.payload/payload/outer")
