@@ -20,7 +20,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privfedcal.cohorts import observers_own, select_clients, whole_run_record
+from privfedcal.cohorts import (
+    cohort_plan,
+    observers_own,
+    secure_rounds,
+    select_clients,
+    whole_run_record,
+)
 from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
@@ -125,6 +131,9 @@ class Simulator:
         # the server knows the model it asked clients to use: the attacks need it
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=sent_tensors(state, task))
+        if secure_rounds(self.cfg):  # cohort by cohort: the encrypting wire holds one at a time
+            cohort_of = {c: i for i, g in enumerate(cohort_plan(self.cfg).cohorts) for c in g}
+            clients = sorted(clients, key=lambda c: cohort_of.get(c, -1))
         trainer = self._trainer_obj
         uploads: Iterable[tuple[int, Payload]]
         if isinstance(trainer, WorkerPoolTrainer) and len(clients) > 1:

@@ -18,10 +18,11 @@ in-process here (``LocalKeys``), a client node reached by messages under Flower
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from privfedcal.cohorts import cohort_groups, cohort_plan, secure_minimum
+from privfedcal.cohorts import cohort_plan, secure_minimum
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
@@ -237,51 +238,73 @@ class EncryptStage(Wire):
     def client(self, payload: Payload, rel: Release) -> bytes:
         return rel.state["sealing"].seal(payload)
 
-    def deliver(self, uploads: list[tuple[int, Any]], rel: Release, finish: Finish) -> Payload:
+    def deliver(self, uploads: Iterable[tuple[int, Any]], rel: Release,
+                finish: Finish) -> Payload:
         sealing: Sealing = rel.state["sealing"]
         server = ServerAggregator(sealing.public, sealing.layout, n_threads=1)
         assert not server.context.is_private()  # the server holds the public context only
         # whole cohorts only: a sum missing one member of a cohort would, set against the
-        # other sums of the run, single out the rest of it (privfedcal/cohorts.py). A cohort
-        # is checked member by member and added once all passed: at most one cohort's
-        # ciphertexts are held besides the running sum
-        data_of = dict(uploads)
-        groups, left_out = cohort_groups(data_of, self.secagg.cohorts, rel.asked)
-        for client in left_out:
-            rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort is "
-                           "missing: the cohort is left out of the sum")
-        for group in groups:
-            prepared = []
-            for client in group:
-                data = data_of[client]
-                try:
-                    if not isinstance(data, bytes | bytearray):
-                        raise UploadRejected("a plaintext upload where a ciphertext was due")
-                    prepared.append(server.prepare(
-                        unpad(data) if sealing.pad_to is not None else bytes(data)))
-                except UploadRejected as exc:  # dropped with its cohort; noise topped up
-                    rel.log.reject(rel.round_, rel.label, client, str(exc))
-                    for other in group:
-                        if other != client:
-                            rel.log.reject(rel.round_, rel.label, other, "another upload of "
-                                           "its cohort was rejected: the cohort is left out "
-                                           "of the sum")
-                    prepared = []
-                    break
-            for client, vecs in zip(group, prepared, strict=False):
-                try:
-                    server.accumulate(vecs)
-                except UploadRejected as exc:  # a partial cohort would be in the sum
-                    rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
-                                          f"could not be added ({exc})")
-                rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
-                                      client=client, bytes=len(data_of[client]))
+        # other sums of the run, single out the rest of it (privfedcal/cohorts.py). Uploads
+        # wait in their cohort until every asked member's has arrived; the cohort is then
+        # checked member by member and added once all passed, and its ciphertexts dropped.
+        # Only incomplete cohorts are held besides the running sum (one, when uploads come
+        # cohort by cohort, as the simulator sends them)
+        cohorts = self.secagg.cohorts
+        cohort_of = {c: i for i, g in enumerate(cohorts or ()) for c in g}
+        asked = set(rel.asked)
+        wanted = {i: [c for c in g if c in asked] for i, g in enumerate(cohorts or ())}
+        waiting: dict[int, dict[int, Any]] = {}
+        for client, data in uploads:
+            i = cohort_of.get(client)
+            if i is None:  # in no cohort: its own group
+                self._add_group([client], {client: data}, server, sealing, rel)
+                continue
+            waiting.setdefault(i, {})[client] = data
+            if set(wanted[i]) <= set(waiting[i]):
+                held = waiting.pop(i)
+                for other in set(held) - set(wanted[i]):  # sent unasked: never summed
+                    rel.log.reject(rel.round_, rel.label, other, "another upload of its "
+                                   "cohort is missing: the cohort is left out of the sum")
+                self._add_group(wanted[i], held, server, sealing, rel)
+        for held in waiting.values():
+            for client in held:
+                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
+                               "is missing: the cohort is left out of the sum")
         rel.arrived = server.count
         if server.count < self.secagg.min_clients:
             rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
                          "server's checks")
         rel.hidden = True
         return self.keys.decrypt(server.result(), sealing.layout, rel, finish)
+
+    @staticmethod
+    def _add_group(group: list[int], data_of: dict[int, Any], server: ServerAggregator,
+                   sealing: Sealing, rel: Release) -> None:
+        """Check every upload of ``group`` (a whole cohort), then add them all; one bad
+        upload leaves the whole group out."""
+        prepared = []
+        for client in group:
+            data = data_of[client]
+            try:
+                if not isinstance(data, bytes | bytearray):
+                    raise UploadRejected("a plaintext upload where a ciphertext was due")
+                prepared.append(server.prepare(
+                    unpad(data) if sealing.pad_to is not None else bytes(data)))
+            except UploadRejected as exc:  # dropped with its cohort; noise topped up
+                rel.log.reject(rel.round_, rel.label, client, str(exc))
+                for other in group:
+                    if other != client:
+                        rel.log.reject(rel.round_, rel.label, other, "another upload of its "
+                                       "cohort was rejected: the cohort is left out of the sum")
+                return
+        for client, vecs in zip(group, prepared, strict=True):
+            try:
+                server.accumulate(vecs)
+            except UploadRejected as exc:  # a partial cohort would be in the sum
+                rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
+                                      f"could not be added ({exc})")
+            rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
+                                  client=client, bytes=len(data_of[client]))
 
     def summary(self) -> dict[str, Any]:
         return {"secagg": self.secagg.summary()}

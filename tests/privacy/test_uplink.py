@@ -255,3 +255,29 @@ def test_lazy_uploads_are_summed_one_at_a_time():
     for name in expected:
         assert torch.allclose(total[name], expected[name])
     assert [r["client"] for r in up.rejected] == [r["client"] for r in listed.rejected] == [4]
+
+
+def test_secure_sum_adds_each_cohort_once_it_is_complete():
+    """Uploads sent cohort by cohort are added as each cohort completes (its ciphertexts
+    recorded before the next cohort's first upload is computed), so the wire holds one
+    cohort at a time; an incomplete cohort is left out; the sum is that of the rest."""
+    import dataclasses
+
+    stage = dataclasses.replace(secagg_stage(clients=6), cohorts=((0, 4), (1, 2), (3, 5)))
+    payloads = {k: stats_payload([2, 3], seed=k) for k in (0, 4, 1, 2, 3)}  # 5 never sent
+    tr = Transcript(None)
+    summed_before: dict[int, set[int]] = {}
+
+    def lazy():
+        for k, p in payloads.items():
+            summed_before[k] = {e["client"] for e in tr.entries if e["view"] == "ciphertext"}
+            yield k, p
+
+    up = Uplink([EncryptStage(stage)])
+    total = up.aggregate(lazy(), round_=1, label="ccvr-stats", transcript=tr,
+                         asked=list(range(6)))
+    assert summed_before[1] == {0, 4} and summed_before[3] == {0, 4, 1, 2}
+    assert [r["client"] for r in up.rejected] == [3]
+    expected = plain_sum([(k, payloads[k]) for k in (0, 4, 1, 2)])
+    assert torch.allclose(total["count"], expected["count"], atol=1e-2)
+    assert torch.allclose(total["sum"], expected["sum"], atol=1e-2)
