@@ -300,13 +300,17 @@ def feature_norms(features: Callable[[Tensor], Tensor], batches: Iterable[Any]) 
 class ClipChoice:
     """A privately chosen clip: ``clip``, the noise multiplier of the clip's releases
     (``clip_sigma``) and of each calibration plan (``sigmas``, in the order given), the
-    composed ``epsilon`` (<= the target) and the ``search`` that made it."""
+    composed ``epsilon`` (<= the target), the ``search`` that made it, and each calibration
+    plan's epsilon alone at its multiplier (``release_epsilons``): what a call that plans its
+    own noise from an epsilon (``privfedcal.privatize_statistics``) must be given so that
+    its noise is at least this plan's."""
 
     clip: float
     clip_sigma: float
     sigmas: list[float]
     epsilon: float
     search: ClipSearch
+    release_epsilons: list[float]
 
 
 def private_feature_clip(features: Callable[[Tensor], Tensor],
@@ -333,9 +337,10 @@ def private_feature_clip(features: Callable[[Tensor], Tensor],
     norms = [feature_norms(features, batches) for batches in client_batches]
     clip = private_quantile(norms, search, clip_sigma, num_examples=num_examples,
                             generator=generator)
-    spent = composed_epsilon(clip_sigma, search, list(zip(calibration, sigmas, strict=True)),
-                             delta, kind)
-    return ClipChoice(clip, clip_sigma, sigmas, spent, search)
+    planned = list(zip(calibration, sigmas, strict=True))
+    spent = composed_epsilon(clip_sigma, search, planned, delta, kind)
+    alone = [compute_epsilon([(z, p.sample_rate, p.steps)], kind, delta) for p, z in planned]
+    return ClipChoice(clip, clip_sigma, sigmas, spent, search, alone)
 
 
 __all__ = ["MAX_BINS", "ONE_SHOT", "QUANTILE_RELEASE", "SENSITIVITY", "STAGES", "ClipChoice",

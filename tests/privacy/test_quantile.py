@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opacus.accountants import RDPAccountant
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy import quantile as qmod
@@ -210,6 +211,14 @@ def test_private_feature_clip_end_to_end():
     assert abs(math.log(choice.clip / true)) < 0.05
     assert choice.epsilon <= 8.0 and len(choice.sigmas) == 1
     assert choice.clip_sigma > choice.sigmas[0]  # the clip's share is the smaller one
+    # the calibration's epsilon alone: opacus at its multiplier, and planning one release
+    # from it (as privatize_statistics does) gives that multiplier back, never less noise
+    acc = RDPAccountant()
+    acc.history = [(choice.sigmas[0], 1.0, 1)]
+    (alone,) = choice.release_epsilons
+    assert alone == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9) and alone < choice.epsilon
+    (z,) = plan_noise(alone, 1e-5, [ReleasePlan("calibration", 1.0, 1)])
+    assert choice.sigmas[0] <= z < choice.sigmas[0] * 1.002
 
 
 def test_bad_input_is_one_usage_error():
