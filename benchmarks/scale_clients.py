@@ -27,8 +27,10 @@ thread, CPU, ``--min-size 5``) and reports
         [--protect clear,secagg,dp] [--calibrate ccvr] [--rounds 3] [--timeout 180]
         [--no-transcript]
 
-``--protect``: ``clear``, ``secagg`` (``--secagg``: CKKS sums of the calibration uploads)
-and ``dp`` (``--dp-eps 8``). ``--calibrate none`` runs FedAvg alone (the rounds only);
+``--protect``: ``clear``, ``secagg`` (``--secagg``: CKKS sums of the calibration uploads),
+``dp`` (``--dp-eps 8`` on the calibration uploads), and for the rounds ``secagg-updates``
+(``--secagg-updates``: CKKS sums of the model updates) and ``dp-updates`` (``--dp-eps 8
+--dp-updates``: user-level DP-FedAvg). ``--calibrate none`` runs FedAvg alone (the rounds only);
 ``ccvr`` adds CCVR after the last round, whose release asks every client of the federation.
 A configuration that runs past ``--timeout`` seconds is stopped and reported as such.
 """
@@ -115,7 +117,8 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
-PROTECT = {"clear": [], "secagg": ["--secagg"], "dp": ["--dp-eps", "8"]}
+PROTECT = {"clear": [], "secagg": ["--secagg"], "dp": ["--dp-eps", "8"],
+           "secagg-updates": ["--secagg-updates"], "dp-updates": ["--dp-eps", "8", "--dp-updates"]}
 
 
 def run_one(npz: Path, sizes: np.ndarray, clients: int, per_round: int, protect: str,
@@ -198,7 +201,7 @@ def ckks_probe(examples: int, clients: int, d: int = 128, classes: int = 10,
 
 
 def describe(r: dict) -> str:
-    head = f"{r['clients']:>6} clients, {r['per_round']:>3}/round, {r['protect']:<6}"
+    head = f"{r['clients']:>6} clients, {r['per_round']:>3}/round, {r['protect']:<14}"
     if "error" in r:
         return f"{head}: {r['error']}"
     cal = f", calibration {r['calibration_s']:.1f} s" if r["calibration_s"] is not None else ""

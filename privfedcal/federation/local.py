@@ -214,7 +214,7 @@ def train_memory_format(model: torch.nn.Module, x: Tensor) -> torch.memory_forma
 
     oneDNN's NCHW convolution backward is slow on one input channel: a 28x28 grayscale
     batch of the CNN stepped as slowly as a 32x32 RGB one, and NHWC makes its round ~1.25x
-    faster (benchmarks/npz_shapes.py, docs/usage.md "Speed"); on 3-channel images the two
+    faster (benchmarks/probes/npz_shapes.py, docs/usage.md "Speed"); on 3-channel images the two
     layouts measured within noise of each other, so those stay NCHW. The weights return to
     NCHW when local training ends, so nothing that leaves the client changes layout; the
     numbers differ from NCHW's in the last bits only."""

@@ -70,7 +70,7 @@ from privfedcal.privacy.releases import DPSGD_RELEASE
 
 CLIENT_STATE = "privfedcal.client-state"
 #: set (to anything but "" or "0") in a SuperNode's environment: each message's handler
-#: prints one line of timings on stderr (benchmarks/flower_overhead.py reads them)
+#: prints one line of timings on stderr (benchmarks/flower/flower_overhead.py reads them)
 TIMING_ENV = "PRIVFEDCAL_CLIENTAPP_TIMING"
 _BUILD_SECONDS: list[float] = []  # experiment builds in this process (client_runtime)
 

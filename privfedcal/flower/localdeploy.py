@@ -8,7 +8,7 @@ process group and stopped on exit, even after an error: SIGTERM to the groups, t
 to whatever is left of the processes they spawned (Flower detaches some of its helpers into
 new sessions, so descendants are tracked by parent pid, not only by group).
 
-For the deployment test and ``benchmarks/flower_overhead.py``; not a production setup.
+For the deployment test and ``benchmarks/flower/flower_overhead.py``; not a production setup.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ class Server:
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        # one line per ClientApp process (benchmarks/flower_overhead.py reads the seconds)
+        # one line per ClientApp process (benchmarks/flower/flower_overhead.py reads the seconds)
         print(f"child {pid}: exit {code} after {time.monotonic() - self.started.pop(pid):.3f} s",
               flush=True)
         _kill_group(pid, signal.SIGKILL)  # anything the ClientApp left in its session

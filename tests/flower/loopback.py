@@ -1,5 +1,5 @@
 """The tests' name for the package's in-process Grid (``privfedcal.flower.grid``): the
-Flower tests and ``benchmarks/flower_overhead.py`` import ``LoopbackGrid`` from here."""
+Flower tests and ``benchmarks/flower/flower_overhead.py`` import ``LoopbackGrid`` from here."""
 
 from privfedcal.flower.grid import NODE_BASE, over_the_wire
 from privfedcal.flower.grid import InProcessGrid as LoopbackGrid

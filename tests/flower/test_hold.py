@@ -6,7 +6,7 @@ message to a node is followed by exactly one hold to the same node, pushed after
 last the node's previous wait, clipped to [flower.hold, 3 s]; every hold's reply is pulled by
 the end of the run; the run's numbers are those of a run without holds. The ClientApp's
 hold refuses a length outside [0, 3] s. The real-process speed-up is measured by
-``benchmarks/flower_overhead.py --modes deployment-warm,deployment-warm-hold``.
+``benchmarks/flower/flower_overhead.py --modes deployment-warm,deployment-warm-hold``.
 """
 
 from __future__ import annotations
