@@ -24,7 +24,6 @@ breakdown of both (cumulative seconds of the main functions).
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import pstats
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
@@ -110,18 +110,17 @@ def profile(fn, top: int = 25) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__, threads=1)
     ap.add_argument("--images", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--partition", default="iid", choices=["iid", "dirichlet"])
     ap.add_argument("--local-epochs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workers", type=int, default=1,
                     help="worker processes for training and the client payloads")
     ap.add_argument("--repeats", type=int, default=3, help="CCVR calibrations to time")
     ap.add_argument("--profile", action="store_true")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -200,6 +199,13 @@ def main() -> None:
                                creff_sim.global_state, list(range(args.clients)),
                                make_generator(0, args.rounds + 1, 0, 4))
             profile(lambda: creff_sim.calibrator.after_round(ctx))
+    harness.finish(args, {
+        "training_round_s": {"rounds": train_rounds, "min": round_s, "median": round_median},
+        "ccvr_after_training_s": {"min": ccvr_s, "median": ccvr_median,
+                                  "client_statistics": ccvr_client, "test_passes": ccvr_eval},
+        "creff_after_round_s": {"min": creff_s, "median": creff_median,
+                                "client_gradients": creff_client},
+        "ccvr_per_round": ccvr_s / round_s, "creff_per_round": creff_s / round_s})
 
 
 if __name__ == "__main__":

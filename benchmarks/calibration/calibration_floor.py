@@ -21,12 +21,16 @@ the test evaluation of ``--test-images`` images in one batch of 2,048 against ba
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.calibration.ccvr import StatsTask, extract_features
 from privfedcal.federation.local import CPU_INFERENCE_BATCH, PlainSGD, evaluate
@@ -45,13 +49,12 @@ def cpu_times(fn, repeats: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--images", type=int, default=500)
     ap.add_argument("--local-epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--test-images", type=int, default=1000)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     model = create_model("cnn", num_classes=10, in_channels=3, image_size=32, generator=g)
@@ -97,6 +100,11 @@ def main() -> None:
           f"{CPU_INFERENCE_BATCH} {min(capped):.4f}")
     print(f"  NaN/Inf check of a 10 x 256 x 256 float64 upload: isfinite().all() "
           f"{min(mask) * 10:.2f} ms, all_finite {min(fast) * 10:.2f} ms")
+    harness.finish(args, {"cpu_seconds": {
+        "forward": harness.stats(fwd), "statistics payload": harness.stats(stats),
+        "training epoch": harness.stats(ep), "test pass, batch 2048": harness.stats(big),
+        f"test pass, batches of {CPU_INFERENCE_BATCH}": harness.stats(capped),
+        "100 isfinite().all()": harness.stats(mask), "100 all_finite": harness.stats(fast)}})
 
 
 @torch.no_grad()

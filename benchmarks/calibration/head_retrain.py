@@ -10,21 +10,23 @@ same head up to float rounding (tests/calibration).
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.calibration.retrain import fresh_head, retrain_classifier
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = harness.parser(__doc__, repeats=3)
     ap.add_argument("--paths", default="closed form,autograd")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(1000, 256, generator=g)
@@ -39,7 +41,6 @@ def main() -> None:
                                generator=torch.Generator().manual_seed(1),
                                closed_form=name == "closed form")
             times[name].append((time.perf_counter() - t, time.process_time() - c))
-    print("load average (1, 5, 15 min): " + ", ".join(f"{v:.1f}" for v in os.getloadavg()))
     for name, ts in times.items():
         wall, cpu = [t[0] for t in ts], [t[1] for t in ts]
         print(f"{name:12s} wall min {min(wall):6.2f} s  median {statistics.median(wall):6.2f} s"
@@ -48,6 +49,9 @@ def main() -> None:
         ratio = (statistics.median(t[0] for t in times["autograd"])
                  / statistics.median(t[0] for t in times["closed form"]))
         print(f"closed form is {ratio:.2f}x faster (median wall)")
+    harness.finish(args, {name: {"wall": harness.stats([t[0] for t in ts]),
+                                 "cpu": harness.stats([t[1] for t in ts])}
+                          for name, ts in times.items()})
 
 
 if __name__ == "__main__":

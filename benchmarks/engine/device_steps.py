@@ -17,12 +17,16 @@ after one warm-up epoch) and the ratio privfedcal / bare (1.0 = as fast as the b
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 
 def sync(device: torch.device) -> None:
@@ -73,16 +77,15 @@ def main() -> None:
     )
     from privfedcal.models import create_model
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's)")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
@@ -130,6 +133,8 @@ def main() -> None:
         print(f"  {k:>10}: {max(v):8.1f} / {statistics.median(v):8.1f} steps/s (best / median)")
     print(f"  ratio privfedcal / bare: best {max(rates['privfedcal']) / max(rates['bare']):.3f}"
           f"   median {statistics.median(rates['privfedcal']) / statistics.median(rates['bare']):.3f}")
+    harness.finish(args, {k: {"steps_per_s": v, "best": max(v), "median": statistics.median(v)}
+                          for k, v in rates.items()})
 
 
 if __name__ == "__main__":

@@ -8,12 +8,15 @@ a temporary folder that is removed afterwards. Prints min / median seconds per s
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 _CHILD = ("import time, sys; from privfedcal.data import load_dataset; t = time.perf_counter(); "
           "load_dataset('imagefolder:' + sys.argv[1]); print(time.perf_counter() - t)")
@@ -27,10 +30,9 @@ def _time(path: str, cache: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=3)
     ap.add_argument("path")
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     with tempfile.TemporaryDirectory() as cache:
         rows = {"cache off (decode every image)": [_time(args.path, "off") for _ in range(args.repeats)],
                 "cold (decode + write cache)": [_time(args.path, cache)]}
@@ -39,6 +41,7 @@ def main() -> None:
         print(f"{name:34s} min {min(ts):6.2f} s  median {statistics.median(ts):6.2f} s  (n={len(ts)})")
     off, warm = statistics.median(rows["cache off (decode every image)"]), statistics.median(rows["warm (read cache)"])
     print(f"speed-up of a warm cache over decoding: {off / warm:.1f}x")
+    harness.finish(args, {name: {"seconds": ts, **harness.stats(ts)} for name, ts in rows.items()})
 
 
 if __name__ == "__main__":

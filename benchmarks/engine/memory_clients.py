@@ -16,13 +16,15 @@ Prints peak MiB per client count (min / median over repeats) and the ratio 100 /
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+import harness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,15 +46,14 @@ def peak_mib(cmd: list[str]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--images", type=int, default=5000)
     ap.add_argument("--method", default="fedavg")
-    ap.add_argument("--repeats", type=int, default=1)
-    args = ap.parse_args()
+    args = harness.parse(ap)
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from cifar_like import make_npz
 
         npz = make_npz(tmp_path / "cifar-shaped.npz", args.images)
@@ -75,6 +76,9 @@ def main() -> None:
             print(f"  {name}: 10 clients {min(peaks[10]):.0f} / {med[10]:.0f} MiB, "
                   f"100 clients {min(peaks[100]):.0f} / {med[100]:.0f} MiB, "
                   f"ratio 100/10 {med[100] / med[10]:.3f} (target <= 1.2)")
+            results[name] = {f"{k} clients": {"peak_mib": v, **harness.stats(v)}
+                             for k, v in peaks.items()}
+    harness.finish(args, results)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ process).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
@@ -69,13 +69,12 @@ def engine(npz: Path, workers: int, threads: int, rounds: int, batch: int, clien
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__, threads=2)
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--clients", type=int, default=10)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         npz = make_npz(tmp / "data.npz", args.images)
@@ -97,6 +96,7 @@ def main() -> None:
     for name, t, target in (("workers 1 / bare", e1, "<= 1.10"), ("workers 2 / bare", e2, "< 1.00")):
         print(f"ratio engine {name}: median {np.median(t) / np.median(bare):.3f}, "
               f"best {min(t) / min(bare):.3f}   (target {target})")
+    harness.finish(args, {name: {"seconds_per_round": t, **harness.stats(t)} for name, t in rows})
 
 if __name__ == "__main__":
     main()

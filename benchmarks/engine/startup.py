@@ -33,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch._dynamo", "torchvision", "sklearn", "opacus", "tenseal", "matplotlib", "scipy",
          "torchmetrics", "flwr")
@@ -135,12 +138,11 @@ def role_phases(rounds: int, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--role", choices=["phases"], help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     if args.role == "phases":
         return role_phases(args.rounds, args.out)
     rows: dict[str, list[tuple[float, float]]] = {}
@@ -162,6 +164,10 @@ def main() -> None:
     print("  heavy imports of `privfedcal train --rounds 2` (cumulative wall s; absent = not "
           "imported): " + (", ".join(f"{k} {v:.2f}" for k, v in sorted(imports.items()))
                            or "none"))
+    harness.finish(args, {"phases": {name: {"wall": harness.stats([v[0] for v in rows[name]]),
+                                            "cpu": harness.stats([v[1] for v in rows[name]])}
+                                     for name in PHASES},
+                          "heavy_imports_s": imports})
     return None
 
 

@@ -16,7 +16,6 @@ median / vectorised median (wall; CPU in brackets: the steadier figure on a shar
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
@@ -78,7 +78,7 @@ def bare_loop(exp, jobs: list[TrainJob]) -> None:
                 opt.step()
 
 
-def bench(name: str, cfg: RunConfig, repeats: int) -> None:
+def bench(name: str, cfg: RunConfig, repeats: int) -> dict:
     exp = build_experiment(cfg)
     global_state = clone_state(exp.model)
     jobs = [TrainJob(c, exp.parts[c], None) for c in range(cfg.clients)]
@@ -113,25 +113,29 @@ def bench(name: str, cfg: RunConfig, repeats: int) -> None:
           f"(wall medians; CPU medians {cmed['sequential'] / cmed['vectorised']:.2f}x), "
           f"{med['bare loop'] / med['vectorised']:.2f}x over the bare loop "
           f"(CPU {cmed['bare loop'] / cmed['vectorised']:.2f}x)")
+    return {key: {"wall": harness.stats(times[key]), "cpu": harness.stats(cpus[key]),
+                  "peak_mib": peaks[key]} for key in engines}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = harness.parser(__doc__, repeats=5, threads=2)
     ap.add_argument("--cnn-images", type=int, default=5000)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     torch.set_num_threads(args.threads)
     base = dict(device="cpu", threads=args.threads, seed=0, data_seed=0, transcript=False,
                 rounds=1)
-    bench("digits MLP", RunConfig(dataset="digits", clients=10, **base), args.repeats)
-    bench("digits MLP", RunConfig(dataset="digits", clients=100, alpha=1.0, min_size=5, **base),
-          args.repeats)
+    results = {
+        "digits MLP, 10 clients": bench("digits MLP", RunConfig(dataset="digits", clients=10,
+                                                                **base), args.repeats),
+        "digits MLP, 100 clients": bench("digits MLP", RunConfig(
+            dataset="digits", clients=100, alpha=1.0, min_size=5, **base), args.repeats)}
     with tempfile.TemporaryDirectory() as tmp:
         npz = make_npz(Path(tmp) / "cifar_like.npz", args.cnn_images)
-        bench("CIFAR-shaped CNN", RunConfig(dataset=f"npz:{npz}", model="cnn", clients=10,
-                                            partition="iid", local_epochs=1, batch_size=64,
-                                            **base), args.repeats)
+        results["CIFAR-shaped CNN, 10 clients"] = bench(
+            "CIFAR-shaped CNN", RunConfig(dataset=f"npz:{npz}", model="cnn", clients=10,
+                                          partition="iid", local_epochs=1, batch_size=64,
+                                          **base), args.repeats)
+    harness.finish(args, results)
 
 
 if __name__ == "__main__":

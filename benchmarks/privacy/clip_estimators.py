@@ -23,11 +23,15 @@ largest |log(estimate / true quantile)| over ``--draws`` draws (seeded noise: a 
 
 from __future__ import annotations
 
-import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.quantile import (
@@ -71,11 +75,12 @@ def geometric(steps: int, eta: float = 2.0):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--draws", type=int, default=30)
     ap.add_argument("--eps", default="0.8,8")
     ap.add_argument("--sd", type=float, default=0.3)
-    args = ap.parse_args()
+    args = harness.parse(ap)
+    results = []
     estimators = {"one-stage": one_stage, "coarse-at-target": coarse_at_target,
                   "median-located": median_located, "geometric-10": geometric(10),
                   "geometric-30": geometric(30)}
@@ -96,6 +101,10 @@ def main() -> None:
             print(f"epsilon {eps:g} (z {z:.3f}), quantile {q:g}: " + "; ".join(
                 f"{k} {np.median(v):.3f} / {np.quantile(v, 0.9):.3f} / {max(v):.3f}"
                 for k, v in errors.items()), flush=True)
+            results.append({"epsilon": eps, "z": z, "quantile": q, "abs_log_error": {
+                k: {"median": float(np.median(v)), "p90": float(np.quantile(v, 0.9)),
+                    "max": max(v)} for k, v in errors.items()}})
+    harness.finish(args, {"rows": results})
 
 
 if __name__ == "__main__":

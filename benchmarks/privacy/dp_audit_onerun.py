@@ -7,9 +7,13 @@ vs lower-bounded epsilon, correct and with each fault, for CCVR and CReFF (digit
 
 from __future__ import annotations
 
-import argparse
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.attacks.dp_channels import Faults
 from privfedcal.attacks.dp_onerun import one_run
@@ -17,9 +21,10 @@ from privfedcal.config import RunConfig
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--guesses", type=float, default=0.05)
-    a = p.parse_args()
+    a = harness.parse(p)
+    rows = []
     torch.set_num_threads(1)
     cases = [("correct", 1.0, Faults()), ("correct", 8.0, Faults()),
              ("noise x 0.25", 1.0, Faults(noise_scale=0.25)), ("clipping off", 1.0,
@@ -35,6 +40,8 @@ def main() -> None:
             print(f"{method:6}  {name:13} {r['claimed_eps']:8.3f}  {r['eps_lower']:9.3f}  "
                   f"{r['canary'].split(' (')[0]}, {r['test_trials']}, "
                   f"{r['test_trials'] - r['false_pos']}  {r['seconds']:.2f}")
+            rows.append({"method": method, "release": name, **r})
+    harness.finish(a, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -14,10 +14,14 @@ The CLI equivalent of one row: ``privfedcal audit dp --method ccvr --dp-eps 8 --
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.attacks.dp_audit import play
 from privfedcal.attacks.dp_channels import build_channels
@@ -25,11 +29,11 @@ from privfedcal.config import RunConfig
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__, threads=1)
     p.add_argument("--trials", type=int, default=2_000_000, help="releases of each of D, D'")
     p.add_argument("--eps", default="1,2,4,8")
-    p.add_argument("--threads", type=int, default=1)
-    a = p.parse_args()
+    a = harness.parse(p)
+    rows = []
     torch.set_num_threads(a.threads)
     print("eps_claimed  eps_lower  lower/claimed  trials  seconds  (95%, ccvr-stats, 1 client, "
           "1 round)")
@@ -42,6 +46,8 @@ def main() -> None:
         secs = time.perf_counter() - t0
         print(f"{row['claimed_eps']:11.3f}  {row['eps_lower']:9.3f}  "
               f"{row['eps_lower'] / row['claimed_eps']:13.2f}  {row['trials']:,}  {secs:7.1f}")
+        rows.append({**row, "seconds": secs})
+    harness.finish(a, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ does not touch; then the machine (CPUs, load average) it ran on.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.config import RunConfig
 from privfedcal.experiment import build_simulator
@@ -40,7 +43,7 @@ def run(method: str, eps: float, seed: int, secagg: bool, out: Path, rounds: int
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--eps", default="1,2,4,8,16,inf")
     ap.add_argument("--methods", default="ccvr,creff")
@@ -49,7 +52,8 @@ def main() -> None:
     ap.add_argument("--weighting", choices=["client", "sample"], default=None,
                     help="CReFF's --creff-weighting (default: the calibrator's)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
-    args = ap.parse_args()
+    args = harness.parse(ap)
+    rows = []
     seeds = [int(s) for s in args.seeds.split(",")]
     grid = [(m, e, s) for m in args.methods.split(",") for e in args.eps.split(",")
             for s in seeds]
@@ -74,9 +78,13 @@ def main() -> None:
                       f"| {np.mean(accs):.2f} ± {np.std(accs):.2f} "
                       f"| {f'{max(spent):.3f}' if spent else '-'} "
                       f"| {f'{np.mean(before):.2f}' if before else '-'} |", flush=True)
+                rows.append({"method": m, "epsilon": e, "seeds": seeds, "accuracy": accs,
+                             "epsilon_spent_worst": max(spent) if spent else None,
+                             "accuracy_before_calibration": before})
     print(f"\n{len(grid)} runs, {args.jobs} at a time, {time.time() - t0:.0f} s on "
           f"{os.cpu_count()} CPUs; load average (1 min) {load0[0]:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end")
+    harness.finish(args, {"rows": rows, "seconds": time.time() - t0})
 
 
 if __name__ == "__main__":

@@ -15,10 +15,14 @@ add them on the server and to decrypt the aggregate; and the worst decryption er
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.secagg import CKKSParams, KeyHolder, ServerAggregator, encrypt_payload
@@ -54,7 +58,7 @@ class Clock:
         return f"{self.wall:6.2f}s (cpu {self.cpu:5.2f}s)"
 
 
-def run(name: str, payloads, symmetric: set[str], params: CKKSParams) -> None:
+def run(name: str, payloads, symmetric: set[str], params: CKKSParams) -> dict:
     layout = PayloadLayout.from_payload(payloads[0], symmetric=symmetric)
     holder = KeyHolder(params)
     public = holder.public_context_bytes()
@@ -78,16 +82,20 @@ def run(name: str, payloads, symmetric: set[str], params: CKKSParams) -> None:
         f"  encrypt (all {len(payloads)} clients) {enc}  server add {add}  decrypt {dec}  "
         f"max error {err:.1e}"
     )
+    return {"values": layout.size, "ciphertexts": len(result), "bytes_per_client": per_client,
+            "plaintext_float32_bytes": plain_bytes,
+            **{f"{k}_{unit}": getattr(c, unit) for k, c in
+               (("encrypt_all", enc), ("server_add", add), ("decrypt", dec))
+               for unit in ("wall", "cpu")}, "max_error": err}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, threads=1)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--samples", type=int, default=50_000, help="total samples, all clients")
     ap.add_argument("--clip", type=float, default=1.0, help="feature / gradient clip bound R")
     ap.add_argument("--precision", type=float, default=1e-6)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     torch.set_num_threads(args.threads)
     max_abs = args.samples * max(1.0, args.clip, args.clip**2)
     params = CKKSParams.for_magnitude(
@@ -101,9 +109,13 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     stats = [ccvr(g) for _ in range(args.clients)]
     grads = [creff(g) for _ in range(args.clients)]
-    run("CCVR full covariance", stats, set(), params)
-    run("CCVR upper triangle", stats, {"outer"}, params)
-    run("CReFF gradients", grads, set(), params)
+    results = {"ckks": {"poly_modulus_degree": params.poly_modulus_degree,
+                        "coeff_mod_bit_sizes": list(params.coeff_mod_bit_sizes),
+                        "scale_bits": params.scale_bits, "slots": params.slots}}
+    results["CCVR full covariance"] = run("CCVR full covariance", stats, set(), params)
+    results["CCVR upper triangle"] = run("CCVR upper triangle", stats, {"outer"}, params)
+    results["CReFF gradients"] = run("CReFF gradients", grads, set(), params)
+    harness.finish(args, results)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,15 @@ one client's encryption plus the server's additions plus the decryption.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.models import create_model
 from privfedcal.privacy.secagg import ServerAggregator
@@ -80,15 +84,15 @@ def secure_release(payloads, label: str, n_total: int) -> tuple[float, float, in
         server.add(unpad(data))
         server_time += time.perf_counter() - t0
     t0 = time.perf_counter()
-    key_holder_release(rel.state["key-holder"], server.result(), sealing.layout, server.count)
+    key_holder_release(rel.state["key-holder"], server.result(), sealing.layout, server.count,
+                       stage.min_clients)
     server_time += time.perf_counter() - t0
     return max(enc), server_time, size
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    ap = harness.parser(__doc__, threads=2)
+    args = harness.parse(ap)
     ips = train_throughput(args.threads)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -97,18 +101,25 @@ def main() -> None:
     print(f"CNN training throughput: {ips:,.0f} images/s ({args.threads} threads)")
     print(f"one CCVR-setting round (500k images): {ccvr_round:.1f} s;  "
           f"one CReFF-setting round (~50k images): {creff_round:.1f} s")
+    results = {"train_images_per_s": ips, "ccvr_round_s": ccvr_round,
+               "creff_round_s": creff_round}
     enc, srv, size = secure_release([ccvr_payload(g) for _ in range(10)], "ccvr-stats", 50_000)
     plain = (C + C * D + C * D * D) * 4
     total = enc + srv
+    results["ccvr"] = {"bytes_per_client": size, "encrypt_s_per_client": enc,
+                       "server_add_decrypt_s": srv, "share_of_round": total / ccvr_round}
     print(f"CCVR statistics, 10 clients: {size / 2**20:.2f} MiB/client ({size / plain:.2f}x "
           f"float32 full), encrypt {enc:.2f} s/client, server add+decrypt {srv:.2f} s -> "
           f"{total:.2f} s = {100 * total / ccvr_round:.1f}% of a round (target < 100%)")
     enc, srv, size = secure_release([creff_payload(g) for _ in range(8)], "creff-grad", 12_406)
     plain = (C * C * (D + 1) + C) * 4
     total = enc + srv
+    results["creff"] = {"bytes_per_client": size, "encrypt_s_per_client": enc,
+                        "server_add_decrypt_s": srv, "share_of_round": total / creff_round}
     print(f"CReFF gradients, 8 clients: {size / 2**20:.2f} MiB/client ({size / plain:.2f}x "
           f"float32), encrypt {enc:.3f} s/client, server add+decrypt {srv:.3f} s -> "
           f"{total:.3f} s = {100 * total / creff_round:.2f}% of a round (target < 25%)")
+    harness.finish(args, results)
 
 
 if __name__ == "__main__":

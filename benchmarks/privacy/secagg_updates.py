@@ -13,10 +13,13 @@ ciphertext bytes per client against the float32 update.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.config import RunConfig
 from privfedcal.experiment import build_simulator
@@ -30,10 +33,10 @@ def run(out: Path, **kw) -> tuple[dict, object]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=10)
-    a = ap.parse_args()
+    a = harness.parse(ap)
     with tempfile.TemporaryDirectory() as tmp:
         plain, _ = run(Path(tmp) / "plain", rounds=a.rounds, clients=a.clients)
         sec, sim = run(Path(tmp) / "sec", rounds=a.rounds, clients=a.clients,
@@ -43,7 +46,7 @@ def main() -> None:
     agg_s = sec["privacy"]["secagg_updates"]["mean_seconds_per_round"]
     ct = [e["bytes"] for e in index if e["label"] == "model-update" and e["view"] == "ciphertext"]
     per_client_plain = sec["model_update_bytes"] / (a.rounds * a.clients)
-    print(json.dumps({
+    results = {
         "clients": a.clients, "rounds": a.rounds,
         "plain_round_seconds": round(round_s, 3),
         "secure_aggregation_seconds_per_round": agg_s,
@@ -51,7 +54,9 @@ def main() -> None:
         "ciphertext_bytes_per_client": int(sum(ct) / len(ct)),
         "float32_update_bytes_per_client": int(per_client_plain),
         "accuracy_plain": plain["accuracy"], "accuracy_secure": sec["accuracy"],
-        "ckks": sec["privacy"]["secagg_updates"]["params"]}, indent=1))
+        "ckks": sec["privacy"]["secagg_updates"]["params"]}
+    print(json.dumps(results, indent=1))
+    harness.finish(a, results)
 
 
 if __name__ == "__main__":
