@@ -17,13 +17,16 @@ known classes, no raw baseline, one client, two restarts) the same way.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.api import train
 from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
@@ -43,7 +46,7 @@ def ensure_run(root: Path, method: str, rounds: int, seed: int) -> Path:
     return run
 
 
-def compare(name: str, view, opts: AttackOptions, kind: str) -> None:
+def compare(name: str, view, opts: AttackOptions, kind: str) -> dict:
     """Plan once, execute one at a time and batched; print times, PSNRs, speedup."""
     plan = plan_stats(view, opts) if kind == "stats" else plan_gradients(view, opts)
     rows = {}
@@ -62,19 +65,21 @@ def compare(name: str, view, opts: AttackOptions, kind: str) -> None:
     steps = sum(a.get("steps_run") != b.get("steps_run") for a, b in zip(seq, bat, strict=True))
     print(f"{name} speedup {t_seq / t_bat:.2f}  max |PSNR diff| {diff:.2e} dB  "
           f"stopping steps differ: {steps}")
+    return {"targets": len(seq), "one_at_a_time_s": t_seq, "batched_s": t_bat,
+            "speedup": t_seq / t_bat, "max_psnr_diff_db": diff, "stopping_steps_differ": steps}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, threads=1)
     ap.add_argument("--runs", type=Path, required=True, help="folder for the digits runs")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=DEFAULT_MAX_STEPS)
     ap.add_argument("--restarts", type=int, default=4)
     ap.add_argument("--attack-batch", type=int, default=DEFAULT_ATTACK_BATCH)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--audit", action="store_true", help="also the small audit's attacks")
-    args = ap.parse_args()
+    args = harness.parse(ap)
+    results = {}
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), steps cap {args.steps}, "
           f"restarts {args.restarts}, attack batch {args.attack_batch}")
@@ -82,12 +87,13 @@ def main() -> None:
         view = load_run(ensure_run(args.runs, method, args.rounds, args.seed))
         opts = AttackOptions(steps=args.steps, restarts=args.restarts, seed=args.seed,
                              attack_batch=args.attack_batch)
-        compare(f"invert --{kind}", view, opts, kind)
+        results[f"invert --{kind}"] = compare(f"invert --{kind}", view, opts, kind)
         if args.audit:  # the options audit.run_setting attacks with (AuditConfig defaults)
             audit = AttackOptions(steps=args.steps, restarts=2, raw_samples=0, seed=args.seed,
                                   default_clients=1, known_classes=True,
                                   attack_batch=args.attack_batch)
-            compare(f"audit {method}", view, audit, kind)
+            results[f"audit {method}"] = compare(f"audit {method}", view, audit, kind)
+    harness.finish(args, results)
 
 
 if __name__ == "__main__":

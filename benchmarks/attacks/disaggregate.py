@@ -19,8 +19,12 @@ results table's columns), and the seconds the attack itself took.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 from privfedcal.attacks.disaggregate_attack import disaggregate_run, summarise
 from privfedcal.attacks.runner import AttackOptions, load_run
@@ -44,8 +48,9 @@ def fmt(v, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}g}" if isinstance(v, float) else str(v)
 
 
-def report(run: Path) -> None:
+def report(run: Path) -> dict:
     view = load_run(run)
+    out = {}
     for totals in (True, False):
         t0 = time.perf_counter()
         records, _ = disaggregate_run(view, AttackOptions(public_totals=totals))
@@ -58,17 +63,19 @@ def report(run: Path) -> None:
                   f"{r['public_total'] or 'none':<12} exact {fmt(r['exact'])}  worst-off "
                   f"{fmt(r['worst_client'])}: {fmt(r['worst_max_abs_error'])}  mean rel "
                   f"{fmt(r['mean_rel_error'])}  fit residual {fmt(r['fit_residual'])}")
+        out["with public totals" if totals else "without public totals"] = {
+            "seconds": took, "rows": summarise(records)}
+    return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--participation", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=6)
-    args = p.parse_args()
-    for name in RUNS:
-        report(ensure(args.out, name, args))
+    args = harness.parse(p)
+    harness.finish(args, {name: report(ensure(args.out, name, args)) for name in RUNS})
 
 
 if __name__ == "__main__":

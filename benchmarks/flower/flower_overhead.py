@@ -34,7 +34,6 @@ Prints seconds per round per mode and the ratios mode / simulator.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -45,6 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
@@ -246,19 +246,18 @@ MODES = {"simulator": run_simulator, "loopback": run_loopback, "deployment": run
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, threads=1)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--images", type=int, default=0, help="0: digits; N: random CIFAR-shaped")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--modes", default="simulator,loopback,deployment")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="work in DIR and keep it (the deployments' logs), not a temp folder")
     ap.add_argument("--hold", type=float, default=HOLD["seconds"],
                     help="flower.hold of the deployment-warm-hold mode (seconds)")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     HOLD["seconds"] = args.hold
     torch.set_num_threads(args.threads)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -287,6 +286,7 @@ def main() -> None:
                 print(f"ratio {mode} / simulator: {seconds[mode] / seconds['simulator']:.2f}")
         for mode in modes:
             breakdown(mode, seconds)
+    harness.finish(args, {"seconds_per_round": seconds})
 
 
 if __name__ == "__main__":
