@@ -44,6 +44,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
+
 CLAIMED_EPS = 1.0
 DELTA = 1e-5
 
@@ -230,13 +233,13 @@ def score_partition(p: dict) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--trials", type=int, default=400, help="trials per side (half calibrate)")
     p.add_argument("--before", help="a checkout to measure too, e.g. one at d41de29")
     p.add_argument("--games", default=",".join(COLLECTORS),
                    help=f"comma-separated subset of {', '.join(COLLECTORS)}")
     p.add_argument("--collect", help=argparse.SUPPRESS)  # internal: raw scores to this file
-    a = p.parse_args()
+    a = harness.parse(p)
     games = [g.strip() for g in a.games.split(",") if g.strip()]
     unknown = sorted(set(games) - set(COLLECTORS))
     if unknown or not games:
@@ -246,6 +249,7 @@ def main() -> None:
         return
     runs = [("before", a.before)] if a.before else []
     runs.append(("after", str(Path(__file__).resolve().parents[2])))
+    results = {}
     for name, root in runs:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
@@ -267,8 +271,10 @@ def main() -> None:
                   + (f", release moved {r['moved_over_G']} G" if "moved_over_G" in r else "")
                   + ")")
         print(f"{name}: {secs:.0f} s")
+        results[name] = {"root": root, "seconds": secs, "games": rows}
         if not math.isfinite(secs):
             raise SystemExit(1)
+    harness.finish(a, results)
 
 
 if __name__ == "__main__":
