@@ -21,7 +21,7 @@ calibrators never know which stages ran.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -167,8 +167,10 @@ class Wire(Stage):
     hides_uploads: bool = False  # whether the server sees only the sum
 
     @abstractmethod
-    def deliver(self, uploads: list[tuple[int, Any]], rel: Release, finish: Finish) -> Payload:
-        """The server's sum of ``uploads``, passed through ``finish`` where it is clear."""
+    def deliver(self, uploads: Iterable[tuple[int, Any]], rel: Release,
+                finish: Finish) -> Payload:
+        """The server's sum of ``uploads`` (an iterable, possibly lazy: each upload is taken
+        once), passed through ``finish`` where it is clear."""
 
     def server(self, total: Payload, rel: Release) -> Payload:
         return total
@@ -305,7 +307,8 @@ class ClearWire(Wire):
     def client(self, payload: Payload, rel: Release) -> Payload:
         return payload
 
-    def deliver(self, uploads: list[tuple[int, Any]], rel: Release, finish: Finish) -> Payload:
+    def deliver(self, uploads: Iterable[tuple[int, Any]], rel: Release,
+                finish: Finish) -> Payload:
         total: Payload | None = None
         reference: Payload | None = None
         for client, payload in uploads:

@@ -128,7 +128,7 @@ class Uplink:
             total = stage.server(total, rel)
         return total
 
-    def server_side(self, uploads: list[tuple[int, Any]], rel: Release) -> Payload:
+    def server_side(self, uploads: Iterable[tuple[int, Any]], rel: Release) -> Payload:
         """The server's half of the release: the wire's sum, the remaining server halves,
         the released aggregate recorded when the uploads were hidden, every ``close``."""
         total = self.wire.deliver(uploads, rel, self.finish)
@@ -146,9 +146,9 @@ class Uplink:
 
         With ``asked`` (the clients asked for an upload, in order), ``uploads`` may be lazy,
         each payload computed when it is reached: the release then holds one client's
-        payload at a time besides the wire's running sum (an encrypting wire keeps the
-        ciphertexts until its cohort check), so its memory does not grow with the number of
-        clients. An invalid upload found on the way is dropped as a rejected one is (the
+        payload at a time besides the wire's running sum (an encrypting wire also keeps the
+        ciphertexts of cohorts not yet complete), so its memory does not grow with the
+        number of clients. An invalid upload found on the way is dropped as a rejected one is (the
         noise topped up); without ``asked`` every upload is validated before the release
         opens."""
         if asked is None:
@@ -161,6 +161,7 @@ class Uplink:
             first = next(stream, None)
             if first is None:
                 self.raise_skipped(round_, label, "no valid upload")
+            assert first is not None  # raise_skipped raised
             valid = [first]
             clients, stream = list(asked), itertools.chain(valid, stream)
         rel = self.release(label, round_, asked, clients, valid[0][1], transcript)
