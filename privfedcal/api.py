@@ -37,6 +37,8 @@ from privfedcal.pysurface import (
 
 if TYPE_CHECKING:
     from privfedcal.attacks.progress import Progress
+    from privfedcal.federation.setup import Experiment
+    from privfedcal.federation.simulator import Simulator
     from privfedcal.results import AttackRecord, MetricsRow, Summary
 
 __all__ = [
@@ -149,7 +151,7 @@ class Run:
         return server_dir(self.path)
 
     @python_surface
-    def experiment(self, device: str = "cpu") -> Any:
+    def experiment(self, device: str = "cpu") -> Experiment:
         """The run's experiment as the experimenter holds it (``federation/setup.py``
         ``Experiment``: ``data``, the clients' index tensors ``parts``, ``counts``, ``model``),
         its partition redrawn from the recorded data seed and ``model`` holding the final
@@ -349,14 +351,14 @@ def _run_name(cfg: RunConfig) -> str:
 
 @python_surface
 def resume_simulator(run_dir: str | Path, rounds: int | None = None,
-                     threads: int | None = None) -> Any:
+                     threads: int | None = None) -> Simulator:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
     one extended to ``rounds``, ready to ``run()`` (see ``_resume_simulator``)."""
     return _resume_simulator(Path(run_dir), rounds, threads)
 
 
 def _resume_simulator(run_dir: Path, rounds: int | None = None,
-                      threads: int | None = None) -> Any:
+                      threads: int | None = None) -> Simulator:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
     one extended to ``rounds``, ready to ``run()`` (``privfedcal train --resume`` runs it;
     its messages name the CLI's flags).

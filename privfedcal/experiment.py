@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privfedcal.config import METHOD_ALIASES, RunConfig
 from privfedcal.errors import UsageError
+
+if TYPE_CHECKING:
+    from privfedcal.federation.simulator import Simulator
 
 
 def method_choices() -> list[str]:
@@ -117,7 +120,7 @@ def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]
     return exp, calibrator, build_uplink(exp.cfg, exp, calibrator)
 
 
-def build_simulator(cfg: RunConfig, run_dir: Path):
+def build_simulator(cfg: RunConfig, run_dir: Path) -> Simulator:
     """The in-process ``Simulator`` of ``cfg``; it writes ``config.json`` into ``run_dir``."""
     from privfedcal.federation.simulator import Simulator
 
