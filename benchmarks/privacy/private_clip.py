@@ -22,13 +22,17 @@ the noise multipliers (``--repeats 0``: the norms only).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness
 
 import privfedcal
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
@@ -58,15 +62,14 @@ def ccvr_accuracy(exp, clients, clip: float, sigma: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__, repeats=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eps", type=float, default=8.0)
     ap.add_argument("--share", type=float, default=0.1)
-    ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--quantiles", default="0.9,0.95,0.99")
     ap.add_argument("--model", default="mlp")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     torch.set_num_threads(1)
     quantiles = [float(q) for q in args.quantiles.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,7 +88,9 @@ def main() -> None:
     print("feature norms: " + ", ".join(f"q{q:g} {v:.3f}" for q, v in true.items())
           + f", max {float(norms.max()):.3f}; default clip {DP_DEFAULT_CLIP:g}")
     print(f"uncalibrated accuracy {accuracy(exp.model, data.x_test, data.y_test):.4f}")
+    results = {"norm_quantiles": true, "max_norm": float(norms.max())}
     if args.repeats < 1:  # --repeats 0: the norms only
+        harness.finish(args, results)
         return
     (z_all,) = plan_noise(args.eps, delta, [ReleasePlan("ccvr-stats", 1.0, 1)])
     rows = []
@@ -111,6 +116,9 @@ def main() -> None:
         clip = f"{row[5]:.3f} [{lo:.3f}, {hi:.3f}]" if len(row) > 5 else f"{lo:.3f}"
         print(f"  {label:32s} clip {clip:26s} z {sigma:.3f}  accuracy "
               f"{np.mean(accs):.4f} +- {np.std(accs):.4f}")
+    results["ccvr"] = [{"clip": row[0], "clip_min": row[1], "clip_max": row[2], "z": row[3],
+                        "accuracy": row[4]} for row in rows]
+    harness.finish(args, results)
 
 
 if __name__ == "__main__":
