@@ -188,9 +188,9 @@ def privatize_statistics(stats: Mapping[str, Tensor], *, epsilon: float, delta: 
     the epsilon holds for this one release. Statistics whose features exceed ``clip``
     (``trace(outer_c) > count_c clip^2`` for a class) are refused: the noise would not
     cover them."""
-    from privfedcal.calibration.ccvr import CCVR_RELEASE
+    from privfedcal.calibration.ccvr import CCVR, CCVR_RELEASE
     from privfedcal.privacy.accounting import ReleasePlan, plan_noise
-    from privfedcal.privacy.dp import gaussian_mechanism, payload_sensitivities
+    from privfedcal.privacy.dp import gaussian_mechanism
     from privfedcal.privacy.noise import noise_generator
 
     if not (0 < epsilon and math.isfinite(epsilon)) or not 0 < delta < 1:
@@ -209,8 +209,10 @@ def privatize_statistics(stats: Mapping[str, Tensor], *, epsilon: float, delta: 
                          f"norms {float(energy[c]):.4g} > count x clip^2 = {float(limit[c]):.4g};"
                          f" compute them with ccvr_statistics(..., clip={clip:g})")
     (sigma,) = plan_noise(epsilon, delta, [ReleasePlan(CCVR_RELEASE, 1.0, 1)])
-    sens = payload_sensitivities(stats.keys(), clip=clip, grad_clip=clip)
-    return gaussian_mechanism(dict(stats), sens, sigma, noise_generator())
+    (spec,) = CCVR.releases  # the sensitivities CCVR declares for its statistics
+    sens = spec.sensitivities(stats.keys(), clip=clip, grad_clip=clip)
+    return gaussian_mechanism(dict(stats), sens, sigma, noise_generator(),
+                              budget=spec.budget())
 
 
 @python_surface
@@ -223,10 +225,10 @@ def calibrate_head(model: nn.Module, stats: Mapping[str, Tensor], *,
     place; returns ``model``. ``retrain``: ``RetrainParams`` fields (``lr``, ``steps``,
     ``epochs``, ``batch_size``, ...). ``stats`` must match the head: C = its outputs, d =
     its inputs."""
-    from privfedcal.calibration.ccvr import sample_virtual_features, virtual_counts
+    from privfedcal.calibration.ccvr import CCVR, sample_virtual_features, virtual_counts
     from privfedcal.calibration.retrain import RetrainParams, retrain_head_of, write_head
     from privfedcal.calibration.stats import ClassStats
-    from privfedcal.privacy.stages import symmetrise_outer
+    from privfedcal.privacy.stages import symmetrise
 
     if virtual_per_class < 1:
         raise UsageError(f"virtual_per_class must be >= 1, got {virtual_per_class}")
@@ -243,7 +245,8 @@ def calibrate_head(model: nn.Module, stats: Mapping[str, Tensor], *,
                          "calibrate on")
     # as the protected CCVR does: noised outer sums are symmetrised, and the sampler floors
     # the eigenvalues of each class covariance (calibration/ccvr.py)
-    cs = ClassStats.from_payload(symmetrise_outer({k: v.double() for k, v in stats.items()}))
+    cs = ClassStats.from_payload(symmetrise({k: v.double() for k, v in stats.items()},
+                                            CCVR.releases[0].symmetric))
     g = torch.Generator().manual_seed(seed)
     z, labels = sample_virtual_features(cs, virtual_counts(cs.count.cpu(), virtual_per_class), g)
     state = net.state_dict()

@@ -59,10 +59,11 @@ from privfedcal.attacks.gradient_inversion import (
 )
 from privfedcal.attacks.report import score
 from privfedcal.attacks.runner import UploadedFeatures, load_run
+from privfedcal.calibration.ccvr import CCVR
 from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
-from privfedcal.privacy.dp import gaussian_mechanism, noisy_stats_to_moments, payload_sensitivities
+from privfedcal.privacy.dp import gaussian_mechanism, noisy_stats_to_moments
 from privfedcal.protection import DP_DEFAULT_CLIP
 from privfedcal.seeding import make_generator
 
@@ -266,7 +267,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
             add("plain", n, cls, kind, {**rec, **extra})
         if "dp" in args.parts:
             payload = stats_of(clipped, x)
-            sens = payload_sensitivities(payload, clip=DP_DEFAULT_CLIP, grad_clip=1.0)
+            sens = CCVR.releases[0].sensitivities(payload, clip=DP_DEFAULT_CLIP, grad_clip=1.0)
             for eps in args.eps:
                 (sigma,) = plan_noise(eps, delta, [ReleasePlan(STATS_LABEL, 1.0, 1)])
                 noisy = gaussian_mechanism(payload, sens, sigma,

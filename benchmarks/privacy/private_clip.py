@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: har
 import harness
 
 import privfedcal
+from privfedcal.calibration.ccvr import CCVR
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
-from privfedcal.privacy.dp import default_delta, gaussian_mechanism, payload_sensitivities
+from privfedcal.privacy.dp import default_delta, gaussian_mechanism
 from privfedcal.privacy.noise import noise_generator
 from privfedcal.privacy.quantile import ClipSearch, feature_norms, private_feature_clip
 from privfedcal.protection import DP_DEFAULT_CLIP
@@ -53,7 +54,7 @@ def ccvr_accuracy(exp, clients, clip: float, sigma: float) -> float:
     total = None
     for x, y in clients:
         stats = privfedcal.ccvr_statistics(exp.model, x, y, exp.data.num_classes, clip=clip)
-        sens = payload_sensitivities(stats.keys(), clip=clip, grad_clip=clip)
+        sens = CCVR.releases[0].sensitivities(stats.keys(), clip=clip, grad_clip=clip)
         noisy = gaussian_mechanism(stats, sens, sigma, noise_generator())
         total = noisy if total is None else {k: total[k] + noisy[k] for k in total}
     model = privfedcal.calibrate_head(copy.deepcopy(exp.model), total)

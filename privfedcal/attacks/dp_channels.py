@@ -47,7 +47,7 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
-from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise_outer
+from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise
 
 #: the client fields (privacy/client_fields.py) each channel's view carries: a calibration
 #: release's payload keys (its declaration), and DP-SGD's model update and loss
@@ -229,7 +229,8 @@ def noiser(noise, label: str, faults: Faults = Faults()):
         elif noise.dp.distributed:
             from privfedcal.privacy.noise import noise_generator
 
-            out = symmetrise_outer(noise.dp.noise(payload, label, noise_generator(), 1.0))
+            out = symmetrise(noise.dp.noise(payload, label, noise_generator(), 1.0),
+                             noise.dp.symmetric(label))
         else:
             out = noise.client(payload, rel)
         if faults.clear_key is not None:

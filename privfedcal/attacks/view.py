@@ -114,15 +114,18 @@ class RunView:
         return d.denormalize(means).clamp(0, 1).cpu()[labels.cpu()]
 
     def noise_stds(self, label: str, keys: Sequence[str]) -> dict[str, float]:
-        """Per-key std of the DP noise on a release (0 without DP), from summary.json."""
-        from privfedcal.privacy.dp import noise_stds, payload_sensitivities
+        """Per-key std of the DP noise on a release (0 without DP): the noise multiplier and
+        clips from summary.json, the sensitivities and budget split from the release's
+        declaration (``ReleaseSpec``), as the run's noise stage drew it."""
+        from privfedcal.privacy.dp import noise_stds
 
         p = self.summary.get("privacy", {})
         z = p.get("noise_multipliers", {}).get(label)
         if z is None:
             return dict.fromkeys(keys, 0.0)
-        sens = payload_sensitivities(keys, clip=p["feature_clip"], grad_clip=p["grad_clip"])
-        return noise_stds(sens, float(z), budget=release_budget(label))
+        spec = release_spec(label)
+        sens = spec.sensitivities(keys, clip=p["feature_clip"], grad_clip=p["grad_clip"])
+        return noise_stds(sens, float(z), budget=spec.budget())
 
     def releases(self, label: str) -> list[Release]:
         groups: dict[int, dict[str, Any]] = {}
@@ -164,17 +167,23 @@ class RunView:
                          f"{', '.join(str(r.round) for r in rels)}")
 
 
+def release_spec(label: str) -> Any:
+    """The declaration (``ReleaseSpec``) of release ``label`` by a registered calibrator;
+    an undeclared label raises (its noise cannot be modelled)."""
+    from privfedcal.attacks.release_attacks import declared_releases
+
+    specs = declared_releases()
+    for spec in specs:
+        if spec.label == label:
+            return spec
+    raise UsageError(f"no registered calibrator declares release {label!r} (declared: "
+                     f"{', '.join(sorted(s.label for s in specs)) or 'none'})")
+
+
 def release_budget(label: str) -> dict[str, float] | None:
     """How the calibrator that declares release ``label`` splits its noise budget between
     its keys (``ReleaseSpec.noise_share``; None: equally), as the run's noise stage did."""
-    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
-    from privfedcal.federation.hooks import CALIBRATORS
-
-    for name in CALIBRATORS.names():
-        for spec in getattr(CALIBRATORS.get(name), "releases", ()):
-            if spec.label == label and spec.noise_share:
-                return dict(spec.noise_share)
-    return None
+    return release_spec(label).budget()
 
 
 def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:

@@ -3,7 +3,9 @@
 Threat model: (epsilon, delta)-DP with respect to adding or removing ONE training example of
 one client (sample level), for what the server sees of the calibration uploads. Every upload
 is a dict of per-client SUMS over local samples plus counts (see ``federation/hooks.py``), so
-its sensitivity follows from clipping each per-sample row to an L2 bound:
+its sensitivity follows from clipping each per-sample row to an L2 bound. Each calibrator
+declares its keys' sensitivities in its release's ``ReleaseSpec`` (privacy/releases.py),
+the one place they are written; for the built-in calibrators they are:
 
 * CCVR statistics, features clipped to ``||z|| <= R``: removing one sample of class c changes
   ``count`` by 1 (one entry), ``sum`` by ``z`` (norm <= R) and ``outer`` by ``z z^T``, whose
@@ -32,7 +34,7 @@ reveals: model updates leak too unless local training is DP-SGD (``dpsgd.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -52,19 +54,6 @@ def default_delta(num_examples: int) -> float:
     if num_examples < 1:
         raise UsageError(f"cannot choose delta for {num_examples} training examples")
     return min(1e-5, 1.0 / (10 * num_examples))
-
-
-def payload_sensitivities(keys: Iterable[str], *, clip: float, grad_clip: float) -> dict[str, float]:
-    """Per-key sensitivity for CCVR (``count, sum, outer``) and CReFF (``grad, count,
-    holders``) payloads; any other key is refused rather than guessed."""
-    table = {"count": 1.0, "holders": 1.0, "sum": clip, "outer": clip * clip, "grad": grad_clip}
-    out = {}
-    for k in keys:
-        if k not in table:
-            raise UsageError(f"no known sensitivity for payload key {k!r} (known: "
-                             f"{', '.join(sorted(table))}); pass sensitivities explicitly")
-        out[k] = table[k]
-    return out
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from torch import Tensor
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.client_ledger import ClientLedger
-from privfedcal.privacy.dp import gaussian_mechanism, noise_stds, payload_sensitivities
+from privfedcal.privacy.dp import gaussian_mechanism, noise_stds
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 
 #: what every epsilon the run reports assumes (summary.json, docs/privacy.md)
@@ -138,18 +138,26 @@ class DPStage:
         return min(1.0, missing * self.share(label)) if missing else 0.0
 
     def sensitivities(self, keys, label: str | None = None) -> dict[str, float]:
-        """From the release's declaration (its calibrator's file); the standard table for
-        releases without one."""
+        """From the release's declaration (its calibrator's ``ReleaseSpec``, the only place
+        a payload's sensitivities are written); an undeclared release is refused rather than
+        noised with a guessed sensitivity."""
         spec = self.specs.get(label) if label is not None else None
-        if spec is not None:
-            return spec.sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
-        return payload_sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
+        if spec is None:
+            raise UsageError(f"release {label!r} has no declaration (ReleaseSpec) giving its "
+                             "payload's sensitivities; refusing to release it")
+        return spec.sensitivities(keys, clip=self.clip, grad_clip=self.grad_clip)
 
     def budget(self, label: str) -> dict[str, float] | None:
         """How the release's declaration splits its noise budget between its keys (None:
         equally; ``ReleaseSpec.noise_share``)."""
         spec = self.specs.get(label)
-        return dict(spec.noise_share) if spec is not None and spec.noise_share else None
+        return spec.budget() if spec is not None else None
+
+    def symmetric(self, label: str) -> frozenset[str]:
+        """The release's keys that hold symmetric matrices (``ReleaseSpec.symmetric``):
+        their noise is symmetrised (none for a release without a declaration)."""
+        spec = self.specs.get(label)
+        return spec.symmetric if spec is not None else frozenset()
 
     def noise(self, payload: dict[str, Tensor], label: str, generator, share: float) -> dict:
         return gaussian_mechanism(payload, self.sensitivities(payload, label), self._noise_multiplier(label),

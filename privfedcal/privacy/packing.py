@@ -2,10 +2,10 @@
 
 Secure aggregation (``secagg.py``) encrypts vectors, not dicts, so every client and the key
 holder must agree on one deterministic layout: keys in sorted order, each flattened in
-row-major order. Keys declared *symmetric* (CCVR's per-class second moments
-``outer`` = sum_i z_i z_i^T, shape (C, d, d)) contribute only the upper triangle of their last
+row-major order. Keys declared *symmetric* (a release's ``ReleaseSpec.symmetric``, e.g. CCVR's
+per-class second moments sum_i z_i z_i^T, shape (C, d, d)) contribute only the upper triangle of their last
 two dimensions, diagonal included: d(d+1)/2 instead of d^2 numbers, which halves the
-ciphertext bytes of CCVR statistics. ``unpack`` mirrors them back.
+ciphertext bytes of such statistics. ``unpack`` mirrors them back.
 
 ``pack`` is the client-side gate of the uplink: a payload with missing/extra keys, a wrong
 shape, NaN/Inf or an asymmetric "symmetric" entry raises ``UploadRejected`` with a reason.
@@ -80,7 +80,7 @@ class PayloadLayout:
 
     @classmethod
     def from_payload(
-        cls, example: Mapping[str, Tensor], symmetric: Iterable[str] = frozenset({"outer"})
+        cls, example: Mapping[str, Tensor], symmetric: Iterable[str] = frozenset()
     ) -> PayloadLayout:
         """Layout of ``example``; keys in ``symmetric`` that are present pack their upper
         triangle (keys absent from ``example`` are ignored)."""

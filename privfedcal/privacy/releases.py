@@ -6,10 +6,13 @@ payload keys it may carry, each key's L2 sensitivity to one example and the boun
 key's aggregate entries (for CKKS parameters), who is asked for it and how often, the
 payload task a client runs for it, and the name of the attack that targets it (the
 planner ``attacks/`` registers under that name: ``attack invert --<name>``, the privacy
-audit's channel), and what each payload key holds (its row in docs/threat-model.md's table
-of client fields, ``privacy/client_fields.py``). The privacy code (``privfedcal/protection.py``, ``secagg_stage.py``), the
-Flower task registry and the attacks read only these declarations, so a new calibrator
-declares its releases in its own file and touches nothing else.
+audit's channel), what each payload key holds (its row in docs/threat-model.md's table
+of client fields, ``privacy/client_fields.py``), how the noise budget is split between the
+keys, and which keys are symmetric matrices (packed as their upper triangle under CKKS,
+their noise symmetrised). The DP noise (``dp_stage.py``), the CKKS bounds and layout
+(``secagg_stage.py``), the symmetrisation (``stages.py``), the Flower task registry and the
+attacker's noise model (``attacks/view.py``) read only these declarations, so a new
+calibrator declares its releases in its own file and touches nothing else.
 
 Sensitivities and bounds are products of symbols, written as strings so the declarations
 stay plain data: ``1``, ``R`` (feature clip ``--dp-clip``), ``G`` (gradient clip
@@ -55,6 +58,10 @@ class ReleaseSpec:
     #: payload key -> its share of the release's noise budget (``dp.noise_stds``), normalised
     #: over the keys a payload carries; empty: equal shares. Every declared key needs one.
     noise_share: Mapping[str, float] = field(default_factory=dict)
+    #: payload keys whose last two dimensions hold symmetric matrices (CCVR's ``outer``):
+    #: under CKKS only their upper triangle travels (privacy/packing.py), and their DP noise
+    #: is symmetrised after it is drawn (privacy/stages.py ``symmetrise``)
+    symmetric: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if set(self.sensitivity) != set(self.magnitude):
@@ -73,6 +80,10 @@ class ReleaseSpec:
                 math.isfinite(w) and w > 0 for w in self.noise_share.values())):
             raise ValueError(f"release {self.label!r}: noise_share needs a positive share for "
                              f"each payload key, got {dict(self.noise_share)}")
+        object.__setattr__(self, "symmetric", frozenset(self.symmetric))
+        if not self.symmetric <= set(self.sensitivity):
+            raise ValueError(f"release {self.label!r}: symmetric names undeclared payload "
+                             f"key(s) {sorted(self.symmetric - set(self.sensitivity))}")
         for expr in (*self.sensitivity.values(), *self.magnitude.values()):
             evaluate(expr, {"R": 1.0, "G": 1.0, "N": 1.0, "K": 1.0})  # parses
 
@@ -90,6 +101,11 @@ class ReleaseSpec:
                                  "release it")
             out[k] = evaluate(self.sensitivity[k], env)
         return out
+
+    def budget(self) -> dict[str, float] | None:
+        """The split of the noise budget between the keys (``dp.noise_stds``'s ``budget``;
+        None: equal shares)."""
+        return dict(self.noise_share) if self.noise_share else None
 
     def bounds(self, *, clip: float, grad_clip: float, examples: float,
                clients: float) -> dict[str, float]:

@@ -94,21 +94,25 @@ class SecAggStage:
     #: the run's fixed cohorts (privfedcal/cohorts.py): a sum holds whole cohorts only, an
     #: upload missing or rejected takes its cohort out; None: no cohort rule
     cohorts: tuple[tuple[int, ...], ...] | None = None
+    #: label -> the release's keys that hold symmetric matrices (``ReleaseSpec.symmetric``):
+    #: only their upper triangle is encrypted; a label without an entry packs every entry
+    symmetric: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
                 releases: tuple[ReleaseSpec, ...]) -> SecAggStage:
-        """Bounds from the calibrator's release declarations (privacy/releases.py)."""
+        """Bounds and symmetric keys from the calibrator's release declarations only
+        (privacy/releases.py); a key two releases share gets the larger bound."""
         n = float(exp.num_examples)  # public: federation/setup.py held_examples
         k = float(cfg.clients)
-        bounds = {"count": n, "holders": k, "sum": clip * n, "outer": clip * clip * n,
-                  "grad": grad_clip * n}
+        bounds: dict[str, float] = {}
         for r in releases:
             for key, b in r.bounds(clip=clip, grad_clip=grad_clip, examples=n,
                                    clients=k).items():
                 bounds[key] = max(bounds.get(key, 0.0), b)
         return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts,
-                   min_clients=secure_minimum(cfg), cohorts=cohort_plan(cfg).cohorts)
+                   min_clients=secure_minimum(cfg), cohorts=cohort_plan(cfg).cohorts,
+                   symmetric={r.label: r.symmetric for r in releases})
 
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)
@@ -227,7 +231,7 @@ class EncryptStage(Wire):
             rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
                          f"aggregation needs >= {st.min_clients}")
         layout = PayloadLayout.from_payload(rel.example,
-                                            symmetric=frozenset({"outer"} & set(rel.example)))
+                                            symmetric=st.symmetric.get(rel.label, frozenset()))
         params = CKKSParams.for_magnitude(st.max_abs(rel.label, rel.example), PRECISION,
                                           max_clients=st.clients)
         st.params_used[rel.label] = params.to_dict()

@@ -180,14 +180,15 @@ def payload_bytes(payload: Payload) -> int:
     return int(sum(v.numel() * v.element_size() for v in payload.values()))
 
 
-def symmetrise_outer(payload: Payload) -> Payload:
-    """Keep the upper triangle of ``outer`` (noise included) and mirror it: post-processing
-    of the noisy release, so the guarantee is unchanged and the matrix stays symmetric."""
-    if "outer" not in payload:
-        return payload
-    o = payload["outer"]
-    upper = torch.triu(o)
-    return {**payload, "outer": upper + torch.triu(o, 1).transpose(-1, -2)}
+def symmetrise(payload: Payload, keys: Iterable[str]) -> Payload:
+    """Keep the upper triangle of each of ``keys`` present in ``payload`` (noise included)
+    and mirror it: post-processing of the noisy release, so the guarantee is unchanged and
+    the matrices stay symmetric. ``keys``: the release's ``ReleaseSpec.symmetric``."""
+    out = dict(payload)
+    for k in set(keys) & set(payload):
+        o = payload[k]
+        out[k] = torch.triu(o) + torch.triu(o, 1).transpose(-1, -2)
+    return out
 
 
 def validate_upload(payload: Payload, reference: Payload | None) -> None:
@@ -256,7 +257,8 @@ class NoiseStage(Stage):
 
     def client(self, payload: Payload, rel: Release) -> Payload:
         g = noise_generator(self.seed, rel.round_, rel.client, 101, seeded=self.seeded)
-        return symmetrise_outer(self.dp.noise(payload, rel.label, g, self.dp.share(rel.label)))
+        noisy = self.dp.noise(payload, rel.label, g, self.dp.share(rel.label))
+        return symmetrise(noisy, self.dp.symmetric(rel.label))
 
     def server(self, total: Payload, rel: Release) -> Payload:
         share = self.dp.topup_share(rel.label, rel.arrived)
@@ -264,7 +266,8 @@ class NoiseStage(Stage):
             return total
         g = noise_generator(self.seed, rel.round_, 10_000 + rel.arrived, 102,
                             seeded=self.seeded)
-        return symmetrise_outer(self.dp.noise(total, rel.label, g, share=share))
+        return symmetrise(self.dp.noise(total, rel.label, g, share=share),
+                          self.dp.symmetric(rel.label))
 
     def close(self, rel: Release) -> None:
         self.dp.record(rel.label, rel.asked)

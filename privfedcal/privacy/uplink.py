@@ -44,7 +44,7 @@ from privfedcal.privacy.stages import (
     Stage,
     Wire,
     payload_bytes,
-    symmetrise_outer,
+    symmetrise,
     validate_upload,
 )
 from privfedcal.privacy.transcript import Transcript
@@ -321,5 +321,5 @@ class Uplink:
         return out
 
 
-__all__ = ["MIN_SECAGG_CLIENTS", "UPDATE_WEIGHT", "Uplink", "payload_bytes", "symmetrise_outer",
+__all__ = ["MIN_SECAGG_CLIENTS", "UPDATE_WEIGHT", "Uplink", "payload_bytes", "symmetrise",
            "validate_upload"]

@@ -19,7 +19,6 @@ from privfedcal.privacy.dp import (
     gaussian_mechanism,
     noise_stds,
     noisy_stats_to_moments,
-    payload_sensitivities,
     project_psd,
 )
 
@@ -44,12 +43,6 @@ def test_bound_and_sensitivities():
     assert torch.allclose(bound.clip(rows, GRADIENTS).norm(dim=1), torch.full((3,), 0.5))
     with pytest.raises(ValueError, match="known kinds"):
         bound.clip(rows, "gradients")
-    assert payload_sensitivities(["count", "sum", "outer"], clip=2.0, grad_clip=0.5) == {
-        "count": 1.0, "sum": 2.0, "outer": 4.0}
-    assert payload_sensitivities(["grad", "holders"], clip=2.0, grad_clip=0.5) == {
-        "grad": 0.5, "holders": 1.0}
-    with pytest.raises(UsageError, match="no known sensitivity"):
-        payload_sensitivities(["mean"], clip=2.0, grad_clip=0.5)
 
 
 # --- L2Clip -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from privfedcal.calibration.ccvr import CCVR
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.privacy.packing import (
     MAX_HEADER_BYTES,
@@ -21,6 +22,9 @@ from privfedcal.privacy.packing import (
     EncryptedUpload,
     PayloadLayout,
 )
+
+#: the keys CCVR declares symmetric (its ReleaseSpec): only their upper triangle is packed
+CCVR_SYMMETRIC = CCVR.releases[0].symmetric
 
 
 def ccvr_payload(c: int = 3, d: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -44,13 +48,13 @@ def test_layout_order_sizes_and_golden_vector():
 
 
 def test_ccvr_sizes_upper_triangle():
-    lay = PayloadLayout.from_payload(ccvr_payload(c=10, d=256))
+    lay = PayloadLayout.from_payload(ccvr_payload(c=10, d=256), symmetric=CCVR_SYMMETRIC)
     assert lay.size == 10 + 10 * 256 + 10 * 256 * 257 // 2
 
 
 def test_unpack_mirrors_symmetric_and_returns_float64():
     p = ccvr_payload()
-    lay = PayloadLayout.from_payload(p)
+    lay = PayloadLayout.from_payload(p, symmetric=CCVR_SYMMETRIC)
     out = lay.unpack(lay.pack(p))
     for k in p:
         assert out[k].dtype == torch.float64
@@ -102,7 +106,7 @@ def test_round_trip_and_json(case):
 
 def test_rejections_have_reasons():
     p = ccvr_payload()
-    lay = PayloadLayout.from_payload(p)
+    lay = PayloadLayout.from_payload(p, symmetric=CCVR_SYMMETRIC)
     with pytest.raises(UploadRejected, match="missing"):
         lay.pack({k: v for k, v in p.items() if k != "sum"})
     with pytest.raises(UploadRejected, match="extra"):
@@ -124,7 +128,7 @@ def test_rejections_have_reasons():
 
 def test_layout_validation():
     with pytest.raises(UsageError, match="square"):
-        PayloadLayout.from_payload({"outer": torch.ones(2, 3)})
+        PayloadLayout.from_payload({"outer": torch.ones(2, 3)}, symmetric={"outer"})
     with pytest.raises(UsageError, match="malformed"):
         PayloadLayout.from_json("{not json")
     with pytest.raises(UsageError, match="format"):

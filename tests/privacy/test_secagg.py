@@ -33,7 +33,7 @@ def client_payload(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-LAYOUT = PayloadLayout.from_payload(client_payload(0))
+LAYOUT = PayloadLayout.from_payload(client_payload(0), symmetric={"outer"})  # as CCVR declares
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import pytest
 import tenseal as ts
 import torch
 
+from privfedcal.calibration.ccvr import CCVR
 from privfedcal.errors import PrivacyBudgetError, ReleaseSkipped
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
@@ -46,7 +47,8 @@ def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, pla
                    sigmas={label: sigma}, rates={label: 1.0}, clip=10.0, grad_clip=1.0,
                    distributed=distributed, covers_updates=False,
                    planned=[{"name": label, "sample_rate": 1.0, "steps": releases}],
-                   planned_clients={label: planned})
+                   planned_clients={label: planned},
+                   specs={r.label: r for r in CCVR.releases})  # the planner passes them
 
 
 def opened(stage, example):
