@@ -8,7 +8,7 @@ when it ends, so nothing outlives it. Each condition runs every setting interlea
 default), and prints min / median wall seconds per setting and the ratios the scale issue
 asks about: default / ``--threads 1`` under load (target <= 1.5) and busy / quiet.
 
-    python benchmarks/busy_machine.py [--rounds 20] [--repeats 3] [--busy N]
+    python benchmarks/engine/busy_machine.py [--rounds 20] [--repeats 3] [--busy N]
         [--model mlp] [--dataset digits]
 
 The GPU path does not use these threads (``--device cuda`` keeps one host thread per worker).
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPIN = "import time\nend = time.time() + {limit}\nwhile time.time() < end:\n    pass\n"
 
 

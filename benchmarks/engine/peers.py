@@ -26,7 +26,7 @@ shape (digits: the MLP 64-256-128-10; ``--cnn-images N``: the CCVR/MOON CNN on N
 CIFAR-shaped images) with the same local schedule (2 local epochs, batch 32, lr 0.05,
 momentum 0.9, weight decay 1e-5), one torch thread per process.
 
-    python benchmarks/peers.py [--rounds 20] [--repeats 3] [--cnn-images 0]
+    python benchmarks/engine/peers.py [--rounds 20] [--repeats 3] [--cnn-images 0]
         [--ways privfedcal,bare,flower,pfl] [--pfl-python PATH] [--dp]
 
 Prints, per way, wall seconds of the whole process tree (start-up included; min / median
@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCAL = dict(local_epochs=2, batch_size=32, lr=0.05, momentum=0.9, weight_decay=1e-5)
 
 
@@ -421,7 +421,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         if args.cnn_images > 0:
-            sys.path.insert(0, str(Path(__file__).parent))
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like
             from cifar_like import make_npz
 
             args.dataset = f"npz:{make_npz(tmp_path / 'cifar-shaped.npz', args.cnn_images)}"
