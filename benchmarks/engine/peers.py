@@ -232,8 +232,8 @@ def role_pfl(args) -> None:
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByDatapoints, WeightByUser
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
-    from pfl.callback.central_evaluation import CentralEvaluationCallback
     from pfl.callback.base import TrainingProcessCallback
+    from pfl.callback.central_evaluation import CentralEvaluationCallback
     from pfl.data.dataset import Dataset
     from pfl.data.federated_dataset import FederatedDataset
     from pfl.data.sampling import get_user_sampler
