@@ -1,4 +1,4 @@
-"""The full-budget CIFAR-10 rows of issue 25 (point 4), for a GPU: CIFAR-10-LT IF 100 in
+"""The full-budget CIFAR-10 rows, for a GPU: CIFAR-10-LT IF 100 in
 CReFF's setting (FedAvg and CCVR from one run, CReFF from another; the authors' ResNet-8 and
 recipe) and CCVR's Table 2 at alpha 0.1 and 0.05 (the CCVR/MOON CNN), each from its file in
 configs/ with the paper's numbers printed beside ours.

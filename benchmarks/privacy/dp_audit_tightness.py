@@ -1,4 +1,4 @@
-"""How tight is ``privfedcal audit dp`` where the theory allows it (issue 22, item 4)?
+"""How tight is ``privfedcal audit dp`` where the theory allows it?
 
 One Gaussian release: CCVR's class statistics of one client, one round, the whole budget
 epsilon on it, the worst-case canary (a feature outside the clip ball, clipped onto it),

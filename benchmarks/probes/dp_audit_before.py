@@ -1,4 +1,4 @@
-"""``privfedcal audit dp`` on an older checkout's release code and on this one (issue 22).
+"""``privfedcal audit dp`` on an older checkout's release code and on this one.
 
 The audit's own modules (``attacks/dp_audit.py``, ``attacks/dp_channels.py``,
 ``privacy/empirical.py``) are laid over a copy of the older checkout's package, so the games,
