@@ -16,7 +16,6 @@ The GPU path does not use these threads (``--device cuda`` keeps one host thread
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -26,6 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness  # noqa: E402
+
 SPIN = "import time\nend = time.time() + {limit}\nwhile time.time() < end:\n    pass\n"
 
 
@@ -59,16 +61,15 @@ def run_once(threads: int | None, args, out: Path) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=3)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--busy", type=int, default=os.cpu_count() or 2,
                     help="competing CPU-bound processes in the busy condition")
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--dataset", default="digits")
     ap.add_argument("--limit", type=float, default=1800.0,
                     help="seconds after which a busy process stops by itself")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     cores = os.cpu_count() or 2
     settings: dict[str, int | None] = {"default": None, "--threads 1": 1,
                                        f"--threads {cores}": cores}
@@ -99,6 +100,7 @@ def main() -> None:
           " (target <= 1.5)")
     print(f"quiet: default / --threads 1 = {med[('quiet', 'default')] / med[('quiet', '--threads 1')]:.2f}")
     print(f"default: busy / quiet = {med[('busy', 'default')] / med[('quiet', 'default')]:.2f}")
+    harness.finish(args, {f"{c} {n}": harness.stats(t) for (c, n), t in times.items()})
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+import harness  # noqa: E402
+
 LOCAL = dict(local_epochs=2, batch_size=32, lr=0.05, momentum=0.9, weight_decay=1e-5)
 
 
@@ -388,9 +391,8 @@ def noise_multiplier(args) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, repeats=3)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--alpha", type=float, default=0.1)
     ap.add_argument("--cnn-images", type=int, default=0)
@@ -407,7 +409,7 @@ def main() -> None:
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dataset", default="digits", help=argparse.SUPPRESS)
     ap.add_argument("--cnn", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     roles = {"bare": role_bare, "flower": role_flower, "pfl": role_pfl}
     if args.role:
         return roles[args.role](args)
@@ -421,7 +423,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         if args.cnn_images > 0:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like
             from cifar_like import make_npz
 
             args.dataset = f"npz:{make_npz(tmp_path / 'cifar-shaped.npz', args.cnn_images)}"
@@ -459,6 +460,9 @@ def main() -> None:
             if w != "privfedcal":
                 print(f"  {w} / privfedcal: whole process {med(w, 'wall') / med('privfedcal', 'wall'):.2f}"
                       f"   per round {med(w, 'round') / med('privfedcal', 'round'):.2f}")
+    harness.finish(args, {w: {"runs": runs[w], "wall": harness.stats([x["wall"] for x in runs[w]]),
+                              "round_median": med(w, "round"), "accuracy": med(w, "accuracy")}
+                          for w in ways})
     return None
 
 
