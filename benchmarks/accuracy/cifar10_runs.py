@@ -1,8 +1,8 @@
-"""The CIFAR-10 experiments of docs/results.md, run one after another on this machine's CPU.
+"""The CIFAR-10 experiments of docs/results/fidelity.md, run one after another on this CPU.
 
 Each experiment is one ``privfedcal train`` command (printed and logged); a finished run
 (its folder holds summary.json) is skipped, so the script can be re-started after an
-interruption. ``--table`` prints the results as the markdown rows of docs/results.md.
+interruption. ``--table`` prints the results as the markdown rows of docs/results/fidelity.md.
 
     python benchmarks/accuracy/cifar10_runs.py --data /path/to/cifar10 --out runs-cifar [--only cnn]
     python benchmarks/accuracy/cifar10_runs.py --out runs-cifar --table

@@ -8,7 +8,7 @@ configs/ with the paper's numbers printed beside ours.
 
 A finished run (summary.json present) is skipped, so the script can be re-started; each run
 logs to OUT/NAME.log. On a 2-core CPU one of these runs takes days: the reduced-budget rows of
-docs/results.md come from benchmarks/accuracy/cifar10_runs.py instead.
+docs/results/fidelity.md come from benchmarks/accuracy/cifar10_runs.py instead.
 """
 
 from __future__ import annotations

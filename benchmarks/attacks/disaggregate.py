@@ -1,5 +1,5 @@
-"""Disaggregation across rounds on the two runs of docs/results.md ("Disaggregation across
-rounds"): what a server learns per client by differencing a run's secure sums.
+"""Disaggregation across rounds on the two runs of docs/results/privacy.md ("Disaggregation
+across rounds"): what a server learns per client by differencing a run's secure sums.
 
 Trains, through ``privfedcal train`` (the code of this checkout), unless ``--out`` already
 holds them:

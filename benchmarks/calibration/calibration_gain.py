@@ -24,7 +24,7 @@ For investigations: ``--match-steps/--retrain-steps/--features-per-class`` and
 change the calibrators, ``--eval-every N`` records accuracy curves, and ``--diagnose`` (part b)
 trains heads from CReFF's federated features and from CCVR's virtual features with either
 method's re-training recipe, on the same extractor, to tell the features from the recipe.
-Results and their analysis: docs/results.md ("Classifier calibration").
+Results and their analysis: docs/results/fidelity.md ("Classifier calibration").
 """
 
 from __future__ import annotations

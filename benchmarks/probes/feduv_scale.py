@@ -13,7 +13,7 @@ lambda = D/4). After each epoch it prints the mean feature norm ||z|| and the la
 L_U's sigma (the median of the non-zero squared pairwise distances) is differentiated, as in
 the authors' code, so L_U is scale-invariant; an earlier L_U with sigma detached pushed every
 pairwise distance up against the current sigma, which on a model without normalisation
-layers nothing held back (docs/results.md has both measurements).
+layers nothing held back (docs/results/fidelity.md has both measurements).
 """
 
 from __future__ import annotations

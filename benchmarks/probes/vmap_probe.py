@@ -8,8 +8,8 @@ privfedcal in them:
   update of the stacks per step (what a vectorised trainer does, without its bookkeeping:
   equal clients, no padding, no per-client data order).
 
-The ratios bound what ``--client-batch`` can reach here (docs/results.md, "Vectorised local
-training"). Random data; medians of 7 runs after one warm-up.
+The ratios bound what ``--client-batch`` can reach here (docs/results/engine.md, "Vectorised
+local training"). Random data; medians of 7 runs after one warm-up.
 
     python benchmarks/probes/vmap_probe.py [--threads 1]
 """

@@ -59,7 +59,7 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     """The one-run row of dp_audit.csv for the calibration channel of ``cfg``: canaries on
     the first ``axes`` feature axes (all by default) of every class of every client, and
     ``guesses`` of them guessed (half in, half out; 5% measured best of 5% and 20%,
-    docs/results.md).
+    docs/results/privacy.md).
 
     ``budget_s``: the clients are released one after another and the audit stops after the
     client in which the budget ran out (at least one); the canaries of the clients released

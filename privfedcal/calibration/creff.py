@@ -388,7 +388,7 @@ class CReFF(Calibrator):
     def privacy_options(cls, cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
         """Under DP, sample weighting unless a weighting was given: client weighting
         uploads per-class means, whose signal does not grow with the data and drowns in the
-        noise (docs/results.md)."""
+        noise (docs/results/privacy.md)."""
         options = {**options, "rounds": cfg.rounds}
         given = {k for k, v in cfg.calibration_params.items() if v is not None}
         if cfg.dp_enabled and not given & {"creff_client_draws", "client_draws"}:
@@ -414,13 +414,13 @@ class CReFF(Calibrator):
         if not cls._weighting_given(cfg):
             return ["under DP, CReFF uses sample weighting (class-gradient sums and counts): "
                     "the paper's client weighting uploads per-class means whose signal does "
-                    "not grow with the data and drowns in the noise (docs/results.md)"]
+                    "not grow with the data and drowns in the noise (docs/results/privacy.md)"]
         given = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
             "weighting")
         if str(given) != "sample":
             return ["CReFF's client weighting uploads per-class means, whose signal does not "
                     "grow with the data: under DP, --creff-weighting sample is far more "
-                    "accurate (docs/results.md)"]
+                    "accurate (docs/results/privacy.md)"]
         return []
 
     def __init__(self, params: CReFFParams | None = None, *, num_classes: int,

@@ -67,12 +67,12 @@ def check_vectorisable(model: nn.Module, method: str) -> None:
 def slow_on_device(model: nn.Module, device: torch.device) -> str | None:
     """A note when ``--client-batch`` is measured slower than sequential training: a model
     with convolutions on a CPU (per-client weights make them grouped convolutions;
-    docs/results.md, "Vectorised local training"), else None."""
+    docs/results/engine.md, "Vectorised local training"), else None."""
     if device.type == "cpu" and any(isinstance(m, nn.modules.conv._ConvNd)
                                     for m in model.modules()):
         return ("--client-batch > 1 trains this convolutional model more slowly than "
-                "--client-batch 1 on a CPU (measured 0.4-0.6x; docs/results.md); the numbers "
-                "are the same either way")
+                "--client-batch 1 on a CPU (measured 0.4-0.6x; docs/results/engine.md); "
+                "the numbers are the same either way")
     return None
 
 

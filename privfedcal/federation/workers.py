@@ -308,7 +308,7 @@ def default_threads(workers: int, model: str | None = None) -> int:
     (``config.MODEL_FAMILY``: the digits MLP and CNN), whose tiny matrix products gain
     nothing from a second thread and lose many-fold when other processes compete for the
     cores (the default digits run: 6.8 s with one thread against 7.3-8.2 s with two on a
-    quiet 2-core machine, 5.8 s against 40 s at a load average of 2; docs/results.md);
+    quiet 2-core machine, 5.8 s against 40 s at a load average of 2; docs/results/engine.md);
     the cores shared among the worker processes otherwise."""
     if model is not None and MODEL_FAMILY.get(model) == "small":
         return 1

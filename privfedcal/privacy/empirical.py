@@ -120,7 +120,7 @@ def choose_threshold(neg: np.ndarray, pos: np.ndarray, delta: float = 0.0,
 #: the confidence at which thresholds are compared while choosing one: stricter than the
 #: reported one, so that a tail threshold wins only where its error counts are large enough
 #: to repeat on the counted half (at 0.95 the choice chases lucky tails: measured in
-#: docs/results.md, "DP audit")
+#: docs/results/privacy.md, "DP audit")
 SELECT_CONFIDENCE = 0.999
 
 

@@ -92,8 +92,8 @@ class ClipSearch:
     of the samples; with it DP CCVR at epsilon 8 on the digits MLP scored 5.7 points over
     the fixed clip 10 after 5 rounds and 1.6 under it after 30 (where 10 is the 9th
     percentile). Lower targets did better there (0.1: 7.4 over, 0.7 under), high ones
-    worse, and 0.99 is unreliable on small federations (docs/results.md, "Choosing the
-    feature clip privately")."""
+    worse, and 0.99 is unreliable on small federations (docs/results/privacy.md, "Choosing
+    the feature clip privately")."""
 
     quantile: float = 0.5
     share: float = 0.1
