@@ -328,13 +328,6 @@ def test_bad_combinations_are_refused(args, needle, capsys):
 
 
 @pytest.mark.flower
-def test_flower_refuses_dp_updates(tiny_cfg, tmp_path):
-    from privfedcal.flower.server import FlowerSimulator
-
-    with pytest.raises(UsageError, match="simulator only"):
-        FlowerSimulator(tiny_cfg(dp_updates=True, dp_eps=8.0), tmp_path, link=None)
-
-
 # ---- adaptive clipping (privacy/adaptive_clip.py) --------------------------------------------
 def test_count_and_updates_share_the_rounds_multiplier():
     from privfedcal.privacy.adaptive_clip import count_noise_std, update_multiplier
