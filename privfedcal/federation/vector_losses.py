@@ -130,6 +130,8 @@ class FedUVLoss(VectorLoss):
     def uniformity(z: Tensor, w: Tensor) -> Tensor:
         """L_U: mean of exp(-d^2 / sigma) over the pairs of real rows."""
         z = z if z.dtype == torch.float64 else z.float()
+        if z.shape[0] < 2:  # a batch of one row has no pair (its weight `several` is 0 too)
+            return (z * 0).sum()
         rows, cols = torch.triu_indices(z.shape[0], z.shape[0], offset=1, device=z.device)
         diff = z[rows] - z[cols]
         pair_d2 = (diff * diff).sum(dim=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -160,6 +160,7 @@ def test_simulator_with_client_batch_ends_with_the_same_model(tiny_cfg, tmp_path
 @given(sizes=st.lists(st.integers(1, 23), min_size=1, max_size=5),
        batch=st.integers(1, 9), epochs=st.integers(1, 2),
        momentum=st.sampled_from([0.0, 0.9]), method=st.sampled_from(["fedavg", "fedprox", "feduv"]))
+@example(sizes=[1], batch=1, epochs=1, momentum=0.0, method="feduv")  # one row: no pair for L_U
 def test_unequal_client_sizes(sizes, batch, epochs, momentum, method):
     """Random client sizes, 1-sample clients included, any batch size (a last batch of one
     skipped, clients without any step): the states are the sequential trainer's."""
