@@ -34,6 +34,7 @@ from privfedcal.pysurface import (
     python_surface,
     register_check,
 )
+from privfedcal.report.output import check_writable
 
 if TYPE_CHECKING:
     from privfedcal.attacks.progress import Progress
@@ -190,7 +191,7 @@ class Run:
         if dest.is_dir() and any(dest.iterdir()):
             raise UsageError(f"{dest} is not empty and holds no run: save into a new or "
                              "empty folder")
-        _check_writable(dest)
+        check_writable(dest, flag="path")
         shutil.copytree(self.path, dest, dirs_exist_ok=True)
         from privfedcal.federation.runfolder import server_dir
 
@@ -252,22 +253,6 @@ def _plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_writable(folder: Path) -> None:
-    """``folder`` can be created or written into: a temporary folder is made (and removed)
-    in its nearest existing ancestor, which must be a folder."""
-    import tempfile
-
-    probe = folder
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"cannot write to out {folder}: {probe} is not a folder")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=probe))
-    except OSError as exc:
-        raise UsageError(f"cannot write to out {folder}: {probe}: {exc.strerror or exc}") from None
-
-
 def _make_room(folder: Path, overwrite: bool, hint: str) -> None:
     """Refuse a ``folder`` that holds a run (its ``checkpoint/`` or ``summary.json``)
     unless ``overwrite``; with ``overwrite``, remove it if it is a run folder (a
@@ -320,7 +305,7 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
     if out is not None or cfg.out:
         run_dir = Path(out) if out is not None else Path(str(cfg.out))
         _make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
-        _check_writable(run_dir)  # before the data are loaded and the model built
+        check_writable(run_dir, flag="out")  # before the data are loaded and the model built
         cfg = cfg.replace(out=str(run_dir))
     else:  # in memory: config.json records no out until the run is saved
         scratch = Scratch()

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from privfedcal.errors import UsageError
-from privfedcal.pysurface import options_of, python_surface, register_check
+from privfedcal.pysurface import check_that, options_of, python_surface, register_check
 
 if TYPE_CHECKING:
     from privfedcal.models.base import FeatureClassifier
@@ -30,20 +30,11 @@ __all__ = ["calibrate_head", "ccvr_statistics", "privatize_statistics"]
 STATS_KEYS = ("count", "sum", "outer")
 
 
-def _check(test: Any, what: str) -> Any:
-    """A parameter check for ``python_surface``: ``test(value)`` or a UsageError."""
-    def check(value: Any, name: str, optional: bool) -> Any:
-        if (value is None and optional) or test(value):
-            return value
-        raise UsageError(f"{name} must be {what}, got {type(value).__name__}")
-    return check
-
-
-register_check("nn.Module", _check(lambda v: isinstance(v, nn.Module), "a torch.nn.Module"))
-register_check("Tensor | DataLoader | Dataset", _check(
+register_check("nn.Module", check_that(lambda v: isinstance(v, nn.Module), "a torch.nn.Module"))
+register_check("Tensor | DataLoader | Dataset", check_that(
     lambda v: isinstance(v, Tensor | DataLoader | Dataset),
     "a torch.Tensor, a DataLoader or a Dataset of (x, y)"))
-register_check("tuple[str, str]", _check(
+register_check("tuple[str, str]", check_that(
     lambda v: isinstance(v, tuple | list) and len(v) == 2 and all(isinstance(k, str) for k in v),
     "a pair of batch keys (inputs key, labels key)"))
 

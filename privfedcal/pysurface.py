@@ -171,7 +171,7 @@ def _as_ints(value: Any, name: str, optional: bool) -> list[int] | None:
     return [_coerce(v, int, f"{name}[{i}]", False) for i, v in enumerate(value)]
 
 
-def _is(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bool], Any]:
+def check_that(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bool], Any]:
     def check(value: Any, name: str, optional: bool) -> Any:
         if (value is None and optional) or test(value):
             return value
@@ -188,16 +188,16 @@ _CHECKS: dict[str, Callable[[Any, str, bool], Any]] = {
     "str": lambda v, n, o: _coerce(v, str, n, o),
     "str | Path": _as_path,
     "Iterable[int]": _as_ints,
-    "RunConfig | Mapping[str, Any] | str | Path": _is(
+    "RunConfig | Mapping[str, Any] | str | Path": check_that(
         lambda v: isinstance(v, (RunConfig, Mapping, str, os.PathLike)),
         "a RunConfig, a mapping of settings or a settings file"),
-    "Callable[[dict[str, Any]], None]": _is(callable, "callable"),
-    "Callable[[Progress], None]": _is(callable, "callable"),
-    "Tensor": _is(lambda v: isinstance(v, Tensor), "a torch.Tensor (torch.from_numpy(a))"),
-    "Mapping[str, Tensor]": _is(
+    "Callable[[dict[str, Any]], None]": check_that(callable, "callable"),
+    "Callable[[Progress], None]": check_that(callable, "callable"),
+    "Tensor": check_that(lambda v: isinstance(v, Tensor), "a torch.Tensor (torch.from_numpy(a))"),
+    "Mapping[str, Tensor]": check_that(
         lambda v: isinstance(v, Mapping) and all(isinstance(t, Tensor) for t in v.values()),
         "a mapping of names to torch tensors"),
-    "FeatureClassifier": _is(
+    "FeatureClassifier": check_that(
         lambda v: isinstance(v, torch.nn.Module) and hasattr(v, "features")
         and hasattr(v, "classifier"), "a FeatureClassifier (features(x) and a classifier head)"),
 }
