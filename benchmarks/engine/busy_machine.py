@@ -9,9 +9,10 @@ default), and prints min / median wall seconds per setting and the ratios the sc
 asks about: default / ``--threads 1`` under load (target <= 1.5) and busy / quiet.
 
     python benchmarks/engine/busy_machine.py [--rounds 20] [--repeats 3] [--busy N]
-        [--model mlp] [--dataset digits]
+        [--model mlp] [--dataset digits] [--device cpu]
 
-The GPU path does not use these threads (``--device cuda`` keeps one host thread per worker).
+With ``--device cuda`` the same conditions show what the thread choice does to the GPU path
+(the host threads only feed the GPU there).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def run_once(threads: int | None, args, out: Path) -> float:
     cmd = [sys.executable, "-m", "privfedcal.cli.main", "train", "--rounds", str(args.rounds),
-           "--model", args.model, "--dataset", args.dataset, "--device", "cpu",
+           "--model", args.model, "--dataset", args.dataset, "--device", args.device,
            "--out", str(out)]
     if threads is not None:
         cmd += ["--threads", str(threads)]
@@ -67,6 +68,8 @@ def main() -> None:
                     help="competing CPU-bound processes in the busy condition")
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--dataset", default="digits")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda to show that the thread choice leaves the GPU path alone")
     ap.add_argument("--limit", type=float, default=1800.0,
                     help="seconds after which a busy process stops by itself")
     args = harness.parse(ap)
@@ -88,7 +91,7 @@ def main() -> None:
             finally:
                 stop(procs)
     print(f"privfedcal train --rounds {args.rounds} --model {args.model} --dataset "
-          f"{args.dataset}: whole process, {args.repeats} repeats interleaved, {cores} CPUs; "
+          f"{args.dataset} --device {args.device}: whole process, {args.repeats} repeats interleaved, {cores} CPUs; "
           f"busy = {args.busy} spinning processes")
     for condition in ("quiet", "busy"):
         print(f"{condition} (load average at the end {', '.join(f'{v:.1f}' for v in loads[condition])})")
