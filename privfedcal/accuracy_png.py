@@ -4,7 +4,7 @@
 import, more than the whole training of the default experiment, so this one plot is drawn
 directly: axes, grid, ticks, the accuracy line and, after calibration, the calibrated
 accuracy as a marker, in the first and fourth colours of plotstyle.PALETTE (Okabe-Ito). The
-other plots (reports, ``compare``, ``analyze``) use matplotlib (privfedcal/plots.py).
+other plots (reports, ``compare``, ``analyze``) use matplotlib (privfedcal/run_plots.py).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from privfedcal.pysurface import (
     python_surface,
     register_check,
 )
-from privfedcal.report.output import check_writable
+from privfedcal.report.output_folder import check_writable
 
 if TYPE_CHECKING:
     from privfedcal.attacks.progress import Progress
@@ -169,7 +169,7 @@ class Run:
 
     def report(self) -> Path:
         """Write ``report.html`` (``privfedcal report``) and return its path."""
-        from privfedcal.report.run import build_run_report
+        from privfedcal.report.run_report import build_run_report
 
         return Path(build_run_report(self.path))
 

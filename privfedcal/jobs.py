@@ -29,7 +29,7 @@ from privfedcal.api import Run, _config
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.pysurface import _coerce, python_surface, register_check
-from privfedcal.report.output import all_or_nothing, check_fresh, check_writable
+from privfedcal.report.output_folder import all_or_nothing, check_fresh, check_writable
 from privfedcal.results import DPAuditRow
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class Stage:
 @dataclass(frozen=True)
 class Comparison:
     """``compare``'s result: one row per run (``compare.csv``'s columns,
-    ``report/compare.py`` ``COLUMNS``, with ``budget``, ``flag`` and ``curve``: the
+    ``report/comparison.py`` ``COLUMNS``, with ``budget``, ``flag`` and ``curve``: the
     (round, accuracy) of each evaluated round), the warnings of runs that are not
     comparable, one line per setting that differs between the runs, and the files written
     (None: none)."""
@@ -255,7 +255,7 @@ register_check("bool | Callable[[Stage], None]", lambda v, n, o: v if isinstance
 def _compare(runs: list[Path], out: Path | None = None, overwrite: bool = False) -> Comparison:
     """``privfedcal compare``: the runs' rows, written to ``out`` when given (an earlier
     comparison there is kept unless ``overwrite``; both files or neither)."""
-    from privfedcal.report import compare as comparing
+    from privfedcal.report import comparison as comparing
 
     if not runs:
         raise UsageError("compare needs at least one run folder: privfedcal compare RUN... "
@@ -538,7 +538,7 @@ def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
     from privfedcal.config import load_toml
     from privfedcal.data import partition as partitioning
     from privfedcal.data.datasets import load_dataset
-    from privfedcal.data.plots import plot_partition
+    from privfedcal.data.partition_plots import plot_partition
     from privfedcal.data.sizes import size_distribution
 
     if out is not None:
@@ -619,8 +619,8 @@ def page_path(folder: Path, out: Path | None) -> Path:
 def _write_report(folder: Path, out: Path | None = None) -> Path:
     """``privfedcal report``: the page of a run folder (summary.json) or of an audit folder
     (audit.csv), written where ``page_path`` says; returns its path."""
-    from privfedcal.report.audit import build_audit_report
-    from privfedcal.report.run import build_run_report
+    from privfedcal.report.audit_report import build_audit_report
+    from privfedcal.report.run_report import build_run_report
 
     if not folder.is_dir():
         raise UsageError(f"{folder} is not a folder")

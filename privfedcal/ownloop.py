@@ -3,7 +3,7 @@ Flower strategy): a client's statistics, their DP release, and the server's re-t
 the head. Re-exported by ``privfedcal`` (docs/api.md).
 
 The model is any ``torch.nn.Module`` whose head (output layer) is a ``torch.nn.Linear``,
-named with ``head=`` or found (``models/head.py``: the features are the head's input, taken
+named with ``head=`` or found (``models/head_adapter.py``: the features are the head's input, taken
 with a hook, nothing renamed); privfedcal's own models (``FeatureClassifier``) are used as
 they are. Every argument is checked (shapes, dtypes, finiteness, the number of classes) and
 refused with a one-line ``UsageError`` naming it, before anything is computed or sent.
@@ -23,7 +23,7 @@ from privfedcal.errors import UsageError
 from privfedcal.pysurface import check_that, options_of, python_surface, register_check
 
 if TYPE_CHECKING:
-    from privfedcal.models.base import FeatureClassifier
+    from privfedcal.models.feature_classifier import FeatureClassifier
 
 __all__ = ["calibrate_head", "ccvr_statistics", "privatize_statistics"]
 
@@ -44,8 +44,8 @@ def _feature_model(model: nn.Module, head: str | None,
     """``model`` as a ``FeatureClassifier``: itself if it is one (and no other head is
     named), else a ``HeadAdapter`` on its Linear head; ``num_classes`` must be the head's
     number of outputs."""
-    from privfedcal.models.base import FeatureClassifier
-    from privfedcal.models.head import HeadAdapter
+    from privfedcal.models.feature_classifier import FeatureClassifier
+    from privfedcal.models.head_adapter import HeadAdapter
 
     if num_classes is not None and num_classes < 2:
         raise UsageError(f"num_classes must be >= 2, got {num_classes}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from privfedcal.algorithms.base import ALGORITHMS
+from privfedcal.algorithms.algorithm import ALGORITHMS
 from privfedcal.cohorts import (
     check_schedule,
     cohort_plan,

@@ -9,7 +9,7 @@ likewise). Its name, type, default,
 help text, help group and flag spelling live there, and everything else is derived from
 :func:`all_settings`:
 
-- ``privfedcal train`` / ``privfedcal partition`` options (``cli/train.py`` builds the
+- ``privfedcal train`` / ``privfedcal partition`` options (``cli/train_command.py`` builds the
   command's signature from them);
 - settings files: TOML keys and types (:func:`check_value`, ``config.load_toml``);
 - the Flower run config (:func:`flower_key`, :func:`flower_defaults`; ``flower/records.py``

@@ -35,7 +35,7 @@ from privfedcal.attacks.runner import AttackOptions, execute, load_run
 from privfedcal.attacks.stats_attack import plan_stats
 
 QUICK = dict(dataset="digits", clients=5, alpha=0.3, local_epochs=1, threads=1)
-QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as cli/attack.py's quick run
+QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as cli/attack_command.py's quick run
 
 
 def ensure_run(root: Path, method: str, rounds: int, seed: int) -> Path:

@@ -34,7 +34,7 @@ import harness
 
 from privfedcal.calibration.ccvr import StatsTask, extract_features
 from privfedcal.federation.local import CPU_INFERENCE_BATCH, PlainSGD, evaluate
-from privfedcal.models.registry import create_model
+from privfedcal.models.model_registry import create_model
 from privfedcal.privacy.bound import NoBound
 from privfedcal.tensors import all_finite
 

@@ -97,8 +97,8 @@ def role_phases(rounds: int, out: Path) -> None:
 
     lap("import torch")
     from privfedcal import experiment
-    from privfedcal.cli import run as cli_run
-    from privfedcal.cli import train as cli_train
+    from privfedcal.cli import run_progress as cli_run
+    from privfedcal.cli import train_command as cli_train
     from privfedcal.federation.simulator import Simulator
 
     lap("import privfedcal")

@@ -7,7 +7,7 @@ Importing this package imports every module in it, and each registers its method
 import importlib
 import pkgutil
 
-from privfedcal.algorithms.base import ALGORITHMS, Algorithm, ClientContext, create_algorithm
+from privfedcal.algorithms.algorithm import ALGORITHMS, Algorithm, ClientContext, create_algorithm
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.algorithms.base import Algorithm, ClientContext, State, register
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, register
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 #: the log-prior of a class the client does not hold: exp(-1e4) is 0 in float32, so the
 #: class takes no probability mass, while the arithmetic stays finite (no inf - inf)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from privfedcal.algorithms.base import Algorithm, register
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, register
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 class RowNormalize(nn.Module):

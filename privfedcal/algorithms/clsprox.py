@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import hyper, register
+from privfedcal.algorithms.algorithm import hyper, register
 from privfedcal.algorithms.fedprox import FedProx
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 @dataclasses.dataclass(frozen=True)

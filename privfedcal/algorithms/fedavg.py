@@ -5,7 +5,7 @@ Every hook is the base class default; the class exists so the method is found by
 
 from __future__ import annotations
 
-from privfedcal.algorithms.base import Algorithm, register
+from privfedcal.algorithms.algorithm import Algorithm, register
 
 
 @register

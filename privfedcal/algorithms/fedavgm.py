@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, State, hyper, register
+from privfedcal.algorithms.algorithm import Algorithm, State, hyper, register
 
 #: key prefix of the momentum buffers in the (flat) server state
 MOMENTUM_PREFIX = "momentum."

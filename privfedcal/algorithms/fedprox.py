@@ -9,8 +9,8 @@ from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
 from privfedcal.algorithms._proximal import ProximalAnchor
-from privfedcal.algorithms.base import Algorithm, ClientContext, State, hyper, register
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper, register
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 @dataclasses.dataclass(frozen=True)

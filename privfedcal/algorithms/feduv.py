@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, hyper, register
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, hyper, register
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 _EPS = 1e-12
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from privfedcal.algorithms.base import Algorithm, register
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, register
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 @register

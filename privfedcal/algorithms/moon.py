@@ -30,8 +30,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.base import Algorithm, ClientContext, State, hyper, register
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper, register
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 def moon_contrastive_loss(z: Tensor, z_glob: Tensor, z_prev: Tensor, tau: float) -> Tensor:

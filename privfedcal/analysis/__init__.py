@@ -2,7 +2,7 @@
 fig. 1), linear CKA between client models (CCVR figs. 1-2) and GMM separability as mean
 sliced Wasserstein distance between class Gaussians (CCVR fig. 6).
 
-Pure functions on tensors; the PNG plots live in :mod:`privfedcal.analysis.plots` (imported
+Pure functions on tensors; the PNG plots live in :mod:`privfedcal.analysis.analysis_plots` (imported
 on demand, so that the math does not pull in matplotlib).
 """
 

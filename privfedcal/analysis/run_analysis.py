@@ -273,7 +273,11 @@ def analyze_run(run_dir: Path, options: AnalysisOptions | None = None, *,
     ``on_client(c)`` after each one (progress reporting). Returns the ``analysis.json`` dict
     (its ``plots`` name the PNGs written, none without ``write``).
     """
-    from privfedcal.analysis.plots import plot_cka, plot_classifier_norms, plot_singular_values
+    from privfedcal.analysis.analysis_plots import (
+        plot_cka,
+        plot_classifier_norms,
+        plot_singular_values,
+    )
 
     options = options or AnalysisOptions()
     run = load_run(Path(run_dir), options.device)

@@ -51,7 +51,7 @@ from privfedcal.attacks.feature_targets import features_from_stats as features_f
 from privfedcal.attacks.feature_targets import shape_of as shape_of
 from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,7 +37,7 @@ from privfedcal.attacks.feature_inversion import (
     invert_features,
 )
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 @dataclass(frozen=True, eq=False)

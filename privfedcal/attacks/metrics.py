@@ -24,7 +24,7 @@ from torchmetrics.functional.image import (
 
 from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 def _as_batch(x: Tensor, name: str) -> Tensor:

@@ -33,7 +33,7 @@ from privfedcal.attacks.gradient_inversion import (
 )
 from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 def _target_gradients(

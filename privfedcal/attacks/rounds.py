@@ -15,7 +15,7 @@ from privfedcal.attacks.feature_inversion import InversionConfig, to_pixels
 from privfedcal.attacks.gradient_inversion import GradientInversionResult
 from privfedcal.attacks.modes import eval_mode
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 def invert_class_gradients(

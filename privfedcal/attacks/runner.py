@@ -56,7 +56,7 @@ from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
     load_run,
 )
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
 
 

@@ -19,7 +19,7 @@ from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_
 from privfedcal.attacks.runner import AttackOptions, Plan, inversion_job, size_of
 from privfedcal.attacks.uploads import classes_to_attack, sources
 from privfedcal.attacks.view import RunView, UploadedFeatures
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
 
 NAME = "stats"

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.transcript import TASK_PREFIX
 
 

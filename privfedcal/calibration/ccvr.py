@@ -37,7 +37,7 @@ from privfedcal.descriptions import calibration_option
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.federation.local import CPU_INFERENCE_BATCH
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.releases import ReleaseSpec
 
 VIRTUAL_MODES = ("balanced", "proportional")

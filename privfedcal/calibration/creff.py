@@ -90,7 +90,7 @@ from privfedcal.federation.hooks import (
     ServerContext,
     State,
 )
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.seeding import derive_seed
 from privfedcal.tensors import all_finite

@@ -12,7 +12,15 @@ import sys
 import click
 import typer
 
-from privfedcal.cli import analyze, attack, audit, compare, partition, report, train
+from privfedcal.cli import (
+    analyze_command,
+    attack_command,
+    audit_command,
+    compare_command,
+    partition_command,
+    report_command,
+    train_command,
+)
 from privfedcal.errors import Diverged, Interrupted, PrivacyBudgetError, UsageError
 
 app = typer.Typer(
@@ -26,7 +34,8 @@ app = typer.Typer(
 
 # One module per command; each keeps its heavy imports inside the command so that
 # `privfedcal --help` stays fast.
-for command in (train, partition, analyze, attack, audit, report, compare):
+for command in (train_command, partition_command, analyze_command, attack_command, audit_command,
+                report_command, compare_command):
     command.register(app)
 
 

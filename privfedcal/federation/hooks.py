@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
 from privfedcal.tensors import State

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.algorithms.base import Algorithm, State, client_context
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.algorithms.algorithm import Algorithm, State, client_context
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import derive_seed, make_generator
 
 

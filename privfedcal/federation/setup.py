@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.algorithms import create_algorithm
-from privfedcal.algorithms.base import Algorithm
+from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.config import MODEL_MIN_INPUT, RunConfig, resolve_training_defaults
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import (
@@ -31,7 +31,7 @@ from privfedcal.federation.local import (
     choose_mixed_precision,
     set_deterministic,
 )
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.algorithms.base import Algorithm, State
+from privfedcal.algorithms.algorithm import Algorithm, State
 
 #: (params, x) -> (features z, logits) for one client, trainable entries from ``params``
 Forward = Callable[[State, Tensor], tuple[Tensor, Tensor]]

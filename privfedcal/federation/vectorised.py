@@ -36,12 +36,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from privfedcal.algorithms.base import Algorithm, State
+from privfedcal.algorithms.algorithm import Algorithm, State
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import LocalResult, LocalSpec, autocast_for
 from privfedcal.federation.vector_losses import VECTOR_LOSSES, VectorLoss
 from privfedcal.federation.workers import TrainJob
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
 
 #: module types whose training-mode forward the vectorised trainer cannot reproduce

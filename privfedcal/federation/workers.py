@@ -2,7 +2,7 @@
 
 A trainer is anything with the ``Trainer`` protocol below: the simulator hands it the round's
 ``TrainJob``s and a ``consume`` callback and never asks which trainer it is (the in-process
-and worker-pool trainers here, ``flower/server.py``'s ``FlowerTrainer``).
+and worker-pool trainers here, ``flower/flower_simulator.py``'s ``FlowerTrainer``).
 
 ``--workers N`` starts N spawned processes, each with one model object, its own copy of the
 method, and the training tensors received once through shared memory. Each round the global
@@ -27,10 +27,10 @@ import torch
 import torch.multiprocessing as tmp
 from torch import Tensor
 
-from privfedcal.algorithms.base import Algorithm, State
+from privfedcal.algorithms.algorithm import Algorithm, State
 from privfedcal.config import MODEL_FAMILY
 from privfedcal.federation.local import LocalResult, LocalSpec, set_deterministic, train_client
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 @dataclass

@@ -5,7 +5,7 @@ machines, each with the uplink ``build_uplink`` makes from the same run config, 
 role runs the same stage objects (privacy/stages.py); this module only moves their inputs
 and outputs through messages:
 
-* server (``flower/server.py``): ``Uplink.open`` (the noise stage checks the budget; the
+* server (``flower/flower_simulator.py``): ``Uplink.open`` (the noise stage checks the budget; the
   encrypt stage asks the key holder for a fresh key through ``RemoteKeys``), sends the
   release's ``Sealing`` (public context, layout, pad size) with the task, and hands the
   replies to ``Uplink.server_side``: the wire validates and adds (ciphertexts under the

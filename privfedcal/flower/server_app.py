@@ -25,10 +25,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from privfedcal.errors import UsageError
+from privfedcal.flower.flower_simulator import FlowerSimulator
 from privfedcal.flower.link import GridLink
 from privfedcal.flower.pulls import quick_object_pulls
 from privfedcal.flower.records import parse_run_config
-from privfedcal.flower.server import FlowerSimulator
 
 log = logging.getLogger("privfedcal.flower")
 

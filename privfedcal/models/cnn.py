@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 def _conv_pool_size(image_size: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 class MLP(FeatureClassifier):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torchvision.models import mobilenet_v2
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 class MobileNetV2(FeatureClassifier):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.models.uvcnn import bn_projector
 
 

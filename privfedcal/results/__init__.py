@@ -16,7 +16,7 @@ keys then stay in the dict, untyped.
 
 from typing import Any, cast
 
-from privfedcal.results.attack import (
+from privfedcal.results.attack_records import (
     AttackRecord,
     ClassSetRecord,
     DisaggregationRecord,
@@ -24,9 +24,9 @@ from privfedcal.results.attack import (
     PartialAttack,
     View,
 )
-from privfedcal.results.audit import DPAuditRow
+from privfedcal.results.audit_records import DPAuditRow
 from privfedcal.results.check import docs_of, validate
-from privfedcal.results.run import (
+from privfedcal.results.run_records import (
     AccountedRelease,
     AdaptiveClip,
     Calibration,

@@ -6,10 +6,10 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from privfedcal.results.attack import AttackRecord, PartialAttack
-from privfedcal.results.audit import DPAuditRow
+from privfedcal.results.attack_records import AttackRecord, PartialAttack
+from privfedcal.results.audit_records import DPAuditRow
 from privfedcal.results.check import keys_of, nested, render, required, strip
-from privfedcal.results.run import MetricsRow, Summary
+from privfedcal.results.run_records import MetricsRow, Summary
 
 START, END = "<!-- result-types:start -->", "<!-- result-types:end -->"
 

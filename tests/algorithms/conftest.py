@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from privfedcal.models import create_model
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 torch.set_num_threads(1)
 

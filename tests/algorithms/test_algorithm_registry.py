@@ -9,7 +9,7 @@ import torch
 
 import privfedcal.algorithms
 from privfedcal.algorithms import ALGORITHMS, Algorithm, create_algorithm
-from privfedcal.algorithms.base import client_context
+from privfedcal.algorithms.algorithm import client_context
 from privfedcal.errors import UsageError
 
 #: the methods of the papers and their baselines; a new method adds itself (one file)
@@ -18,9 +18,10 @@ PAPERS = {"fedavg", "fedprox", "fedavgm", "moon", "feduv", "freeze", "clsnorm", 
 
 def test_every_method_module_registers_its_method() -> None:
     """A method is one file in algorithms/: importing the package registers each module's
-    method, and every module but ``base`` and the private helpers (``_name``) registers one."""
+    method, and every module but ``algorithm`` (the base class) and the private helpers
+    (``_name``) registers one."""
     modules = {m.name for m in pkgutil.iter_modules(privfedcal.algorithms.__path__)
-               if m.name != "base" and not m.name.startswith("_")}
+               if m.name != "algorithm" and not m.name.startswith("_")}
     owners = {ALGORITHMS.get(n).__module__.rsplit(".", 1)[1] for n in ALGORITHMS.names()}
     assert owners == modules
     assert PAPERS <= set(ALGORITHMS.names())

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 MEAN, STD = [0.5], [0.25]  # pixels in [0,1] -> [-2, 2]
 

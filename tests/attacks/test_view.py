@@ -12,7 +12,7 @@ from privfedcal.attacks.view import RunView, UploadedFeatures, load_run
 from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.calibration.creff import CREFF_RELEASE as GRAD_LABEL
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 
 def _t(v: float) -> dict[str, torch.Tensor]:

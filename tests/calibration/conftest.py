@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.bound import NoBound
 
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from privfedcal.calibration.creff import CReFFParams, GradTask, content_keys
 from privfedcal.data.dsa import AUTHORS_STRATEGY
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.dp import L2Clip
 

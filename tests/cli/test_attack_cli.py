@@ -216,7 +216,7 @@ def test_interrupted_attack_keeps_finished_targets_and_resumes(runs, tmp_path, c
     import os
     import signal
 
-    from privfedcal.cli import attack as attack_cli
+    from privfedcal.cli import attack_command as attack_cli
 
     out = tmp_path / "out"
     args = ["attack", "invert", "--stats", "--run", str(runs / "ccvr"), *ATTACK,

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from privfedcal.attacks.audit import COLUMNS, AuditConfig, Setting, write_csv
-from privfedcal.cli.audit import parse_eps, parse_secagg
+from privfedcal.cli.audit_command import parse_eps, parse_secagg
 from privfedcal.cli.main import main
 from privfedcal.errors import UsageError
 

@@ -131,12 +131,12 @@ def test_calibrate_n_is_the_calibrators_per_class_count():
     (["--calibrate", "creff:7", "--features-per-class", "20"], "give one of them"),
 ])
 def test_calibrate_n_refusals_before_any_work(args, needle, tmp_path, capsys, monkeypatch):
-    import privfedcal.cli.run
+    import privfedcal.cli.run_progress
 
     def never(*_a, **_k):
         raise AssertionError("the run started")
 
-    monkeypatch.setattr(privfedcal.cli.run, "execute", never)
+    monkeypatch.setattr(privfedcal.cli.run_progress, "execute", never)
     with pytest.raises(SystemExit) as exc:
         main(["train", *FAST, *args, "--out", str(tmp_path / "run")])
     assert exc.value.code == 2

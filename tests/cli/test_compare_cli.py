@@ -44,7 +44,7 @@ def test_compare_default_out_is_kept_too(tmp_path, capsys, monkeypatch):
 
 
 def test_compare_failing_half_way_leaves_the_earlier_files(tmp_path, capsys, monkeypatch):
-    import privfedcal.report.compare
+    import privfedcal.report.comparison
 
     a = fake_run(tmp_path / "a", 0.5)
     out = tmp_path / "out"
@@ -55,7 +55,7 @@ def test_compare_failing_half_way_leaves_the_earlier_files(tmp_path, capsys, mon
     def broken(*_a, **_k):
         raise OSError(28, "No space left on device", str(out / "compare.partial.html"))
 
-    monkeypatch.setattr(privfedcal.report.compare, "write_html", broken)
+    monkeypatch.setattr(privfedcal.report.comparison, "write_html", broken)
     code, err = run_cli(["compare", str(a), "--out", str(out), "--overwrite"], capsys)
     assert code == 1 and "Traceback" not in err.err
     assert (out / "compare.csv").read_text() == csv

@@ -76,13 +76,13 @@ def test_keyboard_interrupt_in_any_command_is_one_line_130(command, tmp_path, ca
                                                           monkeypatch):
     """A KeyboardInterrupt raised inside a command (where Ctrl-C lands) ends as exit 130."""
     import privfedcal.attacks.runner
-    import privfedcal.cli.run
+    import privfedcal.cli.run_progress
     import privfedcal.data.partition
 
     def stop(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(privfedcal.cli.run, "execute", stop)
+    monkeypatch.setattr(privfedcal.cli.run_progress, "execute", stop)
     monkeypatch.setattr(privfedcal.attacks.runner, "load_run", stop)
     monkeypatch.setattr(privfedcal.data.partition, "partition_indices", stop)
     args = [str(tmp_path) if a == "RUN" else a for a in command]

@@ -1,4 +1,4 @@
-"""Output folders (``privfedcal/cli/output.py``): an ``--out`` the system refuses is a
+"""Output folders (``privfedcal/report/output_folder.py``): an ``--out`` the system refuses is a
 usage error (one line, exit 2) before any work, whatever the permission bits say."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_usage_error
 
-from privfedcal.cli.output import check_writable
 from privfedcal.errors import UsageError
+from privfedcal.report.output_folder import check_writable
 
 FAST = ["--clients", "4", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--no-transcript"]

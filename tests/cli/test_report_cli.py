@@ -11,7 +11,7 @@ from pathlib import Path
 from cli_helpers import assert_usage_error
 
 from privfedcal.cli.main import main
-from privfedcal.cli.partition import class_label
+from privfedcal.cli.partition_command import class_label
 from privfedcal.federation.runlog import read_metrics_csv
 
 

@@ -124,12 +124,12 @@ def test_read_only_out_is_one_line(tmp_path, capsys):
 
 
 def test_a_write_error_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
-    import privfedcal.cli.run
+    import privfedcal.cli.run_progress
 
     def disk_full(*_a, **_k):
         raise OSError(28, "No space left on device", str(tmp_path / "run" / "metrics.jsonl"))
 
-    monkeypatch.setattr(privfedcal.cli.run, "execute", disk_full)
+    monkeypatch.setattr(privfedcal.cli.run_progress, "execute", disk_full)
     code, out = run_cli(["train", *FAST, "--out", str(tmp_path / "run")], capsys)
     assert code == 1 and "Traceback" not in out.err
     assert out.err.strip().splitlines() == [

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from privfedcal.cli.main import app, main
-from privfedcal.cli.train import resolve_config
+from privfedcal.cli.train_command import resolve_config
 from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
 from privfedcal.settings import (
@@ -240,7 +240,7 @@ def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
     follow; a name two methods share with different types is refused."""
     import dataclasses
 
-    from privfedcal.algorithms.base import ALGORITHMS, Algorithm, hyper
+    from privfedcal.algorithms.algorithm import ALGORITHMS, Algorithm, hyper
     from privfedcal.settings import method_settings
 
     @dataclasses.dataclass(frozen=True)

@@ -58,7 +58,7 @@ def test_grayscale_convolutional_training_runs_channels_last_and_returns_nchw():
     rounding."""
     import torch
 
-    from privfedcal.algorithms.base import create_algorithm
+    from privfedcal.algorithms.algorithm import create_algorithm
     from privfedcal.federation.local import (
         LocalSpec,
         clone_state,

@@ -19,10 +19,10 @@ from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.experiment import calibrator_class  # noqa: E402
 from privfedcal.flower.plugin import CalibrationClient  # noqa: E402
 from privfedcal.flower.plugin import data as plugin_data  # noqa: E402
-from privfedcal.flower.plugin.head import HeadAdapter  # noqa: E402
-from privfedcal.flower.plugin.settings import gather, resolve  # noqa: E402
+from privfedcal.flower.plugin.plugin_settings import gather, resolve  # noqa: E402
 from privfedcal.flower.records import record_to_state, state_to_record  # noqa: E402
 from privfedcal.flower.tasks import task_to_records  # noqa: E402
+from privfedcal.models.head_adapter import HeadAdapter  # noqa: E402
 from privfedcal.privacy.dp import L2Clip  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
 from privfedcal.protection import build_uplink  # noqa: E402

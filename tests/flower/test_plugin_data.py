@@ -15,7 +15,7 @@ from privfedcal.calibration.ccvr import StatsTask  # noqa: E402
 from privfedcal.calibration.creff import GradTask  # noqa: E402
 from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.plugin import data  # noqa: E402
-from privfedcal.flower.plugin.head import HeadAdapter  # noqa: E402
+from privfedcal.models.head_adapter import HeadAdapter  # noqa: E402
 from privfedcal.privacy.dp import L2Clip  # noqa: E402
 
 

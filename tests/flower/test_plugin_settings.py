@@ -1,4 +1,4 @@
-"""privfedcal.flower.plugin.settings: where each side reads the plugin's settings, in which
+"""privfedcal.flower.plugin.plugin_settings: where each side reads the plugin's settings, in which
 order, and the digest by which the server checks a node's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from privfedcal.errors import UsageError  # noqa: E402
-from privfedcal.flower.plugin.settings import gather, resolve  # noqa: E402
+from privfedcal.flower.plugin.plugin_settings import gather, resolve  # noqa: E402
 
 
 def test_node_config_beats_run_config_beats_keywords():

@@ -102,7 +102,7 @@ def test_example_app_declares_every_setting():
                                                                  "calibration_params"}
     assert fields <= declared
     assert {"mu", "tau", "beta", "server_lr", "lam"} <= set(cfg.method_params)
-    from privfedcal.cli.train import CALIBRATION_FLAGS
+    from privfedcal.cli.train_command import CALIBRATION_FLAGS
 
     assert set(CALIBRATION_FLAGS) <= set(cfg.calibration_params)
     assert raw["tool"]["flwr"]["app"]["components"] == {

@@ -110,7 +110,7 @@ def test_a_node_runs_one_thread_unless_told(flower_cfg):
 def test_user_level_dp_of_the_updates_is_refused_under_flower(tiny_cfg, tmp_path):
     # --dp-updates runs in the simulator only: the server would have to clip, noise and
     # charge each node's update, which privfedcal's Flower server does not do
-    from privfedcal.flower.server import FlowerSimulator
+    from privfedcal.flower.flower_simulator import FlowerSimulator
 
     with pytest.raises(UsageError, match="simulator only"):
         FlowerSimulator(tiny_cfg(dp_updates=True, dp_eps=8.0), tmp_path, link=None)

@@ -3,9 +3,10 @@
 Layer of each top-level module of ``privfedcal`` (a package counts as one module):
 foundations (errors, registry, descriptions, config, seeding, cohorts, palette, plotstyle) < data,
 models < algorithms, privacy < federation < calibration, attacks, analysis, experiment, protection,
-settings (the catalogue reads the calibrators' options), plots, accuracy_png < report < flower, api < cli. A module may import its own layer and the
-layers below; nothing outside ``privfedcal.cli`` imports the CLI but ``privfedcal.__main__``
-(``python -m privfedcal``, the command's other entry). One exception: the package's
+settings (the catalogue reads the calibrators' options), run_plots, accuracy_png < report < flower,
+api < cli. A module may import its own layer and the layers below; nothing outside
+``privfedcal.cli`` imports the CLI but ``privfedcal.__main__`` (``python -m privfedcal``, the
+command's other entry). One exception: the package's
 ``__init__`` re-exports the public API, so it may import ``privfedcal.api`` and
 ``privfedcal.jobs`` (lazily, on first use: ``import privfedcal`` stays cheap). Every import statement counts,
 at module level or inside a function (a lazy import is still a dependency).
@@ -29,7 +30,7 @@ LAYERS: dict[str, int] = {
     "federation": 3,
     "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "protection": 4,
     "settings": 4,
-    "plots": 4, "accuracy_png": 4,
+    "run_plots": 4, "accuracy_png": 4,
     "report": 5,
     "flower": 6, "api": 6, "pysurface": 6, "ownloop": 6, "jobs": 6,
     "api_log": 6,
@@ -110,8 +111,8 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
 @pytest.mark.parametrize(("files", "expected"), [
     ({"privacy/__init__.py": "", "privacy/x.py": "from privfedcal.federation.hooks import A\n"},
      ["privfedcal/privacy/x.py:1: privacy (2) -> privfedcal.federation.hooks (3)"]),
-    ({"attacks/__init__.py": "", "attacks/a.py": "def f():\n    import privfedcal.cli.run\n"},
-     ["privfedcal/attacks/a.py:2: attacks (4) -> privfedcal.cli.run (7)"]),
+    ({"attacks/__init__.py": "", "attacks/a.py": "def f():\n    import privfedcal.cli.run_progress\n"},
+     ["privfedcal/attacks/a.py:2: attacks (4) -> privfedcal.cli.run_progress (7)"]),
     ({"flower/__init__.py": "from privfedcal import cli\n"},
      ["privfedcal/flower/__init__.py:1: flower (6) -> privfedcal.cli (7)"]),
     ({"data/__init__.py": "", "data/d.py": "from ..models import m\n"}, []),

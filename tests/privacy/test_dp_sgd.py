@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.dpsgd import (
     PoissonBatches,
     dpsgd_sample_rate,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from privfedcal.report.audit import build_audit_report, read_audit, worst_column
+from privfedcal.report.audit_report import build_audit_report, read_audit, worst_column
 
 
 def test_audit_page_with_worst_case_columns(audit_dir):
@@ -62,7 +62,7 @@ def test_audit_page_tables_fit_the_page(tmp_path):
     import re
 
     from privfedcal.attacks.audit import COLUMNS
-    from privfedcal.report.audit import TABLE_COLUMNS
+    from privfedcal.report.audit_report import TABLE_COLUMNS
 
     d = tmp_path / "audit"
     d.mkdir()
@@ -75,7 +75,7 @@ def test_audit_page_tables_fit_the_page(tmp_path):
     settings = page.split("<h2>Settings</h2>")[1].split("<h2>")[0]
     heads = [re.findall(r"<th[^>]*>([^<]*)</th>", t) for t in settings.split("<table")[1:]]
     assert len(heads) == 3 and all(len(h) <= TABLE_COLUMNS for h in heads)
-    from privfedcal.report.audit import HEADERS
+    from privfedcal.report.audit_report import HEADERS
 
     shown = {h for hs in heads for h in hs}
     assert {HEADERS.get(c, c.replace("_", " ")) for c in COLUMNS if c != "note"} <= shown

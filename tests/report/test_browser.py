@@ -85,7 +85,7 @@ def expected(summary: dict, key: str) -> float:
 
 
 def test_run_report_in_chromium(run_dir, tmp_path):
-    from privfedcal.report.run import build_run_report
+    from privfedcal.report.run_report import build_run_report
 
     page = build_run_report(run_dir)
     dom = loaded_dom(page, tmp_path)
@@ -105,8 +105,8 @@ def test_run_report_in_chromium(run_dir, tmp_path):
 
 
 def test_compare_and_audit_pages_in_chromium(run_dir, audit_dir, tmp_path):
-    from privfedcal.report.audit import build_audit_report
-    from privfedcal.report.compare import collect, write_html
+    from privfedcal.report.audit_report import build_audit_report
+    from privfedcal.report.comparison import collect, write_html
 
     rows, warnings = collect([run_dir, run_dir])
     page = write_html(rows, warnings, tmp_path / "compare.html")

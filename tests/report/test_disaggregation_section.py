@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from privfedcal.report.run import build_run_report
+from privfedcal.report.run_report import build_run_report
 
 
 def test_the_run_report_shows_the_disaggregation(run_dir: Path, tmp_path: Path):

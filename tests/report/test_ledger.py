@@ -8,7 +8,7 @@ import math
 import pytest
 from opacus.accountants import RDPAccountant
 
-from privfedcal.report.run import ledger, worst_class
+from privfedcal.report.run_report import ledger, worst_class
 
 
 def opacus_epsilon(history, delta):

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from privfedcal.analysis.plots import _cka_floor, plot_cka
-from privfedcal.data.plots import _ticks, plot_partition
-from privfedcal.plots import _round_axis, plot_accuracy, plot_curves, plot_per_class
+from privfedcal.analysis.analysis_plots import _cka_floor, plot_cka
+from privfedcal.data.partition_plots import _ticks, plot_partition
 from privfedcal.plotstyle import PALETTE, new_figure, series_style, styled
+from privfedcal.run_plots import _round_axis, plot_accuracy, plot_curves, plot_per_class
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +73,7 @@ def test_plots_write_pngs(tmp_path):
 @pytest.mark.parametrize(("calibration", "label"), [(None, "global model"),
                                                     ({"name": "creff"}, "creff's re-trained head")])
 def test_accuracy_curve_names_what_the_rounds_evaluated(tmp_path, monkeypatch, calibration, label):
-    import privfedcal.plots as plots
+    import privfedcal.run_plots as plots
 
     rows = [{"round": r, "accuracy": 0.1 * r, **({"calibration": calibration} if calibration
                                                  else {})} for r in (1, 2)]

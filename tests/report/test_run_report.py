@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from privfedcal.errors import UsageError
-from privfedcal.report.run import build_run_report
+from privfedcal.report.run_report import build_run_report
 
 
 def checked_values(page: str) -> dict[str, str]:
@@ -115,7 +115,7 @@ def test_dp_audit_table_and_plot_when_the_folder_holds_one(run_dir: Path, tmp_pa
 def test_configuration_table_shows_the_calibrator_that_ran(run_dir: Path):
     """The fixture trains ``--method ccvr`` (fedavg + ccvr): config.json keeps calibrate
     'none', the table shows ccvr."""
-    from privfedcal.report.run import shown_config
+    from privfedcal.report.run_report import shown_config
 
     assert json.loads((run_dir / "config.json").read_text())["calibrate"] == "none"
     page = build_run_report(run_dir).read_text()

@@ -10,18 +10,18 @@ Server (the user's ``ServerApp`` main, after ``strategy.start``)::
 
 Both read privfedcal's settings from keyword arguments and the run config's
 ``privfedcal.*`` keys (``privfedcal.dp-eps``, ``privfedcal.secagg``,
-``privfedcal.hide-counts``...; ``settings.py``); a node also from its node config, never
+``privfedcal.hide-counts``...; ``plugin_settings.py``); a node also from its node config, never
 from the server's messages. ``HeadAdapter`` shows the user's model to the calibrators
 through its head's input (a forward pre-hook) without renaming anything. With
 ``privfedcal.dp-clip = "auto"`` the nodes choose the feature clip privately within the
 budget (``clip.py``). The server reuses privfedcal's own Flower machinery
-(``FlowerSimulator``, ``GridLink``, the planner; ``server.py`` says which parts). See
+(``FlowerSimulator``, ``GridLink``, the planner; ``server_calibration.py`` says which parts). See
 docs/flower.md.
 """
 
 from privfedcal.flower.plugin.client import CalibrationClient
-from privfedcal.flower.plugin.head import HeadAdapter, find_head
-from privfedcal.flower.plugin.server import calibrate
-from privfedcal.flower.plugin.settings import PluginSettings
+from privfedcal.flower.plugin.plugin_settings import PluginSettings
+from privfedcal.flower.plugin.server_calibration import calibrate
+from privfedcal.models.head_adapter import HeadAdapter, find_head
 
 __all__ = ["CalibrationClient", "HeadAdapter", "PluginSettings", "calibrate", "find_head"]

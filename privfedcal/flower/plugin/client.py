@@ -2,10 +2,10 @@
 
 ``CalibrationClient(model, data, head="fc3").attach(app)`` registers on the user's
 ``ClientApp`` the query handlers that privfedcal's server side sends
-(``flower/server.py``, ``flower/protection.py``):
+(``flower/flower_simulator.py``, ``flower/protection.py``):
 
 * ``query.hello``: the node's partition id and sample count, and the digest of its
-  settings (``settings.py``), which the server checks against its own before any release;
+  settings (``plugin_settings.py``), which the server checks against its own before any release;
 * ``query.payload``: the calibrator's payload task (``flower/tasks.py``: a registered
   description, never a pickle) computed on the node's data under the model state the
   server sent, then the uplink's client halves (``flower/protection.py`` ``client_upload``:
@@ -22,7 +22,7 @@
 These are the handlers of privfedcal's own ClientApp (``flower/client_app.py``) with the
 node's experiment replaced by the user's model (``HeadAdapter``) and data (``data.py``).
 Every setting of the protection comes from the node's keyword arguments, run config and node
-config (``settings.py``), never from a server's message; a task whose class is not the one
+config (``plugin_settings.py``), never from a server's message; a task whose class is not the one
 the node's calibrator declares for the release's label is refused. A handler that fails
 sends its error's code only (``client_app.error_reply``), as privfedcal's ClientApp does.
 
@@ -49,11 +49,11 @@ from privfedcal.flower.client_app import hold as hold_handler
 from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES
-from privfedcal.flower.plugin.head import HeadAdapter
-from privfedcal.flower.plugin.settings import PluginSettings, from_keywords, gather, resolve
+from privfedcal.flower.plugin.plugin_settings import PluginSettings, from_keywords, gather, resolve
 from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
+from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.error_codes import Refused
 from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
 from privfedcal.privacy.stages import NoiseStage

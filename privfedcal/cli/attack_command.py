@@ -26,8 +26,8 @@ import typer
 from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, print_table
-from privfedcal.cli.output import all_or_nothing, check_fresh
 from privfedcal.errors import Interrupted, UsageError
+from privfedcal.report.output_folder import all_or_nothing, check_fresh
 
 Opt = typer.Option
 
@@ -66,7 +66,7 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
 def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
               threads: int | None = None, quiet: bool = False) -> Path:
     """Train a small ``method`` run on digits through the same code as ``privfedcal train``."""
-    from privfedcal.cli.run import run_with_progress
+    from privfedcal.cli.run_progress import run_with_progress
     from privfedcal.config import RunConfig
     from privfedcal.experiment import build_simulator
 

@@ -5,7 +5,7 @@ The summary is assembled from several writers, each typed here with the key it w
 ``Simulator.summary_fields`` (every run), ``Simulator.finish`` (a finished run) or
 ``write_diverged`` (a run stopped by the divergence guard), the calibrator's
 ``after_training`` (``calibration/``), the Flower server's ``extra_summary``
-(``flower/server.py``) and the protection's ``Uplink.summary`` (``privacy/``: each stage's
+(``flower/flower_simulator.py``) and the protection's ``Uplink.summary`` (``privacy/``: each stage's
 ``summary``, ``cohorts.whole_run_record``).
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from privfedcal.report.compare import collect, write_csv, write_html
+from privfedcal.report.comparison import collect, write_csv, write_html
 
 
 def fake_run(path: Path, dataset="digits", eps=None, acc=0.5, method="fedavg",
@@ -95,7 +95,7 @@ def test_compare_prints_the_differing_settings(tmp_path, capsys):
 def test_after_calibration_is_empty_without_a_calibrator(tmp_path):
     """Only a run with a calibrator has an accuracy after calibration; CReFF (calibrates
     every round) has none before."""
-    from privfedcal.report.compare import display_rows
+    from privfedcal.report.comparison import display_rows
 
     runs = [fake_run(tmp_path / "avg", acc=0.37),
             fake_run(tmp_path / "ccvr", method="ccvr", calibrator="ccvr", acc=0.86, before=0.37),
@@ -116,7 +116,7 @@ def test_a_method_alias_is_compared_as_what_it_runs(tmp_path):
     """``--method ccvr`` (config: method ccvr, calibrate none) runs fedavg + ccvr: it differs
     from ``--method fedavg --calibrate ccvr`` in nothing, and from plain fedavg in its
     calibrator, never as 'calibrate none'."""
-    from privfedcal.report.compare import differing_settings
+    from privfedcal.report.comparison import differing_settings
 
     runs = [fake_run(tmp_path / "alias", method="ccvr", calibrator="ccvr", before=0.4),
             fake_run(tmp_path / "spelt", method="fedavg", calibrator="ccvr", before=0.4),

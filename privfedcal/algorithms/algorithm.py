@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.registry import Registry
 from privfedcal.tensors import State
 

@@ -268,8 +268,8 @@ def _dp_audit_section(run_dir: Path) -> str:
 
 def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) and return its path."""
-    from privfedcal.data.plots import plot_partition
-    from privfedcal.plots import plot_accuracy, plot_per_class, plot_train_loss
+    from privfedcal.data.partition_plots import plot_partition
+    from privfedcal.run_plots import plot_accuracy, plot_per_class, plot_train_loss
 
     run_dir = Path(run_dir)
     summary, config = load_run(run_dir)

@@ -1,4 +1,4 @@
-"""privfedcal.flower.plugin.head: a user's model seen as a FeatureClassifier through its
+"""privfedcal.models.head_adapter: a user's model seen as a FeatureClassifier through its
 head's input, with the user's parameter names kept outside."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from plugin_app import Net  # noqa: E402
 from torch import nn  # noqa: E402
 
 from privfedcal.errors import UsageError  # noqa: E402
-from privfedcal.flower.plugin.head import HeadAdapter, find_head  # noqa: E402
+from privfedcal.models.head_adapter import HeadAdapter, find_head  # noqa: E402
 
 
 def _net() -> Net:

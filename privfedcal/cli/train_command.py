@@ -11,10 +11,10 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from privfedcal.cli.output import check_writable
 from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
 from privfedcal.experiment import check_calibration_params, check_method, method_choices
+from privfedcal.report.output_folder import check_writable
 from privfedcal.settings import CALIBRATION_SETTINGS, METHOD_SETTINGS, Setting, cli_settings
 
 Opt = typer.Option
@@ -106,7 +106,7 @@ def train(**flags: Any) -> None:
     config, resume, report, log, quiet = (flags.pop(k, None) for k in
                                           ("config", "resume", "report", "log", "quiet"))
     rounds, threads = flags.get("rounds"), flags.get("threads")
-    from privfedcal.cli.run import execute, resume_run
+    from privfedcal.cli.run_progress import execute, resume_run
     from privfedcal.federation.runlog import parse_log
 
     extras = {"log": parse_log(log), "report_html": bool(report), "quiet": bool(quiet)}

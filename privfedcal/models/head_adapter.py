@@ -1,10 +1,10 @@
 """A user's own ``torch.nn.Module`` seen as privfedcal's ``FeatureClassifier``.
 
 Flower-free (``privfedcal.ownloop`` uses it in a base install); the Flower plugin re-exports
-it (``privfedcal.flower.plugin.head``).
+it (``privfedcal.flower.plugin.HeadAdapter``).
 
 privfedcal's calibrators (CCVR, CReFF) touch a model through ``features(x)`` and a linear
-``classifier`` only (``models/base.py``), and read and write the head in a model state as
+``classifier`` only (``models/feature_classifier.py``), and read and write the head in a model state as
 ``classifier.weight`` / ``classifier.bias`` (``calibration/retrain.py``). ``HeadAdapter``
 gives any module whose head is a ``torch.nn.Linear`` that shape without changing it:
 
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
+from privfedcal.models.feature_classifier import FeatureClassifier
 
 __all__ = ["HEAD_PREFIX", "HeadAdapter", "find_head"]
 

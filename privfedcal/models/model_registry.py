@@ -7,8 +7,8 @@ from collections.abc import Callable
 import torch
 
 from privfedcal.errors import UsageError
-from privfedcal.models.base import FeatureClassifier
 from privfedcal.models.cnn import DigitsCNN, SimpleCNN
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.models.mlp import MLP
 from privfedcal.models.resnet import resnet8, resnet18
 from privfedcal.models.uvcnn import UVCNN

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.report import html as H
-from privfedcal.report.run import load_run, worst_class
+from privfedcal.report.run_report import load_run, worst_class
 
 COLUMNS = ("run", "method", "dataset", "partition", "rounds", "accuracy_before",
            "accuracy_after", "worst_class", "epsilon", "bytes", "wall_seconds", "flags",
@@ -118,7 +118,7 @@ def differing_settings(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _curve(run_dir: Path) -> list[tuple[int, float]]:
-    from privfedcal.plots import read_metrics
+    from privfedcal.run_plots import read_metrics
 
     return [(int(r["round"]), float(r["accuracy"])) for r in read_metrics(run_dir / "metrics.jsonl")]
 
@@ -191,7 +191,7 @@ def _labels(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_html(rows: list[dict[str, Any]], warnings: list[str], path: Path) -> Path:
-    from privfedcal.plots import plot_curves
+    from privfedcal.run_plots import plot_curves
 
     body = [f'<div class="flag">{H.esc(w)}: flagged rows are not comparable with the rest.'
             "</div>" for w in warnings]

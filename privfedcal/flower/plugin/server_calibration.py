@@ -7,7 +7,7 @@ one call after the user's strategy has trained the model.
 
 What is shared with privfedcal's own ServerApp, unchanged:
 
-* ``FlowerSimulator`` (``flower/server.py``): ``collect`` (the release opened by the uplink,
+* ``FlowerSimulator`` (``flower/flower_simulator.py``): ``collect`` (the release opened by the uplink,
   the task sent as a description with the model state, the replies through
   ``Uplink.server_side``: uploads validated, a malformed or NaN one rejected and named in
   ``rejected_uploads``, lost nodes named in ``dropped_clients``, the noise topped up for
@@ -19,7 +19,7 @@ What is shared with privfedcal's own ServerApp, unchanged:
 * the planner (``protection.build_uplink``): the releases the calibrator declares
   (``ReleaseSpec``), the noise plan, accountant and budget ledger (``DPStage``), CKKS
   set-up, hidden counts, cohorts and minimum contributors, all from privfedcal's
-  ``RunConfig`` built from the plugin's settings (``settings.py``), as every node builds it;
+  ``RunConfig`` built from the plugin's settings (``plugin_settings.py``), as every node builds it;
 * the calibrators (``calibration/ccvr.py``, ``calibration/creff.py``) and the run folder
   (``config.json``, ``server/transcript/``, ``summary.json``, ``metrics.jsonl``, ``final/``).
 
@@ -51,12 +51,12 @@ from privfedcal.errors import ReleaseSkipped, UsageError
 from privfedcal.federation.checkpoint import save_checkpoint
 from privfedcal.federation.runfolder import write_summary
 from privfedcal.federation.simulator import RoundContext
+from privfedcal.flower.flower_simulator import FlowerSimulator
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
 from privfedcal.flower.plugin.clip import choose_clip, stage_label
-from privfedcal.flower.plugin.head import HeadAdapter
-from privfedcal.flower.plugin.settings import PluginSettings, gather, resolve
-from privfedcal.flower.server import FlowerSimulator
+from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
+from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.seeding import make_generator
@@ -204,7 +204,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     from privfedcal.experiment import build_calibrator
     from privfedcal.federation.setup import Experiment
     from privfedcal.protection import build_uplink
-    from privfedcal.report.output import check_writable
+    from privfedcal.report.output_folder import check_writable
 
     if not isinstance(grid, Grid):
         raise UsageError(f"grid must be the ServerApp's flwr Grid, got {type(grid).__name__}")

@@ -111,7 +111,7 @@ def interrupted(run_dir: Path) -> Interrupted:
 def finish(summary: dict[str, Any], run_dir: Path, report_html: bool) -> None:
     report(summary, run_dir)
     if report_html:  # --report: the HTML page of privfedcal report
-        from privfedcal.report.run import build_run_report
+        from privfedcal.report.run_report import build_run_report
 
         console.print(f"wrote {build_run_report(run_dir)}")
 

@@ -1,4 +1,4 @@
-"""privfedcal.flower.plugin.server: ``calibrate`` after Flower's own FedAvg on a user's CNN
+"""privfedcal.flower.plugin.server_calibration: ``calibrate`` after Flower's own FedAvg on a user's CNN
 (head ``fc3``) and DataLoaders, over the in-process Grid (messages serialised as through a
 SuperLink): the protections of privfedcal's own apps, its run folder, and the user's model
 calibrated under its own names."""
@@ -23,7 +23,7 @@ from privfedcal.federation.checkpoint import load_checkpoint  # noqa: E402
 from privfedcal.flower.client_app import error_reply  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError  # noqa: E402
 from privfedcal.flower.plugin import calibrate  # noqa: E402
-from privfedcal.flower.plugin.settings import gather, resolve  # noqa: E402
+from privfedcal.flower.plugin.plugin_settings import gather, resolve  # noqa: E402
 from privfedcal.flower.records import record_to_state, state_to_record  # noqa: E402
 from privfedcal.results import summary_from_dict  # noqa: E402
 

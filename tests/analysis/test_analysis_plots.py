@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from privfedcal.analysis import cka_matrix
-from privfedcal.analysis.plots import plot_cka, plot_classifier_norms, plot_singular_values
+from privfedcal.analysis.analysis_plots import plot_cka, plot_classifier_norms, plot_singular_values
 from privfedcal.errors import UsageError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -14,7 +14,7 @@ import typer
 
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, err_console, print_table
-from privfedcal.cli.train import command_options, resolve_config, setting_options
+from privfedcal.cli.train_command import command_options, resolve_config, setting_options
 from privfedcal.errors import UsageError
 from privfedcal.settings import cli_settings
 

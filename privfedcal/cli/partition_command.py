@@ -4,7 +4,7 @@ The partition is the one ``privfedcal train`` uses for the same settings: the de
 ``train``'s (RunConfig's, e.g. ``--imbalance-factor 10``, used by ``--partition longtail``
 only) and ``--config`` takes the same TOML file or a run's ``config.json`` (its training
 settings are ignored here). Samples the long-tail shaping drops belong to no client. An
-earlier partition in ``--out`` is kept unless ``--overwrite`` (``report/output.py``). The job is
+earlier partition in ``--out`` is kept unless ``--overwrite`` (``report/output_folder.py``). The job is
 ``privfedcal.jobs.partition``; this parses and prints.
 """
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from privfedcal.cli.train import command_options, setting_options
+from privfedcal.cli.train_command import command_options, setting_options
 from privfedcal.config import RunConfig
 from privfedcal.jobs import PARTITION_KEYS
 from privfedcal.settings import settings_of

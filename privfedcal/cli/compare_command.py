@@ -3,7 +3,7 @@ written as ``compare.csv`` and ``compare.html`` (accuracy curves overlaid). Runs
 different datasets, privacy budgets or round counts are flagged, not silently compared, and
 every setting that differs between the runs is named. An earlier comparison in ``--out`` is
 kept unless ``--overwrite``; both files are renamed into place together
-(``report/output.py``). The job is ``privfedcal.jobs.compare``; this parses and prints."""
+(``report/output_folder.py``). The job is ``privfedcal.jobs.compare``; this parses and prints."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def compare(
 
     from privfedcal import jobs
     from privfedcal.cli.args import run_folders
-    from privfedcal.report.compare import display_rows
+    from privfedcal.report.comparison import display_rows
 
     result = jobs._compare(run_folders(runs, run), out, overwrite)
     table = Table(title="privfedcal compare", box=box.SIMPLE_HEAD)
