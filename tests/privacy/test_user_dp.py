@@ -96,6 +96,46 @@ def test_delta_is_the_floating_entries_only():
     torch.testing.assert_close(d["w"], (state["w"] - glob["w"]).double())
 
 
+def test_layout_lays_the_floating_entries_end_to_end_and_back():
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+             "steps": torch.tensor(7), "v": torch.tensor([0.5, -1.5], dtype=torch.float64),
+             "s": torch.tensor(2.0)}
+    layout = user_dp.UpdateLayout(state)
+    assert layout.keys == ["w", "v", "s"] and layout.numel == 9  # no integer buffer
+    flat = layout.flatten(state)
+    assert flat.dtype == torch.float64
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 0.5, -1.5, 2.0]
+    back = layout.unflatten(flat, cast=True)
+    assert all(torch.equal(back[k], state[k]) and back[k].dtype == state[k].dtype
+               for k in layout.keys)
+    flat.zero_()  # cast copies are the caller's own
+    assert float(back["w"][1, 2]) == 5.0 and float(layout.unflatten(flat)["w"][1, 2]) == 0.0
+
+
+@pytest.mark.parametrize("clip", [0.5, 1e6])  # binding, and an update already inside
+def test_flat_client_update_is_the_whole_update_clip(clip):
+    """The round's flat path (one float64 vector per update) gives the entry-by-entry
+    formula of ``clip_update(model_delta(...))`` to float64 rounding, and the within bit."""
+    glob, (state,) = model_states(1, scale=0.1)
+    udp = UserDP(stage(), clip, denominator=1, distributed=False)
+    got, within = udp.client_update(glob, state, 1, 0)
+    expect = clip_update(model_delta(state, glob), clip)
+    for k in ("w", "b"):
+        np.testing.assert_allclose(got[k].numpy(), expect[k].numpy(), rtol=1e-13, atol=0)
+    assert within == (update_norm(model_delta(state, glob)) <= clip)
+    assert update_norm(got) <= clip * (1 + 1e-12)
+
+
+def test_noise_of_entries_is_the_flat_draw_split():
+    """``gaussian_noise`` (entries) and ``gaussian_vector`` (flat) draw the same numbers
+    from the same generator, so the flat round and the entry-by-entry reference agree."""
+    like = {"a": torch.zeros(3, 4), "b": torch.zeros(5)}
+    entries = user_dp.gaussian_noise(like, 0.7, torch.Generator().manual_seed(5))
+    flat = user_dp.gaussian_vector(17, 0.7, torch.Generator().manual_seed(5))
+    assert torch.equal(torch.cat([entries["a"].ravel(), entries["b"]]), flat)
+    assert flat.dtype == torch.float64 and float(flat.abs().max()) > 0
+
+
 # ---- sensitivity: one client's whole data present or absent ----------------------------------
 def shift_of_one_client(clip=0.5, m=4):
     """How far the new global state moves, times m, when client 0's update is replaced by
@@ -119,7 +159,7 @@ def test_one_clients_whole_data_moves_the_sum_by_at_most_the_clip():
 
 def test_without_the_clip_the_sensitivity_check_fails(monkeypatch):
     """The check above can fail: a pipeline that forgets to clip moves far beyond S."""
-    monkeypatch.setattr(user_dp, "clip_update", lambda delta, clip: dict(delta))
+    monkeypatch.setattr(user_dp, "clip_factor", lambda norm, clip: 1.0)
     assert shift_of_one_client(clip=0.5, m=4) > 100
 
 
@@ -163,8 +203,8 @@ def test_noise_is_fresh_os_entropy_and_seeded_only_on_request():
 
 
 def test_without_noise_the_noise_check_fails(monkeypatch):
-    monkeypatch.setattr(user_dp, "gaussian_noise",
-                        lambda like, std, g: {k: torch.zeros_like(v) for k, v in like.items()})
+    monkeypatch.setattr(user_dp, "gaussian_vector",
+                        lambda n, std, g: torch.zeros(n, dtype=torch.float64))
     assert noise_std_of_sum()[0] < 1e-5
 
 
