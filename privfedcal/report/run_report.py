@@ -167,7 +167,7 @@ def _groups(recon: list[dict[str, Any]]) -> list[tuple[tuple[str, str], list[dic
 
 
 def _attack_sections(run_dir: Path) -> str:
-    from privfedcal.attacks.report import VIEW_NAMES
+    from privfedcal.attacks.reconstruction.scoring import VIEW_NAMES
 
     parts = []
     for folder in sorted(p for p in run_dir.glob("attack-*") if p.is_dir()):
@@ -225,7 +225,7 @@ def _disaggregation(records: list[dict[str, Any]]) -> str:
     (docs/privacy-audit.md, "Disaggregation across rounds")."""
     if not records:
         return ""
-    from privfedcal.attacks.disaggregate_report import COLUMNS, rows, verdicts
+    from privfedcal.attacks.reconstruction.disaggregate_report import COLUMNS, rows, verdicts
 
     return (H.table(list(COLUMNS), rows(records),
                     numeric=[c not in ("release", "key", "total", "worst-off") for c in COLUMNS],
@@ -239,7 +239,7 @@ def _disaggregation(records: list[dict[str, Any]]) -> str:
 
 def _dp_audit_section(run_dir: Path) -> str:
     """The table and plot of ``privfedcal audit dp`` when the folder holds its csv."""
-    from privfedcal.attacks.dp_audit import CSV_NAME, read_csv
+    from privfedcal.attacks.distinguishing.games import CSV_NAME, read_csv
 
     path = run_dir / CSV_NAME
     if not path.is_file():
@@ -258,7 +258,7 @@ def _dp_audit_section(run_dir: Path) -> str:
                  "that the channel is not as private as claimed; one below it proves nothing "
                  "about the claim (docs/privacy-audit.md).</p>")
     with tempfile.TemporaryDirectory() as tmp:
-        from privfedcal.attacks.dp_audit import plot
+        from privfedcal.attacks.distinguishing.games import plot
 
         png = plot(rows, Path(tmp) / "dp_audit.png")
         parts.append(H.figure(png, "claimed vs empirical epsilon", "per channel: the epsilon "
@@ -266,19 +266,9 @@ def _dp_audit_section(run_dir: Path) -> str:
     return "".join(parts)
 
 
-def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write ``run_dir/report.html`` (or ``out``) and return its path."""
-    from privfedcal.data.partition_plots import plot_partition
-    from privfedcal.run_plots import plot_accuracy, plot_per_class, plot_train_loss
-
-    run_dir = Path(run_dir)
-    summary, config = load_run(run_dir)
-    out = Path(out) if out else run_dir / "report.html"
-    counts = _partition_counts(run_dir, config)
-    classes = counts[1] if counts else []
-    body: list[str] = []
-
-    # headline numbers
+def _headline_cards(summary: dict[str, Any], classes: list[str]) -> str:
+    """The cards at the top: accuracy (before and after calibration, worst class), epsilon,
+    upload bytes and wall time, each checked against the summary key it shows."""
     cards = [H.card("test accuracy", H.checked(H.fmt_pct(summary.get("accuracy")), "accuracy",
                                                summary.get("accuracy"), 100),
                     f"after {summary.get('calibrator')}" if summary.get("calibrator") not in (
@@ -314,130 +304,174 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
     if "wall_seconds" in summary:
         cards.append(H.card("wall time", H.checked(f"{summary['wall_seconds']:.1f} s",
                                                    "wall_seconds", summary["wall_seconds"])))
-    body.append(f'<div class="cards">{"".join(cards)}</div>')
-    for note in summary.get("notes") or []:
-        if note != privacy.get("statement"):
-            body.append(f'<div class="note">{H.esc(note)}</div>')
+    return f'<div class="cards">{"".join(cards)}</div>'
 
-    with tempfile.TemporaryDirectory() as tmp:
-        t = Path(tmp)
-        body.append("<h2>Accuracy</h2><div class=\"grid2\">")
-        body.append(H.figure(plot_accuracy(run_dir / "metrics.jsonl", t / "acc.png", summary),
-                             "accuracy per round", "test accuracy at each evaluated round (the "
-                             "global model, or with the head a per-round calibrator re-trained "
-                             "that round); the star is the accuracy after post-hoc "
-                             "calibration"))
-        loss_png = plot_train_loss(run_dir, t / "loss.png")
-        if loss_png:
-            body.append(H.figure(loss_png, "training loss per round",
-                                 "mean local training loss of the sampled clients, every round"))
-        body.append("</div>")
-        pca = summary.get("per_class_accuracy")
-        if pca:
-            before = summary.get("per_class_accuracy_before_calibration")
-            body.append("<h3>Per-class accuracy</h3>")
-            body.append(H.figure(plot_per_class(pca, t / "pc.png", before=before,
-                                                class_names=classes or None),
-                                 "per-class accuracy",
-                                 "test accuracy of each class" + (
-                                     " before (hatched) and after calibration" if before else "")))
-        body.append("<h2>Partition</h2>")
-        if counts:
-            import numpy as np
 
-            mat = np.asarray(counts[0])
-            title = f"{summary.get('dataset')}: {config.get('partition', '?')}, " \
-                    f"K={mat.shape[0]}"
-            body.append(H.figure(plot_partition(mat, t / "part.png", classes=classes or None,
-                                                title=title), "partition heatmap",
-                                 "training samples of each class (columns) held by each client "
-                                 "(rows)"))
-        else:
-            body.append("<p>The partition could not be recomputed (dataset not readable from "
-                        "here, or no data seed in the run folder) and the run folder holds no "
-                        "private/partition.json.</p>")
+def _accuracy_section(run_dir: Path, summary: dict[str, Any], classes: list[str],
+                      tmp: Path) -> list[str]:
+    """Accuracy and training loss per round, and per-class accuracy (PNGs drawn in ``tmp``)."""
+    from privfedcal.run_plots import plot_accuracy, plot_per_class, plot_train_loss
 
-    # privacy
-    body.append("<h2>Privacy</h2>")
-    if privacy.get("statement"):
-        body.append(f'<div class="statement">{H.esc(privacy["statement"])}</div>')
-    elif summary.get("calibrator") not in (None, "none"):
-        body.append('<div class="flag">No protection: the server saw every client\'s '
-                    "calibration upload in the clear.</div>")
-    else:
-        body.append("<p>No calibration upload; model updates travel in the clear.</p>")
+    parts = ["<h2>Accuracy</h2><div class=\"grid2\">",
+             H.figure(plot_accuracy(run_dir / "metrics.jsonl", tmp / "acc.png", summary),
+                      "accuracy per round", "test accuracy at each evaluated round (the "
+                      "global model, or with the head a per-round calibrator re-trained "
+                      "that round); the star is the accuracy after post-hoc "
+                      "calibration")]
+    loss_png = plot_train_loss(run_dir, tmp / "loss.png")
+    if loss_png:
+        parts.append(H.figure(loss_png, "training loss per round",
+                              "mean local training loss of the sampled clients, every round"))
+    parts.append("</div>")
+    pca = summary.get("per_class_accuracy")
+    if pca:
+        before = summary.get("per_class_accuracy_before_calibration")
+        parts.append("<h3>Per-class accuracy</h3>")
+        parts.append(H.figure(plot_per_class(pca, tmp / "pc.png", before=before,
+                                             class_names=classes or None),
+                              "per-class accuracy",
+                              "test accuracy of each class" + (
+                                  " before (hatched) and after calibration" if before else "")))
+    return parts
+
+
+def _partition_section(summary: dict[str, Any], config: dict[str, Any],
+                       counts: tuple[Any, list[str]] | None, tmp: Path) -> list[str]:
+    """The client x class heatmap, or why there is none (PNG drawn in ``tmp``)."""
+    if not counts:
+        return ["<h2>Partition</h2>",
+                "<p>The partition could not be recomputed (dataset not readable from here, or "
+                "no data seed in the run folder) and the run folder holds no "
+                "private/partition.json.</p>"]
+    import numpy as np
+
+    from privfedcal.data.partition_plots import plot_partition
+
+    mat, classes = np.asarray(counts[0]), counts[1]
+    title = f"{summary.get('dataset')}: {config.get('partition', '?')}, K={mat.shape[0]}"
+    return ["<h2>Partition</h2>", H.figure(
+        plot_partition(mat, tmp / "part.png", classes=classes or None, title=title),
+        "partition heatmap", "training samples of each class (columns) held by each client "
+        "(rows)")]
+
+
+def _ledger_section(privacy: dict[str, Any]) -> list[str]:
+    """The release ledger with the epsilon after each group, and the most-spent clients when
+    the run accounted each client on its own."""
     rows = ledger(privacy)
-    if rows:
-        body.append("<h3>Release ledger</h3>")
-        body.append(H.table(
-            ["#", "release", "noise multiplier", "sample rate", "steps",
-             "epsilon after it, all releases"],
-            [[i + 1, r.get("label", ""), H.fmt_num(r["noise_multiplier"]),
-              H.fmt_num(r.get("sample_rate")), r.get("steps", 1),
-              H.fmt_fixed(r.get("epsilon_spent"), 3)]
-             for i, r in enumerate(rows)], numeric=[True, False, True, True, True, True],
-            table_id="ledger"))
-        per_client = privacy.get("per_client_epsilon") or {}
-        body.append("<p>Each row is a group of equal releases as the accountant logged them; the "
-                    "last column composes every release up to and including the row at delta "
-                    f"{H.fmt_num(privacy.get('delta'))} ({H.esc(privacy.get('accountant', ''))}"
-                    " accountant): the epsilon of a client that took part in all of them. "
-                    + ("Each client is accounted over the releases it took part in only; the run "
-                       "reports the worst-off client's epsilon, "
-                       + H.checked(H.fmt_fixed(privacy.get("epsilon_spent"), 3),
-                                   "privacy.epsilon_spent", privacy.get("epsilon_spent"))
-                       + ", at most the last row." if per_client else "") + "</p>")
-        if per_client:
-            worst = sorted(per_client.items(), key=lambda kv: -kv[1])
-            shown = worst[:10]
-            body.append(H.table(
-                ["client", "epsilon"], [[c, H.fmt_fixed(e, 3)] for c, e in shown],
-                numeric=[True, True], table_id="per-client-epsilon"))
-            if len(worst) > len(shown):
-                body.append(f"<p>{len(shown)} of {len(worst)} clients, largest epsilon first; "
-                            f"the smallest is {worst[-1][1]:.3f}.</p>")
+    if not rows:
+        return []
+    parts = ["<h3>Release ledger</h3>", H.table(
+        ["#", "release", "noise multiplier", "sample rate", "steps",
+         "epsilon after it, all releases"],
+        [[i + 1, r.get("label", ""), H.fmt_num(r["noise_multiplier"]),
+          H.fmt_num(r.get("sample_rate")), r.get("steps", 1),
+          H.fmt_fixed(r.get("epsilon_spent"), 3)]
+         for i, r in enumerate(rows)], numeric=[True, False, True, True, True, True],
+        table_id="ledger")]
+    per_client = privacy.get("per_client_epsilon") or {}
+    parts.append("<p>Each row is a group of equal releases as the accountant logged them; the "
+                 "last column composes every release up to and including the row at delta "
+                 f"{H.fmt_num(privacy.get('delta'))} ({H.esc(privacy.get('accountant', ''))}"
+                 " accountant): the epsilon of a client that took part in all of them. "
+                 + ("Each client is accounted over the releases it took part in only; the run "
+                    "reports the worst-off client's epsilon, "
+                    + H.checked(H.fmt_fixed(privacy.get("epsilon_spent"), 3),
+                                "privacy.epsilon_spent", privacy.get("epsilon_spent"))
+                    + ", at most the last row." if per_client else "") + "</p>")
+    if per_client:
+        worst = sorted(per_client.items(), key=lambda kv: -kv[1])
+        shown = worst[:10]
+        parts.append(H.table(
+            ["client", "epsilon"], [[c, H.fmt_fixed(e, 3)] for c, e in shown],
+            numeric=[True, True], table_id="per-client-epsilon"))
+        if len(worst) > len(shown):
+            parts.append(f"<p>{len(shown)} of {len(worst)} clients, largest epsilon first; "
+                         f"the smallest is {worst[-1][1]:.3f}.</p>")
+    return parts
+
+
+def _privacy_section(summary: dict[str, Any]) -> list[str]:
+    """The privacy statement (or the lack of one), the ledger, the assumptions, the other
+    privacy settings, and the uploads the server rejected or the releases it skipped."""
+    privacy = summary.get("privacy") or {}
+    parts = ["<h2>Privacy</h2>"]
+    if privacy.get("statement"):
+        parts.append(f'<div class="statement">{H.esc(privacy["statement"])}</div>')
+    elif summary.get("calibrator") not in (None, "none"):
+        parts.append('<div class="flag">No protection: the server saw every client\'s '
+                     "calibration upload in the clear.</div>")
+    else:
+        parts.append("<p>No calibration upload; model updates travel in the clear.</p>")
+    parts += _ledger_section(privacy)
     if privacy.get("assumptions"):
-        body.append("<h3>Assumptions</h3><ul>" + "".join(
+        parts.append("<h3>Assumptions</h3><ul>" + "".join(
             f"<li>{H.esc(a)}</li>" for a in privacy["assumptions"]) + "</ul>")
     details = [(k, v) for k, v in privacy.items()
                if k not in ("releases", "statement", "noise_multipliers", "sample_rates",
                             "per_client_epsilon", "assumptions")]
     if details:
-        body.append("<h3>Settings</h3>")
-        body.append(H.table(["setting", "value"],
-                            [[k, json.dumps(v) if isinstance(v, dict | list) else H.fmt_num(v)]
-                             for k, v in _flatten(dict(details))]))
+        parts.append("<h3>Settings</h3>")
+        parts.append(H.table(["setting", "value"],
+                             [[k, json.dumps(v) if isinstance(v, dict | list) else H.fmt_num(v)]
+                              for k, v in _flatten(dict(details))]))
     for key, title in (("rejected_uploads", "Rejected uploads"),
                        ("skipped_releases", "Skipped releases")):
         if summary.get(key):
-            body.append(f"<h3>{title}</h3><ul>" + "".join(
+            parts.append(f"<h3>{title}</h3><ul>" + "".join(
                 f"<li><code>{H.esc(json.dumps(x))}</code></li>" for x in summary[key]) + "</ul>")
+    return parts
 
-    body.append(_dp_audit_section(run_dir))
 
+def _analysis_section(run_dir: Path) -> list[str]:
+    """The PNGs and the class separability of ``privfedcal analyze``, when it ran."""
     analysis = load_json(run_dir / "analysis.json")
-    if analysis:
-        body.append("<h2>Analysis</h2><div class=\"grid2\">")
-        for name in analysis.get("plots", []):
-            if (run_dir / name).is_file():
-                body.append(H.figure(run_dir / name, name, ANALYSIS_CAPTIONS.get(
-                    name, name.removesuffix(".png").replace("_", " "))))
-        body.append("</div>")
-        sep = analysis.get("separability") or {}
-        if "mean_sliced_wasserstein" in sep:
-            body.append(f"<p>Mean sliced Wasserstein distance between classes: "
-                        f"{H.fmt_num(sep['mean_sliced_wasserstein'])}.</p>")
-    attacks = _attack_sections(run_dir)
-    if attacks:
-        body.append("<h2>Attacks</h2>" + attacks)
+    if not analysis:
+        return []
+    parts = ["<h2>Analysis</h2><div class=\"grid2\">"]
+    for name in analysis.get("plots", []):
+        if (run_dir / name).is_file():
+            parts.append(H.figure(run_dir / name, name, ANALYSIS_CAPTIONS.get(
+                name, name.removesuffix(".png").replace("_", " "))))
+    parts.append("</div>")
+    sep = analysis.get("separability") or {}
+    if "mean_sliced_wasserstein" in sep:
+        parts.append(f"<p>Mean sliced Wasserstein distance between classes: "
+                     f"{H.fmt_num(sep['mean_sliced_wasserstein'])}.</p>")
+    return parts
 
-    body.append("<h2>Configuration</h2>")
+
+def _configuration_section(config: dict[str, Any]) -> list[str]:
+    """``config.json`` in two tables side by side (the versions go into the footer)."""
     cfg_rows = [[k, H.fmt_num(v) if not isinstance(v, list | dict) else json.dumps(v)]
                 for k, v in _flatten(shown_config(config)) if not k.startswith("versions.")]
     half = (len(cfg_rows) + 1) // 2  # two columns side by side: half the scrolling
-    body.append('<div class="grid2">' + "".join(
+    return ["<h2>Configuration</h2>", '<div class="grid2">' + "".join(
         H.table(["setting", "value"], chunk) for chunk in (cfg_rows[:half], cfg_rows[half:])
-        if chunk) + "</div>")
+        if chunk) + "</div>"]
+
+
+def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``run_dir/report.html`` (or ``out``) and return its path."""
+    run_dir = Path(run_dir)
+    summary, config = load_run(run_dir)
+    out = Path(out) if out else run_dir / "report.html"
+    counts = _partition_counts(run_dir, config)
+    classes = counts[1] if counts else []
+    privacy = summary.get("privacy") or {}
+    body = [_headline_cards(summary, classes)]
+    body += [f'<div class="note">{H.esc(note)}</div>' for note in summary.get("notes") or []
+             if note != privacy.get("statement")]
+    with tempfile.TemporaryDirectory() as tmp:
+        body += _accuracy_section(run_dir, summary, classes, Path(tmp))
+        body += _partition_section(summary, config, counts, Path(tmp))
+    body += _privacy_section(summary)
+    body.append(_dp_audit_section(run_dir))
+    body += _analysis_section(run_dir)
+    attacks = _attack_sections(run_dir)
+    if attacks:
+        body.append("<h2>Attacks</h2>" + attacks)
+    body += _configuration_section(config)
     versions = config.get("versions") or {}
     footer = "privfedcal report of " + str(run_dir.resolve()) + (
         " · " + ", ".join(f"{k} {v}" for k, v in versions.items()) if versions else "")
