@@ -84,7 +84,7 @@ def bench(name: str, cfg: RunConfig, repeats: int) -> dict:
     jobs = [TrainJob(c, exp.parts[c], None) for c in range(cfg.clients)]
     seq = InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train, exp.spec)
     vec = VectorisedTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train, exp.spec,
-                            cfg.clients, cfg.local_method)
+                            cfg.clients)
     engines = {"sequential": lambda: seq.train(global_state, jobs, 1),
                "vectorised": lambda: vec.train(global_state, jobs, 1),
                "bare loop": lambda: bare_loop(exp, jobs)}

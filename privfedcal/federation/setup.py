@@ -183,7 +183,7 @@ def _finish(cfg: RunConfig, data: Any, parts_np: list[np.ndarray] | None,
     if cfg.client_batch > 1:  # refused before a run folder is written
         from privfedcal.federation.vectorised import check_vectorisable, slow_on_device
 
-        check_vectorisable(model, cfg.local_method)
+        check_vectorisable(model, algo)
         slow = slow_on_device(model, device)
         if slow:
             notes.append(slow)

@@ -230,7 +230,7 @@ class Simulator:
                                      self.cfg.deterministic)
         if self.cfg.client_batch > 1:
             return VectorisedTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
-                                     exp.spec, self.cfg.client_batch, self.cfg.local_method)
+                                     exp.spec, self.cfg.client_batch)
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 

@@ -1,15 +1,15 @@
-"""Each method's local loss in the form the vectorised trainer runs per client under
-``vmap``: a functional forward, per-row weights (1 real, 0 padding) and weighted means.
+"""The built-in methods' local losses in the form the vectorised trainer runs per client
+under ``vmap`` (``algorithms/vector_loss.py``: a functional forward, per-row weights, 1 real
+and 0 padding, and weighted means), and how the trainer finds a method's form
+(``vector_loss_of``).
 
 With every weight 1 each loss is the method's own ``Algorithm.local_loss`` (tested against
-it); the formulas and their papers are in the methods' modules (privfedcal/algorithms/).
-A method is vectorisable when it is registered here; ``VECTOR_LOSSES`` is the list the
-``--client-batch`` error names.
+it); the formulas and their papers are in the methods' modules (privfedcal/algorithms/). A
+method outside this table declares its form on its class (``Algorithm.vector_loss``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,38 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms.algorithm import Algorithm, State
-
-#: (params, x) -> (features z, logits) for one client, trainable entries from ``params``
-Forward = Callable[[State, Tensor], tuple[Tensor, Tensor]]
-
-
-def weighted_mean(values: Tensor, w: Tensor) -> Tensor:
-    """Mean of ``values`` over the rows with weight 1 (``w`` is 0/1; at least one 1)."""
-    return (values * w).sum() / w.sum()
-
-
-def weighted_ce(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
-    """``F.cross_entropy(logits, y)`` over the real rows only."""
-    return weighted_mean(F.cross_entropy(logits, y, reduction="none"), w)
-
-
-class VectorLoss:
-    """FedAvg's loss, the default: cross-entropy of the classifier's logits."""
-
-    def prepare(self, trainer: Any, global_state: State, client_states: list[State | None]
-                ) -> State:
-        """Per-client tensors (dim 0 = clients, in the trainer's client order) the loss
-        reads as ``ext``; ``client_states`` are the method's kept states."""
-        return {}
-
-    def loss(self, algo: Algorithm, forward: Forward, params: State, anchor: State, x: Tensor,
-             y: Tensor, w: Tensor, ext: State) -> Tensor:
-        """One client's loss; ``anchor`` holds the received global trainable parameters."""
-        return weighted_ce(forward(params, x)[1], y, w)
-
-    def client_state(self, state: State) -> State | None:
-        """What the method keeps for the client after training to ``state`` (or None)."""
-        return None
+from privfedcal.algorithms.vector_loss import Forward, VectorLoss, weighted_ce, weighted_mean
 
 
 class ProximalLoss(VectorLoss):
@@ -144,15 +113,33 @@ class FedUVLoss(VectorLoss):
         return (torch.exp(-pair_d2 / sigma) * real).sum() / real.sum().clamp_min(1)
 
 
-#: method name -> its vectorised loss; fedavgm, freeze and clsnorm train with FedAvg's loss
-#: (their differences are the server rule and the model's configuration)
+#: the built-in methods whose loss is not FedAvg's, by name -> their vectorised loss
 VECTOR_LOSSES: dict[str, VectorLoss] = {
-    "fedavg": VectorLoss(),
-    "fedavgm": VectorLoss(),
-    "freeze": VectorLoss(),
-    "clsnorm": VectorLoss(),
     "fedprox": ProximalLoss(),
     "clsprox": ProximalLoss("model.classifier."),
     "moon": MoonLoss(),
     "feduv": FedUVLoss(),
 }
+
+#: the client hooks a method keeps from ``Algorithm`` when it trains on FedAvg's loss
+_CLIENT_HOOKS = ("begin_client", "local_loss", "end_client")
+
+
+def vector_loss_of(algo: Algorithm | type[Algorithm]) -> VectorLoss | None:
+    """The vectorised form of a method's loss: the one its class declares
+    (``vector_loss``), else the built-in one of its name, else FedAvg's when the method
+    keeps FedAvg's client hooks (its differences are the server rule or the model's
+    configuration: fedavgm, freeze, clsnorm); None when it has none (it trains only
+    with ``--client-batch 1``)."""
+    cls = algo if isinstance(algo, type) else type(algo)
+    if cls.vector_loss is not None:
+        return cls.vector_loss
+    if cls.name in VECTOR_LOSSES:
+        return VECTOR_LOSSES[cls.name]
+    if all(getattr(cls, h) is getattr(Algorithm, h) for h in _CLIENT_HOOKS):
+        return VectorLoss()
+    return None
+
+
+__all__ = ["Forward", "VECTOR_LOSSES", "VectorLoss", "vector_loss_of", "weighted_ce",
+           "weighted_mean"]

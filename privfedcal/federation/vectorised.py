@@ -17,13 +17,15 @@ within float32 rounding:
   prefix of the stack: a client that has finished is never computed or moved.
 
 The method's client hooks (``begin_client``/``local_loss``/``end_client``) act on one live
-module, so they are not called here: each supported method's loss has a functional twin in
-``vector_losses.py``, tested against its ``local_loss``; server rules run unchanged.
+module, so they are not called here: the method's loss runs in its functional form, the one
+its class declares (``Algorithm.vector_loss``) or a built-in one
+(``vector_losses.vector_loss_of``), tested against its ``local_loss``; server rules run
+unchanged.
 
-Refused (``check_vectorisable``): methods whose loss has no batched form here (listed in
-the error), models with BatchNorm (padding rows would enter its batch statistics and the
-running statistics would need one copy per client) and models with Dropout (its random
-masks could not be drawn as the sequential run draws them), and DP-SGD (config.py).
+Refused (``check_vectorisable``): methods without such a form, models with BatchNorm
+(padding rows would enter its batch statistics and the running statistics would need one
+copy per client) and models with Dropout (its random masks could not be drawn as the
+sequential run draws them), and DP-SGD (config.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from torch.func import functional_call, vmap
 from privfedcal.algorithms.algorithm import Algorithm, State
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import LocalResult, LocalSpec, autocast_for
-from privfedcal.federation.vector_losses import VECTOR_LOSSES, VectorLoss
+from privfedcal.federation.vector_losses import VectorLoss, vector_loss_of
 from privfedcal.federation.workers import TrainJob
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
@@ -49,19 +51,22 @@ _REFUSED_MODULES = (nn.modules.batchnorm._BatchNorm, nn.Dropout, nn.Dropout1d, n
                     nn.Dropout3d, nn.AlphaDropout)
 
 
-def check_vectorisable(model: nn.Module, method: str) -> None:
-    """Raise a one-line UsageError unless ``--client-batch`` > 1 can train ``model`` with
-    ``method`` exactly as the sequential trainer does."""
-    if method not in VECTOR_LOSSES:
-        raise UsageError(f"--client-batch > 1 supports the methods "
-                         f"{', '.join(sorted(VECTOR_LOSSES))}; {method!r} trains only with "
-                         "--client-batch 1")
+def check_vectorisable(model: nn.Module, algo: Algorithm) -> VectorLoss:
+    """The vectorised form of ``algo``'s loss; a one-line UsageError unless
+    ``--client-batch`` > 1 can train ``model`` with it exactly as the sequential trainer
+    does."""
+    loss = vector_loss_of(algo)
+    if loss is None:
+        raise UsageError(f"--client-batch > 1: method {algo.name!r} declares no vectorised "
+                         "loss (a vector_loss on its class, privfedcal/algorithms/"
+                         "vector_loss.py); it trains with --client-batch 1")
     for name, module in model.named_modules():
         if isinstance(module, _REFUSED_MODULES):
             kind = "BatchNorm" if isinstance(module, nn.modules.batchnorm._BatchNorm) else "Dropout"
             raise UsageError(f"--client-batch > 1 cannot train a model with {kind} ({name}: "
                              f"{type(module).__name__}); use --client-batch 1 or a model "
                              "without it (mlp, digits-cnn, cnn)")
+    return loss
 
 
 def slow_on_device(model: nn.Module, device: torch.device) -> str | None:
@@ -229,14 +234,14 @@ class VectorisedTrainer:
     the same interface and results as ``workers.InProcessTrainer``."""
 
     def __init__(self, model: FeatureClassifier, algo: Algorithm, x: Tensor, y: Tensor,
-                 spec: LocalSpec, client_batch: int, method: str) -> None:
-        check_vectorisable(model, method)
+                 spec: LocalSpec, client_batch: int) -> None:
+        loss = check_vectorisable(model, algo)
         if spec.dp_sgd is not None:
             raise UsageError("--client-batch > 1 cannot train with --dp-train (DP-SGD trains "
                              "clients one at a time); use --client-batch 1")
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
         self.client_batch = client_batch
-        self.loss: VectorLoss = VECTOR_LOSSES[method]
+        self.loss: VectorLoss = loss
         self.view = _FeaturesAndLogits(model)
 
     def train(self, global_state: State, jobs: list[TrainJob], round_: int,

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from privfedcal.algorithms import create_algorithm
+from privfedcal.algorithms import ALGORITHMS, create_algorithm
 from privfedcal.federation.local import clone_state
-from privfedcal.federation.vector_losses import VECTOR_LOSSES, weighted_ce
+from privfedcal.federation.vector_losses import vector_loss_of, weighted_ce
 from privfedcal.federation.vectorised import _FeaturesAndLogits
 from privfedcal.models import create_model
 from privfedcal.seeding import make_generator
@@ -30,7 +30,8 @@ def test_weighted_ce_is_the_mean_over_real_rows():
 
 
 @pytest.mark.parametrize("real_rows", [1, 2, 5])
-@pytest.mark.parametrize("method", sorted(VECTOR_LOSSES))
+@pytest.mark.parametrize("method", sorted(n for n in ALGORITHMS.names()
+                                          if vector_loss_of(ALGORITHMS.get(n))))
 def test_padded_loss_is_the_methods_local_loss(method, real_rows):
     g = torch.Generator().manual_seed(real_rows)
     model = create_model("mlp", num_classes=10, in_channels=1, image_size=8,
@@ -63,7 +64,7 @@ def test_padded_loss_is_the_methods_local_loss(method, real_rows):
     fixed = {f"model.{k}": v for k, v in live.items() if k not in trainable}
     params = {f"model.{n}": live[n].clone().requires_grad_() for n in trainable}
     anchor = {f"model.{n}": global_state[n] for n in trainable}
-    vloss = VECTOR_LOSSES[method]
+    vloss = vector_loss_of(algo)
     trainer = SimpleNamespace(x=x, model=model)
     ext = {k: v[0] for k, v in vloss.prepare(trainer, global_state, [prev]).items()}
 

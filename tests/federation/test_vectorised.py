@@ -10,12 +10,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from privfedcal.algorithms import create_algorithm
+from privfedcal.algorithms import ALGORITHMS, create_algorithm
+from privfedcal.algorithms.algorithm import Algorithm
+from privfedcal.algorithms.vector_loss import VectorLoss
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import LocalSpec, clone_state
 from privfedcal.federation.setup import build_experiment
-from privfedcal.federation.vector_losses import VECTOR_LOSSES
+from privfedcal.federation.vector_losses import ProximalLoss, vector_loss_of
 from privfedcal.federation.vectorised import (
     StackedSGD,
     VectorisedTrainer,
@@ -28,6 +30,8 @@ from privfedcal.models import create_model
 from privfedcal.seeding import make_generator
 
 ATOL, RTOL = 2e-5, 1e-4  # float32: sums in another order differ in the last bits
+#: every registered method the vectorised trainer can train
+VECTORISABLE = sorted(n for n in ALGORITHMS.names() if vector_loss_of(ALGORITHMS.get(n)))
 
 
 # ---- the batched SGD step ---------------------------------------------------------------
@@ -121,7 +125,7 @@ def _assert_results_close(seq, vec) -> None:
                                        atol=ATOL)
 
 
-@pytest.mark.parametrize("method", sorted(VECTOR_LOSSES))
+@pytest.mark.parametrize("method", VECTORISABLE)
 def test_vectorised_trains_as_sequential(tiny_cfg, method):
     """Two rounds (the second with the clients' kept states: MOON's previous models),
     augmentation on, 5 clients in groups of 3 (a full and a partial group)."""
@@ -131,7 +135,7 @@ def test_vectorised_trains_as_sequential(tiny_cfg, method):
     start = clone_state(exp.model)
     seq = InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train, exp.spec)
     vec = VectorisedTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train, exp.spec,
-                            3, cfg.local_method)
+                            3)
     kept: list = [None] * 5
     for round_ in (1, 2):
         jobs = [TrainJob(c, exp.parts[c], kept[c]) for c in range(5)]
@@ -178,23 +182,57 @@ def test_unequal_client_sizes(sizes, batch, epochs, momentum, method):
             for c in range(len(sizes))]
     start = clone_state(model)
     a = InProcessTrainer(model, algo, x, y, spec).train(start, jobs, 1)
-    b = VectorisedTrainer(model, algo, x, y, spec, 3, method).train(start, jobs, 1)
+    b = VectorisedTrainer(model, algo, x, y, spec, 3).train(start, jobs, 1)
     _assert_results_close(a, b)
 
 
 # ---- refusals ------------------------------------------------------------------------------
-def test_refuses_unsupported_methods_naming_the_supported_ones():
+class _OwnLoss(Algorithm):
+    """A method with a loss of its own (not registered)."""
+
+    name = "own-loss"
+
+    def local_loss(self, model, x, y):
+        return super().local_loss(model, x, y) * 2
+
+
+class _Declared(_OwnLoss):
+    name = "declared-loss"
+    vector_loss = ProximalLoss("model.classifier.")
+
+
+class _ServerRuleOnly(Algorithm):
+    name = "server-rule-only"
+
+    def server_update(self, global_state, averaged, server_state):
+        return averaged, server_state
+
+
+def test_the_vectorised_loss_comes_from_the_method():
+    """Declared on the class, built in by name, FedAvg's for FedAvg's client hooks; none
+    for a loss of its own that declares no form."""
+    assert vector_loss_of(_Declared) is _Declared.vector_loss
+    assert vector_loss_of(create_algorithm("moon", num_classes=10)) is vector_loss_of(
+        ALGORITHMS.get("moon"))
+    assert type(vector_loss_of(_ServerRuleOnly)) is VectorLoss
+    assert vector_loss_of(_OwnLoss) is None
+    assert "balsoftmax" not in VECTORISABLE and {"fedavg", "moon", "freeze"} <= set(VECTORISABLE)
+
+
+def test_refuses_a_method_without_a_vectorised_loss():
     model = create_model("mlp", num_classes=10, in_channels=1, image_size=8)
-    with pytest.raises(UsageError, match="supports the methods .*fedavg.*fedprox"):
-        check_vectorisable(model, "no-such-method")
+    with pytest.raises(UsageError, match="'own-loss' declares no vectorised loss"):
+        check_vectorisable(model, _OwnLoss(num_classes=10))
+    assert check_vectorisable(model, _Declared(num_classes=10)) is _Declared.vector_loss
 
 
 def test_refuses_batchnorm_and_dropout_models():
     resnet = create_model("resnet8", num_classes=10, in_channels=3, image_size=32)
+    fedavg = create_algorithm("fedavg", num_classes=10)
     with pytest.raises(UsageError, match="BatchNorm"):
-        check_vectorisable(resnet, "fedavg")
+        check_vectorisable(resnet, fedavg)
     with pytest.raises(UsageError, match="Dropout"):
-        check_vectorisable(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)), "fedavg")
+        check_vectorisable(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)), fedavg)
 
 
 def test_convolutional_model_on_cpu_gets_a_note(tiny_cfg):
