@@ -159,11 +159,8 @@ def _exposed(setting_dir: Path) -> list[dict[str, Any]]:
     return sorted(scored, key=exposure, reverse=True)[:TOP_TARGETS]
 
 
-def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
-    audit_dir = Path(audit_dir)
-    columns, rows = read_audit(audit_dir)
-    out = Path(out) if out else audit_dir / "report.html"
-    body: list[str] = []
+def _audit_cards(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """The cards at the top: settings trained, the best accuracy, the highest PSNR."""
     attacked = [r for r in rows if _finite(r.get("accuracy"))]
     cards = [H.card("settings", str(len(rows)), f"{len(attacked)} trained")]
     if attacked:
@@ -175,22 +172,32 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
         if exposed:
             top = max(exposed, key=lambda r: r[psnr_worst])
             cards.append(H.card("highest PSNR", f"{top[psnr_worst]:.2f} dB", setting_name(top)))
-    body.append(f'<div class="cards">{"".join(cards)}</div>')
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _tradeoff_section(audit_dir: Path, rows: list[dict[str, Any]], columns: list[str]
+                      ) -> list[str]:
+    """Accuracy against leakage, one point per setting (or the audit's own PNG)."""
+    parts = ["<h2>Utility against leakage</h2>"]
     with tempfile.TemporaryDirectory() as tmp:
         png = plot_tradeoff(rows, columns, Path(tmp) / "tradeoff.png")
-        body.append("<h2>Utility against leakage</h2>")
         if png:
-            body.append(H.figure(png, "audit trade-off",
-                                 "each point is one protection setting; up is more accurate, "
-                                 "right is more leakage. Star: no protection; square: secure "
-                                 "aggregation; grey dashed: PSNR of a data-free guess"))
+            parts.append(H.figure(png, "audit trade-off",
+                                  "each point is one protection setting; up is more accurate, "
+                                  "right is more leakage. Star: no protection; square: secure "
+                                  "aggregation; grey dashed: PSNR of a data-free guess"))
         elif (audit_dir / "audit.png").is_file():
-            body.append(H.figure(audit_dir / "audit.png", "audit plot"))
+            parts.append(H.figure(audit_dir / "audit.png", "audit plot"))
         else:
-            body.append("<p>No setting was trained and attacked: nothing to plot.</p>")
-    body.append("<h2>Settings</h2>")
-    # two tables of at most TABLE_COLUMNS columns each (one wide table scrolled sideways):
-    # the setting and its worst-case individual first, then the means over its targets
+            parts.append("<p>No setting was trained and attacked: nothing to plot.</p>")
+    return parts
+
+
+def _settings_tables(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """Every column of ``audit.csv`` in tables of at most TABLE_COLUMNS columns each (one wide
+    table scrolled sideways reads badly): the setting and its worst-case individual first,
+    then the means over its targets, then what the run's secure sums determine."""
+    parts = ["<h2>Settings</h2>"]
     shown = [c for c in columns if c != "note"]  # notes have their own section below
     key = [c for c in SETTING_COLUMNS if c in shown]
     worst = [c for c in shown if c not in key and c in WORST_COLUMNS]
@@ -203,20 +210,25 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
         if not part:
             continue
         cols = key + part
-        body.append(f"<h3>{title}</h3>")
-        body.append(H.table([HEADERS.get(c, c.replace("_", " ")) for c in cols],
-                            [[_cell(c, r.get(c)) for c in cols] for r in rows],
-                            numeric=[c not in ("method", "secagg", "worst_target",
-                                               "nearest_of_worst") for c in cols],
-                            table_id=tid))
-    body.append("<p>PSNR, SSIM, feature cosine: mean over the attacked targets (higher = more "
-                "leakage); prior PSNR: a guess that uses no client data; NN true: share of "
-                "reconstructions whose nearest training image is the true one; clients "
-                "disaggregated: the most clients whose own value the run's secure sums "
-                "determine, finest group: the smallest group of clients whose sum they "
-                "determine (docs/privacy-audit.md). Every column of <code>audit.csv</code> "
-                "is shown in one of the tables.</p>")
-    body.append("<h2>Most exposed targets per setting</h2>")
+        parts.append(f"<h3>{title}</h3>")
+        parts.append(H.table([HEADERS.get(c, c.replace("_", " ")) for c in cols],
+                             [[_cell(c, r.get(c)) for c in cols] for r in rows],
+                             numeric=[c not in ("method", "secagg", "worst_target",
+                                                "nearest_of_worst") for c in cols],
+                             table_id=tid))
+    parts.append("<p>PSNR, SSIM, feature cosine: mean over the attacked targets (higher = more "
+                 "leakage); prior PSNR: a guess that uses no client data; NN true: share of "
+                 "reconstructions whose nearest training image is the true one; clients "
+                 "disaggregated: the most clients whose own value the run's secure sums "
+                 "determine, finest group: the smallest group of clients whose sum they "
+                 "determine (docs/privacy-audit.md). Every column of <code>audit.csv</code> "
+                 "is shown in one of the tables.</p>")
+    return parts
+
+
+def _exposed_section(audit_dir: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """Per setting: its most exposed targets and the PNGs of its attack folder."""
+    parts = ["<h2>Most exposed targets per setting</h2>"]
     for r in rows:
         name = setting_name(r)
         setting_dir = audit_dir / "runs" / name
@@ -224,9 +236,9 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
         pngs = sorted(setting_dir.glob("*.png")) if setting_dir.is_dir() else []
         if not top and not pngs:
             continue
-        body.append(f"<h3>{H.esc(name)}</h3>")
+        parts.append(f"<h3>{H.esc(name)}</h3>")
         if top:
-            body.append(H.table(
+            parts.append(H.table(
                 ["target", "client", "class", "n", "best PSNR (dB)", "mean PSNR", "prior PSNR",
                  "SSIM", "feature cos"],
                 [[t.get("target"), "all" if t.get("client") is None else t.get("client"),
@@ -236,7 +248,19 @@ def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
                                                     "feature_cosine"))] for t in top],
                 numeric=[False, True, True, True, True, True, True, True, True]))
         for p in pngs:
-            body.append(H.figure(p, f"{name}: {p.stem}", p.stem.replace("_", " ")))
+            parts.append(H.figure(p, f"{name}: {p.stem}", p.stem.replace("_", " ")))
+    return parts
+
+
+def build_audit_report(audit_dir: Path, out: Path | None = None) -> Path:
+    """Write ``audit_dir/report.html`` (or ``out``) and return its path."""
+    audit_dir = Path(audit_dir)
+    columns, rows = read_audit(audit_dir)
+    out = Path(out) if out else audit_dir / "report.html"
+    body = [_audit_cards(rows, columns)]
+    body += _tradeoff_section(audit_dir, rows, columns)
+    body += _settings_tables(rows, columns)
+    body += _exposed_section(audit_dir, rows)
     notes = [(setting_name(r), r["note"]) for r in rows if r.get("note")]
     if notes:
         body.append("<h2>Notes</h2>" + "".join(
