@@ -1,7 +1,7 @@
 """Assemble a run from its settings: data, model, method, calibrator, uplink, simulator.
 
 One set of factories for every front end: ``privfedcal train``/``attack``/``audit`` (cli/),
-the privacy audit (attacks/audit.py) and the Flower ServerApp (flower/server_app.py). It sits
+the privacy audit (attacks/reconstruction/leakage_sweep.py) and the Flower ServerApp (flower/server_app.py). It sits
 above the calibrators, which it looks up by name, and below the CLI and Flower
 (docs/architecture.md).
 """
@@ -111,13 +111,16 @@ def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]
     ``server``: the server's experiment (no training data, no partition: the Flower
     ServerApp's, ``federation/setup.py`` ``build_server_experiment``)."""
     from privfedcal.federation.setup import build_experiment, build_server_experiment
-    from privfedcal.protection import build_uplink
+    from privfedcal.privacy.executor import execute_plan, training_spec
+    from privfedcal.protection import plan_for_run
 
     check_method(cfg.method)
     check_calibration_params(cfg)
     exp = build_server_experiment(cfg) if server else build_experiment(cfg)
     calibrator = build_calibrator(exp.cfg, exp)
-    return exp, calibrator, build_uplink(exp.cfg, exp, calibrator)
+    plan = plan_for_run(exp.cfg, calibrator, exp.num_examples)  # pure: reads the settings
+    exp.spec = training_spec(exp.spec, plan)  # DP-SGD's schedule, under --dp-train
+    return exp, calibrator, execute_plan(plan)
 
 
 def build_simulator(cfg: RunConfig, run_dir: Path) -> Simulator:

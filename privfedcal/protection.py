@@ -1,9 +1,14 @@
-"""The protection plan of a run: from its options to the uplink's stages.
+"""The protection planner: a pure function from a run's privacy options to its plan.
 
-Plans the DP noise of every release, sets up CKKS, checks the combination of flags, and
-builds the ``Uplink`` whose stages (privacy/stages.py, privacy/secagg_stage.py) run it.
-This layer knows the methods and calibrators (which releases a calibrator declares, whether
-a method's loss suits DP-SGD); ``privacy/`` holds only the mechanisms.
+``privacy_options`` reads the run's ``RunConfig`` once, at the top, into ``PrivacyOptions``
+(privacy/options.py, with the calibrator's release declarations); ``plan_protection`` turns
+those into a ``ProtectionPlan`` (privacy/plan.py): the DP noise of every release, the CKKS
+set-up, DP-SGD's schedule, DP-FedAvg's clip, every registered stage's set-up, after the
+whole-run checks (the combination of flags, the budget, the secure-aggregation schedule).
+It reads nothing else and writes nothing: the same options give the same plan on the
+simulator, every Flower node and the server, and ``privacy/plan.py`` ``execute_plan``
+builds the live uplink from it. This layer knows the methods and calibrators (whether a
+method's loss suits DP-SGD); ``privacy/`` holds only the mechanisms.
 
 What each flag protects (docs/privacy.md has the whole story):
 - ``--dp-eps``: sample-level (epsilon, delta)-DP of the calibration uploads (features clipped
@@ -14,11 +19,13 @@ What each flag protects (docs/privacy.md has the whole story):
 - ``--secagg``: the server sees ciphertexts and the decrypted sum only (CKKS, TenSEAL).
 - ``--hide-counts``: uploads have one shape whatever classes a client holds; counts and
   CReFF's holder indicators travel inside the ciphertexts (or DP-noised without secagg).
+- ``--stages NAME,...``: opt-in stages registered by name (privacy/stage_registry.py).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from privfedcal.algorithms.algorithm import ALGORITHMS
 from privfedcal.cohorts import (
@@ -30,13 +37,15 @@ from privfedcal.cohorts import (
     select_clients,
 )
 from privfedcal.errors import UsageError
-from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan, plan_noise
-from privfedcal.privacy.dp import L2Clip, default_delta
+from privfedcal.privacy.accounting import ReleasePlan, plan_noise
+from privfedcal.privacy.dp import default_delta
 from privfedcal.privacy.dp_stage import ASSUMPTIONS, DPStage
-from privfedcal.privacy.noise import warn_if_seeded
+from privfedcal.privacy.executor import execute_plan, live_user_dp, training_spec
+from privfedcal.privacy.options import PrivacyOptions, ReleaseSchedule
+from privfedcal.privacy.plan import CKKSPlan, NoisePlan, ProtectionPlan, UserDPPlan
 from privfedcal.privacy.releases import DPSGD_RELEASE
-from privfedcal.privacy.stages import Stage, StagePlan, planned_stages
-from privfedcal.privacy.uplink import Uplink
+from privfedcal.privacy.stage_registry import plan_stages
+from privfedcal.privacy.uplink import UPDATE_WEIGHT, Uplink
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)
@@ -45,6 +54,33 @@ SECAGG_DEFAULT_CLIP = 1000.0
 #: median near 12, so 10 clips about half of them: tune --dp-clip for other models)
 DP_DEFAULT_CLIP = 10.0
 DP_DEFAULT_GRAD_CLIP = 1.0
+#: |parameter| assumed <= this under --secagg-updates: a data-independent bound for CKKS
+#: (the shipped models' parameters stay far inside it); a sum past it fails the key
+#: holder's check and the round keeps the previous global state (``skipped_releases``)
+PARAM_BOUND = 100.0
+#: the RunConfig fields ``PrivacyOptions`` copies as they are
+_COPIED = ("clients", "rounds", "participation", "seed", "method", "local_method",
+           "batch_size", "local_epochs", "dp_eps", "dp_delta", "dp_clip", "dp_grad_clip",
+           "accountant", "dp_train", "dp_train_share", "dp_nominal_size", "dp_updates",
+           "dp_update_clip", "dp_updates_share", "dp_adaptive_clip", "dp_clip_quantile",
+           "secagg", "hide_counts", "secagg_updates", "secagg_min_clients",
+           "secagg_key_holder", "insecure_seeded_noise")
+
+
+def privacy_options(cfg: Any, calibrator: Any, examples: int | None = None) -> PrivacyOptions:
+    """The run's ``PrivacyOptions``: read from its ``RunConfig`` here and nowhere below, with
+    the releases ``calibrator`` (class or object) declares and the rounds it makes them in,
+    and ``examples``, the federation's public N (``federation/setup.py`` ``held_examples``)."""
+    releases = tuple(
+        ReleaseSchedule(r, () if r.participants == "all"
+                        else tuple(calibrator.release_rounds(cfg, r)))
+        for r in calibrator.releases)
+    named = str(getattr(cfg, "stages", "") or "")
+    return PrivacyOptions(**{name: getattr(cfg, name) for name in _COPIED},
+                          examples=None if examples is None else int(examples),
+                          calibrator=calibrator.name, protectable=bool(calibrator.protectable),
+                          releases=releases, hints=tuple(calibrator.privacy_hints(cfg)),
+                          stages=tuple(s.strip() for s in named.split(",") if s.strip()))
 
 
 def dpsgd_methods() -> tuple[str, ...]:
@@ -53,264 +89,272 @@ def dpsgd_methods() -> tuple[str, ...]:
     return tuple(name for name in ALGORITHMS.names() if ALGORITHMS.get(name).dp_sgd)
 
 
-def participation_counts(cfg, rounds=None) -> dict[int, int]:
+def participation_counts(opts: Any, rounds=None) -> dict[int, int]:
     """Rounds each client is selected in (among ``rounds``, default every round): the
-    server's choice, a function of the public config (``cohorts.select_clients``), known
-    before training."""
-    counts = dict.fromkeys(range(cfg.clients), 0)
-    for r in (range(1, cfg.rounds + 1) if rounds is None else rounds):
-        for c in select_clients(cfg, r):
+    server's choice, a function of the public options (``cohorts.select_clients``; a
+    ``RunConfig`` serves too), known before training."""
+    counts = dict.fromkeys(range(opts.clients), 0)
+    for r in (range(1, opts.rounds + 1) if rounds is None else rounds):
+        for c in select_clients(opts, r):
             counts[c] += 1
     return counts
 
 
-def planned_participants(cfg, calibrator) -> dict[str, int]:
-    """Clients asked for each release ``calibrator`` declares (from the config, never from
-    the server's messages): every client, or each round's selection."""
-    m = min(max(1, int(round(cfg.participation * cfg.clients))), cfg.clients)
-    return {r.label: cfg.clients if r.participants == "all" else m
-            for r in calibrator.releases}
+def planned_participants(opts: PrivacyOptions) -> dict[str, int]:
+    """Clients asked for each declared release (from the options, never from the server's
+    messages): every client, or each round's selection."""
+    m = min(max(1, int(round(opts.participation * opts.clients))), opts.clients)
+    return {s.spec.label: opts.clients if s.spec.participants == "all" else m
+            for s in opts.releases}
 
 
-def release_plans(cfg, calibrator) -> list[ReleasePlan]:
-    """The releases this configuration will make, from its calibrator's declarations, for the
+def release_plans(opts: PrivacyOptions, calibrator: Any = None) -> list[ReleasePlan]:
+    """The releases the run will make, from its calibrator's declarations, for the
     accountant's plan: per client, q = 1 (no amplification from the server's choice of
     clients), over the most rounds any client takes part in for per-round releases (among
-    the rounds the calibrator makes them in, ``release_rounds``: public config only).
-
-    ``calibrator`` is the run's calibrator (class or object: ``name``, ``releases``,
-    ``protectable``), looked up by ``experiment.calibrator_class``."""
-    if not calibrator.protectable:
-        raise UsageError(f"the {calibrator.name} calibrator re-trains on raw features of every "
+    the rounds the calibrator makes them in: public options only). With ``calibrator``,
+    ``opts`` is a ``RunConfig``, read here (``privacy_options``)."""
+    if calibrator is not None:
+        opts = privacy_options(opts, calibrator)
+    if not opts.protectable:
+        raise UsageError(f"the {opts.calibrator} calibrator re-trains on raw features of every "
                          "client: it is an upper bound, not a protocol, and cannot be combined "
                          "with DP")
     plans = []
-    for r in calibrator.releases:
-        steps = 1 if r.participants == "all" else max(participation_counts(
-            cfg, calibrator.release_rounds(cfg, r)).values(), default=0)
+    for s in opts.releases:
+        steps = 1 if s.spec.participants == "all" else max(
+            participation_counts(opts, s.rounds).values(), default=0)
         if steps < 1:
             continue  # a schedule without any round releases nothing: nothing to charge
-        plans.append(ReleasePlan(r.label, 1.0, steps))
+        plans.append(ReleasePlan(s.spec.label, 1.0, steps))
     return plans
 
 
-def check_settings(cfg, exp) -> None:
-    """Refuse, before any work, settings whose guarantee would not hold or would crash later."""
-    n_total = exp.num_examples  # public: federation/setup.py held_examples
+def check_flags(opts: PrivacyOptions) -> None:
+    """Refuse combinations whose guarantee would not hold or would crash later."""
+    if opts.hide_counts and not opts.secagg:
+        raise UsageError("--hide-counts needs --secagg: only inside ciphertexts are counts "
+                         "hidden")
+    if opts.dp_train and not opts.dp_enabled:
+        raise UsageError("--dp-train needs a budget: give --dp-eps")
+    if opts.dp_train and not ALGORITHMS.get(opts.local_method).dp_sgd:
+        raise UsageError(f"--dp-train supports methods whose loss is a per-sample mean "
+                         f"({', '.join(dpsgd_methods())}); {opts.local_method} is not")
+    n_total = examples_of(opts)
     f32 = 3.0e38  # features and payload sums are float32 on the client
-    for flag, value in (("--dp-clip", cfg.dp_clip), ("--dp-grad-clip", cfg.dp_grad_clip)):
+    for flag, value in (("--dp-clip", opts.dp_clip), ("--dp-grad-clip", opts.dp_grad_clip)):
         if value is None:
             continue
         if not math.isfinite(value) or value * value * max(n_total, 1) * 1e3 > f32:
             raise UsageError(f"{flag} {value:g} is too large: its square times the {n_total} "
                              "training examples overflows float32 sums (the sensitivity of "
                              "sum z z^T is R^2)")
-    if cfg.dp_enabled and cfg.dp_delta is not None and cfg.dp_delta >= 1.0 / max(n_total, 1):
-        raise UsageError(f"--dp-delta {cfg.dp_delta:g} must be < 1/N = {1.0 / n_total:.3g} "
+    if opts.dp_enabled and opts.dp_delta is not None and opts.dp_delta >= 1.0 / max(n_total, 1):
+        raise UsageError(f"--dp-delta {opts.dp_delta:g} must be < 1/N = {1.0 / n_total:.3g} "
                          f"(N = {n_total} training examples): a mechanism that publishes one "
                          "random example outright is (0, 1/N)-DP")
 
 
-def plan_with_dpsgd(cfg, exp, uploads: list[ReleasePlan], delta: float
-                    ) -> tuple[list[ReleasePlan], list[float]]:
-    """Plans and noise multipliers with DP-SGD: every client runs the same public schedule
-    (``dpsgd_local.schedule``), so one plan covers them all."""
-    from privfedcal.privacy.dpsgd_local import client_rates
-
-    share = cfg.dp_train_share if uploads else None  # alone, DP-SGD gets the whole budget
-    ((q, steps),) = client_rates(cfg, exp)
-    plans = [*uploads, ReleasePlan(DPSGD_RELEASE, q, steps * cfg.rounds, share=share)]
-    return plans, plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
+def examples_of(opts: PrivacyOptions) -> int:
+    if opts.examples is None:
+        raise UsageError("the protection plan needs the federation's number of training "
+                         "examples (public): privacy_options(..., examples=N)")
+    return opts.examples
 
 
-def secure_schedule(cfg, calibrator) -> list[list[int]]:
+def secure_schedule(opts: PrivacyOptions) -> list[list[int]]:
     """The participants of every securely summed release the plan makes, in order: each
     round's selection for per-round releases and for the model updates under
     --secagg-updates, every client for a release made once."""
-    releases = list(getattr(calibrator, "releases", ())) if cfg.secagg else []
+    releases = list(opts.releases) if opts.secagg else []
     rows: list[list[int]] = []
-    for r in range(1, cfg.rounds + 1):
-        chosen = select_clients(cfg, r)
-        if cfg.secagg_updates:
+    for r in range(1, opts.rounds + 1):
+        chosen = select_clients(opts, r)
+        if opts.secagg_updates:
             rows.append(chosen)
-        rows += [chosen for spec in releases if spec.participants != "all"
-                 and r in calibrator.release_rounds(cfg, spec)]
-    rows += [list(range(cfg.clients)) for spec in releases if spec.participants == "all"]
+        rows += [chosen for s in releases if s.spec.participants != "all" and r in s.rounds]
+    rows += [list(range(opts.clients)) for s in releases if s.spec.participants == "all"]
     return rows
 
 
-def check_secure_aggregation(cfg, calibrator) -> None:
+def check_secure_aggregation(opts: PrivacyOptions) -> None:
     """Refuse secure aggregation that protects nothing, or whose plan can sum fewer uploads
     than ``--secagg-min-clients`` (an aggregate of one is that client's upload), in one
     release or in any combination of the run's releases (``cohorts.isolated_group`` on the
     planned schedule: rounds select whole cohorts, so this holds by construction and the
     check guards the construction)."""
-    releases = list(getattr(calibrator, "releases", ()))
-    if cfg.secagg and not releases:
-        raise UsageError(f"--secagg protects calibration uploads, and {cfg.method} with "
-                         f"--calibrate {cfg.calibrate} uploads none: use --secagg-updates to "
-                         "hide the model updates")
-    if not (cfg.secagg or cfg.secagg_updates):
+    if opts.secagg and not opts.releases:
+        raise UsageError(f"--secagg protects calibration uploads, and {opts.method} with "
+                         f"--calibrate {opts.calibrator} uploads none: use --secagg-updates "
+                         "to hide the model updates")
+    if not (opts.secagg or opts.secagg_updates):
         return
-    need = secure_minimum(cfg)
-    minimum = f"--secagg-min-clients {cfg.secagg_min_clients}" + (
-        "" if cfg.secagg_key_holder is None else
-        f" plus the key holder (client {cfg.secagg_key_holder}, which knows its own upload)")
-    asked = per_round(cfg.clients, cfg.participation)
+    need = secure_minimum(opts)
+    minimum = f"--secagg-min-clients {opts.secagg_min_clients}" + (
+        "" if opts.secagg_key_holder is None else
+        f" plus the key holder (client {opts.secagg_key_holder}, which knows its own upload)")
+    asked = per_round(opts.clients, opts.participation)
     if asked < need:
         raise UsageError(f"secure aggregation would sum {asked} upload(s) per release, fewer "
                          f"than {minimum}: raise --clients or --participation")
-    plan = cohort_plan(cfg)
-    rows = secure_schedule(cfg, calibrator)
+    plan = cohort_plan(opts)
+    rows = secure_schedule(opts)
     if rows and min(len(r) for r in rows) < need:
         raise UsageError(f"secure aggregation would sum {min(len(r) for r in rows)} upload(s) "
                          f"per release, fewer than {minimum}: raise --clients or "
                          "--participation")
     if plan.smallest < need:
         raise UsageError(f"a cohort of {plan.smallest} client(s) is below {minimum}")
-    check_schedule(rows, cfg.clients, cfg.secagg_min_clients, known=observers_own(cfg))
+    check_schedule(rows, opts.clients, opts.secagg_min_clients, known=observers_own(opts))
 
 
-def build_protected_uplink(cfg, exp, calibrator) -> Uplink:
-    """The uplink of a run with DP, secure aggregation or hidden counts; ``calibrator``
-    declares the releases it protects (``release_plans``)."""
-    from privfedcal.privacy.secagg_stage import SecAggStage
-
-    if cfg.hide_counts and not cfg.secagg:
-        raise UsageError("--hide-counts needs --secagg: only inside ciphertexts are counts "
-                         "hidden")
-    check_settings(cfg, exp)
-    check_secure_aggregation(cfg, calibrator)
-    warn_if_seeded(cfg.insecure_seeded_noise)
-    if cfg.dp_train and not cfg.dp_enabled:
-        raise UsageError("--dp-train needs a budget: give --dp-eps")
-    if cfg.dp_train and not ALGORITHMS.get(cfg.local_method).dp_sgd:
-        raise UsageError(f"--dp-train supports methods whose loss is a per-sample mean "
-                         f"({', '.join(dpsgd_methods())}); {cfg.local_method} is not")
-    dp_on = cfg.dp_enabled
-    clip = cfg.dp_clip or (DP_DEFAULT_CLIP if dp_on else SECAGG_DEFAULT_CLIP)
-    grad_clip = cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP
-    if not dp_on and cfg.dp_grad_clip is None:
-        grad_clip = math.sqrt(2.0) * math.sqrt(clip * clip + 1.0)  # never binds: ||p - e_y|| <= sqrt 2
-    bound = L2Clip({"feature": clip, "class-gradient": grad_clip})
-    dp = None
-    if dp_on:
-        n_total = exp.num_examples  # public: federation/setup.py held_examples
-        delta = cfg.dp_delta if cfg.dp_delta is not None else default_delta(n_total)
-        plans = release_plans(cfg, calibrator)
-        if not plans and not (cfg.dp_train or cfg.dp_updates):
-            raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
-                             "(--method ccvr/creff or --calibrate ccvr), no --dp-train and "
-                             "no --dp-updates")
-        if cfg.dp_train:
-            plans, sigmas = plan_with_dpsgd(cfg, exp, plans, delta)
-        elif cfg.dp_updates:  # user level, q = 1 over the most rounds a client takes part in
-            from privfedcal.privacy.user_dp import release_plan
-
-            steps = max(participation_counts(cfg).values())
-            plans = [*plans, release_plan(steps, cfg.dp_updates_share if plans else None)]
-            sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
-        else:
-            sigmas = plan_noise(cfg.dp_eps, delta, plans, cfg.accountant)
-        dp = DPStage(target=cfg.dp_eps, delta=delta,
-                     accountant=PrivacyAccountant(cfg.accountant, delta),
-                     sigmas={p.name: s for p, s in zip(plans, sigmas, strict=True)},
-                     rates={p.name: p.sample_rate for p in plans}, clip=clip,
-                     grad_clip=grad_clip, distributed=cfg.secagg, covers_updates=cfg.dp_train,
-                     planned=[{"name": p.name, "sample_rate": p.sample_rate, "steps": p.steps}
-                              for p in plans],
-                     planned_clients=planned_participants(cfg, calibrator),
-                     specs={r.label: r for r in calibrator.releases})
-        if cfg.dp_train:
-            from privfedcal.privacy.dpsgd_local import verify_clients
-
-            dp.steps[DPSGD_RELEASE] = plans[-1].steps // cfg.rounds
-            uploads = [(z, p.sample_rate, p.steps) for p, z in zip(plans, sigmas, strict=True)
-                       if p.name != DPSGD_RELEASE]
-            verify_clients(cfg, exp, uploads, dp.sigmas[DPSGD_RELEASE], delta, cfg.dp_eps)
-    if cfg.dp_train:
-        import dataclasses
-
-        from privfedcal.privacy.dpsgd_local import DPSGDSpec, nominal_size, schedule
-
-        nominal = nominal_size(cfg, exp)
-        q, steps = schedule(nominal, cfg.batch_size, cfg.local_epochs)
-        exp.spec = dataclasses.replace(exp.spec, dp_sgd=DPSGDSpec(
-            dp.sigmas[DPSGD_RELEASE], cfg.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
-            sample_rate=q, steps=steps, expected_batch_size=q * nominal,
-            seeded=cfg.insecure_seeded_noise))
-    secagg = SecAggStage.for_run(cfg, exp, clip=clip, grad_clip=grad_clip, dp=dp,
-                                 releases=calibrator.releases) if cfg.secagg else None
-    if secagg is not None:  # CKKS parameters must exist for every release: fail before work
-        from privfedcal.privacy.secagg import CKKSParams
-        from privfedcal.privacy.secagg_stage import PRECISION
-
-        for r in calibrator.releases:
-            CKKSParams.for_magnitude(secagg.max_abs(r.label, r.keys), PRECISION,
-                                     max_clients=cfg.clients)
-    hints = calibrator.privacy_hints(cfg)
-    up = Uplink(stages=uplink_stages(bound, dp, secagg, cfg), hide_counts=cfg.hide_counts,
-                hints=hints, seeded_noise=cfg.insecure_seeded_noise)
-    if cfg.dp_updates:
-        up.user_dp = user_dp_of(cfg, dp)
-    return up
+def clip_bounds(opts: PrivacyOptions) -> dict[str, float]:
+    """The per-sample L2 bounds by row kind (privacy/dp.py ``L2Clip``): ``--dp-clip`` for
+    features, ``--dp-grad-clip`` for class gradients; without DP, bounds that only size
+    CKKS and never bind on gradients (||p - e_y|| <= sqrt 2)."""
+    clip = opts.dp_clip or (DP_DEFAULT_CLIP if opts.dp_enabled else SECAGG_DEFAULT_CLIP)
+    grad_clip = opts.dp_grad_clip or DP_DEFAULT_GRAD_CLIP
+    if not opts.dp_enabled and opts.dp_grad_clip is None:
+        grad_clip = math.sqrt(2.0) * math.sqrt(clip * clip + 1.0)
+    return {"feature": clip, "class-gradient": grad_clip}
 
 
-def user_dp_of(cfg, dp):
-    """``--dp-updates``: DP-FedAvg of the model updates (privacy/user_dp.py) with the noise
-    plan ``dp``, its clip and its public denominator (the clients asked per round)."""
-    from privfedcal.privacy.adaptive_clip import AdaptiveClip
-    from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP, UserDP
+def noise_plan(opts: PrivacyOptions, clips: dict[str, float]) -> NoisePlan:
+    """The noise multiplier of every release for the run's budget (one accountant over the
+    uploads, DP-SGD's steps or DP-FedAvg's rounds); DP-SGD's clients checked against it."""
+    from privfedcal.privacy.dpsgd_local import client_rates, verify_clients
 
-    return UserDP(dp, cfg.dp_update_clip or DEFAULT_UPDATE_CLIP,
-                  denominator=per_round(cfg.clients, cfg.participation),
-                  distributed=cfg.secagg_updates, seed=cfg.seed,
-                  seeded=cfg.insecure_seeded_noise,
-                  adaptive=AdaptiveClip(cfg.dp_clip_quantile) if cfg.dp_adaptive_clip else None)
+    delta = opts.dp_delta if opts.dp_delta is not None else default_delta(examples_of(opts))
+    plans = release_plans(opts)
+    if not plans and not (opts.dp_train or opts.dp_updates):
+        raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
+                         "(--method ccvr/creff or --calibrate ccvr), no --dp-train and "
+                         "no --dp-updates")
+    steps: dict[str, int] = {}
+    if opts.dp_train:  # every client runs one public schedule, so one plan covers them all
+        share = opts.dp_train_share if plans else None  # alone, DP-SGD gets the whole budget
+        ((q, per_round_steps),) = client_rates(opts, examples_of(opts))
+        plans = [*plans, ReleasePlan(DPSGD_RELEASE, q, per_round_steps * opts.rounds,
+                                     share=share)]
+        steps[DPSGD_RELEASE] = per_round_steps
+    elif opts.dp_updates:  # user level, q = 1 over the most rounds a client takes part in
+        from privfedcal.privacy.user_dp import release_plan
 
-
-def uplink_stages(bound, dp, secagg, cfg) -> list[Stage]:
-    """The run's stages in client order (bound, noise with a budget, ..., the wire): every
-    registered stage builds itself from the plan (``privacy/stages.py`` ``planned_stages``)."""
-    return planned_stages(StagePlan(cfg=cfg, bound=bound, dp=dp, secagg=secagg))
-
-
-#: |parameter| assumed <= this under --secagg-updates: a data-independent bound for CKKS
-#: (the shipped models' parameters stay far inside it); a sum past it fails the key
-#: holder's check and the round keeps the previous global state (``skipped_releases``)
-PARAM_BOUND = 100.0
-
-
-def update_uplink(cfg, exp, uniform: bool) -> Uplink:
-    """``--secagg-updates``: the model updates' own uplink, the same encrypt wire as the
-    calibration releases (fresh keys per round, the key holder's minimum, flooding). Each
-    client uploads ``w_k * state_k`` and ``w_k`` (``UPDATE_WEIGHT``); the bound of every
-    entry is ``PARAM_BOUND`` times the largest possible weight sum."""
-    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
-    from privfedcal.privacy.uplink import UPDATE_WEIGHT
-
-    weight_sum = float(cfg.clients) if uniform else float(exp.num_examples)  # public
-    stage = SecAggStage(bounds={UPDATE_WEIGHT: weight_sum}, dp=None, clients=cfg.clients,
-                        hide_counts=False, min_clients=secure_minimum(cfg),
-                        default_bound=PARAM_BOUND * weight_sum + weight_sum,
-                        cohorts=cohort_plan(cfg).cohorts)
-    return Uplink(stages=[EncryptStage(stage)])
-
-
-def build_uplink(cfg, exp, calibrator) -> Uplink:
-    """The uplink a configuration asks for; ``calibrator`` (its class or object) declares
-    the releases to protect."""
-    if not (cfg.dp_enabled or cfg.secagg or cfg.hide_counts or cfg.dp_train
-            or cfg.secagg_updates):
-        return Uplink()
-    up = build_protected_uplink(cfg, exp, calibrator)
-    if cfg.secagg_updates:
-        uniform = any(s.uniform_weights for s in up.stages)  # weights 1 under --dp-train
-        up.updates = update_uplink(cfg, exp, uniform)
-    return up
+        plans = [*plans, release_plan(max(participation_counts(opts).values()),
+                                      opts.dp_updates_share if plans else None)]
+    sigmas = plan_noise(opts.dp_eps, delta, plans, opts.accountant)
+    by_label = {p.name: s for p, s in zip(plans, sigmas, strict=True)}
+    if opts.dp_train:
+        uploads = [(z, p.sample_rate, p.steps) for p, z in zip(plans, sigmas, strict=True)
+                   if p.name != DPSGD_RELEASE]
+        verify_clients(opts, examples_of(opts), uploads, by_label[DPSGD_RELEASE], delta,
+                       opts.dp_eps)
+    return NoisePlan(target=opts.dp_eps, delta=delta, accountant=opts.accountant,
+                     sigmas=by_label, rates={p.name: p.sample_rate for p in plans},
+                     clip=clips["feature"], grad_clip=clips["class-gradient"],
+                     distributed=opts.secagg, covers_updates=opts.dp_train,
+                     planned=tuple({"name": p.name, "sample_rate": p.sample_rate,
+                                    "steps": p.steps} for p in plans),
+                     steps=steps, planned_clients=planned_participants(opts),
+                     specs={s.spec.label: s.spec for s in opts.releases})
 
 
-__all__ = ["ASSUMPTIONS", "DPStage", "build_protected_uplink", "build_uplink",
-           "dpsgd_methods",
-           "participation_counts", "planned_participants", "release_plans", "secure_schedule",
-           "update_uplink", "user_dp_of"]
+def dpsgd_spec(opts: PrivacyOptions, noise: NoisePlan) -> Any:
+    """DP-SGD's public local schedule (privacy/dpsgd_local.py) at the planned noise."""
+    from privfedcal.privacy.dpsgd_local import DPSGDSpec, nominal_size, schedule
+
+    nominal = nominal_size(opts, examples_of(opts))
+    q, steps = schedule(nominal, opts.batch_size, opts.local_epochs)
+    return DPSGDSpec(noise.sigmas[DPSGD_RELEASE], opts.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
+                     sample_rate=q, steps=steps, expected_batch_size=q * nominal,
+                     seeded=opts.insecure_seeded_noise)
+
+
+def ckks_plan(opts: PrivacyOptions, clips: dict[str, float],
+              noise: NoisePlan | None) -> CKKSPlan:
+    """The calibration uploads' CKKS set-up: bounds and symmetric keys from the releases'
+    declarations only (privacy/releases.py; a key two releases share gets the larger
+    bound). CKKS parameters must exist for every release: refused here, before any work."""
+    from privfedcal.privacy.secagg import CKKSParams
+    from privfedcal.privacy.secagg_stage import PRECISION, SecAggStage
+
+    n, k = float(examples_of(opts)), float(opts.clients)
+    bounds: dict[str, float] = {}
+    for s in opts.releases:
+        for key, b in s.spec.bounds(clip=clips["feature"], grad_clip=clips["class-gradient"],
+                                    examples=n, clients=k).items():
+            bounds[key] = max(bounds.get(key, 0.0), b)
+    plan = CKKSPlan(bounds=bounds, clients=opts.clients, min_clients=secure_minimum(opts),
+                    hide_counts=opts.hide_counts, cohorts=cohort_plan(opts).cohorts,
+                    symmetric={s.spec.label: s.spec.symmetric for s in opts.releases})
+    sizing = SecAggStage.from_plan(plan, dp=noise.live() if noise is not None else None)
+    for s in opts.releases:
+        CKKSParams.for_magnitude(sizing.max_abs(s.spec.label, s.spec.keys), PRECISION,
+                                 max_clients=opts.clients)
+    return plan
+
+
+def updates_plan(opts: PrivacyOptions) -> CKKSPlan:
+    """``--secagg-updates``: each client uploads ``w_k * state_k`` and ``w_k``
+    (``UPDATE_WEIGHT``); every entry is bounded by ``PARAM_BOUND`` times the largest possible
+    weight sum (the clients under --dp-train's uniform weights, else N)."""
+    weight_sum = float(opts.clients) if opts.dp_train else float(examples_of(opts))
+    return CKKSPlan(bounds={UPDATE_WEIGHT: weight_sum}, clients=opts.clients,
+                    min_clients=secure_minimum(opts),
+                    default_bound=PARAM_BOUND * weight_sum + weight_sum,
+                    cohorts=cohort_plan(opts).cohorts)
+
+
+def user_dp_plan(opts: Any) -> UserDPPlan:
+    """``--dp-updates``: DP-FedAvg's clip and public denominator (the clients asked per
+    round); ``opts``: the run's ``PrivacyOptions`` (a ``RunConfig`` has the same fields)."""
+    from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP
+
+    return UserDPPlan(clip=opts.dp_update_clip or DEFAULT_UPDATE_CLIP,
+                      denominator=per_round(opts.clients, opts.participation),
+                      distributed=opts.secagg_updates, seed=opts.seed,
+                      seeded=opts.insecure_seeded_noise,
+                      adaptive_quantile=opts.dp_clip_quantile if opts.dp_adaptive_clip
+                      else None)
+
+
+def user_dp_of(opts: Any, dp: DPStage) -> Any:
+    """The live DP-FedAvg of ``opts`` charged to ``dp`` (the run's noise plan)."""
+    return live_user_dp(user_dp_plan(opts), dp)
+
+
+def plan_protection(options: PrivacyOptions) -> ProtectionPlan:
+    """The run's protection plan: a pure function of ``options`` (same options, same plan;
+    nothing read or written elsewhere). Raises ``UsageError`` (``PrivacyBudgetError``) for
+    settings whose guarantee would not hold, before any work."""
+    opts = options
+    if not (opts.protected or opts.stages):
+        return ProtectionPlan(opts)
+    check_flags(opts)
+    check_secure_aggregation(opts)
+    clips = clip_bounds(opts) if opts.protected else {}
+    noise = noise_plan(opts, clips) if opts.dp_enabled else None
+    plan = ProtectionPlan(
+        opts, protected=True, clips=clips, noise=noise,
+        ckks=ckks_plan(opts, clips, noise) if opts.secagg else None,
+        updates=updates_plan(opts) if opts.secagg_updates else None,
+        dp_sgd=dpsgd_spec(opts, noise) if noise is not None and opts.dp_train else None,
+        user_dp=user_dp_plan(opts) if opts.dp_updates else None, hints=opts.hints)
+    return plan_stages(plan)
+
+
+def plan_for_run(cfg: Any, calibrator: Any, examples: int) -> ProtectionPlan:
+    """``plan_protection`` of a ``RunConfig``: its options read once, here."""
+    return plan_protection(privacy_options(cfg, calibrator, examples))
+
+
+def build_uplink(cfg: Any, exp: Any, calibrator: Any) -> Uplink:
+    """The live uplink of a run's plan, for callers that hold a ``RunConfig`` and run no
+    local training (those take the plan's DP-SGD schedule too: ``training_spec``)."""
+    return execute_plan(plan_for_run(cfg, calibrator, exp.num_examples))
+
+
+__all__ = ["ASSUMPTIONS", "DPStage", "PrivacyOptions", "ProtectionPlan", "build_uplink",
+           "dpsgd_methods", "execute_plan", "participation_counts", "plan_for_run",
+           "plan_protection", "planned_participants", "privacy_options", "release_plans",
+           "secure_schedule", "training_spec", "user_dp_of"]

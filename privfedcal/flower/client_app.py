@@ -212,11 +212,13 @@ def node_threads(context: Context, cfg: RunConfig) -> int:
 def client_runtime(context: Context) -> ClientRuntime:
     """The node's experiment and uplink, built as the simulator builds them.
 
-    ``build_uplink`` runs here too: it plans the DP noise and, with ``--dp-train``, switches
-    the experiment's local training to DP-SGD, exactly as on the simulator's side.
+    The protection plan is computed here too, from the node's own run config: the DP noise
+    and, with ``--dp-train``, the local training's DP-SGD schedule, exactly as on the
+    simulator's side.
     """
     from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import build_uplink
+    from privfedcal.privacy.executor import execute_plan, training_spec
+    from privfedcal.protection import plan_for_run
 
     cfg, _ = parse_run_config(context.run_config)
     # a node trains its one client: no worker pool, no batch of clients
@@ -227,7 +229,9 @@ def client_runtime(context: Context) -> ClientRuntime:
         _EXPERIMENTS.clear()
         start = time.perf_counter()
         exp = build_experiment(cfg)
-        uplink = build_uplink(exp.cfg, exp, calibrator_class(exp.cfg))  # resolved defaults
+        plan = plan_for_run(exp.cfg, calibrator_class(exp.cfg), exp.num_examples)  # resolved
+        exp.spec = training_spec(exp.spec, plan)
+        uplink = execute_plan(plan)
         _EXPERIMENTS[key] = (exp, uplink)
         _BUILD_SECONDS.append(time.perf_counter() - start)
     exp, uplink = _EXPERIMENTS[key]

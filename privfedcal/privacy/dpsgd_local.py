@@ -12,7 +12,7 @@ whatever n_k is (each example joins a batch independently with probability q).
 
 Accounting (sample level): an example of client k is touched only by client k's updates, so
 its epsilon composes the calibration uploads with client k's DP-SGD steps. Every client runs
-the same schedule, so one plan covers all (``protection.plan_with_dpsgd``); each client is
+the same schedule, so one plan covers all (``protection.noise_plan``); each client is
 assumed to take part in every round (client sampling is not used for amplification:
 conservative). The Poisson batches and the noise come from OS entropy (privacy/noise.py),
 so the server sees neither. The local training loss never leaves the client: the server
@@ -42,14 +42,14 @@ class DPSGDSpec:
     seeded: bool = False  # --insecure-seeded-noise: batches and noise from the public seed
 
 
-def nominal_size(cfg, exp) -> int:
+def nominal_size(cfg, examples: int) -> int:
     """The public client size the schedule is planned with: ``--dp-nominal-size``, else the
     federation's training examples over the clients (rounded down, at least 1). The
     federation's size is public (``federation/setup.py`` ``held_examples``): the server
     plans with it too, without the partition."""
     if cfg.dp_nominal_size is not None:
         return int(cfg.dp_nominal_size)
-    return max(1, int(exp.num_examples) // cfg.clients)
+    return max(1, int(examples) // cfg.clients)
 
 
 def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, int]:
@@ -59,17 +59,17 @@ def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, i
     return q, local_epochs * max(1, round(1 / q))
 
 
-def client_rates(cfg, exp) -> list[tuple[float, int]]:
+def client_rates(cfg, examples: int) -> list[tuple[float, int]]:
     """(sample rate, steps per round) of the clients: one public schedule for all."""
-    return [schedule(nominal_size(cfg, exp), cfg.batch_size, cfg.local_epochs)]
+    return [schedule(nominal_size(cfg, examples), cfg.batch_size, cfg.local_epochs)]
 
 
-def verify_clients(cfg, exp, upload_entries, sigma: float, delta: float, target: float) -> None:
+def verify_clients(cfg, examples: int, upload_entries, sigma: float, delta: float, target: float) -> None:
     """Every client's examples (uploads + its own DP-SGD steps) must fit the budget."""
     from privfedcal.errors import PrivacyBudgetError
     from privfedcal.privacy.accounting import compute_epsilon
 
-    for q, steps in client_rates(cfg, exp):
+    for q, steps in client_rates(cfg, examples):
         eps = compute_epsilon([*upload_entries, (sigma, q, steps * cfg.rounds)],
                               cfg.accountant, delta)
         if eps > target:

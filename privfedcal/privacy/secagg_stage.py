@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from privfedcal.cohorts import cohort_plan, secure_minimum
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
-from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg import (
     CKKSParams,
     KeyHolder,
@@ -34,14 +32,10 @@ from privfedcal.privacy.secagg import (
     encrypt_payload,
     load_public_context,
 )
-from privfedcal.privacy.stages import (
-    MIN_SECAGG_CLIENTS,
-    Finish,
-    Release,
-    Stage,
-    StagePlan,
-    Wire,
-)
+from privfedcal.privacy.stages import MIN_SECAGG_CLIENTS, Finish, Release, Wire
+
+if TYPE_CHECKING:
+    from privfedcal.privacy.plan import CKKSPlan
 
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
@@ -99,20 +93,13 @@ class SecAggStage:
     symmetric: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
-    def for_run(cls, cfg, exp, *, clip: float, grad_clip: float, dp,
-                releases: tuple[ReleaseSpec, ...]) -> SecAggStage:
-        """Bounds and symmetric keys from the calibrator's release declarations only
-        (privacy/releases.py); a key two releases share gets the larger bound."""
-        n = float(exp.num_examples)  # public: federation/setup.py held_examples
-        k = float(cfg.clients)
-        bounds: dict[str, float] = {}
-        for r in releases:
-            for key, b in r.bounds(clip=clip, grad_clip=grad_clip, examples=n,
-                                   clients=k).items():
-                bounds[key] = max(bounds.get(key, 0.0), b)
-        return cls(bounds=bounds, dp=dp, clients=cfg.clients, hide_counts=cfg.hide_counts,
-                   min_clients=secure_minimum(cfg), cohorts=cohort_plan(cfg).cohorts,
-                   symmetric={r.label: r.symmetric for r in releases})
+    def from_plan(cls, plan: CKKSPlan, dp: Any) -> SecAggStage:
+        """The live settings of the planned CKKS set-up ``plan`` (privacy/plan.py), with the
+        run's noise plan ``dp`` (None without DP) whose noise the bounds leave room for."""
+        return cls(bounds=dict(plan.bounds), dp=dp, clients=plan.clients,
+                   hide_counts=plan.hide_counts, min_clients=plan.min_clients,
+                   default_bound=plan.default_bound, cohorts=plan.cohorts,
+                   symmetric=dict(plan.symmetric))
 
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)
@@ -215,11 +202,6 @@ class EncryptStage(Wire):
     keys: KeyService = field(default_factory=LocalKeys)
     name = "encrypt"
     hides_uploads = True
-    order = 1000
-
-    @classmethod
-    def plan(cls, plan: StagePlan) -> Stage | None:
-        return cls(plan.secagg) if plan.secagg is not None else None
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, LocalKeys):  # the in-process key holder: the run's minimum
@@ -309,6 +291,13 @@ class EncryptStage(Wire):
                                       f"could not be added ({exc})")
             rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
                                   client=client, bytes=len(data_of[client]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The CKKS parameters of every release made so far (the summary's record)."""
+        return {"params_used": dict(self.secagg.params_used)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.secagg.params_used = dict(state.get("params_used", {}))
 
     def summary(self) -> dict[str, Any]:
         return {"secagg": self.secagg.summary()}

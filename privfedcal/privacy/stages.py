@@ -9,13 +9,10 @@ the clear, the key holder under encryption: the top-up noise it draws must stay 
 the server). ``open`` runs on the server before any client computes (the budget check, the
 release's keys), ``close`` after the release is made (the accountant records it).
 
-To add a protection, subclass ``Stage`` in its own module ``privacy/<name>_stage.py`` (as
-the encrypt stage in privacy/secagg_stage.py), give it an ``order`` (its place in client
-order: the bound 0, noise 100, the wire 1000) and a ``plan`` classmethod that builds it from
-the run's ``StagePlan`` (or returns None where the run does not use it). Defining the class
-registers it; ``planned_stages`` imports every ``*_stage`` module and builds the uplink's
-stages in order. The planner (``privfedcal.protection``) names no stage, and the
-calibrators never know which stages ran.
+To add a protection, subclass ``Stage`` (in its own file) and register it in
+privacy/stage_registry.py's ``STAGES`` (``register_stage``): its name, the stages it comes
+after, and how the run's plan sets it up. The planner (``privfedcal.protection``) names no
+stage, and the calibrators never know which stages ran.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -78,43 +75,14 @@ class Release:
 Finish = Callable[[Payload, Release], Payload]
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    """What the privacy planner decided for a run, from which each stage builds itself:
-    the run's config, the per-sample bound, the noise plan (None without DP) and the CKKS
-    set-up (None without --secagg)."""
-
-    cfg: Any
-    bound: Bound
-    dp: DPStage | None = None
-    secagg: Any = None
-
-
-#: every Stage class with an ``order``, registered by defining it (``Stage.__init_subclass__``)
-STAGE_CLASSES: list[type[Stage]] = []
-#: modules whose name ends so hold stages; ``planned_stages`` imports each once
-STAGE_MODULE_SUFFIX = "_stage"
-
-
 class Stage(ABC):
     """One layer of the uplink: a client half and a server half (and optional hooks).
 
-    A stage that a run's options switch on sets ``order`` (its place in client order,
-    ascending; the wire is last) and ``plan``; it is then registered when its class is
-    defined."""
+    ``name`` is its name in the stage registry (privacy/stage_registry.py) and the key of
+    its state in a checkpoint (``state_dict``: whatever a resumed run needs to go on
+    exactly, e.g. the accountants)."""
 
     name: str = "stage"
-    order: ClassVar[int | None] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("order") is not None:
-            STAGE_CLASSES.append(cls)
-
-    @classmethod
-    def plan(cls, plan: StagePlan) -> Stage | None:
-        """This stage for a run planned as ``plan``, or None where the run does not use it."""
-        return None
 
     def open(self, rel: Release) -> None:
         """Server, before any client computes its upload."""
@@ -216,11 +184,6 @@ class BoundStage(Stage):
 
     bound: Bound = field(default_factory=NoBound)
     name = "bound"
-    order = 0
-
-    @classmethod
-    def plan(cls, plan: StagePlan) -> Stage | None:
-        return cls(plan.bound)
 
     def client(self, payload: Any, rel: Release) -> Any:
         return payload
@@ -241,13 +204,6 @@ class NoiseStage(Stage):
     seed: int = 0
     seeded: bool = False
     name = "noise"
-    order = 100
-
-    @classmethod
-    def plan(cls, plan: StagePlan) -> Stage | None:
-        if plan.dp is None:
-            return None
-        return cls(plan.dp, seed=plan.cfg.seed, seeded=plan.cfg.insecure_seeded_noise)
 
     def open(self, rel: Release) -> None:
         self.dp.check(rel.label, rel.asked)  # stop before a release that would exceed the budget
@@ -301,11 +257,6 @@ class ClearWire(Wire):
     """Uploads in the clear: the server validates, records and adds each one."""
 
     name = "clear"
-    order = 1000
-
-    @classmethod
-    def plan(cls, plan: StagePlan) -> Stage | None:
-        return cls() if plan.secagg is None else None
 
     def client(self, payload: Payload, rel: Release) -> Payload:
         return payload
@@ -333,24 +284,3 @@ class ClearWire(Wire):
             rel.log.raise_skipped(rel.round_, rel.label, "no valid upload")
         assert total is not None
         return finish(total, rel)
-
-
-def planned_stages(plan: StagePlan) -> list[Stage]:
-    """The stages of a run planned as ``plan``, in client order: every registered stage
-    class that ``plan`` switches on (the ``*_stage`` modules of this package imported
-    first, so a stage's own file is all it takes). Exactly one wire, and it comes last."""
-    import importlib
-    import pkgutil
-
-    import privfedcal.privacy as pkg
-
-    for module in pkgutil.iter_modules(pkg.__path__):
-        if module.name.endswith(STAGE_MODULE_SUFFIX):
-            importlib.import_module(f"{pkg.__name__}.{module.name}")
-    classes = sorted(STAGE_CLASSES, key=lambda c: c.order)  # type: ignore[arg-type, return-value]
-    stages = [s for s in (c.plan(plan) for c in classes) if s is not None]
-    wires = [s for s in stages if isinstance(s, Wire)]
-    if len(wires) != 1 or stages[-1] is not wires[0]:
-        raise RuntimeError(f"a run's stages must end in exactly one wire; planned "
-                           f"{[type(s).__name__ for s in stages]}")
-    return stages

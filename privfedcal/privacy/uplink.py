@@ -270,17 +270,37 @@ class Uplink:
 
     # ---- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        noise = self.find(NoiseStage)
-        return {"dp": noise.state_dict() if noise is not None else None,
+        """Everything a resumed run needs: every stage's own state by its name (the noise
+        stage's accountants and ledgers, the encrypt stage's record, an extension's own),
+        DP-FedAvg's clip, the model updates' wire, the rejected and skipped releases."""
+        stages: dict[str, Any] = {}
+        for stage in self.stages:
+            state = stage.state_dict()
+            if state:
+                if stage.name in stages:
+                    raise RuntimeError(f"two stages named {stage.name!r} hold state")
+                stages[stage.name] = state
+        return {"stages": stages,
                 "user_dp": self.user_dp.state_dict() if self.user_dp is not None else None,
+                "updates": self.updates.state_dict() if self.updates is not None else None,
                 "rejected": self.rejected, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        noise = self.find(NoiseStage)
-        if noise is not None and state.get("dp") is not None:
-            noise.load_state_dict(state["dp"])
+        stages = dict(state.get("stages") or {})
+        if "stages" not in state and state.get("dp") is not None:
+            stages = {NoiseStage.name: state["dp"]}  # saved when only the noise stage's was
+        own = {stage.name: stage for stage in self.stages}
+        foreign = sorted(name for name, st in stages.items() if st and name not in own)
+        if foreign:
+            raise UsageError(f"the checkpoint holds the state of stage(s) {', '.join(foreign)}, "
+                             "which this run does not plan: resume with the run's own settings")
+        for name, st in stages.items():
+            if st:
+                own[name].load_state_dict(st)
         if self.user_dp is not None and state.get("user_dp") is not None:
             self.user_dp.load_state_dict(state["user_dp"])  # the adaptive clip's value
+        if self.updates is not None and state.get("updates") is not None:
+            self.updates.load_state_dict(state["updates"])
         self.rejected = list(state.get("rejected", []))
         self.skipped = list(state.get("skipped", []))
 

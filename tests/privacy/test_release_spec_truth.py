@@ -22,7 +22,7 @@ from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg_stage import NOISE_SIGMAS, EncryptStage
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.protection import build_protected_uplink
+from privfedcal.protection import build_uplink
 
 LABEL = "toy-spread"
 #: payload keys that no file of the package names: their rules live in TOY's declaration only
@@ -62,7 +62,7 @@ def test_the_toy_release_is_noised_bounded_packed_and_modelled_from_its_declarat
                    hide_counts=False)
     exp = build_experiment(cfg)
     assert calibrator_class(cfg) is toy
-    up = build_protected_uplink(cfg, exp, toy)
+    up = build_uplink(cfg, exp, toy)
     noise = next(s for s in up.stages if isinstance(s, NoiseStage))
     wire = next(s for s in up.stages if isinstance(s, EncryptStage))
     dp, secagg = noise.dp, wire.secagg
@@ -107,7 +107,7 @@ def test_the_toy_release_is_noised_bounded_packed_and_modelled_from_its_declarat
 
 def test_an_undeclared_release_is_refused_by_the_noise_and_the_attacker(tiny_cfg, toy):
     cfg = tiny_cfg(calibrate="toy-spread", dp_eps=4.0)
-    up = build_protected_uplink(cfg, build_experiment(cfg), toy)
+    up = build_uplink(cfg, build_experiment(cfg), toy)
     dp = next(s for s in up.stages if isinstance(s, NoiseStage)).dp
     dp.sigmas["undeclared"] = 1.0
     with pytest.raises(UsageError, match="no declaration"):

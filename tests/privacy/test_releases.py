@@ -13,7 +13,12 @@ from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
 from privfedcal.federation.hooks import CALIBRATORS, Calibrator
 from privfedcal.privacy.releases import ReleaseSpec, evaluate
-from privfedcal.protection import participation_counts, planned_participants, release_plans
+from privfedcal.protection import (
+    participation_counts,
+    planned_participants,
+    privacy_options,
+    release_plans,
+)
 
 
 def test_symbol_products_by_hand():
@@ -50,10 +55,10 @@ def test_a_new_calibrator_only_declares_its_releases(tiny_cfg):
         cfg = tiny_cfg(calibrate="decl-test", clients=10, participation=0.3, rounds=5)
         probe = calibrator_class(cfg)  # found by name, as every run finds its calibrator
         assert probe is Probe
-        plans = {p.name: p for p in release_plans(cfg, probe)}
+        plans = {p.name: p for p in release_plans(privacy_options(cfg, probe))}
         assert plans["probe-once"].steps == 1 and plans["probe-once"].sample_rate == 1.0
         assert plans["probe-rounds"].steps == max(participation_counts(cfg).values())
-        assert planned_participants(cfg, probe) == {"probe-once": 10, "probe-rounds": 3}
+        assert planned_participants(privacy_options(cfg, probe)) == {"probe-once": 10, "probe-rounds": 3}
     finally:
         CALIBRATORS._items.pop("decl-test", None)
 

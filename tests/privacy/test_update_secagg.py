@@ -1,7 +1,7 @@
 """--secagg-updates: model updates aggregated as CKKS sums; the server sees the aggregate and
 the summed weight only, and the result equals the plaintext weighted average (up to the key
 holder's flooding). The updates go through the same uplink as the calibration releases
-(privfedcal/protection.py ``update_uplink``: the encrypt wire, fresh keys, the key holder's
+(privfedcal/protection.py ``updates_plan``, privacy/executor.py ``updates_uplink``: the encrypt wire, fresh keys, the key holder's
 minimum)."""
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
     """The key holder decrypts no sum of fewer than its minimum: with one client left in the
     round the release is skipped and the global state stays (no aggregate of one)."""
     from privfedcal.errors import ReleaseSkipped
+    from privfedcal.experiment import calibrator_class
+    from privfedcal.privacy.executor import updates_uplink
     from privfedcal.privacy.releases import UPDATE_RELEASE
     from privfedcal.privacy.transcript import Transcript
-    from privfedcal.protection import update_uplink
+    from privfedcal.protection import privacy_options, updates_plan
 
     cfg = tiny_cfg(rounds=1, secagg_updates=True, data_seed=0)
     sim = build_simulator(cfg, tmp_path / "c")
@@ -65,5 +67,6 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
                              transcript=Transcript(None))
     k = next(k for k, v in sent.items() if v.is_floating_point())
     torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
-    assert isinstance(update_uplink(cfg, sim.exp, uniform=False).wire.summary(), dict)
+    opts = privacy_options(cfg, calibrator_class(cfg), sim.exp.num_examples)
+    assert isinstance(updates_uplink(updates_plan(opts)).wire.summary(), dict)
     assert ReleaseSkipped  # the error the uplink turns into a kept global state

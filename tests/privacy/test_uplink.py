@@ -17,7 +17,7 @@ from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, unpad
 from privfedcal.privacy.stages import ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
-from privfedcal.protection import DPStage, build_protected_uplink
+from privfedcal.protection import DPStage, build_uplink
 
 
 def stats_payload(counts, d=3, seed=0):
@@ -224,7 +224,7 @@ def test_refuses_to_start_when_budget_cannot_be_met(tiny_cfg):
     cfg = tiny_cfg(method="creff", dp_eps=1e-6, rounds=50)
     exp = build_experiment(cfg)
     with pytest.raises(PrivacyBudgetError):
-        build_protected_uplink(cfg, exp, calibrator_class(cfg))
+        build_uplink(cfg, exp, calibrator_class(cfg))
 
 
 def test_lazy_uploads_are_summed_one_at_a_time():

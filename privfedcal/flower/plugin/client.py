@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -187,7 +186,8 @@ class CalibrationClient:
         """The node's settings, partition id and uplink (with dp-clip = "auto", planned
         with the clip the server sent at the end of the clip's search)."""
         from privfedcal.experiment import calibrator_class
-        from privfedcal.protection import build_uplink
+        from privfedcal.privacy.executor import execute_plan
+        from privfedcal.protection import plan_for_run
 
         settings, partition = self.node_settings(context)
         clip = None
@@ -202,8 +202,7 @@ class CalibrationClient:
             # the public N the plan uses (settings.examples); unset, this node's own size
             # stands in for the planner's range checks (delta was fixed without it)
             n = settings.examples or self.size(context)
-            planned = types.SimpleNamespace(num_examples=n, spec=None)
-            uplink = build_uplink(settings.cfg, planned, calibrator_class(settings.cfg))
+            uplink = execute_plan(plan_for_run(settings.cfg, calibrator_class(settings.cfg), n))
             if settings.auto_clip is not None:  # the run's one plan, as the server's
                 settings.auto_clip.plan_into(uplink.find(NoiseStage).dp)
             self._runs = {key: uplink}

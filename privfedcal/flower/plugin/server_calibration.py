@@ -16,7 +16,7 @@ What is shared with privfedcal's own ServerApp, unchanged:
   ``finish`` (the calibrator's post-hoc step, the evaluation, summary.json with
   ``privacy`` and its ``whole_run`` check of the secure sums, the notes);
 * ``GridLink`` (``flower/link.py``): every exchange, deadlines, error replies kept as codes;
-* the planner (``protection.build_uplink``): the releases the calibrator declares
+* the planner (``protection.plan_protection``): the releases the calibrator declares
   (``ReleaseSpec``), the noise plan, accountant and budget ledger (``DPStage``), CKKS
   set-up, hidden counts, cohorts and minimum contributors, all from privfedcal's
   ``RunConfig`` built from the plugin's settings (``plugin_settings.py``), as every node builds it;
@@ -203,7 +203,8 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     from privfedcal.algorithms import create_algorithm
     from privfedcal.experiment import build_calibrator
     from privfedcal.federation.setup import Experiment
-    from privfedcal.protection import build_uplink
+    from privfedcal.privacy.executor import execute_plan
+    from privfedcal.protection import plan_for_run
     from privfedcal.report.output_folder import check_writable
 
     if not isinstance(grid, Grid):
@@ -251,7 +252,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
                      create_algorithm("fedavg", num_classes=adapter.num_classes),
                      None, None, [], n)  # type: ignore[arg-type]
     calibrator = build_calibrator(cfg, exp)
-    uplink = build_uplink(cfg, exp, calibrator)
+    uplink = execute_plan(plan_for_run(cfg, calibrator, n))
     if searched is not None and s.auto_clip is not None:
         # the search's stages in the run's one plan, charged to every node asked (a lost
         # node may have released its histogram)

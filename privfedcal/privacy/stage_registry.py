@@ -1,0 +1,190 @@
+"""The registry of uplink stages: each stage's name, its place, and how a plan sets it up.
+
+As Opacus's accountants are found by name in one dict (``accountants/registry.py``),
+``STAGES`` maps a stage's name to its ``StageEntry``: a pure ``setup`` that reads the run's
+``ProtectionPlan`` (privacy/plan.py) and returns the stage's own part of the plan (a frozen
+value; None where the run does not use the stage), a ``build`` that turns that set-up into
+the live ``Stage`` (privacy/stages.py), and the names of the stages it comes ``after`` in
+client order. Exactly one wire (``wire=True``) is planned per run, and it comes last. The
+built-in entries are listed here; a stage in its own file calls ``register_stage`` there
+(tests/extensions/toy_stage.py does), and a stage marked ``opt_in`` runs only where the
+run names it (the ``stages`` privacy option, ``--stages``).
+
+Order is declared, never numbered: ``client_order`` sorts the registered stages so that
+each comes after the stages its entry names in ``after`` and before those in ``before`` (in
+registration order where the declarations leave a choice), wires last; a name that is not registered, or a cycle, is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from privfedcal.errors import UsageError
+
+if TYPE_CHECKING:
+    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.plan import ProtectionPlan
+    from privfedcal.privacy.stages import Stage
+
+
+@dataclass
+class Shared:
+    """The live objects several stages of one uplink share: the run's noise plan and
+    per-client accountants (None without DP), built once by ``privacy/plan.py``."""
+
+    dp: DPStage | None = None
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    """One registered stage: ``setup(plan)`` is pure (same plan, same set-up) and returns the
+    stage's part of the plan or None; ``build(setup, shared)`` makes the live stage."""
+
+    name: str
+    setup: Callable[[ProtectionPlan], Any]
+    build: Callable[[Any, Shared], Stage]
+    after: tuple[str, ...] = ()
+    before: tuple[str, ...] = ()
+    wire: bool = False
+    opt_in: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "after", tuple(self.after))
+        object.__setattr__(self, "before", tuple(self.before))
+        if not self.name or self.name in self.after + self.before:
+            raise ValueError(f"stage {self.name!r}: a name, not among its own neighbours")
+
+
+#: name -> entry; the built-in stages first (``_builtins`` below), extensions after
+STAGES: dict[str, StageEntry] = {}
+
+
+def register_stage(entry: StageEntry) -> StageEntry:
+    """Add ``entry`` to ``STAGES``. A taken name is refused, unless the entry is the one
+    registered (the same file imported again, under another module name: the newest
+    stands)."""
+    held = STAGES.get(entry.name)
+    if held is not None and held != entry and _source(held) != _source(entry):
+        raise ValueError(f"a stage named {entry.name!r} is registered already")
+    STAGES[entry.name] = entry
+    return entry
+
+
+def _source(entry: StageEntry) -> tuple:
+    """Where an entry's functions are written (file and qualified name)."""
+    return tuple((getattr(getattr(f, "__code__", None), "co_filename", None),
+                  getattr(f, "__qualname__", None)) for f in (entry.setup, entry.build))
+
+
+def get_stage(name: str) -> StageEntry:
+    if name not in STAGES:
+        raise UsageError(f"unknown stage {name!r}; registered stages: {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def opt_in_stages() -> list[str]:
+    """The stages a run switches on by naming them (``--stages``)."""
+    return [name for name, e in STAGES.items() if e.opt_in]
+
+
+def client_order(names: Iterable[str] | None = None) -> list[str]:
+    """``names`` (default: every registered stage) in client order: each after the stages
+    its entry names in ``after`` and before those in ``before``, otherwise in registration
+    order; wires last."""
+    chosen = list(STAGES) if names is None else [get_stage(n).name for n in names]
+    preds: dict[str, set[str]] = {name: set(e.after) for name, e in STAGES.items()}
+    for name, e in STAGES.items():
+        for other in e.after + e.before:
+            if other not in STAGES:
+                raise UsageError(f"stage {name!r} is placed next to {other!r}, which is not "
+                                 f"registered; registered stages: {', '.join(STAGES)}")
+        for later in e.before:
+            preds[later].add(name)
+    done: list[str] = []
+    todo = list(STAGES)  # the whole registry: an order between two chosen stages may pass
+    while todo:          # through one the run does not use
+        ready = [n for n in todo if preds[n] <= set(done)]
+        if not ready:
+            raise UsageError(f"the stages {todo} come after each other in a cycle")
+        done.append(ready[0])
+        todo.remove(ready[0])
+    rank = {n: (STAGES[n].wire, i) for i, n in enumerate(done)}
+    return sorted(chosen, key=rank.__getitem__)
+
+
+
+def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
+    """``plan`` with every registered stage's set-up (``StageEntry.setup``) in client order:
+    the stages it switches on, opt-in ones only where the options name them. Exactly one
+    wire, last."""
+    named = set(plan.options.stages)
+    unknown = named - set(opt_in_stages())
+    if unknown:
+        raise UsageError(f"unknown stage(s) {', '.join(sorted(unknown))} in --stages; stages "
+                         f"a run can name: {', '.join(opt_in_stages()) or 'none registered'}")
+    chosen = []
+    for name in client_order():
+        entry = STAGES[name]
+        if entry.opt_in and name not in named:
+            continue
+        setup = entry.setup(plan)
+        if setup is not None:
+            chosen.append((name, setup))
+    wires = [n for n, _ in chosen if STAGES[n].wire]
+    if len(wires) != 1:
+        raise RuntimeError(f"a run's stages must end in exactly one wire; planned "
+                           f"{[n for n, _ in chosen]}")
+    return dataclasses.replace(plan, stages=tuple(chosen))
+
+
+# ---- the built-in stages: bound -> noise -> one wire (in the clear, or CKKS) ---------------
+def _bound_setup(plan: ProtectionPlan) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted(plan.clips.items()))  # () without a bound: the identity
+
+
+def _bound_build(setup: tuple[tuple[str, float], ...], shared: Shared) -> Stage:
+    from privfedcal.privacy.bound import NoBound
+    from privfedcal.privacy.dp import L2Clip
+    from privfedcal.privacy.stages import BoundStage
+
+    return BoundStage(L2Clip(dict(setup)) if setup else NoBound())
+
+
+def _noise_setup(plan: ProtectionPlan) -> tuple[int, bool] | None:
+    """The noise stage's own settings (the noise plan itself is shared: ``Shared.dp``)."""
+    if plan.noise is None:
+        return None
+    return plan.options.seed, plan.options.insecure_seeded_noise
+
+
+def _noise_build(setup: tuple[int, bool], shared: Shared) -> Stage:
+    from privfedcal.privacy.stages import NoiseStage
+
+    assert shared.dp is not None  # planned only with a noise plan
+    seed, seeded = setup
+    return NoiseStage(shared.dp, seed=seed, seeded=seeded)
+
+
+def _clear_build(setup: Any, shared: Shared) -> Stage:
+    from privfedcal.privacy.stages import ClearWire
+
+    return ClearWire()
+
+
+def _encrypt_build(setup: Any, shared: Shared) -> Stage:
+    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
+
+    return EncryptStage(SecAggStage.from_plan(setup, dp=shared.dp))
+
+
+for _entry in (
+    StageEntry("bound", _bound_setup, _bound_build),
+    StageEntry("noise", _noise_setup, _noise_build, after=("bound",)),
+    StageEntry("clear", lambda plan: () if plan.ckks is None else None, _clear_build,
+               wire=True),
+    StageEntry("encrypt", lambda plan: plan.ckks, _encrypt_build, wire=True),
+):
+    register_stage(_entry)
