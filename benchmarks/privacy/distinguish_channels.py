@@ -59,13 +59,15 @@ def _dpsgd_client(n: int, outlier: bool, trials: int, seed: int) -> dict:
     from privfedcal.experiment import calibrator_class
     from privfedcal.federation.local import clone_state, train_client
     from privfedcal.federation.setup import build_experiment
-    from privfedcal.protection import build_uplink
+    from privfedcal.privacy.executor import training_spec
+    from privfedcal.protection import plan_for_run
 
     cfg = RunConfig(dataset="digits", clients=18, method="fedavg", dp_eps=CLAIMED_EPS,
                     dp_train=True, rounds=1, local_epochs=1, batch_size=32, device="cpu",
                     threads=1, transcript=False, seed=seed)
     exp = build_experiment(cfg)
-    build_uplink(cfg, exp, calibrator_class(cfg))  # sets exp.spec.dp_sgd as a run does
+    plan = plan_for_run(cfg, calibrator_class(cfg), exp.num_examples)
+    exp.spec = training_spec(exp.spec, plan)  # DP-SGD's schedule, as a run's
     x, y = exp.data.x_train, exp.data.y_train.clone()
     model = exp.model
     # a global model that already fits the data, so that a mislabelled example stands out
