@@ -81,6 +81,29 @@ def error_reason(error: Error) -> str:
     return _FLOWER_ERRORS.get(error.code, f"flower-error-{int(error.code)}")
 
 
+def _harvest(pulls: list[_Pull | None], ids: set[str], errors: dict[str, Message],
+             got: list[Message], arrived: dict[str, float] | None) -> None:
+    """Take the replies of every finished pull not yet harvested: a good reply of an
+    outstanding message settles it (into ``got``, its time into ``arrived``), an error
+    reply waits in ``errors`` until no other pull of that message is running."""
+    for pull in pulls:
+        if pull is None or not pull.done() or pull.harvested:
+            continue
+        pull.harvested = True
+        for reply in pull.result():
+            msg_id = reply.metadata.reply_to_message_id
+            if msg_id not in ids:
+                continue
+            if reply.has_error():
+                errors.setdefault(msg_id, reply)
+                continue
+            ids.discard(msg_id)
+            errors.pop(msg_id, None)
+            got.append(reply)
+            if arrived is not None:
+                arrived[msg_id] = time.monotonic()
+
+
 class GridLink:
     """Sends one content to a set of clients and returns their replies by client index."""
 
@@ -318,22 +341,7 @@ class GridLink:
                        for p in [batch, *single.values()])
 
         while True:
-            for pull in [batch, *single.values()]:
-                if pull is None or not pull.done() or pull.harvested:
-                    continue
-                pull.harvested = True
-                for reply in pull.result():
-                    msg_id = reply.metadata.reply_to_message_id
-                    if msg_id not in ids:
-                        continue
-                    if reply.has_error():
-                        errors.setdefault(msg_id, reply)
-                        continue
-                    ids.discard(msg_id)
-                    errors.pop(msg_id, None)
-                    got.append(reply)
-                    if arrived is not None:
-                        arrived[msg_id] = time.monotonic()
+            _harvest([batch, *single.values()], ids, errors, got, arrived)
             batch = batch if batch is not None and not batch.done() else None
             single = {i: p for i, p in single.items() if not p.done() and i in ids}
             now = time.monotonic()
