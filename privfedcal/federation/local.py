@@ -8,7 +8,6 @@ augmented with batched tensor code. Every random draw comes from a generator see
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -17,22 +16,8 @@ from torch import Tensor
 
 from privfedcal.algorithms.algorithm import Algorithm, State, client_context
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.options import LocalSpec
 from privfedcal.seeding import derive_seed, make_generator
-
-
-@dataclass(frozen=True)
-class LocalSpec:
-    """How one client trains (a picklable subset of RunConfig)."""
-
-    local_epochs: int
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    augment: bool
-    seed: int
-    dp_sgd: Any = None  # privacy.dpsgd_local.DPSGDSpec when local training is DP-SGD
-    mixed_precision: bool = False  # bf16 autocast on CUDA (choose_mixed_precision)
 
 
 def autocast_for(device: torch.device, enabled: bool = True):

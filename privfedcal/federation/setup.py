@@ -2,7 +2,10 @@
 
 The experiment holds the *resolved* config: settings left None are filled per model and
 dataset (``config.resolve_training_defaults``) once the data is loaded, and the data seed
-(``resolve_data_seed``) once the partition is drawn.
+(``resolve_data_seed``) once the partition is drawn. From the resolved config it builds,
+once, the narrow options the layers below take (privfedcal/options.py): the data options,
+the local-training spec (``exp.spec``), the engine options and the privacy options; the
+functions here and the trainers take those, not the whole config.
 
 Two seeds (docs/threat-model.md): the protocol seed ``--seed`` is public (the server holds
 it: it picks clients and initialises models); the data seed draws the partition, which only
@@ -26,12 +29,15 @@ from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.config import MODEL_MIN_INPUT, RunConfig, resolve_training_defaults
 from privfedcal.errors import UsageError
-from privfedcal.federation.local import (
-    LocalSpec,
-    choose_mixed_precision,
-    set_deterministic,
-)
+from privfedcal.federation.local import choose_mixed_precision, set_deterministic
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.options import (
+    DataOptions,
+    EngineOptions,
+    LocalSpec,
+    PrivacyOptions,
+    run_options,
+)
 from privfedcal.seeding import make_generator
 
 
@@ -43,46 +49,45 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model_and_algo(cfg_dict: dict[str, Any], num_classes: int, in_channels: int,
-                         image_size: int) -> tuple[FeatureClassifier, Algorithm]:
+def build_model_and_algo(model_name: str, training: LocalSpec, num_classes: int,
+                         in_channels: int, image_size: int
+                         ) -> tuple[FeatureClassifier, Algorithm]:
     """The same model + method objects in the server and in every worker (picklable)."""
-    from privfedcal.data.datasets import default_model_for
     from privfedcal.models import create_model
 
-    cfg = RunConfig.from_dict(cfg_dict)
-    algo = create_algorithm(cfg.local_method, num_classes=num_classes, **cfg.method_params)
-    model = create_model(cfg.model or default_model_for(cfg.dataset, image_size=image_size), num_classes=num_classes,
-                         in_channels=in_channels, image_size=image_size,
-                         generator=make_generator(cfg.seed, 0, 0, 7))
-    if cfg.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
+    algo = create_algorithm(training.method, num_classes=num_classes, **training.method_params)
+    model = create_model(model_name, num_classes=num_classes, in_channels=in_channels,
+                         image_size=image_size, generator=make_generator(training.seed, 0, 0, 7))
+    if training.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
         from privfedcal.privacy.dpsgd import prepare_model
 
         model = prepare_model(model)
-    algo.configure_model(model, make_generator(cfg.seed, 0, 0, 8))
+    algo.configure_model(model, make_generator(training.seed, 0, 0, 8))
     return model, algo
 
 
-def partition_is_secret(cfg: RunConfig) -> bool:
+def partition_is_secret(privacy: PrivacyOptions | RunConfig) -> bool:
     """Whether the run's protections claim something the server could read off a public
     partition: any DP, secure aggregation or hidden counts. A server that can redraw the
     partition of a public dataset knows every client's examples, so their partition must
     come from a seed it does not hold. ``--insecure-seeded-noise`` declares the run insecure
-    against anyone who knows the seed: its partition follows the seed too."""
-    protected = (cfg.dp_enabled or cfg.dp_train or cfg.secagg or cfg.secagg_updates
-                 or cfg.hide_counts)
-    return protected and not cfg.insecure_seeded_noise
+    against anyone who knows the seed: its partition follows the seed too. (A
+    ``RunConfig`` has the same names: the Flower apps ask before the run is assembled.)"""
+    p = privacy
+    protected = p.dp_enabled or p.dp_train or p.secagg or p.secagg_updates or p.hide_counts
+    return protected and not p.insecure_seeded_noise
 
 
-def resolve_data_seed(cfg: RunConfig) -> int:
+def resolve_data_seed(data: DataOptions, privacy: PrivacyOptions) -> int:
     """The seed of the partition: ``--data-seed`` when given; else, under a protection
     (``partition_is_secret``), 63 bits of OS entropy (recorded on the experimenter's side of
     the run folder only, so ``--config RUN/config.json`` redraws the same partition); else
     ``--seed`` (a plain run's partition is public and reproducible)."""
-    if cfg.data_seed is not None:
-        return cfg.data_seed
-    if partition_is_secret(cfg):
+    if data.data_seed is not None:
+        return data.data_seed
+    if partition_is_secret(privacy):
         return secrets.randbits(63)
-    return cfg.seed
+    return data.seed
 
 
 #: the settings that decide which examples a client holds (besides the secret data seed)
@@ -90,26 +95,27 @@ PARTITION_SETTINGS = ("dataset", "partition", "clients", "alpha", "imbalance_fac
                       "shards_per_client", "min_size")
 
 
-def partition_settings_digest(cfg: RunConfig) -> str:
+def partition_settings_digest(data: DataOptions | RunConfig) -> str:
     """A digest of the public data settings, by which a Flower node shows the server it
-    partitions as the run says (the server cannot redraw the partition to check)."""
+    partitions as the run says (the server cannot redraw the partition to check); a
+    ``RunConfig`` gives the same digest as its ``DataOptions``."""
     import hashlib
     import json
 
-    d = cfg.to_dict()
-    text = json.dumps({k: d[k] for k in PARTITION_SETTINGS}, sort_keys=True, default=str)
+    text = json.dumps({k: getattr(data, k) for k in PARTITION_SETTINGS}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def held_examples(labels: np.ndarray, cfg: RunConfig) -> int:
+def held_examples(labels: np.ndarray, data: DataOptions) -> int:
     """How many training examples the clients hold together: a function of the public
     dataset and partition scheme, not of the draw (long-tail shaping keeps a fixed number
     per class; every other scheme deals out every example). The server plans DP and secure
     aggregation with it, as the clients do, without the partition."""
     from privfedcal.data.partition import longtail_counts
 
-    if cfg.partition in ("longtail", "longtail-dirichlet"):
-        return int(longtail_counts(np.bincount(labels), cfg.imbalance_factor).sum())
+    if data.partition in ("longtail", "longtail-dirichlet"):
+        return int(longtail_counts(np.bincount(labels), data.imbalance_factor).sum())
     return int(len(labels))
 
 
@@ -123,11 +129,23 @@ class Experiment:
     model: FeatureClassifier
     algo: Algorithm
     builder: functools.partial
-    spec: LocalSpec
+    spec: LocalSpec  # how a client trains (``options.LocalSpec``)
 
     warnings: list[str] = dataclasses.field(default_factory=list)
     #: training examples the clients hold together (public: ``held_examples``)
     num_examples: int = 0
+    #: the run's other narrow options (privfedcal/options.py), from ``cfg`` when not given
+    data_options: DataOptions = None  # type: ignore[assignment]
+    engine: EngineOptions = None  # type: ignore[assignment]
+    privacy: PrivacyOptions = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.data_options is None:
+            self.data_options = DataOptions.of(self.cfg)
+        if self.engine is None:
+            self.engine = EngineOptions.of(self.cfg)
+        if self.privacy is None:
+            self.privacy = PrivacyOptions.of(self.cfg)
 
     @property
     def model_name(self) -> str:
@@ -139,19 +157,19 @@ class Experiment:
         """What ``partition.json`` holds: the spec, per-client class counts and indices."""
         from privfedcal.data.partition import client_sources
 
-        cfg, d = self.cfg, self.data
+        o, d = self.data_options, self.data
         if self.parts is None or self.counts is None:
             raise ValueError("the server's experiment holds no partition")
         record = {
-            "dataset": d.name, "partition": cfg.partition, "clients": cfg.clients,
-            "alpha": cfg.alpha, "imbalance_factor": cfg.imbalance_factor,
-            "shards_per_client": cfg.shards_per_client, "min_size": cfg.min_size,
-            "seed": cfg.seed, "data_seed": cfg.data_seed, "classes": d.classes, "num_train": d.num_train,
+            "dataset": d.name, "partition": o.partition, "clients": o.clients,
+            "alpha": o.alpha, "imbalance_factor": o.imbalance_factor,
+            "shards_per_client": o.shards_per_client, "min_size": o.min_size,
+            "seed": o.seed, "data_seed": o.data_seed, "classes": d.classes, "num_train": d.num_train,
             "num_assigned": int(self.counts.sum()), "sizes": self.counts.sum(axis=1).tolist(),
             "class_totals": self.counts.sum(axis=0).tolist(), "counts": self.counts.tolist(),
             "indices": [p.tolist() for p in self.parts],
         }
-        record.update(client_sources(d, cfg.partition))  # private, as the indices
+        record.update(client_sources(d, o.partition))  # private, as the indices
         return record
 
 
@@ -165,57 +183,82 @@ def fit_warning(model: str, dataset: str, image_size: int) -> str | None:
             f"chance (the dataset's default model fits)")
 
 
+def _start(engine: EngineOptions) -> torch.device:
+    """The run's device (refused at once when unavailable), with ``--deterministic``'s
+    kernels set before anything computes."""
+    device = resolve_device(engine.device)
+    set_deterministic(engine.deterministic)
+    return device
+
+
 def _finish(cfg: RunConfig, data: Any, parts_np: list[np.ndarray] | None,
             counts: np.ndarray | None, num_examples: int) -> Experiment:
+    """The experiment of ``cfg`` on ``data``: the settings left None resolved for the
+    dataset and model, the narrow options built from them once, the model and method."""
     from privfedcal.data.datasets import default_model_for
 
-    device = resolve_device(cfg.device)
     cfg = resolve_training_defaults(cfg, model=default_model_for(data), augment=data.augment)
+    opts = run_options(cfg)
+    device = resolve_device(opts.engine.device)
     warning = fit_warning(cfg.model, cfg.dataset, data.image_size)
     data = data.to(device)
     parts = None if parts_np is None else [
         torch.as_tensor(p, dtype=torch.long, device=device) for p in parts_np]
-    builder = functools.partial(build_model_and_algo, cfg.to_dict(), data.num_classes,
-                                data.in_channels, data.image_size)
+    builder = functools.partial(build_model_and_algo, cfg.model, opts.training,
+                                data.num_classes, data.in_channels, data.image_size)
     model, algo = builder()
     model.to(device)
     notes = [warning] if warning else []
-    if cfg.client_batch > 1:  # refused before a run folder is written
+    if opts.engine.client_batch > 1:  # refused before a run folder is written
         from privfedcal.federation.vectorised import check_vectorisable, slow_on_device
 
         check_vectorisable(model, algo)
         slow = slow_on_device(model, device)
         if slow:
             notes.append(slow)
-    local = LocalSpec(local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                      momentum=cfg.momentum, weight_decay=cfg.weight_decay, augment=cfg.augment,
-                      seed=cfg.seed,
-                      mixed_precision=choose_mixed_precision(model, device, cfg.precision))
-    return Experiment(cfg, device, data, parts, counts, model, algo, builder, local, notes,
-                      num_examples)
+    training = dataclasses.replace(opts.training, mixed_precision=choose_mixed_precision(
+        model, device, opts.engine.precision))
+    return Experiment(cfg, device, data, parts, counts, model, algo, builder, training, notes,
+                      num_examples, opts.data, opts.engine, opts.privacy)
 
 
 def build_experiment(cfg: RunConfig) -> Experiment:
     """The clients' (and the experimenter's) experiment: the data and the partition drawn
     from the data seed (``resolve_data_seed``; ``exp.cfg.data_seed`` holds it)."""
+    _start(EngineOptions.of(cfg))
+    cfg = cfg.replace(data_seed=resolve_data_seed(DataOptions.of(cfg), PrivacyOptions.of(cfg)))
+    data_options = DataOptions.of(cfg)
+    data = load_data(data_options)
+    parts_np, counts, held = draw_partition(data, data_options)
+    return _finish(cfg, data, parts_np, counts, held)
+
+
+def load_data(options: DataOptions) -> Any:
+    """The dataset ``options`` name (``data.datasets.load_dataset``)."""
     from privfedcal.data.datasets import load_dataset
+
+    return load_dataset(options.dataset, options.data_root, download=options.download)
+
+
+def draw_partition(data: Any, options: DataOptions
+                   ) -> tuple[list[np.ndarray], np.ndarray, int]:
+    """(each client's sample indices, the (K, C) class counts, the examples held) of the
+    partition ``options`` describe, drawn from its data seed (resolved)."""
     from privfedcal.data.partition import PartitionSpec, class_counts, partition_dataset
 
-    resolve_device(cfg.device)
-    set_deterministic(cfg.deterministic)
-    cfg = cfg.replace(data_seed=resolve_data_seed(cfg))
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
+    if options.data_seed is None:
+        raise ValueError("resolve the data seed first (resolve_data_seed)")
     labels = data.y_train.numpy()
-    spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                         imbalance_factor=cfg.imbalance_factor,
-                         shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
-    parts_np = partition_dataset(data, spec, cfg.data_seed)
+    spec = PartitionSpec(scheme=options.partition, num_clients=options.clients,
+                         alpha=options.alpha, imbalance_factor=options.imbalance_factor,
+                         shards_per_client=options.shards_per_client, min_size=options.min_size)
+    parts_np = partition_dataset(data, spec, options.data_seed)
     counts = class_counts(labels, parts_np, data.num_classes)
-    held = held_examples(labels, cfg)
+    held = held_examples(labels, options)
     if int(counts.sum()) != held:  # the public count the server plans with must be exact
-        raise RuntimeError(f"partition {cfg.partition} holds {int(counts.sum())} examples, "
-                           f"not the {held} that held_examples declares")
-    return _finish(cfg, data, parts_np, counts, held)
+        raise RuntimeError(f"partition {options.partition} holds {int(counts.sum())} "
+                           f"examples, not the {held} that held_examples declares")
+    return parts_np, counts, held
 
 
 def server_dataset(data: Any) -> Any:
@@ -235,10 +278,8 @@ def build_server_experiment(cfg: RunConfig) -> Experiment:
     ``num_examples`` is the public ``held_examples``. The data seed is neither read nor
     drawn. The dataset is read once for its test split and public metadata, and its
     training split is dropped before anything else runs."""
-    from privfedcal.data.datasets import load_dataset
-
-    resolve_device(cfg.device)
-    set_deterministic(cfg.deterministic)
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
-    held = held_examples(data.y_train.numpy(), cfg)
+    _start(EngineOptions.of(cfg))
+    data_options = DataOptions.of(cfg)
+    data = load_data(data_options)
+    held = held_examples(data.y_train.numpy(), data_options)
     return _finish(cfg, server_dataset(data), None, None, held)

@@ -223,14 +223,14 @@ class Simulator:
 
     def _trainer(self) -> Trainer:
         """The run's trainer; a subclass returns another (``FlowerSimulator``: the nodes)."""
-        exp = self.exp
-        if self.cfg.workers > 1:
+        exp, engine = self.exp, self.exp.engine
+        if engine.workers > 1:
             return WorkerPoolTrainer(exp.builder, exp.data.x_train, exp.data.y_train, exp.spec,
-                                     self.cfg.workers, self.threads, exp.device,
-                                     self.cfg.deterministic)
-        if self.cfg.client_batch > 1:
+                                     engine.workers, self.threads, exp.device,
+                                     engine.deterministic)
+        if engine.client_batch > 1:
             return VectorisedTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
-                                     exp.spec, self.cfg.client_batch)
+                                     exp.spec, engine.client_batch)
         return InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train,
                                 exp.spec)
 

@@ -1,7 +1,7 @@
 """The package's layers import downwards only (docs/architecture.md).
 
 Layer of each top-level module of ``privfedcal`` (a package counts as one module):
-foundations (errors, registry, descriptions, config, seeding, cohorts, palette, plotstyle) < data,
+foundations (errors, registry, descriptions, config, options, seeding, cohorts, palette, plotstyle) < data,
 models < algorithms, privacy < federation < calibration, attacks, analysis, experiment, protection,
 settings (the catalogue reads the calibrators' options), run_plots, accuracy_png < report < flower,
 api < cli. A module may import its own layer and the layers below; nothing outside
@@ -24,7 +24,7 @@ import privfedcal
 LAYERS: dict[str, int] = {
     "": 0, "errors": 0, "registry": 0, "descriptions": 0, "config": 0,
     "seeding": 0, "cohorts": 0, "palette": 0, "results": 0,
-    "plotstyle": 0, "tensors": 0,
+    "plotstyle": 0, "tensors": 0, "options": 0,
     "data": 1, "models": 1,
     "algorithms": 2, "privacy": 2,
     "federation": 3,

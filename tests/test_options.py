@@ -1,0 +1,82 @@
+"""The narrow options (privfedcal/options.py): each one's fields are the RunConfig settings of
+its name and meaning, the privacy options hold every privacy setting, and a layer given the
+narrow option computes what it computed from the whole config."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from privfedcal.cohorts import cohort_plan, select_clients
+from privfedcal.config import RunConfig, resolve_training_defaults
+from privfedcal.descriptions import settings_of
+from privfedcal.federation.setup import partition_is_secret, partition_settings_digest
+from privfedcal.options import (
+    DataOptions,
+    EngineOptions,
+    LocalSpec,
+    PrivacyOptions,
+    run_options,
+)
+
+#: fields of the narrow options that are derived from RunConfig rather than copied by name
+DERIVED = {"local_method", "calibrator", "optimizer", "dp_sgd", "mixed_precision"}
+
+
+def _resolved(**kw) -> RunConfig:
+    return resolve_training_defaults(RunConfig(**kw), model="mlp", augment=False)
+
+
+def test_every_privacy_setting_is_a_privacy_option():
+    """The planner sees every protection: a new "Privacy" setting must be added here."""
+    privacy = {s.name for s in settings_of(RunConfig, "run") if s.group == "Privacy"}
+    fields = {f.name for f in dataclasses.fields(PrivacyOptions)}
+    assert privacy - fields == set()
+    assert {"clients", "rounds", "participation", "seed"} <= fields
+
+
+@pytest.mark.parametrize("kind", [DataOptions, LocalSpec, EngineOptions, PrivacyOptions])
+def test_fields_are_run_settings_of_the_same_name(kind):
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    own = {f.name for f in dataclasses.fields(kind)} - DERIVED - {"method", "method_params"}
+    assert own <= names, own - names
+
+
+def test_values_are_copied_and_derived_from_the_resolved_config():
+    cfg = _resolved(method="ccvr", clients=7, dp_eps=4.0, dp_clip=3.0, secagg=True,
+                    hide_counts=True, method_params={}, workers=1, client_batch=2, seed=5)
+    opts = run_options(cfg)
+    assert opts.privacy.local_method == "fedavg" and opts.privacy.calibrator == "ccvr"
+    assert opts.privacy.dp_enabled and opts.privacy.secure and opts.privacy.dp_clip == 3.0
+    assert opts.privacy.batch_size == cfg.batch_size == 32  # the "small" family's default
+    assert opts.training.method == "fedavg" and opts.training.lr == pytest.approx(0.05)
+    assert opts.engine.client_batch == 2 and opts.data.clients == 7 and opts.data.seed == 5
+    assert not PrivacyOptions.of(RunConfig()).dp_enabled
+    assert math.isinf(PrivacyOptions.of(RunConfig()).dp_eps)
+
+
+def test_local_spec_refuses_unresolved_settings():
+    with pytest.raises(ValueError, match="lr"):
+        LocalSpec.of(RunConfig(local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0,
+                               augment=False))
+
+
+def test_options_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DataOptions.of(RunConfig()).clients = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kw", [{}, {"secagg": True, "dp_eps": 2.0, "secagg_min_clients": 3,
+                                     "participation": 0.5, "clients": 12}])
+def test_layers_compute_from_the_options_what_they_computed_from_the_config(kw):
+    cfg = _resolved(seed=3, **kw)
+    privacy, data = PrivacyOptions.of(cfg), DataOptions.of(cfg)
+    assert [select_clients(privacy, r) for r in (1, 2, 3)] == [
+        select_clients(cfg, r) for r in (1, 2, 3)]
+    assert cohort_plan(privacy) == cohort_plan(cfg)
+    assert partition_is_secret(privacy) == partition_is_secret(cfg) == bool(kw)
+    assert partition_settings_digest(data) == partition_settings_digest(cfg)
+    other = DataOptions.of(cfg.replace(alpha=0.3))
+    assert partition_settings_digest(other) != partition_settings_digest(data)
