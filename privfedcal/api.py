@@ -37,7 +37,7 @@ from privfedcal.pysurface import (
 from privfedcal.report.output_folder import check_writable
 
 if TYPE_CHECKING:
-    from privfedcal.attacks.progress import Progress
+    from privfedcal.attacks.reconstruction.progress import Progress
     from privfedcal.federation.setup import Experiment
     from privfedcal.federation.simulator import Simulator
     from privfedcal.results import AttackRecord, MetricsRow, Summary
@@ -441,7 +441,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     set). ``steps`` caps each inversion (default: run to convergence, up to
     ``DEFAULT_MAX_STEPS``); other ``options`` are ``AttackOptions`` fields (``privfedcal
     attack``'s flags by their keyword names: ``raw_samples=0``, ``round=2``); an unknown one
-    is a ``UsageError``. ``progress`` receives a ``privfedcal.attacks.progress.Progress``
+    is a ``UsageError``. ``progress`` receives a ``privfedcal.attacks.reconstruction.progress.Progress``
     as the inversions run (``steps`` of ``total`` optimisation steps, ``targets`` of ``of``,
     ``eta`` in seconds), as ``privfedcal attack`` shows it, in place of the bar over
     optimisation steps that is drawn by default when interactive (``progress=False``: none;
@@ -449,8 +449,8 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     each finished target (DEBUG). Nothing is written: ``privfedcal attack`` writes the
     files."""
     from privfedcal.api_log import AttackWatch
-    from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
-    from privfedcal.attacks.runner import AttackOptions
+    from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
+    from privfedcal.attacks.reconstruction.runner import AttackOptions
     from privfedcal.attacks.view import load_run as load_view
 
     if kind not in ATTACK_KINDS:
@@ -471,9 +471,9 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
                     classes: Iterable[int] | None,
                     on_progress: Callable[[Progress], None]) -> list[AttackRecord]:
     """The records of ``attack``'s ``kind`` on ``view`` (a loaded server view)."""
+    from privfedcal.attacks.reconstruction.runner import execute
+    from privfedcal.attacks.reconstruction.uploads import infer_class_sets
     from privfedcal.attacks.release_attacks import release_attack
-    from privfedcal.attacks.runner import execute
-    from privfedcal.attacks.uploads import infer_class_sets
 
     if kind == "classes":
         records, _ = infer_class_sets(view, opts)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from privfedcal.attacks.progress import Progress
+    from privfedcal.attacks.reconstruction.progress import Progress
 
 logger = logging.getLogger("privfedcal")
 logger.addHandler(logging.NullHandler())

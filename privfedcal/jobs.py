@@ -8,8 +8,8 @@ raises ``UsageError`` whose message names keywords, returns its results as Pytho
 writes files only where its docstring says. Each has an unwrapped half (``_compare``, ...)
 that the CLI's command calls after parsing its flags; its messages name the flags, and the
 command prints what it returns (``privfedcal/cli/``). The heavy code lives below:
-``report/`` (comparison, pages), ``analysis/run_analysis.py``, ``attacks/audit.py`` and
-``attacks/dp_audit.py``, ``data/partition.py``.
+``report/`` (comparison, pages), ``analysis/run_analysis.py``, ``attacks/reconstruction/leakage_sweep.py`` and
+``attacks/distinguishing/games.py``, ``data/partition.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from privfedcal.results import DPAuditRow
 if TYPE_CHECKING:
     import numpy as np
 
-    from privfedcal.attacks.audit import AuditConfig
+    from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig
 
 __all__ = ["Audit", "Comparison", "DPAudit", "Partition", "Stage", "analyze", "audit",
            "audit_dp", "compare", "partition", "write_report"]
@@ -82,7 +82,7 @@ class Comparison:
 @dataclass(frozen=True)
 class Audit:
     """``audit``'s result: one row per (method, eps, secagg) setting (``audit.csv``'s
-    columns, ``attacks/audit.py`` ``COLUMNS``) and the folder holding ``audit.csv``,
+    columns, ``attacks/reconstruction/leakage_sweep.py`` ``COLUMNS``) and the folder holding ``audit.csv``,
     ``audit.png`` and the runs (None: nothing was kept)."""
 
     rows: list[dict[str, Any]]
@@ -92,7 +92,7 @@ class Audit:
 @dataclass(frozen=True)
 class DPAudit:
     """``audit_dp``'s result: one row per channel game or one-run audit (``dp_audit.csv``'s
-    columns, ``attacks/dp_audit.py`` ``COLUMNS``: ``eps_lower`` beside ``claimed_eps``) and
+    columns, ``attacks/distinguishing/games.py`` ``COLUMNS``: ``eps_lower`` beside ``claimed_eps``) and
     the folder holding ``dp_audit.csv`` and ``dp_audit.png`` (None: nothing written)."""
 
     rows: list[DPAuditRow]
@@ -333,7 +333,7 @@ def analyze(run: Run | str | Path, *, samples: int = 500, projections: int = 256
 def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
     """Audited methods: registered, and each with a calibration upload to attack (refused
     before any run: without one, the audit has nothing to invert whatever the protection)."""
-    from privfedcal.attacks.audit import ATTACKED_CALIBRATORS
+    from privfedcal.attacks.reconstruction.leakage_sweep import ATTACKED_CALIBRATORS
     from privfedcal.experiment import check_method
 
     out = tuple(dict.fromkeys(methods))
@@ -355,7 +355,7 @@ def _audit(config: AuditConfig, out: Path | None, *, overwrite: bool = False,
     the runs go to ``out/runs`` and ``audit.csv`` and ``audit.png`` into ``out`` (an earlier
     audit there is kept unless ``overwrite``); without, the runs are trained in a temporary
     folder removed at the end."""
-    from privfedcal.attacks.audit import plot_audit, run_setting, write_csv
+    from privfedcal.attacks.reconstruction.leakage_sweep import plot_audit, run_setting, write_csv
 
     if out is not None:
         check_fresh(out, (*AUDIT_FILES, "runs"), overwrite=overwrite, what="an audit")
@@ -413,8 +413,11 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
     removed and nothing is written. ``progress``: a bar over the settings when interactive
     (None), always (True) or never (False), or a callable given a ``Stage`` per step of each
     setting (``done`` of ``total`` settings)."""
-    from privfedcal.attacks.audit import AuditConfig
-    from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
+    from privfedcal.attacks.reconstruction.feature_inversion import (
+        DEFAULT_ATTACK_BATCH,
+        DEFAULT_MAX_STEPS,
+    )
+    from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig
 
     config = AuditConfig(
         eps=_tuple(eps), secagg=_tuple(secagg), methods=check_methods(_tuple(methods)),
@@ -441,8 +444,15 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
     ``dp_audit.png`` drawn at the end; ``on_row(row)`` is called as each row is done."""
     import torch
 
-    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME, check_game, play, plot, write_csv
-    from privfedcal.attacks.dp_channels import build_channels
+    from privfedcal.attacks.distinguishing.channels import build_channels
+    from privfedcal.attacks.distinguishing.games import (
+        CSV_NAME,
+        PNG_NAME,
+        check_game,
+        play,
+        plot,
+        write_csv,
+    )
     from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 
     if not (math.isfinite(budget_s) and budget_s > 0):
@@ -472,13 +482,13 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
                   progress=stage(f"{ch.name}, trials per side", trials)))
     calibration = [ch.name for ch in games if ch.name not in (DPSGD_RELEASE, USER_DP_RELEASE)]
     if one_run and calibration:  # the whole run's calibration uploads, one run
-        from privfedcal.attacks.dp_onerun import one_run as audit_one_run
+        from privfedcal.attacks.distinguishing.one_run import one_run as audit_one_run
 
         done(audit_one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
                            budget_s=budget_s,
                            progress=stage(f"{calibration[0]} (one run), clients", cfg.clients)))
     if one_run and cfg.dp_train:  # the whole run's training under DP-SGD, one run
-        from privfedcal.attacks.dp_onerun_train import one_run_training
+        from privfedcal.attacks.distinguishing.one_run_training import one_run_training
 
         done(one_run_training(cfg, per_client=200, confidence=confidence, budget_s=budget_s,
                               progress=stage("dp-sgd (one run), training rounds", cfg.rounds)))
@@ -505,7 +515,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     does by default with ``--run``). ``progress``: a bar over each channel's trials when
     interactive (None), always (True) or never (False), or a callable given a ``Stage`` per
     batch of trials."""
-    from privfedcal.attacks.dp_channels import parse_channels
+    from privfedcal.attacks.distinguishing.channels import parse_channels
     from privfedcal.federation.runfolder import read_run_config
 
     if run is not None:

@@ -56,7 +56,7 @@ class Keyword:
 def flag_keywords() -> dict[str, Keyword]:
     """Every flag of ``privfedcal train``'s settings and of ``privfedcal attack``'s options
     (``AttackOptions`` fields), by its spelling: ``--dp-eps`` is ``dp_eps``."""
-    from privfedcal.attacks.runner import AttackOptions
+    from privfedcal.attacks.reconstruction.runner import AttackOptions
     from privfedcal.descriptions import _kind
     from privfedcal.settings import cli_settings
 

@@ -52,13 +52,13 @@ from pathlib import Path
 
 import torch
 
-from privfedcal.attacks.feature_inversion import FeatureTarget, invert_features
-from privfedcal.attacks.gradient_inversion import (
+from privfedcal.attacks.reconstruction.feature_inversion import FeatureTarget, invert_features
+from privfedcal.attacks.reconstruction.gradient_inversion import (
     recover_from_class_gradient,
     recover_rank_n,
 )
-from privfedcal.attacks.report import score
-from privfedcal.attacks.runner import UploadedFeatures, load_run
+from privfedcal.attacks.reconstruction.runner import UploadedFeatures, load_run
+from privfedcal.attacks.reconstruction.scoring import score
 from privfedcal.calibration.ccvr import CCVR
 from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.calibration.stats import ClassStats
@@ -87,8 +87,8 @@ def rounds_findings(args, sets: dict, add) -> None:
     """CReFF class gradients of the same n images in the last ``--rounds-combined`` releases
     of a CReFF run (each under the model state and head the transcript recorded for it),
     attacked one release at a time (the last) and all together."""
-    from privfedcal.attacks.gradients_attack import creff_head
-    from privfedcal.attacks.rounds import invert_class_gradients
+    from privfedcal.attacks.reconstruction.gradients_attack import creff_head
+    from privfedcal.attacks.reconstruction.rounds import invert_class_gradients
     from privfedcal.calibration.creff import CREFF_RELEASE as GRAD_LABEL
 
     view = load_run(args.creff_run or train_run(args.out, args.rounds, "creff"))
@@ -116,7 +116,7 @@ def rounds_findings(args, sets: dict, add) -> None:
             target, kind = FeatureTarget.raw(z_hat.float()[None]), "1 round mean"
         add("creff", n, cls, kind, attack(view, view.model, target, idx, paired=False,
                                           seed=seed + 6, args=args))
-        from privfedcal.attacks.feature_inversion import InversionConfig
+        from privfedcal.attacks.reconstruction.feature_inversion import InversionConfig
 
         res = invert_class_gradients(
             view.model, [r.state for r in rels], heads, grads, cls, n,
@@ -307,8 +307,8 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
     if "update" in args.parts:
         # the FedAvg update of the smallest client, as the transcript records it (its full
         # state after local training with the run's recipe and batch order), inverted
-        from privfedcal.attacks.feature_inversion import InversionConfig
-        from privfedcal.attacks.model_updates import (
+        from privfedcal.attacks.reconstruction.feature_inversion import InversionConfig
+        from privfedcal.attacks.reconstruction.model_updates import (
             LocalRecipe,
             invert_model_update,
             simulate_local_training,
@@ -417,7 +417,7 @@ def plot_traces(traces: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    from privfedcal.attacks.feature_inversion import DEFAULT_MAX_STEPS
+    from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run", type=Path, default=None, help="a CCVR run folder (default: train)")

@@ -5,7 +5,7 @@ Trains the quick digits runs of ``attack invert`` (CCVR and CReFF, 5 clients, al
 ``--rounds`` rounds, one thread) through ``privfedcal.api.train`` unless ``--runs`` already
 holds them, then runs each attack plan as the CLI does (``runner.execute``) twice: with
 ``attack_batch=1`` (every target alone, the old path) and with ``--attack-batch`` (targets
-optimised together, ``attacks/engine.py``). The two must give the same reconstructions: it
+optimised together, ``attacks/reconstruction/engine.py``). The two must give the same reconstructions: it
 prints per kind the wall time of each, ``speedup <x>``, mean and worst (lowest) PSNR of
 each and the largest PSNR difference between the paired records. ``--audit`` also times
 the attack part of one small audit setting per method (``audit.run_setting``'s plan:
@@ -29,10 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: har
 import harness
 
 from privfedcal.api import train
-from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
-from privfedcal.attacks.gradients_attack import plan_gradients
-from privfedcal.attacks.runner import AttackOptions, execute, load_run
-from privfedcal.attacks.stats_attack import plan_stats
+from privfedcal.attacks.reconstruction.feature_inversion import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_MAX_STEPS,
+)
+from privfedcal.attacks.reconstruction.gradients_attack import plan_gradients
+from privfedcal.attacks.reconstruction.runner import AttackOptions, execute, load_run
+from privfedcal.attacks.reconstruction.stats_attack import plan_stats
 
 QUICK = dict(dataset="digits", clients=5, alpha=0.3, local_epochs=1, threads=1)
 QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as cli/attack_command.py's quick run

@@ -26,8 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.attacks.disaggregate_attack import disaggregate_run, summarise
-from privfedcal.attacks.runner import AttackOptions, load_run
+from privfedcal.attacks.reconstruction.disaggregate_attack import disaggregate_run, summarise
+from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
 from privfedcal.cli.main import main as cli
 
 RUNS = {"creff": ["--method", "creff", "--secagg", "--hide-counts", "--creff-weighting",

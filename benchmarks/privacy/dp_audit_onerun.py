@@ -1,4 +1,4 @@
-"""The one-run audit (``attacks/dp_onerun.py``) of a whole run's calibration uploads: claimed
+"""The one-run audit (``attacks/distinguishing/one_run.py``) of a whole run's calibration uploads: claimed
 vs lower-bounded epsilon, correct and with each fault, for CCVR and CReFF (digits, 5 clients,
 3 rounds, all 128 feature axes of canaries, 5% of them guessed)::
 
@@ -15,8 +15,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.attacks.dp_channels import Faults
-from privfedcal.attacks.dp_onerun import one_run
+from privfedcal.attacks.distinguishing.channels import Faults
+from privfedcal.attacks.distinguishing.one_run import one_run
 from privfedcal.config import RunConfig
 
 

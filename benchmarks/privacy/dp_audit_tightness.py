@@ -2,7 +2,7 @@
 
 One Gaussian release: CCVR's class statistics of one client, one round, the whole budget
 epsilon on it, the worst-case canary (a feature outside the clip ball, clipped onto it),
-audited through the real release code (``attacks/dp_channels.py``) with the trials batched.
+audited through the real release code (``attacks/distinguishing/channels.py``) with the trials batched.
 Prints, per epsilon: the claimed epsilon, the lower bound at 95%, the trials drawn (D and D'
 together) and the seconds the game took (building the experiment excluded)::
 
@@ -23,8 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.attacks.dp_audit import play
-from privfedcal.attacks.dp_channels import build_channels
+from privfedcal.attacks.distinguishing.channels import build_channels
+from privfedcal.attacks.distinguishing.games import play
 from privfedcal.config import RunConfig
 
 

@@ -1,6 +1,6 @@
 """``privfedcal audit dp`` on an older checkout's release code and on this one.
 
-The audit's own modules (``attacks/dp_audit.py``, ``attacks/dp_channels.py``,
+The audit's own modules (``attacks/distinguishing/games.py``, ``attacks/distinguishing/channels.py``,
 ``privacy/empirical.py``) are laid over a copy of the older checkout's package, so the games,
 canaries and bounds are the same and only the release code differs. Configurations: DP-SGD
 local training (``fedavg --dp-train``, one round of one client, 18 clients on digits) and
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[2]
-OVERLAY = ("attacks/dp_audit.py", "attacks/dp_channels.py", "privacy/empirical.py")
+OVERLAY = ("attacks/distinguishing/games.py", "attacks/distinguishing/channels.py", "privacy/empirical.py")
 CONFIGS = {
     "dp-sgd": dict(dataset="digits", clients=18, method="fedavg", dp_eps=1.0, dp_train=True,
                    rounds=1, batch_size=32),
@@ -33,8 +33,8 @@ CONFIGS = {
 def collect(trials: dict[str, int]) -> list[dict]:
     import torch
 
-    from privfedcal.attacks.dp_audit import play
-    from privfedcal.attacks.dp_channels import build_channels
+    from privfedcal.attacks.distinguishing.channels import build_channels
+    from privfedcal.attacks.distinguishing.games import play
     from privfedcal.config import RunConfig
 
     torch.set_num_threads(1)

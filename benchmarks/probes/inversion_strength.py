@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from privfedcal.attacks.feature_inversion import (
+from privfedcal.attacks.reconstruction.feature_inversion import (
     DEFAULT_MAX_STEPS,
     FeatureTarget,
     InversionConfig,
     invert_features,
 )
-from privfedcal.attacks.report import score
-from privfedcal.attacks.runner import load_run
+from privfedcal.attacks.reconstruction.runner import load_run
+from privfedcal.attacks.reconstruction.scoring import score
 from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.seeding import make_generator
 

@@ -1,5 +1,8 @@
-"""Attacks on what an honest-but-curious server sees: feature and gradient inversion,
-class-set inference, and the metrics that score them (pure functions; the CLI wraps them).
+"""Attacks on what an honest-but-curious server sees, in two packages: ``reconstruction``
+(feature and gradient inversion, class-set inference, disaggregation, and the metrics that
+score them) and ``distinguishing`` (the DP audit's games: lower bounds on epsilon). Shared
+by both: the attack registry (``release_attacks``) and the server's view of a run
+(``view``). Below, the reconstruction functions the package re-exports.
 
 Names load on first use (PEP 562): importing a submodule (the CLI reads one constant of
 ``feature_inversion``) does not pull in torchmetrics, scipy and torchvision, which only the
@@ -12,34 +15,34 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "FeatureTarget": "privfedcal.attacks.feature_targets",
-    "GradientInversionResult": "privfedcal.attacks.gradient_inversion",
-    "InversionConfig": "privfedcal.attacks.feature_inversion",
-    "InversionResult": "privfedcal.attacks.feature_inversion",
-    "LabelInfo": "privfedcal.attacks.gradient_inversion",
-    "best_match": "privfedcal.attacks.metrics",
-    "count_lower_bound": "privfedcal.attacks.class_inference",
-    "feature_cosine": "privfedcal.attacks.metrics",
-    "features_from_stats": "privfedcal.attacks.feature_targets",
-    "infer_classes": "privfedcal.attacks.class_inference",
-    "invert_class_gradient": "privfedcal.attacks.gradient_inversion",
-    "invert_features": "privfedcal.attacks.feature_inversion",
-    "invert_features_many": "privfedcal.attacks.feature_inversion",
-    "invert_update": "privfedcal.attacks.model_updates",
-    "labels_from_bias_gradient": "privfedcal.attacks.gradient_inversion",
-    "matched_psnr": "privfedcal.attacks.metrics",
-    "nearest_is_true": "privfedcal.attacks.metrics",
-    "psnr": "privfedcal.attacks.metrics",
-    "recover_from_class_gradient": "privfedcal.attacks.gradient_inversion",
-    "score_class_sets": "privfedcal.attacks.class_inference",
-    "split_class_gradient": "privfedcal.attacks.gradient_inversion",
-    "ssim": "privfedcal.attacks.metrics",
-    "LocalRecipe": "privfedcal.attacks.model_updates",
-    "invert_model_update": "privfedcal.attacks.model_updates",
-    "labels_from_update": "privfedcal.attacks.model_updates",
-    "recover_rank_n": "privfedcal.attacks.gradient_inversion",
-    "simulate_local_training": "privfedcal.attacks.model_updates",
-    "eval_mode": "privfedcal.attacks.modes",
+    "FeatureTarget": "privfedcal.attacks.reconstruction.feature_targets",
+    "GradientInversionResult": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "InversionConfig": "privfedcal.attacks.reconstruction.feature_inversion",
+    "InversionResult": "privfedcal.attacks.reconstruction.feature_inversion",
+    "LabelInfo": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "best_match": "privfedcal.attacks.reconstruction.metrics",
+    "count_lower_bound": "privfedcal.attacks.reconstruction.class_inference",
+    "feature_cosine": "privfedcal.attacks.reconstruction.metrics",
+    "features_from_stats": "privfedcal.attacks.reconstruction.feature_targets",
+    "infer_classes": "privfedcal.attacks.reconstruction.class_inference",
+    "invert_class_gradient": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "invert_features": "privfedcal.attacks.reconstruction.feature_inversion",
+    "invert_features_many": "privfedcal.attacks.reconstruction.feature_inversion",
+    "invert_update": "privfedcal.attacks.reconstruction.model_updates",
+    "labels_from_bias_gradient": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "matched_psnr": "privfedcal.attacks.reconstruction.metrics",
+    "nearest_is_true": "privfedcal.attacks.reconstruction.metrics",
+    "psnr": "privfedcal.attacks.reconstruction.metrics",
+    "recover_from_class_gradient": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "score_class_sets": "privfedcal.attacks.reconstruction.class_inference",
+    "split_class_gradient": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "ssim": "privfedcal.attacks.reconstruction.metrics",
+    "LocalRecipe": "privfedcal.attacks.reconstruction.model_updates",
+    "invert_model_update": "privfedcal.attacks.reconstruction.model_updates",
+    "labels_from_update": "privfedcal.attacks.reconstruction.model_updates",
+    "recover_rank_n": "privfedcal.attacks.reconstruction.gradient_inversion",
+    "simulate_local_training": "privfedcal.attacks.reconstruction.model_updates",
+    "eval_mode": "privfedcal.attacks.reconstruction.modes",
 }
 
 

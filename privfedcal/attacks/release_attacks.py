@@ -2,8 +2,8 @@
 
 A calibrator declares each of its releases once (``privacy/releases.py`` ``ReleaseSpec``:
 label, payload task, sensitivities, and ``attack``, the name of the attack that targets
-it). The attack's own file (``attacks/<name>_attack.py``, found by that suffix) registers
-a ``ReleaseAttack`` under that name: the planner ``attack invert --<name>`` and the audit
+it). The attack's own file (``attacks/reconstruction/<name>_attack.py``, listed in
+``BUILT_IN``) registers a ``ReleaseAttack`` under that name: the planner ``attack invert --<name>`` and the audit
 run, and what the privacy audit (``audit dp``) needs to build the release's channel. The
 code that drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``) looks
 releases and attacks up here and names no release itself, so a new release is its
@@ -13,7 +13,6 @@ calibrator's declaration plus one attack file.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +20,14 @@ from typing import Any
 from privfedcal.errors import UsageError
 from privfedcal.registry import Registry
 
-#: the suffix of the modules that register attacks (``stats_attack.py``, ...)
-SUFFIX = "_attack"
+#: the attacks privfedcal ships, by name: the module that registers each (imported on first
+#: use, so that importing this registry stays cheap); any other module registers its attack
+#: when it is imported
+BUILT_IN = {
+    "stats": "privfedcal.attacks.reconstruction.stats_attack",
+    "gradients": "privfedcal.attacks.reconstruction.gradients_attack",
+    "disaggregate": "privfedcal.attacks.reconstruction.disaggregate_attack",
+}
 
 
 @dataclass(frozen=True)
@@ -69,17 +74,14 @@ def register(attack: ReleaseAttack) -> ReleaseAttack:
 
 
 def _discover() -> None:
-    """Import every ``attacks/*_attack.py`` once, so each registers itself (on first use:
+    """Import the modules of ``BUILT_IN`` once, so each registers itself (on first use:
     importing this module stays cheap and cannot run into a half-imported attack file)."""
     global _found
     if _found:
         return
     _found = True
-    import privfedcal.attacks as pkg
-
-    for module in pkgutil.iter_modules(pkg.__path__):
-        if module.name.endswith(SUFFIX):
-            importlib.import_module(f"{pkg.__name__}.{module.name}")
+    for module in BUILT_IN.values():
+        importlib.import_module(module)
 
 
 def release_attack(name: str) -> ReleaseAttack:
@@ -153,6 +155,6 @@ def audit_params(calibrator: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["RELEASE_ATTACKS", "ReleaseAttack", "attacked_calibrators", "attacks_of",
+__all__ = ["BUILT_IN", "RELEASE_ATTACKS", "ReleaseAttack", "attacked_calibrators", "attacks_of",
            "audit_params", "declared_releases", "register", "release_attack", "release_for",
            "run_attacks", "target_order"]

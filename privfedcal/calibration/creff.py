@@ -328,7 +328,7 @@ def task_seed(round_seed: int) -> int:
     """The seed of a round's ``GradTask`` (its content keys and DSA transforms) from the seed
     of the round's generator (``ServerContext.generator.initial_seed()``), which it leaves
     unconsumed. Public, as the run's seed is: the attacks' scoring recomputes the
-    augmentation a client applied (attacks/gradients_attack.py)."""
+    augmentation a client applied (attacks/reconstruction/gradients_attack.py)."""
     return (round_seed * 1_000_003 + 17) % 2**63
 
 

@@ -10,7 +10,7 @@ results there are kept unless ``--overwrite``; the files are renamed into place 
 at the end, so a failed attack leaves nothing half-written. Progress (a bar, or lines on
 stderr when piped) counts optimisation steps x restarts with an ETA (``runner.execute``'s
 ``Progress``). Ctrl-C or SIGTERM during ``invert`` writes the finished targets as a partial
-attack.json (``attacks/resume.py``) and exits 130; the same command with ``--resume``
+attack.json (``attacks/reconstruction/resume.py``) and exits 130; the same command with ``--resume``
 runs the other targets only.
 """
 
@@ -23,7 +23,10 @@ from typing import Annotated
 
 import typer
 
-from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
+from privfedcal.attacks.reconstruction.feature_inversion import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_MAX_STEPS,
+)
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, print_table
 from privfedcal.errors import Interrupted, UsageError
@@ -115,7 +118,7 @@ def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict, keys:
     """The finished targets of a partial attack in ``out_dir`` with ``--resume`` (checked
     against ``settings`` and the plan's ``keys``); None otherwise, after refusing to
     replace earlier results without ``--overwrite``."""
-    from privfedcal.attacks.resume import finished, read_partial
+    from privfedcal.attacks.reconstruction.resume import finished, read_partial
 
     partial = read_partial(out_dir) if not overwrite else None
     if resume:
@@ -135,8 +138,8 @@ def keep_partial(out_dir: Path, files: tuple[str, ...], settings: dict, keys: li
                  stop) -> Interrupted:
     """Write the targets an interrupted attack finished (a partial attack.json, all or
     nothing) and say how to finish it."""
-    from privfedcal.attacks.report import save_grid
-    from privfedcal.attacks.resume import PARTIAL_IMAGES, write_partial
+    from privfedcal.attacks.reconstruction.resume import PARTIAL_IMAGES, write_partial
+    from privfedcal.attacks.reconstruction.scoring import save_grid
 
     done = len(stop.finished)
     with all_or_nothing(out_dir, (*files, PARTIAL_IMAGES)) as paths:
@@ -178,16 +181,16 @@ def invert(
 ) -> None:
     """Reconstruct client images from what the server saw; score them against the truth."""
     set_threads(threads)
-    from privfedcal.attacks.release_attacks import release_attack
-    from privfedcal.attacks.report import records_table, save_grid, write_records
-    from privfedcal.attacks.resume import PARTIAL_IMAGES, job_keys
-    from privfedcal.attacks.runner import (
+    from privfedcal.attacks.reconstruction.resume import PARTIAL_IMAGES, job_keys
+    from privfedcal.attacks.reconstruction.runner import (
         AttackOptions,
         Stopped,
         execute,
         load_run,
         sigterm_interrupts,
     )
+    from privfedcal.attacks.reconstruction.scoring import records_table, save_grid, write_records
+    from privfedcal.attacks.release_attacks import release_attack
 
     if resume and overwrite:
         raise UsageError("--resume keeps the finished targets, --overwrite discards them: "
@@ -256,9 +259,13 @@ def classes_cmd(
 ) -> None:
     """Infer each client's class set (and counts) from its calibration uploads."""
     set_threads(threads)
-    from privfedcal.attacks.report import classes_table, plot_class_sets, write_records
-    from privfedcal.attacks.runner import AttackOptions, load_run
-    from privfedcal.attacks.uploads import infer_class_sets
+    from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
+    from privfedcal.attacks.reconstruction.scoring import (
+        classes_table,
+        plot_class_sets,
+        write_records,
+    )
+    from privfedcal.attacks.reconstruction.uploads import infer_class_sets
 
     opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
     run = run_folder(run_dir, run, "attack classes", required=False)
@@ -295,10 +302,10 @@ def disaggregate_cmd(
     """Difference the run's secure sums over changing participant sets into per-client
     values (Lam et al., ICML 2021); say which clients and groups they determine."""
     set_threads(threads)
-    from privfedcal.attacks.disaggregate_report import plot, table, verdicts
+    from privfedcal.attacks.reconstruction.disaggregate_report import plot, table, verdicts
+    from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
+    from privfedcal.attacks.reconstruction.scoring import write_records
     from privfedcal.attacks.release_attacks import release_attack
-    from privfedcal.attacks.report import write_records
-    from privfedcal.attacks.runner import AttackOptions, load_run
 
     opts = AttackOptions(window=window, public_totals=totals)
     run = run_folder(run_dir, run, "attack disaggregate", required=True)

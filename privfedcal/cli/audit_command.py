@@ -16,7 +16,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from privfedcal.attacks.feature_inversion import DEFAULT_ATTACK_BATCH, DEFAULT_MAX_STEPS
+from privfedcal.attacks.reconstruction.feature_inversion import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_MAX_STEPS,
+)
 from privfedcal.cli.console import console, print_table
 from privfedcal.errors import UsageError
 
@@ -88,7 +91,7 @@ def audit(
     if ctx.invoked_subcommand is not None:
         return  # `audit dp ...`: the group's own sweep does not run
     from privfedcal import jobs
-    from privfedcal.attacks.audit import AuditConfig, Setting
+    from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig, Setting
     from privfedcal.cli.console import Reporter
 
     config = AuditConfig(eps=parse_eps(eps), secagg=parse_secagg(secagg),

@@ -71,8 +71,8 @@ def dp(**flags: Any) -> None:
     from rich.table import Table
 
     from privfedcal import jobs
-    from privfedcal.attacks.dp_audit import CSV_NAME, PNG_NAME
-    from privfedcal.attacks.dp_channels import parse_channels
+    from privfedcal.attacks.distinguishing.channels import parse_channels
+    from privfedcal.attacks.distinguishing.games import CSV_NAME, PNG_NAME
 
     config, run_dir, run, trials, budget_s, confidence, channels, whole, quiet = (
         flags.pop(k) for k in ("config", "run_dir", "run", "trials", "budget_s", "confidence",

@@ -2,18 +2,18 @@
 
 Three kinds of record, told apart by ``target``:
 
-- ``InversionRecord``: an image reconstruction (``attack invert``; ``attacks/runner.py``
+- ``InversionRecord``: an image reconstruction (``attack invert``; ``attacks/reconstruction/runner.py``
   ``inversion_job``, ``gradients_attack.py``, ``updates_attack.py``), scored by
-  ``attacks/report.py`` ``score`` where the clients' data are at hand;
+  ``attacks/reconstruction/scoring.py`` ``score`` where the clients' data are at hand;
 - ``ClassSetRecord``: a client's inferred class set (``attack classes``;
-  ``attacks/uploads.py`` ``infer_class_sets``, scored by ``class_inference.score_class_sets``);
+  ``attacks/reconstruction/uploads.py`` ``infer_class_sets``, scored by ``class_inference.score_class_sets``);
 - ``DisaggregationRecord``: a client's value differenced out of secure sums
-  (``attack disaggregate``; ``attacks/disaggregate_attack.py``).
+  (``attack disaggregate``; ``attacks/reconstruction/disaggregate_attack.py``).
 
 In memory a score that could not be computed is NaN (``count_mae`` without uploaded counts);
 ``attack.json`` writes it as null (strict JSON), so those keys are typed ``float | None``.
 An interrupted ``attack invert`` leaves a ``PartialAttack`` object in ``attack.json``
-(``attacks/resume.py``).
+(``attacks/reconstruction/resume.py``).
 
 The key ``class`` is a Python keyword, so each record type takes it from a base made with
 the functional ``TypedDict`` syntax.

@@ -1,8 +1,8 @@
 """A row of `privfedcal audit dp`: one channel's empirical lower bound on epsilon beside the
-epsilon the run claims (``attacks/dp_audit.py`` ``play``, and the one-run audits
-``dp_onerun.one_run`` and ``dp_onerun_train.one_run_training``; docs/privacy-audit.md).
+epsilon the run claims (``attacks/distinguishing/games.py`` ``play``, and the one-run audits
+``one_run.one_run`` and ``one_run_training.one_run_training``; docs/privacy-audit.md).
 
-`dp_audit.csv` keeps the columns ``attacks/dp_audit.py`` ``COLUMNS`` of these rows."""
+`dp_audit.csv` keeps the columns ``attacks/distinguishing/games.py`` ``COLUMNS`` of these rows."""
 
 from typing import Annotated, Literal, TypedDict
 

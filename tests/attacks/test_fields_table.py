@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from privfedcal.attacks.class_inference import KEYS
 from privfedcal.attacks.fields_table import client_fields, declared, markdown_table
+from privfedcal.attacks.reconstruction.class_inference import KEYS
 from privfedcal.attacks.release_attacks import declared_releases
 
 

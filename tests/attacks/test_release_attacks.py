@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from privfedcal.attacks import release_attacks
-from privfedcal.attacks.dp_channels import CHANNEL_FIELDS, CHANNELS
+from privfedcal.attacks.distinguishing.channels import CHANNEL_FIELDS, CHANNELS
 from privfedcal.attacks.release_attacks import (
     RELEASE_ATTACKS,
     ReleaseAttack,
@@ -90,7 +90,7 @@ def test_report_order_and_audit_options_come_from_the_attacks():
 def _written_targets() -> set[str]:
     """Every ``"target": "<name>"`` an attack file's records carry."""
     found = set()
-    for path in (Path(release_attacks.__file__).parent).glob("*_attack.py"):
+    for path in (Path(release_attacks.__file__).parent).rglob("*_attack.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Dict):
                 for k, v in zip(node.keys, node.values, strict=True):

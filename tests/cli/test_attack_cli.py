@@ -169,7 +169,7 @@ def test_meaningless_budgets_are_refused(runs, tmp_path, capsys, flags, needle):
 
 def test_an_error_half_way_writes_nothing(runs, tmp_path, capsys, monkeypatch):
     """The PNG fails after attack.json was written: neither replaces the earlier results."""
-    import privfedcal.attacks.report
+    import privfedcal.attacks.reconstruction.scoring
 
     out = tmp_path / "cls"
     out.mkdir()
@@ -178,7 +178,7 @@ def test_an_error_half_way_writes_nothing(runs, tmp_path, capsys, monkeypatch):
     def broken(*_a, **_k):
         raise RuntimeError("plot failed")
 
-    monkeypatch.setattr(privfedcal.attacks.report, "plot_class_sets", broken)
+    monkeypatch.setattr(privfedcal.attacks.reconstruction.scoring, "plot_class_sets", broken)
     with pytest.raises(RuntimeError, match="plot failed"):
         main(["attack", "classes", "--run", str(runs / "ccvr"), "--out", str(out),
               "--overwrite"])

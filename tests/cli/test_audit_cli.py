@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from privfedcal.attacks.audit import COLUMNS, AuditConfig, Setting, write_csv
+from privfedcal.attacks.reconstruction.leakage_sweep import COLUMNS, AuditConfig, Setting, write_csv
 from privfedcal.cli.audit_command import parse_eps, parse_secagg
 from privfedcal.cli.main import main
 from privfedcal.errors import UsageError

@@ -8,7 +8,7 @@ import csv
 
 from cli_helpers import assert_usage_error
 
-from privfedcal.attacks.dp_audit import COLUMNS
+from privfedcal.attacks.distinguishing.games import COLUMNS
 from privfedcal.cli.main import main
 from privfedcal.config import RunConfig
 from privfedcal.federation.runfolder import write_config

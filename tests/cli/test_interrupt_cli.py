@@ -75,7 +75,7 @@ def test_ctrl_c_during_training_exits_130_and_the_run_resumes(tmp_path, capsys):
 def test_keyboard_interrupt_in_any_command_is_one_line_130(command, tmp_path, capsys,
                                                           monkeypatch):
     """A KeyboardInterrupt raised inside a command (where Ctrl-C lands) ends as exit 130."""
-    import privfedcal.attacks.runner
+    import privfedcal.attacks.reconstruction.runner
     import privfedcal.cli.run_progress
     import privfedcal.data.partition
 
@@ -83,7 +83,7 @@ def test_keyboard_interrupt_in_any_command_is_one_line_130(command, tmp_path, ca
         raise KeyboardInterrupt
 
     monkeypatch.setattr(privfedcal.cli.run_progress, "execute", stop)
-    monkeypatch.setattr(privfedcal.attacks.runner, "load_run", stop)
+    monkeypatch.setattr(privfedcal.attacks.reconstruction.runner, "load_run", stop)
     monkeypatch.setattr(privfedcal.data.partition, "partition_indices", stop)
     args = [str(tmp_path) if a == "RUN" else a for a in command]
     code, out = run_cli([*args, "--out", str(tmp_path / "out")], capsys)

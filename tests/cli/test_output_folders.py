@@ -42,11 +42,11 @@ def test_probe_leaves_nothing_behind(tmp_path):
 @pytest.mark.parametrize("root", PSEUDO, ids=str)
 def test_audit_dp_out_under_pseudo_file_system_exit_2(root, capsys, monkeypatch):
     """``audit dp`` checks its --out before any game runs (it used to fail with exit 1)."""
-    import privfedcal.attacks.dp_channels
+    import privfedcal.attacks.distinguishing.channels
 
     def never(*_a, **_k):
         raise AssertionError("the audit started")
 
-    monkeypatch.setattr(privfedcal.attacks.dp_channels, "build_channels", never)
+    monkeypatch.setattr(privfedcal.attacks.distinguishing.channels, "build_channels", never)
     assert_usage_error(["audit", "dp", "--method", "ccvr", "--dp-eps", "4", "--threads", "1",
                         "--out", str(root / "privfedcal-audit")], capsys, "cannot write to --out")

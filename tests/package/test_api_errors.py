@@ -69,7 +69,7 @@ def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
 def test_every_attack_option_is_a_keyword_of_attack():
     import dataclasses
 
-    from privfedcal.attacks.runner import AttackOptions
+    from privfedcal.attacks.reconstruction.runner import AttackOptions
 
     for f in dataclasses.fields(AttackOptions):
         flag = "--" + f.name.replace("_", "-")

@@ -128,8 +128,8 @@ def test_the_progress_records_of_evaluated_rounds_are_metrics_rows(tmp_path):
 
 
 def _records_read_back(records: list[dict], tmp_path: Path) -> list[dict]:
-    """``records`` as ``attack.json`` holds them (``attacks/report.py`` ``write_records``)."""
-    from privfedcal.attacks.report import write_records
+    """``records`` as ``attack.json`` holds them (``attacks/reconstruction/scoring.py`` ``write_records``)."""
+    from privfedcal.attacks.reconstruction.scoring import write_records
 
     path = write_records(records, tmp_path / "attack.json")
     return json.loads(path.read_text())
@@ -177,8 +177,8 @@ def test_an_unscored_inversion_reads_as_an_inversion_record(trained, tmp_path):
 
 
 def test_disaggregation_records_read_as_their_type(trained, tmp_path):
-    from privfedcal.attacks.disaggregate_attack import disaggregate_run
-    from privfedcal.attacks.runner import load_run
+    from privfedcal.attacks.reconstruction.disaggregate_attack import disaggregate_run
+    from privfedcal.attacks.reconstruction.runner import load_run
 
     records, _ = disaggregate_run(load_run(trained("secagg-updates").path))
     assert _check_records(records, tmp_path) == {"disaggregate"}
@@ -187,8 +187,8 @@ def test_disaggregation_records_read_as_their_type(trained, tmp_path):
 def test_a_partial_attack_json_reads_as_its_type(trained, tmp_path):
     import torch
 
-    from privfedcal.attacks.report import Attacked
-    from privfedcal.attacks.resume import write_partial
+    from privfedcal.attacks.reconstruction.resume import write_partial
+    from privfedcal.attacks.reconstruction.scoring import Attacked
 
     records = privfedcal.attack(trained("ccvr"), "classes")
     done = {i: Attacked(r, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
@@ -201,7 +201,7 @@ def test_a_partial_attack_json_reads_as_its_type(trained, tmp_path):
 
 
 def test_dp_audit_rows_read_as_their_type(tmp_path):
-    from privfedcal.attacks.dp_audit import COLUMNS, read_csv
+    from privfedcal.attacks.distinguishing.games import COLUMNS, read_csv
     from privfedcal.jobs import audit_dp
 
     audit = audit_dp(method="ccvr", dp_eps=8.0, **{**FAST, "rounds": 1}, trials=200,

@@ -1,5 +1,5 @@
 """Every module of federation/ and attacks/ has a test file of its own beside it
-(tests/<area>/test_<module>.py), and no two test files share a basename (pytest imports them
+(tests/<area>/<subpackage>/test_<module>.py), and no two test files share a basename (pytest imports them
 by basename: a second one stops collection)."""
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ AREAS = ("federation", "attacks")
 
 
 def test_every_module_has_its_own_test_file():
-    missing = [f"tests/{area}/test_{m.stem}.py" for area in AREAS
-               for m in sorted((ROOT / area).glob("*.py"))
-               if m.stem != "__init__" and not (TESTS / area / f"test_{m.stem}.py").is_file()]
+    missing = [(Path("tests") / area / where / f"test_{m.stem}.py").as_posix() for area in AREAS
+               for m in sorted((ROOT / area).rglob("*.py"))
+               if m.stem != "__init__"
+               and not (TESTS / area / (where := m.parent.relative_to(ROOT / area))
+                        / f"test_{m.stem}.py").is_file()]
     assert not missing, f"modules without a test file: {missing}"
     # the check sees the package: it would report a module added without tests
     assert (ROOT / "federation" / "simulator.py").is_file()
+    assert (ROOT / "attacks" / "distinguishing" / "games.py").is_file()
 
 
 def test_test_basenames_are_unique():

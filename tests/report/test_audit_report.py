@@ -61,7 +61,7 @@ def test_audit_page_tables_fit_the_page(tmp_path):
     means, and what the run's secure sums determine."""
     import re
 
-    from privfedcal.attacks.audit import COLUMNS
+    from privfedcal.attacks.reconstruction.leakage_sweep import COLUMNS
     from privfedcal.report.audit_report import TABLE_COLUMNS
 
     d = tmp_path / "audit"

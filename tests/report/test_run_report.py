@@ -89,7 +89,7 @@ def test_unfinished_or_missing_folder_is_a_usage_error(tmp_path: Path):
 
 
 def test_dp_audit_table_and_plot_when_the_folder_holds_one(run_dir: Path, tmp_path: Path):
-    from privfedcal.attacks.dp_audit import write_csv
+    from privfedcal.attacks.distinguishing.games import write_csv
 
     full = tmp_path / "audited"
     shutil.copytree(run_dir, full)

@@ -1,0 +1,146 @@
+"""One run, many canaries: the one-run bound on a whole run's calibration uploads.
+
+Steinke, Nasr and Jagielski (NeurIPS 2023) audit a mechanism with ONE run: m canaries, each
+included independently with probability 1/2 (a coin from OS entropy), the auditor guesses
+the membership of the canaries it is surest about, and the count of right guesses bounds
+epsilon (``privacy/empirical.one_run_epsilon``). Andrew et al. (ICLR 2024) apply the same
+idea to federated learning with canary clients.
+
+Here the run is every calibration upload of the configuration: each client's release (CCVR
+once; CReFF in every round the server selects the client, ``seeding.select_clients``) of its
+features plus its included canaries, through the run's payload task, bound and noise stage
+(``attacks/distinguishing/channels.py``). Canary (k, c, j) is a feature ``16 x clip`` on axis j of class
+c in client k, so its own coordinates are ``sum[c, j]`` and ``outer[c, j, j]`` (CCVR) or
+column j of ``grad[c]`` (CReFF), which no other canary touches; ``count`` and ``holders`` are
+shared by the canaries of a class and left out of the score. Each canary's score is the
+noise-weighted projection of the view, less the client's own payload (the auditor knows D),
+onto that canary's own change; the top and the bottom ``guesses / 2`` of the scores are
+guessed in and out. The claim is the channel's: each canary sits in one client and is
+charged like any of its examples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from privfedcal.attacks.distinguishing.channels import (
+    CANARY_SCALE,
+    Faults,
+    FeatureMap,
+    canary_scale,
+    claimed,
+    client_features,
+    noiser,
+    run_parts,
+)
+from privfedcal.attacks.distinguishing.games import BUDGET_STOP, budget_spent
+from privfedcal.attacks.release_attacks import attacks_of
+from privfedcal.errors import UsageError
+from privfedcal.privacy.empirical import one_run_epsilon
+
+
+def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor]) -> Tensor:
+    """(canaries, coordinates) of ``payload[key]`` that canaries (c, j) alone move."""
+    v = payload[key]
+    if key == "sum":
+        return v[c, j].unsqueeze(1)
+    if key == "outer":
+        return v[c, j, j].unsqueeze(1)
+    return v[c, :, j]  # grad (C, C, d+1): column j of class c's row
+
+
+def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: float = 0.95,
+            faults: Faults = Faults(), budget_s: float | None = None,
+            progress: Callable[[int, int], None] | None = None) -> dict:
+    """The one-run row of dp_audit.csv for the calibration channel of ``cfg``: canaries on
+    the first ``axes`` feature axes (all by default) of every class of every client, and
+    ``guesses`` of them guessed (half in, half out; 5% measured best of 5% and 20%,
+    docs/results/privacy.md).
+
+    ``budget_s``: the clients are released one after another and the audit stops after the
+    client in which the budget ran out (at least one); the canaries of the clients released
+    are scored, the claim is that of their releases, and the row is marked ``stopped`` =
+    ``budget``. ``progress(clients done, clients)`` after every client."""
+    if not 0 < guesses <= 1:
+        raise UsageError(f"--one-run-guesses must be in (0, 1], got {guesses}")
+    exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
+    t0 = time.perf_counter()
+    cfg = exp.cfg
+    # the calibrator's first release whose attack declares the keys a canary owns
+    audited = [(r, a) for r, a in attacks_of(calibrator) if a.canary_keys and a.task]
+    if not audited:
+        raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
+    spec, attack = audited[0]
+    label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
+    from privfedcal.cohorts import select_clients
+    from privfedcal.privacy.noise import noise_generator
+
+    rounds = ([[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
+               for k in range(cfg.clients)] if spec.participants == "selected"
+              else [[1]] * cfg.clients)
+    classes, dim = exp.data.num_classes, exp.model.feature_dim
+    axes = dim if axes is None else min(axes, dim)
+    c = torch.arange(classes).repeat_interleave(axes)   # canary i: class c[i], axis j[i]
+    j = torch.arange(axes).repeat(classes)
+    unit = CANARY_SCALE * canary_scale(bound, attack.clip)
+    canaries = torch.zeros(len(c), dim, dtype=torch.float64)
+    canaries[torch.arange(len(c)), j] = unit
+    # membership: one fair coin per canary from OS entropy
+    member = torch.randint(0, 2, (cfg.clients, len(c)), generator=noise_generator()).bool()
+    var = ({k: s * s for k, s in plan.dp.stds(keys, label).items()} if plan is not None
+           else dict.fromkeys(keys, 1.0))
+    release = noiser(noise, label, faults)
+    model = FeatureMap(dim)
+    scores, truth, done = [], [], []
+    for k in range(cfg.clients):
+        if done and budget_spent(t0, budget_s):
+            break
+        if progress is not None:
+            progress(k, cfg.clients)
+        if not rounds[k]:
+            continue  # never selected: its canaries reach no release
+        done.append(k)
+        z, y = client_features(exp, k)
+        clean = task.compute(model, z, y, bound)
+        full = task.compute(model, torch.cat([z, canaries]), torch.cat([y, c]), bound)
+        inc = member[k]
+        view_clean = task.compute(model, torch.cat([z, canaries[inc]]),
+                                  torch.cat([y, c[inc]]), bound)
+        score = torch.zeros(len(c), dtype=torch.float64)
+        for _ in rounds[k]:  # a fresh release each round the client is selected
+            view = release({kk: v.to(torch.float64).unsqueeze(0) for kk, v in
+                            view_clean.items()})
+            view = {kk: v[0] for kk, v in view.items()}
+            for key in keys:
+                change = _own(key, c, j, full) - _own(key, c, j, clean)
+                seen = _own(key, c, j, view) - _own(key, c, j, clean)
+                score += (seen * change).sum(1) / max(var[key], 1e-30)
+        scores.append(score)
+        truth.append(inc)
+    score, truth = torch.cat(scores), torch.cat(truth)
+    m = len(score)
+    half = max(1, int(round(guesses * m / 2)))
+    order = torch.argsort(score)
+    right = int(truth[order[-half:]].sum()) + int((~truth[order[:half]]).sum())
+    steps = max(len(rounds[k]) for k in done)
+    eps_claim, delta = claimed(plan, label, steps)
+    eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
+    stopped = [k for k in range(cfg.clients) if rounds[k]] != done
+    if progress is not None:
+        progress(cfg.clients, cfg.clients)
+    return {"channel": f"{label} (one run)", "claimed_eps": eps_claim, "delta": delta,
+            "eps_lower": eps, "confidence": confidence, "trials": 1,
+            "canary": (f"{m} canaries ({len(done)} client{'s' * (len(done) != 1)} x {classes} classes x {axes} "
+                       f"axes, feature {CANARY_SCALE:g} x clip)"
+                       + (f", {len(done)} of {cfg.clients} clients (time budget)"
+                          if stopped else "") + f", {2 * half} guesses, {right} right"),
+            "stopped": BUDGET_STOP if stopped else "",
+            "score": "projection", "false_pos": 2 * half - right, "false_neg": 0,
+            "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
+
+
+__all__ = ["one_run"]

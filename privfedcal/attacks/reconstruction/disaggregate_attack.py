@@ -1,0 +1,273 @@
+"""``attack disaggregate``: every secure sum of a run, differenced into per-client values.
+
+For every label the server received as secure aggregates (``view == "aggregate"`` in the
+transcript; the summed clients are that release's ``ciphertext`` entries) and every key of
+the payload, the releases of the whole run become one system ``A X = Y``
+(``disaggregate.py``): ``A`` the participation matrix, ``Y`` the released sums. A public
+total joins as a row of ones where the server knows one: the federation's size N
+(``federation/setup.py`` ``held_examples``) for the update weights ``__weight``, the class
+histogram of the public training split for hidden ``count`` (every scheme but long-tail
+deals every example out, and long-tail keeps a public number per class; not with a
+per-class cap). Values that do not change between rounds (``count``, ``holders``,
+``__weight``) are solved exactly; the others (class gradients, model updates) with Lam et
+al.'s window assumption, the model updates first turned into weighted updates by taking
+``w * sent state`` off each sum (the sent state and the weight sum are public).
+
+One record per (label, key, client): the estimate, whether it is determined, the smallest
+determined group holding the client, and, when the experimenter's side is at hand
+(``RUN/private/partition.json``: ``counts`` (K, C), ``sizes`` (K,)), its error under one
+rule for every row. A copy of ``server/`` alone is attacked unscored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from privfedcal.attacks.reconstruction import disaggregate as D
+from privfedcal.attacks.reconstruction.runner import AttackOptions
+from privfedcal.attacks.release_attacks import ReleaseAttack, register
+from privfedcal.attacks.view import RunView
+from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
+from privfedcal.privacy.uplink import UPDATE_WEIGHT
+
+NAME = TARGET = "disaggregate"
+#: payload keys whose value is the same in every release of a run (one exact system)
+CONSTANT = ("count", "holders", UPDATE_WEIGHT)
+#: estimates stored in a record when a value has at most this many entries
+MAX_STORED = 256
+#: where each public total comes from, by its first letter
+TOTALS = {"N": "the federation's training examples: public dataset and partition scheme",
+          "K": "the number of clients: uniform update weights under --dp-train",
+          "c": "the class histogram of the public training split, which the clients hold "
+               "together"}
+#: an estimate within this of the truth, in every entry, rounds to it (counts, sizes)
+EXACT = 0.5
+
+
+@dataclass
+class Series:
+    """One label's secure releases over the run: participation rows and summed payloads."""
+
+    label: str
+    rounds: list[int] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+    sums: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return np.stack(self.rows)
+
+
+def secure_series(view: RunView) -> tuple[list[Series], list[str]]:
+    """Every securely aggregated label of the run, its releases in round order."""
+    k, notes = int(view.cfg.clients), []
+    summed: dict[tuple[int, str], list[int]] = {}
+    sent: dict[int, dict] = {}
+    for e in view.entries:
+        if e["view"] == "ciphertext":
+            summed.setdefault((e["round"], e["label"]), []).append(int(e["client"]))
+        elif e["label"] == ROUND_RECORD and e["view"] == "model-state":
+            sent[e["round"]] = e.get("tensors") or {}
+    out: dict[str, Series] = {}
+    for e in view.entries:
+        if e["view"] != "aggregate" or not e.get("tensors"):
+            continue
+        who = sorted(set(summed.get((e["round"], e["label"]), [])))
+        if e.get("clients") is not None and len(who) != int(e["clients"]):
+            notes.append(f"round {e['round']} {e['label']}: {e['clients']} uploads summed but "
+                         f"{len(who)} ciphertexts recorded; release left out")
+            continue
+        row = np.zeros(k)
+        row[who] = 1.0
+        s = out.setdefault(e["label"], Series(e["label"]))
+        s.rounds.append(int(e["round"]))
+        s.rows.append(row)
+        tensors = {key: v.double().cpu().numpy().ravel() for key, v in e["tensors"].items()}
+        if e["label"] == UPDATE_RELEASE and UPDATE_WEIGHT in tensors:
+            # sum_k w_k state_k - (sum_k w_k) sent = sum_k w_k update_k: updates change less
+            # between rounds than states do
+            w, state = float(tensors[UPDATE_WEIGHT][0]), sent.get(e["round"], {})
+            tensors = {key: (v - w * state[key].double().cpu().numpy().ravel()
+                             if key in state and key != UPDATE_WEIGHT else v)
+                       for key, v in tensors.items()}
+        for key, v in tensors.items():
+            s.sums.setdefault(key, []).append(v)
+    return list(out.values()), notes
+
+
+def public_class_totals(cfg: Any) -> np.ndarray | None:
+    """Per-class training examples the clients hold together, from the public dataset and
+    partition scheme (as ``held_examples`` gives their number); None if unreadable."""
+    from privfedcal.data.datasets import load_dataset
+    from privfedcal.data.partition import longtail_counts
+
+    try:
+        data = load_dataset(cfg.dataset, cfg.data_root, download=False)
+    except Exception:  # noqa: BLE001 - a dataset not at hand: no public total
+        return None
+    sizes = np.bincount(data.y_train.cpu().numpy(), minlength=data.num_classes)
+    if cfg.partition in ("longtail", "longtail-dirichlet"):
+        return longtail_counts(sizes, cfg.imbalance_factor).astype(np.float64)
+    return sizes.astype(np.float64)
+
+
+def public_total(view: RunView, key: str, width: int, opts: AttackOptions
+                 ) -> tuple[np.ndarray | None, str | None]:
+    """The public all-clients total of ``key`` (and how it is known), or (None, None)."""
+    if not opts.public_totals:
+        return None, None
+    cap = view.cfg.calibration_params.get("per_class_cap")
+    if key == UPDATE_WEIGHT and width == 1:
+        if view.cfg.dp_train:
+            return np.array([float(view.cfg.clients)]), f"K={view.cfg.clients}"
+        return np.array([float(view.exp.num_examples)]), f"N={view.exp.num_examples}"
+    if key == "count" and cap is None:
+        totals = public_class_totals(view.cfg)
+        if totals is not None and totals.shape == (width,):
+            return totals, "class totals"
+    return None, None
+
+
+def private_truth(view: RunView) -> dict[str, Any] | None:
+    """The experimenter's ``private/partition.json`` (None on a server view alone)."""
+    path = view.run_dir / "private" / "partition.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def truth_of(view: RunView, part: dict[str, Any] | None, key: str) -> np.ndarray | None:
+    """(K, D) true per-client values of a constant key, or None."""
+    if part is None:
+        return None
+    counts = np.asarray(part["counts"], dtype=np.float64)
+    cap = view.cfg.calibration_params.get("per_class_cap")
+    if key == "count":
+        return counts if cap is None else np.minimum(counts, float(cap))
+    if key == "holders":
+        return (counts > 0).astype(np.float64)
+    if key == UPDATE_WEIGHT:
+        sizes = np.asarray(part["sizes"], dtype=np.float64)[:, None]
+        return np.ones_like(sizes) if view.cfg.dp_train else sizes
+    return None
+
+
+def score(estimate: np.ndarray, truth: np.ndarray | None) -> dict[str, Any]:
+    """One rule for every row: the largest absolute error, the relative L2 error and
+    whether every entry rounds to the truth."""
+    if truth is None:
+        return {"scored": False, "max_abs_error": None, "rel_error": None, "exact": None}
+    err = estimate - truth
+    return {"scored": True, "max_abs_error": float(np.abs(err).max()),
+            "rel_error": float(np.linalg.norm(err) / max(float(np.linalg.norm(truth)), 1.0)),
+            "exact": bool(np.abs(err).max() < EXACT)}
+
+
+def _records_of(view: RunView, s: Series, key: str, opts: AttackOptions,
+                part: dict[str, Any] | None) -> list[dict[str, Any]]:
+    a, y = s.matrix, np.stack(s.sums[key])
+    constant = key in CONSTANT
+    total, how = public_total(view, key, y.shape[1], opts)
+    if total is not None:
+        a, y = np.vstack([a, np.ones(a.shape[1])]), np.vstack([y, total])
+    groups, complete = D.finest_groups(a)
+    if constant:
+        sols = [D.solve(a, y)]
+    else:  # Lam et al.: constant within each window of releases
+        sols = D.solve_windows(a, y, opts.window)
+    truth = truth_of(view, part, key) if constant else None
+    base = {"target": TARGET, "label": s.label, "key": key, "view": "aggregate",
+            "kind": "constant" if constant else "time-varying", "releases": len(s.rounds),
+            "rounds": list(s.rounds),
+            "participants": [[int(c) for c in np.flatnonzero(row)] for row in s.rows],
+            "public_total": how, "rank": sols[-1].rank,
+            "groups": [list(g) for g in groups], "groups_complete": complete,
+            "finest_group": min((len(g) for g in groups), default=None),
+            "windows": len(sols), "fit_residual": max(x.residual for x in sols),
+            "dp": any(v > 0 for v in view.noise_stds(s.label, [key]).values())}
+    out = []
+    for c in range(a.shape[1]):
+        est = sols[-1].values[c]
+        g = D.group_of(groups, c)
+        out.append({**base, "client": c, "class": None,
+                    "determined": bool(sols[-1].determined[c]),
+                    "windows_determined": int(sum(bool(x.determined[c]) for x in sols)),
+                    "group": None if g is None else list(g),
+                    "value": [round(float(v), 4) for v in est] if est.size <= MAX_STORED
+                    else None,
+                    "norm": float(np.linalg.norm(est)),
+                    "truth": None if truth is None or truth[c].size > MAX_STORED
+                    else [float(v) for v in truth[c]],
+                    **score(est, None if truth is None else truth[c])})
+    return out
+
+
+def disaggregate_run(view: RunView, opts: AttackOptions | None = None
+                     ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Records (one per label, key and client) and notes for every secure release."""
+    opts = opts or AttackOptions()
+    series, notes = secure_series(view)
+    if not series:
+        return [], ["no secure aggregate in the transcript: every upload reached the server "
+                    "in the clear, so there is nothing to disaggregate"]
+    part = private_truth(view)
+    if part is None:
+        notes.append("unscored: the clients' counts and sizes are on the experimenter's side "
+                     "of the run folder (private/partition.json), not in the server's view")
+    records = [r for s in series for key in s.sums for r in _records_of(view, s, key, opts, part)]
+    if not opts.public_totals:
+        notes.append("no public totals used (--no-totals): the never-selected clients and "
+                     "the last of each group stay undetermined")
+    for key, how in dict.fromkeys((r["key"], r["public_total"]) for r in records):
+        if how:
+            notes.append(f"public total of {key!r}: {how} ({TOTALS[how[0]]})")
+    if any(r["kind"] == "time-varying" for r in records):
+        notes.append("time-varying values (class gradients, model updates) are recovered "
+                     "as each client's average over a window of releases (Lam et al.); no "
+                     "per-client truth is in the run folder, so they are reported unscored "
+                     "with the fit residual")
+    return records, notes
+
+
+def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (label, key): how many clients are determined, the finest group, and
+    the mean error with the worst-off (best-recovered) client beside it."""
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("target") == TARGET:
+            rows.setdefault((r["label"], r["key"]), []).append(r)
+    out = []
+    for (label, key), rs in rows.items():
+        scored = [r for r in rs if r["scored"]]
+        worst = min(scored, key=lambda r: r["rel_error"]) if scored else None
+        out.append({
+            "label": label, "key": key, "kind": rs[0]["kind"], "releases": rs[0]["releases"],
+            "clients": len(rs), "determined": sum(r["determined"] for r in rs),
+            "finest_group": rs[0]["finest_group"], "public_total": rs[0]["public_total"],
+            "fit_residual": rs[0]["fit_residual"],
+            "exact": sum(bool(r["exact"]) for r in scored) if scored else None,
+            "mean_rel_error": float(np.mean([r["rel_error"] for r in scored]))
+            if scored else None,
+            "worst_client": None if worst is None else worst["client"],
+            "worst_rel_error": None if worst is None else worst["rel_error"],
+            "worst_max_abs_error": None if worst is None else worst["max_abs_error"]})
+    return out
+
+
+def audit_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The audit row's view of it: most clients determined in any (label, key), and the
+    finest determined group (None: no secure release, nothing to disaggregate)."""
+    rows = summarise(records)
+    if not rows:
+        return {"disaggregated": None, "finest_group": None}
+    top = max(rows, key=lambda r: r["determined"])
+    sizes = [r["finest_group"] for r in rows if r["finest_group"] is not None]
+    return {"disaggregated": f"{top['determined']}/{top['clients']}",
+            "finest_group": min(sizes) if sizes else None}
+
+
+register(ReleaseAttack(NAME, plan=None, run=disaggregate_run, targets=(TARGET,),
+                       audit_columns=audit_columns))
