@@ -18,7 +18,7 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
 * ``query.payload``: ``state``, ``task``/``task-arrays`` (``flower/tasks.py``), ``config``
   {round, label}, ``secagg`` (with secure aggregation) -> ``payload``
   (ArrayRecord of the task's sums, DP-noised) or ``ciphertext`` {data: bytes}; the client
-  side of the uplink runs here (``flower/protection.py``).
+  side of the uplink runs here (``flower/stage_messages.py``).
 * Under DP, ``query.payload`` and (with --dp-train) ``train`` are releases: the node counts
   them in its own ledger, in ``context.state["privfedcal.ledger"]``, and refuses one past
   the count its noise was planned for (``flower/node_ledger.py``; ``BudgetRefused``).
@@ -62,8 +62,8 @@ from privfedcal.federation.setup import (
     partition_settings_digest,
 )
 from privfedcal.flower.node_ledger import node_release
-from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
+from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE

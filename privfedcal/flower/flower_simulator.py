@@ -8,7 +8,7 @@ it only replaces the two places where the simulator touches client data:
   clients; each node trains with the simulator's ``train_client`` on its own partition;
 * ``ServerContext.collect``: a ``query.payload`` message carrying the task description
   (``flower/tasks.py``) and the model state; the stages of the uplink built by ``build_uplink``
-  are split across the wire (``flower/protection.py``): their client halves (bound, noise,
+  are split across the wire (``flower/stage_messages.py``): their client halves (bound, noise,
   encryption under a key holder node's public key) run on the nodes, and the server runs the
   same ``Uplink.open`` / ``Uplink.server_side`` as the simulator.
 
@@ -43,8 +43,8 @@ from privfedcal.federation.setup import Experiment, partition_settings_digest
 from privfedcal.federation.simulator import Simulator
 from privfedcal.federation.workers import TrainJob
 from privfedcal.flower.link import FlowerRoundError, GridLink
-from privfedcal.flower.protection import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.records import record_to_state, state_to_record
+from privfedcal.flower.stage_messages import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.tasks import task_to_records
 from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.secagg_stage import EncryptStage
@@ -193,7 +193,7 @@ class FlowerSimulator(Simulator):
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,
                 round_: int) -> Payload:
         """``Simulator.collect`` with the uplink's stages split across the wire
-        (flower/protection.py): the server opens the release and runs the server side; the
+        (flower/stage_messages.py): the server opens the release and runs the server side; the
         nodes run the client halves; the key holder decrypts the sum."""
         up = self.uplink
         # the server knows the model it asked clients to use (as Simulator.collect records)

@@ -13,7 +13,7 @@ clients, and the DP noise (10 standard deviations).
 encrypts, its server half adds ciphertexts under the public context and has the key holder
 decrypt the sum and run the remaining server halves. Who holds the keys is a ``KeyService``:
 in-process here (``LocalKeys``), a client node reached by messages under Flower
-(flower/protection.py).
+(flower/stage_messages.py).
 """
 
 from __future__ import annotations

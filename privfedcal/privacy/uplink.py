@@ -8,7 +8,7 @@ runs them without knowing what they are; calibrators see the sum alone and canno
 stages ran. In this simulator one object plays every role (clients, server, key holder),
 but each role only touches what it would hold in a deployment: the server's aggregator loads
 the public context alone, and the transcript records the server's view. Under Flower the
-same stages run on the nodes and the server (flower/protection.py).
+same stages run on the nodes and the server (flower/stage_messages.py).
 
 Guarantees are never weakened silently: a release that would exceed any participant's budget
 stops the run (``PrivacyBudgetError``) before anything is released; a client whose own

@@ -2,19 +2,19 @@
 
 ``CalibrationClient(model, data, head="fc3").attach(app)`` registers on the user's
 ``ClientApp`` the query handlers that privfedcal's server side sends
-(``flower/flower_simulator.py``, ``flower/protection.py``):
+(``flower/flower_simulator.py``, ``flower/stage_messages.py``):
 
 * ``query.hello``: the node's partition id and sample count, and the digest of its
   settings (``plugin_settings.py``), which the server checks against its own before any release;
 * ``query.payload``: the calibrator's payload task (``flower/tasks.py``: a registered
   description, never a pickle) computed on the node's data under the model state the
-  server sent, then the uplink's client halves (``flower/protection.py`` ``client_upload``:
+  server sent, then the uplink's client halves (``flower/stage_messages.py`` ``client_upload``:
   the bound inside the task, this node's own DP noise from OS entropy, CKKS encryption under
   the key holder's public context, padding), counted in the node's own ledger
   (``flower/node_ledger.py``: a release past the planned count is refused before anything
   is computed);
 * ``query.keygen`` / ``query.decrypt``: the CKKS key holder's role, on the node whose
-  ``partition-id`` is ``flower.key-holder`` (``flower/protection.py`` ``keygen``/``decrypt``);
+  ``partition-id`` is ``flower.key-holder`` (``flower/stage_messages.py`` ``keygen``/``decrypt``);
 * ``query.hold``: privfedcal's own ClientApp's hold (``flower.hold``);
 * ``query.clip``: with ``dp-clip = "auto"``, the stages of the clip's private search
   (``clip.py``): noisy norm histograms, each stage once, then the chosen clip.
@@ -49,8 +49,8 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, from_keywords, gather, resolve
-from privfedcal.flower.protection import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.records import record_to_state, tensor_to_array
+from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.error_codes import Refused

@@ -1,9 +1,9 @@
 """The uplink's stages split across the wire: client halves on the nodes, sums on the server.
 
 In the simulator one ``Uplink`` plays every role. Under Flower the roles live on different
-machines, each with the uplink ``build_uplink`` makes from the same run config, so every
-role runs the same stage objects (privacy/stages.py); this module only moves their inputs
-and outputs through messages:
+machines, each executing the protection plan of the same run config (privfedcal/protection.py
+``plan_protection``, privacy/executor.py), so every role runs the same stage objects
+(privacy/stages.py); this module only moves their inputs and outputs through messages:
 
 * server (``flower/flower_simulator.py``): ``Uplink.open`` (the noise stage checks the budget; the
   encrypt stage asks the key holder for a fresh key through ``RemoteKeys``), sends the

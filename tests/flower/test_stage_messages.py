@@ -16,7 +16,7 @@ pytest.importorskip("tenseal")
 
 from loopback import NODE_BASE  # noqa: E402
 
-from privfedcal.flower.protection import KEY_STATE  # noqa: E402
+from privfedcal.flower.stage_messages import KEY_STATE  # noqa: E402
 
 
 def _views(sim, label):
@@ -172,8 +172,8 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     from privfedcal.federation.setup import build_experiment
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import GridLink
-    from privfedcal.flower.protection import RemoteKeys, client_upload, sealing_record
     from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.flower.stage_messages import RemoteKeys, client_upload, sealing_record
     from privfedcal.privacy.stages import NoiseStage
     from privfedcal.privacy.transcript import Transcript
     from privfedcal.protection import build_uplink
