@@ -13,6 +13,7 @@ For the deployment test and ``benchmarks/flower/flower_overhead.py``; not a prod
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
@@ -423,19 +424,7 @@ def _nodes_for(args: Any, declared: dict[str, Any], flat: dict[str, Any]) -> int
     raise UsageError(f"{args.app} declares no 'clients': say how many nodes with --nodes N")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m privfedcal.flower.localdeploy {deploy,simulate} APP_DIR [KEY=VALUE ...]``:
-    run any Flower app folder on a throwaway local deployment (SuperLink + one SuperNode per
-    node) or on the simulation engine, print the run's output, stop every process.
-
-    Only run-config keys the app declares are passed (a key it does not declare is refused
-    with one line, exit 2). For privfedcal's own app (it declares ``clients``, ``out`` and
-    ``data-seed``) the number of nodes defaults to ``clients``, ``out`` to a fresh folder
-    under ``runs/``, and the nodes get a shared data seed."""
-    import argparse
-    import tempfile
-    import tomllib
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m privfedcal.flower.localdeploy",
                                  description=main.__doc__.splitlines()[0] if main.__doc__ else "")
     ap.add_argument("mode", choices=["deploy", "simulate"])
@@ -450,30 +439,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", action="store_true",
                     help="deploy only: start privfedcal-clientapp-server and put its "
                     "flwr-clientapp shim first on the nodes' PATH (docs/flower.md)")
-    args = ap.parse_intermixed_args(argv)  # overrides may come before or after options
-    if args.warm and args.mode != "deploy":
-        ap.error("--warm applies to deploy (the simulation engine starts no flwr-clientapp)")
-    if args.secure and args.mode != "deploy":
-        ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
+    return ap
+
+
+def _app_run_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(run config to pass, the keys the app declares, number of nodes) from the command's
+    overrides; a ``UsageError`` for an override that is not TOML, not flat or not declared."""
+    import tomllib
+
     try:
-        try:
-            overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
-        except tomllib.TOMLDecodeError as ex:
-            raise UsageError(f"run-config overrides must be KEY=VALUE in TOML ({ex})") from None
-        try:
-            flat = flatten_dict(overrides)
-        except ValueError as ex:  # a list or another type Flower's run config has not
-            raise UsageError(str(ex).replace("`", "")) from None
-        declared = app_run_config(args.app)
-        app_run_config(args.app, flat)  # a key the app does not declare: refused here
-        nodes = _nodes_for(args, declared, flat)
-        if "clients" in declared:
-            flat["clients"] = nodes
-        if "out" in declared and not flat.get("out"):
-            flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
-    except UsageError as ex:
-        print(f"error: {ex}", file=sys.stderr)
-        return 2
+        overrides = tomllib.loads("\n".join(args.config)) if args.config else {}
+    except tomllib.TOMLDecodeError as ex:
+        raise UsageError(f"run-config overrides must be KEY=VALUE in TOML ({ex})") from None
+    try:
+        flat = flatten_dict(overrides)
+    except ValueError as ex:  # a list or another type Flower's run config has not
+        raise UsageError(str(ex).replace("`", "")) from None
+    declared = app_run_config(args.app)
+    app_run_config(args.app, flat)  # a key the app does not declare: refused here
+    nodes = _nodes_for(args, declared, flat)
+    if "clients" in declared:
+        flat["clients"] = nodes
+    if "out" in declared and not flat.get("out"):
+        flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
+    return flat, declared, nodes
+
+
+def _run_app(args: argparse.Namespace, flat: dict[str, Any], declared: dict[str, Any],
+             nodes: int) -> int:
+    """Run the app on a throwaway deployment or simulation; 0 when it finished (and, for
+    privfedcal's app, wrote its summary), else 1 with the processes' log tails."""
+    import tempfile
+
     kind = LocalDeployment if args.mode == "deploy" else LocalSimulation
     extra: dict[str, Any] = {"node_data_seed": "data-seed" in declared}
     if args.secure:
@@ -500,6 +497,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the run failed (logs above; run status {status or 'unknown'}, flwr run "
               f"exited {done.returncode})")
     return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m privfedcal.flower.localdeploy {deploy,simulate} APP_DIR [KEY=VALUE ...]``:
+    run any Flower app folder on a throwaway local deployment (SuperLink + one SuperNode per
+    node) or on the simulation engine, print the run's output, stop every process.
+
+    Only run-config keys the app declares are passed (a key it does not declare is refused
+    with one line, exit 2). For privfedcal's own app (it declares ``clients``, ``out`` and
+    ``data-seed``) the number of nodes defaults to ``clients``, ``out`` to a fresh folder
+    under ``runs/``, and the nodes get a shared data seed."""
+    ap = _parser()
+    args = ap.parse_intermixed_args(argv)  # overrides may come before or after options
+    if args.warm and args.mode != "deploy":
+        ap.error("--warm applies to deploy (the simulation engine starts no flwr-clientapp)")
+    if args.secure and args.mode != "deploy":
+        ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
+    try:
+        flat, declared, nodes = _app_run_config(args)
+    except UsageError as ex:
+        print(f"error: {ex}", file=sys.stderr)
+        return 2
+    return _run_app(args, flat, declared, nodes)
 
 
 if __name__ == "__main__":
