@@ -108,14 +108,11 @@ def planned_participants(opts: PrivacyOptions) -> dict[str, int]:
             for s in opts.releases}
 
 
-def release_plans(opts: PrivacyOptions, calibrator: Any = None) -> list[ReleasePlan]:
+def release_plans(opts: PrivacyOptions) -> list[ReleasePlan]:
     """The releases the run will make, from its calibrator's declarations, for the
     accountant's plan: per client, q = 1 (no amplification from the server's choice of
     clients), over the most rounds any client takes part in for per-round releases (among
-    the rounds the calibrator makes them in: public options only). With ``calibrator``,
-    ``opts`` is a ``RunConfig``, read here (``privacy_options``)."""
-    if calibrator is not None:
-        opts = privacy_options(opts, calibrator)
+    the rounds the calibrator makes them in: public options only)."""
     if not opts.protectable:
         raise UsageError(f"the {opts.calibrator} calibrator re-trains on raw features of every "
                          "client: it is an upper bound, not a protocol, and cannot be combined "
