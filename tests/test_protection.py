@@ -1,0 +1,58 @@
+"""The protection planner (privfedcal/protection.py): a pure function of the run's privacy options."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from privfedcal.errors import UsageError
+from privfedcal.experiment import calibrator_class
+from privfedcal.privacy.options import PrivacyOptions
+from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.protection import plan_protection, privacy_options
+
+
+def _options(tiny_cfg, **kw) -> PrivacyOptions:
+    cfg = tiny_cfg(**{"method": "ccvr", **kw})
+    return privacy_options(cfg, calibrator_class(cfg), 1000)
+
+
+def test_options_are_read_from_the_run_config_once(tiny_cfg):
+    opts = _options(tiny_cfg, dp_eps=8.0, secagg=True, participation=0.5, clients=8)
+    assert (opts.dp_eps, opts.secagg, opts.clients, opts.participation) == (8.0, True, 8, 0.5)
+    assert [s.spec.label for s in opts.releases] == ["ccvr-stats"] and opts.examples == 1000
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.dp_eps = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("flags", [{}, {"dp_eps": 8.0}, {"secagg": True, "hide_counts": True},
+                                   {"dp_eps": 8.0, "secagg": True, "secagg_updates": True},
+                                   {"method": "fedavg", "dp_eps": 4.0, "dp_train": True},
+                                   {"method": "fedavg", "dp_eps": 4.0, "dp_updates": True}])
+def test_the_same_options_give_the_same_plan_and_stay_as_they_were(tiny_cfg, flags):
+    opts = _options(tiny_cfg, **flags)
+    kept = copy.deepcopy(opts)
+    first, second = plan_protection(opts), plan_protection(opts)
+    assert first == second and opts == kept
+    assert first.protected == bool(flags)
+
+
+def test_the_plan_holds_what_the_run_executes(tiny_cfg):
+    plan = plan_protection(_options(tiny_cfg, method="fedavg", calibrate="ccvr", dp_eps=4.0,
+                                    dp_train=True, secagg=True))
+    assert [name for name, _ in plan.stages] == ["bound", "noise", "encrypt"]
+    assert set(plan.noise.sigmas) == {"ccvr-stats", DPSGD_RELEASE}
+    assert plan.dp_sgd.noise_multiplier == plan.noise.sigmas[DPSGD_RELEASE]
+    assert plan.ckks.min_clients == 2 and "outer" in plan.ckks.symmetric["ccvr-stats"]
+
+
+def test_whole_run_checks_refuse_before_any_work(tiny_cfg):
+    with pytest.raises(UsageError, match="nothing to protect"):
+        plan_protection(_options(tiny_cfg, method="fedavg", dp_eps=8.0))
+    with pytest.raises(UsageError, match="fewer than --secagg-min-clients 3"):
+        plan_protection(_options(tiny_cfg, secagg=True, secagg_min_clients=3, clients=2))
+    opts = dataclasses.replace(_options(tiny_cfg, dp_eps=8.0), examples=None)
+    with pytest.raises(UsageError, match="number of training examples"):
+        plan_protection(opts)
