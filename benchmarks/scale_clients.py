@@ -27,6 +27,11 @@ thread, CPU, ``--min-size 5``) and reports
         [--protect clear,secagg,dp] [--calibrate ccvr] [--rounds 3] [--timeout 180]
         [--no-transcript]
 
+Each configuration runs once (a 10,000-client run takes the better part of an hour); the
+per-round figures are medians over its rounds. ``--json PATH`` writes the benchmarks' common
+record (``harness.py``): the arguments, the machine line and ``results.rows``, one row per
+configuration with the numbers printed (``round_s_all``: every round's seconds).
+
 ``--protect``: ``clear``, ``secagg`` (``--secagg``: CKKS sums of the calibration uploads),
 ``dp`` (``--dp-eps 8`` on the calibration uploads), and for the rounds ``secagg-updates``
 (``--secagg-updates``: CKKS sums of the model updates) and ``dp-updates`` (``--dp-eps 8
@@ -50,6 +55,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: harness
+import harness  # noqa: E402
 
 #: the child: times the first round's client selection from process start, then prints its
 #: peak RSS; the CLI runs as ``privfedcal train``
@@ -216,8 +223,13 @@ def describe(r: dict) -> str:
             f"{mib(r['summary_bytes'])}; accuracy {r['accuracy']}")
 
 
+def load() -> str:
+    """The 1, 5 and 15 minute load averages, as printed beside each configuration."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--per-round", default="100,500")
     ap.add_argument("--protect", default="clear,secagg,dp")
@@ -225,26 +237,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=180)
     ap.add_argument("--no-transcript", action="store_true")
-    ap.add_argument("--json", type=Path, help="also write the rows to this file")
     ap.add_argument("--ckks-probe", action="store_true",
                     help="only time CKKS per CCVR upload (no runs)")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     protects = args.protect.split(",")
     if unknown := set(protects) - set(PROTECT):
         raise SystemExit(f"--protect: unknown {sorted(unknown)}; choose from {sorted(PROTECT)}")
     if args.ckks_probe:
-        with open("/proc/loadavg") as f:
-            load = " ".join(f.read().split()[:3])
+        probes = {}
         for k, examples in ((1000, 13956), (10000, 134962)):  # the generated sets' sizes
-            p = ckks_probe(examples, k)
+            p = probes[str(k)] = ckks_probe(examples, k)
             print(f"CKKS, CCVR upload (10 x 128 features), bounds of {k} clients: "
                   f"{p['per_upload_s']:.3f} s per upload, {p['fixed_s']:.2f} s per release, "
-                  f"{p['ciphertext_bytes']:,.0f} ciphertext bytes per upload [load {load}]",
+                  f"{p['ciphertext_bytes']:,.0f} ciphertext bytes per upload [load {load()}]",
                   flush=True)
+        harness.finish(args, {"ckks_probe": probes})
         return
     rows = []
-    with open("/proc/loadavg") as f:
-        print(f"load average at start: {' '.join(f.read().split()[:3])}", flush=True)
+    print(f"load average at start: {load()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         for k in map(int, args.sizes.split(",")):
@@ -257,12 +267,10 @@ def main() -> None:
                 for protect in protects:
                     out = tmp_path / f"run-{k}-{per_round}-{protect}"
                     row = run_one(npz, sizes, k, per_round, protect, args, out)
-                    with open("/proc/loadavg") as f:
-                        row["load"] = " ".join(f.read().split()[:3])
+                    row["load"] = load()
                     rows.append(row)
                     print(describe(row) + f" [load {row['load']}]", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    harness.finish(args, {"rows": rows})
 
 
 if __name__ == "__main__":

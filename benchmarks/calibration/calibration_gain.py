@@ -17,8 +17,10 @@ it, so the "FedAvg + CCVR" numbers equal those of ``privfedcal train --method cc
         [--ifs 10 50 100] [--parts a b] [--rounds 30] [--local-epochs 2]
         [--json calibration_gain.json]
 
-Prints two markdown tables (accuracy in %, mean +- std over seeds, std with ddof=1) and writes
-every number (per seed, per class, accuracy curves, CReFF's last matching losses) to the JSON.
+Prints two markdown tables (accuracy in %, mean +- std over seeds, std with ddof=1) and the
+machine line, and writes every number (per seed, per class, accuracy curves, CReFF's last
+matching losses) to the JSON (``--json``, default ``calibration_gain.json``: the benchmarks'
+common record of ``harness.py``, the numbers under ``results``).
 For investigations: ``--match-steps/--retrain-steps/--features-per-class`` and
 ``--calib-param KEY=VALUE`` (any calibrator option, e.g. ``creff_match_reduction=mean``)
 change the calibrators, ``--eval-every N`` records accuracy curves, and ``--diagnose`` (part b)
@@ -30,7 +32,7 @@ Results and their analysis: docs/results/fidelity.md ("Classifier calibration").
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +40,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness  # noqa: E402
 
 from privfedcal.config import RunConfig
 from privfedcal.experiment import build_calibrator, build_simulator
@@ -203,7 +208,7 @@ def table(rows: dict[str, list[dict[str, Any]]], key: str, methods: list[str],
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__)
     ap.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--alphas", nargs="+", type=float, default=[0.5, 0.1, 0.05])
@@ -221,13 +226,11 @@ def main() -> None:
                     help="extra calibrator option, e.g. creff_match_reduction=mean")
     ap.add_argument("--diagnose", action="store_true",
                     help="(b) only: heads from CReFF's / CCVR's features x recipes")
-    ap.add_argument("--json", type=Path, default=Path("calibration_gain.json"))
-    args = ap.parse_args()
+    ap.set_defaults(json=Path("calibration_gain.json"))
+    args = harness.parse(ap)
     torch.set_num_threads(1)
     t_start = time.perf_counter()
-    result: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v
-                                       for k, v in vars(args).items()},
-                              "dirichlet": {}, "longtail": {}}
+    result: dict[str, Any] = {"dirichlet": {}, "longtail": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for part, settings, key in (("a", args.alphas, "dirichlet"), ("b", args.ifs, "longtail")):
             if part not in args.parts:
@@ -251,7 +254,6 @@ def main() -> None:
                                   for k, v in last.get("diagnosis", {}).items()), flush=True)
                 result[key][str(value)] = runs
     result["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    args.json.write_text(json.dumps(result, indent=1))
     if result["dirichlet"]:
         print("\n(a) Dirichlet label skew, digits, accuracy % (mean ± std over seeds)\n")
         print(table({f"α={k}": v for k, v in result["dirichlet"].items()}, "setting",
@@ -270,7 +272,8 @@ def main() -> None:
         for k, runs in diag.items():
             print(f"| IF={float(k):g} | " + " | ".join(fmt([r[c] for r in runs]) for c in combos)
                   + " |")
-    print(f"\nwall time {result['wall_seconds']} s; numbers in {args.json}")
+    print(f"\nwall time {result['wall_seconds']} s")
+    harness.finish(args, result)
 
 
 if __name__ == "__main__":
