@@ -162,6 +162,9 @@ class RunConfig:
         None, "Client that also holds the CKKS secret key and sees every sum (Flower sets it "
         "from flower.key-holder): it needs --secagg-min-clients others in every sum.",
         group="Privacy")
+    stages: str = setting("", "Extra protection stages a run switches on by their registered "
+                          "names, comma-separated (CONTRIBUTING.md, privacy/stage_registry.py).",
+                          group="Privacy")
     # outputs
     out: str | None = setting(None, "Run folder (default runs/<method>-<dataset>-<time>).",
                               group="Output", shown="")

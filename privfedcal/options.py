@@ -134,6 +134,7 @@ class PrivacyOptions:
     secagg_updates: bool
     secagg_min_clients: int
     secagg_key_holder: int | None
+    stages: str  # opt-in stages by registered name, comma-separated
     # the public protocol
     clients: int
     rounds: int
