@@ -166,7 +166,7 @@ class CCVR(PosthocCalibrator):
     name: ClassVar[str] = "ccvr"
     Params: ClassVar[type] = CCVRParams
     arg_field: ClassVar[str] = "virtual_per_class"
-    #: one release after training, from every client (docs/privacy-dp.md, sensitivities)
+    #: one release after training, from every client (docs/threat-model.md, sensitivities)
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CCVR_RELEASE, sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
         magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all",

@@ -2,7 +2,7 @@
 
 A key is a function of one sample's bytes and a public seed, never of the sample's position
 or of the other samples, so that one example added to or removed from a client changes the
-kept set by at most one swap (docs/privacy-dp.md, "Sensitivities"). CReFF's client task
+kept set by at most one swap (docs/threat-model.md, "Neighbours and sensitivities"). CReFF's client task
 (``creff.GradTask``) keeps the ``cap`` samples of each class with the smallest keys, and
 groups them for its augmentation by the key's low part.
 """

@@ -3,7 +3,7 @@
 CCVR's release is calibrated to a feature clip R (sensitivities 1, R, R^2 for count, sum and
 outer; ``dp.py``). Picking R by looking at the feature norms centrally leaks them; this
 module picks it from a differentially private estimate of a quantile of the norms, charged
-to the same budget as the calibration release (docs/privacy-dp.md, "Choosing the feature clip
+to the same budget as the calibration release (docs/privacy.md, "Choosing the feature clip
 without a central look").
 
 The mechanism is a noisy histogram of feature norms over a PUBLIC geometric grid, in the
@@ -30,7 +30,7 @@ no more than one count, so a grid is released at once:
   drowns high quantiles in the noise of empty bins, and so does a coarse stage aimed at the
   target itself; the median sits under half of the samples and is found within an octave
   even at small epsilon, and the fine grid's last bin holds everything above it
-  (``benchmarks/privacy/clip_estimators.py``; docs/privacy-dp.md has the comparison). A quantile
+  (``benchmarks/privacy/clip_estimators.py``; docs/results/privacy.md has the comparison). A quantile
   more than ``above`` octaves over the median (2.8 times it) is estimated as the grid's
   top: the clip then clips more than the target share, which biases the statistics but
   adds no noise (below ``below`` octaves under it, the bottom: a larger clip than asked).

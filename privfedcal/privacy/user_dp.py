@@ -11,7 +11,7 @@ arrived or by client sizes (weights are uniform: sizes never leave a client).
 Sensitivity: neighbouring federations differ in ONE client's whole data, present or absent
 (an absent client's update is zero: "zero-out" adjacency, as add/remove one example is at
 sample level). The sum of clipped updates then moves by at most ``S``, so one round is a
-Gaussian mechanism with noise multiplier ``z`` (docs/privacy-dp.md, "User-level DP on model
+Gaussian mechanism with noise multiplier ``z`` (docs/privacy.md, "User-level DP on model
 updates"). Under replace-one adjacency the sensitivity is ``2 S``.
 
 Accounting (no amplification by client sampling): privfedcal selects each round's clients
@@ -74,7 +74,7 @@ State = dict[str, Tensor]
 #: of a few units: 1.0 clips most of them, as DP-FedAvg intends)
 DEFAULT_UPDATE_CLIP = 1.0
 
-#: what the user-level guarantee assumes (summary.json, docs/privacy-dp.md)
+#: what the user-level guarantee assumes (summary.json, docs/threat-model.md)
 USER_DP_ASSUMPTIONS = [
     "user level: neighbouring federations differ in one client's whole data, present or "
     "absent (zero-out adjacency; replace-one doubles the sensitivity)",

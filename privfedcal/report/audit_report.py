@@ -221,7 +221,7 @@ def _settings_tables(rows: list[dict[str, Any]], columns: list[str]) -> list[str
                  "reconstructions whose nearest training image is the true one; clients "
                  "disaggregated: the most clients whose own value the run's secure sums "
                  "determine, finest group: the smallest group of clients whose sum they "
-                 "determine (docs/privacy-audit.md). Every column of <code>audit.csv</code> "
+                 "determine (docs/privacy.md). Every column of <code>audit.csv</code> "
                  "is shown in one of the tables.</p>")
     return parts
 

@@ -222,7 +222,7 @@ def _attack_sections(run_dir: Path) -> str:
 
 def _disaggregation(records: list[dict[str, Any]]) -> str:
     """``attack disaggregate``: a row per (release, payload key) and a verdict per release
-    (docs/privacy-audit.md, "Disaggregation across rounds")."""
+    (docs/privacy.md, "Disaggregation across rounds")."""
     if not records:
         return ""
     from privfedcal.attacks.reconstruction.disaggregate_report import COLUMNS, rows, verdicts
@@ -256,7 +256,7 @@ def _dp_audit_section(run_dir: Path) -> str:
         numeric=[False, True, True, True, True, True, False, False], table_id="dp-audit")]
     parts.append("<p>A lower bound above the claimed epsilon shows, at the stated confidence, "
                  "that the channel is not as private as claimed; one below it proves nothing "
-                 "about the claim (docs/privacy-audit.md).</p>")
+                 "about the claim (docs/privacy.md).</p>")
     with tempfile.TemporaryDirectory() as tmp:
         from privfedcal.attacks.distinguishing.games import plot
 

@@ -90,7 +90,7 @@ class InversionConfig:
         """Jitter in pixels: the set value, else 0 at every size. Shifting the image at
         every step makes the optimiser match shifted copies' features too; on CIFAR-10
         with the CNN a 2-pixel jitter left the relative feature error of an image's own
-        feature at 0.05, no jitter at 0.01-0.04 (docs/privacy-audit.md)."""
+        feature at 0.05, no jitter at 0.01-0.04 (docs/results/privacy.md)."""
         del height, width
         return 0 if self.jitter is None else self.jitter
 
@@ -98,7 +98,7 @@ class InversionConfig:
         """TV weight: the set value, else by image size. 1e-3 below 16 px (8x8 digits: a
         weak prior, the features pin the image down); 0.3 from 16 px (32x32 colour
         images: the CNN's features leave most of the image free, and a weak prior leaves
-        the start's noise there; measured on CIFAR-10, docs/privacy-audit.md)."""
+        the start's noise there; measured on CIFAR-10, docs/results/privacy.md)."""
         if self.tv_weight is not None:
             return self.tv_weight
         return 1e-3 if min(height, width) < 16 else 0.3

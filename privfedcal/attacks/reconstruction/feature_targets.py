@@ -1,7 +1,7 @@
 """What a feature inversion targets: a raw feature, a class mean, or a class's statistics
 (n, mu, Sigma) as CCVR uploads them, and how each is posed to the optimiser.
 
-Statistics pin features down (docs/privacy-audit.md): with ``D`` the n x d matrix of
+Statistics pin features down (docs/results/privacy.md): with ``D`` the n x d matrix of
 centred features, ``D^T D = (n-1) Sigma`` and ``1^T D = 0``, so D is known up to a rotation
 inside the (n-1)-dimensional space orthogonal to ``1``. For n = 2 there is no freedom left
 but the order: ``z = mu +- sqrt(lambda/2) v`` (lambda, v: top eigenpair of Sigma). Hence
