@@ -1,4 +1,4 @@
-"""Findings of docs/privacy-audit.md: how much of a client's images CCVR's and CReFF's
+"""Findings of docs/results/privacy.md: how much of a client's images CCVR's and CReFF's
 uploads give away to converged attacks, worst case first.
 
 Tests the CCVR paper's appendix C claim that class statistics are "basically
@@ -29,7 +29,7 @@ privacy-preserving" (it inverted the mean of 3 features only). Method:
 5. ``--parts secagg``: the attacker sees the federation's class statistics only; the same
    attacks on the aggregate, scored against the SAME n images as the per-client rows.
 6. ``--parts trace``: PSNR / nearest = true of the best restart at every convergence check
-   of raw n = 1 and mean + covariance n = 2, 3, 10 (the plot of docs/privacy-audit.md).
+   of raw n = 1 and mean + covariance n = 2, 3, 10 (the plot of docs/results/privacy.md).
 7. ``--parts rounds``: a CReFF run (``--creff-run``, else trained with the same recipe);
    the n images' class gradients under the model state and head the transcript records
    for each of its last ``--rounds-combined`` releases, attacked from the last release
