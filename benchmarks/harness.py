@@ -13,6 +13,10 @@ A script under ``benchmarks/<area>/`` puts ``benchmarks/`` on ``sys.path`` and u
 The machine line (CPU count, load average before and after, torch version, device) goes with
 every number because the machines these run on are shared: a measurement taken under load
 reads differently, and the line says how busy the machine was.
+
+The launchers of long runs (``accuracy/``) share ``run_grid`` (named ``privfedcal train``
+commands, each logged beside its run folder, a finished run skipped so that a grid can be
+re-started) and ``summaries`` (each run's ``summary.json``, for the tables they print).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +147,38 @@ def finish(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.json}")
     return record
+
+
+def run_grid(out: Path, commands: dict[str, list[str]],
+             done: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Run each named command, one after another, unless its run folder ``out/NAME``
+    already holds a ``summary.json`` (a finished run: skipped); its output goes to
+    ``out/NAME.log``, and ``done(NAME)`` follows each command that exited 0. Prints what
+    runs, what is skipped and how each ended; returns NAME -> ``{"exit", "seconds"}`` or
+    ``{"skipped": True}``."""
+    out.mkdir(parents=True, exist_ok=True)
+    status: dict[str, dict[str, Any]] = {}
+    for name, cmd in commands.items():
+        if (out / name / "summary.json").exists():
+            print(f"[skip] {name}: done", flush=True)
+            status[name] = {"skipped": True}
+            continue
+        print(f"[run] {name}: {shlex.join(cmd)}", flush=True)
+        t0 = time.time()
+        with open(out / f"{name}.log", "w") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        seconds = time.time() - t0
+        print(f"[done] {name}: exit {rc} after {seconds:.0f} s", flush=True)
+        status[name] = {"exit": rc, "seconds": round(seconds, 1)}
+        if rc == 0 and done is not None:
+            done(name)
+    return status
+
+
+def summaries(out: Path, names: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+    """Each named run's ``summary.json`` under ``out`` (None where it has not finished)."""
+    found: dict[str, dict[str, Any] | None] = {}
+    for name in names:
+        f = out / name / "summary.json"
+        found[name] = json.loads(f.read_text()) if f.exists() else None
+    return found

@@ -2,7 +2,9 @@
 
 Each experiment is one ``privfedcal train`` command (printed and logged); a finished run
 (its folder holds summary.json) is skipped, so the script can be re-started after an
-interruption. ``--table`` prints the results as the markdown rows of docs/results/fidelity.md.
+interruption (``harness.run_grid``). ``--table`` prints the results as the markdown rows of
+docs/results/fidelity.md; ``--json PATH`` also writes the runs' exit codes and seconds, or the
+table's rows, with the machine line (``harness.finish``).
 
     python benchmarks/accuracy/cifar10_runs.py --data /path/to/cifar10 --out runs-cifar [--only cnn]
     python benchmarks/accuracy/cifar10_runs.py --out runs-cifar --table
@@ -15,12 +17,12 @@ The oracle rows re-calibrate the final model of the matching CCVR run with real 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness  # noqa: E402
 
 #: reduced budget for a 2-core CPU (the papers: 100-200 rounds, E = 10 on a GPU)
 CNN = ("--model cnn --clients 10 --partition dirichlet --rounds 20 --local-epochs 2 "
@@ -53,22 +55,16 @@ def command(name: str, data: str, out: Path, workers: int) -> list[str]:
              str(workers), "--out", str(out / name)] + shlex.split(EXPERIMENTS[name]))
 
 
-def run_all(args: argparse.Namespace) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
+def run_all(args: argparse.Namespace) -> dict:
     names = [n for n in EXPERIMENTS if not args.only or any(o in n for o in args.only)]
-    for name in names:
-        if (args.out / name / "summary.json").exists():
-            print(f"[skip] {name}: done", flush=True)
-            continue
-        cmd = command(name, args.data, args.out, args.workers)
-        print(f"[run] {name}: {shlex.join(cmd)}", flush=True)
-        t0 = time.time()
-        with open(args.out / f"{name}.log", "w") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-        print(f"[done] {name}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
+
+    def oracle_of(name: str) -> None:
         oracle = next((o for o, src in ORACLES.items() if src == name), None)
-        if rc == 0 and oracle:
+        if oracle:
             run_oracle(args.out / name, args.out / oracle)
+
+    return harness.run_grid(args.out, {n: command(n, args.data, args.out, args.workers)
+                                       for n in names}, done=oracle_of)
 
 
 def run_oracle(src: Path, dst: Path, *, data: str | None = None, device: str | None = None) -> None:
@@ -96,22 +92,24 @@ def run_oracle(src: Path, dst: Path, *, data: str | None = None, device: str | N
     print(f"[done] {dst.name}: oracle accuracy {summary['accuracy']:.4f}", flush=True)
 
 
-def table(out: Path) -> None:
+def table(out: Path) -> dict:
     print("| run | accuracy before calibration | accuracy | wall s |")
     print("| --- | --- | --- | --- |")
-    for name in [*EXPERIMENTS, *ORACLES]:
-        f = out / name / "summary.json"
-        if not f.exists():
+    rows = {}
+    for name, s in harness.summaries(out, [*EXPERIMENTS, *ORACLES]).items():
+        if s is None:
             print(f"| {name} | not run | | |")
             continue
-        s = json.loads(f.read_text())
         before = s.get("accuracy_before_calibration")
+        rows[name] = {"accuracy_before_calibration": before, "accuracy": s["accuracy"],
+                      "wall_seconds": s.get("wall_seconds")}
         print(f"| {name} | {'' if before is None else f'{100 * before:.2f}'} | "
               f"{100 * s['accuracy']:.2f} | {s.get('wall_seconds', 0):.0f} |")
+    return rows
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", help="CIFAR-10 image folders (train/, test/)")
     p.add_argument("--out", type=Path, default=Path("runs-cifar"))
     p.add_argument("--workers", type=int, default=2)
@@ -120,16 +118,16 @@ def main() -> None:
     p.add_argument("--oracle", nargs=2, type=Path, metavar=("RUN", "OUT"),
                    help="only the oracle calibration of RUN's trained model, into OUT "
                         "(with --data for a run trained on another machine; on the CPU)")
-    args = p.parse_args()
+    args = harness.parse(p)
     if args.table:
-        table(args.out)
+        harness.finish(args, {"rows": table(args.out)})
         return
     if args.oracle:
         run_oracle(*args.oracle, data=args.data, device="cpu")
         return
     if not args.data:
         sys.exit("--data is required to run experiments")
-    run_all(args)
+    harness.finish(args, {"runs": run_all(args)})
 
 
 if __name__ == "__main__":

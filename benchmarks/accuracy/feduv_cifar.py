@@ -2,7 +2,9 @@
 only L_V; paper Table 4), at Dirichlet alpha 0.01 and 1.0 (the paper's label-shift settings).
 
 Each row is one ``privfedcal train`` command (printed, and logged beside its run folder); a
-finished run (its folder holds summary.json) is skipped, so the grid can be re-started.
+finished run (its folder holds summary.json) is skipped, so the grid can be re-started
+(``harness.run_grid``). ``--json PATH`` also writes the runs' exit codes and seconds, or the
+table's rows, with the machine line.
 
     python benchmarks/accuracy/feduv_cifar.py --data /work/data/cifar10 --out runs-feduv --budget reduced
     python benchmarks/accuracy/feduv_cifar.py --out runs-feduv --table
@@ -21,12 +23,12 @@ train-validation split (the test set is the CIFAR-10 test set, as in every run h
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness  # noqa: E402
 
 BUDGETS = {
     "reduced": "--rounds 5 --local-epochs 1",
@@ -65,36 +67,27 @@ def command(name: str, flags: str, args: argparse.Namespace) -> list[str]:
             + shlex.split(f"{COMMON} {BUDGETS[args.budget]} {flags}"))
 
 
-def run_all(args: argparse.Namespace) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, flags in grid().items():
-        if args.only and not any(o in name for o in args.only):
-            continue
-        if (args.out / name / "summary.json").exists():
-            print(f"[skip] {name}: done", flush=True)
-            continue
-        cmd = command(name, flags, args)
-        print(f"[run] {name}: {shlex.join(cmd)}", flush=True)
-        t0 = time.time()
-        with open(args.out / f"{name}.log", "w") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-        print(f"[done] {name}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
+def run_all(args: argparse.Namespace) -> dict:
+    return harness.run_grid(args.out, {
+        name: command(name, flags, args) for name, flags in grid().items()
+        if not args.only or any(o in name for o in args.only)})
 
 
-def table(out: Path) -> None:
+def table(out: Path) -> dict:
     print("| row | accuracy (%) | wall s |")
     print("| --- | --- | --- |")
-    for name in grid():
-        f = out / name / "summary.json"
-        if not f.exists():
+    rows = {}
+    for name, s in harness.summaries(out, grid()).items():
+        if s is None:
             print(f"| {name} | not run | |")
             continue
-        s = json.loads(f.read_text())
+        rows[name] = {"accuracy": s["accuracy"], "wall_seconds": s.get("wall_seconds")}
         print(f"| {name} | {100 * s['accuracy']:.2f} | {s.get('wall_seconds', 0):.0f} |")
+    return rows
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", help="CIFAR-10 image folders (train/, test/)")
     p.add_argument("--out", type=Path, default=Path("runs-feduv"))
     p.add_argument("--budget", choices=sorted(BUDGETS), default="reduced")
@@ -103,14 +96,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", nargs="*", help="run only rows whose name contains one")
     p.add_argument("--table", action="store_true", help="print the results table and exit")
-    args = p.parse_args()
+    args = harness.parse(p)
     if args.table:
-        table(args.out)
+        harness.finish(args, {"rows": table(args.out)})
         return
     if not args.data:
         print("feduv_cifar.py: --data is required to run the grid", file=sys.stderr)
         sys.exit(2)
-    run_all(args)
+    harness.finish(args, {"runs": run_all(args)})
 
 
 if __name__ == "__main__":

@@ -7,18 +7,19 @@ configs/ with the paper's numbers printed beside ours.
     python benchmarks/accuracy/full_budget_rows.py --out runs-full --table
 
 A finished run (summary.json present) is skipped, so the script can be re-started; each run
-logs to OUT/NAME.log. On a 2-core CPU one of these runs takes days: the reduced-budget rows of
+logs to OUT/NAME.log (``harness.run_grid``). ``--json PATH`` also writes the runs' exit codes
+and seconds, or the table's rows, with the machine line (its device: the GPU's name). On a 2-core CPU one of these runs takes days: the reduced-budget rows of
 docs/results/fidelity.md come from benchmarks/accuracy/cifar10_runs.py instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness  # noqa: E402
 
 #: name -> (config file, paper numbers as "before -> after")
 ROWS: dict[str, tuple[str, str]] = {
@@ -29,52 +30,47 @@ ROWS: dict[str, tuple[str, str]] = {
 }
 
 
-def run_all(args: argparse.Namespace) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, (config, _) in ROWS.items():
-        if (args.out / name / "summary.json").exists():
-            print(f"[skip] {name}: done", flush=True)
-            continue
-        cmd = [sys.executable, "-m", "privfedcal.cli.main", "train", "--config", config,
+def run_all(args: argparse.Namespace) -> dict:
+    return harness.run_grid(args.out, {
+        name: [sys.executable, "-m", "privfedcal.cli.main", "train", "--config", config,
                "--dataset", f"imagefolder:{args.data}", "--device", args.device,
                "--workers", str(args.workers), "--out", str(args.out / name)]
-        print(f"[run] {name}: {' '.join(cmd)}", flush=True)
-        t0 = time.time()
-        with open(args.out / f"{name}.log", "w") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-        print(f"[done] {name}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
+        for name, (config, _) in ROWS.items()})
 
 
-def table(out: Path) -> None:
+def table(out: Path) -> dict:
     print("| row | before calibration | after | paper | wall s |")
     print("| --- | --- | --- | --- | --- |")
-    for name, (_, paper) in ROWS.items():
-        f = out / name / "summary.json"
-        if not f.exists():
+    rows = {}
+    for name, s in harness.summaries(out, ROWS).items():
+        paper = ROWS[name][1]
+        if s is None:
             print(f"| {name} | not run | | {paper} | |")
             continue
-        s = json.loads(f.read_text())
         before = s.get("accuracy_before_calibration")
         after = s.get("accuracy")
+        rows[name] = {"accuracy_before_calibration": before, "accuracy": after, "paper": paper,
+                      "wall_seconds": s.get("wall_seconds")}
         cells = ["" if v is None else f"{100 * v:.2f}" for v in (before, after)]
         print(f"| {name} | {cells[0]} | {cells[1]} | {paper} | {s.get('wall_seconds', 0):.0f} |")
+    return rows
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--data", help="CIFAR-10 image folders (train/, test/)")
     p.add_argument("--out", type=Path, default=Path("runs-full"))
     p.add_argument("--device", default="cuda")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--table", action="store_true", help="print the results table and exit")
-    args = p.parse_args()
+    args = harness.parse(p)
     if args.table:
-        table(args.out)
+        harness.finish(args, {"rows": table(args.out)})
         return
     if not args.data:
         print("full_budget_rows.py: --data is required to run the rows", file=sys.stderr)
         sys.exit(2)
-    run_all(args)
+    harness.finish(args, {"runs": run_all(args)})
 
 
 if __name__ == "__main__":
