@@ -91,9 +91,10 @@ def calibrator_class(cfg: RunConfig):
     return CALIBRATORS.get(cfg.calibrator.partition(":")[0])
 
 
-def build_calibrator(cfg: RunConfig, exp: Any):
-    """The calibrator ``cfg.calibrator`` names (``name`` or ``name:N``), with its options."""
-    from privfedcal.calibration import create_calibrator
+def calibration_choice(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
+    """``--calibrate`` (``name`` or ``name:N``) parsed, and the calibrator's options with the
+    defaults that depend on the run's protection filled in: from the settings alone, so the
+    top of a run decides them before the experiment is built."""
     from privfedcal.federation.hooks import CalibrationSpec
 
     name, _, arg = cfg.calibrator.partition(":")
@@ -102,8 +103,22 @@ def build_calibrator(cfg: RunConfig, exp: Any):
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
     options = calibrator_class(cfg).privacy_options(cfg, {**cfg.calibration_params,
                                                           "seed": cfg.seed})
+    return spec, options
+
+
+def make_calibrator(choice: tuple[Any, dict[str, Any]], exp: Any):
+    """The calibrator of ``choice`` (``calibration_choice``) for ``exp``'s classes and
+    features."""
+    from privfedcal.calibration import create_calibrator
+
+    spec, options = choice
     return create_calibrator(spec, num_classes=exp.data.num_classes,
                              feature_dim=exp.model.feature_dim, options=options)
+
+
+def build_calibrator(cfg: RunConfig, exp: Any):
+    """The calibrator ``cfg.calibrator`` names (``name`` or ``name:N``), with its options."""
+    return make_calibrator(calibration_choice(cfg), exp)
 
 
 def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]:
@@ -116,8 +131,9 @@ def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]
 
     check_method(cfg.method)
     check_calibration_params(cfg)
+    choice = calibration_choice(cfg)  # settings only: decided before the data are loaded
     exp = build_server_experiment(cfg) if server else build_experiment(cfg)
-    calibrator = build_calibrator(exp.cfg, exp)
+    calibrator = make_calibrator(choice, exp)
     plan = plan_for_run(exp.cfg, calibrator, exp.num_examples)  # pure: reads the settings
     exp.spec = training_spec(exp.spec, plan)  # DP-SGD's schedule, under --dp-train
     return exp, calibrator, execute_plan(plan)
