@@ -51,3 +51,33 @@ def test_experiment_resolves_defaults_and_partitions_the_data(experiment):
     for k, ix in enumerate(rec["indices"]):
         assert np.bincount(y[ix], minlength=10).tolist() == rec["counts"][k]
     assert rec["class_totals"] == np.bincount(y, minlength=10).tolist()
+
+
+def test_the_experiment_carries_the_narrow_options_of_its_resolved_config(experiment):
+    """Built once from the resolved config: what the trainers, the data and the planner
+    read; the worker processes' builder takes the local-training spec, not the config."""
+    import pickle
+
+    from privfedcal.options import run_options
+
+    e = experiment
+    opts = run_options(e.cfg)
+    assert e.data_options == opts.data and e.engine == opts.engine and e.privacy == opts.privacy
+    assert e.spec == opts.training  # mixed precision off on a CPU
+    assert e.spec.method == "fedavg" and e.spec.lr == 0.05 and e.spec.local_epochs == 2
+    assert e.data_options.data_seed == e.cfg.data_seed == 0  # a plain run: the public seed
+    model, algo = pickle.loads(pickle.dumps(e.builder))()
+    for key, value in model.state_dict().items():  # same seeds: the server's initial model
+        torch.testing.assert_close(value, e.model.state_dict()[key].cpu())
+    assert algo.name == e.algo.name
+
+
+def test_the_partition_is_drawn_from_the_data_options(experiment):
+    from privfedcal.federation.setup import draw_partition, load_data
+
+    o = experiment.data_options
+    parts, counts, held = draw_partition(load_data(o), o)
+    assert [p.tolist() for p in parts] == [p.tolist() for p in experiment.parts]
+    assert counts.tolist() == experiment.counts.tolist() and held == experiment.num_examples
+    with pytest.raises(ValueError, match="data seed"):
+        draw_partition(load_data(o), o.__class__(**{**o.__dict__, "data_seed": None}))
