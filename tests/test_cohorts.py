@@ -134,13 +134,13 @@ def test_plain_selection_is_unchanged_and_secure_selection_takes_whole_cohorts()
 
 def test_planned_schedule_of_secure_runs_isolates_no_client_and_plain_selection_would():
     from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import privacy_options, secure_schedule
+    from privfedcal.protection import protection_inputs, secure_schedule
 
     for cfg in (_cfg(clients=4, method="creff", secagg=True, hide_counts=True),
                 _cfg(clients=4, method="fedavg", secagg_updates=True),
                 _cfg(clients=20, participation=0.4, method="creff", secagg=True,
                      hide_counts=True)):
-        rows = secure_schedule(privacy_options(cfg, calibrator_class(cfg)))
+        rows = secure_schedule(protection_inputs(cfg, calibrator_class(cfg)))
         check_schedule(rows, cfg.clients, cfg.secagg_min_clients)
     # mutation: the same schedule drawn client by client (no cohorts) is refused
     cfg = _cfg(clients=4, method="creff", secagg=True, hide_counts=True)

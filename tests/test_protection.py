@@ -1,4 +1,4 @@
-"""The protection planner (privfedcal/protection.py): a pure function of the run's privacy options."""
+"""The protection planner (privfedcal/protection.py): a pure function of its inputs."""
 
 from __future__ import annotations
 
@@ -9,22 +9,25 @@ import pytest
 
 from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
-from privfedcal.privacy.options import PrivacyOptions
+from privfedcal.privacy.plan import ProtectionInputs
 from privfedcal.privacy.releases import DPSGD_RELEASE
-from privfedcal.protection import plan_protection, privacy_options
+from privfedcal.protection import plan_protection, protection_inputs
 
 
-def _options(tiny_cfg, **kw) -> PrivacyOptions:
+def _inputs(tiny_cfg, **kw) -> ProtectionInputs:
     cfg = tiny_cfg(**{"method": "ccvr", **kw})
-    return privacy_options(cfg, calibrator_class(cfg), 1000)
+    return protection_inputs(cfg, calibrator_class(cfg), 1000)
 
 
-def test_options_are_read_from_the_run_config_once(tiny_cfg):
-    opts = _options(tiny_cfg, dp_eps=8.0, secagg=True, participation=0.5, clients=8)
-    assert (opts.dp_eps, opts.secagg, opts.clients, opts.participation) == (8.0, True, 8, 0.5)
-    assert [s.spec.label for s in opts.releases] == ["ccvr-stats"] and opts.examples == 1000
+def test_inputs_are_gathered_from_the_run_config_once(tiny_cfg):
+    inputs = _inputs(tiny_cfg, dp_eps=8.0, secagg=True, participation=0.5, clients=8,
+                     stages=" a, b ")
+    p = inputs.privacy
+    assert (p.dp_eps, p.secagg, p.clients, p.participation) == (8.0, True, 8, 0.5)
+    assert [s.spec.label for s in inputs.releases] == ["ccvr-stats"]
+    assert inputs.examples == 1000 and inputs.stages == ("a", "b")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        opts.dp_eps = 1.0  # type: ignore[misc]
+        inputs.examples = 1  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("flags", [{}, {"dp_eps": 8.0}, {"secagg": True, "hide_counts": True},
@@ -32,15 +35,15 @@ def test_options_are_read_from_the_run_config_once(tiny_cfg):
                                    {"method": "fedavg", "dp_eps": 4.0, "dp_train": True},
                                    {"method": "fedavg", "dp_eps": 4.0, "dp_updates": True}])
 def test_the_same_options_give_the_same_plan_and_stay_as_they_were(tiny_cfg, flags):
-    opts = _options(tiny_cfg, **flags)
-    kept = copy.deepcopy(opts)
-    first, second = plan_protection(opts), plan_protection(opts)
-    assert first == second and opts == kept
+    inputs = _inputs(tiny_cfg, **flags)
+    kept = copy.deepcopy(inputs)
+    first, second = plan_protection(inputs), plan_protection(inputs)
+    assert first == second and inputs == kept
     assert first.protected == bool(flags)
 
 
 def test_the_plan_holds_what_the_run_executes(tiny_cfg):
-    plan = plan_protection(_options(tiny_cfg, method="fedavg", calibrate="ccvr", dp_eps=4.0,
+    plan = plan_protection(_inputs(tiny_cfg, method="fedavg", calibrate="ccvr", dp_eps=4.0,
                                     dp_train=True, secagg=True))
     assert [name for name, _ in plan.stages] == ["bound", "noise", "encrypt"]
     assert set(plan.noise.sigmas) == {"ccvr-stats", DPSGD_RELEASE}
@@ -50,9 +53,9 @@ def test_the_plan_holds_what_the_run_executes(tiny_cfg):
 
 def test_whole_run_checks_refuse_before_any_work(tiny_cfg):
     with pytest.raises(UsageError, match="nothing to protect"):
-        plan_protection(_options(tiny_cfg, method="fedavg", dp_eps=8.0))
+        plan_protection(_inputs(tiny_cfg, method="fedavg", dp_eps=8.0))
     with pytest.raises(UsageError, match="fewer than --secagg-min-clients 3"):
-        plan_protection(_options(tiny_cfg, secagg=True, secagg_min_clients=3, clients=2))
-    opts = dataclasses.replace(_options(tiny_cfg, dp_eps=8.0), examples=None)
+        plan_protection(_inputs(tiny_cfg, secagg=True, secagg_min_clients=3, clients=2))
+    inputs = dataclasses.replace(_inputs(tiny_cfg, dp_eps=8.0), examples=None)
     with pytest.raises(UsageError, match="number of training examples"):
-        plan_protection(opts)
+        plan_protection(inputs)

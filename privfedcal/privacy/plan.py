@@ -1,7 +1,9 @@
 """A run's protection as a value: what the planner decided, frozen.
 
-``ProtectionPlan`` is what the planner (privfedcal/protection.py ``plan_protection``, a pure
-function of the run's ``PrivacyOptions``) decided: the per-sample bounds, the DP noise of
+``ProtectionInputs`` is what the planner (privfedcal/protection.py ``plan_protection``)
+reads: the run's ``PrivacyOptions`` (privfedcal/options.py) and the public facts the plan
+depends on besides them. ``ProtectionPlan`` is what the planner, a pure function of those
+inputs, decided: the per-sample bounds, the DP noise of
 every release (``NoisePlan``), the CKKS set-up of the calibration uploads and of the model
 updates (``CKKSPlan``), DP-SGD's local schedule, DP-FedAvg's clip, and each registered
 stage's own set-up in client order (privacy/stage_registry.py). Every part is frozen: the
@@ -22,9 +24,45 @@ from typing import TYPE_CHECKING, Any
 from privfedcal.privacy.releases import ReleaseSpec
 
 if TYPE_CHECKING:
+    from privfedcal.options import PrivacyOptions
     from privfedcal.privacy.dp_stage import DPStage
     from privfedcal.privacy.dpsgd_local import DPSGDSpec
-    from privfedcal.privacy.options import PrivacyOptions
+
+
+@dataclass(frozen=True)
+class ReleaseSchedule:
+    """One release a calibrator declares and the rounds it makes it in (per-round releases;
+    a release made once, after training, lists none)."""
+
+    spec: ReleaseSpec
+    rounds: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProtectionInputs:
+    """What the planner reads: the run's privacy options, the federation's public number of
+    training examples N, the releases its calibrator declares and when, whether that
+    calibrator can be protected at all, and its advice for the run's notes. Gathered once
+    from the run's settings (privfedcal/protection.py ``protection_inputs``)."""
+
+    privacy: PrivacyOptions
+    examples: int | None = None
+    releases: tuple[ReleaseSchedule, ...] = ()
+    protectable: bool = True
+    hints: tuple[str, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The opt-in stages the run names (``--stages``)."""
+        return tuple(s.strip() for s in self.privacy.stages.split(",") if s.strip())
+
+    @property
+    def protected(self) -> bool:
+        """Whether a built-in protection guards the uplink (otherwise: in the clear, no
+        bound, unless an opt-in stage is named)."""
+        p = self.privacy
+        return bool(p.dp_enabled or p.secagg or p.hide_counts or p.dp_train
+                    or p.secagg_updates)
 
 
 @dataclass(frozen=True)
@@ -95,7 +133,7 @@ class ProtectionPlan:
     """Everything the planner decided for a run (``protected`` False: the plain uplink, in
     the clear, no bound). ``stages``: (registered name, its set-up) in client order."""
 
-    options: PrivacyOptions
+    inputs: ProtectionInputs
     protected: bool = False
     clips: Mapping[str, float] = field(default_factory=dict)  # row kind -> L2 bound
     noise: NoisePlan | None = None

@@ -120,7 +120,7 @@ def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
     """``plan`` with every registered stage's set-up (``StageEntry.setup``) in client order:
     the stages it switches on, opt-in ones only where the options name them. Exactly one
     wire, last."""
-    named = set(plan.options.stages)
+    named = set(plan.inputs.stages)
     unknown = named - set(opt_in_stages())
     if unknown:
         raise UsageError(f"unknown stage(s) {', '.join(sorted(unknown))} in --stages; stages "
@@ -157,7 +157,7 @@ def _noise_setup(plan: ProtectionPlan) -> tuple[int, bool] | None:
     """The noise stage's own settings (the noise plan itself is shared: ``Shared.dp``)."""
     if plan.noise is None:
         return None
-    return plan.options.seed, plan.options.insecure_seeded_noise
+    return plan.inputs.privacy.seed, plan.inputs.privacy.insecure_seeded_noise
 
 
 def _noise_build(setup: tuple[int, bool], shared: Shared) -> Stage:

@@ -17,7 +17,7 @@ from privfedcal.protection import (
     DPStage,
     build_uplink,
     participation_counts,
-    privacy_options,
+    protection_inputs,
     release_plans,
 )
 
@@ -46,7 +46,7 @@ def test_participation_counts_follow_the_public_selection(tiny_cfg):
 
 def test_creff_plan_has_no_amplification_from_server_sampling(tiny_cfg):
     cfg = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=20)
-    (plan,) = release_plans(privacy_options(cfg, calibrator_class(cfg)))
+    (plan,) = release_plans(protection_inputs(cfg, calibrator_class(cfg)))
     assert plan.sample_rate == 1.0
     assert plan.steps == max(participation_counts(cfg).values())
 
@@ -113,7 +113,7 @@ def test_creff_plan_counts_the_releases_of_its_schedule(tiny_cfg, last):
     assert cfg.participation == 1.0
     releases = 30 if last is None else last
     assert len(CReFF.release_rounds(cfg)) == releases
-    (plan,) = release_plans(privacy_options(cfg, calibrator_class(cfg)))
+    (plan,) = release_plans(protection_inputs(cfg, calibrator_class(cfg)))
     assert (plan.name, plan.sample_rate, plan.steps) == (CREFF_RELEASE, 1.0, releases)
     dp = build_uplink(cfg, build_experiment(cfg), calibrator_class(cfg)) \
         .find(NoiseStage).dp
@@ -128,7 +128,7 @@ def test_creff_plan_counts_the_releases_of_its_schedule(tiny_cfg, last):
 def test_partial_participation_counts_selections_within_the_release_rounds(tiny_cfg):
     part = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=12, dp_eps=8.0,
                     calibration_params={"creff_release_last": 5})
-    (plan,) = release_plans(privacy_options(part, calibrator_class(part)))
+    (plan,) = release_plans(protection_inputs(part, calibrator_class(part)))
     manual = dict.fromkeys(range(10), 0)
     for r in range(8, 13):
         for c in select_clients(part, r):

@@ -49,7 +49,7 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
     from privfedcal.privacy.executor import updates_uplink
     from privfedcal.privacy.releases import UPDATE_RELEASE
     from privfedcal.privacy.transcript import Transcript
-    from privfedcal.protection import privacy_options, updates_plan
+    from privfedcal.protection import protection_inputs, updates_plan
 
     cfg = tiny_cfg(rounds=1, secagg_updates=True, data_seed=0)
     sim = build_simulator(cfg, tmp_path / "c")
@@ -67,6 +67,6 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
                              transcript=Transcript(None))
     k = next(k for k, v in sent.items() if v.is_floating_point())
     torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
-    opts = privacy_options(cfg, calibrator_class(cfg), sim.exp.num_examples)
+    opts = protection_inputs(cfg, calibrator_class(cfg), sim.exp.num_examples)
     assert isinstance(updates_uplink(updates_plan(opts)).wire.summary(), dict)
     assert ReleaseSkipped  # the error the uplink turns into a kept global state

@@ -145,12 +145,12 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
     """The search's and the calibration releases' noise in one plan for the run's target
     (clip.py), from the releases ``cfg`` declares: the same on the server and every node."""
     from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import privacy_options, release_plans
+    from privfedcal.protection import protection_inputs, release_plans
 
     if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")
     return AutoClip.plan(float(cfg.dp_eps), float(cfg.dp_delta), cfg.accountant,
-                         release_plans(privacy_options(cfg, calibrator_class(cfg))))
+                         release_plans(protection_inputs(cfg, calibrator_class(cfg))))
 
 
 def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
