@@ -1,4 +1,4 @@
-"""The CLI's jobs as Python functions (privfedcal/jobs.py, docs/api.md "Every job"): each on
+"""The CLI's jobs as Python functions (privfedcal/jobs/, docs/api.md "Every job"): each on
 tiny real runs, with its numbers checked against what the run folder holds; files written
 only where the docstring says; bad input a one-line UsageError naming the keyword; and each
 CLI command calls its job with the flags it parsed."""
@@ -20,6 +20,7 @@ import privfedcal
 from privfedcal import jobs
 from privfedcal.cli.main import main
 from privfedcal.errors import UsageError
+from privfedcal.jobs.job_surface import Watch
 
 FAST = dict(clients=3, rounds=2, local_epochs=1, threads=1, device="cpu", alpha=0.5)
 #: a flag left in a message (``--dp-eps``), not a ``--`` inside a word or range
@@ -167,7 +168,7 @@ def test_a_job_shows_a_bar_when_interactive_and_logs_its_stages(monkeypatch, cap
     monkeypatch.setattr(api_log, "interactive", lambda: True)
     stages = [jobs.Stage("", 0, 2), jobs.Stage("a: training", 0, 2), jobs.Stage("a: done", 1, 2)]
     caplog.set_level("INFO", logger="privfedcal")
-    with jobs._Watch(None, "audit") as watch:
+    with Watch(None, "audit") as watch:
         for st in stages:
             watch(st)
     (bar,) = bars
@@ -177,7 +178,7 @@ def test_a_job_shows_a_bar_when_interactive_and_logs_its_stages(monkeypatch, cap
         "audit: started", "audit: a: training", "audit: a: done", "audit: done"]
     seen = []
     for progress in (False, seen.append):
-        with jobs._Watch(progress, "audit") as watch:
+        with Watch(progress, "audit") as watch:
             for st in stages:
                 watch(st)
     assert len(bars) == 1 and seen == stages

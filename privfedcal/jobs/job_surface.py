@@ -1,0 +1,164 @@
+"""What every job of the Python API shares: its progress (``Stage``, and ``Watch``, which logs
+it and draws a bar), the checks of its arguments by annotation, and its error messages in
+keywords rather than the command's flags (``job``)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from privfedcal.api import Run
+from privfedcal.errors import UsageError
+from privfedcal.pysurface import _coerce, python_surface, register_check
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Progress of a long job: what it is doing, ``done`` of ``total`` (None: not counted).
+    A job that reports its start (``audit``) does so with an empty ``description``, once
+    its input is checked."""
+
+    description: str
+    done: int = 0
+    total: int | None = None
+
+
+
+def report_stage(progress: Callable[[Stage], None] | None, stage: Stage) -> None:
+    if progress is not None:
+        progress(stage)
+
+
+class Watch:
+    """What a job shows from Python, as ``train`` and ``attack`` do (``api_log.py``): its
+    start, each new stage and its end at INFO on the ``privfedcal`` logger, and a bar when
+    ``progress`` asks for one (None: when interactive; True: always; False: none), or the
+    caller's callable. The watch is the ``progress`` given to the job's unwrapped half."""
+
+    def __init__(self, progress: bool | Callable[[Stage], None] | None, name: str) -> None:
+        self.progress, self.name = progress, name
+        self.bar: Any = None
+        self.opened, self.stage = False, ""
+
+    def __enter__(self) -> Watch:
+        from privfedcal.api_log import logger
+
+        logger.info("%s: started", self.name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from privfedcal.api_log import logger
+
+        if self.bar is not None:
+            self.bar.close()
+        if exc[0] is None:
+            logger.info("%s: done", self.name)
+
+    def __call__(self, stage: Stage) -> None:
+        from privfedcal.api_log import logger, open_bar
+
+        if callable(self.progress):
+            self.progress(stage)
+        if stage.description and stage.description != self.stage:
+            self.stage = stage.description
+            logger.info("%s: %s", self.name, stage.description)
+        if not self.opened and stage.total is not None:  # the total is known from here
+            self.opened, self.bar = True, open_bar(self.progress, self.name, stage.total,
+                                                   stage.done)
+        if self.bar is not None and stage.total is not None:
+            self.bar.update(stage.done, stage.total, stage.description)
+
+
+
+
+def _keywords_of(func: Callable[..., Any]) -> dict[str, str]:
+    """Each flag a job's messages may name, as its keyword: ``--max-clients`` is
+    ``max_clients``, ``--overwrite`` (a flag that turns on) ``overwrite=True``,
+    ``--no-one-run`` ``one_run=False``."""
+    table = {}
+    for p in inspect.signature(func).parameters.values():
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        flag = "--" + p.name.replace("_", "-")
+        table[flag] = f"{p.name}=True" if p.default is False else p.name
+        if p.default is True:
+            table["--no-" + flag[2:]] = f"{p.name}=False"
+    return table
+
+
+def job(func: Callable[P, R]) -> Callable[P, R]:
+    """``func`` as the API's: arguments checked by annotation, and the job's own flags in an
+    error's message as its keywords (then the settings' flags, by ``python_surface``)."""
+    table = _keywords_of(func)
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(table, key=len,
+                                                                         reverse=True)))
+                         + r")(?![\w-])")
+
+    @functools.wraps(func)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except UsageError as exc:
+            exc.args = (pattern.sub(lambda m: table[m.group()], str(exc)),)
+            raise
+    return python_surface(call)
+
+
+def run_path(run: Run | str | Path) -> Path:
+    return Path(run.path) if isinstance(run, Run) else Path(run)
+
+
+def _runs(value: Any, name: str, optional: bool) -> list[Path] | None:
+    """Run folders: one (a ``Run``, str or Path) or an iterable of them."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (Run, str, Path)):
+        value = [value]
+    if not isinstance(value, Iterable):
+        raise UsageError(f"{name} must be run folders (Run, str or Path), got {value!r}")
+    out = []
+    for i, v in enumerate(value):
+        if not isinstance(v, (Run, str, Path)):
+            raise UsageError(f"{name}[{i}] must be a run folder (Run, str or Path), got {v!r}")
+        out.append(run_path(v))
+    return out
+
+
+def _several(kind: type) -> Callable[[Any, str, bool], Any]:
+    """One value of ``kind`` or an iterable of them, as a tuple without repeats."""
+    def check(value: Any, name: str, optional: bool) -> tuple[Any, ...] | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            value = [value]
+        return tuple(dict.fromkeys(_coerce(v, kind, f"{name}[{i}]", False)
+                                   for i, v in enumerate(value)))
+    return check
+
+
+def _callable(value: Any, name: str, optional: bool) -> Any:
+    if (value is None and optional) or callable(value):
+        return value
+    raise UsageError(f"{name} must be callable, got {value!r}")
+
+
+def as_tuple(value: Any) -> tuple[Any, ...]:
+    """One value or several as a tuple (the checks above already made it one)."""
+    return tuple(value) if isinstance(value, Iterable) and not isinstance(value, str) else (value,)
+
+
+register_check("bool", lambda v, n, o: _coerce(v, bool, n, o))
+register_check("Iterable[Run | str | Path]", _runs)
+register_check("float | Iterable[float]", _several(float))
+register_check("bool | Iterable[bool]", _several(bool))
+register_check("str | Iterable[str]", _several(str))
+register_check("bool | Callable[[Stage], None]", lambda v, n, o: v if isinstance(v, bool)
+               else _callable(v, n, o))
