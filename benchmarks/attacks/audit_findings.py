@@ -40,17 +40,21 @@ feature inversions (``benchmarks/probes/inversion_strength.py`` compares setting
 
 Run: ``python benchmarks/attacks/audit_findings.py --out runs/findings --parts plain`` (one part per
 process parallelises well). Writes findings-<parts>.json / .md and, for ``trace``,
-steps.png.
+steps.png, into ``--out``; prints the machine line, and ``--json PATH`` writes the same rows
+as the benchmarks' common record (``harness.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
+import harness  # noqa: E402
 
 from privfedcal.attacks.reconstruction.feature_inversion import FeatureTarget, invert_features
 from privfedcal.attacks.reconstruction.gradient_inversion import (
@@ -96,7 +100,7 @@ def rounds_findings(args, sets: dict, add) -> None:
             and "head.weight" in r.task][-args.rounds_combined:]
     if not rels:
         raise SystemExit("the CReFF run's transcript records no heads (re-train it)")
-    d = view.exp.data
+    d = view.truth_exp.data
     for (cls, n), idx in sets.items():
         x, seed = d.x_train[idx], 100 * cls + n
         heads, grads = [creff_head(view, r) for r in rels], []
@@ -146,7 +150,7 @@ def guess(view, cls: int, idx: torch.Tensor, size: int, *, seed: int) -> dict:
     """The control: ``size`` random TEST images of the class (public data, nothing from the
     client; as many as the attack reconstructs), scored exactly like a reconstruction. Its
     numbers are chance level."""
-    d = view.exp.data
+    d = view.truth_exp.data
     pool = torch.nonzero(d.y_test == cls).flatten()
     g = make_generator(seed, cls, size, 74)
     pick = pool[torch.randperm(pool.numel(), generator=g)[:min(size, pool.numel())]]
@@ -155,7 +159,7 @@ def guess(view, cls: int, idx: torch.Tensor, size: int, *, seed: int) -> dict:
 
 
 def invert(view, model, target, *, seed, args, trace=None):
-    d = view.exp.data
+    d = view.truth_exp.data
     return invert_features(model, target, image_shape=d.x_train.shape[1:], mean=d.mean,
                            std=d.std, generator=make_generator(args.seed, seed, 0, 71),
                            steps=args.steps, restarts=args.restarts, tv_weight=args.tv,
@@ -206,7 +210,7 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
     view = load_run(run)
     rel = view.release(STATS_LABEL, None)
     view.load_state(rel.state)
-    model, d = view.model, view.exp.data
+    model, d = view.model, view.truth_exp.data
     n_total = int(sum(p.numel() for p in view.truth_exp.parts))
     delta = min(1e-5, 1 / (10 * n_total))
     clipped = UploadedFeatures(model, None, DP_DEFAULT_CLIP)
@@ -419,7 +423,7 @@ def plot_traces(traces: list[dict], path: Path) -> None:
 def main() -> None:
     from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--run", type=Path, default=None, help="a CCVR run folder (default: train)")
     p.add_argument("--out", type=Path, default=Path("runs/audit-findings"))
     p.add_argument("--parts", type=lambda s: [t for t in s.split(",") if t],
@@ -449,7 +453,7 @@ def main() -> None:
                    help="CReFF releases combined by --parts rounds")
     p.add_argument("--max-n", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    args = harness.parse(p)
     bad = [x for x in args.parts if x not in PARTS]
     if bad:
         p.error(f"unknown part(s) {bad}; valid: {', '.join(PARTS)}")
@@ -462,11 +466,12 @@ def main() -> None:
     def plain(v):
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
-    (args.out / f"findings-{tag}.json").write_text(json.dumps(
-        [{k: plain(v) for k, v in r.items()} for r in rows + traces], indent=1))
+    found = [{k: plain(v) for k, v in r.items()} for r in rows + traces]
+    (args.out / f"findings-{tag}.json").write_text(json.dumps(found, indent=1))
     (args.out / f"findings-{tag}.md").write_text(text + "\n")
     if traces:
         plot_traces(traces, args.out / "steps.png")
+    harness.finish(args, {"rows": found})
 
 
 if __name__ == "__main__":

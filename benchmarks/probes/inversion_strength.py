@@ -60,7 +60,7 @@ def sweep(args) -> list[dict]:
     view = load_run(args.run)
     rel = view.release(STATS_LABEL, None)
     view.load_state(rel.state)
-    model, d = view.model, view.exp.data
+    model, d = view.model, view.truth_exp.data
     rows = []
     for cls in args.classes:
         idx = pick(view, cls, args.seed)
