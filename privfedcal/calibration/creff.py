@@ -479,6 +479,32 @@ class CReFF(Calibrator):
         w_eff, bias = w_eff.to(s.device), None if bias is None else bias.to(s.device)
         g_agg, mask = g_agg.to(s.device, torch.float32), mask.to(s.device)
         dim = s.shape[1]
+        s, first, final = self._match_features(s, w_eff, bias, g_agg, mask)
+
+        labels = torch.arange(c, device=s.device).repeat_interleave(m)
+        w0, b0 = fresh_head(c, dim, ctx.generator, device=s.device)
+        self.weight, self.bias = retrain_classifier(
+            w0, None if self.bias is None else b0, s, labels,
+            steps=p.num_retrain_steps(len(labels)), lr=p.retrain_lr,
+            batch_size=p.retrain_batch_size, generator=ctx.generator, normalized=normalized)
+        self.last_round_info = {
+            "name": self.name,
+            "match_loss_before": None if first is None else float(first),
+            "match_loss_after": final,
+            "matched_classes": int(mask.sum()),
+            "released": True,
+            "seconds": round(time.perf_counter() - t0, 4),
+        }
+
+    def _match_features(self, s: Tensor, w_eff: Tensor, bias: Tensor | None, g_agg: Tensor,
+                        mask: Tensor) -> tuple[Tensor, Tensor | None, float | None]:
+        """Gradient matching: ``match_steps`` steps of gradient descent (with momentum
+        carried across rounds) on the federated features ``s`` so that their class-mean
+        gradients of the head match the clients' aggregate ``g_agg`` on the classes in
+        ``mask``. Keeps the features and momentum; returns the features and the matching
+        loss before (a tensor, read once) and after (None: no class to match)."""
+        p, c, m = self.params, self.num_classes, self.params.features_per_class
+        dim = s.shape[1]
 
         def loss_of(feats: Tensor) -> Tensor:
             g_fed = class_mean_grads(feats.view(c, m, dim), w_eff, bias)
@@ -500,21 +526,7 @@ class CReFF(Calibrator):
                 s = (s - p.feature_lr * grad).detach()
             final = float(loss_of(s)) if first is not None else None
         self.features, self.momentum = s, buf if p.feature_momentum > 0 else None
-
-        labels = torch.arange(c, device=s.device).repeat_interleave(m)
-        w0, b0 = fresh_head(c, dim, ctx.generator, device=s.device)
-        self.weight, self.bias = retrain_classifier(
-            w0, None if self.bias is None else b0, s, labels,
-            steps=p.num_retrain_steps(len(labels)), lr=p.retrain_lr,
-            batch_size=p.retrain_batch_size, generator=ctx.generator, normalized=normalized)
-        self.last_round_info = {
-            "name": self.name,
-            "match_loss_before": None if first is None else float(first),
-            "match_loss_after": final,
-            "matched_classes": int(mask.sum()),
-            "released": True,
-            "seconds": round(time.perf_counter() - t0, 4),
-        }
+        return s, first, final
 
     def after_training(self, ctx: ServerContext) -> dict[str, Any]:
         """The augmentation the client gradients ran under, their per-class cap and the
