@@ -7,7 +7,7 @@ it only replaces the two places where the simulator touches client data:
 * local training (``FlowerTrainer``): a ``train`` message to the SuperNodes of the selected
   clients; each node trains with the simulator's ``train_client`` on its own partition;
 * ``ServerContext.collect``: a ``query.payload`` message carrying the task description
-  (``flower/tasks.py``) and the model state; the stages of the uplink built by ``build_uplink``
+  (``flower/tasks.py``) and the model state; the stages of the uplink the protection plan builds
   are split across the wire (``flower/stage_messages.py``): their client halves (bound, noise,
   encryption under a key holder node's public key) run on the nodes, and the server runs the
   same ``Uplink.open`` / ``Uplink.server_side`` as the simulator.

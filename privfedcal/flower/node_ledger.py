@@ -4,7 +4,7 @@ Flower 1.41 runs a ClientApp process per message; what lasts between them on a n
 ``Context.state`` (a ``RecordDict``) the SuperNode keeps for the run and hands to each
 process. The node's ledger (privacy/client_ledger.py: releases made per label) is stored
 there as a ConfigRecord with the run's id; its limits come from the node's own noise plan
-(``build_uplink`` on the node's run config), never from the server's message. A release past
+(the protection plan of the node's run config), never from the server's message. A release past
 them raises ``BudgetRefused`` in the handler before anything is computed: the server gets an
 error reply (code ``budget-exhausted``) and no upload.
 """

@@ -58,7 +58,7 @@ class ReleaseSpec:
     #: payload key -> its share of the release's noise budget (``dp.noise_stds``), normalised
     #: over the keys a payload carries; empty: equal shares. Every declared key needs one.
     noise_share: Mapping[str, float] = field(default_factory=dict)
-    #: payload keys whose last two dimensions hold symmetric matrices (CCVR's ``outer``):
+    #: payload keys whose last two dimensions hold symmetric matrices (CCVR's second moments):
     #: under CKKS only their upper triangle travels (privacy/packing.py), and their DP noise
     #: is symmetrised after it is drawn (privacy/stages.py ``symmetrise``)
     symmetric: frozenset[str] = frozenset()

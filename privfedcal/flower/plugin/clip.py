@@ -84,7 +84,7 @@ class AutoClip:
         return self.search.stage_sigmas(self.sigma)[stage - 1]
 
     def plan_into(self, dp: Any) -> None:
-        """Write the plan into the calibration's ``DPStage`` (built by ``build_uplink`` for
+        """Write the plan into the calibration's ``DPStage`` (the executed protection plan's, for
         the same run target, before any release): the calibration releases' multipliers, and
         the search's two stages as planned releases (q = 1, once each) that ``record``
         charges to the clients' accountants."""

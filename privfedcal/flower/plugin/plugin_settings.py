@@ -2,7 +2,7 @@
 side reads them.
 
 Both sides build privfedcal's own ``RunConfig`` and ``FlowerOptions`` from the same settings
-(``parse_run_config``, with its checks), so the planner (``protection.build_uplink``) gives
+(``parse_run_config``, with its checks), so the planner (``protection.plan_protection``) gives
 the server and each node the same releases, noise, ledger limits and CKKS set-up. Sources,
 each overriding the one before:
 
