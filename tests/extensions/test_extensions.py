@@ -104,8 +104,11 @@ with tempfile.TemporaryDirectory() as tmp:
     index = json.loads((run.server_view / "transcript" / "index.json").read_text())
     out["transcript"] = sorted({(e["label"], e["view"]) for e in index})
     if "toy_stage" in present:  # its state is saved with the checkpoint and restored
-        privfedcal.resume(run, rounds=3)
-        out["stage"] = toy_stage.evidence(run.path)
+        # (without DP: a DP run's rounds are fixed by its budget, it cannot be extended)
+        staged = privfedcal.train(method=toy_method.NAME, calibrate=toy_calibrator.NAME,
+                                  out=Path(tmp) / "staged", **base, **settings)
+        privfedcal.resume(staged, rounds=3)
+        out["stage"] = toy_stage.evidence(staged.path)
     if "toy_attack" in present:
         import toy_attack
         out["attack"] = [dict(r) for r in privfedcal.attack(run, toy_attack.NAME, steps=20)]
