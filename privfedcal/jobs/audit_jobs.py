@@ -170,8 +170,6 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
         plot,
         write_csv,
     )
-    from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
-
     if not (math.isfinite(budget_s) and budget_s > 0):
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
     check_game(trials, confidence)
@@ -197,21 +195,34 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
     for ch in games:
         done(play(ch, trials, budget_s=budget_s, confidence=confidence,
                   progress=stage(f"{ch.name}, trials per side", trials)))
-    calibration = [ch.name for ch in games if ch.name not in (DPSGD_RELEASE, USER_DP_RELEASE)]
-    if one_run and calibration:  # the whole run's calibration uploads, one run
+    if one_run:
+        _one_run_audits(cfg, [ch.name for ch in games], confidence=confidence,
+                        budget_s=budget_s, stage=stage, done=done)
+    if out is not None:
+        plot(rows, out / PNG_NAME)
+    return DPAudit([cast(DPAuditRow, dict(r)) for r in rows], out)
+
+
+def _one_run_audits(cfg: RunConfig, channels: list[str], *, confidence: float,
+                    budget_s: float, stage: Callable[[str, int], Callable[[int, int], None]],
+                    done: Callable[[dict[str, Any]], None]) -> None:
+    """The one-run audits (Steinke et al. 2023) of ``audit dp``: the whole run's calibration
+    uploads when a calibration channel was played, and its training under DP-SGD when the
+    run trains with it; each row goes to ``done``."""
+    from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
+
+    calibration = [c for c in channels if c not in (DPSGD_RELEASE, USER_DP_RELEASE)]
+    if calibration:
         from privfedcal.attacks.distinguishing.one_run import one_run as audit_one_run
 
         done(audit_one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
                            budget_s=budget_s,
                            progress=stage(f"{calibration[0]} (one run), clients", cfg.clients)))
-    if one_run and cfg.dp_train:  # the whole run's training under DP-SGD, one run
+    if cfg.dp_train:
         from privfedcal.attacks.distinguishing.one_run_training import one_run_training
 
         done(one_run_training(cfg, per_client=200, confidence=confidence, budget_s=budget_s,
                               progress=stage("dp-sgd (one run), training rounds", cfg.rounds)))
-    if out is not None:
-        plot(rows, out / PNG_NAME)
-    return DPAudit([cast(DPAuditRow, dict(r)) for r in rows], out)
 
 
 @job
