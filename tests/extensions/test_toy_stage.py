@@ -81,13 +81,13 @@ def test_its_count_is_saved_and_restored(tiny_cfg):
     for r in (1, 2):
         up.aggregate(_uploads(), round_=r, label="ccvr-stats", transcript=Transcript(None))
     state = up.state_dict()
-    assert state["stages"][NAME] == {"scaled": {"ccvr-stats": 2}, "rounds": 0}
+    assert state["stages"][NAME] == {"scaled": {"ccvr-stats": 2}, "rounds": 0, "restored": 0}
     fresh = execute_plan(plan)  # the same plan, executed again: a fresh count
     assert fresh.find(ToyScaleStage).scaled == {}
     fresh.load_state_dict(state)
     assert fresh.find(ToyScaleStage).scaled == {"ccvr-stats": 2}
     assert fresh.summary()["toy_scale"] == {"factor": 0.5, "scaled": {"ccvr-stats": 2},
-                                            "rounds": 0}
+                                            "rounds": 0, "restored": 1}
 
 
 def test_under_dp_and_ckks_the_sum_is_unscaled(tiny_cfg):

@@ -56,6 +56,7 @@ class ToyScaleStage(Stage):
     setup: ToyScaleSetup
     scaled: dict[str, int] = field(default_factory=dict)  # releases scaled, per label
     rounds: int = 0  # training rounds seen (``after_training`` runs once a round)
+    restored: int = 0  # times its state came back from a checkpoint
     name = NAME
 
     def client(self, payload: Any, rel: Release) -> Any:
@@ -76,15 +77,16 @@ class ToyScaleStage(Stage):
         self.rounds += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scaled": dict(self.scaled), "rounds": self.rounds}
+        return {"scaled": dict(self.scaled), "rounds": self.rounds, "restored": self.restored}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scaled = {str(k): int(v) for k, v in state.get("scaled", {}).items()}
         self.rounds = int(state.get("rounds", 0))
+        self.restored = int(state.get("restored", 0)) + 1
 
     def summary(self) -> dict[str, Any]:
         return {"toy_scale": {"factor": self.setup.factor, "scaled": dict(self.scaled),
-                              "rounds": self.rounds}}
+                              "rounds": self.rounds, "restored": self.restored}}
 
 
 def plan_toy(plan: ProtectionPlan) -> ToyScaleSetup:
@@ -101,12 +103,13 @@ ENTRY = register_stage(StageEntry(NAME, plan_toy, build_toy, after=("noise",), o
 
 def evidence(run_dir: str | Path) -> dict[str, Any]:
     """From a run folder's ``summary.json``: ``ran``, the stage scaled a release and saw
-    every round of the run; ``resumed``, the run was extended (``privfedcal.resume``) and
-    the stage still counts every round, so the rounds before the resume came back from the
-    checkpoint (a fresh stage would count only the rounds after it)."""
+    every round of the run; ``resumed``, its state came back from the checkpoint
+    (``privfedcal.resume``) and it still counts every round, the ones before the resume
+    included (a fresh stage would count only the rounds after it). A DP run cannot be
+    extended (its noise was planned for its rounds): resume a run without DP, or an
+    interrupted one."""
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
     toy = summary.get("privacy", {}).get("toy_scale", {})
     every_round = toy.get("rounds") == summary.get("rounds")
-    extended = any("extended from" in note for note in summary.get("notes", []))
     return {"ran": bool(toy.get("scaled")) and every_round,
-            "resumed": extended and every_round, "summary": toy}
+            "resumed": toy.get("restored", 0) >= 1 and every_round, "summary": toy}
