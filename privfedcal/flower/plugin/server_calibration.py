@@ -47,6 +47,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid
 from torch import Tensor
 
+from privfedcal.config import RunConfig
 from privfedcal.errors import ReleaseSkipped, UsageError
 from privfedcal.federation.checkpoint import save_checkpoint
 from privfedcal.federation.runfolder import write_summary
@@ -54,7 +55,7 @@ from privfedcal.federation.simulator import RoundContext
 from privfedcal.flower.flower_simulator import FlowerSimulator
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
-from privfedcal.flower.plugin.clip import choose_clip, stage_label
+from privfedcal.flower.plugin.clip import ClipOutcome, choose_clip, stage_label
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
@@ -181,6 +182,60 @@ def _hello(link: GridLink, settings: PluginSettings) -> dict[int, int]:
     return sizes
 
 
+def _check_arguments(grid: Any, context: Any, test_data: Any, batch_size: Any) -> None:
+    """``calibrate``'s arguments that its settings do not check: a ``UsageError`` each."""
+    if not isinstance(grid, Grid):
+        raise UsageError(f"grid must be the ServerApp's flwr Grid, got {type(grid).__name__}")
+    if context is not None and not isinstance(context, Context):
+        raise UsageError(f"context must be the ServerApp's flwr Context or None, got "
+                         f"{type(context).__name__}")
+    if test_data is None:
+        raise UsageError("calibrate needs test_data: the server's test DataLoader or Dataset")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+
+
+def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor, n: int,
+                 device: str) -> tuple[Any, Any, Any]:
+    """The server's experiment (the user's model behind its adapter, the server's test data
+    and no training data), its calibrator and the uplink the planner gives them for ``n``
+    examples in all."""
+    from privfedcal.algorithms import create_algorithm
+    from privfedcal.experiment import build_calibrator
+    from privfedcal.federation.setup import Experiment
+    from privfedcal.privacy.executor import execute_plan
+    from privfedcal.protection import plan_for_run
+
+    data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
+                      torch.zeros(0, dtype=torch.long, device=x.device), test_data)
+    exp = Experiment(cfg, torch.device(device), data, None, None, adapter,
+                     create_algorithm("fedavg", num_classes=adapter.num_classes),
+                     None, None, [], n)  # type: ignore[arg-type]
+    calibrator = build_calibrator(cfg, exp)
+    return exp, calibrator, execute_plan(plan_for_run(cfg, calibrator, n))
+
+
+def _fresh_run_dir(out: str | Path | None, method: str, run_id: int) -> Path:
+    """The run folder, checked before any message so that a run is never half-written:
+    writable, and holding no earlier run."""
+    from privfedcal.report.output_folder import check_writable
+
+    run_dir = Path(out) if out else Path("runs") / f"flower-plugin-{method}-{run_id}"
+    check_writable(run_dir, "out")
+    if any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "server")):
+        raise UsageError(f"{run_dir} already holds a run: give calibrate another out")
+    return run_dir
+
+
+def _record_search(sim: PluginSimulator, searched: ClipOutcome) -> None:
+    """The nodes' clip-search histograms in the server's view (round 0), and its notes."""
+    for stage, histograms in searched.histograms.items():
+        for client, counts in histograms.items():
+            sim.transcript.record(round_=0, label=QUANTILE_RELEASE, view="plain-upload",
+                                  client=client, tensors={f"stage{stage}": counts})
+    sim.notes += searched.notes
+
+
 def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None, *,
               test_data: Any, method: str | None = None, head: str | None = None,
               num_classes: int | None = None, out: str | Path | None = None,
@@ -200,22 +255,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     (default ``runs/flower-plugin-<method>-<run id>``). The nodes must run
     ``CalibrationClient`` with the same settings (checked before any release).
     """
-    from privfedcal.algorithms import create_algorithm
-    from privfedcal.experiment import build_calibrator
-    from privfedcal.federation.setup import Experiment
-    from privfedcal.privacy.executor import execute_plan
-    from privfedcal.protection import plan_for_run
-    from privfedcal.report.output_folder import check_writable
-
-    if not isinstance(grid, Grid):
-        raise UsageError(f"grid must be the ServerApp's flwr Grid, got {type(grid).__name__}")
-    if context is not None and not isinstance(context, Context):
-        raise UsageError(f"context must be the ServerApp's flwr Context or None, got "
-                         f"{type(context).__name__}")
-    if test_data is None:
-        raise UsageError("calibrate needs test_data: the server's test DataLoader or Dataset")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UsageError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    _check_arguments(grid, context, test_data, batch_size)
     keywords = dict(settings)
     if method is not None:
         keywords["method"] = method
@@ -227,10 +267,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     if s.cfg.calibration_params.get("tukey"):
         raise UsageError("CCVR's tukey option transforms features at inference, which the "
                          "model's own forward does not: leave it off in the plugin")
-    run_dir = Path(out) if out else Path("runs") / f"flower-plugin-{s.method}-{run_id}"
-    check_writable(run_dir, "out")  # before any message: a run is never half-written
-    if any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "server")):
-        raise UsageError(f"{run_dir} already holds a run: give calibrate another out")
+    run_dir = _fresh_run_dir(out, s.method, run_id)
     link = GridLink(grid, s.cfg.clients, s.options)
     sizes = _hello(link, s)
     n = s.examples or sum(sizes.values())
@@ -246,13 +283,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         searched = choose_clip(link, adapter.state_dict(), s.auto_clip, sizes,
                                s.options.min_replies or None)
         cfg = cfg.replace(dp_clip=searched.clip)
-    data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
-                      torch.zeros(0, dtype=torch.long, device=x.device), test_data)
-    exp = Experiment(cfg, torch.device(device), data, None, None, adapter,
-                     create_algorithm("fedavg", num_classes=adapter.num_classes),
-                     None, None, [], n)  # type: ignore[arg-type]
-    calibrator = build_calibrator(cfg, exp)
-    uplink = execute_plan(plan_for_run(cfg, calibrator, n))
+    exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device)
     if searched is not None and s.auto_clip is not None:
         # the search's stages in the run's one plan, charged to every node asked (a lost
         # node may have released its histogram)
@@ -266,11 +297,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     sim.batch_kwargs = batch_kwargs
     sim.sizes = dict(sizes)
     if searched is not None:  # what the server saw of the search, in its view
-        for stage, histograms in searched.histograms.items():
-            for client, counts in histograms.items():
-                sim.transcript.record(round_=0, label=QUANTILE_RELEASE, view="plain-upload",
-                                      client=client, tensors={f"stage{stage}": counts})
-        sim.notes += searched.notes
+        _record_search(sim, searched)
     summary = sim.run_calibration()
     if searched is not None and s.auto_clip is not None:
         # the privacy statement covers the search and the calibration (one accountant)
