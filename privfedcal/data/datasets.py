@@ -26,12 +26,11 @@ from torch import Tensor
 from privfedcal.data.formats import (
     STL10_CLASSES,
     read_cifar_batch,
-    read_domain_folders,
     read_npz,
     read_pickle,
-    read_split_folders,
     read_stl10_split,
 )
+from privfedcal.data.image_folders import read_domain_folders, read_split_folders
 from privfedcal.errors import UsageError
 from privfedcal.registry import Registry
 

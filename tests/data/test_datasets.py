@@ -225,11 +225,11 @@ def test_to_denormalize_and_default_model():
 
 
 def test_imagefolder_cache(imagefolder_root, tmp_path, monkeypatch):
-    from privfedcal.data import formats
+    from privfedcal.data import image_folders
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("PRIVFEDCAL_CACHE", str(cache))
-    monkeypatch.setattr(formats, "CACHE_MIN_IMAGES", 0)
+    monkeypatch.setattr(image_folders, "CACHE_MIN_IMAGES", 0)
     root = imagefolder_root["root"]
     first = load_dataset(f"imagefolder:{root}")
     entries = sorted((cache / "imagefolder").glob("*.npy"))
@@ -240,7 +240,7 @@ def test_imagefolder_cache(imagefolder_root, tmp_path, monkeypatch):
     def no_decoding(paths):
         raise AssertionError("decoded although the cache holds these files")
 
-    monkeypatch.setattr(formats, "_decode_files", no_decoding)
+    monkeypatch.setattr(image_folders, "_decode_files", no_decoding)
     again = load_dataset(f"imagefolder:{root}")
     assert torch.equal(again.x_train, first.x_train) and torch.equal(again.x_test, first.x_test)
     np.testing.assert_array_equal(pixels_255(again, again.x_train), imagefolder_root["x_train"])
@@ -248,7 +248,7 @@ def test_imagefolder_cache(imagefolder_root, tmp_path, monkeypatch):
     # A changed file (new content, size and mtime) misses the cache and is decoded afresh.
     monkeypatch.undo()
     monkeypatch.setenv("PRIVFEDCAL_CACHE", str(cache))
-    monkeypatch.setattr(formats, "CACHE_MIN_IMAGES", 0)
+    monkeypatch.setattr(image_folders, "CACHE_MIN_IMAGES", 0)
     changed = np.full((5, 6, 3), 7, np.uint8)
     write_png(root / "train" / "cat" / "00.png", changed)
     os.utime(root / "train" / "cat" / "00.png", ns=(1, 1))
@@ -261,10 +261,10 @@ def test_imagefolder_cache(imagefolder_root, tmp_path, monkeypatch):
         e.write_bytes(b"garbage")
     assert torch.equal(load_dataset(f"imagefolder:{root}").x_train, fresh.x_train)
     monkeypatch.setenv("PRIVFEDCAL_CACHE", "off")
-    assert formats.cache_dir() is None
+    assert image_folders.cache_dir() is None
     monkeypatch.delenv("PRIVFEDCAL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert formats.cache_dir() == tmp_path / "xdg" / "privfedcal"
+    assert image_folders.cache_dir() == tmp_path / "xdg" / "privfedcal"
 
 
 def test_imagefolder_small_folders_are_not_cached(imagefolder_root, tmp_path, monkeypatch):
