@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +37,9 @@ def _label(v: float) -> str:
     return f"{v:g}" if abs(v - round(v)) > 1e-9 else str(int(round(v)))
 
 
-def plot_accuracy_png(metrics_file: Path, out: Path, summary: dict[str, Any] | None = None) -> Path:
-    """Test accuracy (%) per evaluated round; the calibrated accuracy as a marker when present."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line]
-    xs = [float(r["round"]) for r in rows]
-    ys = [100 * float(r["accuracy"]) for r in rows]
-    calibrated = None
-    if summary and "accuracy_before_calibration" in summary and rows:
-        calibrated = (xs[-1], 100 * float(summary["accuracy"]))
-    all_y = ys + ([calibrated[1]] if calibrated else [])
+def _ranges(xs: list[float], all_y: list[float]) -> tuple[float, float, float, float]:
+    """(x_lo, x_hi, y_lo, y_hi) of the axes: the rounds, and the accuracies padded by 5% of
+    their span (at least one point) within [0, 100]; never an empty range."""
     y_lo, y_hi = (min(all_y), max(all_y)) if all_y else (0.0, 100.0)
     pad = max(1.0, 0.05 * (y_hi - y_lo))
     y_lo, y_hi = max(0.0, y_lo - pad), min(100.0, y_hi + pad)
@@ -55,16 +48,15 @@ def plot_accuracy_png(metrics_file: Path, out: Path, summary: dict[str, Any] | N
         x_lo, x_hi = x_lo - 1, x_hi + 1
     if y_hi <= y_lo:
         y_lo, y_hi = y_lo - 1, y_hi + 1
+    return x_lo, x_hi, y_lo, y_hi
 
-    img = Image.new("RGB", (_W, _H), "white")
-    draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default(size=13)
-    x0, x1, y0, y1 = _LEFT, _W - _RIGHT, _TOP, _H - _BOTTOM
 
-    def px(x: float, y: float) -> tuple[float, float]:
-        return (x0 + (x - x_lo) / (x_hi - x_lo) * (x1 - x0),
-                y1 - (y - y_lo) / (y_hi - y_lo) * (y1 - y0))
-
+def _draw_axes(draw: Any, font: Any, px: Callable[[float, float], tuple[float, float]],
+               ranges: tuple[float, float, float, float],
+               box: tuple[int, int, int, int]) -> None:
+    """Grid lines and tick labels (integer rounds on x), and the frame."""
+    x_lo, x_hi, y_lo, y_hi = ranges
+    x0, x1, y0, y1 = box
     for v in _ticks(y_lo, y_hi):
         _, y = px(x_lo, v)
         draw.line([(x0, y), (x1, y)], fill=_GRID)
@@ -76,6 +68,31 @@ def plot_accuracy_png(metrics_file: Path, out: Path, summary: dict[str, Any] | N
         draw.line([(x, y0), (x, y1)], fill=_GRID)
         draw.text((x, y1 + 6), _label(v), fill=_INK, font=font, anchor="ma")
     draw.rectangle([x0, y0, x1, y1], outline=_INK)
+
+
+def plot_accuracy_png(metrics_file: Path, out: Path, summary: dict[str, Any] | None = None) -> Path:
+    """Test accuracy (%) per evaluated round; the calibrated accuracy as a marker when present."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rows = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line]
+    xs = [float(r["round"]) for r in rows]
+    ys = [100 * float(r["accuracy"]) for r in rows]
+    calibrated = None
+    if summary and "accuracy_before_calibration" in summary and rows:
+        calibrated = (xs[-1], 100 * float(summary["accuracy"]))
+    ranges = _ranges(xs, ys + ([calibrated[1]] if calibrated else []))
+    x_lo, x_hi, y_lo, y_hi = ranges
+
+    img = Image.new("RGB", (_W, _H), "white")
+    draw = ImageDraw.Draw(img)
+    font = ImageFont.load_default(size=13)
+    x0, x1, y0, y1 = _LEFT, _W - _RIGHT, _TOP, _H - _BOTTOM
+
+    def px(x: float, y: float) -> tuple[float, float]:
+        return (x0 + (x - x_lo) / (x_hi - x_lo) * (x1 - x0),
+                y1 - (y - y_lo) / (y_hi - y_lo) * (y1 - y0))
+
+    _draw_axes(draw, font, px, ranges, (x0, x1, y0, y1))
     points = [px(x, y) for x, y in zip(xs, ys, strict=True)]
     if len(points) > 1:
         draw.line(points, fill=_BLUE, width=2)
