@@ -3,11 +3,11 @@
 Once after training every client uploads, per class, the sum of its clipped penultimate
 features (``toy_moment``) and its number of examples (``toy_tally``); the server adds
 ``-strength * log(prior_c)`` to the classifier's bias, with the class prior from the summed
-tallies (post-hoc logit adjustment, Menon et al., ICLR 2021, eq. 8), and reports the mean
+tallies (post-hoc logit adjustment, Menon et al., ICLR 2021), and reports the mean
 feature norm per class from the summed moments.
 
 Its one release is declared below and nowhere else: the payload keys, their sensitivities
-and CKKS bounds, what they hold, and the attack that targets it ("toy-attack",
+and CKKS bounds, what they hold, and the attack that targets it ("toy_attack",
 tests/extensions/toy_attack.py). No file of the package names these keys or this label
 (tests/extensions/test_extensions.py checks it), so the DP noise, secure aggregation, the
 transcript, the attacker's noise model and the report all read this declaration.
