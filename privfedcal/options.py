@@ -22,8 +22,15 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from privfedcal.errors import UsageError
+
 if TYPE_CHECKING:
     from privfedcal.config import RunConfig
+
+
+#: the optimisers local training implements (federation/local.py ``PlainSGD``,
+#: vectorised.py ``StackedSGD``: SGD with momentum and weight decay)
+OPTIMIZERS = ("sgd",)
 
 
 def _pick(cls: type, cfg: RunConfig, **extra: Any) -> Any:
@@ -57,7 +64,8 @@ class DataOptions:
 @dataclass(frozen=True)
 class LocalSpec:
     """How one client trains: the local method with its hyperparameters, and SGD with
-    momentum and weight decay (the only optimiser: ``optimizer`` names it in records).
+    momentum and weight decay (``optimizer``: the only one the trainers implement, named so a
+    spec says what it trains with).
     Picklable: worker processes receive it once. ``dp_train``: local training is DP-SGD
     (the model gets GroupNorm); ``dp_sgd`` is then the planned ``DPSGDSpec``
     (privacy/dpsgd_local.py), set by the privacy planner."""
@@ -75,6 +83,11 @@ class LocalSpec:
     dp_train: bool = False
     dp_sgd: Any = None
     mixed_precision: bool = False  # bf16 autocast on CUDA (local.choose_mixed_precision)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+                             f"{self.optimizer!r}")
 
     @classmethod
     def of(cls, cfg: RunConfig) -> LocalSpec:

@@ -63,6 +63,16 @@ def test_local_spec_refuses_unresolved_settings():
                                augment=False))
 
 
+def test_local_spec_names_an_implemented_optimizer():
+    from privfedcal.errors import UsageError
+
+    spec = LocalSpec(local_epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0,
+                     augment=False, seed=0)
+    assert spec.optimizer == "sgd" and spec.method == "fedavg" and spec.method_params == {}
+    with pytest.raises(UsageError, match="optimizer must be one of sgd, got 'adam'"):
+        dataclasses.replace(spec, optimizer="adam")
+
+
 def test_options_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         DataOptions.of(RunConfig()).clients = 3  # type: ignore[misc]
