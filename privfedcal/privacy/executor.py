@@ -31,8 +31,9 @@ def execute_plan(plan: ProtectionPlan) -> Uplink:
     warn_if_seeded(plan.inputs.privacy.insecure_seeded_noise)
     shared = Shared(dp=plan.noise.live() if plan.noise is not None else None)
     stages = [STAGES[name].build(setup, shared) for name, setup in plan.stages]
-    up = Uplink(stages=stages, hide_counts=plan.inputs.privacy.hide_counts, hints=list(plan.hints),
-                seeded_noise=plan.inputs.privacy.insecure_seeded_noise)
+    privacy = plan.inputs.privacy
+    up = Uplink(stages=stages, hide_counts=privacy.hide_counts, hints=list(plan.hints),
+                seeded_noise=privacy.insecure_seeded_noise)
     if plan.user_dp is not None:
         up.user_dp = live_user_dp(plan.user_dp, shared.dp)
     if plan.updates is not None:

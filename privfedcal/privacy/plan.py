@@ -3,10 +3,10 @@
 ``ProtectionInputs`` is what the planner (privfedcal/protection.py ``plan_protection``)
 reads: the run's ``PrivacyOptions`` (privfedcal/options.py) and the public facts the plan
 depends on besides them. ``ProtectionPlan`` is what the planner, a pure function of those
-inputs, decided: the per-sample bounds, the DP noise of
-every release (``NoisePlan``), the CKKS set-up of the calibration uploads and of the model
-updates (``CKKSPlan``), DP-SGD's local schedule, DP-FedAvg's clip, and each registered
-stage's own set-up in client order (privacy/stage_registry.py). Every part is frozen: the
+inputs, decided: the per-sample bounds, the DP noise of every release (``NoisePlan``), the
+CKKS set-up of the calibration uploads and of the model updates (``CKKSPlan``), DP-SGD's
+local schedule, DP-FedAvg's clip, and each registered stage's own set-up in client order
+(privacy/stage_registry.py). Every part is frozen: the
 plan is computed once from public settings, the same on the simulator, on every Flower node
 and on the server, and nothing in it changes while the run goes on.
 

@@ -4,15 +4,16 @@ As Opacus's accountants are found by name in one dict (``accountants/registry.py
 ``STAGES`` maps a stage's name to its ``StageEntry``: a pure ``setup`` that reads the run's
 ``ProtectionPlan`` (privacy/plan.py) and returns the stage's own part of the plan (a frozen
 value; None where the run does not use the stage), a ``build`` that turns that set-up into
-the live ``Stage`` (privacy/stages.py), and the names of the stages it comes ``after`` in
-client order. Exactly one wire (``wire=True``) is planned per run, and it comes last. The
+the live ``Stage`` (privacy/stages.py), and its place among the other stages by name. Exactly one wire (``wire=True``) is planned per run, and it comes last. The
 built-in entries are listed here; a stage in its own file calls ``register_stage`` there
 (tests/extensions/toy_stage.py does), and a stage marked ``opt_in`` runs only where the
 run names it (the ``stages`` privacy option, ``--stages``).
 
 Order is declared, never numbered: ``client_order`` sorts the registered stages so that
 each comes after the stages its entry names in ``after`` and before those in ``before`` (in
-registration order where the declarations leave a choice), wires last; a name that is not registered, or a cycle, is refused.
+registration order where the declarations leave a choice), wires last; a name that is not
+registered, or a cycle, is refused. ``plan_stages`` asks every entry for its set-up, in that
+order, and puts them in the plan.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 @dataclass
 class Shared:
     """The live objects several stages of one uplink share: the run's noise plan and
-    per-client accountants (None without DP), built once by ``privacy/plan.py``."""
+    per-client accountants (None without DP), built once by privacy/executor.py."""
 
     dp: DPStage | None = None
 
@@ -58,7 +59,8 @@ class StageEntry:
             raise ValueError(f"stage {self.name!r}: a name, not among its own neighbours")
 
 
-#: name -> entry; the built-in stages first (``_builtins`` below), extensions after
+#: name -> entry; the built-in stages first (registered at the end of this module), then
+#: extensions in the order their files are imported
 STAGES: dict[str, StageEntry] = {}
 
 
@@ -80,6 +82,7 @@ def _source(entry: StageEntry) -> tuple:
 
 
 def get_stage(name: str) -> StageEntry:
+    """The entry registered as ``name``; an unknown name lists the registered ones."""
     if name not in STAGES:
         raise UsageError(f"unknown stage {name!r}; registered stages: {', '.join(STAGES)}")
     return STAGES[name]
@@ -113,7 +116,6 @@ def client_order(names: Iterable[str] | None = None) -> list[str]:
         todo.remove(ready[0])
     rank = {n: (STAGES[n].wire, i) for i, n in enumerate(done)}
     return sorted(chosen, key=rank.__getitem__)
-
 
 
 def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
