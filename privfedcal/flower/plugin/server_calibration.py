@@ -55,7 +55,7 @@ from privfedcal.federation.simulator import RoundContext
 from privfedcal.flower.flower_simulator import FlowerSimulator
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
-from privfedcal.flower.plugin.clip import ClipOutcome, choose_clip, stage_label
+from privfedcal.flower.plugin.clip import AutoClip, ClipOutcome, choose_clip, stage_label
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
@@ -227,6 +227,16 @@ def _fresh_run_dir(out: str | Path | None, method: str, run_id: int) -> Path:
     return run_dir
 
 
+def _charge_search(uplink: Any, auto_clip: AutoClip, searched: ClipOutcome,
+                   sizes: dict[int, int]) -> None:
+    """The clip search's stages in the run's one plan, charged to every node asked (a lost
+    node may have released its histogram)."""
+    dp = uplink.find(NoiseStage).dp
+    auto_clip.plan_into(dp)
+    for stage in searched.histograms:
+        dp.record(stage_label(stage), sorted(sizes))
+
+
 def _record_search(sim: PluginSimulator, searched: ClipOutcome) -> None:
     """The nodes' clip-search histograms in the server's view (round 0), and its notes."""
     for stage, histograms in searched.histograms.items():
@@ -285,12 +295,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         cfg = cfg.replace(dp_clip=searched.clip)
     exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device)
     if searched is not None and s.auto_clip is not None:
-        # the search's stages in the run's one plan, charged to every node asked (a lost
-        # node may have released its histogram)
-        dp = uplink.find(NoiseStage).dp
-        s.auto_clip.plan_into(dp)
-        for stage in searched.histograms:
-            dp.record(stage_label(stage), sorted(sizes))
+        _charge_search(uplink, s.auto_clip, searched, sizes)
     sim = PluginSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
                           key_holder=s.options.key_holder,
                           run_record={"flower_run_id": run_id})
