@@ -13,6 +13,7 @@ names the keyword (``dp_eps``) where the CLI's names the flag (``--dp-eps``;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -420,10 +421,13 @@ def load_run(path: str | Path) -> Run:
 
 # ---- attacks ----------------------------------------------------------------------------------
 
-#: ``stats`` and ``gradients`` are the attacks the calibrators' releases name
-#: (``ReleaseSpec.attack``); ``updates`` (the uplink's model updates) and ``classes`` (class
-#: sets from any calibration release) are not tied to one calibrator
-ATTACK_KINDS = ("stats", "gradients", "updates", "classes")
+def attack_kinds() -> tuple[str, ...]:
+    """The kinds ``attack`` takes: every registered attack (``attacks/release_attacks.py``:
+    ``stats`` and ``gradients`` on the calibrators' releases, ``updates`` on the model
+    updates, ``disaggregate`` and any other on the run as a whole), and ``classes``."""
+    from privfedcal.attacks.release_attacks import registered
+
+    return (*(a.name for a in registered()), "classes")
 
 
 @python_surface
@@ -436,13 +440,16 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     target (the rows of ``attack.json``; scored against the truth when the experimenter's
     side of the run folder is there, unscored on a server view alone).
 
-    ``kind``: ``stats`` (invert CCVR statistics), ``gradients`` (invert CReFF class
-    gradients), ``updates`` (invert model updates) or ``classes`` (infer each client's class
-    set). ``steps`` caps each inversion (default: run to convergence, up to
-    ``DEFAULT_MAX_STEPS``); other ``options`` are ``AttackOptions`` fields (``privfedcal
-    attack``'s flags by their keyword names: ``raw_samples=0``, ``round=2``); an unknown one
-    is a ``UsageError``. ``progress`` receives a ``privfedcal.attacks.reconstruction.progress.Progress``
-    as the inversions run (``steps`` of ``total`` optimisation steps, ``targets`` of ``of``,
+    ``kind``: a registered attack (``attack_kinds()``): ``stats`` (invert CCVR
+    statistics), ``gradients`` (invert CReFF class gradients), ``updates`` (invert model
+    updates), ``disaggregate`` (difference secure sums across rounds), or ``classes``
+    (infer each client's class set). ``steps`` caps each inversion (default: run to
+    convergence, up to ``DEFAULT_MAX_STEPS``); ``steps``, ``restarts`` and ``seed`` apply
+    to the kinds whose options have them. Other ``options`` are fields of the attack's
+    options type (``ReleaseAttack.options``: ``privfedcal attack``'s flags by their keyword
+    names, ``raw_samples=0``, ``round=2``); an unknown one is a ``UsageError``.
+    ``progress`` receives a ``privfedcal.attacks.reconstruction.progress.Progress`` as the
+    inversions run (``steps`` of ``total`` optimisation steps, ``targets`` of ``of``,
     ``eta`` in seconds), as ``privfedcal attack`` shows it, in place of the bar over
     optimisation steps that is drawn by default when interactive (``progress=False``: none;
     as ``train``'s). The ``privfedcal`` logger gets the attack's start and end (INFO) and
@@ -450,16 +457,21 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     files."""
     from privfedcal.api_log import AttackWatch
     from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
-    from privfedcal.attacks.reconstruction.runner import AttackOptions
+    from privfedcal.attacks.reconstruction.uploads import ClassesOptions
+    from privfedcal.attacks.release_attacks import RELEASE_ATTACKS
     from privfedcal.attacks.view import load_run as load_view
 
-    if kind not in ATTACK_KINDS:
-        raise UsageError(f"attack kind must be one of {', '.join(ATTACK_KINDS)}, got {kind!r}")
-    steps = DEFAULT_MAX_STEPS if steps is None else steps  # AttackOptions checks both
+    kinds = attack_kinds()
+    if kind not in kinds:
+        raise UsageError(f"attack kind must be one of {', '.join(kinds)}, got {kind!r}")
+    kind_options = ClassesOptions if kind == "classes" else RELEASE_ATTACKS.get(kind).options
+    fields = {f.name for f in dataclasses.fields(kind_options)}
+    base = {"steps": DEFAULT_MAX_STEPS if steps is None else steps, "restarts": restarts,
+            "seed": seed}  # the options type checks them
     path = run.path if isinstance(run, Run) else Path(run)
-    options = options_of(AttackOptions, options, "attack option(s)",
-                       taken=("steps", "restarts", "seed", "progress"))
-    opts = AttackOptions(steps=steps, restarts=restarts, seed=seed, **options)
+    options = options_of(kind_options, options, "attack option(s)",
+                         taken=("steps", "restarts", "seed", "progress"))
+    opts = kind_options(**{k: v for k, v in base.items() if k in fields}, **options)
     view = load_view(path, device=device)
     with AttackWatch(progress, f"attack {kind}", str(path)) as watch:
         records = _attack_records(view, kind, opts, clients, classes, watch)
@@ -478,17 +490,13 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
     if kind == "classes":
         records, _ = infer_class_sets(view, opts)
         return cast("list[AttackRecord]", list(records))
+    attack = release_attack(kind)
+    if attack.plan is None:  # an attack on the run as a whole: its records at once
+        records, _ = attack.run(view, opts)
+        return cast("list[AttackRecord]", list(records))
     ids = None if clients is None else list(clients)
     cls = None if classes is None else list(classes)
-    # the attack registered under that name (a calibrator's ReleaseSpec.attack); model
-    # updates are the uplink's release, attacked beside CReFF's
-    attack = release_attack("gradients" if kind == "updates" else kind)
-    if attack.plan is None:  # a whole-run attack has no per-release plan
-        raise UsageError(f"attack kind {kind!r} attacks the whole run, not one release")
-    if kind == "updates":
-        plan = attack.plan(view, opts, ids, cls, updates=True, gradients=False)
-    else:
-        plan = attack.plan(view, opts, ids, cls)
+    plan = attack.plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     done = execute(plan, lambda job: None, on_progress=on_progress)

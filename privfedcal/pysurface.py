@@ -55,18 +55,18 @@ class Keyword:
 @functools.cache
 def flag_keywords() -> dict[str, Keyword]:
     """Every flag of ``privfedcal train``'s settings and of ``privfedcal attack``'s options
-    (``AttackOptions`` fields), by its spelling: ``--dp-eps`` is ``dp_eps``."""
-    from privfedcal.attacks.reconstruction.runner import AttackOptions
-    from privfedcal.descriptions import _kind
+    (the fields of every registered attack's options type), by its spelling: ``--dp-eps``
+    is ``dp_eps``."""
+    from privfedcal.attacks.attack_options import option_flags
+    from privfedcal.attacks.release_attacks import registered
     from privfedcal.settings import cli_settings
 
     table: dict[str, Keyword] = {}
-    hints = typing.get_type_hints(AttackOptions)
-    for f in dataclasses.fields(AttackOptions):
-        kind, flag = _kind(hints[f.name])[0], "--" + f.name.replace("_", "-")
-        table[flag] = Keyword(f.name, kind, True if kind is bool else None)
-        if kind is bool:
-            table["--no-" + flag[2:]] = Keyword(f.name, bool, False)
+    for f in (f for a in registered() for f in option_flags(a.options)):
+        on, _, off = (f.flag or "--" + f.name.replace("_", "-")).partition("/")
+        table.setdefault(on, Keyword(f.name, f.type, True if f.type is bool else None))
+        if f.type is bool:
+            table.setdefault(off or "--no-" + on[2:], Keyword(f.name, bool, False))
     for s in cli_settings():  # a setting's spelling wins over an attack option's
         if s.type is bool:
             on, _, off = (s.param_decls or (s.flag_name,))[0].partition("/")

@@ -2,32 +2,47 @@
 
 A calibrator declares each of its releases once (``privacy/releases.py`` ``ReleaseSpec``:
 label, payload task, sensitivities, and ``attack``, the name of the attack that targets
-it). The attack's own file (``attacks/reconstruction/<name>_attack.py``, listed in
-``BUILT_IN``) registers a ``ReleaseAttack`` under that name: the planner ``attack invert --<name>`` and the audit
-run, and what the privacy audit (``audit dp``) needs to build the release's channel. The
-code that drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``) looks
-releases and attacks up here and names no release itself, so a new release is its
-calibrator's declaration plus one attack file.
+it). The attack's own file registers a ``ReleaseAttack`` under that name: the planner
+``attack invert --<name>`` and the audit run, its options type (the flags), its section of
+the run report, and what the privacy audit (``audit dp``) needs to build the release's
+channel. The attacks privfedcal ships are listed in ``BUILT_IN`` (imported on first use);
+any other module registers its attack when imported. The code that drives attacks (CLI,
+``privfedcal.attack``, ``audit``, ``audit dp``, the report) looks releases and attacks up
+here and names no release itself, so a new release is its calibrator's declaration plus one
+attack file.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from privfedcal.attacks.attack_options import NoOptions
 from privfedcal.errors import UsageError
 from privfedcal.registry import Registry
 
 #: the attacks privfedcal ships, by name: the module that registers each (imported on first
-#: use, so that importing this registry stays cheap); any other module registers its attack
-#: when it is imported
+#: use, so that importing this registry stays cheap), in the order the CLI offers them
 BUILT_IN = {
     "stats": "privfedcal.attacks.reconstruction.stats_attack",
     "gradients": "privfedcal.attacks.reconstruction.gradients_attack",
+    "updates": "privfedcal.attacks.reconstruction.updates_attack",
     "disaggregate": "privfedcal.attacks.reconstruction.disaggregate_attack",
 }
+
+
+@dataclass(frozen=True)
+class ReportTable:
+    """An attack's section of the run report (``report/run_report.py`` renders it): a table
+    of its records, which columns are numbers, and plain-text paragraphs after it."""
+
+    columns: tuple[str, ...]
+    rows: list[list[Any]]
+    numeric: tuple[bool, ...] = ()
+    notes: tuple[str, ...] = ()
+    table_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,11 @@ class ReleaseAttack:
     keeps only that), and ``canary_keys`` the payload keys in which a canary on axis j of
     class c moves coordinates no other canary moves (the one-run audit scores those).
 
+    ``options`` is the attack's options type (a frozen dataclass of ``attack_options.attack_option``
+    fields: its CLI flags and API keywords), ``summary`` one line on what it does (its flag's
+    or command's help). ``joins`` names the attacks it may run beside in one ``attack
+    invert`` (``updates`` joins ``gradients``); the others run alone.
+
     ``targets`` are the ``target`` names of the records its plans write, in the order the
     reports list them (``target_order``). ``audit_params`` are the calibration options the
     privacy audit (``audit``) trains its runs with: the calibrator's server-side work cut
@@ -50,7 +70,10 @@ class ReleaseAttack:
     An attack on the run as a whole rather than on one release (``disaggregate_attack.py``:
     every secure sum of the run together) has no ``plan`` and gives ``run(view, opts)``
     instead, returning its records and notes; ``audit_columns(records)`` gives its cells of
-    the audit's row. ``run_attacks`` lists them."""
+    the audit's row; ``console(records, title)`` the table and lines ``attack <name>``
+    prints, ``figure`` the PNG it writes beside attack.json (file name, ``plot(records,
+    path)``). ``run_attacks`` lists them. ``report(records)`` gives the attack's section of
+    the run report (``ReportTable``), on the records of its ``targets``."""
 
     name: str
     plan: Callable[..., Any] | None
@@ -62,15 +85,30 @@ class ReleaseAttack:
     audit_params: Mapping[str, Any] = field(default_factory=dict)
     run: Callable[..., Any] | None = None
     audit_columns: Callable[..., Mapping[str, Any]] | None = None
+    options: type = NoOptions
+    summary: str = ""
+    joins: tuple[str, ...] = ()
+    report: Callable[[list[dict[str, Any]]], ReportTable | None] | None = None
+    console: Callable[..., tuple[Any, list[str]]] | None = None
+    figure: tuple[str, Callable[..., Any]] | None = None
 
 
 RELEASE_ATTACKS: Registry[ReleaseAttack] = Registry("release attack")
+_ORDER: list[str] = []  # registration order: BUILT_IN's, then any other
 _found = False
 
 
 def register(attack: ReleaseAttack) -> ReleaseAttack:
     RELEASE_ATTACKS.register(attack.name)(attack)
+    _ORDER.append(attack.name)
     return attack
+
+
+def unregister(name: str) -> None:
+    """Take a registered attack out again (a test's or an extension's)."""
+    RELEASE_ATTACKS.get(name)  # an unknown name raises, listing the valid ones
+    RELEASE_ATTACKS._items.pop(name)
+    _ORDER.remove(name)
 
 
 def _discover() -> None:
@@ -82,6 +120,54 @@ def _discover() -> None:
     _found = True
     for module in BUILT_IN.values():
         importlib.import_module(module)
+
+
+def registered() -> list[ReleaseAttack]:
+    """Every registered attack: ``BUILT_IN``'s in its order, then the others in the order
+    they registered."""
+    _discover()
+    names = dict.fromkeys([*BUILT_IN, *_ORDER])
+    return [RELEASE_ATTACKS.get(n) for n in names if n in RELEASE_ATTACKS]
+
+
+def plan_attacks() -> list[ReleaseAttack]:
+    """The attacks with a planner (``attack invert``'s), in registration order."""
+    return [a for a in registered() if a.plan is not None]
+
+
+def check_combination(chosen: Sequence[ReleaseAttack], offered: Sequence[ReleaseAttack]
+                      ) -> None:
+    """Refuse, in one line, a choice of ``attack invert`` flags that cannot run together:
+    none, or two attacks neither of which joins the other."""
+    alone = " or ".join(f"--{a.name}" for a in offered if not a.joins)
+    joining = ", ".join(f"--{a.name}" for a in offered if a.joins)
+    usage = f"give exactly one of {alone}" + (f" (and/or {joining})" if joining else "")
+    if not chosen:
+        raise UsageError(usage)
+    for a in chosen:
+        for b in chosen:
+            if a is b or a.name in b.joins or b.name in a.joins:
+                continue
+            joiner = a if a.joins else b if b.joins else None
+            if joiner is None:
+                raise UsageError(usage)
+            other = b if joiner is a else a
+            raise UsageError(f"--{joiner.name} goes with "
+                             f"{' or '.join('--' + n for n in joiner.joins)} or alone, not "
+                             f"with --{other.name}")
+
+
+def calibrator_of(attack: ReleaseAttack) -> str | None:
+    """The calibrator whose release ``attack`` (or an attack it joins) targets: the one a
+    quick run to attack trains. None: no calibrator's release."""
+    import privfedcal.calibration  # noqa: F401
+    from privfedcal.federation.hooks import CALIBRATORS
+
+    for name in (attack.name, *attack.joins):
+        for calibrator in CALIBRATORS.names():
+            if any(r.attack == name for r in getattr(CALIBRATORS.get(calibrator), "releases", ())):
+                return calibrator
+    return None
 
 
 def release_attack(name: str) -> ReleaseAttack:
@@ -133,14 +219,14 @@ def target_order() -> tuple[str, ...]:
     the order of the releases they target (``declared_releases``), then any other by name."""
     _discover()
     first = [r.attack for r in declared_releases() if r.attack in RELEASE_ATTACKS]
-    names = list(dict.fromkeys(first)) + [n for n in RELEASE_ATTACKS.names() if n not in first]
+    names = list(dict.fromkeys(first)) + [a.name for a in registered() if a.name not in first]
     return tuple(dict.fromkeys(t for n in names for t in RELEASE_ATTACKS.get(n).targets))
 
 
 def run_attacks() -> list[ReleaseAttack]:
-    """The registered attacks that read a run as a whole (``ReleaseAttack.run``), by name."""
-    _discover()
-    return [a for n in RELEASE_ATTACKS.names() if (a := RELEASE_ATTACKS.get(n)).run is not None]
+    """The registered attacks that read a run as a whole (``ReleaseAttack.run``), in
+    registration order."""
+    return [a for a in registered() if a.run is not None]
 
 
 def audit_params(calibrator: str) -> dict[str, Any]:
@@ -155,6 +241,7 @@ def audit_params(calibrator: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["BUILT_IN", "RELEASE_ATTACKS", "ReleaseAttack", "attacked_calibrators", "attacks_of",
-           "audit_params", "declared_releases", "register", "release_attack", "release_for",
-           "run_attacks", "target_order"]
+__all__ = ["BUILT_IN", "RELEASE_ATTACKS", "ReleaseAttack", "ReportTable", "attacked_calibrators",
+           "attacks_of", "audit_params", "calibrator_of", "check_combination",
+           "declared_releases", "plan_attacks", "register", "registered", "release_attack",
+           "release_for", "run_attacks", "target_order", "unregister"]

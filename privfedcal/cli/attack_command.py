@@ -1,45 +1,130 @@
-"""``privfedcal attack invert|classes``: attack what the server observed in a run.
+"""``privfedcal attack``: attack what the server observed in a run, one command per kind.
 
-``invert --stats`` inverts CCVR uploads (raw-feature baseline, class means, class
-statistics), ``invert --gradients`` CReFF class gradients (and, with ``--updates``, a
-simulated local model update); ``classes`` infers every client's class set;
-``disaggregate`` differences the secure sums of a whole run into per-client values. Without
-``--run`` a quick default run on digits is trained first. Outputs go to ``--out`` (default
-RUN_DIR/attack-<kind>/): ``attack.json``, a PNG, and a summary table on stdout. Earlier
-results there are kept unless ``--overwrite``; the files are renamed into place together
-at the end, so a failed attack leaves nothing half-written. Progress (a bar, or lines on
-stderr when piped) counts optimisation steps x restarts with an ETA (``runner.execute``'s
-``Progress``). Ctrl-C or SIGTERM during ``invert`` writes the finished targets as a partial
-attack.json (``attacks/reconstruction/resume.py``) and exits 130; the same command with ``--resume``
+The commands come from the attack registry (``attacks/release_attacks.py``) when click asks
+for them, so an attack registered by an imported module is there too: ``invert`` takes one
+flag per registered attack with a planner (``--stats`` inverts CCVR uploads, ``--gradients``
+CReFF class gradients, ``--updates`` the per-client model updates, alone or with the attack
+it joins) and the options of the chosen attacks (each attack's options type: its fields
+are the flags); every registered attack on the run as a whole is a command of its own
+(``disaggregate`` differences the secure sums of a run into per-client values); ``classes``
+infers every client's class set. Without ``--run`` a quick default run on digits is
+trained first (``invert``, ``classes``), with the calibrator whose release the chosen
+attack targets. Outputs go to ``--out`` (default RUN_DIR/attack-<kind>/): ``attack.json``,
+a PNG, and a summary table on stdout. Earlier results there are kept unless
+``--overwrite``; the files are renamed into place together at the end, so a failed attack
+leaves nothing half-written. Progress (a bar, or lines on stderr when piped) counts
+optimisation steps x restarts with an ETA (``runner.execute``'s ``Progress``). Ctrl-C or
+SIGTERM during ``invert`` writes the finished targets as a partial attack.json
+(``attacks/reconstruction/resume.py``) and exits 130; the same command with ``--resume``
 runs the other targets only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from privfedcal.attacks.reconstruction.feature_inversion import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_MAX_STEPS,
-)
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, print_table
 from privfedcal.errors import Interrupted, UsageError
 from privfedcal.report.output_folder import all_or_nothing, check_fresh
 
 Opt = typer.Option
-
-attack_app = typer.Typer(help="Attack what an honest-but-curious server observed in a run.",
-                         no_args_is_help=True)
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 #: the quick run trained when no --run is given (digits; a few seconds on a CPU)
 QUICK_RUN = dict(dataset="digits", clients=5, alpha=0.3, rounds=5, local_epochs=1, threads=1)
-QUICK_CREFF = dict(match_steps=50, retrain_steps=100)
+
+
+class AttackGroup(TyperGroup):
+    """``privfedcal attack``'s commands: ``classes``, and, built from the attack registry
+    when click asks for them, ``invert`` and one command per attack on the run as a whole."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from privfedcal.attacks.release_attacks import run_attacks
+
+        return ["invert", "classes", *(a.name for a in run_attacks())]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        from privfedcal.attacks.release_attacks import RELEASE_ATTACKS, run_attacks
+
+        if name == "invert":
+            return _click(name, invert_command())
+        if name in {a.name for a in run_attacks()}:
+            return _click(name, run_attack_command(RELEASE_ATTACKS.get(name)))
+        return super().get_command(ctx, name)
+
+
+attack_app = typer.Typer(cls=AttackGroup, no_args_is_help=True,
+                         help="Attack what an honest-but-curious server observed in a run.")
+
+
+def _click(name: str, func: Any) -> click.Command:
+    """The click command typer makes of ``func``."""
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    one.command(name)(func)
+    return typer.main.get_command(one)
+
+
+def option_parameters(flags: Iterable[Any]) -> list[inspect.Parameter]:
+    """typer options for options-type fields (``attacks/attack_options.py`` ``OptionFlag``): the
+    field's flag, help and default. A value flag not given is None (the attack's default
+    then applies); a switch defaults to the field's default."""
+    params = []
+    for f in flags:
+        if f.type is bool:
+            ann = Annotated[bool, Opt(*f.decls, help=f.help)]
+            default = f.default
+        else:
+            shown = "none" if f.default is None else f.default
+            ann = Annotated[f.type | None, Opt(*f.decls, help=f"{f.help} [default: {shown}]",
+                                               show_default=False)]
+            default = None
+        params.append(inspect.Parameter(f.name, KEYWORD, default=default, annotation=ann))
+    return params
+
+
+def command_options(func: Any) -> list[inspect.Parameter]:
+    """The options a command declares itself (``func``'s parameters), as keyword-only."""
+    return [p.replace(kind=KEYWORD) for p in inspect.signature(func, eval_str=True).parameters.values()]
+
+
+def given_options(attack: Any, flags: dict[str, Any]) -> Any:
+    """``attack``'s options from the flags: each of its CLI fields that was given (a switch:
+    its value)."""
+    from privfedcal.attacks.attack_options import make_options, option_flags
+
+    given = {f.name: flags[f.name] for f in option_flags(attack.options)
+             if f.cli and flags.get(f.name) is not None}
+    return make_options(attack.options, given, f"attack {attack.name}")
+
+
+def refuse_strays(chosen: list[Any], flags: dict[str, Any], offered: dict[str, Any]) -> None:
+    """A flag of an attack that was not chosen (a value given, a switch turned) is refused."""
+    from privfedcal.attacks.attack_options import option_flags
+
+    mine = {f.name for a in chosen for f in option_flags(a.options)}
+    for name, f in offered.items():
+        if name not in mine and flags.get(name) not in (None, f.default):
+            owners = [a.name for a in _offered() if name in
+                      {g.name for g in option_flags(a.options)}]
+            raise UsageError(f"{f.decls[0]} is an option of "
+                             f"{' or '.join('--' + o for o in owners)}, not of "
+                             f"{' '.join('--' + a.name for a in chosen)}")
+
+
+def _offered() -> list[Any]:
+    from privfedcal.attacks.release_attacks import plan_attacks
+
+    return plan_attacks()
 
 
 def set_threads(threads: int | None) -> None:
@@ -66,22 +151,29 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
     return values
 
 
-def quick_run(method: str, run_dir: Path | None, *, seed: int, device: str,
+def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
               threads: int | None = None, quiet: bool = False) -> Path:
-    """Train a small ``method`` run on digits through the same code as ``privfedcal train``."""
+    """Train a small run on digits calibrated by ``calibrator`` through the same code as
+    ``privfedcal train``, with the calibration options its attacks declare for a quick
+    attack (``ReleaseAttack.audit_params``)."""
+    from privfedcal.attacks.release_attacks import audit_params
     from privfedcal.cli.run_progress import run_with_progress
-    from privfedcal.config import RunConfig
+    from privfedcal.config import METHOD_ALIASES, RunConfig
     from privfedcal.experiment import build_simulator
 
+    method = calibrator
     if run_dir is None:
         run_dir = Path("runs") / f"quick-{method}-digits-{time.strftime('%Y%m%d-%H%M%S')}"
     if (run_dir / "summary.json").exists():
         console.print(f"reusing the quick run in {run_dir}")
         return run_dir
-    params = QUICK_CREFF if method == "creff" else {}
     quick = {**QUICK_RUN, "threads": threads or QUICK_RUN["threads"]}
-    cfg = RunConfig(method=method, seed=seed, device=device, out=str(run_dir),
-                    calibration_params=dict(params), **quick)  # type: ignore[arg-type]
+    # ccvr and creff are methods of their own (FedAvg then the calibrator)
+    how = {"method": method} if method in METHOD_ALIASES else {"method": "fedavg",
+                                                                 "calibrate": calibrator}
+    cfg = RunConfig(seed=seed, device=device, out=str(run_dir),
+                    calibration_params=audit_params(calibrator), **how,
+                    **quick)  # type: ignore[arg-type]
     summary = run_with_progress(build_simulator(cfg, run_dir), cfg, quiet=quiet)
     console.print(f"no --run given: trained a quick {method} run on digits into {run_dir} "
                   f"(accuracy {summary['accuracy']:.4f})")
@@ -153,25 +245,11 @@ def keep_partial(out_dir: Path, files: tuple[str, ...], settings: dict, keys: li
                        "same command and --resume")
 
 
-@attack_app.command("invert")
-def invert(
-    stats: Annotated[bool, Opt("--stats", help="Invert CCVR class statistics (and means).")] = False,
-    gradients: Annotated[bool, Opt("--gradients", help="Invert CReFF class gradients.")] = False,
-    updates: Annotated[bool, Opt("--updates", help="Invert the recorded per-client model updates (a simulated one if the transcript has none); alone or with --gradients.")] = False,
+def _invert_options(
     run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
-    steps: Annotated[int, Opt(help="Step cap per inversion (each stops earlier once converged); lower it for a quick look.")] = DEFAULT_MAX_STEPS,
-    restarts: Annotated[int, Opt(help="Random restarts per inversion (best kept).")] = 4,
-    attack_batch: Annotated[int, Opt(help="Targets optimised together per batch (1: one at a time; same results, more memory).")] = DEFAULT_ATTACK_BATCH,
     clients: Annotated[str | None, Opt(help="Client ids to attack, e.g. 0,3 (default: the first two).")] = None,
     classes: Annotated[str | None, Opt(help="Classes to attack, e.g. 1,7 (default: all present).")] = None,
-    round_: Annotated[int | None, Opt("--round", help="Release round (default: the last).")] = None,
-    raw_samples: Annotated[int, Opt(help="Real images per client/class for the raw-feature baseline (0: none).")] = 3,
-    max_n: Annotated[int, Opt(help="Largest class-stats batch to invert.")] = 256,
-    update_batch: Annotated[int, Opt(help="Local batch of the simulated model update.")] = 4,
-    rounds_combined: Annotated[int, Opt(help="CReFF releases of one client and class inverted together (1: one release at a time).")] = 3,
-    known_classes: Annotated[bool, Opt("--known-classes", help="Also attack held classes that noise hides (attacker knows the label set).")] = False,
-    seed: Annotated[int, Opt(help="Seed of the attacks (and of the quick run).")] = 0,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<kind>).")] = None,
@@ -179,54 +257,79 @@ def invert(
     resume: Annotated[bool, Opt("--resume", help="Finish an interrupted attack in the output folder (same settings): only the targets its partial attack.json lacks are run.")] = False,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
-    """Reconstruct client images from what the server saw; score them against the truth."""
-    set_threads(threads)
+    """``invert``'s own options; the attack flags and their options come from the registry."""
+
+
+def invert_command() -> Any:
+    """``attack invert``: a flag per registered attack with a planner (its ``summary`` the
+    help), then the options of every one of them (their options types' CLI fields)."""
+    from privfedcal.attacks.attack_options import merged_flags
+
+    attacks = _offered()
+    offered = merged_flags(a.options for a in attacks)
+
+    def invert(**flags: Any) -> None:
+        """Reconstruct client images from what the server saw; score them against the truth."""
+        run_invert(attacks, offered, flags)
+
+    selectors = [inspect.Parameter(a.name, KEYWORD, default=False, annotation=Annotated[
+        bool, Opt(f"--{a.name}", help=a.summary, rich_help_panel="Attacks")]) for a in attacks]
+    invert.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        selectors + command_options(_invert_options) + option_parameters(offered.values()))
+    return invert
+
+
+def run_invert(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any]) -> None:
+    """``attack invert`` with the given flags: plan the chosen attacks, run them as one
+    batched plan, write attack.json and the PNG grid."""
+    set_threads(flags["threads"])
     from privfedcal.attacks.reconstruction.resume import PARTIAL_IMAGES, job_keys
     from privfedcal.attacks.reconstruction.runner import (
-        AttackOptions,
+        Plan,
         Stopped,
         execute,
         load_run,
         sigterm_interrupts,
     )
     from privfedcal.attacks.reconstruction.scoring import records_table, save_grid, write_records
-    from privfedcal.attacks.release_attacks import release_attack
+    from privfedcal.attacks.release_attacks import calibrator_of, check_combination
 
-    if resume and overwrite:
+    if flags["resume"] and flags["overwrite"]:
         raise UsageError("--resume keeps the finished targets, --overwrite discards them: "
                          "give one")
-    if stats and gradients or not (stats or gradients or updates):
-        raise UsageError("give exactly one of --stats or --gradients (and/or --updates)")
-    if updates and stats:
-        raise UsageError("--updates goes with --gradients or alone, not with --stats")
-    kind = "stats" if stats else "gradients" if gradients else "updates"
-    opts = AttackOptions(steps=steps, restarts=restarts, raw_samples=raw_samples, max_n=max_n,
-                         update_batch=update_batch, round=round_, seed=seed,
-                         known_classes=known_classes, rounds_combined=rounds_combined,
-                         attack_batch=attack_batch)
-    client_ids, class_ids = parse_ints(clients, "--clients"), parse_ints(classes, "--classes")
-    run = run_folder(run_dir, run, "attack invert", required=False)
+    chosen = [a for a in attacks if flags.pop(a.name)]
+    check_combination(chosen, attacks)
+    refuse_strays(chosen, flags, offered)
+    opts = {a.name: given_options(a, flags) for a in chosen}
+    kind = next((a.name for a in chosen if not a.joins), chosen[0].name)
+    client_ids = parse_ints(flags["clients"], "--clients")
+    class_ids = parse_ints(flags["classes"], "--classes")
+    out, device, quiet = flags["out"], flags["device"], flags["quiet"]
+    seed = flags.get("seed") or 0
+    run = run_folder(flags["run_dir"], flags["run"], "attack invert", required=False)
     files = ("attack.json", "reconstructions.png")
-    if run is None and out is not None and not resume:  # refused before the quick run
-        check_fresh(out, files, overwrite=overwrite)
+    if run is None and out is not None and not flags["resume"]:  # refused before the quick run
+        check_fresh(out, files, overwrite=flags["overwrite"])
     if run is None:
-        run = quick_run("ccvr" if stats else "creff", out / "run" if out else None, seed=seed,
-                        device=device, threads=threads, quiet=quiet)
+        calibrator = next(c for a in chosen if (c := calibrator_of(a)) is not None)
+        run = quick_run(calibrator, out / "run" if out else None, seed=seed, device=device,
+                        threads=flags["threads"], quiet=quiet)
     view = load_run(run, device=device)
-    # the attack registered under the flag's name (a calibrator's ReleaseSpec.attack);
-    # --updates (the uplink's model updates) rides on the class-gradient attack
-    if stats:
-        plan = release_attack("stats").plan(view, opts, client_ids, class_ids)
-    else:
-        plan = release_attack("gradients").plan(view, opts, client_ids, class_ids,
-                                                updates=updates, gradients=gradients)
+    plan = Plan(attack_batch=min(o.attack_batch for o in opts.values()))
+    for a in chosen:  # the chosen attacks' jobs, as one plan (their inversions batch together)
+        part = a.plan(view, opts[a.name], client_ids, class_ids)
+        plan.jobs += part.jobs
+        plan.notes += part.notes
+        plan.shared.update(part.shared)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
     out_dir = out or Path(run) / f"attack-{kind}"
-    settings = {"attack": kind, "run": str(Path(run).resolve()), "clients": client_ids,
-                "classes": class_ids, **dataclasses.asdict(opts)}
+    settings = {"attack": kind, "attacks": [a.name for a in chosen],
+                "run": str(Path(run).resolve()), "clients": client_ids, "classes": class_ids,
+                **{k: v for o in opts.values() for k, v in dataclasses.asdict(o).items()}}
     keys = job_keys([job.description for job in plan.jobs])
-    done = earlier_targets(out_dir, files, settings, keys, resume=resume, overwrite=overwrite)
+    done = earlier_targets(out_dir, files, settings, keys, resume=flags["resume"],
+                           overwrite=flags["overwrite"])
     try:
         with Reporter(f"attack {kind}: planning", total=1, quiet=quiet) as progress, \
                 sigterm_interrupts():
@@ -245,7 +348,6 @@ def invert(
     console.print(f"wrote attack.json and reconstructions.png into {out_dir}")
 
 
-@attack_app.command("classes")
 def classes_cmd(
     run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
@@ -259,21 +361,23 @@ def classes_cmd(
 ) -> None:
     """Infer each client's class set (and counts) from its calibration uploads."""
     set_threads(threads)
-    from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
+    from privfedcal.attacks.reconstruction.runner import load_run
     from privfedcal.attacks.reconstruction.scoring import (
         classes_table,
         plot_class_sets,
         write_records,
     )
-    from privfedcal.attacks.reconstruction.uploads import infer_class_sets
+    from privfedcal.attacks.reconstruction.uploads import ClassesOptions, infer_class_sets
+    from privfedcal.attacks.release_attacks import attacked_calibrators
 
-    opts = AttackOptions(false_positive_rate=false_positive_rate, seed=seed)
+    opts = ClassesOptions(false_positive_rate=false_positive_rate)
     run = run_folder(run_dir, run, "attack classes", required=False)
     files = ("attack.json", "classes.png")
     if run is None and out is not None:  # refused before the quick run is trained
         check_fresh(out, files, overwrite=overwrite)
     if run is None:
-        run = quick_run("ccvr", out / "run" if out else None, seed=seed, device=device,
+        # the first calibrator an attack targets (ccvr): class sets from its uploads
+        run = quick_run(attacked_calibrators()[0], out / "run" if out else None, seed=seed, device=device,
                         threads=threads, quiet=quiet)
     view = load_run(run, device=device)
     out_dir = out or Path(run) / "attack-classes"
@@ -288,44 +392,63 @@ def classes_cmd(
     console.print(f"wrote attack.json and classes.png into {out_dir}")
 
 
-@attack_app.command("disaggregate")
-def disaggregate_cmd(
+def _run_attack_options(
     run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Run folder to attack.")] = None,
-    window: Annotated[int, Opt(help="Releases over which a changing value (update, class gradient) is taken as constant (0: the whole run).")] = 0,
-    totals: Annotated[bool, Opt("--totals/--no-totals", help="Add the public all-clients totals (N for update weights, the public class totals for counts).")] = True,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
-    out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-disaggregate).")] = None,
+    out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<name>).")] = None,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
 ) -> None:
-    """Difference the run's secure sums over changing participant sets into per-client
-    values (Lam et al., ICML 2021); say which clients and groups they determine."""
-    set_threads(threads)
-    from privfedcal.attacks.reconstruction.disaggregate_report import plot, table, verdicts
-    from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
-    from privfedcal.attacks.reconstruction.scoring import write_records
-    from privfedcal.attacks.release_attacks import release_attack
+    """The options of every command of an attack on the run as a whole."""
 
-    opts = AttackOptions(window=window, public_totals=totals)
-    run = run_folder(run_dir, run, "attack disaggregate", required=True)
-    out_dir = out or Path(run) / "attack-disaggregate"
-    files = ("attack.json", "disaggregation.png")
-    check_fresh(out_dir, files, overwrite=overwrite)
-    view = load_run(run, device=device)
-    # least squares on small matrices: well under a second, no progress to show
-    records, notes = release_attack("disaggregate").run(view, opts)
+
+def run_attack_command(attack: Any) -> Any:
+    """``attack <name>`` for a registered attack on the run as a whole (``disaggregate``):
+    its options type's CLI fields are its flags; it writes attack.json (and its figure)
+    into RUN/attack-<name>/ and prints its table, or a count of its records."""
+    from privfedcal.attacks.attack_options import option_flags
+
+    def command(**flags: Any) -> None:
+        run_whole(attack, flags)
+
+    command.__doc__ = attack.summary
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        command_options(_run_attack_options)
+        + option_parameters(f for f in option_flags(attack.options) if f.cli))
+    return command
+
+
+def run_whole(attack: Any, flags: dict[str, Any]) -> None:
+    set_threads(flags["threads"])
+    from privfedcal.attacks.reconstruction.scoring import write_records
+    from privfedcal.attacks.view import load_run
+
+    opts = given_options(attack, flags)
+    name = attack.name
+    run = run_folder(flags["run_dir"], flags["run"], f"attack {name}", required=True)
+    out_dir = flags["out"] or Path(run) / f"attack-{name}"
+    files = ("attack.json", *([attack.figure[0]] if attack.figure else []))
+    check_fresh(out_dir, files, overwrite=flags["overwrite"])
+    view = load_run(run, device=flags["device"])
+    records, notes = attack.run(view, opts)
     if not records:
-        raise UsageError("nothing to disaggregate: " + "; ".join(notes))
+        raise UsageError(f"nothing to {name}: " + "; ".join(notes))
     with all_or_nothing(out_dir, files) as paths:
         write_records(records, paths["attack.json"])
-        plot(records, paths["disaggregation.png"])
-    print_table(table(records, f"privfedcal attack disaggregate: {run}"))
-    for line in verdicts(records):
-        console.print(line)
+        if attack.figure:
+            attack.figure[1](records, paths[attack.figure[0]])
+    if attack.console is not None:
+        table, lines = attack.console(records, f"privfedcal attack {name}: {run}")
+        print_table(table)
+        for line in lines:
+            console.print(line)
+    else:
+        console.print(f"{len(records)} records")
     print_notes(notes)
-    console.print(f"wrote attack.json and disaggregation.png into {out_dir}")
+    console.print(f"wrote {' and '.join(files)} into {out_dir}")
 
 
 def register(app: typer.Typer) -> None:
+    attack_app.command("classes")(classes_cmd)
     app.add_typer(attack_app, name="attack")

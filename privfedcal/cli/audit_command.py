@@ -54,9 +54,14 @@ def parse_secagg(text: str) -> tuple[bool, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def parse_methods(text: str) -> tuple[str, ...]:
+def parse_methods(text: str | None) -> tuple[str, ...]:
+    """``--methods``; not given: every calibrator whose release a registered attack
+    targets (``release_attacks.attacked_calibrators``: ccvr, creff)."""
+    from privfedcal.attacks.release_attacks import attacked_calibrators
     from privfedcal.jobs import check_methods
 
+    if text is None:
+        return check_methods(attacked_calibrators())
     return check_methods(t.strip() for t in text.split(",") if t.strip())
 
 
@@ -70,7 +75,7 @@ def audit(
     ctx: typer.Context,
     eps: Annotated[str, Opt(help="Comma-separated total epsilons; inf = no DP.")] = "1,2,4,8,inf",
     secagg: Annotated[str, Opt(help="Secure aggregation settings: off,on.")] = "off,on",
-    methods: Annotated[str, Opt(help="Methods to audit (ccvr, creff).")] = "ccvr,creff",
+    methods: Annotated[str | None, Opt(help="Methods to audit, comma-separated (default: every calibrator whose release a registered attack targets: ccvr, creff).", show_default=False)] = None,
     rounds: Annotated[int, Opt(help="Communication rounds per run.")] = 5,
     participation: Annotated[float, Opt(help="Fraction of clients per round (below 1, secure sums change between rounds: see the disaggregation columns).")] = 1.0,
     steps: Annotated[int, Opt(help="Inversion step cap per target (stops earlier once converged).")] = DEFAULT_MAX_STEPS,

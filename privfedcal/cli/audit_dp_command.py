@@ -28,7 +28,7 @@ def _dp_options(
     trials: Annotated[int, Opt(help="Releases of each of D and D' per channel (half choose the threshold, half are counted).", rich_help_panel="Audit")] = 1_000_000,
     budget_s: Annotated[float, Opt(help="Seconds per channel, one-run audits included: a channel stops when they are spent and its row, marked stopped=budget, bounds epsilon from the trials it ran.", rich_help_panel="Audit")] = 120.0,
     confidence: Annotated[float, Opt(help="Confidence of the lower bounds.", rich_help_panel="Audit")] = 0.95,
-    channels: Annotated[str | None, Opt(help="Channels to audit (ccvr-stats, creff-grad, dp-sgd); default: every one the configuration has.", rich_help_panel="Audit")] = None,
+    channels: Annotated[str | None, Opt(help="Channels to audit, comma-separated: the labels of the configuration's charged releases (a calibrator's release that an attack targets, dp-sgd, dp-fedavg; an unknown name lists every channel); default: every one the configuration has.", rich_help_panel="Audit")] = None,
     one_run: Annotated[bool, Opt("--one-run/--no-one-run", help="Also audit the whole run in one run with many canaries (Steinke et al. 2023): its calibration uploads, and under --dp-train its training.", rich_help_panel="Audit")] = True,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).", rich_help_panel="Audit")] = False,
 ) -> None:

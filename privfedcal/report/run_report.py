@@ -213,28 +213,29 @@ def _attack_sections(run_dir: Path) -> str:
                                         ("accuracy", "precision", "recall"))]
                  for (lab, view), rs in sorted(groups.items())],
                 numeric=[False, False, True, True, True, True]))
-        parts.append(_disaggregation([r for r in records if r.get("target") == "disaggregate"]))
+        parts.append(_registered_sections(records))
         for png in sorted(folder.glob("*.png")):
             parts.append(H.figure(png, f"{folder.name}: {png.stem}", ATTACK_CAPTIONS.get(
                 png.name, png.stem.replace("_", " ")), tall=True))
     return "".join(parts)
 
 
-def _disaggregation(records: list[dict[str, Any]]) -> str:
-    """``attack disaggregate``: a row per (release, payload key) and a verdict per release
-    (docs/privacy.md, "Disaggregation across rounds")."""
-    if not records:
-        return ""
-    from privfedcal.attacks.reconstruction.disaggregate_report import COLUMNS, rows, verdicts
+def _registered_sections(records: list[dict[str, Any]]) -> str:
+    """The section of each registered attack that has one (``ReleaseAttack.report``), on
+    its records (those of its ``targets``): a table and paragraphs after it."""
+    from privfedcal.attacks.release_attacks import registered
 
-    return (H.table(list(COLUMNS), rows(records),
-                    numeric=[c not in ("release", "key", "total", "worst-off") for c in COLUMNS],
-                    table_id="disaggregation")
-            + "".join(f"<p>{H.esc(v)}.</p>" for v in verdicts(records))
-            + "<p>Determined: the sums fix the client's own value (e<sub>i</sub> in the row "
-              "space of the participation matrix); finest: the smallest group of clients "
-              "whose sum is determined; errors under one rule for every row (relative L2 "
-              "error; worst-off: the best-recovered client).</p>")
+    parts = []
+    for attack in registered():
+        mine = [r for r in records if r.get("target") in attack.targets]
+        shown = attack.report(mine) if mine and attack.report is not None else None
+        if shown is None:
+            continue
+        parts.append(H.table(list(shown.columns), shown.rows,
+                             numeric=list(shown.numeric) or None,
+                             table_id=shown.table_id or "")
+                     + "".join(f"<p>{H.esc(note)}</p>" for note in shown.notes))
+    return "".join(parts)
 
 
 def _dp_audit_section(run_dir: Path) -> str:

@@ -6,11 +6,15 @@ follows from the two. A new release with its attack is picked up without another
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
+import math
 from pathlib import Path
 
 import pytest
 
 from privfedcal.attacks import release_attacks
+from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.distinguishing.channels import CHANNEL_FIELDS, CHANNELS
 from privfedcal.attacks.release_attacks import (
     RELEASE_ATTACKS,
@@ -23,6 +27,7 @@ from privfedcal.attacks.release_attacks import (
     release_for,
     target_order,
 )
+from privfedcal.attacks.view import load_run
 from privfedcal.errors import UsageError
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE, ReleaseSpec
@@ -104,3 +109,78 @@ def test_every_target_an_attack_writes_has_a_place_in_the_report():
     written = _written_targets()
     assert {"class-stats", "class-gradient", "model-update"} <= written  # the scan sees them
     assert written <= set(target_order()), written - set(target_order())
+
+
+@dataclasses.dataclass(frozen=True)
+class NormOptions:
+    scale: float = attack_option(1.0, "Multiply every norm by this (> 0).")
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise UsageError(f"--scale must be > 0, got {self.scale}")
+
+
+def _norms(view, opts: NormOptions):
+    """One record per plain upload: the L2 norm of all its tensors (times ``scale``)."""
+    records = [{"target": "upload-norm", "label": e["label"], "client": int(e["client"]),
+                "norm": opts.scale * math.sqrt(sum(float(t.double().pow(2).sum())
+                                                   for t in e["tensors"].values()))}
+               for e in view.entries if e["view"] == "plain-upload"]
+    return records, []
+
+
+def _norm_section(records):
+    return release_attacks.ReportTable(("uploads", "largest norm"),
+                                       [[len(records), max(r["norm"] for r in records)]],
+                                       numeric=(True, True), notes=("Upload norms.",))
+
+
+def test_a_registered_attack_is_a_command_an_api_kind_and_a_report_section(tiny_cfg, tmp_path,
+                                                                           monkeypatch):
+    """An attack on the run as a whole, registered with its options type and report section,
+    is ``privfedcal attack <name>`` (its flags from its options), a kind of
+    ``privfedcal.attack`` and a section of the run report, with nothing else written."""
+    import privfedcal
+    from privfedcal.cli.main import main
+    from privfedcal.experiment import build_simulator
+    from privfedcal.report.run_report import build_run_report
+
+    run = tmp_path / "run"
+    build_simulator(tiny_cfg(method="ccvr", rounds=1, transcript=True, out=str(run)), run).run()
+    with pytest.raises(UsageError, match="attack kind must be one of"):
+        privfedcal.attack(run, "norms")
+    monkeypatch.setattr(RELEASE_ATTACKS, "_items", dict(RELEASE_ATTACKS._items))
+    monkeypatch.setattr(release_attacks, "_ORDER", list(release_attacks._ORDER))
+    release_attacks.register(ReleaseAttack(
+        "norms", plan=None, run=_norms, options=NormOptions, targets=("upload-norm",),
+        summary="Upload norms.", report=_norm_section))
+    records = privfedcal.attack(run, "norms", scale=2.0)
+    plain, _ = _norms(load_run(run), NormOptions())
+    assert records and len(records) == len(plain)
+    assert [r["norm"] for r in records] == pytest.approx([2 * r["norm"] for r in plain])
+    with pytest.raises(UsageError, match="window"):
+        privfedcal.attack(run, "norms", window=3)
+    main(["attack", "norms", str(run), "--scale", "2"])
+    assert json.loads((run / "attack-norms" / "attack.json").read_text()) == records
+    with pytest.raises(SystemExit) as stop:  # its own check, one line, exit 2
+        main(["attack", "norms", str(run), "--scale", "0", "--overwrite"])
+    assert stop.value.code == 2
+    page = build_run_report(run).read_text()
+    assert "largest norm" in page and "Upload norms." in page
+
+
+def test_attack_invert_combines_only_attacks_that_join():
+    offered = [release_attack(n) for n in ("stats", "gradients", "updates")]
+    stats, gradients, updates = offered
+    release_attacks.check_combination([gradients, updates], offered)
+    release_attacks.check_combination([updates], offered)
+    with pytest.raises(UsageError, match=r"^give exactly one of --stats or --gradients "
+                                          r"\(and/or --updates\)$"):
+        release_attacks.check_combination([], offered)
+    with pytest.raises(UsageError, match="exactly one"):
+        release_attacks.check_combination([stats, gradients], offered)
+    with pytest.raises(UsageError, match="^--updates goes with --gradients or alone, not with "
+                                         "--stats$"):
+        release_attacks.check_combination([stats, updates], offered)
+    # the quick run to attack trains the calibrator whose release the attack targets
+    assert [release_attacks.calibrator_of(a) for a in offered] == ["ccvr", "creff", "creff"]

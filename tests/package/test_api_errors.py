@@ -67,16 +67,17 @@ def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
 
 
 def test_every_attack_option_is_a_keyword_of_attack():
-    import dataclasses
+    from privfedcal.attacks.attack_options import option_flags
+    from privfedcal.attacks.reconstruction.stats_attack import StatsOptions
+    from privfedcal.attacks.release_attacks import registered
 
-    from privfedcal.attacks.reconstruction.runner import AttackOptions
-
-    for f in dataclasses.fields(AttackOptions):
-        flag = "--" + f.name.replace("_", "-")
-        assert flag_keywords()[flag].name == f.name
-        word = f.name + ("=True" if f.type in (bool, "bool") else "")
-        assert python_message(f"{flag} must be") == f"{word} must be"
-    assert pysurface.options_of(AttackOptions, {"raw_samples": np.int64(0)}, "x") == {"raw_samples": 0}
+    for attack in registered():
+        for f in option_flags(attack.options):
+            flag = (f.flag or "--" + f.name.replace("_", "-")).partition("/")[0]
+            assert flag_keywords()[flag].name == f.name
+            word = f.name + ("=True" if f.type is bool else "")
+            assert python_message(f"{flag} must be") == f"{word} must be"
+    assert pysurface.options_of(StatsOptions, {"raw_samples": np.int64(0)}, "x") == {"raw_samples": 0}
 
 
 def test_values_after_a_flag_join_their_keyword():
@@ -231,7 +232,7 @@ def test_attack_options_are_checked_by_name_and_type(ccvr_run):
     with pytest.raises(UsageError, match="known_classes must be True or False"):
         privfedcal.attack(ccvr_run, "stats", known_classes="yes")
     with pytest.raises(UsageError, match=r"^rounds_combined must be >= 1"):
-        privfedcal.attack(ccvr_run, "stats", rounds_combined=np.int64(0))
+        privfedcal.attack(ccvr_run, "gradients", rounds_combined=np.int64(0))
     with pytest.raises(UsageError, match="unknown re-training option.* epoch;"):
         privfedcal.calibrate_head(ccvr_run.experiment().model, {}, epoch=3)
     records = privfedcal.attack(ccvr_run, "classes", seed=np.int64(1),

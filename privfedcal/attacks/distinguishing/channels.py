@@ -49,17 +49,32 @@ from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise
 
-#: the client fields (privacy/client_fields.py) each channel's view carries: a calibration
-#: release's payload keys (its declaration), and DP-SGD's model update and loss
-CHANNEL_FIELDS: dict[str, tuple[str, ...]] = {
-    **{r.label: tuple(f"query.payload/payload/{k}" for k in r.keys)
-       for r in declared_releases() if r.attack is not None},
-    DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
-    USER_DP_RELEASE: ("train/local/*",),  # --dp-updates (attacks/distinguishing/user_dp_channel.py)
-    # the Flower plugin's dp-clip = "auto" search (attacks/distinguishing/clip_channel.py)
-    QUANTILE_RELEASE: ("query.clip/histogram/counts",),
-}
-CHANNELS = tuple(CHANNEL_FIELDS)
+
+def channel_fields() -> dict[str, tuple[str, ...]]:
+    """Each channel's name -> the client fields (privacy/client_fields.py) its view carries:
+    every attacked calibration release's payload keys (its declaration, read when asked,
+    so a calibrator registered later has its channel), then DP-SGD's model update and loss,
+    DP-FedAvg's update and the Flower plugin's clip search."""
+    return {
+        **{r.label: tuple(f"query.payload/payload/{k}" for k in r.keys)
+           for r in declared_releases() if r.attack is not None},
+        DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
+        USER_DP_RELEASE: ("train/local/*",),  # --dp-updates (user_dp_channel.py)
+        # the Flower plugin's dp-clip = "auto" search (clip_channel.py)
+        QUANTILE_RELEASE: ("query.clip/histogram/counts",),
+    }
+
+
+def __getattr__(name: str) -> object:
+    """``CHANNEL_FIELDS`` (``channel_fields()``) and ``CHANNELS`` (its names, in order),
+    read from the registries when asked (PEP 562)."""
+    if name == "CHANNEL_FIELDS":
+        return channel_fields()
+    if name == "CHANNELS":
+        return tuple(channel_fields())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: the canary feature's norm in units of the clip bound: far outside the ball, so that
 #: clipping is what keeps it at the sensitivity (CReFF's head gradient of a feature of norm
 #: a is about 0.9 a, and with the per-class cap moves the release by half of it: at 4 x G,
@@ -101,9 +116,10 @@ def parse_channels(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
     out = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    bad = [c for c in out if c not in CHANNELS]
+    names = tuple(channel_fields())
+    bad = [c for c in out if c not in names]
     if bad or not out:
-        raise UsageError(f"--channels takes names among {', '.join(CHANNELS)}, got {text!r}")
+        raise UsageError(f"--channels takes names among {', '.join(names)}, got {text!r}")
     return out
 
 
@@ -139,7 +155,7 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
     if names is not None and QUANTILE_RELEASE in names and plan is not None \
             and calibrator.releases:
         labels.append(QUANTILE_RELEASE)
-    wanted = [c for c in CHANNELS if c in labels and (names is None or c in names)]
+    wanted = [c for c in channel_fields() if c in labels and (names is None or c in names)]
     missing = [n for n in (names or ()) if n not in labels]
     if missing:
         raise UsageError(f"this configuration releases no {', '.join(missing)} (it has: "
@@ -209,7 +225,7 @@ def _payload_channel(name, task, cfg, exp, noise, bound, faults, keep, steps, ca
         out = release({k: v.expand(n * steps, *v.shape).clone() for k, v in base.items()})
         return {k: v.reshape(n, steps, *base[k].shape) for k, v in out.items()}
 
-    return Channel(name, CHANNEL_FIELDS[name], *claim, canary_text(c), draw,
+    return Channel(name, channel_fields()[name], *claim, canary_text(c), draw,
                    reference=tuple({k: v.unsqueeze(0).expand(steps, *v.shape)
                                     for k, v in p.items()} for p in clean),
                    chunk=max(64, min(1 << 16, (1 << 23) // max(1, steps * sum(
@@ -313,7 +329,7 @@ def _dpsgd(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
     # the accountant's plan of one round of DP-SGD: its sample rate and steps per round
     rate = next(p["sample_rate"] for p in plan.dp.planned if p["name"] == DPSGD_RELEASE)
     eps, delta = claimed(plan, DPSGD_RELEASE, plan.dp.steps[DPSGD_RELEASE], rate)
-    return Channel(DPSGD_RELEASE, CHANNEL_FIELDS[DPSGD_RELEASE], eps, delta,
+    return Channel(DPSGD_RELEASE, channel_fields()[DPSGD_RELEASE], eps, delta,
                    "one mislabelled example, the client's largest input x 10, one round",
                    draw, reduce=reduce, chunk=16)
 
@@ -330,6 +346,6 @@ def _canary_direction(model, start, x: Tensor, y: Tensor, names: list[str]) -> T
     return flat / flat.norm().clamp_min(1e-30)
 
 
-__all__ = ["CANARY_SCALE", "CHANNELS", "CHANNEL_FIELDS", "FeatureMap", "Faults", "Unclipped",
+__all__ = ["CANARY_SCALE", "channel_fields", "FeatureMap", "Faults", "Unclipped",
            "build_channels", "canary_scale", "claimed", "client_features", "noiser",
            "parse_channels", "run_parts"]

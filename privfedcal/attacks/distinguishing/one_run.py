@@ -11,7 +11,8 @@ once; CReFF in every round the server selects the client, ``seeding.select_clien
 features plus its included canaries, through the run's payload task, bound and noise stage
 (``attacks/distinguishing/channels.py``). Canary (k, c, j) is a feature ``16 x clip`` on axis j of class
 c in client k, so its own coordinates are ``sum[c, j]`` and ``outer[c, j, j]`` (CCVR) or
-column j of ``grad[c]`` (CReFF), which no other canary touches; ``count`` and ``holders`` are
+column j of ``grad[c]`` (CReFF), which no other canary touches (``_own`` finds them from each
+key's shape and the release's declared symmetric keys, not from the key's name); ``count`` and ``holders`` are
 shared by the canaries of a class and left out of the score. Each canary's score is the
 noise-weighted projection of the view, less the client's own payload (the auditor knows D),
 onto that canary's own change; the top and the bottom ``guesses / 2`` of the scores are
@@ -43,14 +44,18 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
 
 
-def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor]) -> Tensor:
-    """(canaries, coordinates) of ``payload[key]`` that canaries (c, j) alone move."""
+def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor],
+         symmetric: frozenset[str]) -> Tensor:
+    """(canaries, coordinates) of ``payload[key]`` that canaries (c, j) alone move, from the
+    key's shape and its declaration: a feature sum (C, d) moves entry (c, j); a matrix the
+    release declares symmetric (C, d, d) its diagonal entry (c, j, j); any other block
+    (C, C', d') column j of class c's block (CReFF's gradient: its row's feature j)."""
     v = payload[key]
-    if key == "sum":
+    if v.dim() == 2:
         return v[c, j].unsqueeze(1)
-    if key == "outer":
+    if key in symmetric:
         return v[c, j, j].unsqueeze(1)
-    return v[c, :, j]  # grad (C, C, d+1): column j of class c's row
+    return v[c, :, j]
 
 
 def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: float = 0.95,
@@ -116,8 +121,10 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
                             view_clean.items()})
             view = {kk: v[0] for kk, v in view.items()}
             for key in keys:
-                change = _own(key, c, j, full) - _own(key, c, j, clean)
-                seen = _own(key, c, j, view) - _own(key, c, j, clean)
+                change = _own(key, c, j, full, spec.symmetric) - _own(key, c, j, clean,
+                                                                       spec.symmetric)
+                seen = _own(key, c, j, view, spec.symmetric) - _own(key, c, j, clean,
+                                                                    spec.symmetric)
                 score += (seen * change).sum(1) / max(var[key], 1e-30)
         scores.append(score)
         truth.append(inc)

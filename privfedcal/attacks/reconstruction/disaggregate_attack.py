@@ -8,8 +8,10 @@ total joins as a row of ones where the server knows one: the federation's size N
 (``federation/setup.py`` ``held_examples``) for the update weights ``__weight``, the class
 histogram of the public training split for hidden ``count`` (every scheme but long-tail
 deals every example out, and long-tail keeps a public number per class; not with a
-per-class cap). Values that do not change between rounds (``count``, ``holders``,
-``__weight``) are solved exactly; the others (class gradients, model updates) with Lam et
+per-class cap). Values that do not change between rounds (the update weights ``__weight``,
+and every payload key its release declares as counts or 0/1 indicators:
+``class_inference.key_tests``, as CCVR's and CReFF's ``count`` and ``holders``) are solved
+exactly; the others (class gradients, model updates) with Lam et
 al.'s window assumption, the model updates first turned into weighted updates by taking
 ``w * sent state`` off each sum (the sent state and the weight sum are public).
 
@@ -28,16 +30,23 @@ from typing import Any
 
 import numpy as np
 
+from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction import disaggregate as D
-from privfedcal.attacks.reconstruction.runner import AttackOptions
+from privfedcal.attacks.reconstruction.class_inference import COUNT, INDICATOR, key_tests
+from privfedcal.attacks.reconstruction.disaggregate_report import (
+    TARGET,
+    console,
+    plot,
+    section,
+    summarise,
+)
 from privfedcal.attacks.release_attacks import ReleaseAttack, register
-from privfedcal.attacks.view import RunView
+from privfedcal.attacks.view import RunView, release_spec
+from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 from privfedcal.privacy.uplink import UPDATE_WEIGHT
 
-NAME = TARGET = "disaggregate"
-#: payload keys whose value is the same in every release of a run (one exact system)
-CONSTANT = ("count", "holders", UPDATE_WEIGHT)
+NAME = TARGET  # the attack, and the target of its records
 #: estimates stored in a record when a value has at most this many entries
 MAX_STORED = 256
 #: where each public total comes from, by its first letter
@@ -47,6 +56,21 @@ TOTALS = {"N": "the federation's training examples: public dataset and partition
                "together"}
 #: an estimate within this of the truth, in every entry, rounds to it (counts, sizes)
 EXACT = 0.5
+
+
+@dataclass(frozen=True)
+class DisaggregateOptions:
+    """``attack disaggregate``: the window of releases and whether public totals join."""
+
+    window: int = attack_option(0, "Releases over which a changing value (update, class "
+                                "gradient) is taken as constant (0: the whole run).")
+    public_totals: bool = attack_option(True, "Add the public all-clients totals (N for "
+                                        "update weights, the public class totals for "
+                                        "counts).", flag="--totals/--no-totals")
+
+    def __post_init__(self) -> None:
+        if self.window < 0:
+            raise UsageError(f"--window must be >= 0 (0: the whole run), got {self.window}")
 
 
 @dataclass
@@ -116,7 +140,23 @@ def public_class_totals(cfg: Any) -> np.ndarray | None:
     return sizes.astype(np.float64)
 
 
-def public_total(view: RunView, key: str, width: int, opts: AttackOptions
+def key_test(label: str, key: str) -> str | None:
+    """What payload ``key`` of release ``label`` holds (``class_inference.key_tests`` of
+    the release's declaration); None for a key no calibrator declares (model updates)."""
+    try:
+        spec = release_spec(label)
+    except UsageError:  # the uplink's own release (model updates): no declaration
+        return None
+    return key_tests(spec).get(key)
+
+
+def is_constant(label: str, key: str) -> bool:
+    """Whether the value of ``key`` is the same in every release of a run (one exact
+    system): the update weights, and declared counts and indicators."""
+    return key == UPDATE_WEIGHT or key_test(label, key) in (COUNT, INDICATOR)
+
+
+def public_total(view: RunView, label: str, key: str, width: int, opts: DisaggregateOptions
                  ) -> tuple[np.ndarray | None, str | None]:
     """The public all-clients total of ``key`` (and how it is known), or (None, None)."""
     if not opts.public_totals:
@@ -126,7 +166,7 @@ def public_total(view: RunView, key: str, width: int, opts: AttackOptions
         if view.cfg.dp_train:
             return np.array([float(view.cfg.clients)]), f"K={view.cfg.clients}"
         return np.array([float(view.exp.num_examples)]), f"N={view.exp.num_examples}"
-    if key == "count" and cap is None:
+    if key_test(label, key) == COUNT and cap is None:
         totals = public_class_totals(view.cfg)
         if totals is not None and totals.shape == (width,):
             return totals, "class totals"
@@ -139,15 +179,17 @@ def private_truth(view: RunView) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def truth_of(view: RunView, part: dict[str, Any] | None, key: str) -> np.ndarray | None:
+def truth_of(view: RunView, part: dict[str, Any] | None, label: str, key: str
+             ) -> np.ndarray | None:
     """(K, D) true per-client values of a constant key, or None."""
     if part is None:
         return None
     counts = np.asarray(part["counts"], dtype=np.float64)
     cap = view.cfg.calibration_params.get("per_class_cap")
-    if key == "count":
+    test = key_test(label, key)
+    if test == COUNT:
         return counts if cap is None else np.minimum(counts, float(cap))
-    if key == "holders":
+    if test == INDICATOR:
         return (counts > 0).astype(np.float64)
     if key == UPDATE_WEIGHT:
         sizes = np.asarray(part["sizes"], dtype=np.float64)[:, None]
@@ -166,11 +208,11 @@ def score(estimate: np.ndarray, truth: np.ndarray | None) -> dict[str, Any]:
             "exact": bool(np.abs(err).max() < EXACT)}
 
 
-def _records_of(view: RunView, s: Series, key: str, opts: AttackOptions,
+def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
                 part: dict[str, Any] | None) -> list[dict[str, Any]]:
     a, y = s.matrix, np.stack(s.sums[key])
-    constant = key in CONSTANT
-    total, how = public_total(view, key, y.shape[1], opts)
+    constant = is_constant(s.label, key)
+    total, how = public_total(view, s.label, key, y.shape[1], opts)
     if total is not None:
         a, y = np.vstack([a, np.ones(a.shape[1])]), np.vstack([y, total])
     groups, complete = D.finest_groups(a)
@@ -178,7 +220,7 @@ def _records_of(view: RunView, s: Series, key: str, opts: AttackOptions,
         sols = [D.solve(a, y)]
     else:  # Lam et al.: constant within each window of releases
         sols = D.solve_windows(a, y, opts.window)
-    truth = truth_of(view, part, key) if constant else None
+    truth = truth_of(view, part, s.label, key) if constant else None
     base = {"target": TARGET, "label": s.label, "key": key, "view": "aggregate",
             "kind": "constant" if constant else "time-varying", "releases": len(s.rounds),
             "rounds": list(s.rounds),
@@ -205,10 +247,10 @@ def _records_of(view: RunView, s: Series, key: str, opts: AttackOptions,
     return out
 
 
-def disaggregate_run(view: RunView, opts: AttackOptions | None = None
+def disaggregate_run(view: RunView, opts: DisaggregateOptions | None = None
                      ) -> tuple[list[dict[str, Any]], list[str]]:
     """Records (one per label, key and client) and notes for every secure release."""
-    opts = opts or AttackOptions()
+    opts = opts or DisaggregateOptions()
     series, notes = secure_series(view)
     if not series:
         return [], ["no secure aggregate in the transcript: every upload reached the server "
@@ -232,31 +274,6 @@ def disaggregate_run(view: RunView, opts: AttackOptions | None = None
     return records, notes
 
 
-def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (label, key): how many clients are determined, the finest group, and
-    the mean error with the worst-off (best-recovered) client beside it."""
-    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in records:
-        if r.get("target") == TARGET:
-            rows.setdefault((r["label"], r["key"]), []).append(r)
-    out = []
-    for (label, key), rs in rows.items():
-        scored = [r for r in rs if r["scored"]]
-        worst = min(scored, key=lambda r: r["rel_error"]) if scored else None
-        out.append({
-            "label": label, "key": key, "kind": rs[0]["kind"], "releases": rs[0]["releases"],
-            "clients": len(rs), "determined": sum(r["determined"] for r in rs),
-            "finest_group": rs[0]["finest_group"], "public_total": rs[0]["public_total"],
-            "fit_residual": rs[0]["fit_residual"],
-            "exact": sum(bool(r["exact"]) for r in scored) if scored else None,
-            "mean_rel_error": float(np.mean([r["rel_error"] for r in scored]))
-            if scored else None,
-            "worst_client": None if worst is None else worst["client"],
-            "worst_rel_error": None if worst is None else worst["rel_error"],
-            "worst_max_abs_error": None if worst is None else worst["max_abs_error"]})
-    return out
-
-
 def audit_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The audit row's view of it: most clients determined in any (label, key), and the
     finest determined group (None: no secure release, nothing to disaggregate)."""
@@ -270,4 +287,9 @@ def audit_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 register(ReleaseAttack(NAME, plan=None, run=disaggregate_run, targets=(TARGET,),
-                       audit_columns=audit_columns))
+                       audit_columns=audit_columns, options=DisaggregateOptions,
+                       summary="Difference the run's secure sums over changing participant "
+                               "sets into per-client values (Lam et al., ICML 2021); say which "
+                               "clients and groups they determine.",
+                       console=console, figure=("disaggregation.png", plot),
+                       report=section))

@@ -1,6 +1,7 @@
 """How ``attack disaggregate`` shows its records: a table per (label, key), a verdict line
-per label, and ``disaggregation.png`` (each label's participation matrix with what it
-determines, and every scored client's error on a log scale)."""
+per label, ``disaggregation.png`` (each label's participation matrix with what it
+determines, and every scored client's error on a log scale), and its section of the run
+report (``section``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.table import Table
 
-from privfedcal.attacks.reconstruction.disaggregate_attack import summarise
+from privfedcal.attacks.release_attacks import ReportTable
 from privfedcal.plotstyle import colour, new_figure, save, styled
 
+#: the ``target`` of the disaggregation's records (``disaggregate_attack.py``)
+TARGET = "disaggregate"
 COLUMNS = ("release", "key", "sums", "determined", "finest", "total", "exact", "mean err",
            "worst-off", "worst err", "fit resid")
 
@@ -34,6 +38,31 @@ def rows(records: Sequence[dict[str, Any]]) -> list[list[str]]:
              "-" if r["worst_client"] is None else f"k{r['worst_client']}",
              _num(r["worst_rel_error"]), _num(r["fit_residual"])]
             for r in summarise(records)]
+
+
+def summarise(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (label, key): how many clients are determined, the finest group, and
+    the mean error with the worst-off (best-recovered) client beside it."""
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("target") == TARGET:
+            rows.setdefault((r["label"], r["key"]), []).append(r)
+    out = []
+    for (label, key), rs in rows.items():
+        scored = [r for r in rs if r["scored"]]
+        worst = min(scored, key=lambda r: r["rel_error"]) if scored else None
+        out.append({
+            "label": label, "key": key, "kind": rs[0]["kind"], "releases": rs[0]["releases"],
+            "clients": len(rs), "determined": sum(r["determined"] for r in rs),
+            "finest_group": rs[0]["finest_group"], "public_total": rs[0]["public_total"],
+            "fit_residual": rs[0]["fit_residual"],
+            "exact": sum(bool(r["exact"]) for r in scored) if scored else None,
+            "mean_rel_error": float(np.mean([r["rel_error"] for r in scored]))
+            if scored else None,
+            "worst_client": None if worst is None else worst["client"],
+            "worst_rel_error": None if worst is None else worst["rel_error"],
+            "worst_max_abs_error": None if worst is None else worst["max_abs_error"]})
+    return out
 
 
 def table(records: Sequence[dict[str, Any]], title: str) -> Table:
@@ -64,6 +93,25 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[str]:
             out.append(f"{label}: nothing finer than a group of {min(sizes)} clients is "
                        f"determined (of {k})")
     return out
+
+
+def console(records: Sequence[dict[str, Any]], title: str) -> tuple[Table, list[str]]:
+    """What ``attack disaggregate`` prints: its table and a verdict line per label."""
+    return table(records, title), verdicts(records)
+
+
+def section(records: Sequence[dict[str, Any]]) -> ReportTable:
+    """The run report's section: a row per (release, payload key), a verdict per release
+    (docs/privacy.md, "Disaggregation across rounds")."""
+    return ReportTable(
+        COLUMNS, rows(records),
+        numeric=tuple(c not in ("release", "key", "total", "worst-off") for c in COLUMNS),
+        notes=(*(f"{v}." for v in verdicts(records)),
+               "Determined: the sums fix the client's own value (e_i in the row space of the "
+               "participation matrix); finest: the smallest group of clients whose sum is "
+               "determined; errors under one rule for every row (relative L2 error; "
+               "worst-off: the best-recovered client)."),
+        table_id="disaggregation")
 
 
 def plot(records: Sequence[dict[str, Any]], path: Path) -> Path:

@@ -6,8 +6,8 @@ Per attacked upload and class: the analytic recovery of the class gradient's fea
 (``gradient_inversion``: the weighted-mean feature, or with the head the client used and a
 small n the n features exactly, rank-n), then feature inversion to images; and per client
 and class, the class gradients of up to ``--rounds-combined`` rounds inverted together
-(``rounds.invert_class_gradients``). ``updates=True`` adds the model-update attack
-(``updates_attack.py``) on the same run.
+(``rounds.invert_class_gradients``). The model-update attack (``updates_attack.py``) joins
+it in one ``attack invert --gradients --updates``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction.feature_inversion import (
     FeatureTarget,
     InversionResult,
@@ -33,8 +34,8 @@ from privfedcal.attacks.reconstruction.gradient_inversion import (
 from privfedcal.attacks.reconstruction.modes import eval_mode
 from privfedcal.attacks.reconstruction.rounds import invert_class_gradients_many
 from privfedcal.attacks.reconstruction.runner import (
-    AttackOptions,
     Inversion,
+    InversionOptions,
     Job,
     Plan,
     convergence_record,
@@ -43,13 +44,29 @@ from privfedcal.attacks.reconstruction.runner import (
     solve_features,
 )
 from privfedcal.attacks.reconstruction.scoring import Attacked, score
-from privfedcal.attacks.reconstruction.updates_attack import add_updates
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import Release, RunView
+from privfedcal.errors import UsageError
 from privfedcal.seeding import make_generator
 
 NAME = "gradients"
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientsOptions(InversionOptions):
+    """``attack invert --gradients``: the inversions' options, rank-n recovery and the
+    rounds combined."""
+
+    rounds_combined: int = attack_option(3, "CReFF releases of one client and class inverted "
+                                         "together (1: one release at a time).")
+    rank_max: int = attack_option(3, "Largest n for rank-n feature recovery from a class "
+                                  "gradient.", cli=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rounds_combined < 1:
+            raise UsageError("--rounds-combined must be >= 1 (1: one release at a time)")
 
 
 def _solve_rounds(invs: list[Inversion]) -> list[Any]:
@@ -141,7 +158,7 @@ def recovered_cosine(view: RunView, z: Tensor, truth_idx: Tensor,
     return float(cos[rows, cols].min())
 
 
-def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], block: Tensor,
+def _gradient_job(view: RunView, opts: GradientsOptions, state: dict[str, Tensor], block: Tensor,
                   truth_idx: Tensor, base: dict[str, Any], seed: int,
                   head: tuple[Tensor, Tensor | None] | None = None,
                   n_known: int | None = None,
@@ -198,53 +215,48 @@ def _gradient_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], 
                run_alone(view, prepare, {}), block, base, prepare)
 
 
-def plan_gradients(view: RunView, opts: AttackOptions, clients: Sequence[int] | None = None,
-                   classes: Sequence[int] | None = None, *, updates: bool = False,
-                   gradients: bool = True) -> Plan:
-    """Analytic + feature inversion of CReFF class gradients (``gradients``), and across
-    rounds with ``opts.rounds_combined`` > 1; with ``updates``, the model-update attack
-    (``updates_attack.add_updates``) on the same run."""
+def plan_gradients(view: RunView, opts: GradientsOptions, clients: Sequence[int] | None = None,
+                   classes: Sequence[int] | None = None) -> Plan:
+    """Analytic + feature inversion of CReFF class gradients, and across rounds with
+    ``opts.rounds_combined`` > 1."""
     plan = Plan(attack_batch=opts.attack_batch)
     label = release_for(NAME).label
-    has_grad = any(e["label"] == label for e in view.entries)
-    if gradients and (has_grad or not updates):
-        rel = view.release(label, opts.round)
-        head = creff_head(view, rel)
-        if head is None:
-            plan.notes.append(f"class gradients of round {rel.round}: the head CReFF sent is "
-                              "not in the transcript (written before heads were recorded), "
-                              "so no rank-n recovery (weighted-mean features); only the first "
-                              "release of a run with initial_head=global uses the sent "
-                              "model's head")
-        inputs = differentiated_inputs(view, rel)
-        for client, payload, seen in sources(view, rel, clients, plan, opts.default_clients):
-            stds = view.noise_stds(label, list(payload))
-            noisy = any(s > 0 for s in stds.values())
-            for c, inferred in classes_to_attack(view, client, payload, stds, classes, opts, plan):
-                truth = view.truth(client, c)
-                n_obs = float(payload["count"][c]) if "count" in payload else None
-                n_shown = size_of(truth) if truth is not None else (
-                    max(1, int(round(n_obs))) if n_obs is not None else 0)
-                base = {"target": "class-gradient", "client": client, "class": c,
-                        "n": n_shown, "n_observed": n_obs, "round": rel.round,
-                        "view": seen, "dp": noisy, "n_true": size_of(truth),
-                        "class_inferred": inferred}
-                tag = c + 1000 * client + 10**6 * rel.round
-                n_known = (max(1, int(round(n_obs))) if n_obs is not None and not noisy
-                           else None)
-                block = payload["grad"][c]  # a sum under sample weighting: make it a mean
-                block = block / max(n_obs, 1.0) if n_obs is not None else block
-                plan.jobs.append(_gradient_job(view, opts, rel.state, block, truth,
-                                               base, tag, head=None if noisy else head,
-                                               n_known=n_known, inputs=inputs))
-        if opts.rounds_combined > 1:
-            _plan_rounds(view, opts, rel, clients, classes, plan)
-    if updates:
-        add_updates(view, opts, clients, plan, near=label if has_grad else None)
+    rel = view.release(label, opts.round)
+    head = creff_head(view, rel)
+    if head is None:
+        plan.notes.append(f"class gradients of round {rel.round}: the head CReFF sent is "
+                          "not in the transcript (written before heads were recorded), "
+                          "so no rank-n recovery (weighted-mean features); only the first "
+                          "release of a run with initial_head=global uses the sent "
+                          "model's head")
+    inputs = differentiated_inputs(view, rel)
+    for client, payload, seen in sources(view, rel, clients, plan, opts.default_clients):
+        stds = view.noise_stds(label, list(payload))
+        noisy = any(s > 0 for s in stds.values())
+        for c, inferred in classes_to_attack(view, client, payload, stds, classes, opts, plan,
+                                                label=label):
+            truth = view.truth(client, c)
+            n_obs = float(payload["count"][c]) if "count" in payload else None
+            n_shown = size_of(truth) if truth is not None else (
+                max(1, int(round(n_obs))) if n_obs is not None else 0)
+            base = {"target": "class-gradient", "client": client, "class": c,
+                    "n": n_shown, "n_observed": n_obs, "round": rel.round,
+                    "view": seen, "dp": noisy, "n_true": size_of(truth),
+                    "class_inferred": inferred}
+            tag = c + 1000 * client + 10**6 * rel.round
+            n_known = (max(1, int(round(n_obs))) if n_obs is not None and not noisy
+                       else None)
+            block = payload["grad"][c]  # a sum under sample weighting: make it a mean
+            block = block / max(n_obs, 1.0) if n_obs is not None else block
+            plan.jobs.append(_gradient_job(view, opts, rel.state, block, truth,
+                                           base, tag, head=None if noisy else head,
+                                           n_known=n_known, inputs=inputs))
+    if opts.rounds_combined > 1:
+        _plan_rounds(view, opts, rel, clients, classes, plan)
     return plan
 
 
-def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
+def _plan_rounds(view: RunView, opts: GradientsOptions, last: Release,
                  clients: Sequence[int] | None, classes: Sequence[int] | None,
                  plan: Plan) -> None:
     """One job per attacked (client, class) that combines the client's class gradients of
@@ -292,7 +304,7 @@ def _plan_rounds(view: RunView, opts: AttackOptions, last: Release,
                                          c + 1000 * client + 10**6 * last.round + 7))
 
 
-def _rounds_job(view: RunView, opts: AttackOptions, rels: list[Release], blocks: list[Tensor],
+def _rounds_job(view: RunView, opts: GradientsOptions, rels: list[Release], blocks: list[Tensor],
                 truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
     def prepare() -> tuple[Inversion, Callable[[Any, float], Attacked]]:
         heads = [creff_head(view, r) for r in rels]
@@ -342,11 +354,11 @@ def keep(key: str, c: int) -> tuple:
 
 
 register(ReleaseAttack(NAME, plan_gradients, task=task, clip="class-gradient", keep=keep,
-                       canary_keys=("grad",),
-                       # model updates (updates_attack.py) are attacked alongside
-                       targets=("class-gradient", "class-gradient-rounds", "model-update"),
+                       canary_keys=("grad",), options=GradientsOptions,
+                       summary="Invert CReFF class gradients.",
+                       targets=("class-gradient", "class-gradient-rounds"),
                        # gradient matching and head retraining shortened for the sweep
                        audit_params={"match_steps": 50, "retrain_steps": 100}))
 
-__all__ = ["NAME", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
+__all__ = ["NAME", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
            "recovered_cosine", "task"]

@@ -41,8 +41,15 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
            "feature_cosine", "class_inference_accuracy", "disaggregated", "finest_group",
            "epsilon_spent", "prior_psnr",
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
-#: the calibrators whose releases an attack targets (their ``ReleaseSpec.attack``)
-ATTACKED_CALIBRATORS = attacked_calibrators()
+
+
+def __getattr__(name: str) -> object:
+    """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (their
+    ``ReleaseSpec.attack``), read from the registries when asked (PEP 562), so that one
+    registered after this module's import is audited too."""
+    if name == "ATTACKED_CALIBRATORS":
+        return attacked_calibrators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -111,9 +118,10 @@ def _mean(values: list[float]) -> float:
 def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                 on_job: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train and attack one setting; returns its row (``note`` says why a row is empty)."""
-    from privfedcal.attacks.reconstruction.runner import AttackOptions, execute, load_run
+    from privfedcal.attacks.attack_options import options_from
+    from privfedcal.attacks.reconstruction.runner import execute, load_run
     from privfedcal.attacks.reconstruction.scoring import worst_case, write_records
-    from privfedcal.attacks.reconstruction.uploads import infer_class_sets
+    from privfedcal.attacks.reconstruction.uploads import ClassesOptions, infer_class_sets
     from privfedcal.attacks.release_attacks import attacks_of, run_attacks
     from privfedcal.config import RunConfig
     from privfedcal.experiment import build_simulator
@@ -128,7 +136,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                         local_epochs=config.local_epochs, seed=config.seed,
                         device=config.device, threads=1, dp_eps=setting.eps,
                         secagg=setting.secagg, out=str(run_dir))
-        if cfg.calibrator not in ATTACKED_CALIBRATORS:
+        if cfg.calibrator not in attacked_calibrators():
             return {**row, "note": f"skipped: {setting.method} uploads no calibration payload "
                                    "(nothing to attack)"}
         # the calibrator's server-side work cut to what its attacks need (ReleaseAttack)
@@ -141,21 +149,22 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
     row.update(accuracy=summary["accuracy"],
                epsilon_spent=privacy.get("epsilon_spent", math.inf))
     view = load_run(run_dir, exp=sim.exp)
-    opts = AttackOptions(steps=config.steps, restarts=config.restarts, raw_samples=0,
-                         attack_batch=config.attack_batch,
-                         max_n=config.max_n, seed=config.seed,
-                         default_clients=config.attack_clients, known_classes=True)
+    # every attack's options type takes the settings it has of these
+    values = dict(steps=config.steps, restarts=config.restarts, raw_samples=0,
+                  attack_batch=config.attack_batch, max_n=config.max_n, seed=config.seed,
+                  default_clients=config.attack_clients, known_classes=True)
     try:
         # the attack on each release the calibrator declares (release_attacks.py)
-        plan, *more = [attack.plan(view, opts) for _, attack in attacks_of(sim.calibrator)]
+        plan, *more = [attack.plan(view, options_from(attack.options, values))
+                       for _, attack in attacks_of(sim.calibrator)]
         for other in more:
             plan.jobs += other.jobs
             plan.notes += other.notes
         results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
-        class_records, class_notes = infer_class_sets(view, opts)
+        class_records, class_notes = infer_class_sets(view, options_from(ClassesOptions, values))
         whole_records, whole = [], {}
         for attack in run_attacks():  # attacks on the run as a whole (disaggregation)
-            found, _ = attack.run(view, opts)
+            found, _ = attack.run(view, options_from(attack.options, values))
             whole_records += found
             if attack.audit_columns is not None:
                 whole.update(attack.audit_columns(found))

@@ -14,7 +14,8 @@ images). Without it (a copy of ``server/`` alone) every attack runs, unscored, a
 baselines are left out with a note. Side knowledge an attack takes beyond the server's view
 is named in its record (``needed``, ``class_inferred``).
 
-Here: what a plan is (``Job``, ``Inversion``, ``Plan``), the attack options, and
+Here: what a plan is (``Job``, ``Inversion``, ``Plan``), the options every inversion
+attack shares (``InversionOptions``; each attack extends them in its own file), and
 ``execute``, which batches the inversions of a plan, reports its progress in optimisation
 steps (``Progress``) and, when interrupted, hands back the targets it finished
 (``Stopped``; ``resume.py`` keeps them in a partial attack.json). Scoring is in
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction.engine import reporting
 from privfedcal.attacks.reconstruction.feature_inversion import (
     DEFAULT_ATTACK_BATCH,
@@ -61,27 +63,25 @@ from privfedcal.seeding import make_generator
 
 
 @dataclass(frozen=True)
-class AttackOptions:
-    """What to attack and how hard. ``raw_samples=0`` drops the raw-feature baseline."""
+class InversionOptions:
+    """How hard an inversion attack works and on what: the options every attack that
+    inverts (``stats``, ``gradients``, ``updates``) shares; each extends it with its own."""
 
-    steps: int = DEFAULT_MAX_STEPS  # cap; inversions stop at convergence (InversionConfig)
-    restarts: int = 4
-    raw_samples: int = 3  # real images per (client, class) for the raw-feature baseline
-    max_n: int = 256  # class-stats batches above this many images are skipped (noted)
-    update_batch: int = 4  # local batch of the simulated model update
-    rank_max: int = 3  # largest n for rank-n feature recovery from a class gradient
-    rounds_combined: int = 3  # CReFF releases whose class gradients are inverted together
-    default_clients: int = 2  # clients attacked when none are named (the first uploaders)
-    known_classes: bool = False  # also attack held classes the upload hides (side knowledge)
-    round: int | None = None  # release round to attack; None: the last one
-    seed: int = 0
-    false_positive_rate: float = 1e-3  # class inference under DP noise
-    # feature inversions optimised together per batch (engine.py); 1: one at a time
-    attack_batch: int = DEFAULT_ATTACK_BATCH
-    # disaggregation (disaggregate_attack.py): releases per window over which a changing
-    # value is taken as constant (0: the whole run), and whether public totals join
-    window: int = 0
-    public_totals: bool = True
+    steps: int = attack_option(DEFAULT_MAX_STEPS, "Step cap per inversion (each stops "
+                               "earlier once converged); lower it for a quick look.")
+    restarts: int = attack_option(4, "Random restarts per inversion (best kept).")
+    attack_batch: int = attack_option(DEFAULT_ATTACK_BATCH, "Targets optimised together per "
+                                      "batch (1: one at a time; same results, more memory).")
+    round: int | None = attack_option(None, "Release round (default: the last).")
+    max_n: int = attack_option(256, "Largest batch of a client's class to invert (larger "
+                               "ones are skipped, noted).")
+    known_classes: bool = attack_option(False, "Also attack held classes that noise hides "
+                                        "(attacker knows the label set).")
+    seed: int = attack_option(0, "Seed of the attacks (and of the quick run).")
+    #: clients attacked when none are named (the first uploaders); the sweep sets it
+    default_clients: int = attack_option(2, "Clients attacked when none are named.", cli=False)
+    false_positive_rate: float = attack_option(1e-3, "Per-class false-positive rate of the "
+                                               "class inference under DP noise.", cli=False)
 
     def __post_init__(self) -> None:
         # 0 steps would score the random start as the attack's result ("nothing leaked")
@@ -89,10 +89,8 @@ class AttackOptions:
             raise UsageError(f"attacks need --steps >= 1 and --restarts >= 1 (got --steps "
                              f"{self.steps}, --restarts {self.restarts}): with none the random "
                              "start would be reported as the attack's result")
-        if self.raw_samples < 0 or self.max_n < 1 or self.update_batch < 1:
-            raise UsageError("need --raw-samples >= 0, --max-n >= 1 and --update-batch >= 1")
-        if self.rounds_combined < 1:
-            raise UsageError("--rounds-combined must be >= 1 (1: one release at a time)")
+        if self.max_n < 1:
+            raise UsageError(f"--max-n must be >= 1, got {self.max_n}")
         if self.default_clients < 1:
             raise UsageError("at least one client must be attacked")
         if self.attack_batch < 1:
@@ -100,8 +98,6 @@ class AttackOptions:
                              f"{self.attack_batch}")
         if not 0 < self.false_positive_rate < 1:
             raise UsageError("the false-positive rate must be in (0, 1)")
-        if self.window < 0:
-            raise UsageError(f"--window must be >= 0 (0: the whole run), got {self.window}")
 
     @property
     def inversion(self) -> InversionConfig:
@@ -186,7 +182,7 @@ def run_alone(view: RunView, prepare: Prepare, shared: dict[Any, Any]) -> Callab
     return run
 
 
-def inversion_job(view: RunView, opts: AttackOptions, state: dict[str, Tensor], target,
+def inversion_job(view: RunView, opts: InversionOptions, state: dict[str, Tensor], target,
                    truth_idx: Tensor, base: dict[str, Any], seed: int, *, paired: bool,
                    extractor: FeatureClassifier | None = None,
                    shared: dict[Any, Any] | None = None) -> Job:

@@ -10,22 +10,44 @@ come from the noisy sums (``noisy_stats_to_moments``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
+from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction.feature_inversion import FeatureTarget
-from privfedcal.attacks.reconstruction.runner import AttackOptions, Plan, inversion_job, size_of
+from privfedcal.attacks.reconstruction.runner import (
+    InversionOptions,
+    Plan,
+    inversion_job,
+    size_of,
+)
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import RunView, UploadedFeatures
+from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
 
 NAME = "stats"
 
 
-def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None = None,
+@dataclasses.dataclass(frozen=True)
+class StatsOptions(InversionOptions):
+    """``attack invert --stats``: the inversions' options and the raw-feature baseline."""
+
+    raw_samples: int = attack_option(3, "Real images per client/class for the raw-feature "
+                                     "baseline (0: none).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.raw_samples < 0:
+            raise UsageError(f"--raw-samples must be >= 0 (0: no baseline), got "
+                             f"{self.raw_samples}")
+
+
+def plan_stats(view: RunView, opts: StatsOptions, clients: Sequence[int] | None = None,
                classes: Sequence[int] | None = None) -> Plan:
     """Raw-feature baseline, class-mean and class-stats inversion of a CCVR release."""
     from privfedcal.calibration.stats import ClassStats
@@ -43,7 +65,8 @@ def plan_stats(view: RunView, opts: AttackOptions, clients: Sequence[int] | None
         else:
             st = ClassStats.from_payload(dict(payload))
             count, mean, cov = st.count, st.mean(), st.covariance()
-        for c, inferred in classes_to_attack(view, client, payload, stds, classes, opts, plan):
+        for c, inferred in classes_to_attack(view, client, payload, stds, classes, opts, plan,
+                                                label=label):
             truth = view.truth(client, c)
             n = max(1, int(round(float(count[c]))))
             base = {"client": client, "class": c, "round": rel.round, "view": seen,
@@ -110,7 +133,8 @@ def keep(key: str, c: int) -> tuple:
 
 
 register(ReleaseAttack(NAME, plan_stats, task=task, clip="feature", keep=keep,
-                       canary_keys=("sum", "outer"),
+                       canary_keys=("sum", "outer"), options=StatsOptions,
+                       summary="Invert CCVR class statistics (and means).",
                        targets=("raw-feature", "class-mean", "class-stats")))
 
-__all__ = ["NAME", "keep", "plan_stats", "task", "uploaded_extractor"]
+__all__ = ["NAME", "StatsOptions", "keep", "plan_stats", "task", "uploaded_extractor"]

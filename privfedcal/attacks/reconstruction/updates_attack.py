@@ -5,8 +5,10 @@ A recorded per-client update is inverted through simulated multi-step local trai
 the recorded recipe (``model_updates.invert_model_update``); a transcript without one gets
 the hypothetical baseline of a simulated one-step update on a few of a client's images
 (``model_updates.invert_update``). Securely aggregated updates are not attacked (the sum
-mixes every participant). Model updates are the uplink's own release, not a calibrator's,
-so this file registers no release attack: ``gradients_attack.plan_gradients`` adds it.
+mixes every participant). Model updates are the uplink's own release, not a calibrator's:
+the attack ``updates`` registers with no release of its own and joins ``gradients`` (the
+simulated update is taken at the model state of the class-gradient release when the run
+has one).
 """
 
 from __future__ import annotations
@@ -20,26 +22,46 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction.model_updates import (
     LocalRecipe,
     invert_model_update,
     invert_update,
 )
 from privfedcal.attacks.reconstruction.runner import (
-    AttackOptions,
+    InversionOptions,
     Job,
     Plan,
     convergence_record,
     size_of,
 )
 from privfedcal.attacks.reconstruction.scoring import Attacked, score
+from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import Release, RunView
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 from privfedcal.seeding import make_generator
 
+NAME = "updates"
+#: the attacks this one runs beside in one ``attack invert`` (their release's model state
+#: is the one a simulated update starts from)
+JOINS = ("gradients",)
 
-def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -> Job:
+
+@dataclasses.dataclass(frozen=True)
+class UpdatesOptions(InversionOptions):
+    """``attack invert --updates``: the inversions' options and the simulated update's
+    batch."""
+
+    update_batch: int = attack_option(4, "Local batch of the simulated model update.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.update_batch < 1:
+            raise UsageError(f"--update-batch must be >= 1, got {self.update_batch}")
+
+
+def _update_job(view: RunView, opts: UpdatesOptions, rel: Release, client: int) -> Job:
     """The server's view of one local SGD step (lr of the run, plain cross-entropy, train
     mode) on ``update_batch`` of the client's images, then Geiping et al.'s inversion."""
 
@@ -75,7 +97,7 @@ def _update_job(view: RunView, opts: AttackOptions, rel: Release, client: int) -
                {"target": "model-update", "client": client, "round": rel.round})
 
 
-def _recorded_update_job(view: RunView, opts: AttackOptions, round_: int,
+def _recorded_update_job(view: RunView, opts: UpdatesOptions, round_: int,
                          start: dict[str, Tensor], entry: dict[str, Any]) -> Job:
     """Invert one client's recorded model update (labels first, multi-step local training
     simulated with the recorded recipe; ``model_updates.invert_model_update``)."""
@@ -143,7 +165,7 @@ def updates_aggregated(view: RunView) -> bool:
     return bool(views) and "plain-upload" not in views
 
 
-def plan_updates(view: RunView, opts: AttackOptions,
+def plan_updates(view: RunView, opts: UpdatesOptions,
                  clients: Sequence[int] | None = None) -> Plan:
     """Inversion of the per-client model updates the transcript records (label
     ``model-update``, view ``plain-upload``) against the round's global state (label
@@ -181,7 +203,7 @@ def plan_updates(view: RunView, opts: AttackOptions,
     return plan
 
 
-def add_updates(view: RunView, opts: AttackOptions, clients: Sequence[int] | None, plan: Plan,
+def add_updates(view: RunView, opts: UpdatesOptions, clients: Sequence[int] | None, plan: Plan,
                 *, near: str | None) -> None:
     """Add to ``plan`` the inversion of the per-client model updates the transcript records,
     else of a simulated local model update of each attacked client (model updates are never
@@ -190,12 +212,9 @@ def add_updates(view: RunView, opts: AttackOptions, clients: Sequence[int] | Non
     the transcript records a state for)."""
     if updates_aggregated(view):
         # no simulated update either: it would stand in for an upload the server never saw
-        message = (f"the model updates of {view.run_dir} were securely aggregated "
-                   "(--secagg-updates): there is no per-client update to attack, only the "
-                   "aggregate of every participant's")
-        if not plan.jobs:
-            raise UsageError(message)
-        plan.notes.append(message)
+        plan.notes.append(f"the model updates of {view.run_dir} were securely aggregated "
+                          "(--secagg-updates): there is no per-client update to attack, only "
+                          "the aggregate of every participant's")
         return
     recorded = plan_updates(view, opts, clients)
     if recorded.jobs:
@@ -219,4 +238,24 @@ def add_updates(view: RunView, opts: AttackOptions, clients: Sequence[int] | Non
         plan.jobs.append(_update_job(view, opts, rel, c))
 
 
-__all__ = ["add_updates", "plan_updates", "updates_aggregated"]
+def plan_model_updates(view: RunView, opts: UpdatesOptions,
+                       clients: Sequence[int] | None = None,
+                       classes: Sequence[int] | None = None) -> Plan:
+    """``attack invert --updates``: the recorded per-client updates, else a simulated one
+    at the model state of the release of an attack it joins (``JOINS``) when the run made
+    one; ``classes`` does not apply (an update mixes every class a client holds)."""
+    plan = Plan(attack_batch=opts.attack_batch)
+    labels = {e["label"] for e in view.entries}
+    near = next((label for label in (release_for(n).label for n in JOINS) if label in labels),
+                None)
+    add_updates(view, opts, clients, plan, near=near)
+    return plan
+
+
+register(ReleaseAttack(NAME, plan_model_updates, options=UpdatesOptions, joins=JOINS,
+                       summary="Invert the recorded per-client model updates (a simulated one "
+                               "if the transcript has none); alone or with --gradients.",
+                       targets=("model-update",)))
+
+__all__ = ["JOINS", "NAME", "UpdatesOptions", "add_updates", "plan_model_updates",
+           "plan_updates", "updates_aggregated"]

@@ -4,17 +4,36 @@ upload, or the aggregate under secure aggregation) and which classes it holds; a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from privfedcal.attacks.reconstruction.class_inference import infer_classes, score_class_sets
-from privfedcal.attacks.reconstruction.runner import AttackOptions, Plan
+from privfedcal.attacks.attack_options import attack_option
+from privfedcal.attacks.reconstruction.class_inference import (
+    infer_classes,
+    key_tests,
+    score_class_sets,
+)
+from privfedcal.attacks.reconstruction.runner import InversionOptions, Plan
 from privfedcal.attacks.release_attacks import declared_releases
-from privfedcal.attacks.view import Release, RunView
+from privfedcal.attacks.view import Release, RunView, release_spec
 from privfedcal.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassesOptions:
+    """``attack classes``: the class-set inference's false-positive rate."""
+
+    false_positive_rate: float = attack_option(1e-3, "Per-class false-positive rate under DP "
+                                               "noise.")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.false_positive_rate < 1:
+            raise UsageError(f"--false-positive-rate must be in (0, 1), got "
+                             f"{self.false_positive_rate}")
 
 
 def sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: Plan,
@@ -44,12 +63,12 @@ def sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: Pl
 
 
 def classes_to_attack(view: RunView, client: int | None, payload: dict[str, Tensor], stds: dict,
-             wanted: Sequence[int] | None, opts: AttackOptions,
-             plan: Plan) -> list[tuple[int, bool]]:
+             wanted: Sequence[int] | None, opts: InversionOptions,
+             plan: Plan, *, label: str) -> list[tuple[int, bool]]:
     """``(class, inferred)`` pairs to attack: classes the upload shows present (and the
     client holds: a false positive cannot be scored), plus, with ``known_classes``, held
     classes the upload hides (``inferred`` False: the attacker's side knowledge)."""
-    present, _ = infer_classes(payload, noise_std=stds,
+    present, _ = infer_classes(payload, tests=key_tests(release_spec(label)), noise_std=stds,
                                false_positive_rate=opts.false_positive_rate)
     who = "the federation" if client is None else f"client {client}"
     if opts.known_classes and not view.scored:
@@ -79,7 +98,7 @@ def classes_to_attack(view: RunView, client: int | None, payload: dict[str, Tens
     return out
 
 
-def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str, Any]], list[str]]:
+def infer_class_sets(view: RunView, opts: ClassesOptions | InversionOptions) -> tuple[list[dict[str, Any]], list[str]]:
     """Every client's class set (and counts, when uploaded) from every calibration release,
     scored against the partition; under secure aggregation only the federation's."""
     records: list[dict[str, Any]] = []
@@ -89,8 +108,10 @@ def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str,
     if truth is None:
         notes.append("unscored: the clients' class counts are on the experimenter's side of "
                      "the run folder, not in the server's view")
-    labels = [r.label for r in declared_releases()]  # every calibrator's, by calibrator name
-    for label in labels:
+    specs = declared_releases()  # every calibrator's, by calibrator name
+    labels = [spec.label for spec in specs]
+    for spec in specs:
+        label = spec.label
         for rel in view.releases(label):
             if rel.uploads:
                 sources = [(c, p, "plain-upload", None if truth is None else truth[c])
@@ -106,7 +127,7 @@ def infer_class_sets(view: RunView, opts: AttackOptions) -> tuple[list[dict[str,
                 continue
             for client, payload, seen, true_counts in sources:
                 stds = view.noise_stds(label, list(payload))
-                pred = infer_classes(payload, noise_std=stds,
+                pred = infer_classes(payload, tests=key_tests(spec), noise_std=stds,
                                      false_positive_rate=opts.false_positive_rate)
                 known = true_counts is not None
                 records.append({

@@ -18,8 +18,12 @@ import pytest
 import torch
 from scipy.linalg import null_space
 
-from privfedcal.attacks.reconstruction.disaggregate_attack import disaggregate_run, summarise
-from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
+from privfedcal.attacks.reconstruction.disaggregate_attack import (
+    DisaggregateOptions,
+    disaggregate_run,
+    summarise,
+)
+from privfedcal.attacks.reconstruction.runner import load_run
 from privfedcal.attacks.release_attacks import release_attack, run_attacks, target_order
 from privfedcal.cli.main import main
 
@@ -86,7 +90,7 @@ def test_sums_over_changing_participants_give_every_count_and_size_exactly(runs)
     assert any("public total of 'count'" in n for n in notes)
     # without the public totals: exactly the clients whose e_i is in the row space of the
     # rounds' participant sets (scipy's null space, from the round records)
-    bare, _ = disaggregate_run(view, AttackOptions(public_totals=False))
+    bare, _ = disaggregate_run(view, DisaggregateOptions(public_totals=False))
     sets = [e["participants"] for e in view.entries if e["label"] == "round"]
     a = np.zeros((len(sets), 4))
     for i, s in enumerate(sets):
@@ -126,7 +130,7 @@ def test_cohorts_leave_nothing_finer_than_a_cohort(runs, tmp_path):
         assert not r["determined"] or r["exact"] in (True, None)
     # the server's view alone: the same determinations, unscored
     view = shutil.copytree(runs / "secure" / "server", tmp_path / "server")
-    alone, notes = release_attack("disaggregate").run(load_run(view), AttackOptions())
+    alone, notes = release_attack("disaggregate").run(load_run(view), DisaggregateOptions())
     assert all(r["scored"] is False for r in alone) and any("unscored" in n for n in notes)
     assert [(r["key"], r["client"], r["determined"], r["group"]) for r in alone] == [
         (r["key"], r["client"], r["determined"], r["group"]) for r in records]

@@ -11,6 +11,7 @@ import torch
 
 from privfedcal.attacks.distinguishing.channels import FeatureMap
 from privfedcal.attacks.reconstruction import gradients_attack
+from privfedcal.attacks.reconstruction.gradients_attack import GradientsOptions
 from privfedcal.attacks.release_attacks import release_attack, release_for
 from privfedcal.calibration.creff import CREFF_RELEASE, CReFF, CReFFParams, GradTask
 from privfedcal.privacy.bound import NoBound
@@ -114,13 +115,13 @@ def test_records_score_the_features_the_clients_differentiated(dsa_view):
     recovery against the augmented image's feature) and ``feature_cosine`` against the
     same features, not the original images'."""
     from privfedcal.attacks.reconstruction.metrics import feature_cosine
-    from privfedcal.attacks.reconstruction.runner import AttackOptions, execute
+    from privfedcal.attacks.reconstruction.runner import execute
 
     view = dsa_view
     rel = view.release(CREFF_RELEASE, None)
     inputs = gradients_attack.differentiated_inputs(view, rel)
     plan = gradients_attack.plan_gradients(
-        view, AttackOptions(steps=5, restarts=1, raw_samples=0, rounds_combined=1),
+        view, GradientsOptions(steps=5, restarts=1, rounds_combined=1),
         clients=sorted(rel.uploads))
     singles = [i for i, j in enumerate(plan.jobs) if j.base["n_true"] == 1]
     assert singles

@@ -18,16 +18,16 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from privfedcal.attacks.reconstruction.gradients_attack import plan_gradients
+from privfedcal.attacks.reconstruction.gradients_attack import GradientsOptions, plan_gradients
 from privfedcal.attacks.reconstruction.runner import (
-    AttackOptions,
     RunView,
     UploadedFeatures,
     execute,
     load_run,
 )
 from privfedcal.attacks.reconstruction.scoring import score
-from privfedcal.attacks.reconstruction.stats_attack import plan_stats
+from privfedcal.attacks.reconstruction.stats_attack import StatsOptions, plan_stats
+from privfedcal.attacks.reconstruction.updates_attack import UpdatesOptions, plan_model_updates
 from privfedcal.attacks.reconstruction.uploads import infer_class_sets
 from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.calibration.creff import CREFF_RELEASE as GRAD_LABEL
@@ -36,7 +36,8 @@ from privfedcal.errors import UsageError
 
 FAST = ["--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]
-TINY = AttackOptions(steps=5, restarts=1, raw_samples=1)
+TINY = StatsOptions(steps=5, restarts=1, raw_samples=1)
+TINY_GRAD = GradientsOptions(steps=5, restarts=1)
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +173,7 @@ def secagg_copy(view: RunView, dest: Path) -> Path:
 
 def test_secure_aggregation_attacks_the_federation_statistics(ccvr_view, tmp_path):
     view = load_run(secagg_copy(ccvr_view, tmp_path / "sa"), exp=ccvr_view.truth_exp)
-    plan = plan_stats(view, AttackOptions(raw_samples=0), clients=[0])
+    plan = plan_stats(view, StatsOptions(raw_samples=0), clients=[0])
     assert any("secure aggregation" in n and "client(s) 0 only" in n for n in plan.notes)
     totals, own = ccvr_view.truth_exp.counts.sum(0), ccvr_view.truth_exp.counts[0]
     # the aggregate is attacked for the classes client 0 holds, and scored on ITS images
@@ -229,8 +230,8 @@ def test_prior_is_scored_by_the_same_rule(ccvr_view):
 def test_class_gradients_and_update(creff_view):
     rel = creff_view.release(GRAD_LABEL, None)
     assert rel.round == 2
-    opts = AttackOptions(steps=5, restarts=1, update_batch=1)
-    recorded = plan_gradients(creff_view, opts, clients=[0], updates=True)
+    opts = UpdatesOptions(steps=5, restarts=1, update_batch=1)
+    recorded = plan_model_updates(creff_view, opts, clients=[0])
     (up,) = [j for j in recorded.jobs if j.base["target"] == "model-update"]
     assert up.base["view"] == "plain-upload" and up.base["round"] == 2
     assert up.base["n"] == int(creff_view.truth_exp.counts[0].sum())  # the weight FedAvg used
@@ -239,7 +240,10 @@ def test_class_gradients_and_update(creff_view):
 
     older = dataclasses.replace(creff_view, entries=[
         e for e in creff_view.entries if e["label"] not in ("model-update", "round")])
-    plan = plan_gradients(older, opts, clients=[0], updates=True)
+    plan = plan_gradients(older, TINY_GRAD, clients=[0])
+    updates = plan_model_updates(older, opts, clients=[0])
+    plan.jobs += updates.jobs
+    plan.notes += updates.notes
     assert any("records no model updates" in n for n in plan.notes)
     grads = [j for j in plan.jobs if j.base["target"] == "class-gradient"]
     assert [j.base["class"] for j in grads] == \
@@ -275,7 +279,7 @@ def test_user_errors(ccvr_view, tmp_path):
     with pytest.raises(UsageError, match="no transcript"):
         load_run(tmp_path)
     with pytest.raises(UsageError, match="steps"):
-        AttackOptions(steps=-1)
+        StatsOptions(steps=-1)
 
 
 def test_creff_head_is_recorded_with_every_release(creff_view):
@@ -304,7 +308,7 @@ def test_creff_head_is_recorded_with_every_release(creff_view):
             mean = g[d.y_train[idx] == c].mean(0)
             assert torch.allclose(rel.uploads[0]["grad"][c].double(), mean, atol=1e-5)
     assert not torch.equal(rels[0].task["head.weight"], rels[1].task["head.weight"])
-    plan = plan_gradients(creff_view, TINY, clients=[0])
+    plan = plan_gradients(creff_view, TINY_GRAD, clients=[0])
     assert not any("not in the transcript" in n for n in plan.notes)
 
     def with_head(kind):
@@ -325,7 +329,7 @@ def test_class_gradients_across_rounds_job(creff_view):
     what it needed and its convergence; ``rounds_combined=1`` plans none."""
     import dataclasses
 
-    opts = dataclasses.replace(TINY, rounds_combined=2)
+    opts = dataclasses.replace(TINY_GRAD, rounds_combined=2)
     counts = creff_view.truth_exp.counts[0]
     # n from the gradient's rank (client weighting uploads no count): a class of < C - 1
     small = [c for c in range(10) if 1 <= int(counts[c]) < 9]
@@ -345,7 +349,7 @@ def test_class_gradients_across_rounds_job(creff_view):
     assert rec["mode"] == "class-gradients-across-rounds" and rec["steps_run"] <= 5
     assert "the model state and head sent in every combined round" in rec["needed"]
     assert {"psnr", "psnr_best", "nearest_is_true"} <= set(rec)
-    one = plan_gradients(creff_view, dataclasses.replace(TINY, rounds_combined=1),
+    one = plan_gradients(creff_view, dataclasses.replace(TINY_GRAD, rounds_combined=1),
                          clients=[0], classes=small[:1])
     assert not [j for j in one.jobs if j.base["target"] == "class-gradient-rounds"]
 
@@ -358,9 +362,10 @@ def test_batched_execute_equals_one_job_at_a_time(ccvr_view, creff_view, kind):
     rank-n, across rounds), different image counts in one batch."""
     import dataclasses
 
-    opts = AttackOptions(steps=120, restarts=2, raw_samples=2, rounds_combined=2)
     view = ccvr_view if kind == "stats" else creff_view
-    plan = plan_stats(view, opts) if kind == "stats" else plan_gradients(view, opts)
+    plan = (plan_stats(view, StatsOptions(steps=120, restarts=2, raw_samples=2))
+            if kind == "stats" else
+            plan_gradients(view, GradientsOptions(steps=120, restarts=2, rounds_combined=2)))
     assert plan.attack_batch > 1 and len(plan.jobs) >= 4
     assert len({j.base["target"] for j in plan.jobs}) >= 2
     batched = execute(plan)
@@ -374,14 +379,14 @@ def test_batched_execute_equals_one_job_at_a_time(ccvr_view, creff_view, kind):
         assert rb["feature_error"] == pytest.approx(ra["feature_error"], rel=1e-3, abs=1e-6)
         torch.testing.assert_close(b.recon, a.recon, rtol=0, atol=1e-4)
     with pytest.raises(UsageError, match="attack-batch"):
-        AttackOptions(attack_batch=0)
+        StatsOptions(attack_batch=0)
 
 
 def test_execute_reports_optimisation_steps_up_to_the_total(ccvr_view):
     """Progress counts restart-steps, never goes back, and ends at its total: the planned
     steps x restarts of every inversion (none stops early in 7 steps: no check before
     the 100th), with every target done and an ETA once steps ran."""
-    opts = AttackOptions(steps=7, restarts=2, raw_samples=1)
+    opts = StatsOptions(steps=7, restarts=2, raw_samples=1)
     plan = plan_stats(ccvr_view, opts, clients=[0])
     seen = []
     execute(plan, on_progress=seen.append)
@@ -399,7 +404,7 @@ def test_interrupted_execute_keeps_finished_targets_and_resumes(ccvr_view):
     targets; ``done=`` runs only the others, and the results are those of one run."""
     from privfedcal.attacks.reconstruction.runner import Stopped
 
-    opts = AttackOptions(steps=7, restarts=1, raw_samples=1, attack_batch=2)
+    opts = StatsOptions(steps=7, restarts=1, raw_samples=1, attack_batch=2)
     plan = plan_stats(ccvr_view, opts, clients=[0])
     whole = execute(plan)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from privfedcal.attacks.reconstruction.runner import AttackOptions, RunView, load_run
-from privfedcal.attacks.reconstruction.updates_attack import plan_updates
+from privfedcal.attacks.reconstruction.runner import RunView, load_run
+from privfedcal.attacks.reconstruction.updates_attack import UpdatesOptions, plan_updates
 from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.cli.main import main
 from privfedcal.errors import UsageError
@@ -61,7 +61,7 @@ def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Pat
 def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     run, _ = updates_copy(ccvr_view, tmp_path / "up")
     view = load_run(run, exp=ccvr_view.truth_exp)
-    plan = plan_updates(view, AttackOptions(steps=2, restarts=1))
+    plan = plan_updates(view, UpdatesOptions(steps=2, restarts=1))
     (job,) = plan.jobs
     n = int(ccvr_view.truth_exp.parts[0].numel())
     assert job.base["client"] == 0 and job.base["n"] == n and job.base["round"] == 1
@@ -70,14 +70,14 @@ def test_recorded_model_updates_are_attacked(ccvr_view, tmp_path):
     assert rec["target"] == "model-update" and rec["candidates"] == n
     assert rec["steps_run"] == 2 and isinstance(rec["label_count_error"], int)
     with pytest.raises(UsageError, match="sent no model update"):
-        plan_updates(view, AttackOptions(), clients=[7])  # the run has clients 0-2
+        plan_updates(view, UpdatesOptions(), clients=[7])  # the run has clients 0-2
     # a transcript without recorded updates (older runs): noted, the simulated one is used
     bare = tmp_path / "bare"
     shutil.copytree(ccvr_view.run_dir, bare)
     index = bare / "server" / "transcript" / "index.json"
     index.write_text(json.dumps([e for e in json.loads(index.read_text())
                                  if e["label"] != "model-update"]))
-    plain = plan_updates(load_run(bare, exp=ccvr_view.truth_exp), AttackOptions())
+    plain = plan_updates(load_run(bare, exp=ccvr_view.truth_exp), UpdatesOptions())
     assert not plain.jobs and "records no model updates" in plain.notes[0]
 
 
@@ -95,6 +95,6 @@ def test_uniform_dp_sgd_weight_is_not_taken_for_a_sample_count(ccvr_view, tmp_pa
     for dp_train, want_n in ((False, 1), (True, n)):
         config["dp_train"] = dp_train
         (run / "server" / "config.json").write_text(json.dumps(config))
-        (job,) = plan_updates(load_run(run, exp=ccvr_view.truth_exp), AttackOptions(steps=2)).jobs
+        (job,) = plan_updates(load_run(run, exp=ccvr_view.truth_exp), UpdatesOptions(steps=2)).jobs
         assert job.base["n"] == want_n and job.base["dp"] is dp_train
         assert any(("side knowledge" in s) is dp_train for s in job.base["needed"])

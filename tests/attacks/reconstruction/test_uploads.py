@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from privfedcal.attacks.reconstruction.runner import AttackOptions, Plan
+from privfedcal.attacks.reconstruction.runner import Plan
+from privfedcal.attacks.reconstruction.stats_attack import StatsOptions
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.view import Release, RunView
+from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.errors import UsageError
 
 
@@ -50,12 +52,15 @@ def test_secure_aggregation_gives_each_client_the_aggregate():
 
 
 def test_classes_a_plain_count_shows():
-    plan, opts = Plan(), AttackOptions()
+    plan, opts = Plan(), StatsOptions()
     payload = _payload([2, 0, 1])
-    assert classes_to_attack(_view(), 0, payload, {"count": 0.0}, None, opts, plan) == \
+    assert classes_to_attack(_view(), 0, payload, {"count": 0.0}, None, opts, plan,
+                             label=STATS_LABEL) == \
         [(0, True), (2, True)]
-    assert classes_to_attack(_view(), 0, payload, {"count": 0.0}, [1, 2], opts, plan) == \
+    assert classes_to_attack(_view(), 0, payload, {"count": 0.0}, [1, 2], opts, plan,
+                             label=STATS_LABEL) == \
         [(2, True)]
     assert plan.notes == ["class 1: not visible in the upload of client 0; skipped"]
     with pytest.raises(UsageError, match="out of range"):
-        classes_to_attack(_view(), 0, payload, {"count": 0.0}, [3], opts, plan)
+        classes_to_attack(_view(), 0, payload, {"count": 0.0}, [3], opts, plan,
+                          label=STATS_LABEL)
