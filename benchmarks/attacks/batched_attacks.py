@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: har
 import harness
 
 from privfedcal.api import train
+from privfedcal.attacks.attack_options import options_from
 from privfedcal.attacks.reconstruction.feature_inversion import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_MAX_STEPS,
 )
-from privfedcal.attacks.reconstruction.gradients_attack import plan_gradients
-from privfedcal.attacks.reconstruction.runner import AttackOptions, execute, load_run
-from privfedcal.attacks.reconstruction.stats_attack import plan_stats
+from privfedcal.attacks.reconstruction.gradients_attack import GradientsOptions, plan_gradients
+from privfedcal.attacks.reconstruction.runner import execute, load_run
+from privfedcal.attacks.reconstruction.stats_attack import StatsOptions, plan_stats
 
 QUICK = dict(dataset="digits", clients=5, alpha=0.3, local_epochs=1, threads=1)
 QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as cli/attack_command.py's quick run
@@ -49,7 +50,7 @@ def ensure_run(root: Path, method: str, rounds: int, seed: int) -> Path:
     return run
 
 
-def compare(name: str, view, opts: AttackOptions, kind: str) -> dict:
+def compare(name: str, view, opts, kind: str) -> dict:
     """Plan once, execute one at a time and batched; print times, PSNRs, speedup."""
     plan = plan_stats(view, opts) if kind == "stats" else plan_gradients(view, opts)
     rows = {}
@@ -88,13 +89,14 @@ def main() -> None:
           f"restarts {args.restarts}, attack batch {args.attack_batch}")
     for kind, method in (("stats", "ccvr"), ("gradients", "creff")):
         view = load_run(ensure_run(args.runs, method, args.rounds, args.seed))
-        opts = AttackOptions(steps=args.steps, restarts=args.restarts, seed=args.seed,
-                             attack_batch=args.attack_batch)
+        options = StatsOptions if kind == "stats" else GradientsOptions  # each attack's own
+        opts = options(steps=args.steps, restarts=args.restarts, seed=args.seed,
+                       attack_batch=args.attack_batch)
         results[f"invert --{kind}"] = compare(f"invert --{kind}", view, opts, kind)
         if args.audit:  # the options audit.run_setting attacks with (AuditConfig defaults)
-            audit = AttackOptions(steps=args.steps, restarts=2, raw_samples=0, seed=args.seed,
-                                  default_clients=1, known_classes=True,
-                                  attack_batch=args.attack_batch)
+            audit = options_from(options, dict(
+                steps=args.steps, restarts=2, raw_samples=0, seed=args.seed, default_clients=1,
+                known_classes=True, attack_batch=args.attack_batch))
             results[f"audit {method}"] = compare(f"audit {method}", view, audit, kind)
     harness.finish(args, results)
 

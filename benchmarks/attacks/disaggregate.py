@@ -26,8 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.attacks.reconstruction.disaggregate_attack import disaggregate_run, summarise
-from privfedcal.attacks.reconstruction.runner import AttackOptions, load_run
+from privfedcal.attacks.reconstruction.disaggregate_attack import (
+    DisaggregateOptions,
+    disaggregate_run,
+    summarise,
+)
+from privfedcal.attacks.reconstruction.runner import load_run
 from privfedcal.cli.main import main as cli
 
 RUNS = {"creff": ["--method", "creff", "--secagg", "--hide-counts", "--creff-weighting",
@@ -53,7 +57,7 @@ def report(run: Path) -> dict:
     out = {}
     for totals in (True, False):
         t0 = time.perf_counter()
-        records, _ = disaggregate_run(view, AttackOptions(public_totals=totals))
+        records, _ = disaggregate_run(view, DisaggregateOptions(public_totals=totals))
         took = time.perf_counter() - t0
         print(f"{run.name} ({'with' if totals else 'without'} public totals, {took:.2f} s); "
               f"sums over {records[0]['participants']}")
