@@ -192,7 +192,11 @@ class Privacy(TypedDict):
     releases: NotRequired[Annotated[list[AccountedRelease], "DP: what the accountant "
                                                             "composed"]]
     per_client_epsilon: NotRequired[Annotated[dict[str, float], "DP: client (as a string) -> "
-                                                                "its epsilon spent"]]
+                                                                "its epsilon spent; listed up "
+                                                                "to 1,000 clients"]]
+    epsilon_clients: NotRequired[Annotated[dict[str, int], "DP: epsilon spent (as a string) "
+                                                           "-> how many clients spent it, "
+                                                           "largest first"]]
     client_release_limits: NotRequired[Annotated[dict[str, int], "DP: release label -> "
                                                  "releases a client's ledger allows"]]
     assumptions: NotRequired[Annotated[list[str], "DP: what the guarantee assumes"]]

@@ -78,6 +78,24 @@ def test_each_client_composes_only_its_own_releases():
     assert dp.summary()["per_client_epsilon"]["1"] == pytest.approx(eps[1])
 
 
+def test_summary_counts_the_clients_per_epsilon_and_lists_them_up_to_a_limit(monkeypatch):
+    from privfedcal.privacy import dp_stage
+
+    dp = stage(z=2.0)
+    dp.record(CREFF_RELEASE, [0, 1, 2])
+    dp.record(CREFF_RELEASE, [0])
+    summary = dp.summary()
+    counts = [(float(e), n) for e, n in summary["epsilon_clients"].items()]
+    assert [n for _, n in counts] == [1, 2]  # client 0 twice, clients 1 and 2 once
+    assert counts[0][0] == pytest.approx(opacus_eps(2.0, 1.0, 2, 1e-5))
+    assert counts[1][0] == pytest.approx(opacus_eps(2.0, 1.0, 1, 1e-5))
+    assert summary["per_client_epsilon"] == {"0": counts[0][0], "1": counts[1][0],
+                                             "2": counts[1][0]}
+    monkeypatch.setattr(dp_stage, "LISTED_CLIENTS", 2)  # more clients than listed: counts only
+    summary = dp.summary()
+    assert "per_client_epsilon" not in summary and sum(summary["epsilon_clients"].values()) == 3
+
+
 def test_budget_guard_is_per_client():
     z = 2.0
     two = opacus_eps(z, 1.0, 2, 1e-5)
