@@ -34,6 +34,7 @@ from typer.core import TyperGroup
 
 from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, print_table
+from privfedcal.cli.train_command import command_options
 from privfedcal.errors import Interrupted, UsageError
 from privfedcal.report.output_folder import all_or_nothing, check_fresh
 
@@ -90,11 +91,6 @@ def option_parameters(flags: Iterable[Any]) -> list[inspect.Parameter]:
             default = None
         params.append(inspect.Parameter(f.name, KEYWORD, default=default, annotation=ann))
     return params
-
-
-def command_options(func: Any) -> list[inspect.Parameter]:
-    """The options a command declares itself (``func``'s parameters), as keyword-only."""
-    return [p.replace(kind=KEYWORD) for p in inspect.signature(func, eval_str=True).parameters.values()]
 
 
 def given_options(attack: Any, flags: dict[str, Any]) -> Any:
