@@ -86,9 +86,10 @@ out = {}
 base = dict(dataset="digits", clients=4, alpha=0.5, rounds=2, local_epochs=1, batch_size=32,
             threads=1, seed=0, data_seed=0, progress=False)
 # the method, trained one client after another and vectorised (its declared vector loss)
+quick = {**base, "rounds": 1, "transcript": False}
 out["train_losses"] = [
     [m["train_loss"] for m in privfedcal.train(method=toy_method.NAME, client_batch=k,
-                                               method_params={"smoothing": 0.2}, **base).metrics]
+                                               method_params={"smoothing": 0.2}, **quick).metrics]
     for k in (1, 2)]
 settings = {}
 if "toy_stage" in present:
@@ -106,14 +107,15 @@ with tempfile.TemporaryDirectory() as tmp:
     if "toy_stage" in present:  # its state is saved with the checkpoint and restored
         # (without DP: a DP run's rounds are fixed by its budget, it cannot be extended)
         staged = privfedcal.train(method=toy_method.NAME, calibrate=toy_calibrator.NAME,
-                                  out=Path(tmp) / "staged", **base, **settings)
+                                  out=Path(tmp) / "staged", transcript=False, **base,
+                                  **settings)
         privfedcal.resume(staged, rounds=3)
         out["stage"] = toy_stage.evidence(staged.path)
     if "toy_attack" in present:
         import toy_attack
         out["attack"] = [dict(r) for r in privfedcal.attack(run, toy_attack.NAME, steps=20)]
         audit = privfedcal.audit_dp(method=toy_method.NAME, calibrate=toy_calibrator.NAME,
-                                    dp_eps=8.0, trials=2000, budget_s=5, one_run=False,
+                                    dp_eps=8.0, trials=500, budget_s=1, one_run=False,
                                     channels=[toy_calibrator.TOY_RELEASE], **base)
         out["audit"] = [dict(r) for r in audit.rows]
     out["report"] = Path(privfedcal.write_report(run)).read_text()
@@ -134,7 +136,7 @@ def child():
 
 def test_the_toy_method_trains_plain_and_vectorised(child):
     plain, vectorised = child["train_losses"]
-    assert len(plain) == 2 and all(v > 0 for v in plain)
+    assert len(plain) == 1 and all(v > 0 for v in plain)
     assert vectorised == pytest.approx(plain, rel=1e-4)
 
 
