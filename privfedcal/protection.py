@@ -47,6 +47,7 @@ from privfedcal.privacy.executor import execute_plan, live_user_dp, training_spe
 from privfedcal.privacy.plan import (
     CKKSPlan,
     NoisePlan,
+    PresetNoise,
     ProtectionInputs,
     ProtectionPlan,
     ReleaseSchedule,
@@ -69,12 +70,13 @@ DP_DEFAULT_GRAD_CLIP = 1.0
 PARAM_BOUND = 100.0
 
 
-def protection_inputs(cfg: Any, calibrator: Any,
-                      examples: int | None = None) -> ProtectionInputs:
+def protection_inputs(cfg: Any, calibrator: Any, examples: int | None = None,
+                      preset: PresetNoise | None = None) -> ProtectionInputs:
     """What the planner reads, gathered from the top: ``cfg``'s ``PrivacyOptions``, the
     releases ``calibrator`` (class or object) declares with the rounds it makes them in
-    (its ``release_rounds`` reads the run's calibration settings), and ``examples``, the
-    federation's public N (``federation/setup.py`` ``held_examples``)."""
+    (its ``release_rounds`` reads the run's calibration settings), ``examples``, the
+    federation's public N (``federation/setup.py`` ``held_examples``), and noise planned
+    beside the planner (``preset``: the Flower plugin's clip search)."""
     releases = tuple(
         ReleaseSchedule(r, () if r.participants == "all"
                         else tuple(calibrator.release_rounds(cfg, r)))
@@ -82,7 +84,7 @@ def protection_inputs(cfg: Any, calibrator: Any,
     return ProtectionInputs(PrivacyOptions.of(cfg),
                             examples=None if examples is None else int(examples),
                             releases=releases, protectable=bool(calibrator.protectable),
-                            hints=tuple(calibrator.privacy_hints(cfg)))
+                            hints=tuple(calibrator.privacy_hints(cfg)), preset=preset)
 
 
 def dpsgd_methods() -> tuple[str, ...]:
@@ -227,9 +229,9 @@ def clip_bounds(inputs: ProtectionInputs) -> dict[str, float]:
 def noise_plan(inputs: ProtectionInputs, clips: dict[str, float]) -> NoisePlan:
     """The noise multiplier of every release for the run's budget (one accountant over the
     uploads, DP-SGD's steps or DP-FedAvg's rounds); DP-SGD's clients checked against it."""
-    p = inputs.privacy
     from privfedcal.privacy.dpsgd_local import client_rates, verify_clients
 
+    p = inputs.privacy
     delta = p.dp_delta if p.dp_delta is not None else default_delta(examples_of(inputs))
     plans = release_plans(inputs)
     if not plans and not (p.dp_train or p.dp_updates):
@@ -249,27 +251,29 @@ def noise_plan(inputs: ProtectionInputs, clips: dict[str, float]) -> NoisePlan:
         plans = [*plans, release_plan(max(participation_counts(p).values()),
                                       p.dp_updates_share if plans else None)]
     sigmas = plan_noise(p.dp_eps, delta, plans, p.accountant)
-    by_label = {p.name: s for p, s in zip(plans, sigmas, strict=True)}
+    by_label = {r.name: z for r, z in zip(plans, sigmas, strict=True)}
+    if inputs.preset is not None:
+        by_label, plans = with_preset(inputs.preset, p.dp_eps, delta, by_label, plans)
     if p.dp_train:
-        uploads = [(z, p.sample_rate, p.steps) for p, z in zip(plans, sigmas, strict=True)
-                   if p.name != DPSGD_RELEASE]
+        uploads = [(by_label[r.name], r.sample_rate, r.steps) for r in plans
+                   if r.name != DPSGD_RELEASE]
         verify_clients(p, examples_of(inputs), uploads, by_label[DPSGD_RELEASE], delta,
                        p.dp_eps)
     return NoisePlan(target=p.dp_eps, delta=delta, accountant=p.accountant,
-                     sigmas=by_label, rates={p.name: p.sample_rate for p in plans},
+                     sigmas=by_label, rates={r.name: r.sample_rate for r in plans},
                      clip=clips["feature"], grad_clip=clips["class-gradient"],
                      distributed=p.secagg, covers_updates=p.dp_train,
-                     planned=tuple({"name": p.name, "sample_rate": p.sample_rate,
-                                    "steps": p.steps} for p in plans),
+                     planned=tuple({"name": r.name, "sample_rate": r.sample_rate,
+                                    "steps": r.steps} for r in plans),
                      steps=steps, planned_clients=planned_participants(inputs),
                      specs={s.spec.label: s.spec for s in inputs.releases})
 
 
 def dpsgd_spec(inputs: ProtectionInputs, noise: NoisePlan) -> Any:
     """DP-SGD's public local schedule (privacy/dpsgd_local.py) at the planned noise."""
-    p = inputs.privacy
     from privfedcal.privacy.dpsgd_local import DPSGDSpec, nominal_size, schedule
 
+    p = inputs.privacy
     nominal = nominal_size(p, examples_of(inputs))
     q, steps = schedule(nominal, p.batch_size, p.local_epochs)
     return DPSGDSpec(noise.sigmas[DPSGD_RELEASE], p.dp_grad_clip or DP_DEFAULT_GRAD_CLIP,
@@ -282,10 +286,10 @@ def ckks_plan(inputs: ProtectionInputs, clips: dict[str, float],
     """The calibration uploads' CKKS set-up: bounds and symmetric keys from the releases'
     declarations only (privacy/releases.py; a key two releases share gets the larger
     bound). CKKS parameters must exist for every release: refused here, before any work."""
-    p = inputs.privacy
     from privfedcal.privacy.secagg import CKKSParams
     from privfedcal.privacy.secagg_stage import PRECISION, SecAggStage
 
+    p = inputs.privacy
     n, k = float(examples_of(inputs)), float(p.clients)
     bounds: dict[str, float] = {}
     for s in inputs.releases:
@@ -352,9 +356,23 @@ def plan_protection(inputs: ProtectionInputs) -> ProtectionPlan:
     return plan_stages(plan)
 
 
-def plan_for_run(cfg: Any, calibrator: Any, examples: int) -> ProtectionPlan:
+def with_preset(preset: PresetNoise, target: float, delta: float, sigmas: dict[str, float],
+                plans: list[ReleasePlan]) -> tuple[dict[str, float], list[ReleasePlan]]:
+    """The run's multipliers replaced by ``preset``'s, planned for the same releases and
+    budget, and its extra releases added; a preset for other releases or another budget
+    is refused."""
+    if set(preset.sigmas) != set(sigmas) or preset.target != target or preset.delta != delta:
+        raise UsageError(f"the preset noise ({sorted(preset.sigmas)}, epsilon "
+                         f"{preset.target:g}) is not the run's ({sorted(sigmas)}, epsilon "
+                         f"{target:g})")
+    out = {**sigmas, **preset.sigmas, **{label: z for label, z, _, _ in preset.extra}}
+    return out, [*plans, *(ReleasePlan(label, q, t) for label, _, q, t in preset.extra)]
+
+
+def plan_for_run(cfg: Any, calibrator: Any, examples: int,
+                 preset: PresetNoise | None = None) -> ProtectionPlan:
     """``plan_protection`` of a ``RunConfig``: its inputs gathered once, here."""
-    return plan_protection(protection_inputs(cfg, calibrator, examples))
+    return plan_protection(protection_inputs(cfg, calibrator, examples, preset))
 
 
 def build_uplink(cfg: Any, exp: Any, calibrator: Any) -> Uplink:

@@ -39,17 +39,32 @@ class ReleaseSchedule:
 
 
 @dataclass(frozen=True)
+class PresetNoise:
+    """Noise planned beside the planner for the same budget (the Flower plugin's private
+    clip search, flower/plugin/clip.py): the multipliers of the run's own releases, planned
+    jointly with ``extra`` releases made before them (label, noise multiplier, sample rate,
+    steps), all for the run's ``target`` epsilon and ``delta``."""
+
+    target: float
+    delta: float
+    sigmas: Mapping[str, float]
+    extra: tuple[tuple[str, float, float, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class ProtectionInputs:
     """What the planner reads: the run's privacy options, the federation's public number of
     training examples N, the releases its calibrator declares and when, whether that
-    calibrator can be protected at all, and its advice for the run's notes. Gathered once
-    from the run's settings (privfedcal/protection.py ``protection_inputs``)."""
+    calibrator can be protected at all, its advice for the run's notes, and noise planned
+    beside the planner (``preset``; None: the planner plans all of it). Gathered once from
+    the run's settings (privfedcal/protection.py ``protection_inputs``)."""
 
     privacy: PrivacyOptions
     examples: int | None = None
     releases: tuple[ReleaseSchedule, ...] = ()
     protectable: bool = True
     hints: tuple[str, ...] = ()
+    preset: PresetNoise | None = None
 
     @property
     def stages(self) -> tuple[str, ...]:

@@ -13,8 +13,7 @@ import torch  # noqa: E402
 
 from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.plugin.clip import AutoClip, histogram_total, stage_label  # noqa: E402
-from privfedcal.privacy.accounting import PrivacyAccountant, ReleasePlan  # noqa: E402
-from privfedcal.privacy.dp_stage import DPStage  # noqa: E402
+from privfedcal.privacy.accounting import ReleasePlan  # noqa: E402
 from privfedcal.privacy.quantile import ClipSearch, plan_clip_noise  # noqa: E402
 
 CCVR = [ReleasePlan("ccvr-stats", 1.0, 1)]
@@ -30,26 +29,32 @@ def test_the_two_stages_compose_to_the_planned_release():
         8.0, 1e-5, ClipSearch(), CCVR)
 
 
-def test_the_plan_is_written_into_the_calibrations_dp_stage():
+def test_the_search_is_planned_with_the_calibration_by_the_planner(tiny_cfg):
+    """The protection plan of a CCVR run with the search's preset: the calibration's
+    multiplier is the joint plan's, the two stages are planned releases at q = 1, and the
+    live accountants charge the search and the calibration within epsilon."""
+    from privfedcal.experiment import calibrator_class
+    from privfedcal.privacy.executor import execute_plan
+    from privfedcal.privacy.stages import NoiseStage
+    from privfedcal.protection import plan_for_run
+
+    cfg = tiny_cfg(method="ccvr", dp_eps=8.0, dp_delta=1e-5)
     auto = AutoClip.plan(8.0, 1e-5, "rdp", CCVR)
-    dp = DPStage(target=8.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
-                 sigmas={"ccvr-stats": 0.638}, rates={"ccvr-stats": 1.0}, clip=1.0,
-                 grad_clip=1.0, distributed=False, covers_updates=False,
-                 planned=[{"name": "ccvr-stats", "sample_rate": 1.0, "steps": 1}])
-    auto.plan_into(dp)
-    assert dp.sigmas == {"ccvr-stats": auto.calibration["ccvr-stats"],
-                         stage_label(1): auto.stage_sigma(1), stage_label(2): auto.stage_sigma(2)}
+    plan = plan_for_run(cfg, calibrator_class(cfg), 1000, auto.preset())
+    assert dict(plan.noise.sigmas) == {
+        "ccvr-stats": auto.calibration["ccvr-stats"],
+        stage_label(1): auto.stage_sigma(1), stage_label(2): auto.stage_sigma(2)}
+    assert plan.noise.rates[stage_label(1)] == 1.0
+    dp = execute_plan(plan).find(NoiseStage).dp
     for stage in (1, 2):
         dp.record(stage_label(stage), [0])
     dp.check("ccvr-stats", [0])  # the calibration still fits after the search
     dp.record("ccvr-stats", [0])
     assert dp.epsilon() <= 8.0
     assert dp.ledger(0).limits == {"ccvr-stats": 1, stage_label(1): 1, stage_label(2): 1}
-    other = DPStage(target=7.2, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
-                    sigmas={"ccvr-stats": 0.7}, rates={"ccvr-stats": 1.0}, clip=1.0,
-                    grad_clip=1.0, distributed=False, covers_updates=False)
+    other = tiny_cfg(method="ccvr", dp_eps=7.2, dp_delta=1e-5)
     with pytest.raises(UsageError, match="not the run's"):
-        auto.plan_into(other)
+        plan_for_run(other, calibrator_class(other), 1000, auto.preset())
 
 
 def test_grids_and_the_clip_a_node_accepts():

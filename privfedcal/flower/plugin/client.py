@@ -55,7 +55,6 @@ from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.error_codes import Refused
 from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
-from privfedcal.privacy.stages import NoiseStage
 
 __all__ = ["ACTIONS", "CalibrationClient"]
 
@@ -202,9 +201,10 @@ class CalibrationClient:
             # the public N the plan uses (settings.examples); unset, this node's own size
             # stands in for the planner's range checks (delta was fixed without it)
             n = settings.examples or self.size(context)
-            uplink = execute_plan(plan_for_run(settings.cfg, calibrator_class(settings.cfg), n))
-            if settings.auto_clip is not None:  # the run's one plan, as the server's
-                settings.auto_clip.plan_into(uplink.find(NoiseStage).dp)
+            # with dp-clip = "auto", the search's noise in the run's one plan, as the server's
+            preset = settings.auto_clip.preset() if settings.auto_clip is not None else None
+            uplink = execute_plan(plan_for_run(settings.cfg, calibrator_class(settings.cfg), n,
+                                               preset))
             self._runs = {key: uplink}
         return NodeRun(settings, self._runs[key], partition)
 

@@ -6,8 +6,9 @@ The run's budget (epsilon, delta) is planned once for the clip's search and the 
 releases together (``quantile.plan_clip_noise``: the clip's release is calibrated alone to
 ``ClipSearch.share`` of epsilon, the calibration releases take the smallest noise for which
 the RDP composition of everything stays within epsilon, at the run's delta). Both sides
-derive that plan from the shared settings (``settings.resolve``) and write it into the
-calibration's ``DPStage`` (``AutoClip.plan_into``), so the server's per-client accountants,
+derive that plan from the shared settings (``settings.resolve``) and hand it to the
+protection planner (``AutoClip.preset``, privacy/plan.py ``PresetNoise``), so the server's
+per-client accountants,
 each node's noise and the summary's ``epsilon_target`` / ``epsilon_spent`` cover the whole
 run. The search is one Gaussian release per node at q = 1, split into two stages whose RDP
 adds up to that one release (``ClipSearch.stage_sigmas``): each node sends a histogram of its
@@ -36,6 +37,7 @@ from torch import Tensor
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import ReleasePlan
+from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import (
     QUANTILE_RELEASE,
     ClipSearch,
@@ -83,22 +85,13 @@ class AutoClip:
     def stage_sigma(self, stage: int) -> float:
         return self.search.stage_sigmas(self.sigma)[stage - 1]
 
-    def plan_into(self, dp: Any) -> None:
-        """Write the plan into the calibration's ``DPStage`` (the executed protection plan's, for
-        the same run target, before any release): the calibration releases' multipliers, and
-        the search's two stages as planned releases (q = 1, once each) that ``record``
-        charges to the clients' accountants."""
-        if set(dp.sigmas) != set(self.calibration) or dp.target != self.epsilon \
-                or dp.delta != self.delta:
-            raise UsageError(f"the auto clip's plan ({sorted(self.calibration)}, epsilon "
-                             f"{self.epsilon:g}) is not the run's ({sorted(dp.sigmas)}, "
-                             f"epsilon {dp.target:g})")
-        dp.sigmas.update(self.calibration)
-        for stage in STAGES:
-            label = stage_label(stage)
-            dp.sigmas[label] = self.stage_sigma(stage)
-            dp.rates[label] = 1.0
-            dp.planned.append({"name": label, "sample_rate": 1.0, "steps": 1})
+    def preset(self) -> PresetNoise:
+        """This plan as the protection planner takes it (``protection_inputs``'s
+        ``preset``): the calibration releases' multipliers, and the search's two stages as
+        planned releases (q = 1, once each) that the accountants are charged for; the
+        planner refuses it for other releases or another budget."""
+        return PresetNoise(self.epsilon, self.delta, dict(self.calibration),
+                           tuple((stage_label(s), self.stage_sigma(s), 1.0, 1) for s in STAGES))
 
     def edges(self, stage: int, centre: float | None = None) -> Tensor:
         """The grid of ``stage``: public, or around the server's first estimate."""

@@ -55,9 +55,10 @@ from privfedcal.federation.simulator import RoundContext
 from privfedcal.flower.flower_simulator import FlowerSimulator
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
-from privfedcal.flower.plugin.clip import AutoClip, ClipOutcome, choose_clip, stage_label
+from privfedcal.flower.plugin.clip import ClipOutcome, choose_clip, stage_label
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
 from privfedcal.models.head_adapter import HeadAdapter
+from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.seeding import make_generator
@@ -196,10 +197,10 @@ def _check_arguments(grid: Any, context: Any, test_data: Any, batch_size: Any) -
 
 
 def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor, n: int,
-                 device: str) -> tuple[Any, Any, Any]:
+                 device: str, preset: PresetNoise | None = None) -> tuple[Any, Any, Any]:
     """The server's experiment (the user's model behind its adapter, the server's test data
     and no training data), its calibrator and the uplink the planner gives them for ``n``
-    examples in all."""
+    examples in all (``preset``: the clip search's noise, planned with the run's)."""
     from privfedcal.algorithms import create_algorithm
     from privfedcal.experiment import build_calibrator
     from privfedcal.federation.setup import Experiment
@@ -212,7 +213,7 @@ def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor
                      create_algorithm("fedavg", num_classes=adapter.num_classes),
                      None, None, [], n)  # type: ignore[arg-type]
     calibrator = build_calibrator(cfg, exp)
-    return exp, calibrator, execute_plan(plan_for_run(cfg, calibrator, n))
+    return exp, calibrator, execute_plan(plan_for_run(cfg, calibrator, n, preset))
 
 
 def _fresh_run_dir(out: str | Path | None, method: str, run_id: int) -> Path:
@@ -227,12 +228,10 @@ def _fresh_run_dir(out: str | Path | None, method: str, run_id: int) -> Path:
     return run_dir
 
 
-def _charge_search(uplink: Any, auto_clip: AutoClip, searched: ClipOutcome,
-                   sizes: dict[int, int]) -> None:
-    """The clip search's stages in the run's one plan, charged to every node asked (a lost
-    node may have released its histogram)."""
+def _charge_search(uplink: Any, searched: ClipOutcome, sizes: dict[int, int]) -> None:
+    """The clip search's stages (planned in the run's one plan) charged to every node asked
+    (a lost node may have released its histogram)."""
     dp = uplink.find(NoiseStage).dp
-    auto_clip.plan_into(dp)
     for stage in searched.histograms:
         dp.record(stage_label(stage), sorted(sizes))
 
@@ -293,9 +292,10 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         searched = choose_clip(link, adapter.state_dict(), s.auto_clip, sizes,
                                s.options.min_replies or None)
         cfg = cfg.replace(dp_clip=searched.clip)
-    exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device)
+    preset = s.auto_clip.preset() if s.auto_clip is not None else None
+    exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device, preset)
     if searched is not None and s.auto_clip is not None:
-        _charge_search(uplink, s.auto_clip, searched, sizes)
+        _charge_search(uplink, searched, sizes)
     sim = PluginSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
                           key_holder=s.options.key_holder,
                           run_record={"flower_run_id": run_id})
