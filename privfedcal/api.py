@@ -491,11 +491,13 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
         records, _ = infer_class_sets(view, opts)
         return cast("list[AttackRecord]", list(records))
     attack = release_attack(kind)
-    if attack.plan is None:  # an attack on the run as a whole: its records at once
+    if attack.plan is None and attack.run is not None:  # on the run as a whole: at once
         records, _ = attack.run(view, opts)
         return cast("list[AttackRecord]", list(records))
     ids = None if clients is None else list(clients)
     cls = None if classes is None else list(classes)
+    if attack.plan is None:
+        raise UsageError(f"attack {kind!r} has neither a planner nor a run")
     plan = attack.plan(view, opts, ids, cls)
     if not plan.jobs:
         raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
