@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,6 +32,12 @@ import typer
 from typer.core import TyperGroup
 
 from privfedcal.cli.args import run_folder
+from privfedcal.cli.attack_flags import given_options, option_parameters, refuse_strays
+from privfedcal.cli.attack_whole_command import (
+    print_notes,
+    run_attack_command,
+    set_threads,
+)
 from privfedcal.cli.console import Reporter, console, print_table
 from privfedcal.cli.train_command import command_options
 from privfedcal.errors import Interrupted, UsageError
@@ -75,63 +80,10 @@ def _click(name: str, func: Any) -> click.Command:
     return typer.main.get_command(one)
 
 
-def option_parameters(flags: Iterable[Any]) -> list[inspect.Parameter]:
-    """typer options for options-type fields (``attacks/attack_options.py`` ``OptionFlag``): the
-    field's flag, help and default. A value flag not given is None (the attack's default
-    then applies); a switch defaults to the field's default."""
-    params = []
-    for f in flags:
-        if f.type is bool:
-            ann = Annotated[bool, Opt(*f.decls, help=f.help)]
-            default = f.default
-        else:
-            shown = "none" if f.default is None else f.default
-            ann = Annotated[f.type | None, Opt(*f.decls, help=f"{f.help} [default: {shown}]",
-                                               show_default=False)]
-            default = None
-        params.append(inspect.Parameter(f.name, KEYWORD, default=default, annotation=ann))
-    return params
-
-
-def given_options(attack: Any, flags: dict[str, Any]) -> Any:
-    """``attack``'s options from the flags: each of its CLI fields that was given (a switch:
-    its value)."""
-    from privfedcal.attacks.attack_options import make_options, option_flags
-
-    given = {f.name: flags[f.name] for f in option_flags(attack.options)
-             if f.cli and flags.get(f.name) is not None}
-    return make_options(attack.options, given, f"attack {attack.name}")
-
-
-def refuse_strays(chosen: list[Any], flags: dict[str, Any], offered: dict[str, Any]) -> None:
-    """A flag of an attack that was not chosen (a value given, a switch turned) is refused."""
-    from privfedcal.attacks.attack_options import option_flags
-
-    mine = {f.name for a in chosen for f in option_flags(a.options)}
-    for name, f in offered.items():
-        if name not in mine and flags.get(name) not in (None, f.default):
-            owners = [a.name for a in _offered() if name in
-                      {g.name for g in option_flags(a.options)}]
-            raise UsageError(f"{f.decls[0]} is an option of "
-                             f"{' or '.join('--' + o for o in owners)}, not of "
-                             f"{' '.join('--' + a.name for a in chosen)}")
-
-
 def _offered() -> list[Any]:
     from privfedcal.attacks.release_attacks import plan_attacks
 
     return plan_attacks()
-
-
-def set_threads(threads: int | None) -> None:
-    """``--threads N``: torch intra-op threads for this process (None: torch's default)."""
-    if threads is None:
-        return
-    if threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 def parse_ints(text: str | None, flag: str) -> list[int] | None:
@@ -174,11 +126,6 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
     console.print(f"no --run given: trained a quick {method} run on digits into {run_dir} "
                   f"(accuracy {summary['accuracy']:.4f})")
     return run_dir
-
-
-def print_notes(notes: list[str]) -> None:
-    for note in dict.fromkeys(notes):  # once each, in order
-        console.print(f"[yellow]note:[/yellow] {note}")
 
 
 def clock(seconds: float | None) -> str:
@@ -295,7 +242,7 @@ def run_invert(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any
                          "give one")
     chosen = [a for a in attacks if flags.pop(a.name)]
     check_combination(chosen, attacks)
-    refuse_strays(chosen, flags, offered)
+    refuse_strays(chosen, flags, offered, attacks)
     opts = {a.name: given_options(a, flags) for a in chosen}
     kind = next((a.name for a in chosen if not a.joins), chosen[0].name)
     client_ids = parse_ints(flags["clients"], "--clients")
@@ -386,63 +333,6 @@ def classes_cmd(
     print_table(classes_table(records, f"privfedcal attack classes: {run}"))
     print_notes(notes)
     console.print(f"wrote attack.json and classes.png into {out_dir}")
-
-
-def _run_attack_options(
-    run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
-    run: Annotated[Path | None, Opt(help="Run folder to attack.")] = None,
-    device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
-    threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
-    out: Annotated[Path | None, Opt(help="Output folder (default RUN_DIR/attack-<name>).")] = None,
-    overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
-) -> None:
-    """The options of every command of an attack on the run as a whole."""
-
-
-def run_attack_command(attack: Any) -> Any:
-    """``attack <name>`` for a registered attack on the run as a whole (``disaggregate``):
-    its options type's CLI fields are its flags; it writes attack.json (and its figure)
-    into RUN/attack-<name>/ and prints its table, or a count of its records."""
-    from privfedcal.attacks.attack_options import option_flags
-
-    def command(**flags: Any) -> None:
-        run_whole(attack, flags)
-
-    command.__doc__ = attack.summary
-    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        command_options(_run_attack_options)
-        + option_parameters(f for f in option_flags(attack.options) if f.cli))
-    return command
-
-
-def run_whole(attack: Any, flags: dict[str, Any]) -> None:
-    set_threads(flags["threads"])
-    from privfedcal.attacks.reconstruction.scoring import write_records
-    from privfedcal.attacks.view import load_run
-
-    opts = given_options(attack, flags)
-    name = attack.name
-    run = run_folder(flags["run_dir"], flags["run"], f"attack {name}", required=True)
-    out_dir = flags["out"] or Path(run) / f"attack-{name}"
-    files = ("attack.json", *([attack.figure[0]] if attack.figure else []))
-    check_fresh(out_dir, files, overwrite=flags["overwrite"])
-    view = load_run(run, device=flags["device"])
-    records, notes = attack.run(view, opts)
-    if not records:
-        raise UsageError(f"nothing to {name}: " + "; ".join(notes))
-    with all_or_nothing(out_dir, files) as paths:
-        write_records(records, paths["attack.json"])
-        if attack.figure:
-            attack.figure[1](records, paths[attack.figure[0]])
-    if attack.console is not None:
-        table, lines = attack.console(records, f"privfedcal attack {name}: {run}")
-        print_table(table)
-        for line in lines:
-            console.print(line)
-    else:
-        console.print(f"{len(records)} records")
-    print_notes(notes)
-    console.print(f"wrote {' and '.join(files)} into {out_dir}")
 
 
 def register(app: typer.Typer) -> None:
