@@ -17,7 +17,7 @@ from typing import Any
 from privfedcal.errors import UsageError
 from privfedcal.plotstyle import MARKERS, colour, label_points, new_figure, save, styled
 from privfedcal.report import html as H
-from privfedcal.report.run_report import load_json
+from privfedcal.report.reading import load_json
 
 #: attack metrics (higher = more leakage) and the names a worst-case column may carry
 METRICS = (("psnr", "reconstruction PSNR (dB)"), ("ssim", "reconstruction SSIM"),

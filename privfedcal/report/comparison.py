@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.report import html as H
-from privfedcal.report.run_report import load_run, worst_class
+from privfedcal.report.reading import load_run
+from privfedcal.report.run_report import worst_class
 
 COLUMNS = ("run", "method", "dataset", "partition", "rounds", "accuracy_before",
            "accuracy_after", "worst_class", "epsilon", "bytes", "wall_seconds", "flags",
