@@ -2,10 +2,11 @@
 
 The public Python API (``docs/api.md``) is importable from here: ``privfedcal.train``,
 ``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.compare``,
-``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api.py`` (runs,
-attacks, CCVR's halves for a loop of one's own) and ``privfedcal/jobs/`` (the other jobs
-of the CLI: compare, analyze, audit, audit_dp, partition, write_report), and are loaded on
-first use, so that ``import privfedcal`` stays cheap for the modules of the package that
+``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api.py`` (training
+and resuming runs), ``api_run.py`` (``Run``), ``api_attack.py`` (``attack``), ``ownloop.py``
+(CCVR's halves for a loop of one's own) and ``privfedcal/jobs/`` (the other jobs of the CLI:
+compare, analyze, audit, audit_dp, partition, write_report), and are loaded on first use,
+so that ``import privfedcal`` stays cheap for the modules of the package that
 only need ``__version__``. The typed results are in ``privfedcal.results``.
 """
 
@@ -18,9 +19,11 @@ __version__ = "0.1.0"
 
 #: each public name and the module that defines it
 _HOMES: dict[str, str] = {
-    **dict.fromkeys(("Run", "RunConfig", "UsageError", "attack", "calibrate_head",
-                     "ccvr_statistics", "load_run", "privatize_statistics", "resume",
-                     "resume_simulator", "train"), "privfedcal.api"),
+    **dict.fromkeys(("RunConfig", "UsageError", "calibrate_head", "ccvr_statistics",
+                     "load_run", "privatize_statistics", "resume", "resume_simulator",
+                     "train"), "privfedcal.api"),
+    "Run": "privfedcal.api_run",
+    "attack": "privfedcal.api_attack",
     **dict.fromkeys(("Audit", "Comparison", "DPAudit", "Partition", "Stage", "analyze",
                      "audit", "audit_dp", "compare", "partition", "write_report"),
                     "privfedcal.jobs"),
@@ -29,7 +32,7 @@ _HOMES: dict[str, str] = {
 __all__ = ["__version__", *sorted(_HOMES)]
 
 if TYPE_CHECKING:  # the names as a type checker sees them
-    from privfedcal.api import (  # noqa: F401
+    from privfedcal.api import (  # noqa: F401  (Run and attack: re-exported by api)
         Run,
         RunConfig,
         UsageError,

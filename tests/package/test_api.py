@@ -45,7 +45,8 @@ def test_the_api_is_type_checked():
     pytest.importorskip("mypy")
     done = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=silent",
                            "--ignore-missing-imports", "--no-incremental",
-                           "privfedcal/api.py", "privfedcal/api_log.py", "privfedcal/pysurface.py",
+                           "privfedcal/api.py", "privfedcal/api_run.py", "privfedcal/api_attack.py",
+                           "privfedcal/api_log.py", "privfedcal/pysurface.py",
                            "privfedcal/ownloop.py", "privfedcal/__init__.py"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -33,7 +33,7 @@ LAYERS: dict[str, int] = {
     "run_plots": 4, "accuracy_png": 4,
     "report": 5,
     "flower": 6, "api": 6, "pysurface": 6, "ownloop": 6, "jobs": 6,
-    "api_log": 6,
+    "api_log": 6, "api_run": 6, "api_attack": 6,
     "cli": 7, "__main__": 7,
 }
 
