@@ -114,6 +114,16 @@ with tempfile.TemporaryDirectory() as tmp:
     if "toy_attack" in present:
         import toy_attack
         out["attack"] = [dict(r) for r in privfedcal.attack(run, toy_attack.NAME, steps=20)]
+        # the same attack from the command line: its flag and options come from the registry
+        from privfedcal.cli.main import main
+        try:
+            main(["attack", "invert", f"--{toy_attack.NAME}", str(run.path), "--steps", "20",
+                  "--restarts", "1", "--toy-samples", "1", "--threads", "1", "--quiet"])
+            out["cli_exit"] = 0
+        except SystemExit as exc:
+            out["cli_exit"] = exc.code
+        cli_json = run.path / f"attack-{toy_attack.NAME}" / "attack.json"
+        out["cli_attack"] = json.loads(cli_json.read_text()) if cli_json.is_file() else []
         audit = privfedcal.audit_dp(method=toy_method.NAME, calibrate=toy_calibrator.NAME,
                                     dp_eps=8.0, trials=500, budget_s=1, one_run=False,
                                     channels=[toy_calibrator.TOY_RELEASE], **base)
@@ -164,3 +174,21 @@ def test_the_toy_attack_attacks_and_audits_the_toy_release(child):
     _need("toy_attack")
     assert child["attack"]
     assert [r["channel"] for r in child["audit"]] == ["toy-moments"]
+
+
+def test_the_toy_attack_runs_from_the_cli_into_the_report(child):
+    """``privfedcal attack invert --toy_attack RUN`` (its flag and ``--toy-samples`` from the
+    registry) writes RUN/attack-toy_attack/, and the run's report shows the toy's section
+    (its table's column and its note, from ``toy_attack.section``)."""
+    _need("toy_attack")
+    assert child["cli_exit"] == 0
+    records = child["cli_attack"]
+    assert records and {r["target"] for r in records} == {"toy-class-mean"}
+    # --toy-samples 1: one class per attacked client (the API's default of 2 gives more)
+    per_client = [r["client"] for r in records]
+    assert len(per_client) == len(set(per_client))
+    assert len(child["attack"]) > len(records)
+    report = child["report"]
+    assert "<h3>attack-toy_attack</h3>" in report
+    assert "mean PSNR (dB)" in report
+    assert "mean feature inverted into one image" in report
