@@ -223,137 +223,205 @@ def optimise_batch(
     and L2 priors are added here, averaged over valid images. ``traces[t](step, x_best)``
     sees target t's best restart (normalised) at every check and at the end.
     """
-    c, h, w = (int(s) for s in image_shape)
-    t_count, r = len(batches), restarts
-    bmax = max(batches)
-    m, s = channel_stats(mean, std, c, device, dtype)
-    lo, hi = (0 - m) / s, (1 - m) / s
-    x = torch.zeros(t_count, r, bmax, c, h, w, device=device, dtype=dtype)
-    for t, (b, gen) in enumerate(zip(batches, generators, strict=True)):
-        pixels = torch.rand(r * b, c, h, w, generator=gen, device=gen.device)
-        if config.init_scale != 1.0:  # 1.0 keeps the plain uniform draw bit for bit
-            pixels = 0.5 + config.init_scale * (pixels - 0.5)
-        x[t, :, :b] = ((pixels.to(device=device, dtype=dtype) - m) / s).view(r, b, c, h, w)
-    valid = torch.arange(bmax, device=device)[None] < torch.tensor(batches, device=device)[:, None]
-    active = torch.arange(t_count, device=device)
-    padded = not bool(valid.all())
-    jitter, tv_weight, cap = config.jitter_for(h, w), config.tv_for(h, w), config.steps
-    exp_avg, exp_avg_sq = torch.zeros_like(x), torch.zeros_like(x)
-    sink = _SINK.get()
-    if sink is not None:
-        sink.planned(t_count * cap * r, sum(batches) * cap * r)
-    act_images = sum(batches)  # images per restart of the active targets
+    run = _Batch(objective, error, traces, batches, restarts, image_shape, mean, std, config,
+                 generators, device, dtype)
+    while run.step < run.cap and run.n_act:
+        run.adam_step()
+        if run.step % config.check_every == 0 and run.step < run.cap:
+            run.check()
+    if run.n_act:
+        ok = run.valid[run.active]
+        losses = run.total(run.x, run.x, run.active, ok).detach()
+        run.finish(list(range(run.n_act)), losses, run.errors(run.active, ok),
+                   ["cap"] * run.n_act)
+    return [o for o in run.outcomes if o is not None]
 
-    def per_image_mean(values: Tensor, ok: Tensor) -> Tensor:
+
+class _Batch:
+    """``optimise_batch``'s state: the images ``x`` (A, R, Bmax, C, H, W) of the A targets
+    still active and their Adam moments, each target's step-size factor and stopping
+    counters, and the outcomes of the targets that have stopped."""
+
+    def __init__(self, objective: Callable[[Tensor, Tensor, Tensor], Tensor],
+                 error: Callable[[Tensor, Tensor, Tensor], Tensor] | None,
+                 traces: Sequence[Callable[[int, Tensor], None] | None] | None,
+                 batches: Sequence[int], restarts: int, image_shape: Sequence[int],
+                 mean: Sequence[float], std: Sequence[float], config: InversionConfig,
+                 generators: Sequence[torch.Generator], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.objective, self.error, self.traces = objective, error, traces
+        self.batches, self.r, self.config = list(batches), restarts, config
+        self.generators, self.device, self.dtype = generators, device, dtype
+        c, h, w = (int(s) for s in image_shape)
+        t_count = len(batches)
+        self.bmax = max(batches)
+        self.m, self.s = channel_stats(mean, std, c, device, dtype)
+        self.lo, self.hi = (0 - self.m) / self.s, (1 - self.m) / self.s
+        self.x = self._start_images(c, h, w)
+        self.valid = (torch.arange(self.bmax, device=device)[None]
+                      < torch.tensor(batches, device=device)[:, None])
+        self.active = torch.arange(t_count, device=device)
+        self.padded = not bool(self.valid.all())
+        self.jitter, self.tv_weight = config.jitter_for(h, w), config.tv_for(h, w)
+        self.cap = config.steps
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.x), torch.zeros_like(self.x)
+        self.sink = _SINK.get()
+        if self.sink is not None:
+            self.sink.planned(t_count * self.cap * self.r, sum(batches) * self.cap * self.r)
+        self.act_images = sum(batches)  # images per restart of the active targets
+        self.outcomes: list[Outcome | None] = [None] * t_count
+        self.n_act = t_count
+        self.factor = [1.0] * t_count
+        self.best_loss = [math.inf] * t_count
+        self.bad = [0] * t_count
+        self.shifts: list[list[list[int]]] = [[] for _ in range(t_count)]
+        self.step = 0
+        self.active_list: list[int] = self.active.tolist()
+
+    def _start_images(self, c: int, h: int, w: int) -> Tensor:
+        """Each target's uniform random start, drawn from its own generator, normalised."""
+        r, bmax = self.r, self.bmax
+        x = torch.zeros(len(self.batches), r, bmax, c, h, w, device=self.device,
+                        dtype=self.dtype)
+        for t, (b, gen) in enumerate(zip(self.batches, self.generators, strict=True)):
+            pixels = torch.rand(r * b, c, h, w, generator=gen, device=gen.device)
+            if self.config.init_scale != 1.0:  # 1.0 keeps the plain uniform draw bit for bit
+                pixels = 0.5 + self.config.init_scale * (pixels - 0.5)
+            x[t, :, :b] = ((pixels.to(device=self.device, dtype=self.dtype) - self.m)
+                           / self.s).view(r, b, c, h, w)
+        return x
+
+    def per_image_mean(self, values: Tensor, ok: Tensor) -> Tensor:
         """(A*R*Bmax,) -> (A, R): mean over each restart's valid images."""
-        values = values.view(ok.shape[0], r, bmax)
-        if not padded:
+        values = values.view(ok.shape[0], self.r, self.bmax)
+        if not self.padded:
             return values.mean(-1)
         mask = ok[:, None].to(values.dtype)
         return (values * mask).sum(-1) / mask.sum(-1)
 
-    def total(inp: Tensor, xs: Tensor, act: Tensor, ok: Tensor) -> Tensor:
-        loss = objective(inp, act, ok)
+    def total(self, inp: Tensor, xs: Tensor, act: Tensor, ok: Tensor) -> Tensor:
+        """The objective plus the TV and L2 priors, (A, R)."""
+        loss = self.objective(inp, act, ok)
         flat = xs.flatten(0, 2)
-        if tv_weight:
-            loss = loss + tv_weight * per_image_mean(total_variation(flat * s + m), ok)
-        if config.l2_weight:
-            loss = loss + config.l2_weight * per_image_mean(flat.pow(2).flatten(1).mean(1), ok)
+        if self.tv_weight:
+            loss = loss + self.tv_weight * self.per_image_mean(
+                total_variation(flat * self.s + self.m), ok)
+        if self.config.l2_weight:
+            loss = loss + self.config.l2_weight * self.per_image_mean(
+                flat.pow(2).flatten(1).mean(1), ok)
         return loss
 
-    def errors(act: Tensor, ok: Tensor) -> Tensor:
-        if error is None:
-            return torch.full((act.numel(), r), math.nan, device=device, dtype=dtype)
-        return error(x, act, ok).detach().to(dtype)
+    def errors(self, act: Tensor, ok: Tensor) -> Tensor:
+        """Each restart's relative error (NaN without an ``error``), (A, R)."""
+        if self.error is None:
+            return torch.full((act.numel(), self.r), math.nan, device=self.device,
+                              dtype=self.dtype)
+        return self.error(self.x, act, ok).detach().to(self.dtype)
 
-    def trace(t: int, step: int, images: Tensor) -> None:
+    def trace(self, t: int, images: Tensor) -> None:
         """Target t's best restart, (Bmax, C, H, W) -> its own (B_t, C, H, W) images."""
-        if traces is not None and traces[t] is not None:
-            traces[t](step, images[: batches[t]].clone())  # type: ignore[misc]
+        if self.traces is not None and self.traces[t] is not None:
+            self.traces[t](self.step, images[: self.batches[t]].clone())  # type: ignore[misc]
 
-    outcomes: list[Outcome | None] = [None] * t_count
-    n_act = t_count
-    factor = [1.0] * t_count
-    best_loss = [math.inf] * t_count
-    bad = [0] * t_count
-    shifts: list[list[list[int]]] = [[] for _ in range(t_count)]
-    step = 0
+    def adam_step(self) -> None:
+        """One Adam step of every active target (each jittered by its own shift), under the
+        cosine schedule scaled by the target's factor, then clamped to valid pixels."""
+        ok = self.valid[self.active]
+        self._draw_shifts()
+        cos = 0.5 * (1 + math.cos(math.pi * self.step / max(self.cap, 1)))
+        self.step += 1
+        bias1 = 1 - BETA1**self.step
+        sizes = torch.tensor([self.config.lr * self.factor[t] * cos / bias1
+                              for t in self.active_list],
+                             device=self.device, dtype=self.dtype).view(-1, 1, 1, 1, 1, 1)
+        x = self.x
+        x.requires_grad_(True)
+        inp = x
+        if self.jitter:  # each target rolled by its own shift (a loop over targets, not images)
+            inp = torch.stack([torch.roll(x[a], shifts=tuple(self.shifts[t].pop()),
+                                          dims=(-2, -1))
+                               for a, t in enumerate(self.active_list)])
+        (grad,) = torch.autograd.grad(self.total(inp, x, self.active, ok).sum(), x)
+        self.x = x = x.detach()
+        _adam_step(x, grad, self.exp_avg, self.exp_avg_sq, self.step, sizes)
+        x.copy_(torch.maximum(torch.minimum(x, self.hi), self.lo))
+        if self.sink is not None:
+            self.sink.advance(self.n_act * self.r, self.act_images * self.r)
 
-    def finish(rows: list[int], losses: Tensor, errs: Tensor, why: list[str]) -> None:
+    def _draw_shifts(self) -> None:
+        """A block of jitter shifts per active target that has used its last one, from its
+        own generator: no per-step host sync."""
+        for t in self.active_list if self.jitter else ():
+            if not self.shifts[t]:
+                g = self.generators[t]
+                self.shifts[t] = torch.randint(-self.jitter, self.jitter + 1,
+                                               (self.config.check_every, 2),
+                                               generator=g, device=g.device).tolist()
+
+    def check(self) -> None:
+        """The stopping rule at a check: targets whose error is within ``tol`` or whose
+        step size has been halved below ``min_lr_ratio`` stop and leave the batch."""
+        # no torch.no_grad(): a gradient-matching objective differentiates inside
+        ok = self.valid[self.active]
+        losses = self.total(self.x, self.x, self.active, ok).detach()
+        errs = self.errors(self.active, ok)
+        best = losses.argmin(1, keepdim=True)
+        both = torch.stack([losses.gather(1, best)[:, 0], errs.gather(1, best)[:, 0]], 1)
+        done, why = [], []
+        for row, (loss_now, err_now) in enumerate(both.tolist()):  # one host sync
+            stop = self._judge(self.active_list[row], loss_now, err_now)
+            if stop is not None:
+                done.append(row), why.append(stop)
+        for row in range(self.n_act) if self.traces is not None else ():
+            self.trace(self.active_list[row], self.x.detach()[row, int(best[row])])
+        if done:
+            self.finish(done, losses, errs, why)
+            self._drop(done)
+
+    def _judge(self, t: int, loss_now: float, err_now: float) -> str | None:
+        """Target t at a check, from its best restart's loss and error: "converged",
+        "plateau", or None (it goes on; its step size halves after ``patience`` checks
+        without ``min_improvement``)."""
+        config = self.config
+        if err_now <= config.tol:
+            return "converged"
+        if loss_now < self.best_loss[t] * (1 - config.min_improvement) or not math.isfinite(
+                self.best_loss[t]):
+            self.best_loss[t], self.bad[t] = loss_now, 0
+            return None
+        self.bad[t] += 1
+        if self.bad[t] >= config.patience:
+            self.factor[t], self.bad[t] = self.factor[t] / 2, 0
+            if self.factor[t] < config.min_lr_ratio:
+                return "plateau"
+        return None
+
+    def _drop(self, done: list[int]) -> None:
+        """Remove the rows ``done`` (positions among the active) from the batch."""
+        self.act_images -= sum(self.batches[self.active_list[row]] for row in done)
+        keep = torch.tensor([row for row in range(self.n_act) if row not in done],
+                            dtype=torch.long, device=self.device)
+        self.x, self.exp_avg = self.x[keep], self.exp_avg[keep]
+        self.exp_avg_sq = self.exp_avg_sq[keep]
+        self.active = self.active[keep]
+        self.active_list, self.n_act = self.active.tolist(), int(keep.numel())
+
+    def finish(self, rows: list[int], losses: Tensor, errs: Tensor, why: list[str]) -> None:
         """Record the targets in ``rows`` (positions among the active) as they are now."""
         best = losses[rows].argmin(1)
-        ix = torch.tensor(rows, device=device)
+        ix = torch.tensor(rows, device=self.device)
         err_best = errs[ix, best]
         for k, (row, b, e) in enumerate(zip(rows, best.tolist(), err_best.tolist(),
                                             strict=True)):
-            t = int(active_list[row])
-            stopped = "converged" if why[k] == "cap" and e <= config.tol else why[k]
-            images = x.detach()[row, b]
-            trace(t, step, images)
-            outcomes[t] = Outcome(images[: batches[t]].clone(), losses[row].clone(), b,
-                                  Convergence(step, e, stopped))
-        if sink is not None:
-            stopped = sum(batches[int(active_list[row])] for row in rows)
-            sink.saved(len(rows) * (cap - step) * r, stopped * (cap - step) * r)
-            sink.stopped(stopped * step * r, stopped * cap * r)
-
-    active_list = active.tolist()
-    while step < cap and n_act:
-        ok = valid[active]
-        for t in active_list if jitter else ():
-            if not shifts[t]:  # a block of shifts per target: no per-step host sync
-                g = generators[t]
-                shifts[t] = torch.randint(-jitter, jitter + 1, (config.check_every, 2),
-                                          generator=g, device=g.device).tolist()
-        cos = 0.5 * (1 + math.cos(math.pi * step / max(cap, 1)))
-        step += 1
-        bias1 = 1 - BETA1**step
-        sizes = torch.tensor([config.lr * factor[t] * cos / bias1 for t in active_list],
-                             device=device, dtype=dtype).view(-1, 1, 1, 1, 1, 1)
-        x.requires_grad_(True)
-        inp = x
-        if jitter:  # each target rolled by its own shift (a loop over targets, not images)
-            inp = torch.stack([torch.roll(x[a], shifts=tuple(shifts[t].pop()), dims=(-2, -1))
-                               for a, t in enumerate(active_list)])
-        (grad,) = torch.autograd.grad(total(inp, x, active, ok).sum(), x)
-        x = x.detach()
-        _adam_step(x, grad, exp_avg, exp_avg_sq, step, sizes)
-        x.copy_(torch.maximum(torch.minimum(x, hi), lo))
-        if sink is not None:
-            sink.advance(n_act * r, act_images * r)
-        if step % config.check_every == 0 and step < cap:
-            # no torch.no_grad(): a gradient-matching objective differentiates inside
-            losses = total(x, x, active, ok).detach()
-            errs = errors(active, ok)
-            best = losses.argmin(1, keepdim=True)
-            both = torch.stack([losses.gather(1, best)[:, 0], errs.gather(1, best)[:, 0]], 1)
-            done, why = [], []
-            for row, (loss_now, err_now) in enumerate(both.tolist()):  # one host sync
-                t = active_list[row]
-                if err_now <= config.tol:
-                    done.append(row), why.append("converged")
-                    continue
-                if loss_now < best_loss[t] * (1 - config.min_improvement) or not math.isfinite(
-                        best_loss[t]):
-                    best_loss[t], bad[t] = loss_now, 0
-                else:
-                    bad[t] += 1
-                    if bad[t] >= config.patience:
-                        factor[t], bad[t] = factor[t] / 2, 0
-                        if factor[t] < config.min_lr_ratio:
-                            done.append(row), why.append("plateau")
-            for row in range(n_act) if traces is not None else ():
-                trace(active_list[row], step, x.detach()[row, int(best[row])])
-            if done:
-                finish(done, losses, errs, why)
-                act_images -= sum(batches[active_list[row]] for row in done)
-                keep = torch.tensor([row for row in range(n_act) if row not in done],
-                                    dtype=torch.long, device=device)
-                x, exp_avg, exp_avg_sq = x[keep], exp_avg[keep], exp_avg_sq[keep]
-                active = active[keep]
-                active_list, n_act = active.tolist(), int(keep.numel())
-    if n_act:
-        ok = valid[active]
-        losses = total(x, x, active, ok).detach()
-        finish(list(range(n_act)), losses, errors(active, ok), ["cap"] * n_act)
-    return [o for o in outcomes if o is not None]
+            t = int(self.active_list[row])
+            stopped = "converged" if why[k] == "cap" and e <= self.config.tol else why[k]
+            images = self.x.detach()[row, b]
+            self.trace(t, images)
+            self.outcomes[t] = Outcome(images[: self.batches[t]].clone(), losses[row].clone(),
+                                       b, Convergence(self.step, e, stopped))
+        if self.sink is not None:
+            stopped_images = sum(self.batches[int(self.active_list[row])] for row in rows)
+            left = self.cap - self.step
+            self.sink.saved(len(rows) * left * self.r, stopped_images * left * self.r)
+            self.sink.stopped(stopped_images * self.step * self.r,
+                              stopped_images * self.cap * self.r)
