@@ -93,6 +93,19 @@ def options_from(options: type, values: Mapping[str, Any]) -> Any:
     return options(**{k: v for k, v in values.items() if k in names})
 
 
+def with_defaults(flags: Iterable[OptionFlag], names: Iterable[str],
+                  defaults: Mapping[str, Any]) -> tuple[OptionFlag, ...]:
+    """The fields ``names`` of ``flags``, in that order, with ``defaults`` replacing their
+    declared defaults: a command that takes some of an attack's options with defaults of
+    its own (``privfedcal audit``'s inversion options) declares only the difference."""
+    by_name, names = {f.name: f for f in flags}, tuple(names)
+    wrong = [n for n in (*names, *defaults) if n not in by_name or n not in names]
+    if wrong:
+        raise TypeError(f"option fields not declared, or overridden but not taken: {wrong}")
+    return tuple(dataclasses.replace(by_name[n], default=defaults.get(n, by_name[n].default))
+                 for n in names)
+
+
 def merged_flags(types_: Iterable[type]) -> dict[str, OptionFlag]:
     """Every CLI field of the options types by name, first declaration first; a name that
     two types declare differently (type or default) is an error of the declarations."""
@@ -110,4 +123,4 @@ def merged_flags(types_: Iterable[type]) -> dict[str, OptionFlag]:
 
 
 __all__ = ["NoOptions", "OptionFlag", "attack_option", "make_options", "merged_flags", "option_flags",
-           "options_from"]
+           "options_from", "with_defaults"]

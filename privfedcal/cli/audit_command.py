@@ -8,6 +8,7 @@ options are the group's), and ``audit dp`` runs the distinguishing games of
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from pathlib import Path
@@ -16,11 +17,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from privfedcal.attacks.reconstruction.feature_inversion import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_MAX_STEPS,
-)
+from privfedcal.cli.attack_flags import option_parameters
 from privfedcal.cli.console import console, print_table
+from privfedcal.cli.train_command import command_options
 from privfedcal.errors import UsageError
 
 Opt = typer.Option
@@ -71,16 +70,13 @@ def _fmt(value: object, digits: int = 3) -> str:
     return "-" if value is None else str(value)
 
 
-def audit(
+def _audit_options(
     ctx: typer.Context,
     eps: Annotated[str, Opt(help="Comma-separated total epsilons; inf = no DP.")] = "1,2,4,8,inf",
     secagg: Annotated[str, Opt(help="Secure aggregation settings: off,on.")] = "off,on",
     methods: Annotated[str | None, Opt(help="Methods to audit, comma-separated (default: every calibrator whose release a registered attack targets: ccvr, creff).", show_default=False)] = None,
     rounds: Annotated[int, Opt(help="Communication rounds per run.")] = 5,
     participation: Annotated[float, Opt(help="Fraction of clients per round (below 1, secure sums change between rounds: see the disaggregation columns).")] = 1.0,
-    steps: Annotated[int, Opt(help="Inversion step cap per target (stops earlier once converged).")] = DEFAULT_MAX_STEPS,
-    restarts: Annotated[int, Opt(help="Inversion restarts per target.")] = 2,
-    attack_batch: Annotated[int, Opt(help="Targets optimised together per batch (1: one at a time; same results, more memory).")] = DEFAULT_ATTACK_BATCH,
     clients: Annotated[int, Opt(help="Clients in each federation.")] = 5,
     attack_clients: Annotated[int, Opt(help="Clients whose uploads are inverted.")] = 1,
     dataset: Annotated[str, Opt(help="Dataset of the runs.")] = "digits",
@@ -90,20 +86,47 @@ def audit(
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace an earlier audit in --out.")] = False,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
-    """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot.
+    """``audit``'s own options; its inversion options (``--steps``, ``--restarts``,
+    ``--attack-batch``) are the attacks' options fields (``leakage_sweep.audit_flags``)."""
 
-    `privfedcal audit dp` instead measures a lower bound on epsilon per channel."""
-    if ctx.invoked_subcommand is not None:
+
+def audit_command():
+    """The audit's callback: its own options, then the inversion options' flags, built from
+    ``InversionOptions``' fields with the audit's defaults (``leakage_sweep.AUDIT_DEFAULTS``)."""
+    from privfedcal.attacks.reconstruction.leakage_sweep import audit_flags
+
+    def audit(**flags) -> None:
+        """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot.
+
+        `privfedcal audit dp` instead measures a lower bound on epsilon per channel."""
+        run_audit(flags)
+
+    audit.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        command_options(_audit_options) + option_parameters(audit_flags()))
+    return audit
+
+
+def run_audit(flags: dict) -> None:
+    """``privfedcal audit`` with the given flags (an inversion option not given: the
+    audit's default, ``AuditConfig``'s)."""
+    if flags["ctx"].invoked_subcommand is not None:
         return  # `audit dp ...`: the group's own sweep does not run
     from privfedcal import jobs
-    from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig, Setting
+    from privfedcal.attacks.reconstruction.leakage_sweep import (
+        AUDIT_INVERSION_OPTIONS,
+        AuditConfig,
+        Setting,
+    )
     from privfedcal.cli.console import Reporter
 
-    config = AuditConfig(eps=parse_eps(eps), secagg=parse_secagg(secagg),
-                         methods=parse_methods(methods), dataset=dataset, clients=clients,
-                         rounds=rounds, participation=participation, steps=steps,
-                         restarts=restarts, attack_batch=attack_batch,
-                         attack_clients=attack_clients, seed=seed, device=device)
+    inversion = {n: flags[n] for n in AUDIT_INVERSION_OPTIONS if flags[n] is not None}
+    config = AuditConfig(eps=parse_eps(flags["eps"]), secagg=parse_secagg(flags["secagg"]),
+                         methods=parse_methods(flags["methods"]), dataset=flags["dataset"],
+                         clients=flags["clients"], rounds=flags["rounds"],
+                         participation=flags["participation"],
+                         attack_clients=flags["attack_clients"], seed=flags["seed"],
+                         device=flags["device"], **inversion)
+    out, overwrite, quiet = flags["out"], flags["overwrite"], flags["quiet"]
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
     # no line before the job's checks pass: its first stage (no description) is the start
     with Reporter("", total=len(config.settings()), quiet=quiet, announce=False) as bar:
@@ -140,6 +163,6 @@ def register(app: typer.Typer) -> None:
 
     group = typer.Typer(name="audit", no_args_is_help=False, add_completion=False,
                         pretty_exceptions_enable=False)
-    group.callback(invoke_without_command=True)(audit)
+    group.callback(invoke_without_command=True)(audit_command())
     audit_dp.register(group)
     app.add_typer(group, name="audit")

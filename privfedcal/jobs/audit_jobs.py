@@ -114,7 +114,7 @@ def _audit(config: AuditConfig, out: Path | None, *, overwrite: bool = False,
 def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
           secagg: bool | Iterable[bool] = (False, True),
           methods: str | Iterable[str] = ("ccvr", "creff"), rounds: int = 5,
-          participation: float = 1.0, steps: int | None = None, restarts: int = 2,
+          participation: float = 1.0, steps: int | None = None, restarts: int | None = None,
           attack_batch: int | None = None, clients: int = 5, attack_clients: int = 1,
           dataset: str = "digits", seed: int = 0, device: str = "cpu",
           out: str | Path | None = None, overwrite: bool = False,
@@ -122,27 +122,23 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
     """Train and attack every protection setting of a grid, as ``privfedcal audit``: DP
     epsilon (``eps``; ``math.inf``: no DP) x secure aggregation (``secagg``) x ``methods``,
     one row per setting (accuracy, the best reconstruction's PSNR, class inference, what
-    the secure sums determine, epsilon spent; docs/privacy.md). ``steps`` and
-    ``attack_batch`` default to the attack's (``DEFAULT_MAX_STEPS``,
-    ``DEFAULT_ATTACK_BATCH``). With ``out``, the runs are kept in ``out/runs`` and
+    the secure sums determine, epsilon spent; docs/privacy.md). ``steps``, ``restarts``
+    and ``attack_batch`` are the attacks' inversion options; not given, the audit's
+    defaults (``leakage_sweep.audit_flags``: the attacks' own, but 2 restarts). With ``out``, the runs are kept in ``out/runs`` and
     ``audit.csv`` and ``audit.png`` written into ``out`` (an earlier audit there is kept
     unless ``overwrite=True``); without, the runs are trained in a temporary folder that is
     removed and nothing is written. ``progress``: a bar over the settings when interactive
     (None), always (True) or never (False), or a callable given a ``Stage`` per step of each
     setting (``done`` of ``total`` settings)."""
-    from privfedcal.attacks.reconstruction.feature_inversion import (
-        DEFAULT_ATTACK_BATCH,
-        DEFAULT_MAX_STEPS,
-    )
     from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig
 
+    given = dict(steps=steps, restarts=restarts, attack_batch=attack_batch)
     config = AuditConfig(
         eps=as_tuple(eps), secagg=as_tuple(secagg), methods=check_methods(as_tuple(methods)),
         dataset=dataset,
         clients=clients, rounds=rounds, participation=participation,
-        steps=DEFAULT_MAX_STEPS if steps is None else steps, restarts=restarts,
-        attack_batch=DEFAULT_ATTACK_BATCH if attack_batch is None else attack_batch,
-        attack_clients=attack_clients, seed=seed, device=device)
+        attack_clients=attack_clients, seed=seed, device=device,
+        **{k: v for k, v in given.items() if v is not None})
     with Watch(progress, "audit") as watch:
         return _audit(config, None if out is None else Path(out), overwrite=overwrite,
                       progress=watch)

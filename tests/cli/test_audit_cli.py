@@ -102,6 +102,41 @@ def test_bad_flags_are_one_line(capsys):
         assert exc.value.code == 2 and len(lines) == 1 and needle in lines[0], err
 
 
+def test_inversion_flags_are_the_attacks_options_with_the_audits_defaults(capsys, monkeypatch):
+    """``--steps``, ``--restarts`` and ``--attack-batch`` are ``InversionOptions``' fields
+    (their help), with the defaults ``AUDIT_DEFAULTS`` overrides (2 restarts, the attacks'
+    4) shown in the help and used when not given; a changed override table changes both."""
+    import dataclasses
+
+    from privfedcal.attacks.attack_options import option_flags
+    from privfedcal.attacks.reconstruction import leakage_sweep
+    from privfedcal.attacks.reconstruction.runner import InversionOptions
+    from privfedcal.cli.audit_command import audit_command
+
+    attack = {f.name: f for f in option_flags(InversionOptions)}
+    assert leakage_sweep.AUDIT_DEFAULTS == {"restarts": 2} and attack["restarts"].default == 4
+    config = AuditConfig()
+    assert (config.steps, config.restarts, config.attack_batch) == (
+        attack["steps"].default, 2, attack["attack_batch"].default)
+    try:  # --help exits 0: main returns (or exits with 0)
+        main(["audit", "--help"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    for name in ("steps", "attack_batch"):
+        assert f"{attack[name].help} (default {attack[name].default})" in shown
+    assert f"{attack['restarts'].help} (default 2)" in shown
+    # the flags are read from the table when the command is built
+    monkeypatch.setattr(leakage_sweep, "AUDIT_DEFAULTS", {"restarts": 3, "steps": 7})
+    params = audit_command().__signature__.parameters
+    helps = {n: params[n].annotation.__metadata__[0].help for n in ("steps", "restarts")}
+    assert helps == {"steps": f"{attack['steps'].help} (default 7)",
+                     "restarts": f"{attack['restarts'].help} (default 3)"}
+    assert params["restarts"].default is None  # not given: AuditConfig's default
+    assert {f.name for f in dataclasses.fields(InversionOptions)} >= set(
+        leakage_sweep.AUDIT_INVERSION_OPTIONS)
+
+
 def test_an_earlier_audit_is_kept_without_overwrite(tmp_path, capsys):
     out = tmp_path / "audit"
     out.mkdir()

@@ -28,10 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfedcal.attacks.reconstruction.feature_inversion import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_MAX_STEPS,
-)
+from privfedcal.attacks.attack_options import OptionFlag, option_flags, with_defaults
+from privfedcal.attacks.reconstruction.runner import InversionOptions
 from privfedcal.attacks.release_attacks import attacked_calibrators, audit_params
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
@@ -68,6 +66,24 @@ class Setting:
         return math.isinf(self.eps) and not self.secagg
 
 
+#: The inversion options the audit takes: fields of ``InversionOptions`` (their help,
+#: defaults and checks), so ``privfedcal audit``'s flags and ``privfedcal.audit``'s keywords
+#: are the attacks' own.
+AUDIT_INVERSION_OPTIONS = ("steps", "restarts", "attack_batch")
+#: Where the audit's defaults differ from an attack's: 2 restarts, not 4, since the audit
+#: attacks every setting of its grid (20 by default) and is meant to take seconds per setting.
+AUDIT_DEFAULTS = {"restarts": 2}
+
+
+def audit_flags() -> tuple[OptionFlag, ...]:
+    """The audit's inversion options as described fields, with the audit's defaults."""
+    return with_defaults(option_flags(InversionOptions), AUDIT_INVERSION_OPTIONS,
+                         AUDIT_DEFAULTS)
+
+
+_DEFAULT = {f.name: f.default for f in audit_flags()}
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """The grid and the size of every run / attack (defaults: digits, seconds per setting)."""
@@ -81,9 +97,11 @@ class AuditConfig:
     rounds: int = 5
     participation: float = 1.0
     local_epochs: int = 1
-    steps: int = DEFAULT_MAX_STEPS  # cap; inversions stop at convergence
-    restarts: int = 2
-    attack_batch: int = DEFAULT_ATTACK_BATCH  # targets per batched inversion (runner.execute)
+    # the inversion options (AUDIT_INVERSION_OPTIONS): step cap (inversions stop at
+    # convergence), restarts, targets per batched inversion (runner.execute)
+    steps: int = _DEFAULT["steps"]
+    restarts: int = _DEFAULT["restarts"]
+    attack_batch: int = _DEFAULT["attack_batch"]
     attack_clients: int = 1
     max_n: int = 256
     seed: int = 0
@@ -94,17 +112,14 @@ class AuditConfig:
             raise UsageError("the audit grid needs at least one eps, secagg and method value")
         if any(math.isnan(e) or e <= 0 for e in self.eps):
             raise UsageError("every --eps must be > 0 (inf = no DP)")
-        if self.attack_batch < 1:
-            raise UsageError(f"--attack-batch must be >= 1 (1: one target at a time), got "
-                             f"{self.attack_batch}")
+        if self.rounds < 1:
+            raise UsageError(f"the audit needs --rounds >= 1, got {self.rounds}")
+        # the inversion options are checked as the attacks check them
+        InversionOptions(**{n: getattr(self, n) for n in AUDIT_INVERSION_OPTIONS})
         if self.attack_clients < 1:
             raise UsageError("--attack-clients must be >= 1")
         if not 0 < self.participation <= 1:
             raise UsageError(f"--participation must be in (0, 1], got {self.participation}")
-        # an empty budget would report the random start as "nothing leaked"
-        if self.steps < 1 or self.restarts < 1 or self.rounds < 1:
-            raise UsageError(f"the audit needs --steps >= 1, --restarts >= 1 and --rounds >= 1 "
-                             f"(got {self.steps}, {self.restarts}, {self.rounds})")
 
     def settings(self) -> list[Setting]:
         return [Setting(m, e, s) for m in self.methods for s in self.secagg for e in self.eps]
