@@ -32,7 +32,12 @@ import typer
 from typer.core import TyperGroup
 
 from privfedcal.cli.args import run_folder
-from privfedcal.cli.attack_flags import given_options, option_parameters, refuse_strays
+from privfedcal.cli.attack_flags import (
+    given_options,
+    option_parameters,
+    options_given,
+    refuse_strays,
+)
 from privfedcal.cli.attack_whole_command import (
     print_notes,
     run_attack_command,
@@ -64,6 +69,8 @@ class AttackGroup(TyperGroup):
 
         if name == "invert":
             return _click(name, invert_command())
+        if name == "classes":
+            return _click(name, classes_command())
         if name in {a.name for a in run_attacks()}:
             return _click(name, run_attack_command(RELEASE_ATTACKS.get(name)))
         return super().get_command(ctx, name)
@@ -291,10 +298,9 @@ def run_invert(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any
     console.print(f"wrote attack.json and reconstructions.png into {out_dir}")
 
 
-def classes_cmd(
+def _classes_options(
     run_dir: Annotated[Path | None, typer.Argument(help="Run folder to attack (the same as --run).", show_default=False)] = None,
     run: Annotated[Path | None, Opt(help="Run folder to attack (default: train a quick digits run).")] = None,
-    false_positive_rate: Annotated[float, Opt(help="Per-class false-positive rate under DP noise.")] = 1e-3,
     seed: Annotated[int, Opt(help="Seed of the quick run.")] = 0,
     device: Annotated[str, Opt(help="cpu | cuda | auto")] = "cpu",
     threads: Annotated[int | None, Opt(help="Torch threads (as for train; default: torch's).")] = None,
@@ -302,7 +308,30 @@ def classes_cmd(
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace earlier results in the output folder.")] = False,
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
-    """Infer each client's class set (and counts) from its calibration uploads."""
+    """``classes``' own options; the inference's options are ``ClassesOptions``' fields."""
+
+
+def classes_command() -> Any:
+    """``attack classes``: its own options, then ``ClassesOptions``' CLI fields as flags
+    (``--false-positive-rate``)."""
+    from privfedcal.attacks.attack_options import option_flags
+    from privfedcal.attacks.reconstruction.uploads import ClassesOptions
+
+    def classes(**flags: Any) -> None:
+        """Infer each client's class set (and counts) from its calibration uploads."""
+        run_classes(flags)
+
+    classes.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        command_options(_classes_options)
+        + option_parameters(f for f in option_flags(ClassesOptions) if f.cli))
+    return classes
+
+
+def run_classes(flags: dict[str, Any]) -> None:
+    """``attack classes`` with the given flags: infer the class sets, write attack.json
+    and classes.png."""
+    run_dir, run, seed, device, threads, out, overwrite, quiet = (flags[k] for k in (
+        "run_dir", "run", "seed", "device", "threads", "out", "overwrite", "quiet"))
     set_threads(threads)
     from privfedcal.attacks.reconstruction.runner import load_run
     from privfedcal.attacks.reconstruction.scoring import (
@@ -313,7 +342,7 @@ def classes_cmd(
     from privfedcal.attacks.reconstruction.uploads import ClassesOptions, infer_class_sets
     from privfedcal.attacks.release_attacks import attacked_calibrators
 
-    opts = ClassesOptions(false_positive_rate=false_positive_rate)
+    opts = options_given(ClassesOptions, flags, "attack classes")
     run = run_folder(run_dir, run, "attack classes", required=False)
     files = ("attack.json", "classes.png")
     if run is None and out is not None:  # refused before the quick run is trained
@@ -336,5 +365,4 @@ def classes_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    attack_app.command("classes")(classes_cmd)
     app.add_typer(attack_app, name="attack")

@@ -3,8 +3,10 @@
 Each registered attack declares its options as a frozen dataclass of described fields
 (``attacks/attack_options.py``); ``privfedcal attack``'s commands take those fields as
 flags (``option_parameters``), build the chosen attack's options from the flags given
-(``given_options``: the type's ``__post_init__`` checks them) and refuse a flag of an
-attack that was not chosen (``refuse_strays``).
+(``given_options``; ``options_given`` for a command's own options type, as ``attack
+classes``' ``ClassesOptions``: the type's ``__post_init__`` checks them) and refuse a flag
+of an attack that was not chosen (``refuse_strays``). ``privfedcal audit`` takes its
+inversion options the same way (``leakage_sweep.audit_flags``).
 """
 
 from __future__ import annotations
@@ -42,11 +44,18 @@ def option_parameters(flags: Iterable[Any]) -> list[inspect.Parameter]:
 def given_options(attack: Any, flags: dict[str, Any]) -> Any:
     """``attack``'s options from the flags: each of its CLI fields that was given (a switch:
     its value)."""
+    return options_given(attack.options, flags, f"attack {attack.name}")
+
+
+def options_given(options: type, flags: dict[str, Any], what: str) -> Any:
+    """An options type built from the flags: each of its CLI fields that was given (a
+    switch: its value); the others keep the type's defaults, its checks run (``what``: the
+    command, for the message)."""
     from privfedcal.attacks.attack_options import make_options, option_flags
 
-    given = {f.name: flags[f.name] for f in option_flags(attack.options)
+    given = {f.name: flags[f.name] for f in option_flags(options)
              if f.cli and flags.get(f.name) is not None}
-    return make_options(attack.options, given, f"attack {attack.name}")
+    return make_options(options, given, what)
 
 
 def refuse_strays(chosen: list[Any], flags: dict[str, Any], offered: dict[str, Any],

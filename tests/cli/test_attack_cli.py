@@ -102,6 +102,26 @@ def test_classes(runs, tmp_path, capsys):
     assert "precision" in capsys.readouterr().out
 
 
+def test_classes_flags_come_from_its_options_type(capsys):
+    """``attack classes``' inference options are ``ClassesOptions``' CLI fields: each is a
+    flag with the field's help and default."""
+    import dataclasses
+
+    from privfedcal.attacks.attack_options import option_flags
+    from privfedcal.attacks.reconstruction.uploads import ClassesOptions
+
+    fields = [f for f in option_flags(ClassesOptions) if f.cli]
+    assert [f.name for f in fields] == ["false_positive_rate"]
+    try:  # --help exits 0: main returns (or exits with 0)
+        main(["attack", "classes", "--help"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    shown = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    for f in fields:
+        assert f.decls[0] in shown and f"(default {f.default})" in shown
+    assert dataclasses.fields(ClassesOptions)[0].default == 1e-3
+
+
 def test_classes_without_run_trains_a_quick_run(tmp_path, capsys):
     out = tmp_path / "quick"
     main(["attack", "classes", "--device", "cpu", "--out", str(out)])
@@ -137,6 +157,10 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
     assert_usage_error(["attack", "invert", "--gradients", "--run", str(runs / "creff"),
                         "--rounds-combined", "0"], capsys, "--rounds-combined")
     assert_usage_error(["attack", "classes", "--run", str(tmp_path)], capsys, "not a run folder")
+    # classes' --false-positive-rate is ClassesOptions' field: its check refuses 0 and 1
+    for rate in ("0", "1"):
+        assert_usage_error(["attack", "classes", "--run", run, "--false-positive-rate", rate],
+                           capsys, "--false-positive-rate must be in (0, 1)")
     assert_usage_error(["attack", "invert", "--stats", "--run", run, "--nope"], capsys, "nope")
 
 
