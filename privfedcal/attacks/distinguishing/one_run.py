@@ -22,8 +22,10 @@ charged like any of its examples.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -75,25 +77,15 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     t0 = time.perf_counter()
     cfg = exp.cfg
-    # the calibrator's first release whose attack declares the keys a canary owns
-    audited = [(r, a) for r, a in attacks_of(calibrator) if a.canary_keys and a.task]
-    if not audited:
-        raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
-    spec, attack = audited[0]
+    spec, attack = _audited_release(calibrator)
     label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
-    from privfedcal.cohorts import select_clients
     from privfedcal.privacy.noise import noise_generator
 
-    rounds = ([[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
-               for k in range(cfg.clients)] if spec.participants == "selected"
-              else [[1]] * cfg.clients)
+    rounds = _client_rounds(cfg, spec.participants)
     classes, dim = exp.data.num_classes, exp.model.feature_dim
     axes = dim if axes is None else min(axes, dim)
-    c = torch.arange(classes).repeat_interleave(axes)   # canary i: class c[i], axis j[i]
-    j = torch.arange(axes).repeat(classes)
-    unit = CANARY_SCALE * canary_scale(bound, attack.clip)
-    canaries = torch.zeros(len(c), dim, dtype=torch.float64)
-    canaries[torch.arange(len(c)), j] = unit
+    c, j, canaries = _canaries(classes, dim, axes,
+                               CANARY_SCALE * canary_scale(bound, attack.clip))
     # membership: one fair coin per canary from OS entropy
     member = torch.randint(0, 2, (cfg.clients, len(c)), generator=noise_generator()).bool()
     var = ({k: s * s for k, s in plan.dp.stds(keys, label).items()} if plan is not None
@@ -109,30 +101,16 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
         if not rounds[k]:
             continue  # never selected: its canaries reach no release
         done.append(k)
-        z, y = client_features(exp, k)
-        clean = task.compute(model, z, y, bound)
-        full = task.compute(model, torch.cat([z, canaries]), torch.cat([y, c]), bound)
         inc = member[k]
-        view_clean = task.compute(model, torch.cat([z, canaries[inc]]),
-                                  torch.cat([y, c[inc]]), bound)
-        score = torch.zeros(len(c), dtype=torch.float64)
-        for _ in rounds[k]:  # a fresh release each round the client is selected
-            view = release({kk: v.to(torch.float64).unsqueeze(0) for kk, v in
-                            view_clean.items()})
-            view = {kk: v[0] for kk, v in view.items()}
-            for key in keys:
-                change = _own(key, c, j, full, spec.symmetric) - _own(key, c, j, clean,
-                                                                       spec.symmetric)
-                seen = _own(key, c, j, view, spec.symmetric) - _own(key, c, j, clean,
-                                                                    spec.symmetric)
-                score += (seen * change).sum(1) / max(var[key], 1e-30)
-        scores.append(score)
+        clean, full, view_clean = _payloads(task, model, *client_features(exp, k), canaries,
+                                            c, inc, bound)
+        own = functools.partial(_own, c=c, j=j, symmetric=spec.symmetric)
+        scores.append(_client_score(own, len(c), keys, var, clean, full, view_clean,
+                                    release, len(rounds[k])))
         truth.append(inc)
     score, truth = torch.cat(scores), torch.cat(truth)
     m = len(score)
-    half = max(1, int(round(guesses * m / 2)))
-    order = torch.argsort(score)
-    right = int(truth[order[-half:]].sum()) + int((~truth[order[:half]]).sum())
+    half, right = guess_membership(score, truth, guesses)
     steps = max(len(rounds[k]) for k in done)
     eps_claim, delta = claimed(plan, label, steps)
     eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
@@ -141,13 +119,88 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
         progress(cfg.clients, cfg.clients)
     return {"channel": f"{label} (one run)", "claimed_eps": eps_claim, "delta": delta,
             "eps_lower": eps, "confidence": confidence, "trials": 1,
-            "canary": (f"{m} canaries ({len(done)} client{'s' * (len(done) != 1)} x {classes} classes x {axes} "
-                       f"axes, feature {CANARY_SCALE:g} x clip)"
-                       + (f", {len(done)} of {cfg.clients} clients (time budget)"
-                          if stopped else "") + f", {2 * half} guesses, {right} right"),
+            "canary": _canaries_text(m, len(done), cfg.clients, classes, axes, stopped,
+                                     half, right),
             "stopped": BUDGET_STOP if stopped else "",
             "score": "projection", "false_pos": 2 * half - right, "false_neg": 0,
             "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
+
+
+def _canaries_text(m: int, done: int, clients: int, classes: int, axes: int, stopped: bool,
+                   half: int, right: int) -> str:
+    """The row's ``canary`` column: the canaries, the clients released, the guesses."""
+    return (f"{m} canaries ({done} client{'s' * (done != 1)} x {classes} classes x {axes} "
+            f"axes, feature {CANARY_SCALE:g} x clip)"
+            + (f", {done} of {clients} clients (time budget)" if stopped else "")
+            + f", {2 * half} guesses, {right} right")
+
+
+def _audited_release(calibrator: Any) -> tuple[Any, Any]:
+    """(release spec, attack) of the calibrator's first release whose attack declares the
+    keys a canary owns."""
+    audited = [(r, a) for r, a in attacks_of(calibrator) if a.canary_keys and a.task]
+    if not audited:
+        raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
+    return audited[0]
+
+
+def _client_rounds(cfg: Any, participants: str) -> list[list[int]]:
+    """The rounds in which each client releases: those the server selects it in for a
+    release of the selected clients, else one (round 1)."""
+    from privfedcal.cohorts import select_clients
+
+    if participants == "selected":
+        return [[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
+                for k in range(cfg.clients)]
+    return [[1]] * cfg.clients
+
+
+def _canaries(classes: int, dim: int, axes: int, unit: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(c, j, features): canary i is a feature ``unit`` on axis j[i], of class c[i]."""
+    c = torch.arange(classes).repeat_interleave(axes)   # canary i: class c[i], axis j[i]
+    j = torch.arange(axes).repeat(classes)
+    canaries = torch.zeros(len(c), dim, dtype=torch.float64)
+    canaries[torch.arange(len(c)), j] = unit
+    return c, j, canaries
+
+
+def _payloads(task: Any, model: Any, z: Tensor, y: Tensor, canaries: Tensor, c: Tensor,
+              inc: Tensor, bound: Any) -> tuple[dict[str, Tensor], ...]:
+    """A client's payloads without canaries, with all of them (what each canary would
+    change) and with its included ones (what it releases)."""
+    clean = task.compute(model, z, y, bound)
+    full = task.compute(model, torch.cat([z, canaries]), torch.cat([y, c]), bound)
+    view_clean = task.compute(model, torch.cat([z, canaries[inc]]),
+                              torch.cat([y, c[inc]]), bound)
+    return clean, full, view_clean
+
+
+def guess_membership(score: Tensor, truth: Tensor, guesses: float) -> tuple[int, int]:
+    """(half, right): of the m canaries, the ``half`` with the top scores are guessed in
+    and the ``half`` with the bottom ones out, ``half = guesses * m / 2`` (at least 1);
+    ``right`` of the ``2 * half`` guesses match ``truth`` (bool, in or out)."""
+    half = max(1, int(round(guesses * len(score) / 2)))
+    order = torch.argsort(score)
+    return half, int(truth[order[-half:]].sum()) + int((~truth[order[:half]]).sum())
+
+
+def _client_score(own: Callable[..., Tensor], n: int, keys: Sequence[str],
+                  var: dict[str, float],
+                  clean: dict[str, Tensor], full: dict[str, Tensor],
+                  view_clean: dict[str, Tensor], release: Callable[..., dict[str, Tensor]],
+                  releases: int) -> Tensor:
+    """Each of a client's ``n`` canaries' score: over its ``releases`` (a fresh noisy release
+    each round it is selected) and the canary keys, the noise-weighted projection of the
+    view less the client's own payload onto the canary's own change."""
+    score = torch.zeros(n, dtype=torch.float64)
+    for _ in range(releases):
+        view = release({kk: v.to(torch.float64).unsqueeze(0) for kk, v in view_clean.items()})
+        view = {kk: v[0] for kk, v in view.items()}
+        for key in keys:
+            change = own(key, payload=full) - own(key, payload=clean)
+            seen = own(key, payload=view) - own(key, payload=clean)
+            score += (seen * change).sum(1) / max(var[key], 1e-30)
+    return score
 
 
 __all__ = ["one_run"]

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from privfedcal.attacks.distinguishing.channels import Faults
 from privfedcal.attacks.distinguishing.games import BUDGET_STOP, budget_spent
+from privfedcal.attacks.distinguishing.one_run import guess_membership
 from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
 
@@ -96,7 +97,6 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     mechanism of its own, whose claim that is), the row marked ``stopped`` = ``budget``.
     ``progress(round, rounds)`` after every round."""
     from privfedcal.experiment import build_parts
-    from privfedcal.federation.simulator import Simulator
     from privfedcal.privacy.noise import noise_generator
 
     if not cfg.dp_train:
@@ -108,14 +108,50 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     t0 = time.perf_counter()
     cfg = cfg.replace(transcript=False, out=None, workers=1)
     exp, calibrator, uplink = build_parts(cfg)
-    dp = exp.spec.dp_sgd
-    if not faults.clip:  # clipping off, the noise's std (z times the bound) unchanged
+    exp.spec = dataclasses.replace(exp.spec, dp_sgd=_with_faults(exp.spec.dp_sgd, faults))
+    x, y, _, member = add_canaries(exp, per_client, noise_generator())
+    start, final, privacy, trained = _train(exp, calibrator, uplink, t0, budget_s, progress)
+    dev = exp.device
+    model = exp.model
+    score = _losses(model, start, x.to(dev), y.to(dev)) - _losses(model, final, x.to(dev),
+                                                                  y.to(dev))
+    m = len(score)
+    half, right = guess_membership(score, member, guesses)
+    claim = float(privacy.get("epsilon_spent", float("nan")))
+    delta = float(privacy.get("delta", 0.0))
+    eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
+    rounds = (f"the whole run of {cfg.rounds} round(s)" if trained == cfg.rounds else
+              f"{trained} of the run's {cfg.rounds} rounds (time budget)")
+    return {"channel": "dp-sgd (one run)", "claimed_eps": claim, "delta": delta,
+            "eps_lower": eps, "confidence": confidence, "trials": 1,
+            "canary": (f"{m} canaries ({cfg.clients} clients x {per_client}: random inputs "
+                       f"x {CANARY_INPUT_SCALE:g}, random labels, each in with a fair coin), "
+                       f"{rounds}, scored on the last global model; "
+                       f"{2 * half} guesses, {right} right"),
+            "stopped": "" if trained == cfg.rounds else BUDGET_STOP,
+            "score": "loss drop", "false_pos": 2 * half - right, "false_neg": 0,
+            "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
+
+
+def _with_faults(dp: Any, faults: Faults) -> Any:
+    """DP-SGD's settings under ``faults`` (tests): clipping off keeps the noise's std
+    (z times the bound) unchanged; ``noise_scale`` scales z."""
+    if not faults.clip:
         dp = dataclasses.replace(dp, max_grad_norm=1e9,
                                  noise_multiplier=dp.noise_multiplier * dp.max_grad_norm / 1e9)
     if faults.noise_scale != 1.0:
         dp = dataclasses.replace(dp, noise_multiplier=dp.noise_multiplier * faults.noise_scale)
-    exp.spec = dataclasses.replace(exp.spec, dp_sgd=dp)
-    x, y, _, member = add_canaries(exp, per_client, noise_generator())
+    return dp
+
+
+def _train(exp: Any, calibrator: Any, uplink: Any, t0: float, budget_s: float | None,
+           progress: Callable[[int, int], None] | None
+           ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Any], int]:
+    """Train ``exp`` in a temporary folder, stopping after the round in which ``budget_s``
+    ran out: (start and final global states, the privacy record, rounds trained)."""
+    from privfedcal.federation.simulator import Simulator
+
+    cfg = exp.cfg
     trained = 0
 
     def on_round(record: dict[str, Any]) -> None:
@@ -134,28 +170,7 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
         except _BudgetSpent:  # the global model after the last round trained
             privacy = _spent(uplink)
         final = {k: v.clone() for k, v in sim.global_state.items()}
-    model = sim.exp.model
-    dev = exp.device
-    score = _losses(model, start, x.to(dev), y.to(dev)) - _losses(model, final, x.to(dev),
-                                                                  y.to(dev))
-    m = len(score)
-    half = max(1, int(round(guesses * m / 2)))
-    order = torch.argsort(score)
-    right = int(member[order[-half:]].sum()) + int((~member[order[:half]]).sum())
-    claim = float(privacy.get("epsilon_spent", float("nan")))
-    delta = float(privacy.get("delta", 0.0))
-    eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
-    rounds = (f"the whole run of {cfg.rounds} round(s)" if trained == cfg.rounds else
-              f"{trained} of the run's {cfg.rounds} rounds (time budget)")
-    return {"channel": "dp-sgd (one run)", "claimed_eps": claim, "delta": delta,
-            "eps_lower": eps, "confidence": confidence, "trials": 1,
-            "canary": (f"{m} canaries ({cfg.clients} clients x {per_client}: random inputs "
-                       f"x {CANARY_INPUT_SCALE:g}, random labels, each in with a fair coin), "
-                       f"{rounds}, scored on the last global model; "
-                       f"{2 * half} guesses, {right} right"),
-            "stopped": "" if trained == cfg.rounds else BUDGET_STOP,
-            "score": "loss drop", "false_pos": 2 * half - right, "false_neg": 0,
-            "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
+    return start, final, privacy, trained
 
 
 def _spent(uplink: Any) -> dict[str, Any]:
