@@ -12,7 +12,7 @@ import inspect
 import math
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -90,12 +90,12 @@ def _audit_options(
     ``--attack-batch``) are the attacks' options fields (``leakage_sweep.audit_flags``)."""
 
 
-def audit_command():
+def audit_command() -> Any:
     """The audit's callback: its own options, then the inversion options' flags, built from
     ``InversionOptions``' fields with the audit's defaults (``leakage_sweep.AUDIT_DEFAULTS``)."""
     from privfedcal.attacks.reconstruction.leakage_sweep import audit_flags
 
-    def audit(**flags) -> None:
+    def audit(**flags: Any) -> None:
         """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot.
 
         `privfedcal audit dp` instead measures a lower bound on epsilon per channel."""
@@ -106,7 +106,7 @@ def audit_command():
     return audit
 
 
-def run_audit(flags: dict) -> None:
+def run_audit(flags: dict[str, Any]) -> None:
     """``privfedcal audit`` with the given flags (an inversion option not given: the
     audit's default, ``AuditConfig``'s)."""
     if flags["ctx"].invoked_subcommand is not None:
