@@ -14,7 +14,7 @@ A recorded update of several local steps is inverted through ``simulate_local_tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +56,46 @@ def _bias_name(model: FeatureClassifier) -> str:
     raise UsageError("label recovery needs a classifier with a bias; pass labels=")
 
 
+def _update_labels(model: FeatureClassifier, observed: Mapping[str, Tensor], kind: str,
+                   batch_size: int, labels: Tensor | None) -> Tensor:
+    """The ``batch_size`` labels of the batch: given, or from the bias entry's signs (and,
+    for a gradient, magnitudes; an update's scale is unknown)."""
+    if labels is None:
+        b_name = _bias_name(model)
+        bias = observed[b_name] * (-1.0 if kind == "update" else 1.0)
+        labels = labels_from_bias_gradient(bias, batch_size, use_magnitudes=kind == "gradient")
+    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if labels.numel() != batch_size:
+        raise UsageError(f"need {batch_size} labels, got {labels.numel()}")
+    return labels
+
+
+def _cosine_objective(model: FeatureClassifier, plist: list[Tensor], targets: list[Tensor],
+                      labels: Tensor, batch_size: int
+                      ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """(objective, error) of the gradient match: per restart, 1 - cosine between the CE
+    gradient of its images and the target; the error is sqrt(2 (1 - cos)), the relative
+    error between unit-normalised gradients."""
+    t_flat = torch.cat([t.flatten() for t in targets])
+    t_norm = t_flat.norm().clamp_min(1e-12)
+
+    def objective(x: Tensor) -> Tensor:
+        losses = []
+        for xr in x.split(batch_size):  # one parameter gradient per restart
+            ce = F.cross_entropy(model(xr), labels)
+            grads = torch.autograd.grad(ce, plist, create_graph=True)
+            g = torch.cat([gi.flatten() for gi in grads])
+            losses.append(1 - (g @ t_flat) / (g.norm().clamp_min(1e-12) * t_norm))
+        return torch.stack(losses)
+
+    def error(x: Tensor) -> Tensor:
+        # relative error between unit-normalised gradients: sqrt(2 (1 - cos))
+        with torch.enable_grad():
+            return torch.sqrt(2 * objective(x).clamp_min(0)).detach()
+
+    return objective, error
+
+
 def invert_update(
     model: FeatureClassifier,
     observed: Mapping[str, Tensor],
@@ -86,33 +126,11 @@ def invert_update(
         steps=steps, lr=lr, restarts=restarts, tv_weight=tv, l2_weight=0.0, jitter=0, bn_weight=0.0
     )
     names, targets = _target_gradients(model, observed, kind)
-    if labels is None:
-        b_name = _bias_name(model)
-        bias = observed[b_name] * (-1.0 if kind == "update" else 1.0)
-        labels = labels_from_bias_gradient(bias, batch_size, use_magnitudes=kind == "gradient")
-    labels = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
-    if labels.numel() != batch_size:
-        raise UsageError(f"need {batch_size} labels, got {labels.numel()}")
     params = dict(model.named_parameters())
     plist = [params[n] for n in names]
     device = plist[0].device
-    labels = labels.to(device)
-    t_flat = torch.cat([t.flatten() for t in targets])
-    t_norm = t_flat.norm().clamp_min(1e-12)
-
-    def objective(x: Tensor) -> Tensor:
-        losses = []
-        for xr in x.split(batch_size):  # one parameter gradient per restart
-            ce = F.cross_entropy(model(xr), labels)
-            grads = torch.autograd.grad(ce, plist, create_graph=True)
-            g = torch.cat([gi.flatten() for gi in grads])
-            losses.append(1 - (g @ t_flat) / (g.norm().clamp_min(1e-12) * t_norm))
-        return torch.stack(losses)
-
-    def error(x: Tensor) -> Tensor:
-        # relative error between unit-normalised gradients: sqrt(2 (1 - cos))
-        with torch.enable_grad():
-            return torch.sqrt(2 * objective(x).clamp_min(0)).detach()
+    labels = _update_labels(model, observed, kind, batch_size, labels).to(device)
+    objective, error = _cosine_objective(model, plist, targets, labels, batch_size)
 
     with eval_mode(model):
         x, final, best, conv = optimise_images(
@@ -231,6 +249,59 @@ def labels_from_update(bias_delta: Tensor, n: int) -> Tensor:
     return torch.repeat_interleave(present, counts.long()).to(bias_delta.device)
 
 
+def _observed_delta(model: FeatureClassifier, start: Mapping[str, Tensor],
+                    after: Mapping[str, Tensor], device: torch.device
+                    ) -> tuple[list[str], Tensor]:
+    """(trainable parameter names, the recorded update ``after - start`` over them, flat)."""
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    missing = [k for k in names if k not in start or k not in after]
+    if missing:
+        raise UsageError(f"the recorded states lack parameters {missing[:3]}")
+    delta = torch.cat([(after[k].to(device).double() - start[k].to(device).double()).flatten()
+                       for k in names]).float()
+    return names, delta
+
+
+def _update_batch_labels(model: FeatureClassifier, start: Mapping[str, Tensor],
+                         after: Mapping[str, Tensor], n: int, labels: Tensor | None,
+                         generator: torch.Generator, device: torch.device) -> Tensor:
+    """The n labels (given, or from the bias change, ``labels_from_update``) at seeded
+    random positions (one ``randperm`` from ``generator``)."""
+    if labels is None:
+        labels = labels_from_update(after[_bias_name(model)].to(device)
+                                    - start[_bias_name(model)].to(device), n)
+    labels = torch.as_tensor(labels, dtype=torch.long, device=device).reshape(-1)
+    if labels.numel() != n:
+        raise UsageError(f"need {n} labels, got {labels.numel()}")
+    # labels sit at seeded random positions, so batch label mixtures look like shuffled data
+    pos = torch.randperm(n, generator=generator).to(device)
+    return labels[pos]
+
+
+def _training_objective(model: FeatureClassifier, start: Mapping[str, Tensor],
+                        names: list[str], delta: Tensor, labels: Tensor, recipe: LocalRecipe,
+                        n: int, order: Sequence[Tensor] | None
+                        ) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """(objective, error): per restart, 1 - cosine between the update its n images make
+    under ``simulate_local_training`` and the recorded ``delta``; the error is
+    sqrt(2 (1 - cos))."""
+    device = delta.device
+    d_norm = delta.norm().clamp_min(1e-12)
+
+    def objective(x: Tensor) -> Tensor:
+        out = []
+        for xr in x.split(n):
+            new = simulate_local_training(model, start, xr, labels, recipe, order=order)
+            sim = torch.cat([(new[k] - start[k].to(device)).flatten() for k in names])
+            out.append(1 - (sim @ delta) / (sim.norm().clamp_min(1e-12) * d_norm))
+        return torch.stack(out)
+
+    def error(x: Tensor) -> Tensor:
+        return torch.sqrt(2 * objective(x).detach().clamp_min(0))
+
+    return objective, error
+
+
 def invert_model_update(
     model: FeatureClassifier,
     start: Mapping[str, Tensor],
@@ -260,35 +331,11 @@ def invert_model_update(
     """
     cfg = config or InversionConfig(restarts=1, tv_weight=1e-2, l2_weight=0.0, jitter=0,
                                     bn_weight=0.0)
-    names = [k for k, p in model.named_parameters() if p.requires_grad]
-    missing = [k for k in names if k not in start or k not in after]
-    if missing:
-        raise UsageError(f"the recorded states lack parameters {missing[:3]}")
     device = next(model.parameters()).device
-    delta = torch.cat([(after[k].to(device).double() - start[k].to(device).double()).flatten()
-                       for k in names]).float()
-    if labels is None:
-        labels = labels_from_update(after[_bias_name(model)].to(device)
-                                    - start[_bias_name(model)].to(device), n)
-    labels = torch.as_tensor(labels, dtype=torch.long, device=device).reshape(-1)
-    if labels.numel() != n:
-        raise UsageError(f"need {n} labels, got {labels.numel()}")
-    # labels sit at seeded random positions, so batch label mixtures look like shuffled data
-    pos = torch.randperm(n, generator=generator).to(device)
-    labels = labels[pos]
-    d_norm = delta.norm().clamp_min(1e-12)
-
-    def objective(x: Tensor) -> Tensor:
-        out = []
-        for xr in x.split(n):
-            new = simulate_local_training(model, start, xr, labels, recipe, order=order)
-            sim = torch.cat([(new[k] - start[k].to(device)).flatten() for k in names])
-            out.append(1 - (sim @ delta) / (sim.norm().clamp_min(1e-12) * d_norm))
-        return torch.stack(out)
-
-    def error(x: Tensor) -> Tensor:
-        return torch.sqrt(2 * objective(x).detach().clamp_min(0))
-
+    names, delta = _observed_delta(model, start, after, device)
+    labels = _update_batch_labels(model, start, after, n, labels, generator, device)
+    objective, error = _training_objective(model, start, names, delta, labels, recipe, n,
+                                           order)
     x, final, best, conv = optimise_images(
         objective, restarts=cfg.restarts, batch=n, image_shape=image_shape, mean=mean,
         std=std, config=cfg, generator=generator, device=device,
