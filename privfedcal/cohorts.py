@@ -147,8 +147,9 @@ def _plan(clients: int, participation: float, secure: bool, minimum: int,
 def select_clients(cfg: Any, round_: int) -> list[int]:
     """The clients of a round: a function of the public config alone (the privacy
     accounting plans each client's participation from it, privfedcal/protection.py);
-    ``cfg`` is a ``RunConfig`` (``clients``, ``participation``, ``seed``, and under secure
-    aggregation ``secagg_min_clients``: whole cohorts are selected)."""
+    ``cfg`` is the run's ``PrivacyOptions`` (``exp.privacy``; a ``RunConfig`` has the same
+    fields): ``clients``, ``participation``, ``seed``, and under secure aggregation
+    ``secagg_min_clients`` and ``secagg_key_holder`` (whole cohorts are selected)."""
     return select_cohorts(cohort_plan(cfg), cfg.seed, round_)
 
 

@@ -96,13 +96,15 @@ def calibration_choice(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
     defaults that depend on the run's protection filled in: from the settings alone, so the
     top of a run decides them before the experiment is built."""
     from privfedcal.federation.hooks import CalibrationSpec
+    from privfedcal.options import PrivacyOptions
 
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
-    options = calibrator_class(cfg).privacy_options(cfg, {**cfg.calibration_params,
-                                                          "seed": cfg.seed})
+    # the calibrator's privacy policy reads the run's privacy options, not the whole config
+    options = calibrator_class(cfg).privacy_options(PrivacyOptions.of(cfg),
+                                                    {**cfg.calibration_params, "seed": cfg.seed})
     return spec, options
 
 
@@ -134,7 +136,7 @@ def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]
     choice = calibration_choice(cfg)  # settings only: decided before the data are loaded
     exp = build_server_experiment(cfg) if server else build_experiment(cfg)
     calibrator = make_calibrator(choice, exp)
-    plan = plan_for_run(exp.cfg, calibrator, exp.num_examples)  # pure: reads the settings
+    plan = plan_for_run(exp.privacy, calibrator, exp.num_examples)  # pure: reads the options
     exp.spec = training_spec(exp.spec, plan)  # DP-SGD's schedule, under --dp-train
     return exp, calibrator, execute_plan(plan)
 

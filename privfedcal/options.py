@@ -123,9 +123,10 @@ class EngineOptions:
 class PrivacyOptions:
     """What the privacy planner needs of a run: its protections (``RunConfig``'s
     "Privacy" settings, same names and meanings) and the public protocol they are planned
-    over (clients, rounds, participation, the public seed; ``cohorts.select_clients``
-    takes it as it takes a ``RunConfig``), what runs (for messages and the DP-SGD check),
-    and DP-SGD's public schedule (the resolved local epochs and batch size)."""
+    over (clients, rounds, participation, the public seed: what ``cohorts.select_clients``
+    draws the rounds' clients from), what runs (for messages and the DP-SGD check),
+    DP-SGD's public schedule (the resolved local epochs and batch size) and the
+    calibrator's parameters its release schedule depends on."""
 
     # the protections
     dp_eps: float
@@ -159,6 +160,9 @@ class PrivacyOptions:
     calibrator: str
     local_epochs: int | None
     batch_size: int | None
+    #: the calibrator's parameters (``--calibration-params``): its release schedule and its
+    #: advice under DP read them (``Calibrator.release_rounds``, ``privacy_hints``)
+    calibration_params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def dp_enabled(self) -> bool:
@@ -171,7 +175,8 @@ class PrivacyOptions:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> PrivacyOptions:
-        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator)
+        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator,
+                     calibration_params=dict(cfg.calibration_params))
 
 
 class RunOptions(NamedTuple):

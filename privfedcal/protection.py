@@ -1,7 +1,7 @@
 """The protection planner: a pure function from a run's privacy options to its plan.
 
 ``protection_inputs`` gathers, once, at the top, what the planner reads: the run's
-``PrivacyOptions`` (privfedcal/options.py, read from its ``RunConfig``), the releases its
+``PrivacyOptions`` (privfedcal/options.py, the experiment's ``exp.privacy``), the releases its
 calibrator declares with the rounds it makes them in, and the federation's public number of
 training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
 into a ``ProtectionPlan``: the DP noise of every release, the CKKS set-up, DP-SGD's
@@ -70,21 +70,23 @@ DP_DEFAULT_GRAD_CLIP = 1.0
 PARAM_BOUND = 100.0
 
 
-def protection_inputs(cfg: Any, calibrator: Any, examples: int | None = None,
+def protection_inputs(settings: Any, calibrator: Any, examples: int | None = None,
                       preset: PresetNoise | None = None) -> ProtectionInputs:
-    """What the planner reads, gathered from the top: ``cfg``'s ``PrivacyOptions``, the
+    """What the planner reads, gathered from the top: the run's ``PrivacyOptions``
+    (``settings``: those, e.g. ``exp.privacy``, or a ``RunConfig`` they are read from), the
     releases ``calibrator`` (class or object) declares with the rounds it makes them in
-    (its ``release_rounds`` reads the run's calibration settings), ``examples``, the
-    federation's public N (``federation/setup.py`` ``held_examples``), and noise planned
-    beside the planner (``preset``: the Flower plugin's clip search)."""
+    (its ``release_rounds`` reads the options' rounds and calibration parameters),
+    ``examples``, the federation's public N (``federation/setup.py`` ``held_examples``),
+    and noise planned beside the planner (``preset``: the Flower plugin's clip search)."""
+    privacy = settings if isinstance(settings, PrivacyOptions) else PrivacyOptions.of(settings)
     releases = tuple(
         ReleaseSchedule(r, () if r.participants == "all"
-                        else tuple(calibrator.release_rounds(cfg, r)))
+                        else tuple(calibrator.release_rounds(privacy, r)))
         for r in calibrator.releases)
-    return ProtectionInputs(PrivacyOptions.of(cfg),
+    return ProtectionInputs(privacy,
                             examples=None if examples is None else int(examples),
                             releases=releases, protectable=bool(calibrator.protectable),
-                            hints=tuple(calibrator.privacy_hints(cfg)), preset=preset)
+                            hints=tuple(calibrator.privacy_hints(privacy)), preset=preset)
 
 
 def dpsgd_methods() -> tuple[str, ...]:
@@ -96,7 +98,7 @@ def dpsgd_methods() -> tuple[str, ...]:
 def participation_counts(privacy: Any, rounds=None) -> dict[int, int]:
     """Rounds each client is selected in (among ``rounds``, default every round): the
     server's choice, a function of the public options (``cohorts.select_clients``;
-    ``privacy``: the run's ``PrivacyOptions``, or a ``RunConfig``), known before training."""
+    ``privacy``: the run's ``PrivacyOptions``), known before training."""
     counts = dict.fromkeys(range(privacy.clients), 0)
     for r in (range(1, privacy.rounds + 1) if rounds is None else rounds):
         for c in select_clients(privacy, r):
@@ -369,10 +371,11 @@ def with_preset(preset: PresetNoise, target: float, delta: float, sigmas: dict[s
     return out, [*plans, *(ReleasePlan(label, q, t) for label, _, q, t in preset.extra)]
 
 
-def plan_for_run(cfg: Any, calibrator: Any, examples: int,
+def plan_for_run(settings: Any, calibrator: Any, examples: int,
                  preset: PresetNoise | None = None) -> ProtectionPlan:
-    """``plan_protection`` of a ``RunConfig``: its inputs gathered once, here."""
-    return plan_protection(protection_inputs(cfg, calibrator, examples, preset))
+    """``plan_protection`` of a run's ``PrivacyOptions`` (``exp.privacy``; a ``RunConfig``
+    is read into them): its inputs gathered once, here."""
+    return plan_protection(protection_inputs(settings, calibrator, examples, preset))
 
 
 def build_uplink(cfg: Any, exp: Any, calibrator: Any) -> Uplink:

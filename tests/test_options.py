@@ -54,6 +54,10 @@ def test_values_are_copied_and_derived_from_the_resolved_config():
     assert opts.training.method == "fedavg" and opts.training.lr == pytest.approx(0.05)
     assert opts.engine.client_batch == 2 and opts.data.clients == 7 and opts.data.seed == 5
     assert not PrivacyOptions.of(RunConfig()).dp_enabled
+    params = {"creff_release_last": 3}
+    own = PrivacyOptions.of(RunConfig(method="creff", calibration_params=params))
+    params["creff_release_last"] = 9  # a copy: the options keep the run's value
+    assert own.calibration_params == {"creff_release_last": 3}
     assert math.isinf(PrivacyOptions.of(RunConfig()).dp_eps)
 
 

@@ -59,3 +59,17 @@ def test_whole_run_checks_refuse_before_any_work(tiny_cfg):
     inputs = dataclasses.replace(_inputs(tiny_cfg, dp_eps=8.0), examples=None)
     with pytest.raises(UsageError, match="number of training examples"):
         plan_protection(inputs)
+
+
+def test_the_privacy_options_alone_give_the_run_configs_inputs(tiny_cfg):
+    """The experiment plans from ``exp.privacy``: the calibrator's release schedule and
+    advice read the options' rounds and calibration parameters as they read the config's."""
+    from privfedcal.options import PrivacyOptions
+
+    cfg = tiny_cfg(method="creff", rounds=6, dp_eps=8.0,
+                   calibration_params={"creff_release_last": 2, "creff_weighting": "client"})
+    calibrator = calibrator_class(cfg)
+    narrow = protection_inputs(PrivacyOptions.of(cfg), calibrator, 1000)
+    assert narrow == protection_inputs(cfg, calibrator, 1000)
+    assert [s.rounds for s in narrow.releases if s.spec.participants != "all"] == [(5, 6)]
+    assert len(narrow.hints) == 1 and "--creff-weighting sample" in narrow.hints[0]

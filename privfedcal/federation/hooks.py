@@ -76,6 +76,9 @@ class Calibrator:
     protectable: ClassVar[bool] = True  # False: reads raw data, cannot run under DP
 
     # ---- the calibrator's privacy policy (read by the planner, privfedcal/protection.py) --
+    # the planner and the experiment pass these hooks the run's ``PrivacyOptions``
+    # (privfedcal/options.py: rounds, the protections, ``calibration_params``) as ``cfg``;
+    # read only those fields (a ``RunConfig`` has them too)
     @classmethod
     def privacy_options(cls, cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
         """``options`` with the defaults that depend on the run's protection filled in
