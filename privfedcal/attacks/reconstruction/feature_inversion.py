@@ -31,8 +31,8 @@ from privfedcal.attacks.reconstruction.engine import DEFAULT_ATTACK_BATCH as DEF
 from privfedcal.attacks.reconstruction.engine import DEFAULT_MAX_STEPS as DEFAULT_MAX_STEPS
 from privfedcal.attacks.reconstruction.engine import Convergence as Convergence
 from privfedcal.attacks.reconstruction.engine import InversionConfig as InversionConfig
+from privfedcal.attacks.reconstruction.engine import Outcome, optimise_batch
 from privfedcal.attacks.reconstruction.engine import channel_stats as channel_stats
-from privfedcal.attacks.reconstruction.engine import optimise_batch
 from privfedcal.attacks.reconstruction.engine import total_variation as total_variation
 from privfedcal.attacks.reconstruction.feature_losses import (
     BNPrior,
@@ -127,13 +127,40 @@ def _invert_group(model: FeatureClassifier, posed: list[PosedTarget],
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     batches = [p.batch for p in posed]
-    bmax, r = max(batches), cfg.restarts
+    bn = BNPrior(model, max(batches)) if cfg.bn_weight > 0 else None
+    objective, error = _group_objective(model, posed, cfg.restarts, cfg.bn_weight, bn)
+    with eval_mode(model):
+        try:
+            outs = optimise_batch(
+                objective, batches=batches, restarts=cfg.restarts, image_shape=image_shape,
+                mean=mean, std=std, config=cfg, generators=generators, device=device,
+                dtype=dtype, error=error, traces=None if traces is None else [
+                    None if tr is None else (lambda step, xb, tr=tr: tr(step, to_pixels(
+                        xb, mean, std))) for tr in traces])
+        finally:
+            if bn is not None:
+                bn.remove()
+        return [_group_result(model, p, out, mean, std)
+                for p, out in zip(posed, outs, strict=True)]
+
+
+_BatchObjective = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _group_objective(model: FeatureClassifier, posed: list[PosedTarget], r: int,
+                     bn_weight: float, bn: BNPrior | None
+                     ) -> tuple[_BatchObjective, _BatchObjective]:
+    """(objective, error) of ``optimise_batch`` for targets of one ``PosedTarget.term``:
+    the feature loss of each (target, restart) against its target (per-image features,
+    mean and covariance, or mean), plus the BatchNorm prior; the error is the relative
+    feature error (``relative_feature_error``)."""
+    batches = [p.batch for p in posed]
+    bmax = max(batches)
     padded = len(set(batches)) > 1
     per_image = _stack([p.per_image for p in posed], bmax) if posed[0].per_image is not None \
         else None  # (T, Bmax, d)
     mu = torch.stack([p.mu for p in posed]) if posed[0].mu is not None else None  # (T, d)
     cov = torch.stack([p.cov for p in posed]) if posed[0].cov is not None else None
-    bn = BNPrior(model, bmax) if cfg.bn_weight > 0 else None
 
     def features(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
         """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded. Padding
@@ -162,7 +189,7 @@ def _invert_group(model: FeatureClassifier, posed: list[PosedTarget],
         z, mask = features(x, valid)
         loss = data_term(z, act, mask)
         bn_loss = bn.pop() if bn is not None else None
-        return loss if bn_loss is None else loss + cfg.bn_weight * bn_loss.view(loss.shape)
+        return loss if bn_loss is None else loss + bn_weight * bn_loss.view(loss.shape)
 
     def error(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         with torch.no_grad():
@@ -174,30 +201,23 @@ def _invert_group(model: FeatureClassifier, posed: list[PosedTarget],
                 mu=None if mu is None else mu[act][:, None],
                 cov=None if cov is None else cov[act][:, None], valid=mask)
 
-    with eval_mode(model):
-        try:
-            outs = optimise_batch(
-                objective, batches=batches, restarts=r, image_shape=image_shape, mean=mean,
-                std=std, config=cfg, generators=generators, device=device, dtype=dtype,
-                error=error, traces=None if traces is None else [
-                    None if tr is None else (lambda step, xb, tr=tr: tr(step, to_pixels(
-                        xb, mean, std))) for tr in traces])
-        finally:
-            if bn is not None:
-                bn.remove()
-        results = []
-        for p, out in zip(posed, outs, strict=True):
-            with torch.no_grad():
-                z = model.features(out.images)
-            if p.per_image is not None:
-                cosine = F.cosine_similarity(z, p.per_image, dim=-1).mean()
-            else:
-                cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)  # type: ignore[arg-type]
-            results.append(InversionResult(
-                images=to_pixels(out.images, mean, std), features=z, cosine=float(cosine),
-                loss=float(out.losses[out.best]), restart_losses=out.losses, mode=p.mode,
-                target_features=p.per_image, convergence=out.convergence))
-    return results
+    return objective, error
+
+
+def _group_result(model: FeatureClassifier, p: PosedTarget, out: Outcome,
+                  mean: Sequence[float], std: Sequence[float]) -> InversionResult:
+    """A target's result from its ``Outcome``: pixels, features and their cosine to the
+    target (per image, or of the mean)."""
+    with torch.no_grad():
+        z = model.features(out.images)
+    if p.per_image is not None:
+        cosine = F.cosine_similarity(z, p.per_image, dim=-1).mean()
+    else:
+        cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)  # type: ignore[arg-type]
+    return InversionResult(
+        images=to_pixels(out.images, mean, std), features=z, cosine=float(cosine),
+        loss=float(out.losses[out.best]), restart_losses=out.losses, mode=p.mode,
+        target_features=p.per_image, convergence=out.convergence)
 
 
 def invert_features_many(

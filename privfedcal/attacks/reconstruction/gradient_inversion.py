@@ -22,7 +22,7 @@ rounds is ``rounds.py``; inverting model updates (Geiping et al. 2020) is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -202,6 +202,43 @@ def recover_rank_n(
                                  restarts=restarts, max_iter=max_iter, stop=stop)
 
 
+def _rounds_in_double(grads: Sequence[Tensor], heads: Sequence[tuple[Tensor, Tensor | None]],
+                      n: int) -> tuple[list[Tensor], list[tuple[Tensor, Tensor | None]]]:
+    """The releases' gradients and heads in float64 on the gradients' device, checked:
+    one head per gradient, n >= 1."""
+    if n < 1:
+        raise UsageError(f"rank-n recovery needs n >= 1, got {n}")
+    if not grads or len(grads) != len(heads):
+        raise UsageError(f"need one head per class gradient, got {len(grads)} gradients and "
+                         f"{len(heads)} heads")
+    gs = [g.detach().double() for g in grads]
+    dev = gs[0].device
+    return gs, [(w.detach().double().to(dev),
+                 None if b is None else b.detach().double().to(dev)) for w, b in heads]
+
+
+def _fit_coefficients(init: Tensor, v: Tensor, misfit: Callable[[Tensor], Tensor],
+                      max_iter: int) -> tuple[float, Tensor]:
+    """L-BFGS on the coefficients A (n x k) of ``Z = A V^T`` from ``init``: (relative
+    residual ``sqrt(misfit)``, Z) at the end."""
+    a = init.requires_grad_(True)
+    opt = torch.optim.LBFGS([a], lr=1, max_iter=max_iter, tolerance_grad=1e-14,
+                            tolerance_change=1e-16, history_size=50,
+                            line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = misfit(a @ v.T)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    with torch.no_grad():
+        z = a.detach() @ v.T
+        return float(misfit(z).sqrt()), z
+
+
 def recover_rank_n_rounds(
     grads: Sequence[Tensor],
     heads: Sequence[tuple[Tensor, Tensor | None]],
@@ -226,15 +263,8 @@ def recover_rank_n_rounds(
     the stack, and A (n x k) is fitted to all releases at once (relative residual
     ``sqrt(sum_r ||G_r(Z) - g_r||^2 / sum_r ||g_r||^2)``). ``rank`` is that of the stack.
     """
-    if n < 1:
-        raise UsageError(f"rank-n recovery needs n >= 1, got {n}")
-    if not grads or len(grads) != len(heads):
-        raise UsageError(f"need one head per class gradient, got {len(grads)} gradients and "
-                         f"{len(heads)} heads")
-    gs = [g.detach().double() for g in grads]
+    gs, hs = _rounds_in_double(grads, heads, n)
     dev = gs[0].device
-    hs = [(w.detach().double().to(dev), None if b is None else b.detach().double().to(dev))
-          for w, b in heads]
     stack = torch.cat([g[:, :-1] for g in gs])
     rank = gradient_rank(stack)
     _, s, vh = torch.linalg.svd(stack, full_matrices=False)
@@ -248,29 +278,15 @@ def recover_rank_n_rounds(
         return sum((_head_gradient(z, w, b, label) - g).pow(2).sum()
                    for g, (w, b) in zip(gs, hs, strict=True)) / scale2
 
+    # starts spread around the weighted mean by the stack's spectrum (restart 0: the mean)
+    spread = (s[:k].sum() / s[0].clamp_min(1e-300)).item()
     best: tuple[float, Tensor] | None = None
     for r in range(restarts):
         init = (z_ls @ v).expand(n, k).clone()
-        if r:  # spread the starts around the weighted mean
-            spread = (s[:k].sum() / s[0].clamp_min(1e-300)).item()
+        if r:
             noise = torch.randn(n, k, generator=generator, dtype=torch.float64)
             init = init + noise.to(dev) * init.norm() * 0.5 * spread / max(k, 1) ** 0.5
-        a = init.requires_grad_(True)
-        opt = torch.optim.LBFGS([a], lr=1, max_iter=max_iter, tolerance_grad=1e-14,
-                                tolerance_change=1e-16, history_size=50,
-                                line_search_fn="strong_wolfe")
-
-        def closure(a: Tensor = a, opt: torch.optim.LBFGS = opt) -> Tensor:
-            opt.zero_grad()
-            loss = misfit(a @ v.T)
-            loss.backward()
-            return loss
-
-        with torch.enable_grad():
-            opt.step(closure)
-        with torch.no_grad():
-            z = a.detach() @ v.T
-            res = float(misfit(z).sqrt())
+        res, z = _fit_coefficients(init, v, misfit, max_iter)
         if best is None or res < best[0]:
             best = (res, z)
         if res < stop:

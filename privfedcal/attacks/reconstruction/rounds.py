@@ -5,7 +5,7 @@ client uploaded in several rounds, each under the model state and head the serve
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +64,6 @@ def invert_class_gradients_many(
     the same states and heads (clients' class gradients of the same rounds), optimised
     together (``engine.optimise_batch``: per-target generator, stop and best restart, so
     each result is the one the target gets alone, up to float rounding)."""
-    from torch.func import functional_call
-
     from privfedcal.attacks.reconstruction.engine import optimise_batch
 
     if not states or len(states) != len(heads) or any(len(g) != len(states)
@@ -76,6 +74,41 @@ def invert_class_gradients_many(
     cfg = config or InversionConfig(restarts=1, tv_weight=1e-2, l2_weight=0.0, jitter=0,
                                     bn_weight=0.0)
     device = next(model.parameters()).device
+    objective, error = _class_gradients_objective(model, states, heads, targets, device)
+    with eval_mode(model):
+        outs = optimise_batch(
+            objective, batches=[n for _, _, n in targets], restarts=cfg.restarts,
+            image_shape=image_shape, mean=mean, std=std, config=cfg, generators=generators,
+            device=device, dtype=next(model.parameters()).dtype, error=error)
+        results = []
+        for t, ((_, label, n), out) in enumerate(zip(targets, outs, strict=True)):
+            with torch.no_grad():
+                one = out.images[None, None]  # as a batch of one target, one restart
+                ok = torch.ones(1, n, dtype=torch.bool, device=device)
+                cos = 1 - float(objective(one, torch.tensor([t], device=device), ok)[0, 0])
+            results.append(GradientInversionResult(
+                images=to_pixels(out.images, mean, std),
+                labels=torch.full((n,), int(label), dtype=torch.long), gradient_cosine=cos,
+                loss=float(out.losses[out.best]), restart_losses=out.losses,
+                convergence=out.convergence))
+    return results
+
+
+_BatchObjective = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _class_gradients_objective(model: FeatureClassifier,
+                               states: Sequence[Mapping[str, Tensor]],
+                               heads: Sequence[tuple[Tensor, Tensor | None]],
+                               targets: Sequence[tuple[Sequence[Tensor], int, int]],
+                               device: torch.device
+                               ) -> tuple[_BatchObjective, _BatchObjective]:
+    """(objective, error) of ``optimise_batch`` for the targets' class gradients: per
+    (target, restart), 1 - cosine between the head gradient its images give under each
+    release's state and head and the observed one, averaged over the releases; the error
+    is sqrt(2 (1 - cos))."""
+    from torch.func import functional_call
+
     wrapped = _Features(model)  # functional_call with each release's state, model untouched
     sent = [{"model." + k: v.to(device) for k, v in st.items()} for st in states]
     hs = [(w.to(device).float(), None if b is None else b.to(device).float()) for w, b in heads]
@@ -85,7 +118,6 @@ def invert_class_gradients_many(
     onehot = F.one_hot(torch.tensor([lab for _, lab, _ in targets], device=device),
                        hs[0][0].shape[0]).float()
     counts = torch.tensor([n for _, _, n in targets], device=device, dtype=torch.float32)
-    r = cfg.restarts
 
     def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         w_img = valid[:, None, :, None].float()  # (A, 1, Bmax, 1): padding images count 0
@@ -112,23 +144,7 @@ def invert_class_gradients_many(
         with torch.enable_grad():
             return torch.sqrt(2 * objective(x, act, valid).detach().clamp_min(0))
 
-    with eval_mode(model):
-        outs = optimise_batch(
-            objective, batches=[n for _, _, n in targets], restarts=r, image_shape=image_shape,
-            mean=mean, std=std, config=cfg, generators=generators, device=device,
-            dtype=next(model.parameters()).dtype, error=error)
-        results = []
-        for t, ((_, label, n), out) in enumerate(zip(targets, outs, strict=True)):
-            with torch.no_grad():
-                one = out.images[None, None]  # as a batch of one target, one restart
-                ok = torch.ones(1, n, dtype=torch.bool, device=device)
-                cos = 1 - float(objective(one, torch.tensor([t], device=device), ok)[0, 0])
-            results.append(GradientInversionResult(
-                images=to_pixels(out.images, mean, std),
-                labels=torch.full((n,), int(label), dtype=torch.long), gradient_cosine=cos,
-                loss=float(out.losses[out.best]), restart_losses=out.losses,
-                convergence=out.convergence))
-    return results
+    return objective, error
 
 
 class _Features(torch.nn.Module):
