@@ -131,8 +131,9 @@ class Simulator:
         # the server knows the model it asked clients to use: the attacks need it
         self.transcript.record(round_=round_, label=label, view="model-state", client=None,
                                tensors=sent_tensors(state, task))
-        if secure_rounds(self.cfg):  # cohort by cohort: the encrypting wire holds one at a time
-            cohort_of = {c: i for i, g in enumerate(cohort_plan(self.cfg).cohorts) for c in g}
+        privacy = self.exp.privacy
+        if secure_rounds(privacy):  # cohort by cohort: the encrypting wire holds one at a time
+            cohort_of = {c: i for i, g in enumerate(cohort_plan(privacy).cohorts) for c in g}
             clients = sorted(clients, key=lambda c: cohort_of.get(c, -1))
         trainer = self._trainer_obj
         uploads: Iterable[tuple[int, Payload]]
@@ -181,7 +182,7 @@ class Simulator:
 
     # ---- the loop ------------------------------------------------------------------------
     def select_clients(self, round_: int) -> list[int]:
-        return select_clients(self.cfg, round_)
+        return select_clients(self.exp.privacy, round_)
 
     def client_index(self, client: int) -> Tensor | None:
         """The client's training indices (the simulator plays the clients; under Flower the
@@ -389,7 +390,7 @@ class Simulator:
         guarantee says so in its notes."""
         rows = secure_participants(self.transcript.entries)
         record = whole_run_record(rows, self.cfg.clients, self.cfg.secagg_min_clients,
-                                  known=observers_own(self.cfg))
+                                  known=observers_own(self.exp.privacy))
         if not record["holds"]:
             log.warning("whole run: %s", record["statement"])
             self.notes.append(f"WARNING: {record['statement']}")

@@ -104,16 +104,19 @@ def test_metrics_csv_has_every_round(run_dir):
 
 
 def test_clients_log_matches_the_round(run_dir):
+    from types import SimpleNamespace
+
     from privfedcal.config import RunConfig
     from privfedcal.federation.simulator import Simulator
+    from privfedcal.options import PrivacyOptions
 
     lines = [json.loads(x) for x in (run_dir / "clients.jsonl").read_text().splitlines()]
     rows = read_metrics_csv(run_dir / "metrics.csv")
     part = json.loads((run_dir / "private" / "partition.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     cfg.pop("versions")
-    sim = Simulator.__new__(Simulator)  # select_clients needs only the config
-    sim.cfg = RunConfig.from_dict(cfg)
+    sim = Simulator.__new__(Simulator)  # select_clients needs only the privacy options
+    sim.exp = SimpleNamespace(privacy=PrivacyOptions.of(RunConfig.from_dict(cfg)))
     for line, row in zip(lines, rows, strict=True):
         assert line["sampled"] == sim.select_clients(line["round"])
         assert [c["client"] for c in line["clients"]] == line["sampled"]
