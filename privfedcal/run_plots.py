@@ -17,7 +17,7 @@ from privfedcal.plotstyle import new_figure, save, series_style, styled
 def read_metrics(metrics_file: Path) -> list[dict[str, Any]]:
     """The evaluated rounds of ``metrics.jsonl`` (empty when the file is missing); a line
     that is not JSON (a damaged or hand-edited file) is a UsageError naming it, as a damaged
-    ``summary.json`` is (``report/run_report.py`` ``load_json``)."""
+    ``summary.json`` is (``report/reading.py`` ``load_json``)."""
     path = Path(metrics_file)
     if not path.is_file():
         return []

@@ -35,7 +35,7 @@ BUILT_IN = {
 
 @dataclass(frozen=True)
 class ReportTable:
-    """An attack's section of the run report (``report/run_report.py`` renders it): a table
+    """An attack's section of the run report (``report/attack_sections.py`` renders it): a table
     of its records, which columns are numbers, and plain-text paragraphs after it."""
 
     columns: tuple[str, ...]
