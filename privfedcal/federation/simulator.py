@@ -282,63 +282,15 @@ class Simulator:
 
     def _run(self, progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         torch.set_num_threads(self.threads)
-        cfg, exp = self.cfg, self.exp
         trainer = self.trainer()
         try:
-            for round_ in range(self.start_round, cfg.rounds + 1):
+            for round_ in range(self.start_round, self.cfg.rounds + 1):
                 t0 = time.perf_counter()
-                selected = self.select_clients(round_)
-                jobs = [TrainJob(c, self.client_index(c), self.client_states.get(c))
-                        for c in selected]
-                self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
-                record_round(self.transcript, round_, self.global_state, selected)
-                weights = self.uplink.update_weights(self.client_sizes(selected))
-                results, averaged, sent_bytes, checked = self.receive_updates(
-                    trainer, jobs, selected, weights, round_)
-                # every selected client is charged (DP-SGD), whether its update arrived or not
-                self.uplink.after_local_training(selected)
-                selected = self.replied(selected)  # under Flower, lost clients leave the round
-                self.update_bytes += sent_bytes
-                divergence.check_local(checked, selected, averaged, round_, cfg.lr)
-                averaged = {k: v.to(exp.device) for k, v in averaged.items()}
-                sent = self.global_state
-                for k in averaged:  # parts a method never aggregates (frozen heads)
-                    if k.startswith(exp.algo.frozen_prefixes):
-                        averaged[k] = sent[k]
-                self.global_state, self.server_state = exp.algo.server_update(
-                    sent, averaged, self.server_state)
-                divergence.check_state(self.global_state, round_, "the aggregated model",
-                                       divergence.lr_hint(cfg.lr))
-                for c, r in zip(selected, results, strict=True):
-                    if r.client_state is not None:
-                        self.client_states[c] = {k: v.to(exp.device) for k, v in r.client_state.items()}
-                ctx = RoundContext(self, round_, self.global_state, sent, selected,
-                                   make_generator(cfg.seed, round_, 0, 4))
-                try:
-                    self.calibrator.after_round(ctx)
-                except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
-                    self.notes.append(str(exc))
-                losses = [r.loss for r in results if r.loss is not None]
-                train_loss = float(np.mean(losses)) if losses else None  # None: DP-SGD
-                record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
-                if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
-                    ev = self.evaluate(self.checked_eval_state(round_),
-                                       self.calibrator.feature_transform())
-                    divergence.check_evaluation(ev, round_, cfg.lr)
-                    record.update(accuracy=ev["accuracy"], loss=ev["loss"],
-                                  per_class_accuracy=ev["per_class_accuracy"])
-                info = getattr(self.calibrator, "last_round_info", None)
-                if info:
-                    record["calibration"] = info
-                dt = time.perf_counter() - t0
-                self.elapsed += dt
-                record["seconds"] = round(dt, 4)
-                self.history.append(record)
-                self.log.round(record, selected, [r.loss for r in results])
-                if "accuracy" in record:
-                    with open(self.run_dir / "metrics.jsonl", "a") as f:
-                        f.write(json.dumps(record) + "\n")
-                self.save(round_)
+                selected, results, averaged = self.train_round(trainer, round_)
+                sent = self.apply_round(averaged, selected, results, round_)
+                self.calibrate_round(round_, sent, selected)
+                record = self.round_record(round_, results)
+                self.keep_round(record, selected, results, time.perf_counter() - t0)
                 if progress:
                     progress(record)
             result = self.finish()
@@ -347,6 +299,83 @@ class Simulator:
             raise
         self.close()
         return result
+
+    def train_round(self, trainer: Trainer, round_: int) -> tuple[list[int], list, State]:
+        """A round's clients drawn, trained and their updates averaged (through the
+        uplink), each checked: (the clients that replied, their results, the average)."""
+        selected = self.select_clients(round_)
+        jobs = [TrainJob(c, self.client_index(c), self.client_states.get(c)) for c in selected]
+        self.uplink.before_local_training(selected)  # DP-SGD: stop before exceeding the budget
+        record_round(self.transcript, round_, self.global_state, selected)
+        weights = self.uplink.update_weights(self.client_sizes(selected))
+        results, averaged, sent_bytes, checked = self.receive_updates(
+            trainer, jobs, selected, weights, round_)
+        # every selected client is charged (DP-SGD), whether its update arrived or not
+        self.uplink.after_local_training(selected)
+        selected = self.replied(selected)  # under Flower, lost clients leave the round
+        self.update_bytes += sent_bytes
+        divergence.check_local(checked, selected, averaged, round_, self.cfg.lr)
+        return selected, results, averaged
+
+    def apply_round(self, averaged: State, selected: list[int], results: list,
+                    round_: int) -> State:
+        """The method's server rule applied to the average (parts it never aggregates kept),
+        the new global state checked, the clients' own states kept; returns the global state
+        the round sent."""
+        exp = self.exp
+        averaged = {k: v.to(exp.device) for k, v in averaged.items()}
+        sent = self.global_state
+        for k in averaged:  # parts a method never aggregates (frozen heads)
+            if k.startswith(exp.algo.frozen_prefixes):
+                averaged[k] = sent[k]
+        self.global_state, self.server_state = exp.algo.server_update(
+            sent, averaged, self.server_state)
+        divergence.check_state(self.global_state, round_, "the aggregated model",
+                               divergence.lr_hint(self.cfg.lr))
+        for c, r in zip(selected, results, strict=True):
+            if r.client_state is not None:
+                self.client_states[c] = {k: v.to(exp.device) for k, v in r.client_state.items()}
+        return sent
+
+    def calibrate_round(self, round_: int, sent: State, selected: list[int]) -> None:
+        """The calibrator's per-round step (CReFF); a skipped release goes to the notes."""
+        ctx = RoundContext(self, round_, self.global_state, sent, selected,
+                           make_generator(self.cfg.seed, round_, 0, 4))
+        try:
+            self.calibrator.after_round(ctx)
+        except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
+            self.notes.append(str(exc))
+
+    def round_record(self, round_: int, results: list) -> dict[str, Any]:
+        """The round's metrics: mean training loss, the evaluation on eval rounds, the
+        calibrator's round information."""
+        cfg = self.cfg
+        losses = [r.loss for r in results if r.loss is not None]
+        train_loss = float(np.mean(losses)) if losses else None  # None: DP-SGD
+        record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
+        if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
+            ev = self.evaluate(self.checked_eval_state(round_),
+                               self.calibrator.feature_transform())
+            divergence.check_evaluation(ev, round_, cfg.lr)
+            record.update(accuracy=ev["accuracy"], loss=ev["loss"],
+                          per_class_accuracy=ev["per_class_accuracy"])
+        info = getattr(self.calibrator, "last_round_info", None)
+        if info:
+            record["calibration"] = info
+        return record
+
+    def keep_round(self, record: dict[str, Any], selected: list[int], results: list,
+                   seconds: float) -> None:
+        """The round's record timed, logged and written, and its checkpoint saved."""
+        round_ = record["round"]
+        self.elapsed += seconds
+        record["seconds"] = round(seconds, 4)
+        self.history.append(record)
+        self.log.round(record, selected, [r.loss for r in results])
+        if "accuracy" in record:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+        self.save(round_)
 
     def finish(self) -> dict[str, Any]:
         cfg = self.cfg
