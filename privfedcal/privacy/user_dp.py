@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -326,71 +326,69 @@ class UserDP:
         (``Uplink.average_updates``) under --secagg-updates, else None."""
         self.open(selected)
         layout = UpdateLayout(global_state)
-        base = layout.flatten(global_state)  # float64, as every update below
+        # float64, as every update below
+        uploads = _RoundUploads(self, layout, layout.flatten(global_state), selected, round_)
+        if secure_average is None:
+            results, new = self._sum_in_clear(trainer, jobs, global_state, uploads,
+                                              transcript, recipe)
+        else:
+            results, new = self._sum_securely(trainer, jobs, global_state, uploads,
+                                              transcript, secure_average)
+        self.close(selected)
+        self.adapt(uploads.within, round_)
+        results = [r._replace(loss=None) for r in results]
+        checked = [r._replace(state=m) for r, m in zip(results, uploads.markers, strict=True)]
+        return results, new, uploads.sent_bytes, checked
+
+    def _sum_in_clear(self, trainer: Any, jobs: list, global_state: State,
+                      uploads: _RoundUploads, transcript: Transcript,
+                      recipe: dict[str, Any]) -> tuple[list, State]:
+        """Each clipped update summed as it arrives (one client's at a time in memory),
+        the server's noise added to the sum: (results, new global state)."""
+        layout, base, selected, round_ = (uploads.layout, uploads.base, uploads.selected,
+                                          uploads.round_)
         total = torch.zeros_like(base)  # the sum of the clipped updates
-        markers: list[State] = []
-        sent_bytes = 0
-        within = 0
+        work = torch.empty_like(base)  # one client's update at a time
+        seen_flat = torch.empty_like(base)
         summed = 0
 
-        def take(state: State, out: Tensor | None) -> Tensor | None:
-            """The client's clipped update (noise share included) as a flat float64 vector,
-            or None for a non-finite local model (then its marker names the entry)."""
-            nonlocal sent_bytes, within
-            i = len(markers)
-            sent_bytes += sum(v.numel() * v.element_size() for v in state.values())
-            delta = layout.flatten(state, out).sub_(base)
-            norm = vector_norm(delta)
-            bad = None if math.isfinite(norm) else nonfinite_key(state)
-            markers.append({} if bad is None else {bad: torch.tensor(float("nan"))})
-            if bad is not None:
-                return None
-            within += int(self.clip_and_share(delta, norm, round_, selected[i],
-                                              len(selected)))
-            return delta
+        def consume(state: State) -> None:
+            nonlocal summed
+            delta = uploads.take(state, work)
+            if delta is None:
+                return
+            # what the server receives: the global state moved by the clipped update
+            # (integer buffers are not sent: the global ones, for a complete state)
+            seen = {**global_state,
+                    **layout.unflatten(torch.add(base, delta, out=seen_flat), cast=True)}
+            record_model_updates(transcript, round_, [selected[len(uploads.markers) - 1]],
+                                 [seen], [1.0], recipe)
+            total.add_(delta)
+            summed += 1
 
-        if secure_average is None:
-            work = torch.empty_like(base)  # one client's update at a time
-            seen_flat = torch.empty_like(base)
+        results = trainer.train(global_state, jobs, round_, consume=consume)
+        if not summed:
+            return results, dict(global_state)
+        self.add_server_noise(total, round_)
+        return results, self.apply(global_state, layout, base, total)
 
-            def consume(state: State) -> None:
-                nonlocal summed
-                delta = take(state, work)
-                if delta is None:
-                    return
-                # what the server receives: the global state moved by the clipped update
-                # (integer buffers are not sent: the global ones, for a complete state)
-                seen = {**global_state,
-                        **layout.unflatten(torch.add(base, delta, out=seen_flat), cast=True)}
-                record_model_updates(transcript, round_, [selected[len(markers) - 1]], [seen],
-                                     [1.0], recipe)
-                total.add_(delta)
-                summed += 1
-
-            results = trainer.train(global_state, jobs, round_, consume=consume)
-            if summed:
-                self.add_server_noise(total, round_)
-                new = self.apply(global_state, layout, base, total)
-            else:
-                new = dict(global_state)
-        else:
-            results = trainer.train(global_state, jobs, round_)
-            deltas = [take(r.state, None) for r in results]
-            if any(d is None for d in deltas):  # the divergence check stops the run
-                new = dict(global_state)
-            else:
-                uploads = [layout.unflatten(base + d, cast=True)
-                           for d in deltas]  # type: ignore[operator]
-                avg = secure_average(global_state, uploads, [1.0] * len(uploads), selected,
-                                     round_=round_, transcript=transcript)
-                # the secure average divides by the uploads summed; DP-FedAvg by m
-                total = layout.flatten(avg).sub_(base).mul_(len(uploads))
-                new = self.apply(global_state, layout, base, total)
-        self.close(selected)
-        self.adapt(within, round_)
-        results = [r._replace(loss=None) for r in results]
-        checked = [r._replace(state=m) for r, m in zip(results, markers, strict=True)]
-        return results, new, sent_bytes, checked
+    def _sum_securely(self, trainer: Any, jobs: list, global_state: State,
+                      uploads: _RoundUploads, transcript: Transcript,
+                      secure_average: Callable[..., State]) -> tuple[list, State]:
+        """--secagg-updates: every clipped update (noise share included) through the
+        uplink's CKKS average, which the server sees only summed: (results, new state)."""
+        layout, base, selected, round_ = (uploads.layout, uploads.base, uploads.selected,
+                                          uploads.round_)
+        results = trainer.train(global_state, jobs, round_)
+        deltas = [uploads.take(r.state, None) for r in results]
+        if any(d is None for d in deltas):  # the divergence check stops the run
+            return results, dict(global_state)
+        sent = [layout.unflatten(base + d, cast=True) for d in deltas]  # type: ignore[operator]
+        avg = secure_average(global_state, sent, [1.0] * len(sent), selected,
+                             round_=round_, transcript=transcript)
+        # the secure average divides by the uploads summed; DP-FedAvg by m
+        total = layout.flatten(avg).sub_(base).mul_(len(sent))
+        return results, self.apply(global_state, layout, base, total)
 
     def state_dict(self) -> dict[str, Any]:
         return {"clip": self.clip}
@@ -447,6 +445,37 @@ class UserDP:
                                 "count_noise_std": self.count_std,
                                 "update_noise_multiplier": self.update_multiplier},
                             "assumptions": USER_DP_ASSUMPTIONS, "statement": statement}}
+
+
+@dataclass
+class _RoundUploads:
+    """One round's DP-FedAvg uploads as they arrive: each client's update clipped (and its
+    noise share added) against ``base``, the flat global state; what the round reports
+    (the divergence check's markers, the bytes sent, the clients within the clip)."""
+
+    dp: UserDP
+    layout: UpdateLayout
+    base: Tensor
+    selected: list[int]
+    round_: int
+    markers: list[State] = field(default_factory=list)
+    sent_bytes: int = 0
+    within: int = 0
+
+    def take(self, state: State, out: Tensor | None) -> Tensor | None:
+        """The client's clipped update (noise share included) as a flat float64 vector,
+        or None for a non-finite local model (then its marker names the entry)."""
+        i = len(self.markers)
+        self.sent_bytes += sum(v.numel() * v.element_size() for v in state.values())
+        delta = self.layout.flatten(state, out).sub_(self.base)
+        norm = vector_norm(delta)
+        bad = None if math.isfinite(norm) else nonfinite_key(state)
+        self.markers.append({} if bad is None else {bad: torch.tensor(float("nan"))})
+        if bad is not None:
+            return None
+        self.within += int(self.dp.clip_and_share(delta, norm, self.round_, self.selected[i],
+                                                  len(self.selected)))
+        return delta
 
 
 __all__ = ["DEFAULT_UPDATE_CLIP", "USER_DP_ASSUMPTIONS", "UpdateLayout", "UserDP",
