@@ -332,6 +332,29 @@ class KeyHolder:
         Raises ``UploadRejected`` if an entry exceeds ``max_abs_sum``: an upload broke the
         declared bound or was encrypted under another key, and the round must be discarded.
         """
+        n, err = self._release_checks(n_clients, round_to, noise, generator)
+        lengths = _chunk_lengths(layout.size, self.params.slots)
+        if len(ciphertexts) != len(lengths):
+            raise UploadRejected(
+                f"aggregate has {len(ciphertexts)} chunks, layout needs {len(lengths)}"
+            )
+        std = flooding_std(self.params, n, layout.size, bits=flood_bits) \
+            if flood_bits is not None and layout.size else 0.0
+        vector = self._decrypt_flooded(ciphertexts, lengths, std)
+        self._check_bound(vector, err, std)
+        if noise > 0:
+            vector = (
+                vector
+                + noise * torch.randn(vector.size, generator=generator, dtype=torch.float64).numpy()
+            )
+        if round_to is not None:
+            vector = np.round(vector / round_to) * round_to
+        return layout.unpack(vector)
+
+    def _release_checks(self, n_clients: int | None, round_to: float | None, noise: float,
+                        generator: torch.Generator | None) -> tuple[int, float]:
+        """``decrypt_aggregate``'s arguments checked: the number of uploads summed and the
+        CKKS error bound of that many."""
         p = self.params
         n = p.max_clients if n_clients is None else n_clients
         if not 1 <= n <= p.max_clients:
@@ -346,13 +369,12 @@ class KeyHolder:
             )
         if noise < 0 or not math.isfinite(noise) or (noise > 0 and generator is None):
             raise UsageError("noise must be finite, >= 0, and come with a torch.Generator")
-        lengths = _chunk_lengths(layout.size, p.slots)
-        if len(ciphertexts) != len(lengths):
-            raise UploadRejected(
-                f"aggregate has {len(ciphertexts)} chunks, layout needs {len(lengths)}"
-            )
-        std = flooding_std(p, n, layout.size, bits=flood_bits) \
-            if flood_bits is not None and layout.size else 0.0
+        return n, err
+
+    def _decrypt_flooded(self, ciphertexts: Sequence[bytes], lengths: Sequence[int],
+                         std: float) -> np.ndarray:
+        """The aggregate's chunks decrypted into one vector, each flooded first with
+        Gaussian noise of ``std`` inside the ciphertext (OS entropy; none at 0)."""
         if std > 0:
             from privfedcal.privacy.noise import noise_generator
 
@@ -363,23 +385,21 @@ class KeyHolder:
             if std > 0:  # flood inside the ciphertext: decoding is then post-processing
                 vec = vec + (std * torch.randn(k, generator=g, dtype=torch.float64)).tolist()
             parts.append(np.asarray(vec.decrypt()))
-        vector = np.concatenate(parts) if parts else np.zeros(0)
-        if p.max_abs_sum is not None and vector.size:
-            worst = float(np.max(np.abs(vector)))
-            # Slack: float32 client sums may pass an exact bound by a few ulps.
-            if worst > p.max_abs_sum * (1 + 1e-5) + err + 10 * std:
-                raise UploadRejected(
-                    f"aggregate entry {worst:.4g} exceeds the declared bound "
-                    f"{p.max_abs_sum:g}: an upload broke the bound or used a foreign key"
-                )
-        if noise > 0:
-            vector = (
-                vector
-                + noise * torch.randn(vector.size, generator=generator, dtype=torch.float64).numpy()
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _check_bound(self, vector: np.ndarray, err: float, std: float) -> None:
+        """Raise ``UploadRejected`` for an entry past ``max_abs_sum`` (with the CKKS error
+        ``err`` and the flooding of ``std`` allowed for)."""
+        p = self.params
+        if p.max_abs_sum is None or not vector.size:
+            return
+        worst = float(np.max(np.abs(vector)))
+        # Slack: float32 client sums may pass an exact bound by a few ulps.
+        if worst > p.max_abs_sum * (1 + 1e-5) + err + 10 * std:
+            raise UploadRejected(
+                f"aggregate entry {worst:.4g} exceeds the declared bound "
+                f"{p.max_abs_sum:g}: an upload broke the bound or used a foreign key"
             )
-        if round_to is not None:
-            vector = np.round(vector / round_to) * round_to
-        return layout.unpack(vector)
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state: parameters and TenSEAL's serialisation of the secret context (no pickle)."""
