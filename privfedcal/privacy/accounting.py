@@ -302,30 +302,48 @@ def _smallest_sigma(eps_at: Callable[[float], float], target: float, rtol: float
         except PrivacyBudgetError:  # the accountant cannot bound it: treat as infeasible
             return math.inf
 
+    bracket = _bracket(eps, target)
+    if bracket is None:
+        return SIGMA_MIN
+    return _refine(eps, target, rtol, *bracket)
+
+
+def _bracket(eps: Callable[[float], float], target: float
+             ) -> tuple[float, float, float, float] | None:
+    """``(lo, eps(lo), hi, eps(hi))`` with ``eps(lo) > target >= eps(hi)``, from z = 1 by
+    halving or doubling; None when ``SIGMA_MIN`` already meets ``target``. Raises
+    ``PrivacyBudgetError`` when not even ``SIGMA_MAX`` does."""
     lo, hi, e_lo, e_hi = None, 1.0, math.inf, eps(1.0)
     if e_hi <= target:
         while lo is None:
             if hi <= SIGMA_MIN:
-                return SIGMA_MIN
+                return None
             cand = max(hi / 2, SIGMA_MIN)
             e = eps(cand)
             if e <= target:
                 hi, e_hi = cand, e
             else:
                 lo, e_lo = cand, e
-    else:
-        lo, e_lo, hi = 1.0, e_hi, None
-        while hi is None:
-            cand = min(lo * 2, SIGMA_MAX)
-            e = eps(cand)
-            if e <= target:
-                hi, e_hi = cand, e
-            elif cand >= SIGMA_MAX:
-                raise PrivacyBudgetError(
-                    f"no noise multiplier in [{SIGMA_MIN}, {SIGMA_MAX:g}] meets epsilon "
-                    f"{target:.4g}; raise the budget or release less")
-            else:
-                lo, e_lo = cand, e
+        return lo, e_lo, hi, e_hi
+    lo, e_lo, hi = 1.0, e_hi, None
+    while hi is None:
+        cand = min(lo * 2, SIGMA_MAX)
+        e = eps(cand)
+        if e <= target:
+            hi, e_hi = cand, e
+        elif cand >= SIGMA_MAX:
+            raise PrivacyBudgetError(
+                f"no noise multiplier in [{SIGMA_MIN}, {SIGMA_MAX:g}] meets epsilon "
+                f"{target:.4g}; raise the budget or release less")
+        else:
+            lo, e_lo = cand, e
+    return lo, e_lo, hi, e_hi
+
+
+def _refine(eps: Callable[[float], float], target: float, rtol: float, lo: float,
+            e_lo: float, hi: float, e_hi: float) -> float:
+    """The bracket ``[lo, hi]`` narrowed to relative width ``rtol`` by guarded secant steps
+    on log(eps) against log(z) (bisection as the fallback); its upper end."""
     half = math.sqrt(1 + rtol * 0.9)  # probes at root/half and root*half: ratio < 1 + rtol
     recent = [(lo, e_lo), (hi, e_hi)]  # the last two evaluations feed the secant
     secant_steps = 0
