@@ -229,7 +229,7 @@ def client_runtime(context: Context) -> ClientRuntime:
         _EXPERIMENTS.clear()
         start = time.perf_counter()
         exp = build_experiment(cfg)
-        plan = plan_for_run(exp.cfg, calibrator_class(exp.cfg), exp.num_examples)  # resolved
+        plan = plan_for_run(exp.privacy, calibrator_class(exp.cfg), exp.num_examples)  # resolved
         exp.spec = training_spec(exp.spec, plan)
         uplink = execute_plan(plan)
         _EXPERIMENTS[key] = (exp, uplink)
