@@ -79,17 +79,13 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     cfg = exp.cfg
     spec, attack = _audited_release(calibrator)
     label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
-    from privfedcal.privacy.noise import noise_generator
-
     rounds = _client_rounds(cfg, spec.participants)
     classes, dim = exp.data.num_classes, exp.model.feature_dim
     axes = dim if axes is None else min(axes, dim)
-    c, j, canaries = _canaries(classes, dim, axes,
-                               CANARY_SCALE * canary_scale(bound, attack.clip))
-    # membership: one fair coin per canary from OS entropy
-    member = torch.randint(0, 2, (cfg.clients, len(c)), generator=noise_generator()).bool()
-    var = ({k: s * s for k, s in plan.dp.stds(keys, label).items()} if plan is not None
-           else dict.fromkeys(keys, 1.0))
+    c, j, canaries, member = _canaries(classes, dim, axes,
+                                       CANARY_SCALE * canary_scale(bound, attack.clip),
+                                       cfg.clients)
+    var = _variances(plan, keys, label)
     release = noiser(noise, label, faults)
     model = FeatureMap(dim)
     scores, truth, done = [], [], []
@@ -155,13 +151,25 @@ def _client_rounds(cfg: Any, participants: str) -> list[list[int]]:
     return [[1]] * cfg.clients
 
 
-def _canaries(classes: int, dim: int, axes: int, unit: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(c, j, features): canary i is a feature ``unit`` on axis j[i], of class c[i]."""
+def _canaries(classes: int, dim: int, axes: int, unit: float, clients: int
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(c, j, features, member): canary i is a feature ``unit`` on axis j[i], of class
+    c[i]; ``member[k, i]`` says whether client k includes it (a fair coin from OS entropy)."""
+    from privfedcal.privacy.noise import noise_generator
+
     c = torch.arange(classes).repeat_interleave(axes)   # canary i: class c[i], axis j[i]
     j = torch.arange(axes).repeat(classes)
     canaries = torch.zeros(len(c), dim, dtype=torch.float64)
     canaries[torch.arange(len(c)), j] = unit
-    return c, j, canaries
+    member = torch.randint(0, 2, (clients, len(c)), generator=noise_generator()).bool()
+    return c, j, canaries, member
+
+
+def _variances(plan: Any, keys: Sequence[str], label: str) -> dict[str, float]:
+    """Each canary key's noise variance in the release (1 without a DP plan)."""
+    if plan is None:
+        return dict.fromkeys(keys, 1.0)
+    return {k: s * s for k, s in plan.dp.stds(keys, label).items()}
 
 
 def _payloads(task: Any, model: Any, z: Tensor, y: Tensor, canaries: Tensor, c: Tensor,
