@@ -180,12 +180,12 @@ def ckks_probe(examples: int, clients: int, d: int = 128, classes: int = 10,
     import torch
 
     from privfedcal.calibration.stats import ClassStats
-    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
+    from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage
     from privfedcal.privacy.transcript import Transcript
     from privfedcal.privacy.uplink import Uplink
 
     n = float(examples)
-    stage = SecAggStage(bounds={"count": n, "holders": float(clients), "sum": clip * n,
+    stage = CKKSSettings(bounds={"count": n, "holders": float(clients), "sum": clip * n,
                                 "outer": clip * clip * n, "grad": n},
                         dp=None, clients=clients, hide_counts=False)
     g = torch.Generator().manual_seed(0)

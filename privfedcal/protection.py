@@ -42,7 +42,7 @@ from privfedcal.errors import UsageError
 from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import default_delta
-from privfedcal.privacy.dp_stage import ASSUMPTIONS, DPStage
+from privfedcal.privacy.dp_accounting import ASSUMPTIONS, DPAccounting
 from privfedcal.privacy.executor import execute_plan, live_user_dp, training_spec
 from privfedcal.privacy.plan import (
     CKKSPlan,
@@ -289,7 +289,7 @@ def ckks_plan(inputs: ProtectionInputs, clips: dict[str, float],
     declarations only (privacy/releases.py; a key two releases share gets the larger
     bound). CKKS parameters must exist for every release: refused here, before any work."""
     from privfedcal.privacy.secagg import CKKSParams
-    from privfedcal.privacy.secagg_stage import PRECISION, SecAggStage
+    from privfedcal.privacy.secagg_stage import PRECISION, CKKSSettings
 
     p = inputs.privacy
     n, k = float(examples_of(inputs)), float(p.clients)
@@ -301,7 +301,7 @@ def ckks_plan(inputs: ProtectionInputs, clips: dict[str, float],
     plan = CKKSPlan(bounds=bounds, clients=p.clients, min_clients=secure_minimum(p),
                     hide_counts=p.hide_counts, cohorts=cohort_plan(p).cohorts,
                     symmetric={s.spec.label: s.spec.symmetric for s in inputs.releases})
-    sizing = SecAggStage.from_plan(plan, dp=noise.live() if noise is not None else None)
+    sizing = CKKSSettings.from_plan(plan, dp=noise.live() if noise is not None else None)
     for s in inputs.releases:
         CKKSParams.for_magnitude(sizing.max_abs(s.spec.label, s.spec.keys), PRECISION,
                                  max_clients=p.clients)
@@ -333,7 +333,7 @@ def user_dp_plan(privacy: Any) -> UserDPPlan:
                       else None)
 
 
-def user_dp_of(privacy: Any, dp: DPStage) -> Any:
+def user_dp_of(privacy: Any, dp: DPAccounting) -> Any:
     """The live DP-FedAvg of ``privacy`` charged to ``dp`` (the run's noise plan)."""
     return live_user_dp(user_dp_plan(privacy), dp)
 
@@ -384,7 +384,7 @@ def build_uplink(cfg: Any, exp: Any, calibrator: Any) -> Uplink:
     return execute_plan(plan_for_run(cfg, calibrator, exp.num_examples))
 
 
-__all__ = ["ASSUMPTIONS", "DPStage", "ProtectionInputs", "ProtectionPlan", "build_uplink",
+__all__ = ["ASSUMPTIONS", "DPAccounting", "ProtectionInputs", "ProtectionPlan", "build_uplink",
            "dpsgd_methods", "execute_plan", "participation_counts", "plan_for_run",
            "plan_protection", "planned_participants", "protection_inputs", "release_plans",
            "secure_schedule", "training_spec", "user_dp_of"]

@@ -26,7 +26,7 @@ import harness
 
 from privfedcal.models import create_model
 from privfedcal.privacy.secagg import ServerAggregator
-from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, key_holder_release, unpad
+from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage, key_holder_release, unpad
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
 
@@ -64,7 +64,7 @@ def creff_payload(g):
 def secure_release(payloads, label: str, n_total: int) -> tuple[float, float, int]:
     """(seconds for one client's encryption, seconds server add + decrypt, bytes/client)."""
     k = len(payloads)
-    stage = SecAggStage(bounds={"count": n_total, "holders": k, "sum": n_total,
+    stage = CKKSSettings(bounds={"count": n_total, "holders": k, "sum": n_total,
                                 "outer": n_total, "grad": n_total}, dp=None, clients=k,
                         hide_counts=True)
     up = Uplink([EncryptStage(stage)])  # the uplink's encrypt stage, opened as a run opens it

@@ -29,7 +29,7 @@ import harness  # noqa: E402
 
 from privfedcal.federation.local import LocalResult  # noqa: E402
 from privfedcal.privacy.accounting import PrivacyAccountant  # noqa: E402
-from privfedcal.privacy.dp_stage import DPStage  # noqa: E402
+from privfedcal.privacy.dp_accounting import DPAccounting  # noqa: E402
 from privfedcal.privacy.releases import USER_DP_RELEASE  # noqa: E402
 from privfedcal.privacy.transcript import Transcript  # noqa: E402
 from privfedcal.privacy.user_dp import UserDP  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> None:
     states = [{k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in glob.items()}
               for _ in range(args.clients)]
     rounds = args.warmup + args.rounds
-    stage = DPStage(target=1e9, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+    stage = DPAccounting(target=1e9, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                     sigmas={USER_DP_RELEASE: 2.852}, rates={USER_DP_RELEASE: 1.0}, clip=1.0,
                     grad_clip=1.0, distributed=False, covers_updates=False,
                     planned=[{"name": USER_DP_RELEASE, "sample_rate": 1.0, "steps": rounds}])

@@ -2,7 +2,7 @@
 
 The noise of every release is calibrated to the run's planned schedule (privfedcal/protection.py
 ``release_plans``: per client at q = 1, over the most releases any client makes; DP-SGD over
-the planned rounds), and the server's accountant (``DPStage.check``) guards that plan. A
+the planned rounds), and the server's accountant (``DPAccounting.check``) guards that plan. A
 client does not rely on the server for it (docs/threat-model.md): it counts the releases it
 has actually made, per release label (DP-SGD's local training is the label ``dpsgd``), and
 refuses (``BudgetRefused``) one that would take it past the count its noise was planned for.
@@ -31,7 +31,7 @@ class ClientLedger:
 
     @classmethod
     def planned(cls, dp: Any) -> ClientLedger:
-        """The limits of the run's own noise plan (``dp``, its ``DPStage``): each planned
+        """The limits of the run's own noise plan (``dp``, its ``DPAccounting``): each planned
         group's steps divided by the steps of one release (1 for an upload; DP-SGD: its
         steps per round)."""
         return cls({p["name"]: int(p["steps"]) // dp.steps.get(p["name"], 1)

@@ -1,7 +1,7 @@
 """The executor of a protection plan: the live uplink, built from the frozen plan.
 
 ``execute_plan`` turns a ``ProtectionPlan`` (privacy/plan.py, from the planner
-``privfedcal.protection.plan_protection``) into the objects a run uses: one ``DPStage``
+``privfedcal.protection.plan_protection``) into the objects a run uses: one ``DPAccounting``
 with fresh accountants and ledgers (shared by the noise stage, the encrypt stage's bounds
 and DP-FedAvg), every planned stage through its registry entry (privacy/stage_registry.py),
 DP-FedAvg and the model updates' CKKS wire where planned, and the ``Uplink`` around them.
@@ -20,12 +20,12 @@ from privfedcal.privacy.stage_registry import STAGES, Shared
 from privfedcal.privacy.uplink import Uplink
 
 if TYPE_CHECKING:
-    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.dp_accounting import DPAccounting
 
 
 def execute_plan(plan: ProtectionPlan) -> Uplink:
     """The live uplink of ``plan``: its stages built by their registry entries around one
-    ``DPStage`` (fresh accountants), DP-FedAvg and the model updates' wire where planned."""
+    ``DPAccounting`` (fresh accountants), DP-FedAvg and the model updates' wire where planned."""
     if not plan.protected:
         return Uplink()
     warn_if_seeded(plan.inputs.privacy.insecure_seeded_noise)
@@ -41,7 +41,7 @@ def execute_plan(plan: ProtectionPlan) -> Uplink:
     return up
 
 
-def live_user_dp(p: UserDPPlan, dp: DPStage | None) -> Any:
+def live_user_dp(p: UserDPPlan, dp: DPAccounting | None) -> Any:
     """DP-FedAvg (privacy/user_dp.py ``UserDP``) of plan ``p``, charged to ``dp``."""
     from privfedcal.privacy.adaptive_clip import AdaptiveClip
     from privfedcal.privacy.user_dp import UserDP
@@ -54,9 +54,9 @@ def live_user_dp(p: UserDPPlan, dp: DPStage | None) -> Any:
 
 def updates_uplink(p: CKKSPlan) -> Uplink:
     """The model updates' own uplink under --secagg-updates: the encrypt wire alone."""
-    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
+    from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage
 
-    return Uplink(stages=[EncryptStage(SecAggStage.from_plan(p, dp=None))])
+    return Uplink(stages=[EncryptStage(CKKSSettings.from_plan(p, dp=None))])
 
 
 def training_spec(spec: Any, plan: ProtectionPlan) -> Any:

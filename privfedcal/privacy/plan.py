@@ -25,7 +25,7 @@ from privfedcal.privacy.releases import ReleaseSpec
 
 if TYPE_CHECKING:
     from privfedcal.options import PrivacyOptions
-    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.dpsgd_local import DPSGDSpec
 
 
@@ -100,12 +100,12 @@ class NoisePlan:
     planned_clients: Mapping[str, int] = field(default_factory=dict)
     specs: Mapping[str, ReleaseSpec] = field(default_factory=dict)
 
-    def live(self) -> DPStage:
-        """A fresh ``DPStage`` (empty accountants and ledgers) for this plan."""
+    def live(self) -> DPAccounting:
+        """A fresh ``DPAccounting`` (empty accountants and ledgers) for this plan."""
         from privfedcal.privacy.accounting import PrivacyAccountant
-        from privfedcal.privacy.dp_stage import DPStage
+        from privfedcal.privacy.dp_accounting import DPAccounting
 
-        return DPStage(target=self.target, delta=self.delta,
+        return DPAccounting(target=self.target, delta=self.delta,
                        accountant=PrivacyAccountant(self.accountant, self.delta),
                        sigmas=dict(self.sigmas), rates=dict(self.rates), clip=self.clip,
                        grad_clip=self.grad_clip, distributed=self.distributed,

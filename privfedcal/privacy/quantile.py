@@ -176,7 +176,7 @@ def noisy_norm_histogram(norms: Tensor, edges: Tensor, noise_multiplier: float, 
     """A client's release: ``norm_histogram`` plus Gaussian noise of std
     ``noise_multiplier * SENSITIVITY * sqrt(share)`` per bin. ``share`` < 1 only where the
     histograms are summed securely and every one of n clients adds its part (as
-    ``DPStage.share``, 1/(n-1)). ``generator``: for tests only; by default the noise comes
+    ``DPAccounting.share``, 1/(n-1)). ``generator``: for tests only; by default the noise comes
     from OS entropy, never from a seed the server knows."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise UsageError(f"noise multiplier must be finite and > 0, got {noise_multiplier}")

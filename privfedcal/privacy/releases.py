@@ -9,7 +9,7 @@ planner ``attacks/`` registers under that name: ``attack invert --<name>``, the 
 audit's channel), what each payload key holds (its row in docs/threat-model.md's table
 of client fields, ``privacy/client_fields.py``), how the noise budget is split between the
 keys, and which keys are symmetric matrices (packed as their upper triangle under CKKS,
-their noise symmetrised). The DP noise (``dp_stage.py``), the CKKS bounds and layout
+their noise symmetrised). The DP noise (``dp_accounting.py``), the CKKS bounds and layout
 (``secagg_stage.py``), the symmetrisation (``stages.py``), the Flower task registry and the
 attacker's noise model (``attacks/view.py``) read only these declarations, so a new
 calibrator declares its releases in its own file and touches nothing else.

@@ -70,9 +70,10 @@ def unpad(data: bytes) -> bytes:
 
 
 @dataclass
-class SecAggStage:
+class CKKSSettings:
     """The run's CKKS settings: magnitude bounds per payload key, the noise they must leave
-    room for, the parameters each release used (the summary's record)."""
+    room for, the parameters each release used (the summary's record). Not a stage:
+    ``EncryptStage`` below reads it."""
 
     bounds: dict[str, float]  # largest |aggregate entry| per payload key, before noise
     dp: Any
@@ -93,7 +94,7 @@ class SecAggStage:
     symmetric: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
-    def from_plan(cls, plan: CKKSPlan, dp: Any) -> SecAggStage:
+    def from_plan(cls, plan: CKKSPlan, dp: Any) -> CKKSSettings:
         """The live settings of the planned CKKS set-up ``plan`` (privacy/plan.py), with the
         run's noise plan ``dp`` (None without DP) whose noise the bounds leave room for."""
         return cls(bounds=dict(plan.bounds), dp=dp, clients=plan.clients,
@@ -198,7 +199,7 @@ class LocalKeys:
 class EncryptStage(Wire):
     """CKKS secure aggregation of the uploads: the server sees ciphertexts and the sum."""
 
-    secagg: SecAggStage
+    secagg: CKKSSettings
     keys: KeyService = field(default_factory=LocalKeys)
     name = "encrypt"
     hides_uploads = True

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from privfedcal.errors import UsageError
 
 if TYPE_CHECKING:
-    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.plan import ProtectionPlan
     from privfedcal.privacy.stages import Stage
 
@@ -36,7 +36,7 @@ class Shared:
     """The live objects several stages of one uplink share: the run's noise plan and
     per-client accountants (None without DP), built once by privacy/executor.py."""
 
-    dp: DPStage | None = None
+    dp: DPAccounting | None = None
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,9 @@ def _clear_build(setup: Any, shared: Shared) -> Stage:
 
 
 def _encrypt_build(setup: Any, shared: Shared) -> Stage:
-    from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage
+    from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage
 
-    return EncryptStage(SecAggStage.from_plan(setup, dp=shared.dp))
+    return EncryptStage(CKKSSettings.from_plan(setup, dp=shared.dp))
 
 
 for _entry in (

@@ -32,7 +32,7 @@ from privfedcal.privacy.transcript import Transcript
 from privfedcal.tensors import all_finite
 
 if TYPE_CHECKING:
-    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.dp_accounting import DPAccounting
 
 #: fewest valid uploads for which a securely aggregated release is made (one upload would
 #: hand the "aggregate" of a single client to the server)
@@ -195,12 +195,12 @@ class BoundStage(Stage):
 @dataclass
 class NoiseStage(Stage):
     """Gaussian noise of the uploads, charged to the per-client accountant of ``dp``
-    (privacy/dp_stage.py ``DPStage``). Client half: each client's share of the variance
+    (privacy/dp_accounting.py ``DPAccounting``). Client half: each client's share of the variance
     from a generator seeded from OS entropy (privacy/noise.py); server half: the key
     holder's top-up for planned uploads missing from the sum. The guarantee holds while the
     noise stays secret: not with ``seeded`` (--insecure-seeded-noise)."""
 
-    dp: DPStage
+    dp: DPAccounting
     seed: int = 0
     seeded: bool = False
     name = "noise"

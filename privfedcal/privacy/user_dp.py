@@ -19,7 +19,7 @@ from the public seed (``cohorts.select_clients``), so anyone holding the config 
 takes part; subsampling amplification assumes a selection secret from the adversary
 (Poisson sampling on hidden coins), which does not hold here. Each round a client takes part
 in is charged to that client's accountant as a full Gaussian release (q = 1), through the
-run's ``DPStage`` (its per-client accountants and ledgers, shared with the calibration
+run's ``DPAccounting`` (its per-client accountants and ledgers, shared with the calibration
 releases), and the noise is planned over the most rounds any client takes part in.
 
 Where the noise is added:
@@ -66,7 +66,7 @@ from privfedcal.privacy.transcript import Transcript, record_model_updates
 from privfedcal.tensors import nonfinite_key
 
 if TYPE_CHECKING:
-    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.dp_accounting import DPAccounting
 
 State = dict[str, Tensor]
 
@@ -189,9 +189,9 @@ def release_plan(steps: int, share: float | None) -> ReleasePlan:
 @dataclass
 class UserDP:
     """DP-FedAvg's clipping, noise and charge for one run; ``dp`` holds the noise plan and
-    the per-client accountants and ledgers (privacy/dp_stage.py)."""
+    the per-client accountants and ledgers (privacy/dp_accounting.py)."""
 
-    dp: DPStage
+    dp: DPAccounting
     clip: float
     denominator: int  # clients asked per round: public
     distributed: bool  # --secagg-updates: the clients add the noise, in shares

@@ -105,7 +105,7 @@ class CKKSParams(TypedDict):
 
 
 class SecAgg(TypedDict):
-    """CKKS secure aggregation of the calibration uploads (``SecAggStage.summary``)."""
+    """CKKS secure aggregation of the calibration uploads (``CKKSSettings.summary``)."""
 
     scheme: Annotated[str, "`CKKS (TenSEAL)`"]
     params: Annotated[dict[str, CKKSParams], "release label -> its CKKS parameters"]

@@ -21,7 +21,7 @@ from privfedcal.federation.simulator import Simulator  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError, GridLink  # noqa: E402
 from privfedcal.flower.node_ledger import LEDGER_STATE, node_ledger, node_release  # noqa: E402
 from privfedcal.flower.records import FlowerOptions, state_to_record  # noqa: E402
-from privfedcal.privacy.dp_stage import DPStage  # noqa: E402
+from privfedcal.privacy.dp_accounting import DPAccounting  # noqa: E402
 from privfedcal.privacy.error_codes import ErrorCode, error_code  # noqa: E402
 from privfedcal.privacy.releases import DPSGD_RELEASE  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
@@ -59,14 +59,14 @@ def overselection(flower_cfg, tmp_path):
 def test_node_refuses_an_overselection_and_the_release_goes_on(flower_cfg, run_flower,
                                                                tmp_path, monkeypatch):
     """The server selects client c in one round more than planned and skips its own guard
-    (``DPStage.check``): c's node answers its (T+1)-th ``query.payload`` with an error
+    (``DPAccounting.check``): c's node answers its (T+1)-th ``query.payload`` with an error
     reply, the release goes on with the others (flower.min-replies), and c's uploads in the
     server's transcript stay within the target."""
     cfg, client, t, extra = overselection(flower_cfg, tmp_path)
     planned = Simulator.select_clients
     monkeypatch.setattr(Simulator, "select_clients", lambda self, r: sorted(
         {*planned(self, r), client}) if r == extra else planned(self, r))
-    monkeypatch.setattr(DPStage, "check", lambda self, label, clients=None: None)
+    monkeypatch.setattr(DPAccounting, "check", lambda self, label, clients=None: None)
     fl, summary, grid = run_flower(cfg, options=FlowerOptions(round_timeout=30,
                                                               min_replies=1))
     (drop,) = [d for d in summary["dropped_clients"] if d["client"] == client]

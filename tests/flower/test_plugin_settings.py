@@ -68,7 +68,7 @@ def test_an_auto_clip_is_planned_with_the_calibration_in_one_budget():
     s = resolve(gather({"dp_eps": 8.0, "dp_clip": "auto", "examples": 1000}, {}), clients=3)
     auto = s.auto_clip
     assert s.cfg.dp_clip is None  # chosen by the search, before the calibration release
-    # the calibration's DPStage plans against the whole target, not a remainder
+    # the calibration's DPAccounting plans against the whole target, not a remainder
     assert s.cfg.dp_eps == 8.0 and s.cfg.dp_delta == pytest.approx(1e-5)  # min(1e-5, 1/10N)
     clip_z, (calibration_z,) = plan_clip_noise(8.0, s.cfg.dp_delta, ClipSearch(),
                                                [ReleasePlan("ccvr-stats", 1.0, 1)])

@@ -14,7 +14,7 @@ from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.protection import (
-    DPStage,
+    DPAccounting,
     build_uplink,
     participation_counts,
     protection_inputs,
@@ -29,7 +29,7 @@ def opacus_eps(z, q, steps, delta):
 
 
 def stage(z=2.0, target=100.0):
-    return DPStage(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+    return DPAccounting(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                    sigmas={CREFF_RELEASE: z}, rates={CREFF_RELEASE: 1.0}, clip=1.0,
                    grad_clip=1.0, distributed=False, covers_updates=False)
 
@@ -79,7 +79,7 @@ def test_each_client_composes_only_its_own_releases():
 
 
 def test_summary_counts_the_clients_per_epsilon_and_lists_them_up_to_a_limit(monkeypatch):
-    from privfedcal.privacy import dp_stage
+    from privfedcal.privacy import dp_accounting
 
     dp = stage(z=2.0)
     dp.record(CREFF_RELEASE, [0, 1, 2])
@@ -91,7 +91,7 @@ def test_summary_counts_the_clients_per_epsilon_and_lists_them_up_to_a_limit(mon
     assert counts[1][0] == pytest.approx(opacus_eps(2.0, 1.0, 1, 1e-5))
     assert summary["per_client_epsilon"] == {"0": counts[0][0], "1": counts[1][0],
                                              "2": counts[1][0]}
-    monkeypatch.setattr(dp_stage, "LISTED_CLIENTS", 2)  # more clients than listed: counts only
+    monkeypatch.setattr(dp_accounting, "LISTED_CLIENTS", 2)  # more clients than listed: counts only
     summary = dp.summary()
     assert "per_client_epsilon" not in summary and sum(summary["epsilon_clients"].values()) == 3
 

@@ -12,7 +12,7 @@ from privfedcal.experiment import build_simulator, calibrator_class
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.client_ledger import ClientLedger
-from privfedcal.privacy.dp_stage import DPStage
+from privfedcal.privacy.dp_accounting import DPAccounting
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import load_transcript
@@ -113,11 +113,11 @@ class Stop(Exception):
 @pytest.mark.parametrize("resume", [False, True], ids=["straight", "resumed"])
 def test_simulated_client_refuses_an_overselection(tiny_cfg, tmp_path, monkeypatch, resume):
     """The server selects client c in one more round than planned and skips its own guard
-    (``DPStage.check``): c's ledger refuses its (T+1)-th release, the release goes on with
+    (``DPAccounting.check``): c's ledger refuses its (T+1)-th release, the release goes on with
     the other client, and c's uploads (the server's transcript) stay within the target;
     resumed from a checkpoint in between, the ledger survives."""
     cfg, client, t, extra, stop_after = overselection(tiny_cfg, tmp_path)
-    monkeypatch.setattr(DPStage, "check", lambda self, label, clients=None: None)
+    monkeypatch.setattr(DPAccounting, "check", lambda self, label, clients=None: None)
     out = tmp_path / "run"
 
     def start():

@@ -69,7 +69,7 @@ def test_noise_share_is_declared_for_every_key_or_none():
     a tenth, the noise stage and the attacks' view use the declaration."""
     from privfedcal.attacks.view import release_budget
     from privfedcal.privacy.accounting import PrivacyAccountant
-    from privfedcal.privacy.dp_stage import DPStage
+    from privfedcal.privacy.dp_accounting import DPAccounting
 
     with pytest.raises(ValueError, match="noise_share"):
         ReleaseSpec("x", {"a": "1", "b": "1"}, {"a": "N", "b": "N"}, noise_share={"a": 1.0})
@@ -80,7 +80,7 @@ def test_noise_share_is_declared_for_every_key_or_none():
     assert release_budget(creff.label) == dict(creff.noise_share)
     (ccvr,) = CCVR.releases
     assert not ccvr.noise_share and release_budget(ccvr.label) is None
-    dp = DPStage(target=8.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+    dp = DPAccounting(target=8.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                  sigmas={creff.label: 2.0}, rates={creff.label: 1.0}, clip=1.0, grad_clip=0.5,
                  distributed=False, covers_updates=False, specs={creff.label: creff})
     assert dp.stds(["grad", "count"], creff.label) == pytest.approx(

@@ -13,11 +13,11 @@ from privfedcal.errors import PrivacyBudgetError, ReleaseSkipped
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.secagg import ServerAggregator
-from privfedcal.privacy.secagg_stage import EncryptStage, SecAggStage, unpad
+from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage, unpad
 from privfedcal.privacy.stages import ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
-from privfedcal.protection import DPStage, build_uplink
+from privfedcal.protection import DPAccounting, build_uplink
 
 
 def stats_payload(counts, d=3, seed=0):
@@ -34,16 +34,16 @@ def stats_payload(counts, d=3, seed=0):
     return out
 
 
-def secagg_stage(clients=4, n=100, clip=10.0, dp=None):
+def ckks_settings(clients=4, n=100, clip=10.0, dp=None):
     bounds = {"count": n, "holders": clients, "sum": clip * n, "outer": clip * clip * n,
               "grad": n}
-    return SecAggStage(bounds=bounds, dp=dp, clients=clients)
+    return CKKSSettings(bounds=bounds, dp=dp, clients=clients)
 
 
-def dp_stage(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, planned=4,
+def dp_accounting(sigma=1.0, target=100.0, label="ccvr-stats", distributed=False, planned=4,
              releases=1000):
     """``releases``: the planned releases per client (each client's ledger refuses more)."""
-    return DPStage(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+    return DPAccounting(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                    sigmas={label: sigma}, rates={label: 1.0}, clip=10.0, grad_clip=1.0,
                    distributed=distributed, covers_updates=False,
                    planned=[{"name": label, "sample_rate": 1.0, "steps": releases}],
@@ -68,7 +68,7 @@ def plain_sum(uploads):
 def test_secure_sum_matches_plaintext_and_server_sees_no_upload(tmp_path):
     uploads = [(k, stats_payload([3, 0, 5], seed=k)) for k in range(3)]
     tr = Transcript(tmp_path / "t")
-    up = Uplink([EncryptStage(secagg_stage())])
+    up = Uplink([EncryptStage(ckks_settings())])
     total = up.aggregate(uploads, round_=1, label="ccvr-stats", transcript=tr)
     ref = plain_sum(uploads)
     for k in ref:
@@ -97,7 +97,7 @@ def test_keys_are_fresh_for_every_release_and_used_for_one_decryption():
             kept.append("key-holder" in rel.state)
             return out
 
-    up = Uplink([EncryptStage(secagg_stage(), keys=SpyKeys())])
+    up = Uplink([EncryptStage(ckks_settings(), keys=SpyKeys())])
     for r in (1, 2):
         uploads = [(k, stats_payload([3, 0, 5], seed=k)) for k in range(3)]
         up.aggregate(uploads, round_=r, label="ccvr-stats", transcript=Transcript(None))
@@ -106,7 +106,7 @@ def test_keys_are_fresh_for_every_release_and_used_for_one_decryption():
 
 
 def test_server_context_is_public_and_cannot_decrypt():
-    sealing, server = opened(secagg_stage(), stats_payload([2, 2]))
+    sealing, server = opened(ckks_settings(), stats_payload([2, 2]))
     assert not server.context.is_private()
     server.add(unpad(sealing.seal(stats_payload([2, 2], seed=1))))
     server.add(unpad(sealing.seal(stats_payload([1, 3], seed=2))))
@@ -123,7 +123,7 @@ def test_hidden_counts_server_view_independent_of_class_sets(tmp_path):
     views = []
     for uploads in (a, b):
         tr = Transcript(None)
-        total = Uplink([EncryptStage(secagg_stage())]).aggregate(uploads, round_=1, label="ccvr-stats",
+        total = Uplink([EncryptStage(ckks_settings())]).aggregate(uploads, round_=1, label="ccvr-stats",
                                                         transcript=tr)
         views.append(([(e["view"], e["client"], e.get("bytes")) for e in tr.entries], total))
     assert views[0][0] == views[1][0]
@@ -146,7 +146,7 @@ def test_malformed_uploads_are_rejected_and_round_goes_on():
 def test_foreign_and_tampered_ciphertexts_are_rejected():
     from privfedcal.errors import UploadRejected
 
-    stage = secagg_stage()
+    stage = ckks_settings()
     sealing, server = opened(stage, stats_payload([2, 2]))
     other, _ = opened(stage, stats_payload([2, 2]))  # another key holder's context
     with pytest.raises(UploadRejected):
@@ -161,7 +161,7 @@ def test_foreign_and_tampered_ciphertexts_are_rejected():
 
 
 def test_too_few_valid_clients_skips_the_release():
-    up = Uplink([EncryptStage(secagg_stage())])
+    up = Uplink([EncryptStage(ckks_settings())])
     uploads = [(0, stats_payload([2, 2])), (1, stats_payload([2, 2, 2]))]
     with pytest.raises(ReleaseSkipped):
         up.aggregate(uploads, round_=1, label="ccvr-stats", transcript=Transcript(None))
@@ -169,7 +169,7 @@ def test_too_few_valid_clients_skips_the_release():
 
 
 def test_budget_guard_stops_before_an_unplanned_release():
-    dp = dp_stage(sigma=1.0, target=5.0)
+    dp = dp_accounting(sigma=1.0, target=5.0)
     up = Uplink([NoiseStage(dp), ClearWire()])
     uploads = [(k, stats_payload([2, 2], seed=k)) for k in range(2)]
     released = 0
@@ -183,12 +183,12 @@ def test_budget_guard_stops_before_an_unplanned_release():
 
 def _distributed_noise_variance(n_good, planned=4, reps=20, d=8):
     """Normalised variance of the released sum's noise, n_good of ``planned`` uploads valid."""
-    dp = dp_stage(sigma=0.5, target=1e9, distributed=True, planned=planned)
+    dp = dp_accounting(sigma=0.5, target=1e9, distributed=True, planned=planned)
     stds = dp.stds(["count", "sum", "outer"], "ccvr-stats")
     iu = torch.triu_indices(d, d)
     samples = []
     for _ in range(reps):
-        up = Uplink([NoiseStage(dp), EncryptStage(secagg_stage(dp=dp))])
+        up = Uplink([NoiseStage(dp), EncryptStage(ckks_settings(dp=dp))])
         good = [(k, stats_payload([3, 3], d=d, seed=k)) for k in range(n_good)]
         bad = [(k, stats_payload([3, 3, 3], d=d)) for k in range(n_good, planned)]
         total = up.aggregate([*good, *bad], round_=1, label="ccvr-stats",
@@ -210,12 +210,12 @@ def test_distributed_noise_shares_and_top_up():
 
 
 def test_distributed_share_comes_from_the_config_not_the_server():
-    dp = dp_stage(distributed=True, planned=5)
+    dp = dp_accounting(distributed=True, planned=5)
     assert dp.share("ccvr-stats") == pytest.approx(1 / 4)
     assert dp.topup_share("ccvr-stats", arrived=5) == 0
     assert dp.topup_share("ccvr-stats", arrived=3) == pytest.approx(2 / 4)
-    assert dp_stage(distributed=False).share("ccvr-stats") == 1.0
-    assert dp_stage(distributed=True, planned=2).share("ccvr-stats") == 1.0
+    assert dp_accounting(distributed=False).share("ccvr-stats") == 1.0
+    assert dp_accounting(distributed=True, planned=2).share("ccvr-stats") == 1.0
 
 
 def test_refuses_to_start_when_budget_cannot_be_met(tiny_cfg):
@@ -265,7 +265,7 @@ def test_secure_sum_adds_each_cohort_once_it_is_complete():
     cohort at a time; an incomplete cohort is left out; the sum is that of the rest."""
     import dataclasses
 
-    stage = dataclasses.replace(secagg_stage(clients=6), cohorts=((0, 4), (1, 2), (3, 5)))
+    stage = dataclasses.replace(ckks_settings(clients=6), cohorts=((0, 4), (1, 2), (3, 5)))
     payloads = {k: stats_payload([2, 3], seed=k) for k in (0, 4, 1, 2, 3)}  # 5 never sent
     tr = Transcript(None)
     summed_before: dict[int, set[int]] = {}

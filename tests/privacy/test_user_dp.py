@@ -17,7 +17,7 @@ from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.federation.local import LocalResult
 from privfedcal.privacy import user_dp
 from privfedcal.privacy.accounting import PrivacyAccountant, plan_noise
-from privfedcal.privacy.dp_stage import DPStage
+from privfedcal.privacy.dp_accounting import DPAccounting
 from privfedcal.privacy.releases import USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.user_dp import (
@@ -48,7 +48,7 @@ class StatesTrainer:
 
 
 def stage(z=1.5, steps=3, target=50.0):
-    return DPStage(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+    return DPAccounting(target=target, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                    sigmas={USER_DP_RELEASE: z}, rates={USER_DP_RELEASE: 1.0}, clip=1.0,
                    grad_clip=1.0, distributed=False, covers_updates=False,
                    planned=[{"name": USER_DP_RELEASE, "sample_rate": 1.0, "steps": steps}])
@@ -531,7 +531,7 @@ def test_the_statement_names_the_level_its_releases_hold_at():
     assert "sample level" not in alone["statement"].split(";")[0]
     assert alone["assumptions"][0].startswith("user-level DP")
     assert not any(a.startswith("DP-SGD's") for a in alone["assumptions"])
-    both = DPStage(target=50.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
+    both = DPAccounting(target=50.0, delta=1e-5, accountant=PrivacyAccountant("rdp", 1e-5),
                    sigmas={USER_DP_RELEASE: 1.5, "ccvr-stats": 2.0},
                    rates={USER_DP_RELEASE: 1.0, "ccvr-stats": 1.0}, clip=1.0, grad_clip=1.0,
                    distributed=False, covers_updates=False,

@@ -1,9 +1,10 @@
 """The DP noise of the uploads and the run's accounting (one accountant per client).
 
-``DPStage`` holds the planned noise multipliers, sample rates and clip bounds of every
-release and charges each release to the accountants of the clients that took part; the
-noise stage of the uplink (privacy/stages.py ``NoiseStage``) draws its noise through it. It
-knows nothing of methods: the planning layer (privfedcal/protection.py) builds it.
+``DPAccounting`` holds the planned noise multipliers, sample rates and clip bounds of every
+release and charges each release to the accountants of the clients that took part. It is
+not a stage: the noise stage of the uplink (privacy/stages.py ``NoiseStage``) draws its
+noise through it. It knows nothing of methods: the planning layer
+(privfedcal/protection.py) builds it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ LISTED_CLIENTS = 1000
 
 
 @dataclass
-class DPStage:
+class DPAccounting:
     """Noise of the uploads and the run's accounting: one accountant PER CLIENT.
 
     A release touches the examples of the clients asked for it only, so each client's
