@@ -17,7 +17,7 @@ What is shared with privfedcal's own ServerApp, unchanged:
   ``privacy`` and its ``whole_run`` check of the secure sums, the notes);
 * ``GridLink`` (``flower/link.py``): every exchange, deadlines, error replies kept as codes;
 * the planner (``protection.plan_protection``): the releases the calibrator declares
-  (``ReleaseSpec``), the noise plan, accountant and budget ledger (``DPStage``), CKKS
+  (``ReleaseSpec``), the noise plan, accountant and budget ledger (``DPAccounting``), CKKS
   set-up, hidden counts, cohorts and minimum contributors, all from privfedcal's
   ``RunConfig`` built from the plugin's settings (``plugin_settings.py``), as every node builds it;
 * the calibrators (``calibration/ccvr.py``, ``calibration/creff.py``) and the run folder
@@ -265,27 +265,17 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     ``CalibrationClient`` with the same settings (checked before any release).
     """
     _check_arguments(grid, context, test_data, batch_size)
-    keywords = dict(settings)
-    if method is not None:
-        keywords["method"] = method
-    run_config = dict(context.run_config) if context is not None else {}
     run_id = int(context.run_id) if context is not None else 0
     adapter = HeadAdapter(model, head, num_classes)
     adapter.to(device)
-    s = _server_settings(grid, run_config, keywords)
-    if s.cfg.calibration_params.get("tukey"):
-        raise UsageError("CCVR's tukey option transforms features at inference, which the "
-                         "model's own forward does not: leave it off in the plugin")
+    s = _plugin_settings(grid, context, method, settings)
     run_dir = _fresh_run_dir(out, s.method, run_id)
     link = GridLink(grid, s.cfg.clients, s.options)
     sizes = _hello(link, s)
     n = s.examples or sum(sizes.values())
     batch_kwargs = {"batch_size": batch_size, "batch_keys": batch_keys, "device": device,
                     "num_classes": adapter.num_classes}
-    x, _ = next(iter(plugin_data.batches(test_data, **batch_kwargs)), (None, None))
-    if x is None:
-        raise UsageError("test_data is empty")
-    adapter.check(x)
+    x = _first_batch(test_data, batch_kwargs, adapter)
     cfg = s.cfg.replace(out=str(run_dir), model=type(model).__name__)
     searched = None
     if s.auto_clip is not None:  # dp-clip = "auto": the nodes' private search (clip.py)
@@ -305,16 +295,50 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         _record_search(sim, searched)
     summary = sim.run_calibration()
     if searched is not None and s.auto_clip is not None:
-        # the privacy statement covers the search and the calibration (one accountant)
-        spent = summary.get("privacy", {}).get("epsilon_spent")
-        summary["plugin"]["feature_clip"] = s.auto_clip.summary(searched.clip, searched.centre,
-                                                                spent)
-        write_summary(run_dir, summary)
-    final = sim.calibrator.eval_state(sim.global_state)
-    adapter.load_state_dict(final)
-    # the run's final model under the user's names: loadable into the user's model
-    save_checkpoint(run_dir / "final", {"model": adapter.user_state(final)})
+        _summarise_search(summary, s.auto_clip, searched, run_dir)
+    _install_calibrated(sim, adapter, run_dir)
     link.close()
     log.info("privfedcal %s: accuracy %.4f -> %.4f", s.method,
              summary.get("accuracy_before_calibration") or float("nan"), summary["accuracy"])
     return summary
+
+
+def _plugin_settings(grid: Grid, context: Context | None, method: str | None,
+                     settings: dict[str, Any]) -> PluginSettings:
+    """The run's settings: the keyword ``settings`` (and ``method``) under the Context's run
+    config; refuses CCVR's tukey option, which the model's own forward cannot apply."""
+    keywords = dict(settings)
+    if method is not None:
+        keywords["method"] = method
+    run_config = dict(context.run_config) if context is not None else {}
+    s = _server_settings(grid, run_config, keywords)
+    if s.cfg.calibration_params.get("tukey"):
+        raise UsageError("CCVR's tukey option transforms features at inference, which the "
+                         "model's own forward does not: leave it off in the plugin")
+    return s
+
+
+def _first_batch(test_data: Any, batch_kwargs: dict[str, Any], adapter: HeadAdapter) -> Any:
+    """The test data's first batch of inputs, checked against the model's head."""
+    x, _ = next(iter(plugin_data.batches(test_data, **batch_kwargs)), (None, None))
+    if x is None:
+        raise UsageError("test_data is empty")
+    adapter.check(x)
+    return x
+
+
+def _summarise_search(summary: dict[str, Any], auto_clip: Any, searched: ClipOutcome,
+                      run_dir: Path) -> None:
+    """The clip search in summary.json: the privacy statement covers the search and the
+    calibration (one accountant)."""
+    spent = summary.get("privacy", {}).get("epsilon_spent")
+    summary["plugin"]["feature_clip"] = auto_clip.summary(searched.clip, searched.centre, spent)
+    write_summary(run_dir, summary)
+
+
+def _install_calibrated(sim: PluginSimulator, adapter: HeadAdapter, run_dir: Path) -> None:
+    """The calibrated head into the user's model, and the run's final model saved under the
+    user's names (loadable into the user's model)."""
+    final = sim.calibrator.eval_state(sim.global_state)
+    adapter.load_state_dict(final)
+    save_checkpoint(run_dir / "final", {"model": adapter.user_state(final)})
