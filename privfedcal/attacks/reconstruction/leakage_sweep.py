@@ -133,17 +133,39 @@ def _mean(values: list[float]) -> float:
 def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                 on_job: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train and attack one setting; returns its row (``note`` says why a row is empty)."""
-    from privfedcal.attacks.attack_options import options_from
-    from privfedcal.attacks.reconstruction.runner import execute, load_run
-    from privfedcal.attacks.reconstruction.scoring import worst_case, write_records
-    from privfedcal.attacks.reconstruction.uploads import ClassesOptions, infer_class_sets
-    from privfedcal.attacks.release_attacks import attacks_of, run_attacks
-    from privfedcal.config import RunConfig
-    from privfedcal.experiment import build_simulator
+    from privfedcal.attacks.reconstruction.runner import load_run
+    from privfedcal.attacks.reconstruction.scoring import write_records
 
     row: dict[str, Any] = {"method": setting.method, "eps": setting.eps,
                            "secagg": setting.secagg, "note": ""}
     run_dir = out_dir / "runs" / setting.name
+    try:
+        sim, summary = _train(setting, config, run_dir)
+    except _Skipped as skip:
+        return {**row, "note": str(skip)}
+    privacy = summary.get("privacy", {})
+    row.update(accuracy=summary["accuracy"],
+               epsilon_spent=privacy.get("epsilon_spent", math.inf))
+    view = load_run(run_dir, exp=sim.exp)
+    try:
+        found = _attack(view, sim.calibrator, config, on_job)
+    except UsageError as exc:  # e.g. every release was skipped: nothing to attack
+        return {**row, "targets": 0, "note": f"not attacked: {exc}"}
+    write_records(found.records + found.class_records + found.whole_records,
+                  run_dir / "attack.json")
+    return {**row, **_scores(found)}
+
+
+class _Skipped(Exception):
+    """A setting the library refuses or that has nothing to attack (the row's note)."""
+
+
+def _train(setting: Setting, config: AuditConfig, run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """Train one setting as ``privfedcal train`` would: its simulator and summary; raises
+    ``_Skipped`` where the method uploads no calibration payload or the library refuses."""
+    from privfedcal.config import RunConfig
+    from privfedcal.experiment import build_simulator
+
     try:
         cfg = RunConfig(method=setting.method, dataset=config.dataset, clients=config.clients,
                         alpha=config.alpha, rounds=config.rounds,
@@ -152,56 +174,77 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
                         device=config.device, threads=1, dp_eps=setting.eps,
                         secagg=setting.secagg, out=str(run_dir))
         if cfg.calibrator not in attacked_calibrators():
-            return {**row, "note": f"skipped: {setting.method} uploads no calibration payload "
-                                   "(nothing to attack)"}
+            raise _Skipped(f"skipped: {setting.method} uploads no calibration payload "
+                           "(nothing to attack)")
         # the calibrator's server-side work cut to what its attacks need (ReleaseAttack)
         cfg = cfg.replace(calibration_params=audit_params(cfg.calibrator))
         sim = build_simulator(cfg, run_dir)  # writes config.json
-        summary = sim.run()
+        return sim, sim.run()
     except (UsageError, PrivacyBudgetError) as exc:
-        return {**row, "note": f"skipped: {exc}"}
-    privacy = summary.get("privacy", {})
-    row.update(accuracy=summary["accuracy"],
-               epsilon_spent=privacy.get("epsilon_spent", math.inf))
-    view = load_run(run_dir, exp=sim.exp)
+        raise _Skipped(f"skipped: {exc}") from None
+
+
+@dataclass
+class _Findings:
+    """What the attacks found on one run."""
+
+    records: list[dict[str, Any]]  # the inversions', one per target
+    class_records: list[dict[str, Any]]  # class-set inference's
+    whole_records: list[dict[str, Any]]  # the attacks on the run as a whole
+    whole: dict[str, Any]  # the latter's audit columns
+    notes: list[str]
+
+
+def _attack(view: Any, calibrator: Any, config: AuditConfig,
+            on_job: Callable[[str], None] | None) -> _Findings:
+    """Every attack on the run's transcript ``view``: the attacks on each release the
+    calibrator declares (one batched plan), class-set inference and the attacks on the run as
+    a whole (release_attacks.py)."""
+    from privfedcal.attacks.attack_options import options_from
+    from privfedcal.attacks.reconstruction.runner import execute
+    from privfedcal.attacks.reconstruction.uploads import ClassesOptions, infer_class_sets
+    from privfedcal.attacks.release_attacks import attacks_of, run_attacks
+
     # every attack's options type takes the settings it has of these
     values = dict(steps=config.steps, restarts=config.restarts, raw_samples=0,
                   attack_batch=config.attack_batch, max_n=config.max_n, seed=config.seed,
                   default_clients=config.attack_clients, known_classes=True)
-    try:
-        # the attack on each release the calibrator declares (release_attacks.py)
-        plan, *more = [attack.plan(view, options_from(attack.options, values))
-                       for _, attack in attacks_of(sim.calibrator)]
-        for other in more:
-            plan.jobs += other.jobs
-            plan.notes += other.notes
-        results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
-        class_records, class_notes = infer_class_sets(view, options_from(ClassesOptions, values))
-        whole_records, whole = [], {}
-        for attack in run_attacks():  # attacks on the run as a whole (disaggregation)
-            found, _ = attack.run(view, options_from(attack.options, values))
-            whole_records += found
-            if attack.audit_columns is not None:
-                whole.update(attack.audit_columns(found))
-    except UsageError as exc:  # e.g. every release was skipped: nothing to attack
-        return {**row, "targets": 0, "note": f"not attacked: {exc}"}
-    records = [r.record for r in results]
-    write_records(records + class_records + whole_records, run_dir / "attack.json")
-    notes = list(dict.fromkeys(plan.notes + class_notes))
+    plan, *more = [attack.plan(view, options_from(attack.options, values))
+                   for _, attack in attacks_of(calibrator)]
+    for other in more:
+        plan.jobs += other.jobs
+        plan.notes += other.notes
+    results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
+    class_records, class_notes = infer_class_sets(view, options_from(ClassesOptions, values))
+    whole_records, whole = [], {}
+    for attack in run_attacks():  # attacks on the run as a whole (disaggregation)
+        found, _ = attack.run(view, options_from(attack.options, values))
+        whole_records += found
+        if attack.audit_columns is not None:
+            whole.update(attack.audit_columns(found))
+    return _Findings([r.record for r in results], class_records, whole_records, whole,
+                     list(dict.fromkeys(plan.notes + class_notes)))
+
+
+def _scores(found: _Findings) -> dict[str, Any]:
+    """A row's columns from the attacks' findings: worst case first, then means."""
+    from privfedcal.attacks.reconstruction.scoring import worst_case
+
+    records = found.records
     return {
-        **row,
         **worst_case(records),
         "converged": f"{sum(bool(r.get('converged')) for r in records)}/{len(records)}",
         "psnr": _mean([r["psnr"] for r in records]),
         "ssim": _mean([r["ssim"] for r in records]),
         "feature_cosine": _mean([r["feature_cosine"] for r in records]),
-        "class_inference_accuracy": _mean([r["accuracy"] for r in class_records]),
-        **whole,
+        "class_inference_accuracy": _mean([r["accuracy"] for r in found.class_records]),
+        **found.whole,
         "prior_psnr": _mean([r["prior_psnr"] for r in records]),
         "nearest_is_true": _mean([r["nearest_is_true"] for r in records]),
         "nearest_chance": _mean([r["nearest_chance"] for r in records]),
         "targets": len(records),
-        "note": "; ".join(notes) if notes else ("" if records else "no target to attack"),
+        "note": ("; ".join(found.notes) if found.notes
+                 else "" if records else "no target to attack"),
     }
 
 
