@@ -235,44 +235,20 @@ def run_invert(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any
     set_threads(flags["threads"])
     from privfedcal.attacks.reconstruction.resume import PARTIAL_IMAGES, job_keys
     from privfedcal.attacks.reconstruction.runner import (
-        Plan,
         Stopped,
         execute,
         load_run,
         sigterm_interrupts,
     )
     from privfedcal.attacks.reconstruction.scoring import records_table, save_grid, write_records
-    from privfedcal.attacks.release_attacks import calibrator_of, check_combination
 
-    if flags["resume"] and flags["overwrite"]:
-        raise UsageError("--resume keeps the finished targets, --overwrite discards them: "
-                         "give one")
-    chosen = [a for a in attacks if flags.pop(a.name)]
-    check_combination(chosen, attacks)
-    refuse_strays(chosen, flags, offered, attacks)
-    opts = {a.name: given_options(a, flags) for a in chosen}
-    kind = next((a.name for a in chosen if not a.joins), chosen[0].name)
+    chosen, opts, kind = _chosen_attacks(attacks, offered, flags)
     client_ids = parse_ints(flags["clients"], "--clients")
     class_ids = parse_ints(flags["classes"], "--classes")
     out, device, quiet = flags["out"], flags["device"], flags["quiet"]
-    seed = flags.get("seed") or 0
-    run = run_folder(flags["run_dir"], flags["run"], "attack invert", required=False)
     files = ("attack.json", "reconstructions.png")
-    if run is None and out is not None and not flags["resume"]:  # refused before the quick run
-        check_fresh(out, files, overwrite=flags["overwrite"])
-    if run is None:
-        calibrator = next(c for a in chosen if (c := calibrator_of(a)) is not None)
-        run = quick_run(calibrator, out / "run" if out else None, seed=seed, device=device,
-                        threads=flags["threads"], quiet=quiet)
-    view = load_run(run, device=device)
-    plan = Plan(attack_batch=min(o.attack_batch for o in opts.values()))
-    for a in chosen:  # the chosen attacks' jobs, as one plan (their inversions batch together)
-        part = a.plan(view, opts[a.name], client_ids, class_ids)
-        plan.jobs += part.jobs
-        plan.notes += part.notes
-        plan.shared.update(part.shared)
-    if not plan.jobs:
-        raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
+    run = _attacked_run(chosen, flags, files)
+    plan = _joint_plan(chosen, opts, load_run(run, device=device), client_ids, class_ids)
     out_dir = out or Path(run) / f"attack-{kind}"
     settings = {"attack": kind, "attacks": [a.name for a in chosen],
                 "run": str(Path(run).resolve()), "clients": client_ids, "classes": class_ids,
@@ -296,6 +272,56 @@ def run_invert(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any
     print_table(records_table(records, f"privfedcal attack invert --{kind}: {run}"))
     print_notes(plan.notes)
     console.print(f"wrote attack.json and reconstructions.png into {out_dir}")
+
+
+def _chosen_attacks(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any]
+                    ) -> tuple[list[Any], dict[str, Any], str]:
+    """The attacks the flags choose (their flags popped), checked together, each with its
+    options, and the name the run's outputs go under (the attack that does not join others)."""
+    from privfedcal.attacks.release_attacks import check_combination
+
+    if flags["resume"] and flags["overwrite"]:
+        raise UsageError("--resume keeps the finished targets, --overwrite discards them: "
+                         "give one")
+    chosen = [a for a in attacks if flags.pop(a.name)]
+    check_combination(chosen, attacks)
+    refuse_strays(chosen, flags, offered, attacks)
+    opts = {a.name: given_options(a, flags) for a in chosen}
+    kind = next((a.name for a in chosen if not a.joins), chosen[0].name)
+    return chosen, opts, kind
+
+
+def _attacked_run(chosen: list[Any], flags: dict[str, Any], files: tuple[str, ...]) -> Any:
+    """The run folder to attack: the one given, or a quick run of the first chosen attack's
+    calibrator (under --out/run), after checking that --out holds no earlier attack."""
+    from privfedcal.attacks.release_attacks import calibrator_of
+
+    out = flags["out"]
+    run = run_folder(flags["run_dir"], flags["run"], "attack invert", required=False)
+    if run is None and out is not None and not flags["resume"]:  # refused before the quick run
+        check_fresh(out, files, overwrite=flags["overwrite"])
+    if run is None:
+        calibrator = next(c for a in chosen if (c := calibrator_of(a)) is not None)
+        run = quick_run(calibrator, out / "run" if out else None, seed=flags.get("seed") or 0,
+                        device=flags["device"], threads=flags["threads"], quiet=flags["quiet"])
+    return run
+
+
+def _joint_plan(chosen: list[Any], opts: dict[str, Any], view: Any, client_ids: Any,
+                class_ids: Any) -> Any:
+    """The chosen attacks' jobs on ``view`` as one plan (their inversions batch together);
+    refuses an empty plan with the attacks' notes."""
+    from privfedcal.attacks.reconstruction.runner import Plan
+
+    plan = Plan(attack_batch=min(o.attack_batch for o in opts.values()))
+    for a in chosen:
+        part = a.plan(view, opts[a.name], client_ids, class_ids)
+        plan.jobs += part.jobs
+        plan.notes += part.notes
+        plan.shared.update(part.shared)
+    if not plan.jobs:
+        raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
+    return plan
 
 
 def _classes_options(
