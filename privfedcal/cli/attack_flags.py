@@ -6,7 +6,7 @@ flags (``option_parameters``), build the chosen attack's options from the flags 
 (``given_options``; ``options_given`` for a command's own options type, as ``attack
 classes``' ``ClassesOptions``: the type's ``__post_init__`` checks them) and refuse a flag
 of an attack that was not chosen (``refuse_strays``). ``privfedcal audit`` takes its
-inversion options the same way (``leakage_sweep.audit_flags``).
+inversion options the same way (``inversion_options.audit_flags``).
 """
 
 from __future__ import annotations

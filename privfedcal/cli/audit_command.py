@@ -87,13 +87,13 @@ def _audit_options(
     quiet: Annotated[bool, Opt("--quiet", "-q", help="No progress (bar, or lines on stderr when not on a terminal).")] = False,
 ) -> None:
     """``audit``'s own options; its inversion options (``--steps``, ``--restarts``,
-    ``--attack-batch``) are the attacks' options fields (``leakage_sweep.audit_flags``)."""
+    ``--attack-batch``) are the attacks' options fields (``inversion_options.audit_flags``)."""
 
 
 def audit_command() -> Any:
     """The audit's callback: its own options, then the inversion options' flags, built from
-    ``InversionOptions``' fields with the audit's defaults (``leakage_sweep.AUDIT_DEFAULTS``)."""
-    from privfedcal.attacks.reconstruction.leakage_sweep import audit_flags
+    ``InversionOptions``' fields with the audit's defaults (``inversion_options.AUDIT_DEFAULTS``)."""
+    from privfedcal.attacks.reconstruction.inversion_options import audit_flags
 
     def audit(**flags: Any) -> None:
         """Sweep DP epsilon x secure aggregation x method: train, attack, tabulate, plot.
@@ -112,11 +112,8 @@ def run_audit(flags: dict[str, Any]) -> None:
     if flags["ctx"].invoked_subcommand is not None:
         return  # `audit dp ...`: the group's own sweep does not run
     from privfedcal import jobs
-    from privfedcal.attacks.reconstruction.leakage_sweep import (
-        AUDIT_INVERSION_OPTIONS,
-        AuditConfig,
-        Setting,
-    )
+    from privfedcal.attacks.reconstruction.inversion_options import AUDIT_INVERSION_OPTIONS
+    from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig, Setting
     from privfedcal.cli.console import Reporter
 
     inversion = {n: flags[n] for n in AUDIT_INVERSION_OPTIONS if flags[n] is not None}

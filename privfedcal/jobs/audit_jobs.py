@@ -124,7 +124,7 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
     one row per setting (accuracy, the best reconstruction's PSNR, class inference, what
     the secure sums determine, epsilon spent; docs/privacy.md). ``steps``, ``restarts``
     and ``attack_batch`` are the attacks' inversion options; not given, the audit's
-    defaults (``leakage_sweep.audit_flags``: the attacks' own, but 2 restarts). With ``out``, the runs are kept in ``out/runs`` and
+    defaults (``inversion_options.audit_flags``: the attacks' own, but 2 restarts). With ``out``, the runs are kept in ``out/runs`` and
     ``audit.csv`` and ``audit.png`` written into ``out`` (an earlier audit there is kept
     unless ``overwrite=True``); without, the runs are trained in a temporary folder that is
     removed and nothing is written. ``progress``: a bar over the settings when interactive

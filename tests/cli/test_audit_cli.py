@@ -109,8 +109,8 @@ def test_inversion_flags_are_the_attacks_options_with_the_audits_defaults(capsys
     import dataclasses
 
     from privfedcal.attacks.attack_options import option_flags
-    from privfedcal.attacks.reconstruction import leakage_sweep
-    from privfedcal.attacks.reconstruction.runner import InversionOptions
+    from privfedcal.attacks.reconstruction import inversion_options as leakage_sweep
+    from privfedcal.attacks.reconstruction.inversion_options import InversionOptions
     from privfedcal.cli.audit_command import audit_command
 
     attack = {f.name: f for f in option_flags(InversionOptions)}

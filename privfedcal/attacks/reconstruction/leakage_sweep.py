@@ -28,8 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfedcal.attacks.attack_options import OptionFlag, option_flags, with_defaults
-from privfedcal.attacks.reconstruction.runner import InversionOptions
+from privfedcal.attacks.reconstruction.inversion_options import (  # noqa: F401  (re-exported)
+    AUDIT_DEFAULTS,
+    AUDIT_INVERSION_OPTIONS,
+    InversionOptions,
+    audit_flags,
+)
 from privfedcal.attacks.release_attacks import attacked_calibrators, audit_params
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
@@ -64,21 +68,6 @@ class Setting:
     @property
     def unprotected(self) -> bool:
         return math.isinf(self.eps) and not self.secagg
-
-
-#: The inversion options the audit takes: fields of ``InversionOptions`` (their help,
-#: defaults and checks), so ``privfedcal audit``'s flags and ``privfedcal.audit``'s keywords
-#: are the attacks' own.
-AUDIT_INVERSION_OPTIONS = ("steps", "restarts", "attack_batch")
-#: Where the audit's defaults differ from an attack's: 2 restarts, not 4, since the audit
-#: attacks every setting of its grid (20 by default) and is meant to take seconds per setting.
-AUDIT_DEFAULTS = {"restarts": 2}
-
-
-def audit_flags() -> tuple[OptionFlag, ...]:
-    """The audit's inversion options as described fields, with the audit's defaults."""
-    return with_defaults(option_flags(InversionOptions), AUDIT_INVERSION_OPTIONS,
-                         AUDIT_DEFAULTS)
 
 
 _DEFAULT = {f.name: f.default for f in audit_flags()}

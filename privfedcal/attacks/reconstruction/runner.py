@@ -33,16 +33,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction.engine import reporting
 from privfedcal.attacks.reconstruction.feature_inversion import (
     DEFAULT_ATTACK_BATCH,
-    DEFAULT_MAX_STEPS,
     Convergence,
     InversionConfig,
     InversionResult,
     invert_features_many,
     shape_of,
+)
+from privfedcal.attacks.reconstruction.inversion_options import (  # noqa: F401  (re-exported)
+    InversionOptions,
 )
 from privfedcal.attacks.reconstruction.progress import (  # noqa: F401  (re-exported)
     Progress,
@@ -60,48 +61,6 @@ from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
 from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
-
-
-@dataclass(frozen=True)
-class InversionOptions:
-    """How hard an inversion attack works and on what: the options every attack that
-    inverts (``stats``, ``gradients``, ``updates``) shares; each extends it with its own."""
-
-    steps: int = attack_option(DEFAULT_MAX_STEPS, "Step cap per inversion (each stops "
-                               "earlier once converged); lower it for a quick look.")
-    restarts: int = attack_option(4, "Random restarts per inversion (best kept).")
-    attack_batch: int = attack_option(DEFAULT_ATTACK_BATCH, "Targets optimised together per "
-                                      "batch (1: one at a time; same results, more memory).")
-    round: int | None = attack_option(None, "Release round (default: the last).")
-    max_n: int = attack_option(256, "Largest batch of a client's class to invert (larger "
-                               "ones are skipped, noted).")
-    known_classes: bool = attack_option(False, "Also attack held classes that noise hides "
-                                        "(attacker knows the label set).")
-    seed: int = attack_option(0, "Seed of the attacks (and of the quick run).")
-    #: clients attacked when none are named (the first uploaders); the sweep sets it
-    default_clients: int = attack_option(2, "Clients attacked when none are named.", cli=False)
-    false_positive_rate: float = attack_option(1e-3, "Per-class false-positive rate of the "
-                                               "class inference under DP noise.", cli=False)
-
-    def __post_init__(self) -> None:
-        # 0 steps would score the random start as the attack's result ("nothing leaked")
-        if self.steps < 1 or self.restarts < 1:
-            raise UsageError(f"attacks need --steps >= 1 and --restarts >= 1 (got --steps "
-                             f"{self.steps}, --restarts {self.restarts}): with none the random "
-                             "start would be reported as the attack's result")
-        if self.max_n < 1:
-            raise UsageError(f"--max-n must be >= 1, got {self.max_n}")
-        if self.default_clients < 1:
-            raise UsageError("at least one client must be attacked")
-        if self.attack_batch < 1:
-            raise UsageError(f"--attack-batch must be >= 1 (1: one target at a time), got "
-                             f"{self.attack_batch}")
-        if not 0 < self.false_positive_rate < 1:
-            raise UsageError("the false-positive rate must be in (0, 1)")
-
-    @property
-    def inversion(self) -> InversionConfig:
-        return InversionConfig(steps=self.steps, restarts=self.restarts)
 
 
 def convergence_record(conv: Convergence | None) -> dict[str, Any]:
