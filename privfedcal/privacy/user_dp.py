@@ -288,12 +288,14 @@ class UserDP:
         self.clip = self.adaptive.next_clip(self.clip, noisy / self.denominator)
 
     def server_noise(self, total: State, round_: int) -> State:
-        """Server side, central noise: ``N(0, (z S)^2)`` on the sum (none when distributed)."""
+        """Server side, central noise: ``N(0, (z S)^2)`` on the sum (none when distributed);
+        the entries' form of ``add_server_noise``, which draws it (float64)."""
         if self.distributed:
             return total
-        g = noise_generator(self.seed, round_, -1, 302, seeded=self.seeded)
-        noise = gaussian_noise(total, self.std, g)
-        return {k: v + noise[k] for k, v in total.items()}
+        layout = UpdateLayout(total)
+        flat = layout.flatten(total)
+        self.add_server_noise(flat, round_)
+        return {**total, **layout.unflatten(flat)}
 
     def add_server_noise(self, total: Tensor, round_: int) -> None:
         """``server_noise`` on the flat sum, in place (the same draws for the same layout)."""
