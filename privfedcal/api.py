@@ -163,10 +163,10 @@ def _resume_simulator(run_dir: Path, rounds: int | None = None,
     uninterrupted run of ``rounds`` rounds. Refused: fewer rounds than trained, a diverged
     run (it would diverge again), and a different round count with DP (every release's
     noise was calibrated for the planned number of rounds)."""
+    from privfedcal.config import read_run_config
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.checkpoint import checkpoint_round
     from privfedcal.federation.hooks import Calibrator
-    from privfedcal.federation.runfolder import read_run_config
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

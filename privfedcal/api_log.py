@@ -150,7 +150,7 @@ def run_simulator(sim: Any, progress: bool | Callable[[dict[str, Any]], None] | 
                   where: str) -> dict[str, Any]:
     """Run ``sim`` (a ``Simulator``) to its end with its log lines and bar, close its log
     and return its summary. ``where`` says where the run is kept, for the first line."""
-    cfg = sim.cfg
+    cfg = sim.loop
     name = f"{cfg.method} on {cfg.dataset}"
     first = sim.start_round
     rounds = f"{cfg.rounds} rounds" if first == 1 else f"rounds {first}-{cfg.rounds}"

@@ -81,7 +81,7 @@ class Run:
 
     @property
     def config(self) -> RunConfig:
-        from privfedcal.federation.runfolder import read_run_config
+        from privfedcal.config import read_run_config
 
         return read_run_config(self.path)
 
@@ -130,8 +130,8 @@ class Run:
         ``Experiment``: ``data``, the clients' index tensors ``parts``, ``counts``, ``model``),
         its partition redrawn from the recorded data seed and ``model`` holding the final
         (calibrated) weights from ``final/``."""
+        from privfedcal.experiment import build_experiment
         from privfedcal.federation.checkpoint import load_checkpoint
-        from privfedcal.federation.setup import build_experiment
 
         exp = build_experiment(self.config.replace(device=device, workers=1))
         final = self.path / "final"

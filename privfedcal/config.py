@@ -58,6 +58,8 @@ MODEL_FAMILY: dict[str, str] = {"mlp": "small", "digits-cnn": "small"}
 MODEL_MIN_INPUT: dict[str, int] = {"cnn": 16, "resnet8": 16, "resnet18": 16, "mobilenetv2": 16}
 #: keys of a run's config.json that record the run rather than set it
 RUN_RECORD_KEYS = ("versions", "flower_run_id")
+#: a run folder's record of its settings (federation/runfolder.py writes it)
+CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -386,3 +388,22 @@ def resolved_line(cfg: RunConfig) -> str:
     return (f"model {cfg.model}, lr {cfg.lr:g}, momentum {cfg.momentum:g}, weight decay "
             f"{cfg.weight_decay:g}, batch {cfg.batch_size}, local epochs {cfg.local_epochs}, "
             f"augment {'on' if cfg.augment else 'off'}")
+
+
+def read_run_config(run_dir: str | Path) -> RunConfig:
+    """The settings of the run in ``run_dir`` (its ``config.json``, record-only keys
+    dropped); a folder without a readable ``config.json`` is a usage error."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise UsageError(f"{run_dir} is not a run folder (no {CONFIG_FILE})")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path} does not hold a settings object")
+    for key in RUN_RECORD_KEYS:
+        raw.pop(key, None)
+    if "data_seed" not in raw:  # written before the data seed: partitioned with the seed
+        raw["data_seed"] = raw.get("seed")
+    return RunConfig.from_dict(raw, where=str(path))

@@ -16,6 +16,7 @@ from privfedcal.config import METHOD_ALIASES, RunConfig
 from privfedcal.errors import UsageError
 
 if TYPE_CHECKING:
+    from privfedcal.federation.setup import Experiment
     from privfedcal.federation.simulator import Simulator
 
 
@@ -123,11 +124,60 @@ def build_calibrator(cfg: RunConfig, exp: Any):
     return make_calibrator(calibration_choice(cfg), exp)
 
 
+def build_experiment(cfg: RunConfig) -> Experiment:
+    """The clients' (and the experimenter's) experiment of ``cfg``: the data, and the
+    partition drawn from the data seed (``setup.resolve_data_seed``: ``--data-seed``, else
+    secret under a protection, else ``--seed``; ``config_of(exp).data_seed`` holds it)."""
+    from privfedcal.federation import setup
+    from privfedcal.options import DataOptions, EngineOptions, PrivacyOptions
+
+    setup.start(EngineOptions.of(cfg))
+    cfg = cfg.replace(data_seed=setup.resolve_data_seed(DataOptions.of(cfg),
+                                                        PrivacyOptions.of(cfg)))
+    data_options = DataOptions.of(cfg)
+    data = setup.load_data(data_options)
+    parts_np, counts, held = setup.draw_partition(data, data_options)
+    return _assemble(cfg, data, parts_np, counts, held)
+
+
+def build_server_experiment(cfg: RunConfig) -> Experiment:
+    """The server's experiment (Flower ServerApp, attacks on a server view): model, method
+    and test set, no partition (``parts`` and ``counts`` are None) and no training samples;
+    ``num_examples`` is the public ``held_examples``. The data seed is neither read nor
+    drawn. The dataset is read once for its test split and public metadata, and its
+    training split is dropped before anything else runs."""
+    from privfedcal.federation import setup
+    from privfedcal.options import DataOptions, EngineOptions
+
+    setup.start(EngineOptions.of(cfg))
+    data_options = DataOptions.of(cfg)
+    data = setup.load_data(data_options)
+    held = setup.held_examples(data.y_train.numpy(), data_options)
+    return _assemble(cfg, setup.server_dataset(data), None, None, held)
+
+
+def _assemble(cfg: RunConfig, data: Any, parts_np: Any, counts: Any, held: int) -> Experiment:
+    """``cfg``'s settings left None resolved for the dataset and its model, the narrow
+    options built from them once, and the experiment assembled from those."""
+    from privfedcal.config import resolve_training_defaults
+    from privfedcal.data.datasets import default_model_for
+    from privfedcal.federation.setup import assemble
+    from privfedcal.options import run_options
+
+    cfg = resolve_training_defaults(cfg, model=default_model_for(data), augment=data.augment)
+    return assemble(run_options(cfg), data, parts_np, counts, held, record=cfg.to_dict())
+
+
+def config_of(exp: Experiment) -> RunConfig:
+    """The resolved settings of ``exp`` as a ``RunConfig`` (what ``config.json`` records),
+    for the layers that speak in settings: the attacks, the analyses, the front ends."""
+    return RunConfig.from_dict(exp.record)
+
+
 def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]:
     """The experiment (holding the resolved settings), its calibrator and its uplink;
     ``server``: the server's experiment (no training data, no partition: the Flower
-    ServerApp's, ``federation/setup.py`` ``build_server_experiment``)."""
-    from privfedcal.federation.setup import build_experiment, build_server_experiment
+    ServerApp's, ``build_server_experiment``)."""
     from privfedcal.privacy.executor import execute_plan, training_spec
     from privfedcal.protection import plan_for_run
 
@@ -146,4 +196,4 @@ def build_simulator(cfg: RunConfig, run_dir: Path) -> Simulator:
     from privfedcal.federation.simulator import Simulator
 
     exp, calibrator, uplink = build_parts(cfg)
-    return Simulator(exp.cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp)
+    return Simulator(exp, run_dir, calibrator=calibrator, uplink=uplink)

@@ -9,7 +9,8 @@ resolved ``RunConfig`` (``run_options``) and passed down:
   optimiser (federation/local.py, workers.py, vectorised.py);
 - ``EngineOptions``: where and how the run computes: device, processes, threads, batching;
 - ``PrivacyOptions``: the protections and the public protocol they are planned over (the
-  privacy planner, privfedcal/protection.py, and privacy/).
+  privacy planner, privfedcal/protection.py, and privacy/);
+- ``LoopOptions``: what the round loop runs and records (federation/simulator.py).
 
 Each field keeps its ``RunConfig`` name and meaning (its help text is there), so a setting
 reads the same at every floor.
@@ -179,6 +180,27 @@ class PrivacyOptions:
                      calibration_params=dict(cfg.calibration_params))
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """What the round loop runs and records: the rounds and how often it evaluates, the
+    public seed of its per-round draws, whether it records the server's view, and the names
+    of what runs (for summary.json and its messages)."""
+
+    method: str
+    local_method: str
+    calibrator: str
+    dataset: str
+    clients: int
+    rounds: int
+    eval_every: int
+    seed: int
+    transcript: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> LoopOptions:
+        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator)
+
+
 class RunOptions(NamedTuple):
     """The narrow options of one run, built together from its ``RunConfig``."""
 
@@ -186,9 +208,10 @@ class RunOptions(NamedTuple):
     training: LocalSpec
     engine: EngineOptions
     privacy: PrivacyOptions
+    loop: LoopOptions
 
 
 def run_options(cfg: RunConfig) -> RunOptions:
     """Every narrow option of ``cfg`` (resolved: ``config.resolve_training_defaults``)."""
     return RunOptions(DataOptions.of(cfg), LocalSpec.of(cfg), EngineOptions.of(cfg),
-                      PrivacyOptions.of(cfg))
+                      PrivacyOptions.of(cfg), LoopOptions.of(cfg))

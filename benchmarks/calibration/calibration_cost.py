@@ -41,9 +41,8 @@ import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
-from privfedcal.experiment import build_calibrator
+from privfedcal.experiment import build_calibrator, build_experiment
 from privfedcal.federation.local import make_generator
-from privfedcal.federation.setup import build_experiment
 from privfedcal.federation.simulator import RoundContext, Simulator
 from privfedcal.protection import build_uplink
 
@@ -82,13 +81,13 @@ class TimedSimulator(Simulator):
 def simulator(cfg: RunConfig, run_dir: Path) -> TimedSimulator:
     exp = build_experiment(cfg)
     calibrator = build_calibrator(cfg, exp)
-    return TimedSimulator(cfg, run_dir, calibrator=calibrator,
-                          uplink=build_uplink(cfg, exp, calibrator), exp=exp)
+    return TimedSimulator(exp, run_dir, calibrator=calibrator,
+                          uplink=build_uplink(cfg, exp, calibrator))
 
 
 def posthoc_context(sim: Simulator) -> RoundContext:
     """The context ``Simulator.finish`` hands a post-hoc calibrator."""
-    cfg = sim.cfg
+    cfg = sim.loop
     return RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
                         list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
 

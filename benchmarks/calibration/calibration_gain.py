@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: har
 import harness  # noqa: E402
 
 from privfedcal.config import RunConfig
-from privfedcal.experiment import build_calibrator, build_simulator
+from privfedcal.experiment import build_calibrator, build_simulator, config_of
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.simulator import RoundContext, Simulator
 
@@ -86,7 +86,7 @@ def parse_value(text: str) -> Any:
 def posthoc(sim: Simulator, calibrate: str, cfg: RunConfig) -> dict[str, Any]:
     """Calibrate the finished simulator's global model with ``calibrate`` and the calibration
     options of ``cfg`` (the benchmark's); test accuracy."""
-    cfg = sim.cfg.replace(calibration_params=cfg.calibration_params)
+    cfg = config_of(sim.exp).replace(calibration_params=cfg.calibration_params)
     calibrator = build_calibrator(cfg.replace(calibrate=calibrate), sim.exp)
     ctx = RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
                        list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
@@ -149,7 +149,7 @@ def diagnose_heads(sim: Simulator) -> dict[str, float]:
     )
     from privfedcal.calibration.retrain import fresh_head, retrain_classifier, retrain_head_of
 
-    cfg, creff = sim.cfg, sim.calibrator
+    cfg, creff = sim.loop, sim.calibrator
     ctx = RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
                        list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
     c, p = creff.num_classes, creff.params

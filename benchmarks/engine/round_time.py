@@ -27,6 +27,7 @@ import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_experiment
 from privfedcal.federation.simulator import Simulator
 from privfedcal.models import create_model
 
@@ -62,7 +63,7 @@ def engine(npz: Path, workers: int, threads: int, rounds: int, batch: int, clien
                     rounds=rounds, local_epochs=1, batch_size=batch, lr=0.01, device="cpu",
                     workers=workers, threads=threads, eval_every=10_000, transcript=False,
                     augment=False)
-    sim = Simulator(cfg, out)
+    sim = Simulator(build_experiment(cfg), out)
     sim.run()
     # the first round starts the workers, the last one also evaluates: both are left out
     return [h["seconds"] for h in sim.history][1:-1]

@@ -30,8 +30,8 @@ import harness
 from cifar_like import make_npz
 
 from privfedcal.config import RunConfig
+from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import PlainSGD, clone_state
-from privfedcal.federation.setup import build_experiment
 from privfedcal.federation.vectorised import VectorisedTrainer
 from privfedcal.federation.workers import InProcessTrainer, TrainJob
 
@@ -101,7 +101,7 @@ def bench(name: str, cfg: RunConfig, repeats: int) -> dict:
             peaks[key] = max(peaks[key], peak)
     sizes = [int(p.numel()) for p in exp.parts]
     print(f"== {name}: {cfg.clients} clients ({min(sizes)}-{max(sizes)} samples), model "
-          f"{exp.cfg.model}, batch {exp.cfg.batch_size}, {exp.cfg.local_epochs} local "
+          f"{exp.model_name}, batch {exp.spec.batch_size}, {exp.spec.local_epochs} local "
           f"epoch(s), {torch.get_num_threads()} thread(s)")
     for key in engines:
         print(f"  {key:<11} wall min {min(times[key]):.3f} s  median "

@@ -56,9 +56,8 @@ def _dpsgd_client(n: int, outlier: bool, trials: int, seed: int) -> dict:
     import dataclasses
 
     from privfedcal.config import RunConfig
-    from privfedcal.experiment import calibrator_class
+    from privfedcal.experiment import build_experiment, calibrator_class
     from privfedcal.federation.local import clone_state, train_client
-    from privfedcal.federation.setup import build_experiment
     from privfedcal.privacy.executor import training_spec
     from privfedcal.protection import plan_for_run
 
@@ -146,7 +145,7 @@ def collect_partition(trials: int) -> dict:
     whether the adversary's redraw from the public seed does (its score)."""
     from privfedcal.config import RunConfig
     from privfedcal.data.partition import PartitionSpec, partition_indices
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment
 
     truth, guess = [], []
     for t in range(2 * trials):

@@ -82,13 +82,15 @@ class RunState:
 
     @property
     def cfg(self) -> RunConfig:
-        return self.exp.cfg
+        from privfedcal.experiment import config_of
+
+        return config_of(self.exp)
 
 
 def load_run(run_dir: Path, device: str | None = None) -> RunState:
     """Rebuild the experiment from ``config.json`` and load ``checkpoint/`` and ``final/``."""
-    from privfedcal.federation.runfolder import read_run_config
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.config import read_run_config
+    from privfedcal.experiment import build_experiment
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

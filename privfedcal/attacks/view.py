@@ -189,14 +189,10 @@ def release_budget(label: str) -> dict[str, float] | None:
 def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
     """Rebuild a run for attacking from its server's view (``RUN/server/``, or a copy of it);
     ``exp`` reuses a built experiment of the run as the experimenter's truth."""
-    from privfedcal.federation.runfolder import (
-        CONFIG_FILE,
-        SUMMARY_FILE,
-        TRANSCRIPT_DIR,
-        read_run_config,
-        server_view,
-    )
-    from privfedcal.federation.setup import build_server_experiment, server_dataset
+    from privfedcal.config import CONFIG_FILE, read_run_config
+    from privfedcal.experiment import build_server_experiment
+    from privfedcal.federation.runfolder import SUMMARY_FILE, TRANSCRIPT_DIR, server_view
+    from privfedcal.federation.setup import server_dataset
     from privfedcal.privacy.transcript import load_transcript
 
     run_dir = Path(run_dir)
@@ -211,13 +207,13 @@ def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
     if truth is None and (run_dir / CONFIG_FILE).is_file():
         full = read_run_config(run_dir)
         if full.data_seed is not None:  # the experimenter's config: the partition is known
-            from privfedcal.federation.setup import build_experiment
+            from privfedcal.experiment import build_experiment
 
             truth = build_experiment(full.replace(device=device, workers=1))
     if truth is None:
         server = build_server_experiment(cfg)
     else:  # the same model object, seen through the server's public data only
-        server = dataclasses.replace(truth, cfg=cfg, data=server_dataset(truth.data),
-                                     parts=None, counts=None)
+        server = dataclasses.replace(truth, record=cfg.to_dict(),
+                                     data=server_dataset(truth.data), parts=None, counts=None)
     return RunView(run_dir, cfg, summary, server, load_transcript(view_dir / TRANSCRIPT_DIR),
                    truth)

@@ -129,7 +129,7 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
     cfg = RunConfig(seed=seed, device=device, out=str(run_dir),
                     calibration_params=audit_params(calibrator), **how,
                     **quick)  # type: ignore[arg-type]
-    summary = run_with_progress(build_simulator(cfg, run_dir), cfg, quiet=quiet)
+    summary = run_with_progress(build_simulator(cfg, run_dir), quiet=quiet)
     console.print(f"no --run given: trained a quick {method} run on digits into {run_dir} "
                   f"(accuracy {summary['accuracy']:.4f})")
     return run_dir

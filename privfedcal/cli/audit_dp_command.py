@@ -39,7 +39,7 @@ def audit_config(run: Path | None, config: Path | None, flags: dict[str, Any]):
     """The configuration to audit: a run folder's, or the config file and flags."""
     if run is None:
         return resolve_config(config, flags)
-    from privfedcal.federation.runfolder import read_run_config
+    from privfedcal.config import read_run_config
 
     given = [k for k, v in flags.items() if v is not None and k != "out"]
     if config is not None:

@@ -16,7 +16,7 @@ from rich.table import Table
 from privfedcal.cli.console import Reporter, console, err_console, print_table
 from privfedcal.config import RunConfig, resolved_line
 from privfedcal.errors import Diverged, Interrupted
-from privfedcal.experiment import build_simulator
+from privfedcal.experiment import build_simulator, config_of
 from privfedcal.federation.checkpoint import checkpoint_round
 
 
@@ -27,8 +27,10 @@ def progress_line(rec: dict[str, Any], total: int) -> str:
             f"{rec['loss']:.4f}, train loss {train}, {rec['seconds']:.1f} s")
 
 
-def run_with_progress(sim, cfg: RunConfig, *, quiet: bool = False) -> dict[str, Any]:
-    cfg = sim.cfg  # resolved
+def run_with_progress(sim, *, quiet: bool = False) -> dict[str, Any]:
+    """Run ``sim`` to its end under a progress bar, after a line naming its resolved
+    settings; returns its summary."""
+    cfg = config_of(sim.exp)  # resolved: the model and its optimiser filled in
     console.print(f"privfedcal: {cfg.method} on {cfg.dataset}, rounds {cfg.rounds}, "
                   f"{resolved_line(cfg)} -> {sim.run_dir}", highlight=False, markup=False)
     for warning in sim.exp.warnings:
@@ -85,7 +87,7 @@ def execute(cfg: RunConfig, run_dir: Path, log: tuple[str, ...] = (),
     try:
         sim = build_simulator(cfg.replace(out=str(run_dir)), run_dir)
         sim.log.enable(log)  # --log tensorboard
-        summary = run_with_progress(sim, cfg, quiet=quiet)
+        summary = run_with_progress(sim, quiet=quiet)
         sim.log.close()
     except Diverged:
         raise  # the folder keeps summary.json and what finished before (main says what)
@@ -125,10 +127,9 @@ def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = N
     from privfedcal.api import _resume_simulator
 
     sim = _resume_simulator(run_dir, rounds=rounds, threads=threads)
-    cfg = sim.cfg
     sim.log.enable(log)
     try:
-        summary = run_with_progress(sim, cfg, quiet=quiet)
+        summary = run_with_progress(sim, quiet=quiet)
     except KeyboardInterrupt:
         raise interrupted(run_dir) from None
     sim.log.close()

@@ -12,10 +12,11 @@ The folder is split along the privacy boundary (docs/usage.md, "The run folder")
   ``--config RUN/config.json`` and ``--resume`` redraw the same partition; metrics,
   ``summary.json``, per-client logs, checkpoints, plots, reports).
 
-``config.json`` holds the resolved ``RunConfig`` plus record-only keys (``RUN_RECORD_KEYS``:
-the library versions, and a Flower run's id) that are not settings. Every writer
-(``train``, ``attack``'s quick run, ``audit``, the Flower ServerApp) goes through the
-``Simulator``, which calls ``write_run_files``; every reader calls ``read_run_config``.
+``config.json`` holds the resolved settings (``RunConfig.to_dict()``, carried by the
+experiment as ``exp.record``) plus record-only keys (``RUN_RECORD_KEYS``: the library
+versions, and a Flower run's id) that are not settings. Every writer (``train``, ``attack``'s
+quick run, ``audit``, the Flower ServerApp) goes through the ``Simulator``, which calls
+``write_run_files``; every reader calls ``config.read_run_config``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from privfedcal.config import RUN_RECORD_KEYS, RunConfig
-from privfedcal.errors import UsageError
+from privfedcal.config import CONFIG_FILE, RUN_RECORD_KEYS
 
-CONFIG_FILE = "config.json"
 PARTITION_FILE = "partition.json"
 SUMMARY_FILE = "summary.json"
 SERVER_DIR = "server"  # the server's view
@@ -74,28 +73,29 @@ def versions() -> dict[str, str]:
             "numpy": np.__version__, "python": platform.python_version()}
 
 
-def write_config(run_dir: Path, cfg: RunConfig, **record: Any) -> Path:
-    """``config.json``: the settings, the versions and ``record`` (keys of RUN_RECORD_KEYS)."""
+def write_config(run_dir: Path, settings: dict[str, Any], **record: Any) -> Path:
+    """``config.json``: the settings (``RunConfig.to_dict()``), the versions and ``record``
+    (keys of RUN_RECORD_KEYS)."""
     extra = sorted(set(record) - set(RUN_RECORD_KEYS))
     if extra:
         raise ValueError(f"not run-record keys: {', '.join(extra)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
-    path.write_text(json.dumps({**cfg.to_dict(), "versions": versions(), **record}, indent=2))
+    path.write_text(json.dumps({**settings, "versions": versions(), **record}, indent=2))
     return path
 
 
-def public_config(cfg: RunConfig) -> RunConfig:
+def public_config(settings: dict[str, Any]) -> dict[str, Any]:
     """The settings the server holds: all but the data seed."""
-    return cfg.replace(data_seed=None)
+    return {**settings, "data_seed": None}
 
 
 def write_run_files(run_dir: Path, exp: Any, **record: Any) -> None:
     """``config.json`` (the experiment's resolved settings, data seed included),
     ``server/config.json`` (the same without the data seed) and, where the experiment holds
     the partition (not on a Flower server), ``private/partition.json``."""
-    write_config(run_dir, exp.cfg, **record)
-    write_config(server_dir(run_dir), public_config(exp.cfg), **record)
+    write_config(run_dir, exp.record, **record)
+    write_config(server_dir(run_dir), public_config(exp.record), **record)
     if exp.parts is not None:
         private = Path(run_dir) / PRIVATE_DIR
         private.mkdir(parents=True, exist_ok=True)
@@ -108,22 +108,3 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     for folder in (Path(run_dir), server_dir(run_dir)):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / SUMMARY_FILE).write_text(text)
-
-
-def read_run_config(run_dir: Path) -> RunConfig:
-    """The settings of the run in ``run_dir`` (record-only keys dropped); a folder without a
-    readable ``config.json`` is a usage error."""
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no {CONFIG_FILE})")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{path} does not hold a settings object")
-    for key in RUN_RECORD_KEYS:
-        raw.pop(key, None)
-    if "data_seed" not in raw:  # written before the data seed: partitioned with the seed
-        raw["data_seed"] = raw.get("seed")
-    return RunConfig.from_dict(raw, where=str(path))

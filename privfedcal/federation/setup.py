@@ -1,16 +1,17 @@
-"""Build an experiment (data, partition, model, method, calibrator) from a RunConfig.
+"""Build an experiment (data, partition, model, method) from a run's narrow options.
 
-The experiment holds the *resolved* config: settings left None are filled per model and
-dataset (``config.resolve_training_defaults``) once the data is loaded, and the data seed
-(``resolve_data_seed``) once the partition is drawn. From the resolved config it builds,
-once, the narrow options the layers below take (privfedcal/options.py): the data options,
-the local-training spec (``exp.spec``), the engine options and the privacy options; the
-functions here and the trainers take those, not the whole config.
+The layers above (``privfedcal/experiment.py``) resolve a ``RunConfig``: the settings left
+None filled per model and dataset once the data is loaded, the data seed once the
+protections are known, and build from it, once, the narrow options this floor and those
+below take (privfedcal/options.py): the data options, the local-training spec
+(``exp.spec``), the engine, privacy and loop options. Nothing here reads the whole config;
+the experiment carries its resolved settings only as the record ``config.json`` holds
+(``exp.record``, written by ``runfolder.write_run_files``).
 
 Two seeds (docs/threat-model.md): the protocol seed ``--seed`` is public (the server holds
 it: it picks clients and initialises models); the data seed draws the partition, which only
-the clients hold. ``build_server_experiment`` is the server's side: the model, the test set
-and public sizes, never the training samples or the partition.
+the clients hold. The server's experiment (``assemble`` with no partition) holds the model,
+the test set and public sizes, never the training samples or the partition.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
-from privfedcal.config import MODEL_MIN_INPUT, RunConfig, resolve_training_defaults
+from privfedcal.config import MODEL_MIN_INPUT
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import choose_mixed_precision, set_deterministic
 from privfedcal.models.feature_classifier import FeatureClassifier
@@ -35,8 +36,9 @@ from privfedcal.options import (
     DataOptions,
     EngineOptions,
     LocalSpec,
+    LoopOptions,
     PrivacyOptions,
-    run_options,
+    RunOptions,
 )
 from privfedcal.seeding import make_generator
 
@@ -66,13 +68,12 @@ def build_model_and_algo(model_name: str, training: LocalSpec, num_classes: int,
     return model, algo
 
 
-def partition_is_secret(privacy: PrivacyOptions | RunConfig) -> bool:
+def partition_is_secret(privacy: PrivacyOptions) -> bool:
     """Whether the run's protections claim something the server could read off a public
     partition: any DP, secure aggregation or hidden counts. A server that can redraw the
     partition of a public dataset knows every client's examples, so their partition must
     come from a seed it does not hold. ``--insecure-seeded-noise`` declares the run insecure
-    against anyone who knows the seed: its partition follows the seed too. (A
-    ``RunConfig`` has the same names: the Flower apps ask before the run is assembled.)"""
+    against anyone who knows the seed: its partition follows the seed too."""
     p = privacy
     protected = p.dp_enabled or p.dp_train or p.secagg or p.secagg_updates or p.hide_counts
     return protected and not p.insecure_seeded_noise
@@ -95,10 +96,9 @@ PARTITION_SETTINGS = ("dataset", "partition", "clients", "alpha", "imbalance_fac
                       "shards_per_client", "min_size")
 
 
-def partition_settings_digest(data: DataOptions | RunConfig) -> str:
+def partition_settings_digest(data: DataOptions) -> str:
     """A digest of the public data settings, by which a Flower node shows the server it
-    partitions as the run says (the server cannot redraw the partition to check); a
-    ``RunConfig`` gives the same digest as its ``DataOptions``."""
+    partitions as the run says (the server cannot redraw the partition to check)."""
     import hashlib
     import json
 
@@ -121,37 +121,30 @@ def held_examples(labels: np.ndarray, data: DataOptions) -> int:
 
 @dataclass
 class Experiment:
-    cfg: RunConfig
+    """One run's data, partition, model and method, with the narrow options every floor
+    below the assembly reads (privfedcal/options.py)."""
+
     device: torch.device
     data: Any  # privfedcal.data.datasets.Dataset, on device
     parts: list[Tensor] | None  # per-client index tensors on device; None on the server
     counts: np.ndarray | None  # (K, C) class counts; None on the server
     model: FeatureClassifier
     algo: Algorithm
+    #: the model and method again (worker processes); how a client trains. Both None on
+    #: the Flower plugin's server, which trains no client
     builder: functools.partial
-    spec: LocalSpec  # how a client trains (``options.LocalSpec``)
-
+    spec: LocalSpec
+    data_options: DataOptions
+    engine: EngineOptions
+    privacy: PrivacyOptions
+    loop: LoopOptions
+    model_name: str
+    #: the resolved settings as ``config.json`` records them (``RunConfig.to_dict``): written,
+    #: never read below the assembly (privfedcal/experiment.py ``config_of`` reads them back)
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
     #: training examples the clients hold together (public: ``held_examples``)
     num_examples: int = 0
-    #: the run's other narrow options (privfedcal/options.py), from ``cfg`` when not given
-    data_options: DataOptions = None  # type: ignore[assignment]
-    engine: EngineOptions = None  # type: ignore[assignment]
-    privacy: PrivacyOptions = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.data_options is None:
-            self.data_options = DataOptions.of(self.cfg)
-        if self.engine is None:
-            self.engine = EngineOptions.of(self.cfg)
-        if self.privacy is None:
-            self.privacy = PrivacyOptions.of(self.cfg)
-
-    @property
-    def model_name(self) -> str:
-        from privfedcal.data.datasets import default_model_for
-
-        return self.cfg.model or default_model_for(self.data)
 
     def partition_record(self) -> dict[str, Any]:
         """What ``partition.json`` holds: the spec, per-client class counts and indices."""
@@ -183,7 +176,7 @@ def fit_warning(model: str, dataset: str, image_size: int) -> str | None:
             f"chance (the dataset's default model fits)")
 
 
-def _start(engine: EngineOptions) -> torch.device:
+def start(engine: EngineOptions) -> torch.device:
     """The run's device (refused at once when unavailable), with ``--deterministic``'s
     kernels set before anything computes."""
     device = resolve_device(engine.device)
@@ -191,46 +184,36 @@ def _start(engine: EngineOptions) -> torch.device:
     return device
 
 
-def _finish(cfg: RunConfig, data: Any, parts_np: list[np.ndarray] | None,
-            counts: np.ndarray | None, num_examples: int) -> Experiment:
-    """The experiment of ``cfg`` on ``data``: the settings left None resolved for the
-    dataset and model, the narrow options built from them once, the model and method."""
-    from privfedcal.data.datasets import default_model_for
-
-    cfg = resolve_training_defaults(cfg, model=default_model_for(data), augment=data.augment)
-    opts = run_options(cfg)
-    device = resolve_device(opts.engine.device)
-    warning = fit_warning(cfg.model, cfg.dataset, data.image_size)
+def assemble(options: RunOptions, data: Any, parts_np: list[np.ndarray] | None,
+             counts: np.ndarray | None, num_examples: int, *,
+             record: dict[str, Any]) -> Experiment:
+    """The experiment of ``options`` (resolved: every per-model default filled, the model
+    named) on ``data``: the data and the partition on the run's device, the model and
+    method; ``parts_np`` None: the server's (no partition, ``data`` without its training
+    samples, ``server_dataset``). ``record``: the settings ``config.json`` records."""
+    model_name = record["model"]
+    device = resolve_device(options.engine.device)
+    warning = fit_warning(model_name, options.data.dataset, data.image_size)
     data = data.to(device)
     parts = None if parts_np is None else [
         torch.as_tensor(p, dtype=torch.long, device=device) for p in parts_np]
-    builder = functools.partial(build_model_and_algo, cfg.model, opts.training,
+    builder = functools.partial(build_model_and_algo, model_name, options.training,
                                 data.num_classes, data.in_channels, data.image_size)
     model, algo = builder()
     model.to(device)
     notes = [warning] if warning else []
-    if opts.engine.client_batch > 1:  # refused before a run folder is written
+    if options.engine.client_batch > 1:  # refused before a run folder is written
         from privfedcal.federation.vectorised import check_vectorisable, slow_on_device
 
         check_vectorisable(model, algo)
         slow = slow_on_device(model, device)
         if slow:
             notes.append(slow)
-    training = dataclasses.replace(opts.training, mixed_precision=choose_mixed_precision(
-        model, device, opts.engine.precision))
-    return Experiment(cfg, device, data, parts, counts, model, algo, builder, training, notes,
-                      num_examples, opts.data, opts.engine, opts.privacy)
-
-
-def build_experiment(cfg: RunConfig) -> Experiment:
-    """The clients' (and the experimenter's) experiment: the data and the partition drawn
-    from the data seed (``resolve_data_seed``; ``exp.cfg.data_seed`` holds it)."""
-    _start(EngineOptions.of(cfg))
-    cfg = cfg.replace(data_seed=resolve_data_seed(DataOptions.of(cfg), PrivacyOptions.of(cfg)))
-    data_options = DataOptions.of(cfg)
-    data = load_data(data_options)
-    parts_np, counts, held = draw_partition(data, data_options)
-    return _finish(cfg, data, parts_np, counts, held)
+    training = dataclasses.replace(options.training, mixed_precision=choose_mixed_precision(
+        model, device, options.engine.precision))
+    return Experiment(device, data, parts, counts, model, algo, builder, training,
+                      options.data, options.engine, options.privacy, options.loop, model_name,
+                      dict(record), notes, num_examples)
 
 
 def load_data(options: DataOptions) -> Any:
@@ -270,16 +253,3 @@ def server_dataset(data: Any) -> Any:
     if data.users_train is not None:  # the users, and so the user-to-client map, stay private
         empty["users_train"] = data.users_train[:0]
     return dataclasses.replace(data, **empty)
-
-
-def build_server_experiment(cfg: RunConfig) -> Experiment:
-    """The server's experiment (Flower ServerApp, attacks on a server view): model, method
-    and test set, no partition (``parts`` and ``counts`` are None) and no training samples;
-    ``num_examples`` is the public ``held_examples``. The data seed is neither read nor
-    drawn. The dataset is read once for its test split and public metadata, and its
-    training split is dropped before anything else runs."""
-    _start(EngineOptions.of(cfg))
-    data_options = DataOptions.of(cfg)
-    data = load_data(data_options)
-    held = held_examples(data.y_train.numpy(), data_options)
-    return _finish(cfg, server_dataset(data), None, None, held)

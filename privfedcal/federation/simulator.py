@@ -27,7 +27,6 @@ from privfedcal.cohorts import (
     select_clients,
     whole_run_record,
 )
-from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
 from privfedcal.federation.aggregate import RunningAverage
@@ -39,7 +38,7 @@ from privfedcal.federation.local import (
 )
 from privfedcal.federation.runfolder import transcript_dir, write_run_files, write_summary
 from privfedcal.federation.runlog import RunLogger
-from privfedcal.federation.setup import Experiment, build_experiment
+from privfedcal.federation.setup import Experiment
 from privfedcal.federation.vectorised import VectorisedTrainer
 from privfedcal.federation.workers import (
     InProcessTrainer,
@@ -77,7 +76,7 @@ class RoundContext:
     def __post_init__(self) -> None:
         self.model = self.sim.exp.model
         self.num_classes = self.sim.exp.data.num_classes
-        self.num_clients = self.sim.cfg.clients
+        self.num_clients = self.sim.exp.loop.clients
         self.device = self.sim.exp.device
 
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str) -> Payload:
@@ -91,20 +90,24 @@ class RoundContext:
 
 
 class Simulator:
-    """Runs one experiment into a run folder; resumable from its last checkpoint."""
+    """Runs one experiment into a run folder; resumable from its last checkpoint.
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, calibrator: Calibrator | None = None,
-                 uplink: Any = None, exp: Experiment | None = None,
-                 run_record: dict[str, Any] | None = None) -> None:
+    It reads the experiment's narrow options (``exp.loop``: rounds, evaluation, the public
+    seed; ``exp.engine``; ``exp.spec``; ``exp.privacy``), never the whole settings; it writes
+    their record (``exp.record``) into the run folder (``runfolder.write_run_files``).
+    ``privfedcal.experiment.build_simulator`` builds one from a ``RunConfig``."""
+
+    def __init__(self, exp: Experiment, run_dir: Path, *, calibrator: Calibrator | None = None,
+                 uplink: Any = None, run_record: dict[str, Any] | None = None) -> None:
         from privfedcal.privacy.uplink import Uplink
 
         self.run_dir = Path(run_dir)
-        self.exp = exp or build_experiment(cfg)
-        self.cfg = self.exp.cfg  # resolved: model and optimiser filled in per model
+        self.exp = exp
+        self.loop = exp.loop
         write_run_files(self.run_dir, self.exp, **(run_record or {}))
         self.calibrator = calibrator or Calibrator()
         self.uplink = uplink or Uplink()
-        self.threads = self.cfg.threads or default_threads(self.cfg.workers, self.cfg.model)
+        self.threads = exp.engine.threads or default_threads(exp.engine.workers, exp.model_name)
         self.global_state: State = clone_state(self.exp.model)
         self.server_state: State | None = None
         self.client_states: dict[int, State] = {}
@@ -114,9 +117,16 @@ class Simulator:
         self.update_bytes = 0
         self.start_round = 1
         self.elapsed = 0.0
-        self.transcript = Transcript(transcript_dir(self.run_dir) if cfg.transcript else None)
+        self.transcript = Transcript(transcript_dir(self.run_dir) if self.loop.transcript
+                                     else None)
         self._trainer_obj: Any = None
         self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
+
+    @property
+    def lr(self) -> float | None:
+        """The local learning rate, which the divergence guard's advice names (None: a
+        server that trains no client, the Flower plugin's)."""
+        return self.exp.spec.lr if self.exp.spec is not None else None
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -284,7 +294,7 @@ class Simulator:
         torch.set_num_threads(self.threads)
         trainer = self.trainer()
         try:
-            for round_ in range(self.start_round, self.cfg.rounds + 1):
+            for round_ in range(self.start_round, self.loop.rounds + 1):
                 t0 = time.perf_counter()
                 selected, results, averaged = self.train_round(trainer, round_)
                 sent = self.apply_round(averaged, selected, results, round_)
@@ -314,7 +324,7 @@ class Simulator:
         self.uplink.after_local_training(selected)
         selected = self.replied(selected)  # under Flower, lost clients leave the round
         self.update_bytes += sent_bytes
-        divergence.check_local(checked, selected, averaged, round_, self.cfg.lr)
+        divergence.check_local(checked, selected, averaged, round_, self.lr)
         return selected, results, averaged
 
     def apply_round(self, averaged: State, selected: list[int], results: list,
@@ -331,7 +341,7 @@ class Simulator:
         self.global_state, self.server_state = exp.algo.server_update(
             sent, averaged, self.server_state)
         divergence.check_state(self.global_state, round_, "the aggregated model",
-                               divergence.lr_hint(self.cfg.lr))
+                               divergence.lr_hint(self.lr))
         for c, r in zip(selected, results, strict=True):
             if r.client_state is not None:
                 self.client_states[c] = {k: v.to(exp.device) for k, v in r.client_state.items()}
@@ -340,7 +350,7 @@ class Simulator:
     def calibrate_round(self, round_: int, sent: State, selected: list[int]) -> None:
         """The calibrator's per-round step (CReFF); a skipped release goes to the notes."""
         ctx = RoundContext(self, round_, self.global_state, sent, selected,
-                           make_generator(self.cfg.seed, round_, 0, 4))
+                           make_generator(self.loop.seed, round_, 0, 4))
         try:
             self.calibrator.after_round(ctx)
         except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
@@ -349,14 +359,14 @@ class Simulator:
     def round_record(self, round_: int, results: list) -> dict[str, Any]:
         """The round's metrics: mean training loss, the evaluation on eval rounds, the
         calibrator's round information."""
-        cfg = self.cfg
+        loop = self.loop
         losses = [r.loss for r in results if r.loss is not None]
         train_loss = float(np.mean(losses)) if losses else None  # None: DP-SGD
         record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
-        if round_ % cfg.eval_every == 0 or round_ == cfg.rounds:
+        if round_ % loop.eval_every == 0 or round_ == loop.rounds:
             ev = self.evaluate(self.checked_eval_state(round_),
                                self.calibrator.feature_transform())
-            divergence.check_evaluation(ev, round_, cfg.lr)
+            divergence.check_evaluation(ev, round_, self.lr)
             record.update(accuracy=ev["accuracy"], loss=ev["loss"],
                           per_class_accuracy=ev["per_class_accuracy"])
         info = getattr(self.calibrator, "last_round_info", None)
@@ -378,11 +388,11 @@ class Simulator:
         self.save(round_)
 
     def finish(self) -> dict[str, Any]:
-        cfg = self.cfg
+        loop = self.loop
         t0 = time.perf_counter()
-        final_round = cfg.rounds
+        final_round = loop.rounds
         ctx = RoundContext(self, final_round, self.global_state, self.global_state,
-                           list(range(cfg.clients)), make_generator(cfg.seed, final_round, 0, 5))
+                           list(range(loop.clients)), make_generator(loop.seed, final_round, 0, 5))
         try:
             extra = self.calibrator.after_training(ctx)
         except ReleaseSkipped as exc:
@@ -390,7 +400,7 @@ class Simulator:
             extra = {}
         final_state = self.checked_eval_state(final_round)
         ev = self.evaluate(final_state, self.calibrator.feature_transform())
-        divergence.check_evaluation(ev, final_round, cfg.lr)
+        divergence.check_evaluation(ev, final_round, self.lr)
         self.elapsed += time.perf_counter() - t0
         save_checkpoint(self.run_dir / "final", {"model": final_state})
         summary = self.summary_fields(
@@ -405,7 +415,7 @@ class Simulator:
             summary["privacy"] = privacy
             if "statement" in privacy:
                 self.notes.append(privacy["statement"])
-        elif self.cfg.calibrator != "none":
+        elif loop.calibrator != "none":
             self.notes.append("calibration uploads were sent in the clear (no --dp-eps, no "
                               "--secagg): the server saw every client's payload")
         summary["notes"] = self.notes + list(self.uplink.hints)
@@ -418,7 +428,7 @@ class Simulator:
         release by release (``cohorts.whole_run_record``); a run whose record breaks the
         guarantee says so in its notes."""
         rows = secure_participants(self.transcript.entries)
-        record = whole_run_record(rows, self.cfg.clients, self.cfg.secagg_min_clients,
+        record = whole_run_record(rows, self.loop.clients, self.exp.privacy.secagg_min_clients,
                                   known=observers_own(self.exp.privacy))
         if not record["holds"]:
             log.warning("whole run: %s", record["statement"])
@@ -430,10 +440,10 @@ class Simulator:
         """The state evaluated this round, checked finite: the global model, or the one the
         calibrator re-trained (CReFF's, CCVR's or the oracle's head)."""
         divergence.check_state(self.global_state, round_, "the global model",
-                               divergence.lr_hint(self.cfg.lr))
+                               divergence.lr_hint(self.lr))
         state = self.calibrator.eval_state(self.global_state)
         if state is not self.global_state:
-            divergence.check_state(state, round_, f"{self.cfg.calibrator} calibration: the "
+            divergence.check_state(state, round_, f"{self.loop.calibrator} calibration: the "
                                    "re-trained classifier", "the calibrator's re-training "
                                    "diverged: lower its learning rate or steps (docs/usage.md)")
         return state
@@ -454,11 +464,11 @@ class Simulator:
     def summary_fields(self, **fields: Any) -> dict[str, Any]:
         """``summary.json``'s fields of every run, finished or diverged, then ``fields``:
         what ran (method, data, model, rounds), its wall time and the bytes uploaded."""
-        cfg = self.cfg
+        loop = self.loop
         return {
-            "method": cfg.method, "local_method": cfg.local_method,
-            "calibrator": cfg.calibrator, "dataset": cfg.dataset, "model": self.exp.model_name,
-            "rounds": cfg.rounds, "wall_seconds": round(self.elapsed, 3),
+            "method": loop.method, "local_method": loop.local_method,
+            "calibrator": loop.calibrator, "dataset": loop.dataset, "model": self.exp.model_name,
+            "rounds": loop.rounds, "wall_seconds": round(self.elapsed, 3),
             "uploaded_bytes": self.transcript.uploaded_bytes(),
             "calibration_upload_bytes": self.transcript.uploaded_bytes(),
             "model_update_bytes": self.update_bytes, **fields}

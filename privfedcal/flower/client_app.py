@@ -3,7 +3,7 @@
 The node's partition comes from its node config (``partition-id``, ``num-partitions``, and
 ``data-seed``: the seed of the partition, which every node of a run shares and the server
 never sees; ``node_data_seed``); the client rebuilds the experiment from the run config with
-``build_experiment`` (same seed, same partition, same model and method objects as the
+``experiment.build_experiment`` (same seed, same partition, same model and method objects as the
 simulator) and trains with the simulator's ``train_client``, so a client computes bit for
 bit what the simulator computes for it.
 
@@ -54,10 +54,10 @@ from flwr.common.constant import ErrorCode as FlowerErrorCode
 from privfedcal.config import RunConfig
 from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
+from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import evaluate, train_client
 from privfedcal.federation.setup import (
     Experiment,
-    build_experiment,
     partition_is_secret,
     partition_settings_digest,
 )
@@ -65,6 +65,7 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
+from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE
 
@@ -185,7 +186,7 @@ def node_data_seed(context: Context, cfg: RunConfig) -> RunConfig:
                 return cfg.replace(data_seed=int(raw))
             except (TypeError, ValueError):
                 raise UsageError(f"{where}={raw!r} is not an integer") from None
-    if cfg.data_seed is None and partition_is_secret(cfg):
+    if cfg.data_seed is None and partition_is_secret(PrivacyOptions.of(cfg)):
         raise UsageError("this run's protections need a partition the server cannot redraw: "
                          "give every SuperNode the same secret --node-config 'data-seed=S' "
                          f"(or {DATA_SEED_ENV}=S in its environment; docs/flower.md)")
@@ -229,7 +230,7 @@ def client_runtime(context: Context) -> ClientRuntime:
         _EXPERIMENTS.clear()
         start = time.perf_counter()
         exp = build_experiment(cfg)
-        plan = plan_for_run(exp.privacy, calibrator_class(exp.cfg), exp.num_examples)  # resolved
+        plan = plan_for_run(exp.privacy, calibrator_class(cfg), exp.num_examples)  # resolved
         exp.spec = training_spec(exp.spec, plan)
         uplink = execute_plan(plan)
         _EXPERIMENTS[key] = (exp, uplink)
@@ -342,7 +343,7 @@ def hold(msg: Message, context: Context) -> Message:
 def hello(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
     meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.clients,
-                         "settings": partition_settings_digest(rt.cfg)})
+                         "settings": partition_settings_digest(rt.exp.data_options)})
     return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
         {"num-examples": _reported_size(rt)})}), reply_to=msg)
 

@@ -34,7 +34,6 @@ from typing import Any
 from flwr.app import ConfigRecord, RecordDict
 
 from privfedcal.cohorts import secure_minimum
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.aggregate import RunningAverage
 from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State
@@ -100,10 +99,10 @@ class FlowerTrainer:
 class FlowerSimulator(Simulator):
     """``Simulator`` whose clients are SuperNodes reached through a Flower ``Grid``."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, link: GridLink, *,
-                 calibrator: Calibrator | None = None, uplink: Any = None,
-                 exp: Experiment | None = None, key_holder: int = 0,
+    def __init__(self, exp: Experiment, run_dir: Path, link: GridLink, *,
+                 calibrator: Calibrator | None = None, uplink: Any = None, key_holder: int = 0,
                  run_record: dict[str, Any] | None = None) -> None:
+        cfg = exp.privacy  # the protections, and the public protocol they are planned over
         if cfg.calibrator.startswith("oracle"):
             raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
                              "no federated form and cannot run under Flower")
@@ -118,7 +117,7 @@ class FlowerSimulator(Simulator):
         if cfg.secagg and cfg.secagg_key_holder != key_holder:
             raise UsageError(f"the run config names client {cfg.secagg_key_holder} as the key "
                              f"holder, flower.key-holder {key_holder}")
-        super().__init__(cfg, run_dir, calibrator=calibrator, uplink=uplink, exp=exp,
+        super().__init__(exp, run_dir, calibrator=calibrator, uplink=uplink,
                          run_record=run_record)
         self.link = link
         self.key_holder = key_holder
@@ -135,7 +134,7 @@ class FlowerSimulator(Simulator):
         for a secure sum never fewer than the protection plan's --secagg-min-clients."""
         need = self.link.options.min_replies or None
         if need is not None and secure:  # the key holder's own upload does not count
-            need = max(need, secure_minimum(self.cfg))
+            need = max(need, secure_minimum(self.exp.privacy))
         return need
 
     def receive_updates(self, trainer: Any, jobs: list[TrainJob], selected: list[int],
@@ -181,7 +180,7 @@ class FlowerSimulator(Simulator):
         --dp-train, where sizes are private and weights uniform), after checking every node
         runs this run's data settings."""
         if not self.sizes:
-            want = partition_settings_digest(self.cfg)
+            want = partition_settings_digest(self.exp.data_options)
             for client, reply in sorted(self.link.discover().items()):
                 if str(reply.content["meta"].get("settings", "")) != want:
                     raise FlowerRoundError(

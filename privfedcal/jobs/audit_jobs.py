@@ -240,7 +240,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     interactive (None), always (True) or never (False), or a callable given a ``Stage`` per
     batch of trials."""
     from privfedcal.attacks.distinguishing.channels import parse_channels
-    from privfedcal.federation.runfolder import read_run_config
+    from privfedcal.config import read_run_config
 
     if run is not None:
         given = sorted(settings) + (["config"] if config is not None else [])

@@ -415,8 +415,7 @@ def test_under_dp_clients_sum_every_sample_unhalved_unless_a_cap_is_given(tiny_c
     """DP_CLIENT_DRAWS: under DP the calibrator a run builds has no per-class cap, so the
     sample-weighted sums are not halved (sensitivity G without the swap); a given
     --creff-client-draws is kept, and without DP the authors' 10 draws stay."""
-    from privfedcal.experiment import build_calibrator
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_calibrator, build_experiment
 
     dp = tiny_cfg(method="creff", dp_eps=8.0)
     exp = build_experiment(dp)

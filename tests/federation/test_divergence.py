@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from privfedcal.errors import Diverged
+from privfedcal.experiment import build_experiment
 from privfedcal.federation import divergence
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.hooks import Calibrator
@@ -51,7 +52,7 @@ def test_check_payload_and_evaluation():
 
 
 def test_exploding_lr_stops_the_run(tiny_cfg, tmp_path):
-    sim = Simulator(tiny_cfg(lr=50.0, rounds=3), tmp_path)
+    sim = Simulator(build_experiment(tiny_cfg(lr=50.0, rounds=3)), tmp_path)
     with pytest.raises(Diverged) as exc:
         sim.run()
     assert exc.value.round == 1 and exc.value.client is not None
@@ -81,7 +82,8 @@ class NaNHeadFromRound2(Calibrator):
 
 
 def test_calibration_divergence_keeps_last_finite_round(tiny_cfg, tmp_path):
-    sim = Simulator(tiny_cfg(rounds=3), tmp_path, calibrator=NaNHeadFromRound2())
+    sim = Simulator(build_experiment(tiny_cfg(rounds=3)), tmp_path,
+                    calibrator=NaNHeadFromRound2())
     with pytest.raises(Diverged) as exc:
         sim.run()
     assert exc.value.round == 2 and "re-trained classifier" in exc.value.what

@@ -6,12 +6,13 @@ import json
 
 import torch
 
+from privfedcal.experiment import build_experiment
 from privfedcal.federation.simulator import Simulator
 from privfedcal.seeding import derive_seed
 
 
 def run(cfg, path):
-    sim = Simulator(cfg, path)
+    sim = Simulator(build_experiment(cfg), path)
     summary = sim.run()
     return sim, summary
 
@@ -52,13 +53,13 @@ def test_learning_happens(tiny_cfg, tmp_path):
 
 
 def test_resume_reaches_same_result(tiny_cfg, tmp_path):
-    full = Simulator(tiny_cfg(rounds=3, method="moon"), tmp_path / "full")
+    full = Simulator(build_experiment(tiny_cfg(rounds=3, method="moon")), tmp_path / "full")
     full.run()
     # interrupted: the same config, stopped after round 2 (a 2-round run's checkpoint)
     part_cfg = tiny_cfg(rounds=3, method="moon")
-    part = Simulator(part_cfg.replace(rounds=2), tmp_path / "part")
+    part = Simulator(build_experiment(part_cfg.replace(rounds=2)), tmp_path / "part")
     part.run()
-    resumed = Simulator(part_cfg, tmp_path / "part")
+    resumed = Simulator(build_experiment(part_cfg), tmp_path / "part")
     resumed.restore()
     assert resumed.start_round == 3
     resumed.run()
@@ -66,7 +67,7 @@ def test_resume_reaches_same_result(tiny_cfg, tmp_path):
 
 
 def test_participation_samples_clients(tiny_cfg, tmp_path):
-    sim = Simulator(tiny_cfg(participation=0.5), tmp_path / "r")
+    sim = Simulator(build_experiment(tiny_cfg(participation=0.5)), tmp_path / "r")
     chosen = [sim.select_clients(r) for r in range(1, 6)]
     assert all(len(c) == 2 for c in chosen)
     assert len({tuple(c) for c in chosen}) > 1

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import privfedcal
-from privfedcal.config import RunConfig
+from privfedcal.config import RunConfig, read_run_config
 from privfedcal.errors import UsageError
 from privfedcal.federation.runfolder import (
     partition_file,
-    read_run_config,
     server_view,
     versions,
     write_config,
@@ -32,14 +31,14 @@ def test_versions():
 def test_config_round_trip_and_record_keys(tmp_path):
     cfg = RunConfig(dataset="digits", clients=3, alpha=0.3, seed=5, method="fedprox",
                     method_params={"mu": 0.1})
-    path = write_config(tmp_path / "run", cfg, flower_run_id="42")
+    path = write_config(tmp_path / "run", cfg.to_dict(), flower_run_id="42")
     raw = json.loads(path.read_text())
     assert raw["versions"] == versions() and raw["flower_run_id"] == "42"
     assert {k: raw[k] for k in ("dataset", "clients", "alpha", "seed", "method")} == {
         "dataset": "digits", "clients": 3, "alpha": 0.3, "seed": 5, "method": "fedprox"}
     assert read_run_config(tmp_path / "run") == cfg
     with pytest.raises(ValueError, match="not run-record keys: colour"):
-        write_config(tmp_path / "x", cfg, colour="red")
+        write_config(tmp_path / "x", cfg.to_dict(), colour="red")
 
 
 def test_run_files_split_the_server_view_from_the_private_part(tmp_path):
@@ -47,7 +46,7 @@ def test_run_files_split_the_server_view_from_the_private_part(tmp_path):
     run's without the data seed; the partition goes to ``private/``; a server's experiment
     (no partition, a Flower ServerApp's) writes no ``private/`` at all."""
     cfg = RunConfig(dataset="digits", data_seed=77)
-    exp = SimpleNamespace(cfg=cfg, parts=[torch.arange(3), torch.arange(4)],
+    exp = SimpleNamespace(record=cfg.to_dict(), parts=[torch.arange(3), torch.arange(4)],
                           partition_record=lambda: {"sizes": [3, 4], "counts": [[1, 2], [4, 0]]})
     write_run_files(tmp_path, exp, flower_run_id="9")
     assert json.loads((tmp_path / "private" / "partition.json").read_text()) == {
@@ -60,7 +59,7 @@ def test_run_files_split_the_server_view_from_the_private_part(tmp_path):
     assert server_view(tmp_path) == tmp_path / "server"
     assert partition_file(tmp_path) == tmp_path / "private" / "partition.json"
     server = tmp_path / "flower"
-    write_run_files(server, SimpleNamespace(cfg=cfg.replace(data_seed=None), parts=None))
+    write_run_files(server, SimpleNamespace(record=cfg.replace(data_seed=None).to_dict(), parts=None))
     assert sorted(p.name for p in server.iterdir()) == ["config.json", "server"]
     assert partition_file(server) is None
 

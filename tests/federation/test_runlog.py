@@ -26,13 +26,14 @@ from privfedcal.federation.runlog import (
 def run_dir(tmp_path_factory):
     """A tiny real run: 4 clients, half of them per round, evaluated every second round."""
     from privfedcal.config import RunConfig
+    from privfedcal.experiment import build_experiment
     from privfedcal.federation.simulator import Simulator
 
     path = tmp_path_factory.mktemp("runlog") / "run"
     cfg = RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
                     batch_size=32, device="cpu", threads=1, seed=0, transcript=False,
                     participation=0.5, eval_every=2, out=str(path))
-    Simulator(cfg, path).run()
+    Simulator(build_experiment(cfg), path).run()
     return path
 
 
@@ -130,14 +131,15 @@ def test_clients_log_matches_the_round(run_dir):
 
 
 def test_resume_rewrites_the_logs(tmp_path, tiny_cfg):
+    from privfedcal.experiment import build_experiment
     from privfedcal.federation.simulator import Simulator
 
     cfg = tiny_cfg(rounds=3, eval_every=2)
-    Simulator(cfg.replace(rounds=2), tmp_path).run()
+    Simulator(build_experiment(cfg.replace(rounds=2)), tmp_path).run()
     # pretend round 3 was half-written before a crash: resume must drop it
     with (tmp_path / "clients.jsonl").open("a") as f:
         f.write(json.dumps({"round": 3, "sampled": [], "clients": []}) + "\n")
-    sim = Simulator(cfg, tmp_path)
+    sim = Simulator(build_experiment(cfg), tmp_path)
     sim.restore()
     sim.run()
     rows = read_metrics_csv(tmp_path / "metrics.csv")
@@ -150,9 +152,10 @@ def test_tensorboard_events(tmp_path, tiny_cfg):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from privfedcal.experiment import build_experiment
     from privfedcal.federation.simulator import Simulator
 
-    sim = Simulator(tiny_cfg(rounds=2), tmp_path)
+    sim = Simulator(build_experiment(tiny_cfg(rounds=2)), tmp_path)
     sim.log.enable(parse_log("tensorboard"))
     sim.run()
     sim.log.close()

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from privfedcal.errors import UsageError
-from privfedcal.federation.setup import build_experiment, fit_warning, resolve_device
+from privfedcal.experiment import build_experiment
+from privfedcal.federation.setup import fit_warning, resolve_device
 
 
 def test_resolve_device():
@@ -37,7 +38,7 @@ def experiment():
 
 def test_experiment_resolves_defaults_and_partitions_the_data(experiment):
     e = experiment
-    assert e.model_name == "mlp" and e.cfg.model == "mlp" and e.cfg.lr == 0.05
+    assert e.model_name == "mlp" and e.record["model"] == "mlp" and e.record["lr"] == 0.05
     assert (e.spec.local_epochs, e.spec.batch_size, e.spec.lr, e.spec.momentum,
             e.spec.augment, e.spec.mixed_precision) == (2, 32, 0.05, 0.9, False, False)
     assert e.warnings == []
@@ -58,14 +59,16 @@ def test_the_experiment_carries_the_narrow_options_of_its_resolved_config(experi
     read; the worker processes' builder takes the local-training spec, not the config."""
     import pickle
 
+    from privfedcal.experiment import config_of
     from privfedcal.options import run_options
 
     e = experiment
-    opts = run_options(e.cfg)
+    opts = run_options(config_of(e))
     assert e.data_options == opts.data and e.engine == opts.engine and e.privacy == opts.privacy
+    assert e.loop == opts.loop and e.loop.rounds == 2 and not e.loop.transcript
     assert e.spec == opts.training  # mixed precision off on a CPU
     assert e.spec.method == "fedavg" and e.spec.lr == 0.05 and e.spec.local_epochs == 2
-    assert e.data_options.data_seed == e.cfg.data_seed == 0  # a plain run: the public seed
+    assert e.data_options.data_seed == e.record["data_seed"] == 0  # a plain run: the public seed
     model, algo = pickle.loads(pickle.dumps(e.builder))()
     for key, value in model.state_dict().items():  # same seeds: the server's initial model
         torch.testing.assert_close(value, e.model.state_dict()[key].cpu())
@@ -81,3 +84,17 @@ def test_the_partition_is_drawn_from_the_data_options(experiment):
     assert counts.tolist() == experiment.counts.tolist() and held == experiment.num_examples
     with pytest.raises(ValueError, match="data seed"):
         draw_partition(load_data(o), o.__class__(**{**o.__dict__, "data_seed": None}))
+
+
+def test_the_experiments_record_is_its_resolved_config_and_config_json(experiment, tmp_path):
+    """What the floors above read back (``experiment.config_of``) and what the simulator
+    writes into the run folder are the same resolved settings."""
+    from privfedcal.config import read_run_config
+    from privfedcal.experiment import config_of
+    from privfedcal.federation.simulator import Simulator
+
+    cfg = config_of(experiment)
+    assert (cfg.model, cfg.lr, cfg.local_epochs, cfg.data_seed) == ("mlp", 0.05, 2, 0)
+    Simulator(experiment, tmp_path / "run").close()
+    assert read_run_config(tmp_path / "run") == cfg
+    assert read_run_config(tmp_path / "run" / "server") == cfg.replace(data_seed=None)

@@ -15,8 +15,8 @@ from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.algorithms.vector_loss import VectorLoss
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
+from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import LocalSpec, clone_state
-from privfedcal.federation.setup import build_experiment
 from privfedcal.federation.vector_losses import ProximalLoss, vector_loss_of
 from privfedcal.federation.vectorised import (
     StackedSGD,

@@ -132,6 +132,6 @@ def test_default_threads_are_one_for_the_small_models(tiny_cfg, tmp_path, monkey
     assert default_threads(1, "cnn") == 8 and default_threads(2, "resnet8") == 4
     assert default_threads(16, None) == 1
     sim = build_simulator(tiny_cfg(threads=None), tmp_path / "run")
-    assert sim.cfg.model == "mlp" and sim.threads == 1
+    assert sim.exp.model_name == "mlp" and sim.threads == 1
     sim = build_simulator(tiny_cfg(threads=3), tmp_path / "run3")
     assert sim.threads == 3

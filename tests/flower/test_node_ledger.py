@@ -107,8 +107,7 @@ def test_node_refuses_dp_sgd_training_past_its_planned_rounds(flower_cfg, run_fl
 def test_a_run_without_dp_keeps_no_ledger_and_a_failed_release_is_not_counted(flower_cfg):
     """No budget, no ledger; a refusal's code is budget-exhausted; a handler that fails
     counts nothing; another run of the node starts afresh."""
-    from privfedcal.experiment import calibrator_class
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment, calibrator_class
     from privfedcal.protection import build_uplink
 
     assert error_code(BudgetRefused("x")) == ErrorCode.BUDGET_EXHAUSTED == REFUSED

@@ -21,7 +21,8 @@ def test_the_server_holds_no_training_data_or_partition(flower_cfg, run_flower, 
     fl, _, grid = run_flower(cfg)
     assert fl.exp.parts is None and fl.exp.counts is None
     assert fl.exp.data.x_train.numel() == 0 and fl.exp.data.y_train.numel() == 0
-    assert fl.cfg.data_seed is None  # nor the seed that would redraw the partition
+    # nor the seed that would redraw the partition
+    assert fl.exp.record["data_seed"] is None and fl.exp.data_options.data_seed is None
     assert fl.exp.num_examples == sim.exp.num_examples  # the public size both plan with
     # the sizes it weights by are what the nodes reported, and they are the true ones
     assert fl.sizes == {c: int(p.numel()) for c, p in enumerate(sim.exp.parts)}
@@ -63,7 +64,7 @@ def test_a_data_seed_in_the_servers_run_config_is_refused_under_a_protection(flo
     # a plain run's partition is public: its data seed may sit in the run config
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                   run_config=to_run_config(flower_cfg(out=str(tmp_path / "plain"))))
-    assert build_server(_NoGrid(), ctx).cfg.data_seed == 0
+    assert build_server(_NoGrid(), ctx).exp.record["data_seed"] == 0
 
 
 class _NoGrid:
@@ -110,7 +111,9 @@ def test_a_node_runs_one_thread_unless_told(flower_cfg):
 def test_user_level_dp_of_the_updates_is_refused_under_flower(tiny_cfg, tmp_path):
     # --dp-updates runs in the simulator only: the server would have to clip, noise and
     # charge each node's update, which privfedcal's Flower server does not do
+    from privfedcal.experiment import build_experiment
     from privfedcal.flower.flower_simulator import FlowerSimulator
 
+    exp = build_experiment(tiny_cfg(dp_updates=True, dp_eps=8.0))
     with pytest.raises(UsageError, match="simulator only"):
-        FlowerSimulator(tiny_cfg(dp_updates=True, dp_eps=8.0), tmp_path, link=None)
+        FlowerSimulator(exp, tmp_path, link=None)

@@ -168,8 +168,7 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     run the uplink's own stages, the key holder reached through ``RemoteKeys``."""
     from loopback import LoopbackGrid
 
-    from privfedcal.experiment import calibrator_class
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment, calibrator_class
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions, to_run_config
@@ -250,8 +249,7 @@ def test_flower_and_simulator_run_the_same_stages(flags, flower_cfg, run_simulat
 
 
 def _uplink_stages(flower_cfg, flags):
-    from privfedcal.experiment import calibrator_class
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment, calibrator_class
     from privfedcal.protection import build_uplink
 
     cfg = flower_cfg(method="ccvr", rounds=1, **flags)

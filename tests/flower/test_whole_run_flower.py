@@ -19,10 +19,11 @@ def least_squares(sim, known=()) -> tuple[np.ndarray, np.ndarray]:
     contributors (the server's transcript), with the public class totals and the values of
     ``known`` clients (what the key holder holds of its own) as more equations; and which
     clients that determines (unit vector in the row space)."""
+    from privfedcal.experiment import config_of
     from privfedcal.privacy.transcript import load_transcript
 
     entries = load_transcript(sim.transcript.directory)
-    clients = sim.cfg.clients
+    clients = sim.loop.clients
     rows, sums, senders = [], [], {}
     for e in entries:
         key = (e["round"], e["label"])
@@ -31,7 +32,7 @@ def least_squares(sim, known=()) -> tuple[np.ndarray, np.ndarray]:
         elif e["view"] == "aggregate" and "count" in e.get("tensors", {}):
             rows.append([float(c in senders[key]) for c in range(clients)])
             sums.append(e["tensors"]["count"].double().numpy())
-    truth = true_counts(sim.cfg)
+    truth = true_counts(config_of(sim.exp))
     rows.append([1.0] * clients)
     sums.append(truth.sum(0))  # public: the training split's class histogram
     for k in known:
@@ -43,7 +44,7 @@ def least_squares(sim, known=()) -> tuple[np.ndarray, np.ndarray]:
 
 
 def true_counts(cfg) -> np.ndarray:
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment
 
     exp = build_experiment(cfg.replace(data_seed=0))
     classes = exp.data.num_classes

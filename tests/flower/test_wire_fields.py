@@ -138,7 +138,7 @@ def test_local_evaluation_is_refused_under_dp(flower_cfg):
     under DP a client refuses it."""
     from flwr.app import RecordDict
 
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.link import FlowerRoundError, GridLink
     from privfedcal.flower.records import FlowerOptions, state_to_record, to_run_config
@@ -165,7 +165,7 @@ def _train_exchange(grid, cfg, clients=(0,)):
     """One train message to ``clients`` through a GridLink; the FlowerRoundError it ends in."""
     from flwr.app import ConfigRecord, RecordDict
 
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment
     from privfedcal.flower.link import FlowerRoundError, GridLink
     from privfedcal.flower.records import FlowerOptions, state_to_record
 

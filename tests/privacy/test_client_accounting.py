@@ -9,8 +9,7 @@ from opacus.accountants import RDPAccountant
 from privfedcal.calibration.creff import CREFF_RELEASE, CReFF
 from privfedcal.cohorts import select_clients
 from privfedcal.errors import PrivacyBudgetError
-from privfedcal.experiment import calibrator_class
-from privfedcal.federation.setup import build_experiment
+from privfedcal.experiment import build_experiment, calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.protection import (

@@ -8,9 +8,8 @@ from opacus.accountants import RDPAccountant
 
 from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.errors import BudgetRefused, PrivacyBudgetError, UsageError
-from privfedcal.experiment import build_simulator, calibrator_class
+from privfedcal.experiment import build_experiment, build_simulator, calibrator_class
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
-from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.client_ledger import ClientLedger
 from privfedcal.privacy.dp_accounting import DPAccounting
 from privfedcal.privacy.releases import DPSGD_RELEASE

@@ -11,7 +11,7 @@ import torch
 
 from privfedcal.cli.main import main
 from privfedcal.config import RunConfig
-from privfedcal.federation.setup import build_experiment
+from privfedcal.experiment import build_experiment
 from privfedcal.privacy.noise import INSECURE_STATEMENT, noise_generator
 from privfedcal.privacy.transcript import load_transcript
 

@@ -15,9 +15,8 @@ import torch
 import privfedcal
 from privfedcal.attacks.view import RunView, release_spec
 from privfedcal.errors import UsageError
-from privfedcal.experiment import calibrator_class
+from privfedcal.experiment import build_experiment, calibrator_class
 from privfedcal.federation.hooks import CALIBRATORS, Calibrator
-from privfedcal.federation.setup import build_experiment
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg_stage import NOISE_SIGMAS, EncryptStage
 from privfedcal.privacy.stages import NoiseStage

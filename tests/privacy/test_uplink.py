@@ -219,7 +219,7 @@ def test_distributed_share_comes_from_the_config_not_the_server():
 
 
 def test_refuses_to_start_when_budget_cannot_be_met(tiny_cfg):
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment
 
     cfg = tiny_cfg(method="creff", dp_eps=1e-6, rounds=50)
     exp = build_experiment(cfg)

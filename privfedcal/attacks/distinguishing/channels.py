@@ -146,8 +146,10 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
     """The channels of ``cfg`` (a ``RunConfig``) in the order of ``CHANNELS``: the
     calibrator's releases, DP-SGD with ``--dp-train``, DP-FedAvg with ``--dp-updates``, and,
     when ``names`` asks for it, the Flower plugin's clip search planned for this budget."""
+    from privfedcal.experiment import config_of
+
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
-    cfg = exp.cfg
+    cfg = config_of(exp)  # resolved
     labels = [r.label for r in calibrator.releases] + ([DPSGD_RELEASE] if cfg.dp_train else [])
     labels += [USER_DP_RELEASE] if cfg.dp_updates else []
     # the plugin's clip search for this budget and these releases: only when asked, since
@@ -276,7 +278,8 @@ def _release(spec, cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
     if attack.task is None or attack.keep is None:
         raise UsageError(f"the attack on {spec.label!r} declares no audit channel")
     steps = 1 if spec.participants == "all" else max(participation_counts(
-        cfg, calibrator.release_rounds(cfg, spec)).values(), default=0)  # as the planner
+        exp.privacy, calibrator.release_rounds(exp.privacy, spec)).values(),
+        default=0)  # as the planner counts them
     rounds = "" if spec.participants == "all" else f", in each of {steps} rounds"
     return _payload_channel(
         spec.label, attack.task(cfg, exp, calibrator), cfg, exp, noise, bound, faults,

@@ -74,9 +74,11 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     ``budget``. ``progress(clients done, clients)`` after every client."""
     if not 0 < guesses <= 1:
         raise UsageError(f"--one-run-guesses must be in (0, 1], got {guesses}")
+    from privfedcal.experiment import config_of
+
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     t0 = time.perf_counter()
-    cfg = exp.cfg
+    cfg = config_of(exp)  # resolved
     spec, attack = _audited_release(calibrator)
     label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
     rounds = _client_rounds(cfg, spec.participants)

@@ -151,7 +151,7 @@ def _train(exp: Any, calibrator: Any, uplink: Any, t0: float, budget_s: float | 
     ran out: (start and final global states, the privacy record, rounds trained)."""
     from privfedcal.federation.simulator import Simulator
 
-    cfg = exp.cfg
+    cfg = exp.loop
     trained = 0
 
     def on_round(record: dict[str, Any]) -> None:
@@ -163,7 +163,7 @@ def _train(exp: Any, calibrator: Any, uplink: Any, t0: float, budget_s: float | 
             raise _BudgetSpent
 
     with tempfile.TemporaryDirectory() as tmp:
-        sim = Simulator(exp.cfg, Path(tmp), calibrator=calibrator, uplink=uplink, exp=exp)
+        sim = Simulator(exp, Path(tmp), calibrator=calibrator, uplink=uplink)
         start = {k: v.clone() for k, v in sim.global_state.items()}  # public: seed
         try:
             privacy = sim.run(progress=on_round).get("privacy", {})

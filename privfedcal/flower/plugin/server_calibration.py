@@ -120,7 +120,7 @@ class PluginSimulator(FlowerSimulator):
         extra = super().extra_summary()
         model = self.exp.model
         extra["plugin"] = {"model": type(model.net).__name__, "head": model.head_name,
-                           "nodes": self.cfg.clients, "examples": self.exp.num_examples}
+                           "nodes": self.loop.clients, "examples": self.exp.num_examples}
         # CCVR's head, once installed, recorded the accuracy before (PosthocCalibrator);
         # CReFF, or a CCVR release that was skipped, did not
         if getattr(self.calibrator, "_head", None) is None:
@@ -130,7 +130,7 @@ class PluginSimulator(FlowerSimulator):
     def run_calibration(self) -> dict[str, Any]:
         """The calibrator's rounds on the final model (CReFF's per-round releases), then
         ``finish`` (CCVR's release, the evaluation, summary.json); returns the summary."""
-        cfg = self.cfg
+        cfg = self.loop
         start = time.perf_counter()
         self.accuracy_before = self.evaluate(self.global_state)["accuracy"]
         per_round = any(r.participants != "all" for r in self.calibrator.releases)
@@ -204,16 +204,21 @@ def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor
     from privfedcal.algorithms import create_algorithm
     from privfedcal.experiment import build_calibrator
     from privfedcal.federation.setup import Experiment
+    from privfedcal.options import DataOptions, EngineOptions, LoopOptions, PrivacyOptions
     from privfedcal.privacy.executor import execute_plan
     from privfedcal.protection import plan_for_run
 
     data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
                       torch.zeros(0, dtype=torch.long, device=x.device), test_data)
-    exp = Experiment(cfg, torch.device(device), data, None, None, adapter,
+    # the server trains no client: no model builder and no local-training spec
+    exp = Experiment(torch.device(device), data, None, None, adapter,  # type: ignore[arg-type]
                      create_algorithm("fedavg", num_classes=adapter.num_classes),
-                     None, None, [], n)  # type: ignore[arg-type]
+                     None, None,  # type: ignore[arg-type]
+                     DataOptions.of(cfg), EngineOptions.of(cfg), PrivacyOptions.of(cfg),
+                     LoopOptions.of(cfg), cfg.model or type(adapter.net).__name__,
+                     record=cfg.to_dict(), num_examples=n)
     calibrator = build_calibrator(cfg, exp)
-    return exp, calibrator, execute_plan(plan_for_run(cfg, calibrator, n, preset))
+    return exp, calibrator, execute_plan(plan_for_run(exp.privacy, calibrator, n, preset))
 
 
 def _fresh_run_dir(out: str | Path | None, method: str, run_id: int) -> Path:
@@ -286,7 +291,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device, preset)
     if searched is not None and s.auto_clip is not None:
         _charge_search(uplink, searched, sizes)
-    sim = PluginSimulator(cfg, run_dir, link, calibrator=calibrator, uplink=uplink, exp=exp,
+    sim = PluginSimulator(exp, run_dir, link, calibrator=calibrator, uplink=uplink,
                           key_holder=s.options.key_holder,
                           run_record={"flower_run_id": run_id})
     sim.batch_kwargs = batch_kwargs

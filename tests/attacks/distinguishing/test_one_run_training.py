@@ -15,7 +15,7 @@ CFG = RunConfig(dataset="digits", clients=5, rounds=5, method="fedavg", dp_train
 
 
 def test_canaries_join_only_their_clients_data_when_their_coin_says_so(tiny_cfg):
-    from privfedcal.federation.setup import build_experiment
+    from privfedcal.experiment import build_experiment
 
     exp = build_experiment(tiny_cfg(clients=3))
     before = [p.clone() for p in exp.parts]
