@@ -91,6 +91,7 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.seeding import derive_seed
 from privfedcal.tensors import all_finite
@@ -381,42 +382,44 @@ class CReFF(Calibrator):
 
     # ---- privacy policy -----------------------------------------------------------------
     @staticmethod
-    def _weighting_given(cfg: Any) -> bool:
-        return any(k in cfg.calibration_params for k in ("creff_weighting", "weighting"))
+    def _weighting_given(privacy: PrivacyOptions) -> bool:
+        return any(k in privacy.calibration_params for k in ("creff_weighting", "weighting"))
 
     @classmethod
-    def privacy_options(cls, cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
+    def privacy_options(cls, privacy: PrivacyOptions, options: dict[str, Any]
+                        ) -> dict[str, Any]:
         """Under DP, sample weighting unless a weighting was given: client weighting
         uploads per-class means, whose signal does not grow with the data and drowns in the
         noise (docs/results/privacy.md)."""
-        options = {**options, "rounds": cfg.rounds}
-        given = {k for k, v in cfg.calibration_params.items() if v is not None}
-        if cfg.dp_enabled and not given & {"creff_client_draws", "client_draws"}:
+        options = {**options, "rounds": privacy.rounds}
+        given = {k for k, v in privacy.calibration_params.items() if v is not None}
+        if privacy.dp_enabled and not given & {"creff_client_draws", "client_draws"}:
             options["creff_client_draws"] = DP_CLIENT_DRAWS
-        if cfg.dp_enabled and not cls._weighting_given(cfg):
+        if privacy.dp_enabled and not cls._weighting_given(privacy):
             return {**options, "creff_weighting": "sample"}
         return options
 
     @classmethod
-    def release_rounds(cls, cfg: Any, spec: Any = None) -> tuple[int, ...]:
+    def release_rounds(cls, privacy: PrivacyOptions, spec: Any = None) -> tuple[int, ...]:
         """The rounds of CReFF's class-gradient release: the last ``--creff-release-last``
         rounds (``release_schedule``; every round by default, with or without DP), from the
         public config alone. The calibrator a run builds reads the same two values
         (``privacy_options`` passes it the run's rounds)."""
-        last = next((cfg.calibration_params[k] for k in ("creff_release_last", "release_last")
-                     if cfg.calibration_params.get(k) is not None), None)
-        return release_schedule(cfg.rounds, None if last is None else int(last))
+        params = privacy.calibration_params
+        last = next((params[k] for k in ("creff_release_last", "release_last")
+                     if params.get(k) is not None), None)
+        return release_schedule(privacy.rounds, None if last is None else int(last))
 
     @classmethod
-    def privacy_hints(cls, cfg: Any) -> list[str]:
-        if not cfg.dp_enabled:
+    def privacy_hints(cls, privacy: PrivacyOptions) -> list[str]:
+        if not privacy.dp_enabled:
             return []
-        if not cls._weighting_given(cfg):
+        if not cls._weighting_given(privacy):
             return ["under DP, CReFF uses sample weighting (class-gradient sums and counts): "
                     "the paper's client weighting uploads per-class means whose signal does "
                     "not grow with the data and drowns in the noise (docs/results/privacy.md)"]
-        given = cfg.calibration_params.get("creff_weighting") or cfg.calibration_params.get(
-            "weighting")
+        params = privacy.calibration_params
+        given = params.get("creff_weighting") or params.get("weighting")
         if str(given) != "sample":
             return ["CReFF's client weighting uploads per-class means, whose signal does not "
                     "grow with the data: under DP, --creff-weighting sample is far more "

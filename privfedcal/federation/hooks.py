@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
 from privfedcal.tensors import State
@@ -77,26 +78,26 @@ class Calibrator:
 
     # ---- the calibrator's privacy policy (read by the planner, privfedcal/protection.py) --
     # the planner and the experiment pass these hooks the run's ``PrivacyOptions``
-    # (privfedcal/options.py: rounds, the protections, ``calibration_params``) as ``cfg``;
-    # read only those fields (a ``RunConfig`` has them too)
+    # (privfedcal/options.py: rounds, the protections, ``calibration_params``)
     @classmethod
-    def privacy_options(cls, cfg: Any, options: dict[str, Any]) -> dict[str, Any]:
+    def privacy_options(cls, privacy: PrivacyOptions, options: dict[str, Any]
+                        ) -> dict[str, Any]:
         """``options`` with the defaults that depend on the run's protection filled in
         (CReFF's weighting under DP); as given by default."""
         return options
 
     @classmethod
-    def privacy_hints(cls, cfg: Any) -> list[str]:
+    def privacy_hints(cls, privacy: PrivacyOptions) -> list[str]:
         """Advice printed with the run's notes about this calibrator under the run's
         protection; none by default."""
         return []
 
     @classmethod
-    def release_rounds(cls, cfg: Any, spec: Any) -> tuple[int, ...]:
+    def release_rounds(cls, privacy: PrivacyOptions, spec: Any) -> tuple[int, ...]:
         """The rounds in which the per-round release ``spec`` (``participants="selected"``)
         is made, a function of the public config alone: the planner counts each client's
         releases over these rounds. Every round by default."""
-        return tuple(range(1, cfg.rounds + 1))
+        return tuple(range(1, privacy.rounds + 1))
 
     def after_round(self, ctx: ServerContext) -> None:
         """Every round, after aggregation (CReFF)."""
