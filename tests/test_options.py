@@ -5,6 +5,8 @@ narrow option computes what it computed from the whole config."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 
 import pytest
@@ -12,11 +14,16 @@ import pytest
 from privfedcal.cohorts import cohort_plan, select_clients
 from privfedcal.config import RunConfig, resolve_training_defaults
 from privfedcal.descriptions import settings_of
-from privfedcal.federation.setup import partition_is_secret, partition_settings_digest
+from privfedcal.federation.setup import (
+    PARTITION_SETTINGS,
+    partition_is_secret,
+    partition_settings_digest,
+)
 from privfedcal.options import (
     DataOptions,
     EngineOptions,
     LocalSpec,
+    LoopOptions,
     PrivacyOptions,
     run_options,
 )
@@ -37,7 +44,8 @@ def test_every_privacy_setting_is_a_privacy_option():
     assert {"clients", "rounds", "participation", "seed"} <= fields
 
 
-@pytest.mark.parametrize("kind", [DataOptions, LocalSpec, EngineOptions, PrivacyOptions])
+@pytest.mark.parametrize("kind", [DataOptions, LocalSpec, EngineOptions, PrivacyOptions,
+                                  LoopOptions])
 def test_fields_are_run_settings_of_the_same_name(kind):
     names = {f.name for f in dataclasses.fields(RunConfig)}
     own = {f.name for f in dataclasses.fields(kind)} - DERIVED - {"method", "method_params"}
@@ -53,6 +61,10 @@ def test_values_are_copied_and_derived_from_the_resolved_config():
     assert opts.privacy.batch_size == cfg.batch_size == 32  # the "small" family's default
     assert opts.training.method == "fedavg" and opts.training.lr == pytest.approx(0.05)
     assert opts.engine.client_batch == 2 and opts.data.clients == 7 and opts.data.seed == 5
+    assert (opts.loop.method, opts.loop.local_method, opts.loop.calibrator) == (
+        "ccvr", "fedavg", "ccvr")
+    assert (opts.loop.clients, opts.loop.rounds, opts.loop.seed, opts.loop.eval_every,
+            opts.loop.transcript) == (7, cfg.rounds, 5, cfg.eval_every, cfg.transcript)
     assert not PrivacyOptions.of(RunConfig()).dp_enabled
     params = {"creff_release_last": 3}
     own = PrivacyOptions.of(RunConfig(method="creff", calibration_params=params))
@@ -90,7 +102,9 @@ def test_layers_compute_from_the_options_what_they_computed_from_the_config(kw):
     assert [select_clients(privacy, r) for r in (1, 2, 3)] == [
         select_clients(cfg, r) for r in (1, 2, 3)]
     assert cohort_plan(privacy) == cohort_plan(cfg)
-    assert partition_is_secret(privacy) == partition_is_secret(cfg) == bool(kw)
-    assert partition_settings_digest(data) == partition_settings_digest(cfg)
+    assert partition_is_secret(privacy) == bool(kw)
+    # the digest of the settings' values as the config holds them, computed here
+    text = json.dumps({k: getattr(cfg, k) for k in PARTITION_SETTINGS}, sort_keys=True)
+    assert partition_settings_digest(data) == hashlib.sha256(text.encode()).hexdigest()[:16]
     other = DataOptions.of(cfg.replace(alpha=0.3))
     assert partition_settings_digest(other) != partition_settings_digest(data)

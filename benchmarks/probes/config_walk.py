@@ -15,7 +15,9 @@ package in ``tests/package/test_layering.py``'s ``LAYERS``). Counted:
   order": stays on a higher floor than the stay before them;
 - for the whole ``RunConfig`` alone: its stays, rooms, stays below experiment.py's floor
   (where narrow options should have taken over) and climbs in walk order; calls of
-  privfedcal/options.py that build narrow options from it are counted apart.
+  privfedcal/options.py that build narrow options from it, and of config.py, the type's
+  own module (resolving the per-model defaults, the line of resolved settings), are
+  counted apart.
 
     python benchmarks/probes/config_walk.py -- train --rounds 1 --threads 1
     python benchmarks/probes/config_walk.py -- train --rounds 1 --threads 1 --calibrate ccvr --dp-eps 8
@@ -100,6 +102,7 @@ def walk(argv: list[str], deep: bool = False) -> dict:
         return None
 
     conversions = collections.Counter()
+    own = collections.Counter()
 
     def profile(frame, event, arg):
         if event != "call" or not frame.f_code.co_filename.startswith(pkg):
@@ -109,6 +112,9 @@ def walk(argv: list[str], deep: bool = False) -> dict:
             return
         if frame.f_globals.get("__name__") == "privfedcal.options":
             conversions[frame.f_code.co_qualname] += 1  # building the narrow options
+            return
+        if frame.f_globals.get("__name__") == "privfedcal.config":
+            own[frame.f_code.co_qualname] += 1  # the type's own module: resolving, printing
             return
         module = frame.f_globals.get("__name__", "?")
         caller = caller_module(frame)
@@ -135,6 +141,7 @@ def walk(argv: list[str], deep: bool = False) -> dict:
             "runconfig_stays": len(whole), "runconfig_rooms": len({s["module"] for s in whole}),
             "runconfig_below_top": sum(1 for s in whole if 0 <= s["floor"] < TOP_FLOOR),
             "runconfig_walk_climbs": whole_ups, "conversions": sum(conversions.values()),
+            "own_module": sum(own.values()),
             "most_visited": visits.most_common(5),
             "climbs_list": [f"{s['caller']} ({s['caller_floor']}) -> {s['module']}."
                             f"{s['function']} ({s['floor']})" for s in climbs],
@@ -163,7 +170,8 @@ def main() -> None:
     print(f"  the RunConfig itself: {result['runconfig_stays']} stays in "
           f"{result['runconfig_rooms']} rooms, {result['runconfig_below_top']} below "
           f"experiment.py's floor, {result['runconfig_walk_climbs']} climbs in walk order; "
-          f"{result['conversions']} calls building narrow options (not counted as stays)")
+          f"{result['conversions']} calls building narrow options and {result['own_module']} "
+          "of config.py's own functions (not counted as stays)")
     for line in result["climbs_list"]:
         print("  climb:", line)
     if args.show:
