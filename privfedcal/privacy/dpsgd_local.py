@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.dpsgd import dpsgd_sample_rate, make_private_training
 
 
@@ -42,14 +43,14 @@ class DPSGDSpec:
     seeded: bool = False  # --insecure-seeded-noise: batches and noise from the public seed
 
 
-def nominal_size(cfg, examples: int) -> int:
+def nominal_size(privacy: PrivacyOptions, examples: int) -> int:
     """The public client size the schedule is planned with: ``--dp-nominal-size``, else the
     federation's training examples over the clients (rounded down, at least 1). The
     federation's size is public (``federation/setup.py`` ``held_examples``): the server
     plans with it too, without the partition."""
-    if cfg.dp_nominal_size is not None:
-        return int(cfg.dp_nominal_size)
-    return max(1, int(examples) // cfg.clients)
+    if privacy.dp_nominal_size is not None:
+        return int(privacy.dp_nominal_size)
+    return max(1, int(examples) // privacy.clients)
 
 
 def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, int]:
@@ -59,19 +60,20 @@ def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, i
     return q, local_epochs * max(1, round(1 / q))
 
 
-def client_rates(cfg, examples: int) -> list[tuple[float, int]]:
+def client_rates(privacy: PrivacyOptions, examples: int) -> list[tuple[float, int]]:
     """(sample rate, steps per round) of the clients: one public schedule for all."""
-    return [schedule(nominal_size(cfg, examples), cfg.batch_size, cfg.local_epochs)]
+    return [schedule(nominal_size(privacy, examples), privacy.batch_size, privacy.local_epochs)]
 
 
-def verify_clients(cfg, examples: int, upload_entries, sigma: float, delta: float, target: float) -> None:
+def verify_clients(privacy: PrivacyOptions, examples: int, upload_entries, sigma: float,
+                   delta: float, target: float) -> None:
     """Every client's examples (uploads + its own DP-SGD steps) must fit the budget."""
     from privfedcal.errors import PrivacyBudgetError
     from privfedcal.privacy.accounting import compute_epsilon
 
-    for q, steps in client_rates(cfg, examples):
-        eps = compute_epsilon([*upload_entries, (sigma, q, steps * cfg.rounds)],
-                              cfg.accountant, delta)
+    for q, steps in client_rates(privacy, examples):
+        eps = compute_epsilon([*upload_entries, (sigma, q, steps * privacy.rounds)],
+                              privacy.accountant, delta)
         if eps > target:
             raise PrivacyBudgetError(f"a client with DP-SGD sample rate {q:.3g} would spend "
                                      f"epsilon {eps:.3f} > {target:g}")
