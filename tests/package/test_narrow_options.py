@@ -83,7 +83,7 @@ def test_no_module_below_the_assembly_names_the_whole_config():
     assert not found, f"RunConfig below {ASSEMBLY}.py's floor: {found}"
 
 
-def received_run_config(argv: list[str], tmp_path: Path) -> list[str]:
+def received_run_config(argv: list[str]) -> list[str]:
     """Every function below the assembly floor that receives a ``RunConfig`` argument while
     ``privfedcal <argv>`` runs (traced with ``sys.setprofile``)."""
     from privfedcal.cli.main import main
@@ -103,7 +103,7 @@ def received_run_config(argv: list[str], tmp_path: Path) -> list[str]:
 
     sys.setprofile(profile)
     try:
-        main([*argv, "--out", str(tmp_path / "run"), "--threads", "1", "--device", "cpu"])
+        main(argv)
     except SystemExit as exc:
         assert exc.code in (0, None)
     finally:
@@ -111,13 +111,17 @@ def received_run_config(argv: list[str], tmp_path: Path) -> list[str]:
     return found
 
 
+TRAIN = ["train", "--rounds", "1", "--clients", "4", "--threads", "1", "--device", "cpu"]
+
+
 @pytest.mark.parametrize("argv", [
-    ["train", "--rounds", "1", "--clients", "4"],
-    ["train", "--rounds", "1", "--clients", "4", "--calibrate", "ccvr", "--dp-eps", "8"],
-], ids=["plain", "ccvr-dp"])
-def test_a_run_from_the_cli_hands_only_narrow_options_below_the_assembly(argv, tmp_path,
-                                                                         capsys):
-    assert received_run_config(argv, tmp_path) == []
+    TRAIN,
+    [*TRAIN, "--calibrate", "ccvr", "--dp-eps", "8"],
+    ["audit", "dp", "--method", "creff", "--dp-eps", "2", "--clients", "3", "--rounds", "1",
+     "--device", "cpu", "--trials", "2000", "--no-one-run"],
+], ids=["train", "train-ccvr-dp", "audit-dp-creff"])
+def test_a_command_hands_only_narrow_options_below_the_assembly(argv, tmp_path, capsys):
+    assert received_run_config([*argv, "--out", str(tmp_path / "run")]) == []
     capsys.readouterr()
 
 
@@ -135,6 +139,6 @@ def test_the_trace_sees_a_config_handed_below(tmp_path, monkeypatch, capsys):
         partition_is_secret(config_of(self.exp))
 
     monkeypatch.setattr(simulator.Simulator, "__init__", handing)
-    found = received_run_config(["train", "--rounds", "1", "--clients", "4"], tmp_path)
+    found = received_run_config([*TRAIN, "--out", str(tmp_path / "run")])
     assert found == ["privfedcal.federation.setup.partition_is_secret"]
     capsys.readouterr()

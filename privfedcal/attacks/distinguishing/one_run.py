@@ -81,7 +81,7 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     cfg = config_of(exp)  # resolved
     spec, attack = _audited_release(calibrator)
     label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
-    rounds = _client_rounds(cfg, spec.participants)
+    rounds = _client_rounds(exp.privacy, spec.participants)
     classes, dim = exp.data.num_classes, exp.model.feature_dim
     axes = dim if axes is None else min(axes, dim)
     c, j, canaries, member = _canaries(classes, dim, axes,
@@ -142,15 +142,16 @@ def _audited_release(calibrator: Any) -> tuple[Any, Any]:
     return audited[0]
 
 
-def _client_rounds(cfg: Any, participants: str) -> list[list[int]]:
-    """The rounds in which each client releases: those the server selects it in for a
-    release of the selected clients, else one (round 1)."""
+def _client_rounds(privacy: Any, participants: str) -> list[list[int]]:
+    """The rounds in which each client releases (``privacy``: the run's ``PrivacyOptions``):
+    those the server selects it in for a release of the selected clients, else one
+    (round 1)."""
     from privfedcal.cohorts import select_clients
 
     if participants == "selected":
-        return [[r for r in range(1, cfg.rounds + 1) if k in select_clients(cfg, r)]
-                for k in range(cfg.clients)]
-    return [[1]] * cfg.clients
+        return [[r for r in range(1, privacy.rounds + 1) if k in select_clients(privacy, r)]
+                for k in range(privacy.clients)]
+    return [[1]] * privacy.clients
 
 
 def _canaries(classes: int, dim: int, axes: int, unit: float, clients: int
