@@ -43,6 +43,7 @@ from privfedcal.attacks.distinguishing.channels import (
 from privfedcal.attacks.distinguishing.games import BUDGET_STOP, budget_spent
 from privfedcal.attacks.release_attacks import attacks_of
 from privfedcal.errors import UsageError
+from privfedcal.experiment import config_of
 from privfedcal.privacy.empirical import one_run_epsilon
 
 
@@ -74,8 +75,6 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     ``budget``. ``progress(clients done, clients)`` after every client."""
     if not 0 < guesses <= 1:
         raise UsageError(f"--one-run-guesses must be in (0, 1], got {guesses}")
-    from privfedcal.experiment import config_of
-
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     t0 = time.perf_counter()
     cfg = config_of(exp)  # resolved
