@@ -80,7 +80,7 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     cfg = config_of(exp)  # resolved
     spec, attack = _audited_release(calibrator)
     label, task, keys = spec.label, attack.task(cfg, exp, calibrator), attack.canary_keys
-    rounds = _client_rounds(exp.privacy, spec.participants)
+    rounds = _client_rounds(exp.privacy, spec, calibrator)
     classes, dim = exp.data.num_classes, exp.model.feature_dim
     axes = dim if axes is None else min(axes, dim)
     c, j, canaries, member = _canaries(classes, dim, axes,
@@ -141,14 +141,16 @@ def _audited_release(calibrator: Any) -> tuple[Any, Any]:
     return audited[0]
 
 
-def _client_rounds(privacy: Any, participants: str) -> list[list[int]]:
-    """The rounds in which each client releases (``privacy``: the run's ``PrivacyOptions``):
-    those the server selects it in for a release of the selected clients, else one
-    (round 1)."""
+def _client_rounds(privacy: Any, spec: Any, calibrator: Any) -> list[list[int]]:
+    """The rounds in which each client makes the release ``spec`` (``privacy``: the run's
+    ``PrivacyOptions``): for a release of the selected clients, the rounds of the
+    calibrator's release schedule (``release_rounds``, as the planner counts them) in which
+    the server selects it; else one (round 1)."""
     from privfedcal.cohorts import select_clients
 
-    if participants == "selected":
-        return [[r for r in range(1, privacy.rounds + 1) if k in select_clients(privacy, r)]
+    if spec.participants == "selected":
+        schedule = calibrator.release_rounds(privacy, spec)
+        return [[r for r in schedule if k in select_clients(privacy, r)]
                 for k in range(privacy.clients)]
     return [[1]] * privacy.clients
 

@@ -55,3 +55,14 @@ def test_bad_arguments():
         one_run(RunConfig(method="ccvr", **BASE), guesses=0.0)
     with pytest.raises(UsageError, match="calibration upload"):
         one_run(RunConfig(method="fedavg", **BASE))
+
+
+def test_creff_releases_only_in_its_release_rounds():
+    """``--creff-release-last 1``: each selected client releases once, in the last round, as
+    the planner counts it; the audit's claim is the run's, not that of a release in every
+    round the client is selected in."""
+    cfg = RunConfig(method="creff", dp_eps=1.0, calibration_params={"creff_release_last": 1},
+                    **BASE)
+    row = one_run(cfg, axes=4)
+    assert row["claimed_eps"] == pytest.approx(1.0, abs=0.01)
+    assert row["eps_lower"] < row["claimed_eps"]
