@@ -487,6 +487,7 @@ class Simulator:
             "history": self.history,
             "notes": self.notes,
             "update_bytes": self.update_bytes,
+            "transcript": self.transcript.state_dict(),  # entries kept in memory only
         })
 
     def restore(self) -> None:
@@ -501,6 +502,7 @@ class Simulator:
         self.history = ck["history"]
         self.notes = list(ck.get("notes", []))
         self.update_bytes = int(ck.get("update_bytes", 0))
+        self.transcript.load_state_dict(ck.get("transcript") or {})
         self.transcript.truncate_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))

@@ -137,6 +137,22 @@ class Transcript:
         self.entries.append(entry)
         self._encoded.append(json.dumps(entry))
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of a transcript that writes no files (``directory=None``,
+        ``--no-transcript``): its entries (labels, views, clients, sizes, participants; no
+        tensors), so that a resumed run still counts every upload and checks every secure
+        sum of the whole run. A transcript on disk is read back from ``index.json``."""
+        return {"entries": self.entries} if self.directory is None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        entries = state.get("entries")
+        if self.directory is not None or entries is None:
+            return
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise UsageError("the checkpoint's transcript entries must be a list of objects")
+        self.entries = [dict(e) for e in entries]
+        self._encoded = [json.dumps(e) for e in self.entries]
+
     def truncate_after(self, round_: int) -> None:
         """On resume, forget releases of rounds after the checkpoint (they are redone)."""
         keep = [i for i, e in enumerate(self.entries) if e["round"] <= round_]

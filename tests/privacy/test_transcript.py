@@ -67,6 +67,26 @@ def test_no_directory_keeps_nothing_on_disk(tmp_path):
         load_transcript(tmp_path)
 
 
+def test_a_transcript_without_files_is_kept_by_the_checkpoint(tmp_path):
+    """``--no-transcript``: the entries live in memory only, so the checkpoint keeps them
+    (a resumed run still counts every upload); one on disk is read back from its index."""
+    tr = Transcript(None)
+    for r in (1, 2, 3):
+        tr.record(round_=r, label="creff-grad", view="ciphertext", client=r, bytes=10 * r,
+                  participants=[0, r])
+    state = json.loads(json.dumps(tr.state_dict()))  # the checkpoint's JSON skeleton
+    again = Transcript(None)
+    again.load_state_dict(state)
+    again.truncate_after(2)
+    assert again.entries == tr.entries[:2] and again.uploaded_bytes() == 30
+    on_disk = Transcript(tmp_path / "t")
+    assert on_disk.state_dict() == {}
+    on_disk.load_state_dict(state)  # its own index holds its entries
+    assert on_disk.entries == []
+    with pytest.raises(UsageError, match="list of objects"):
+        Transcript(None).load_state_dict({"entries": [1, 2]})
+
+
 def test_model_states_and_updates_are_recorded_with_weights_sizes_and_recipe(tmp_path):
     tr = Transcript(tmp_path)
     state = {"w": torch.zeros(2, 3), "n": torch.zeros(1, dtype=torch.int64)}
