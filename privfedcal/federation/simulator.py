@@ -120,6 +120,8 @@ class Simulator:
         self.transcript = Transcript(transcript_dir(self.run_dir) if self.loop.transcript
                                      else None)
         self._trainer_obj: Any = None
+        self._round_calibrator: dict[str, Any] | None = None  # as the last checkpoint saved it
+        self._post_training: dict[str, Any] | None = None  # a release made before a resume
         self.log = RunLogger(self.run_dir, self.exp)  # metrics.csv, clients.jsonl, TensorBoard
 
     @property
@@ -391,13 +393,7 @@ class Simulator:
         loop = self.loop
         t0 = time.perf_counter()
         final_round = loop.rounds
-        ctx = RoundContext(self, final_round, self.global_state, self.global_state,
-                           list(range(loop.clients)), make_generator(loop.seed, final_round, 0, 5))
-        try:
-            extra = self.calibrator.after_training(ctx)
-        except ReleaseSkipped as exc:
-            self.notes.append(f"calibration skipped: {exc}")
-            extra = {}
+        extra = self.post_training(final_round)
         final_state = self.checked_eval_state(final_round)
         ev = self.evaluate(final_state, self.calibrator.feature_transform())
         divergence.check_evaluation(ev, final_round, self.lr)
@@ -422,6 +418,28 @@ class Simulator:
         self.transcript.flush()
         write_summary(self.run_dir, summary)
         return summary
+
+    def post_training(self, final_round: int) -> dict[str, Any]:
+        """The calibrator's post-training step (CCVR's release, the oracle), then the
+        checkpoint again: the release's charges and records are on file before anything
+        else can fail, and a run interrupted after it resumes with its result instead of
+        releasing twice. Returns the step's summary fields."""
+        if self._post_training is not None:  # made before an interruption: not again
+            self.calibrator.load_state_dict(self._post_training["calibrator"])
+            return dict(self._post_training["extra"])
+        ctx = RoundContext(self, final_round, self.global_state, self.global_state,
+                           list(range(self.loop.clients)),
+                           make_generator(self.loop.seed, final_round, 0, 5))
+        try:
+            extra = self.calibrator.after_training(ctx)
+        except ReleaseSkipped as exc:
+            self.notes.append(f"calibration skipped: {exc}")
+            extra = {}
+        if self._round_calibrator is not None:  # a run that keeps checkpoints
+            self.save(final_round, calibrator_state=self._round_calibrator,
+                      post_training={"calibrator": self.calibrator.state_dict(),
+                                     "extra": extra})
+        return extra
 
     def whole_run_check(self) -> dict[str, Any]:
         """What all the run's secure sums together isolate, from the contributors recorded
@@ -474,20 +492,27 @@ class Simulator:
             "model_update_bytes": self.update_bytes, **fields}
 
     # ---- checkpoint / resume ------------------------------------------------------------------
-    def save(self, round_: int) -> None:
+    def save(self, round_: int, calibrator_state: dict[str, Any] | None = None,
+             post_training: dict[str, Any] | None = None) -> None:
+        """The checkpoint of ``round_``. After the post-training release: the last round's
+        ``calibrator_state`` (an extended run trains on without the calibrated head) and the
+        release's result, ``post_training`` (the calibrator's state and summary fields)."""
         self.transcript.flush()  # the round's record is on disk before its checkpoint
+        if calibrator_state is None:
+            calibrator_state = self._round_calibrator = self.calibrator.state_dict()
         save_checkpoint(self.run_dir / "checkpoint", {
             "round": round_,
             "elapsed": self.elapsed,
             "global": self.global_state,
             "server": self.server_state,
             "clients": {str(c): s for c, s in self.client_states.items()},
-            "calibrator": self.calibrator.state_dict(),
+            "calibrator": calibrator_state,
             "uplink": self.uplink.state_dict(),
             "history": self.history,
             "notes": self.notes,
             "update_bytes": self.update_bytes,
             "transcript": self.transcript.state_dict(),  # entries kept in memory only
+            "post_training": post_training,
         })
 
     def restore(self) -> None:
@@ -498,6 +523,9 @@ class Simulator:
         self.server_state = ck["server"]
         self.client_states = {int(c): s for c, s in ck["clients"].items()}
         self.calibrator.load_state_dict(ck["calibrator"])
+        self._round_calibrator = ck["calibrator"]
+        if int(ck["round"]) >= self.loop.rounds:  # not extended: the release stands
+            self._post_training = ck.get("post_training")
         self.uplink.load_state_dict(ck.get("uplink") or {})
         self.history = ck["history"]
         self.notes = list(ck.get("notes", []))

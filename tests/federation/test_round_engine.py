@@ -83,6 +83,36 @@ def test_a_resumed_run_without_transcript_counts_the_whole_run(tiny_cfg, tmp_pat
     assert abs(resumed["uploaded_bytes"] / full["uploaded_bytes"] - 1) < 0.01
 
 
+def test_a_run_stopped_after_its_post_training_release_resumes_without_a_second(
+        tiny_cfg, tmp_path, monkeypatch):
+    """CCVR's release is on file in the checkpoint as soon as it is made: a run stopped
+    before its summary was written resumes with that release's result and its charge (it
+    released again with fresh noise, charged once, while the server held both)."""
+    import privfedcal
+    import privfedcal.federation.simulator as simulator
+    from privfedcal.experiment import build_simulator
+
+    cfg = tiny_cfg(method="ccvr", dp_eps=8.0, transcript=True)
+    whole = build_simulator(cfg, tmp_path / "whole").run()
+
+    def stop(*_a, **_kw):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(simulator, "write_summary", stop)
+        try:
+            build_simulator(cfg, tmp_path / "run").run()
+        except KeyboardInterrupt:
+            pass
+    resumed = privfedcal.resume_simulator(tmp_path / "run").run()
+    index = json.loads((tmp_path / "run" / "server" / "transcript" / "index.json").read_text())
+    uploads = [e["client"] for e in index if e["view"] == "plain-upload"
+               and e["label"] == "ccvr-stats"]
+    assert sorted(uploads) == [0, 1, 2, 3]  # each client's noisy statistics, once
+    assert resumed["privacy"]["epsilon_spent"] == whole["privacy"]["epsilon_spent"] <= 8.0
+    assert resumed["accuracy_before_calibration"] == whole["accuracy_before_calibration"]
+
+
 def test_participation_samples_clients(tiny_cfg, tmp_path):
     sim = Simulator(build_experiment(tiny_cfg(participation=0.5)), tmp_path / "r")
     chosen = [sim.select_clients(r) for r in range(1, 6)]
