@@ -23,7 +23,7 @@ package in ``tests/package/test_layering.py``'s ``LAYERS``). Counted:
     python benchmarks/probes/config_walk.py -- train --rounds 1 --threads 1 --calibrate ccvr --dp-eps 8
 
 ``--show`` prints every stay (floor, function, the arguments that carry settings); ``--deep``
-also counts arguments holding the settings in an attribute (``exp.cfg``, ``self.cfg``). The
+also counts arguments holding the settings in an attribute (an object's ``cfg``). The
 run's folder goes to a temporary directory unless ``--out`` is given; tracing slows the run,
 not the counts. Results: docs/architecture.md, "Options at the layers".
 """
@@ -85,7 +85,7 @@ def walk(argv: list[str], deep: bool = False) -> dict:
             if kind in OPTION_TYPES:
                 if name not in ("self", "cls"):  # an option object's own methods: no travel
                     found.append(f"{name}:{kind}")
-            elif deep:  # an object holding the settings in an attribute (exp.cfg, self.cfg)
+            elif deep:  # an object holding the settings in an attribute (its cfg)
                 held = getattr(value, "__dict__", None)
                 if isinstance(held, dict):
                     inner = [f"{name}.{k}:{type(v).__name__}" for k, v in held.items()

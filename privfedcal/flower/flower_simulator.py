@@ -15,7 +15,7 @@ it only replaces the two places where the simulator touches client data:
 The per-client state of a method (MOON's previous model) never leaves its node. The oracle
 calibrator reads pooled raw training features and has no federated form: refused here.
 
-The server's experiment (``federation/setup.py`` ``build_server_experiment``) holds the
+The server's experiment (``experiment.build_server_experiment``) holds the
 model, the public test set and public sizes, never training samples or the partition (its
 ``parts`` are None): each client's sample count, the weight of its update, is what the node
 reports (``query.hello``, checked again with every update), and a node is checked to run
