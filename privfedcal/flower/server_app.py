@@ -7,10 +7,10 @@ the server builds the method, calibrator and uplink with the same factories as
 ``runs/flower-<method>-<run id>`` under the ServerApp's working directory).
 
 The server builds the server's experiment (``experiment.build_server_experiment``): the
-model, the public test set it evaluates on and public sizes. It never holds training samples, the partition or the data seed (which the nodes
-take from their node config, ``data-seed``): clients' sample counts are what the nodes
-report. Its run folder has ``server/`` (its view) and the experimenter's records, and no
-``private/``.
+model, the public test set it evaluates on and public sizes. It never holds training
+samples, the partition or the data seed (which the nodes take from their node config,
+``data-seed``): clients' sample counts are what the nodes report. Its run folder has
+``server/`` (its view) and the experimenter's records, and no ``private/``.
 """
 
 from __future__ import annotations
