@@ -102,20 +102,21 @@ class FlowerSimulator(Simulator):
     def __init__(self, exp: Experiment, run_dir: Path, link: GridLink, *,
                  calibrator: Calibrator | None = None, uplink: Any = None, key_holder: int = 0,
                  run_record: dict[str, Any] | None = None) -> None:
-        cfg = exp.privacy  # the protections, and the public protocol they are planned over
-        if cfg.calibrator.startswith("oracle"):
+        privacy = exp.privacy  # the protections and the public protocol
+        if privacy.calibrator.startswith("oracle"):
             raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
                              "no federated form and cannot run under Flower")
-        if cfg.secagg_updates:
+        if privacy.secagg_updates:
             raise UsageError("--secagg-updates runs in the simulator only: under Flower the "
                              "updates would reach the server in the clear before encryption")
-        if cfg.dp_updates:
+        if privacy.dp_updates:
             raise UsageError("--dp-updates runs in the simulator only: under Flower the "
                              "updates are averaged without its clipping and noise")
-        if not 0 <= key_holder < cfg.clients:
-            raise UsageError(f"flower.key-holder={key_holder} is not a client (0..{cfg.clients - 1})")
-        if cfg.secagg and cfg.secagg_key_holder != key_holder:
-            raise UsageError(f"the run config names client {cfg.secagg_key_holder} as the key "
+        if not 0 <= key_holder < privacy.clients:
+            raise UsageError(f"flower.key-holder={key_holder} is not a client "
+                             f"(0..{privacy.clients - 1})")
+        if privacy.secagg and privacy.secagg_key_holder != key_holder:
+            raise UsageError(f"the run config names client {privacy.secagg_key_holder} as the key "
                              f"holder, flower.key-holder {key_holder}")
         super().__init__(exp, run_dir, calibrator=calibrator, uplink=uplink,
                          run_record=run_record)

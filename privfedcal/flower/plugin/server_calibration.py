@@ -48,10 +48,9 @@ from flwr.serverapp import Grid
 from torch import Tensor
 
 from privfedcal.config import RunConfig
-from privfedcal.errors import ReleaseSkipped, UsageError
+from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import save_checkpoint
 from privfedcal.federation.runfolder import write_summary
-from privfedcal.federation.simulator import RoundContext
 from privfedcal.flower.flower_simulator import FlowerSimulator
 from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
@@ -61,7 +60,6 @@ from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.stages import NoiseStage
-from privfedcal.seeding import make_generator
 from privfedcal.tensors import State
 
 __all__ = ["PluginSimulator", "calibrate"]
@@ -130,19 +128,12 @@ class PluginSimulator(FlowerSimulator):
     def run_calibration(self) -> dict[str, Any]:
         """The calibrator's rounds on the final model (CReFF's per-round releases), then
         ``finish`` (CCVR's release, the evaluation, summary.json); returns the summary."""
-        cfg = self.loop
         start = time.perf_counter()
         self.accuracy_before = self.evaluate(self.global_state)["accuracy"]
         per_round = any(r.participants != "all" for r in self.calibrator.releases)
-        for round_ in range(1, cfg.rounds + 1) if per_round else ():
+        for round_ in range(1, self.loop.rounds + 1) if per_round else ():
             t0 = time.perf_counter()
-            selected = self.select_clients(round_)
-            ctx = RoundContext(self, round_, self.global_state, self.global_state, selected,
-                               make_generator(cfg.seed, round_, 0, 4))
-            try:
-                self.calibrator.after_round(ctx)
-            except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
-                self.notes.append(str(exc))
+            self.calibrate_round(round_, self.global_state, self.select_clients(round_))
             ev = self.evaluate(self.checked_eval_state(round_))
             record = {"round": round_, "train_loss": None, "accuracy": ev["accuracy"],
                       "loss": ev["loss"], "per_class_accuracy": ev["per_class_accuracy"],
