@@ -110,7 +110,7 @@ def planned_participants(inputs: ProtectionInputs) -> dict[str, int]:
     """Clients asked for each declared release (from the options, never from the server's
     messages): every client, or each round's selection."""
     p = inputs.privacy
-    m = min(max(1, int(round(p.participation * p.clients))), p.clients)
+    m = per_round(p.clients, p.participation)
     return {s.spec.label: p.clients if s.spec.participants == "all" else m
             for s in inputs.releases}
 
