@@ -15,16 +15,20 @@ clients (``--secagg-min-clients``), drawn from the public seed, and every round 
 participation selects whole cohorts (So et al., "Securing Secure Aggregation: Mitigating
 Multi-Round Privacy Leakage in Federated Learning", AAAI 2023). Every participation row is
 then a union of cohorts, so is every vector of their span: nothing finer than a cohort is
-ever isolated. An upload that is rejected or lost removes its whole cohort from a secure sum
-(``complete_cohorts``) so that the rule survives dropouts.
+ever isolated. A member that was not asked, or whose upload is lost or rejected, removes
+its whole public cohort from a secure sum (``complete_cohorts``) so that the rule survives
+dropouts, and the key holder decrypts only a sum whose contributors are whole cohorts
+(``whole_cohorts``).
 
 ``isolated_group`` is the independent check: it takes the participant sets of every secure
 release of a run and returns a group of fewer than ``m`` clients that the sums isolate, or
 None. It is exact (every group of ``m - 1`` clients is tested) when there are at most
 ``EXACT_LIMIT`` such groups, and conservative above it (it then requires every set of
 clients with identical participation to hold at least ``m`` clients, which implies the
-guarantee). The planner runs it on the planned schedule before training, and the run on its
-actual record at the end.
+guarantee; an exact search runs only when that implication fails). The planner runs it on
+the planned schedule before training, the secure wire before every decryption on the sums
+already released plus the new sum's actual contributors (``release_isolates``: a sum that
+fails is withheld, never decrypted), and the run on its actual record at the end.
 """
 
 from __future__ import annotations
@@ -165,34 +169,43 @@ def select_cohorts(plan: CohortPlan, seed: int, round_: int) -> list[int]:
     return sorted(c for i in chosen for c in plan.cohorts[i])
 
 
-def cohort_groups(present: Iterable[int], cohorts: Sequence[Collection[int]] | None,
-                  asked: Collection[int]) -> tuple[list[list[int]], list[int]]:
+def cohort_groups(present: Iterable[int], cohorts: Sequence[Collection[int]] | None
+                  ) -> tuple[list[list[int]], list[int]]:
     """``(groups, left_out)``: the clients of ``present`` in groups that may enter a secure
-    sum, each a whole cohort (as far as it was ``asked``; clients in no cohort alone), and
-    the present clients left out because another upload of their cohort is missing. A
-    missing or rejected upload takes its cohort out, so the sum stays a union of cohorts
-    whatever drops out."""
+    sum, each a whole public cohort (clients in no cohort alone), and the present clients
+    left out because a member of their cohort is missing. A member not asked, lost or
+    rejected takes its whole cohort out, so the sum stays a union of cohorts whatever drops
+    out (a cohort counted "as far as it was asked" would let a lost node's absence single
+    it out against the run's other sums)."""
     present = list(dict.fromkeys(int(c) for c in present))
     have = set(present)
     if cohorts is None:
         return [[c] for c in present], []
-    groups, kept, asked = [], set(), set(asked)
+    groups, kept = [], set()
     for group in cohorts:
-        wanted = [c for c in group if c in asked]
-        if wanted and set(wanted) <= have:
-            groups.append(wanted)
-            kept |= set(wanted)
+        if set(group) <= have:
+            groups.append(list(group))
+            kept |= set(group)
     grouped = {c for g in cohorts for c in g}
     groups += [[c] for c in present if c not in grouped]  # clients in no cohort
     return groups, [c for c in present if c in grouped and c not in kept]
 
 
-def complete_cohorts(present: Iterable[int], cohorts: Sequence[Collection[int]] | None,
-                     asked: Collection[int]) -> set[int]:
-    """The clients of ``present`` whose whole cohort (as far as it was ``asked``) is
-    present (``cohort_groups``)."""
-    groups, _ = cohort_groups(present, cohorts, asked)
+def complete_cohorts(present: Iterable[int],
+                     cohorts: Sequence[Collection[int]] | None) -> set[int]:
+    """The clients of ``present`` whose whole public cohort is present (``cohort_groups``)."""
+    groups, _ = cohort_groups(present, cohorts)
     return {c for g in groups for c in g}
+
+
+def whole_cohorts(contributors: Collection[int],
+                  cohorts: Sequence[Collection[int]] | None) -> bool:
+    """Whether ``contributors`` (no client twice) is a union of whole public cohorts: the key
+    holder's own rule before it decrypts a sum (with no cohorts, every set is)."""
+    listed = [int(c) for c in contributors]
+    if len(set(listed)) != len(listed):
+        return False
+    return cohorts is None or complete_cohorts(listed, cohorts) == set(listed)
 
 
 # ---- the checker -----------------------------------------------------------------------------
@@ -264,6 +277,8 @@ def isolated_group(rows: Sequence[Collection[int]], clients: int, m: int, *,
     others = [c for c in range(clients) if c not in set(known)]
     mat = participation_matrix(rows, clients, public_total)[:, others]
     mat = mat[np.abs(mat).sum(axis=1) > 0]
+    if mat.shape[0] == 0 or min(len(a) for a in atoms(mat)) >= m:
+        return None  # every vector of the span is constant on atoms of >= m clients
     basis = row_space_basis(mat)
     if basis.shape[1] == 0:
         return None
@@ -296,6 +311,14 @@ def whole_run_record(rows: Sequence[Collection[int]], clients: int, m: int,
                           f"{m} clients" if found is None else found.describe())}
 
 
+def release_isolates(released: Sequence[Collection[int]], contributors: Collection[int],
+                     clients: int, m: int, known: Collection[int] = ()) -> Isolation | None:
+    """The check before a secure sum is decrypted: what the run's released sums
+    (``released``: the contributors of each, every label and round) together with this
+    sum's actual contributors would isolate (``isolated_group``); None: it may be released."""
+    return isolated_group([*released, contributors], clients, m, known=known)
+
+
 def check_schedule(rows: Sequence[Collection[int]], clients: int, m: int, *,
                    public_total: bool = True, known: Collection[int] = ()) -> None:
     """Refuse (UsageError) a schedule whose sums isolate fewer than ``m`` clients."""
@@ -306,6 +329,6 @@ def check_schedule(rows: Sequence[Collection[int]], clients: int, m: int, *,
 
 __all__ = ["COHORT_PURPOSE", "CohortPlan", "Isolation", "atoms", "check_schedule", "cohort_groups",
            "cohort_plan", "cohort_size", "complete_cohorts", "isolated_group", "make_cohorts",
-           "observers_own", "participation_matrix", "per_round", "row_space_basis",
-           "secure_minimum", "secure_rounds", "select_clients", "select_cohorts",
-           "whole_run_record"]
+           "observers_own", "participation_matrix", "per_round", "release_isolates",
+           "row_space_basis", "secure_minimum", "secure_rounds", "select_clients", "select_cohorts",
+           "whole_cohorts", "whole_run_record"]

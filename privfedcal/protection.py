@@ -300,7 +300,8 @@ def ckks_plan(inputs: ProtectionInputs, clips: dict[str, float],
             bounds[key] = max(bounds.get(key, 0.0), b)
     plan = CKKSPlan(bounds=bounds, clients=p.clients, min_clients=secure_minimum(p),
                     hide_counts=p.hide_counts, cohorts=cohort_plan(p).cohorts,
-                    symmetric={s.spec.label: s.spec.symmetric for s in inputs.releases})
+                    symmetric={s.spec.label: s.spec.symmetric for s in inputs.releases},
+                    known=observers_own(p))
     sizing = CKKSSettings.from_plan(plan, dp=noise.live() if noise is not None else None)
     for s in inputs.releases:
         CKKSParams.for_magnitude(sizing.max_abs(s.spec.label, s.spec.keys), PRECISION,
@@ -317,7 +318,7 @@ def updates_plan(inputs: ProtectionInputs) -> CKKSPlan:
     return CKKSPlan(bounds={UPDATE_WEIGHT: weight_sum}, clients=p.clients,
                     min_clients=secure_minimum(p),
                     default_bound=PARAM_BOUND * weight_sum + weight_sum,
-                    cohorts=cohort_plan(p).cohorts)
+                    cohorts=cohort_plan(p).cohorts, known=observers_own(p))
 
 
 def user_dp_plan(privacy: Any) -> UserDPPlan:

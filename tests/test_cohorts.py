@@ -14,12 +14,14 @@ from privfedcal import cohorts
 from privfedcal.cohorts import (
     CohortPlan,
     check_schedule,
+    cohort_groups,
     cohort_plan,
     cohort_size,
     complete_cohorts,
     isolated_group,
     make_cohorts,
     select_clients,
+    whole_cohorts,
 )
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
@@ -152,9 +154,21 @@ def test_planned_schedule_of_secure_runs_isolates_no_client_and_plain_selection_
 
 def test_a_missing_upload_takes_its_cohort_out_of_the_sum():
     groups = ((0, 3), (1, 2), (4, 5, 6))
-    assert complete_cohorts([0, 3, 1, 4, 5, 6], groups, asked=range(7)) == {0, 3, 4, 5, 6}
-    assert complete_cohorts([0, 3], groups, asked=[0, 3]) == {0, 3}
-    assert complete_cohorts([0, 1], None, asked=[0, 1]) == {0, 1}
+    assert complete_cohorts([0, 3, 1, 4, 5, 6], groups) == {0, 3, 4, 5, 6}
+    assert complete_cohorts([0, 3], groups) == {0, 3}
+    assert complete_cohorts([0, 1], None) == {0, 1}
+    # a member that was not asked (a node lost in training) takes its cohort out as well:
+    # never "whole as far as it was asked"
+    assert complete_cohorts([0, 3, 4, 6], groups) == {0, 3}
+    assert cohort_groups([0, 3, 4, 6], groups) == ([[0, 3]], [4, 6])
+
+
+def test_the_key_holders_rule_is_whole_public_cohorts():
+    groups = ((0, 3), (1, 2), (4, 5, 6))
+    assert whole_cohorts([0, 3, 4, 5, 6], groups) and whole_cohorts([2, 1], groups)
+    assert not whole_cohorts([4, 6], groups)  # cohort (4, 5, 6) less a lost member
+    assert not whole_cohorts([0, 3, 3], groups)  # a client twice
+    assert whole_cohorts([4, 6], None)
 
 
 def test_cohort_plan_record():

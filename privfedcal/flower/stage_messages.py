@@ -18,9 +18,12 @@ machines, each executing the protection plan of the same run config (privfedcal/
 * key holder: the SuperNode of client ``flower.key-holder`` (default 0). It draws fresh CKKS
   keys for every release (``query.keygen``), keeps the secret key in its own
   ``context.state`` (which never leaves the node), decrypts only the server's sum
-  (``query.decrypt``), flooded and rounded (privacy/secagg.py), runs ``Uplink.finish`` (the
-  server halves of the stages before the wire: the noise stage's top-up for planned uploads
-  missing from the sum, as the simulator's key holder does), then forgets the key.
+  (``query.decrypt``), and only when the contributor list sent with it is a union of whole
+  public cohorts of at least its own minimum (the server has already withheld any sum that
+  fails the whole-run check: privacy/secagg_stage.py), flooded and rounded
+  (privacy/secagg.py), runs ``Uplink.finish`` (the server halves of the stages before the
+  wire: the noise stage's top-up for planned uploads missing from the sum, as the
+  simulator's key holder does), then forgets the key.
 
 When the guarantees stop: if the key-holder node colludes with the server (it could then
 decrypt single uploads). A rejected upload is dropped and the release goes on with the noise
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +103,13 @@ def keygen(context: Any, config: ConfigRecord) -> RecordDict:
 
 
 def decrypt(context: Any, config: ConfigRecord, uplink: Any) -> RecordDict:
-    """Decrypt the server's sum of ``n-clients`` uploads (flooded, rounded) and run the
-    node's own ``Uplink.finish`` on it (the noise top-up); then drop the key."""
+    """Decrypt the server's sum of the uploads of ``contributors`` (flooded, rounded) and run
+    the node's own ``Uplink.finish`` on it (the noise top-up); then drop the key. A request
+    whose contributor list is missing, or is not a union of whole public cohorts of at least
+    this node's minimum (``check_contributors``, from this node's own run config), is
+    refused with a code."""
     from privfedcal.privacy.secagg import KeyHolder
-    from privfedcal.privacy.secagg_stage import key_holder_release
+    from privfedcal.privacy.secagg_stage import check_contributors, key_holder_release
 
     kept = context.state.config_records.get(KEY_STATE)
     if kept is None or kept["release"] != config["release"]:
@@ -112,14 +119,18 @@ def decrypt(context: Any, config: ConfigRecord, uplink: Any) -> RecordDict:
         "rotations": kept["rotations"], "secret_context": kept["secret-context"],
         "public_context": kept["public-context"]})
     del context.state[KEY_STATE]  # one key per release, used once
-    n = int(config["n-clients"])
     layout = PayloadLayout.from_json(str(config["layout"]))
+    secagg = uplink.wire.secagg
+    listed = config.get("contributors")
     try:
-        # the minimum is this node's own run config, never a number the server sends; this
-        # node is a client too (--secagg-key-holder), so the minimum counts its own upload
-        # apart: --secagg-min-clients others besides it (cohorts.secure_minimum)
+        # the minimum and the cohorts are this node's own run config, never numbers the
+        # server sends; this node is a client too (--secagg-key-holder), so the minimum
+        # counts its own upload apart: --secagg-min-clients others besides it
+        # (cohorts.secure_minimum)
+        n = check_contributors(None if listed is None else [int(c) for c in listed],
+                               secagg.min_clients, secagg.cohorts)
         total = key_holder_release(holder, [bytes(c) for c in config["ciphertexts"]], layout, n,
-                                   uplink.wire.secagg.min_clients)
+                                   secagg.min_clients)
     except UploadRejected as exc:  # the release is skipped, never half-made
         # the check's text can hold the sum's largest entry: it stays in this node's log,
         # the server gets the code (privacy/error_codes.py)
@@ -162,11 +173,13 @@ class RemoteKeys:
                 f"so release {release} cannot be formed; the run stops: {exc}") from None
 
     def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
-                finish: Finish) -> Payload:
+                finish: Finish, contributors: Sequence[int]) -> Payload:
+        """The key holder's decryption of the sum of ``contributors``' uploads: the list goes
+        with the request, and the key holder checks it against the public cohorts."""
         release = f"{rel.label}-{rel.round_}"
         content = RecordDict({"config": ConfigRecord({
-            "release": release, "n-clients": rel.arrived, "layout": layout.to_json(),
-            "ciphertexts": ciphertexts})})
+            "release": release, "contributors": [int(c) for c in contributors],
+            "layout": layout.to_json(), "ciphertexts": ciphertexts})})
         reply = self._ask(content, "query.decrypt", release).content
         if "rejected" in reply:
             code = str(reply["rejected"]["reason"])  # kept only if it is a declared code

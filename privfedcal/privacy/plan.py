@@ -118,7 +118,8 @@ class NoisePlan:
 class CKKSPlan:
     """A CKKS-summed uplink: the largest |aggregate entry| per payload key before noise
     (``default_bound`` for keys not listed: the model updates' parameters), the clients, the
-    fewest uploads in a sum, the run's cohorts, and the symmetric keys of each release."""
+    fewest uploads in a sum, the run's cohorts, the symmetric keys of each release, and the
+    clients whose own values the key holder knows (``cohorts.observers_own``)."""
 
     bounds: Mapping[str, float]
     clients: int
@@ -127,6 +128,7 @@ class CKKSPlan:
     default_bound: float | None = None
     cohorts: tuple[tuple[int, ...], ...] | None = None
     symmetric: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    known: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

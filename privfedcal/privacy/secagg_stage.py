@@ -14,14 +14,22 @@ encrypts, its server half adds ciphertexts under the public context and has the 
 decrypt the sum and run the remaining server halves. Who holds the keys is a ``KeyService``:
 in-process here (``LocalKeys``), a client node reached by messages under Flower
 (flower/stage_messages.py).
+
+Before anything leaves the key holder, two rules hold on the sum's actual contributors: the
+server adds whole public cohorts only and decrypts nothing that, with the run's sums already
+released, would isolate fewer than --secagg-min-clients clients (``EncryptStage.deliver``:
+withheld, the run goes on without it); the key holder decrypts only a sum whose contributor
+list, sent with the request, is a union of whole public cohorts of at least its minimum
+(``check_contributors``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from privfedcal.cohorts import release_isolates, whole_cohorts
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
@@ -33,6 +41,7 @@ from privfedcal.privacy.secagg import (
     load_public_context,
 )
 from privfedcal.privacy.stages import MIN_SECAGG_CLIENTS, Finish, Release, Wire
+from privfedcal.privacy.transcript import secure_participants
 
 if TYPE_CHECKING:
     from privfedcal.privacy.plan import CKKSPlan
@@ -40,6 +49,8 @@ if TYPE_CHECKING:
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
 PRECISION = 1e-10  # absolute CKKS error per aggregate entry: small, so decryption flooding is small
+#: ``skipped_releases``' code of a secure sum that the whole-run check withheld
+WITHHELD = "withheld: whole-run check"
 
 
 def padded_size(params: CKKSParams, layout: PayloadLayout) -> int:
@@ -86,12 +97,15 @@ class CKKSSettings:
     #: the bound of a key absent from ``bounds`` (model updates: one bound for every
     #: parameter tensor); None: such a key is an error
     default_bound: float | None = None
-    #: the run's fixed cohorts (privfedcal/cohorts.py): a sum holds whole cohorts only, an
-    #: upload missing or rejected takes its cohort out; None: no cohort rule
+    #: the run's fixed cohorts (privfedcal/cohorts.py): a sum holds whole public cohorts
+    #: only, a member not asked, missing or rejected takes its cohort out; None: no cohort rule
     cohorts: tuple[tuple[int, ...], ...] | None = None
     #: label -> the release's keys that hold symmetric matrices (``ReleaseSpec.symmetric``):
     #: only their upper triangle is encrypted; a label without an entry packs every entry
     symmetric: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: clients whose own values the key holder knows (itself, when it is a client:
+    #: ``cohorts.observers_own``); ``min_clients`` counts them on top of --secagg-min-clients
+    known: tuple[int, ...] = ()
 
     @classmethod
     def from_plan(cls, plan: CKKSPlan, dp: Any) -> CKKSSettings:
@@ -100,7 +114,13 @@ class CKKSSettings:
         return cls(bounds=dict(plan.bounds), dp=dp, clients=plan.clients,
                    hide_counts=plan.hide_counts, min_clients=plan.min_clients,
                    default_bound=plan.default_bound, cohorts=plan.cohorts,
-                   symmetric=dict(plan.symmetric))
+                   symmetric=dict(plan.symmetric), known=tuple(plan.known))
+
+    @property
+    def group_minimum(self) -> int:
+        """--secagg-min-clients m: the fewest clients any combination of the run's sums may
+        single out (``min_clients`` less the clients the key holder knows)."""
+        return max(self.min_clients - len(self.known), 1)
 
     def max_abs(self, label: str, keys) -> float:
         keys = list(keys)
@@ -155,9 +175,28 @@ class KeyService(Protocol):
         ...
 
     def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
-                finish: Finish) -> Payload:
-        """The sum of ``rel.arrived`` uploads, flooded and rounded, through ``finish``."""
+                finish: Finish, contributors: Sequence[int]) -> Payload:
+        """The sum of the uploads of ``contributors`` (the clients whose ciphertexts the
+        server added), flooded and rounded, through ``finish``; refused unless they are
+        whole public cohorts (``check_contributors``)."""
         ...
+
+
+def check_contributors(contributors: Sequence[int] | None, min_clients: int,
+                       cohorts: Sequence[Sequence[int]] | None) -> int:
+    """The key holder's own rule before it decrypts a sum, from what it knows itself (the
+    run's public cohorts and its minimum), whatever the server asks: the sum's contributor
+    list is given, names no client twice, holds at least ``min_clients`` and is a union of
+    whole public cohorts. Returns the number of contributors; raises UploadRejected."""
+    if contributors is None:
+        raise UploadRejected("the decryption request names no contributors: not decrypted")
+    if not whole_cohorts(contributors, cohorts):
+        raise UploadRejected(f"the {len(contributors)} contributors are not whole cohorts: "
+                             "not decrypted")
+    if len(contributors) < min_clients:
+        raise UploadRejected(f"a sum of {len(contributors)} upload(s) is below this key "
+                             f"holder's minimum of {min_clients}: not decrypted")
+    return len(contributors)
 
 
 def key_holder_release(holder: KeyHolder, ciphertexts: list[bytes], layout: PayloadLayout,
@@ -175,21 +214,23 @@ def key_holder_release(holder: KeyHolder, ciphertexts: list[bytes], layout: Payl
 
 @dataclass
 class LocalKeys:
-    """The key holder in this process (the simulator): keys live in the release's state."""
+    """The key holder in this process (the simulator): keys live in the release's state.
+    Its minimum and cohorts are the run's (``EncryptStage`` sets them)."""
+
+    min_clients: int = MIN_SECAGG_CLIENTS
+    cohorts: tuple[tuple[int, ...], ...] | None = None
 
     def keygen(self, rel: Release, params: CKKSParams) -> bytes:
         holder = KeyHolder(params)  # fresh keys for every release
         rel.state["key-holder"] = holder
         return holder.public_context_bytes()
 
-    min_clients: int = MIN_SECAGG_CLIENTS
-
     def decrypt(self, ciphertexts: list[bytes], layout: PayloadLayout, rel: Release,
-                finish: Finish) -> Payload:
+                finish: Finish, contributors: Sequence[int]) -> Payload:
         holder = rel.state.pop("key-holder")  # one key per release, used once
         try:
-            total = key_holder_release(holder, ciphertexts, layout, rel.arrived,
-                                       self.min_clients)
+            n = check_contributors(contributors, self.min_clients, self.cohorts)
+            total = key_holder_release(holder, ciphertexts, layout, n, self.min_clients)
         except UploadRejected as exc:
             rel.log.raise_skipped(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
         return finish(total, rel)
@@ -197,7 +238,12 @@ class LocalKeys:
 
 @dataclass
 class EncryptStage(Wire):
-    """CKKS secure aggregation of the uploads: the server sees ciphertexts and the sum."""
+    """CKKS secure aggregation of the uploads: the server sees ciphertexts and the sum.
+
+    A sum holds whole public cohorts only, and is decrypted only when the run's released
+    secure sums together with this sum's actual contributors isolate no group of fewer than
+    --secagg-min-clients clients (``cohorts.release_isolates``); otherwise it is withheld
+    (``WITHHELD`` in ``skipped_releases``) and the run goes on without it."""
 
     secagg: CKKSSettings
     keys: KeyService = field(default_factory=LocalKeys)
@@ -205,8 +251,9 @@ class EncryptStage(Wire):
     hides_uploads = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.keys, LocalKeys):  # the in-process key holder: the run's minimum
+        if isinstance(self.keys, LocalKeys):  # the in-process key holder: the run's rule
             self.keys.min_clients = self.secagg.min_clients
+            self.keys.cohorts = self.secagg.cohorts
 
     def open(self, rel: Release) -> None:
         st = self.secagg
@@ -230,45 +277,69 @@ class EncryptStage(Wire):
         sealing: Sealing = rel.state["sealing"]
         server = ServerAggregator(sealing.public, sealing.layout, n_threads=1)
         assert not server.context.is_private()  # the server holds the public context only
-        # whole cohorts only: a sum missing one member of a cohort would, set against the
-        # other sums of the run, single out the rest of it (privfedcal/cohorts.py). Uploads
-        # wait in their cohort until every asked member's has arrived; the cohort is then
-        # checked member by member and added once all passed, and its ciphertexts dropped.
-        # Only incomplete cohorts are held besides the running sum (one, when uploads come
-        # cohort by cohort, as the simulator sends them)
-        cohorts = self.secagg.cohorts
-        cohort_of = {c: i for i, g in enumerate(cohorts or ()) for c in g}
-        asked = set(rel.asked)
-        wanted = {i: [c for c in g if c in asked] for i, g in enumerate(cohorts or ())}
-        waiting: dict[int, dict[int, Any]] = {}
-        for client, data in uploads:
-            i = cohort_of.get(client)
-            if i is None:  # in no cohort: its own group
-                self._add_group([client], {client: data}, server, sealing, rel)
-                continue
-            waiting.setdefault(i, {})[client] = data
-            if set(wanted[i]) <= set(waiting[i]):
-                held = waiting.pop(i)
-                for other in set(held) - set(wanted[i]):  # sent unasked: never summed
-                    rel.log.reject(rel.round_, rel.label, other, "another upload of its "
-                                   "cohort is missing: the cohort is left out of the sum")
-                self._add_group(wanted[i], held, server, sealing, rel)
-        for held in waiting.values():
-            for client in held:
-                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
-                               "is missing: the cohort is left out of the sum")
+        added = self._sum_whole_cohorts(uploads, rel, server, sealing)
         rel.arrived = server.count
         if server.count < self.secagg.min_clients:
             rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
                          "server's checks")
+        self.check_whole_run(added, rel)
         rel.hidden = True
-        return self.keys.decrypt(server.result(), sealing.layout, rel, finish)
+        return self.keys.decrypt(server.result(), sealing.layout, rel, finish,
+                                 contributors=added)
+
+    def check_whole_run(self, contributors: list[int], rel: Release) -> None:
+        """Withhold the sum (``ReleaseSkipped``, never decrypted) when the run's released
+        secure sums (every label and round, from the transcript) with this sum's actual
+        contributors would isolate a group of fewer than --secagg-min-clients clients
+        outside those the key holder knows; the reason is a code and public counts."""
+        st = self.secagg
+        released = secure_participants(rel.transcript.entries)
+        clients = max([st.clients, *(int(c) + 1 for row in [*released, contributors]
+                                     for c in row)])
+        if release_isolates(released, contributors, clients, st.group_minimum,
+                            known=st.known) is not None:
+            rel.log.raise_skipped(rel.round_, rel.label, f"{WITHHELD} ({len(contributors)} "
+                                  f"uploads, {len(released)} earlier sums)")
+
+    def _sum_whole_cohorts(self, uploads: Iterable[tuple[int, Any]], rel: Release,
+                           server: ServerAggregator, sealing: Sealing) -> list[int]:
+        """Add the uploads of every whole public cohort; returns the clients added.
+
+        A sum missing one member of a cohort would, set against the other sums of the run,
+        single out the rest of it (privfedcal/cohorts.py), so a cohort enters only when
+        every one of its members' uploads arrived, whether or not the server asked them all
+        (a member not asked, lost or rejected takes its cohort out). Uploads wait in their
+        cohort; a complete cohort is checked member by member, added once all passed, and
+        its ciphertexts dropped. Only incomplete cohorts are held besides the running sum
+        (one, when uploads come cohort by cohort, as the simulator sends them)."""
+        cohorts = self.secagg.cohorts or ()
+        cohort_of = {c: i for i, g in enumerate(cohorts) for c in g}
+        waiting: dict[int, dict[int, Any]] = {}
+        added: list[int] = []
+        for client, data in uploads:
+            i = cohort_of.get(client)
+            if client in added or client in waiting.get(i, {}):
+                rel.log.reject(rel.round_, rel.label, client, "a second upload of the "
+                               "release: never summed")
+                continue
+            if i is None:  # in no cohort: its own group
+                added += self._add_group([client], {client: data}, server, sealing, rel)
+                continue
+            waiting.setdefault(i, {})[client] = data
+            if set(cohorts[i]) <= set(waiting[i]):
+                added += self._add_group(list(cohorts[i]), waiting.pop(i), server, sealing,
+                                         rel)
+        for held in waiting.values():
+            for client in held:
+                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
+                               "is missing: the cohort is left out of the sum")
+        return added
 
     @staticmethod
     def _add_group(group: list[int], data_of: dict[int, Any], server: ServerAggregator,
-                   sealing: Sealing, rel: Release) -> None:
+                   sealing: Sealing, rel: Release) -> list[int]:
         """Check every upload of ``group`` (a whole cohort), then add them all; one bad
-        upload leaves the whole group out."""
+        upload leaves the whole group out. Returns the clients added."""
         prepared = []
         for client in group:
             data = data_of[client]
@@ -283,7 +354,7 @@ class EncryptStage(Wire):
                     if other != client:
                         rel.log.reject(rel.round_, rel.label, other, "another upload of its "
                                        "cohort was rejected: the cohort is left out of the sum")
-                return
+                return []
         for client, vecs in zip(group, prepared, strict=True):
             try:
                 server.accumulate(vecs)
@@ -292,6 +363,7 @@ class EncryptStage(Wire):
                                       f"could not be added ({exc})")
             rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
                                   client=client, bytes=len(data_of[client]))
+        return list(group)
 
     def state_dict(self) -> dict[str, Any]:
         """The CKKS parameters of every release made so far (the summary's record)."""

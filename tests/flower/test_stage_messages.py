@@ -156,7 +156,7 @@ def test_the_key_holders_refusal_is_a_code(flower_cfg, monkeypatch, caplog):
     layout = PayloadLayout.from_payload({"sum": torch.zeros(3)})
     with caplog.at_level("ERROR", logger="privfedcal.flower.client"):
         reply = link.exchange(RecordDict({"config": ConfigRecord(
-            {"release": "r-1", "n-clients": 2, "layout": layout.to_json(),
+            {"release": "r-1", "contributors": [0, 1, 2], "layout": layout.to_json(),
              "ciphertexts": [b""]})}), [0], "query.decrypt", "r")[0].content
     assert dict(reply["rejected"]) == {"reason": "upload-rejected-locally"}
     assert "417.3" in caplog.text  # the node's own log

@@ -44,6 +44,7 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
 def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, tiny_cfg):
     """The key holder decrypts no sum of fewer than its minimum: with one client left in the
     round the release is skipped and the global state stays (no aggregate of one)."""
+    from privfedcal.cohorts import cohort_plan
     from privfedcal.errors import ReleaseSkipped
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.executor import updates_uplink
@@ -63,7 +64,8 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
     assert up.skipped[-1]["label"] == UPDATE_RELEASE
     # a sum of two is decrypted (weights of the size of clients: the CKKS error is absolute
     # on the sum, so it is divided by the weight sum)
-    out = up.average_updates(sent, [moved, moved], [600.0, 700.0], [0, 1], round_=1,
+    pair = list(cohort_plan(sim.exp.privacy).cohorts[0])  # a sum holds whole cohorts
+    out = up.average_updates(sent, [moved, moved], [600.0, 700.0], pair, round_=1,
                              transcript=Transcript(None))
     k = next(k for k, v in sent.items() if v.is_floating_point())
     torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
