@@ -1,0 +1,103 @@
+"""A node lost during training cannot single itself out (docs/threat-model.md, "Secure
+aggregation over a whole run"): CReFF with hidden counts over the in-process grid, the key
+holder client 0, ``flower.min-replies`` letting a round go on without one node. The lost
+node's error reply to one round's ``train`` means the server asks the others alone for
+CReFF's upload; its whole public cohort then leaves that round's secure sum, every released
+sum is a union of whole cohorts, the run's record holds, and least squares over the server's
+transcript (with the key holder's own counts) determines no client's hidden counts.
+
+Two runs from the report: 6 clients at participation 1.0 (cohorts (0, 1, 2), (3, 4, 5);
+client 4 lost in round 2), and 12 clients at participation 0.5 (client 6 lost in the first
+round after the first that selects it), each with and without ``--dp-eps 8``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+pytest.importorskip("tenseal")
+
+from test_whole_run_flower import CREFF, least_squares  # noqa: E402
+
+from privfedcal.cohorts import cohort_plan, select_clients  # noqa: E402
+
+
+def lost_round(cfg, victim: int) -> int:
+    """The first round after round 1 whose selection holds ``victim`` (Flower's key holder
+    is client 0: the cohorts are those of ``secagg_key_holder=0``)."""
+    keyed = cfg.replace(secagg_key_holder=0)
+    return next(r for r in range(2, cfg.rounds + 1) if victim in select_clients(keyed, r))
+
+
+def run_with_lost_node(cfg, victim, run_flower, monkeypatch):
+    """Run ``cfg`` over the in-process grid, ``victim``'s node failing on one round's
+    ``train`` message (an error reply: the ClientApp's code only); min-replies: all but one
+    of a round's clients."""
+    from privfedcal.flower import client_app as module
+    from privfedcal.flower.records import FlowerOptions
+
+    lost = lost_round(cfg, victim)
+    real = module.train_client
+
+    def train_client(*args):
+        round_, client = args[-2:]
+        if (round_, client) == (lost, victim):
+            raise RuntimeError("the node crashed in training")
+        return real(*args)
+
+    monkeypatch.setattr(module, "train_client", train_client)
+    asked = len(select_clients(cfg.replace(secagg_key_holder=0), lost))
+    options = FlowerOptions(round_timeout=30, poll_interval=0.05, min_replies=asked - 1)
+    sim, summary, _ = run_flower(cfg, options=options)
+    return sim, summary, lost
+
+
+def check_nothing_isolated(sim, summary, victim, lost):
+    from privfedcal.privacy.transcript import secure_participants
+
+    assert [(d["client"], d["message"], d["group"]) for d in summary["dropped_clients"]] == \
+        [(victim, "train", str(lost))]
+    record = summary["privacy"]["whole_run"]
+    assert record["holds"] is True and record["observer_knows"] == [0]
+    for known in ((), (0,)):  # the server; the key holder, who knows its own counts
+        _, determined = least_squares(sim, known)
+        assert not determined[[c for c in range(sim.loop.clients) if c not in known]].any()
+    cohorts = [set(c) for c in summary["privacy"]["secagg"]["cohorts"]]
+    (mates,) = [c - {victim} for c in cohorts if victim in c]
+    # the lost node's cohort mates were asked and uploaded, and left the sum with it
+    left_out = {r["client"] for r in summary["rejected_uploads"] if r["round"] == lost}
+    assert left_out == mates
+    assert all("cohort" in r["reason"] for r in summary["rejected_uploads"])
+    rows = secure_participants(sim.transcript.entries)
+    assert rows and all(set(row) == set().union(*[c for c in cohorts if c <= set(row)])
+                        for row in rows)
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("dp", [None, 8.0], ids=["no-dp", "dp-eps-8"])
+def test_a_node_lost_in_training_takes_its_cohort_out(flower_cfg, run_flower, monkeypatch,
+                                                     dp):
+    cfg = flower_cfg(method="creff", secagg=True, hide_counts=True, clients=6,
+                     participation=1.0, rounds=3, transcript=True, **({} if dp is None else {"dp_eps": dp}),
+                     calibration_params=CREFF)
+    assert cohort_plan(cfg.replace(secagg_key_holder=0)).cohorts == ((0, 1, 2), (3, 4, 5))
+    sim, summary, lost = run_with_lost_node(cfg, 4, run_flower, monkeypatch)
+    assert lost == 2
+    check_nothing_isolated(sim, summary, 4, lost)
+    aggregates = [e for e in sim.transcript.entries
+                  if e["view"] == "aggregate" and e["round"] == lost]
+    assert [e["clients"] for e in aggregates] == [3]  # cohort (0, 1, 2) alone
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("dp", [None, pytest.param(8.0, marks=pytest.mark.slow)],
+                         ids=["no-dp", "dp-eps-8"])
+def test_a_node_lost_at_half_participation_takes_its_cohort_out(flower_cfg, run_flower,
+                                                                monkeypatch, dp):
+    cfg = flower_cfg(method="creff", secagg=True, hide_counts=True, clients=12,
+                     participation=0.5, rounds=4, transcript=True, **({} if dp is None else {"dp_eps": dp}),
+                     calibration_params=CREFF)
+    sim, summary, lost = run_with_lost_node(cfg, 6, run_flower, monkeypatch)
+    check_nothing_isolated(sim, summary, 6, lost)
+    assert np.isfinite(summary["accuracy"])
