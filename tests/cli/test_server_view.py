@@ -146,8 +146,9 @@ def test_secure_sums_survive_differencing_across_rounds(tmp_path, monkeypatch, k
     (CReFF) or the update weights n_k (--secagg-updates) summed over that round's
     contributors. With fixed cohorts (privfedcal/cohorts.py) least squares over all the
     rounds determines no client's value; with the cohorts switched off (a plain draw of 2 of
-    4 clients, the run's own whole-run check disabled too) the same least squares recovers
-    every client exactly."""
+    4 clients, the planner's check disabled too) the check before each decryption withholds
+    every sum that would single a client out, and with that check off as well the same
+    least squares recovers every client exactly."""
     args = [*FAST, "--clients", "4", "--participation", "0.5", "--rounds", "6", *flags,
             "--data-seed", "1"]
     main(["train", *args, "--out", str(tmp_path / "cohorts")])
@@ -161,11 +162,20 @@ def test_secure_sums_survive_differencing_across_rounds(tmp_path, monkeypatch, k
     import privfedcal.cohorts
     import privfedcal.protection
 
+    from privfedcal.privacy.secagg_stage import WITHHELD, EncryptStage
+
     monkeypatch.setattr(privfedcal.cohorts, "secure_rounds", lambda cfg: False)
     monkeypatch.setattr(privfedcal.protection, "check_secure_aggregation", lambda *a: None)
+    main(["train", *args, "--out", str(tmp_path / "held")])
+    summary = json.loads((tmp_path / "held" / "server" / "summary.json").read_text())
+    # the check before each decryption withholds the sums that would isolate a client
+    assert summary["privacy"]["whole_run"]["holds"] is True
+    assert any(WITHHELD in s["reason"] for s in summary["skipped_releases"])
+    assert not least_squares(tmp_path / "held", key)[1].any()
+    monkeypatch.setattr(EncryptStage, "check_whole_run", lambda *a: None)  # that check off
     main(["train", *args, "--out", str(tmp_path / "plain")])
     summary = json.loads((tmp_path / "plain" / "server" / "summary.json").read_text())
-    assert summary["privacy"]["whole_run"]["holds"] is False  # the run's own check sees it
+    assert summary["privacy"]["whole_run"]["holds"] is False  # the run's own record sees it
     estimate, determined = least_squares(tmp_path / "plain", key)
     truth = _truth(tmp_path / "plain", key)
     assert determined.all()

@@ -2,8 +2,9 @@
 aggregation over a whole run"): CReFF with hidden counts at participation 0.5 for 6 rounds
 over the loopback grid, where the key holder is client 0, a node that sees every decrypted
 sum and knows its own upload. With cohorts no client's counts follow from the sums, not
-even for the key holder; with the cohorts switched off the same least squares recovers
-counts exactly."""
+even for the key holder. With the cohorts switched off, the check before each decryption
+withholds every sum that would single a client out; with that check off too, the same least
+squares recovers counts exactly."""
 
 from __future__ import annotations
 
@@ -71,15 +72,28 @@ def test_secure_sums_over_six_rounds_isolate_nothing_finer_than_a_cohort(
         assert not determined[others].any()
         assert all(np.abs(estimate[c] - truth[c]).max() > 1.0 for c in others)
 
-    # mutation: rounds draw 3 of 6 clients one by one (the run's own checks disabled)
+    # mutation: rounds draw 3 of 6 clients one by one (the planner's checks disabled). The
+    # check before each decryption withholds every sum that would isolate a client: the
+    # run goes on without them, and its record holds
     import shutil
 
     import privfedcal.cohorts
     import privfedcal.protection
+    from privfedcal.privacy.secagg_stage import WITHHELD, EncryptStage
 
     monkeypatch.setattr(privfedcal.cohorts, "secure_rounds", lambda cfg: False)
     monkeypatch.setattr(privfedcal.protection, "check_secure_aggregation", lambda *a: None)
     shutil.rmtree(tmp_path / "flower")  # run_flower's run folder: a fresh transcript
+    sim, summary, _ = run_flower(cfg.replace(seed=1))
+    assert summary["privacy"]["whole_run"]["holds"] is True
+    withheld = [s for s in summary["skipped_releases"] if s["reason"].startswith(WITHHELD)]
+    assert withheld and summary["rounds"] == 6
+    _, determined = least_squares(sim, known=(0,))
+    assert not determined[1:].any()
+
+    # and with that check disabled as well, the same least squares recovers counts exactly
+    monkeypatch.setattr(EncryptStage, "check_whole_run", lambda *a: None)
+    shutil.rmtree(tmp_path / "flower")
     sim, summary, _ = run_flower(cfg.replace(seed=1))
     assert summary["privacy"]["whole_run"]["holds"] is False
     estimate, determined = least_squares(sim, known=(0,))
