@@ -101,3 +101,44 @@ def test_a_node_lost_at_half_participation_takes_its_cohort_out(flower_cfg, run_
     sim, summary, lost = run_with_lost_node(cfg, 6, run_flower, monkeypatch)
     check_nothing_isolated(sim, summary, 6, lost)
     assert np.isfinite(summary["accuracy"])
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("contributors", [[0, 1, 2, 3, 5], [0, 1, 2, 2], None],
+                         ids=["partial-cohort", "twice", "no-list"])
+def test_the_key_holder_node_refuses_a_non_cohort_sum(flower_cfg, caplog, contributors):
+    """The key holder node (client 0) checks the contributor list sent with
+    ``query.decrypt`` against the public cohorts of its own run config, (0, 1, 2) and
+    (3, 4, 5): a partial cohort, a client twice or no list at all is refused with a
+    declared code, before anything is decrypted."""
+    import json
+
+    import torch
+    from flwr.app import ConfigRecord, RecordDict
+    from loopback import LoopbackGrid
+
+    from privfedcal.flower.client_app import app as client_app
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.records import FlowerOptions, to_run_config
+    from privfedcal.privacy.error_codes import CODES
+    from privfedcal.privacy.packing import PayloadLayout
+    from privfedcal.privacy.secagg import CKKSParams
+
+    cfg = flower_cfg(method="ccvr", secagg=True, clients=6)
+    grid = LoopbackGrid(client_app, to_run_config(cfg), 6)
+    link = GridLink(grid, 6, FlowerOptions(round_timeout=5))
+    params = CKKSParams.for_magnitude(10.0, max_clients=6)
+    link.exchange(RecordDict({"config": ConfigRecord(
+        {"release": "r-1", "params": json.dumps(params.to_dict())})}), [0], "query.keygen", "r")
+    layout = PayloadLayout.from_payload({"sum": torch.zeros(3)})
+    request = {"release": "r-1", "layout": layout.to_json(), "ciphertexts": [b""]}
+    if contributors is not None:
+        request["contributors"] = contributors
+    with caplog.at_level("ERROR", logger="privfedcal.flower.client"):
+        reply = link.exchange(RecordDict({"config": ConfigRecord(request)}), [0],
+                              "query.decrypt", "r")[0].content
+    assert "aggregate" not in reply
+    assert dict(reply["rejected"]) == {"reason": "upload-rejected-locally"}
+    assert reply["rejected"]["reason"] in CODES
+    want = "names no contributors" if contributors is None else "not whole cohorts"
+    assert want in caplog.text  # the reason stays in the node's own log
