@@ -61,7 +61,7 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import ReleasePlan, compute_epsilon
 from privfedcal.privacy.adaptive_clip import AdaptiveClip, count_noise_std, update_multiplier
 from privfedcal.privacy.noise import noise_generator
-from privfedcal.privacy.releases import USER_DP_RELEASE
+from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript, record_model_updates
 from privfedcal.tensors import nonfinite_key
 
@@ -378,7 +378,10 @@ class UserDP:
                       uploads: _RoundUploads, transcript: Transcript,
                       secure_average: Callable[..., State]) -> tuple[list, State]:
         """--secagg-updates: every clipped update (noise share included) through the
-        uplink's CKKS average, which the server sees only summed: (results, new state)."""
+        uplink's CKKS average, which the server sees only summed: (results, new state). A
+        sum holds whole cohorts only, so a cohort left out (an upload rejected) leaves fewer
+        contributors than uploads, and a withheld sum (the whole-run check) none: the global
+        state then stays."""
         layout, base, selected, round_ = (uploads.layout, uploads.base, uploads.selected,
                                           uploads.round_)
         results = trainer.train(global_state, jobs, round_)
@@ -386,10 +389,15 @@ class UserDP:
         if any(d is None for d in deltas):  # the divergence check stops the run
             return results, dict(global_state)
         sent = [layout.unflatten(base + d, cast=True) for d in deltas]  # type: ignore[operator]
+        before = len(transcript.entries)
         avg = secure_average(global_state, sent, [1.0] * len(sent), selected,
                              round_=round_, transcript=transcript)
-        # the secure average divides by the uploads summed; DP-FedAvg by m
-        total = layout.flatten(avg).sub_(base).mul_(len(sent))
+        summed = [int(e["clients"]) for e in transcript.entries[before:]
+                  if e["view"] == "aggregate" and e["label"] == UPDATE_RELEASE]
+        if not summed:  # withheld or skipped: nothing was released this round
+            return results, dict(global_state)
+        # the secure average divides by the uploads summed (its contributors); DP-FedAvg by m
+        total = layout.flatten(avg).sub_(base).mul_(summed[-1])
         return results, self.apply(global_state, layout, base, total)
 
     def state_dict(self) -> dict[str, Any]:

@@ -161,7 +161,6 @@ def test_secure_sums_survive_differencing_across_rounds(tmp_path, monkeypatch, k
 
     import privfedcal.cohorts
     import privfedcal.protection
-
     from privfedcal.privacy.secagg_stage import WITHHELD, EncryptStage
 
     monkeypatch.setattr(privfedcal.cohorts, "secure_rounds", lambda cfg: False)

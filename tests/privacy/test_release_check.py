@@ -131,3 +131,59 @@ def test_the_in_process_key_holder_decrypts_no_partial_cohort():
         stage.keys.decrypt(server.result(), sealing.layout, rel, up.finish,
                            contributors=rel.clients)
     assert keys.decrypted == 1 and "key-holder" not in rel.state  # the key is gone
+
+
+def test_dp_fedavg_scales_a_secure_sum_by_its_contributors(tmp_path, tiny_cfg):
+    """--secagg-updates --dp-updates: a cohort left out of the round's CKKS sum (client 1's
+    upload sent twice: the second is never summed, and cohort (1, 3) is not whole) leaves
+    the other cohort's clipped, noised updates; the new global state is the global one plus
+    their sum over the public denominator m = 4, not the average of two scaled by the four
+    uploads. A sum not made leaves the global state as it was. Noise seeded
+    (--insecure-seeded-noise) so that each share is redrawn here."""
+    from privfedcal.cohorts import cohort_plan
+    from privfedcal.experiment import build_simulator
+    from privfedcal.federation.local import LocalResult
+    from privfedcal.privacy.user_dp import UpdateLayout, vector_norm
+
+    cfg = tiny_cfg(rounds=2, secagg_updates=True, dp_updates=True, dp_eps=8.0,
+                   insecure_seeded_noise=True)
+    sim = build_simulator(cfg, tmp_path / "run")
+    (a, b), (c, d) = cohort_plan(sim.exp.privacy).cohorts
+    udp, glob = sim.uplink.user_dp, sim.global_state
+    layout = UpdateLayout(glob)
+    base = layout.flatten(glob)
+    g = torch.Generator().manual_seed(3)
+    states = {k: layout.unflatten(base + 0.01 * torch.randn(base.shape, generator=g,
+                                                            dtype=torch.float64), cast=True)
+              for k in (a, b, c, d)}
+    selected = [a, b, c, d]
+
+    class Trainer:
+        def train(self, global_state, jobs, round_, consume=None):
+            return [LocalResult(dict(states[k]), None, 0.1) for k in selected]
+
+    def twice(global_state, sent, weights, clients, **kw):  # c's upload in d's place
+        return sim.uplink.average_updates(global_state, sent, weights,
+                                          [a, b, c, c], **kw)
+
+    tr = Transcript(None)
+    _, new, _, _ = udp.receive(Trainer(), [None] * 4, glob, selected, 1, tr, {}, twice)
+    shares = []
+    for k in (a, b):  # each client's upload, redrawn from the seeded noise
+        delta = layout.flatten(states[k]).sub_(base)
+        udp.clip_and_share(delta, vector_norm(delta), 1, k, 4)
+        shares.append(delta)
+    expected = layout.unflatten(base + (shares[0] + shares[1]) / 4, cast=True)
+    key = next(k for k, v in glob.items() if v.is_floating_point())
+    assert {r["client"] for r in sim.uplink.updates.rejected} == {c}
+    got, want = (new[key].double() - glob[key].double(),
+                 expected[key].double() - glob[key].double())
+    # within the key holder's flooding and rounding (~1% here); scaled by the four uploads
+    # instead, the step would be twice as long
+    assert float((got - want).abs().max()) < 0.05 * float(want.abs().max())
+
+    before = {k: v.clone() for k, v in glob.items()}
+    _, new, _, _ = udp.receive(Trainer(), [None] * 4, glob, selected, 2, tr, {},
+                               lambda gs, sent, w, clients, **kw: sim.uplink.average_updates(
+                                   gs, sent, w, [a, a, c, c], **kw))  # nothing whole
+    assert all(torch.equal(new[k], before[k]) for k in before)

@@ -18,7 +18,7 @@ from privfedcal.federation.local import LocalResult
 from privfedcal.privacy import user_dp
 from privfedcal.privacy.accounting import PrivacyAccountant, plan_noise
 from privfedcal.privacy.dp_accounting import DPAccounting
-from privfedcal.privacy.releases import USER_DP_RELEASE
+from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.user_dp import (
     UserDP,
@@ -171,6 +171,9 @@ def noise_std_of_sum(seeded=False, distributed=False, m=5, z=1.5, clip=0.2, seed
                  seeded=seeded)
     if distributed:  # a plain average stands in for the CKKS sum (tested in the e2e below)
         def secure(sent, uploads, weights, clients, round_, transcript):
+            # recorded as the CKKS path records its aggregate: how many uploads it summed
+            transcript.record(round_=round_, label=UPDATE_RELEASE, view="aggregate",
+                              client=None, clients=len(uploads))
             return {k: sum(u[k].double() for u in uploads) / len(uploads) for k in uploads[0]}
     else:
         secure = None
