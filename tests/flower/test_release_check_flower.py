@@ -142,3 +142,34 @@ def test_the_key_holder_node_refuses_a_non_cohort_sum(flower_cfg, caplog, contri
     assert reply["rejected"]["reason"] in CODES
     want = "names no contributors" if contributors is None else "not whole cohorts"
     assert want in caplog.text  # the reason stays in the node's own log
+
+
+@pytest.mark.flower
+def test_the_plugins_key_holder_refuses_a_non_cohort_sum(caplog):
+    """The plugin's key holder (``CalibrationClient``, client 0 of 3: one cohort (0, 1, 2))
+    runs the same rule: a sum of (0, 1), cohort less a member, is refused with a code."""
+    import json
+
+    import torch
+    from flwr.app import ConfigRecord, RecordDict
+    from loopback import LoopbackGrid
+    from plugin_app import NODES, make_client_app
+
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.records import FlowerOptions
+    from privfedcal.privacy.packing import PayloadLayout
+    from privfedcal.privacy.secagg import CKKSParams
+
+    run = {"privfedcal.secagg": True, "privfedcal.hide-counts": True}
+    grid = LoopbackGrid(make_client_app(), run, NODES)
+    link = GridLink(grid, NODES, FlowerOptions(round_timeout=30))
+    params = CKKSParams.for_magnitude(10.0, max_clients=NODES)
+    link.exchange(RecordDict({"config": ConfigRecord(
+        {"release": "r-1", "params": json.dumps(params.to_dict())})}), [0], "query.keygen", "r")
+    layout = PayloadLayout.from_payload({"sum": torch.zeros(3)})
+    with caplog.at_level("ERROR", logger="privfedcal.flower.client"):
+        reply = link.exchange(RecordDict({"config": ConfigRecord(
+            {"release": "r-1", "contributors": [0, 1], "layout": layout.to_json(),
+             "ciphertexts": [b""]})}), [0], "query.decrypt", "r")[0].content
+    assert dict(reply["rejected"]) == {"reason": "upload-rejected-locally"}
+    assert "not whole cohorts" in caplog.text
