@@ -208,13 +208,15 @@ class FlowerSimulator(Simulator):
         content = RecordDict({"state": state_to_record(state), "config": config,
                               **task_to_records(task), **records})
         # a lost client is a planned upload missing from the sum: the noise is topped up
-        # for it as for a rejected one, and its budget is charged all the same (close)
+        # for it as for a rejected one, and its budget is charged all the same (close).
+        # Under encryption its whole cohort leaves the sum (privacy/secagg_stage.py), as
+        # does the cohort of a client lost before it was asked (in training)
         replies = self.link.exchange(content, clients, "query.payload", f"{label}-{round_}",
                                      need=self._need(secure=up.wire.hides_uploads))
         lost = [c for c in clients if c not in replies]
         if lost:
             self.notes.append(f"round {round_} {label}: client(s) {lost} lost (no upload; "
-                              f"released the sum of {len(replies)} of {len(clients)})")
+                              f"{len(replies)} of {len(clients)} replied)")
         # the simulator's order of clients: the same float sums
         uploads = [(c, received_upload(replies[c].content, self.exp.device)) for c in clients
                    if c in replies]
