@@ -584,9 +584,10 @@ class Simulator:
         self.update_bytes = int(ck.get("update_bytes", 0))
         self.transcript.load_state_dict(ck.get("transcript") or {})
         # what the server received of the rounds redone stays on its record; the redo
-        # re-sends the journaled releases of those rounds, so it holds each once
+        # re-sends the journaled releases of those rounds, so it holds each once (the
+        # journal is not pruned here: a post-training release carries the checkpoint's
+        # round, and is redone from it when the stop came before its own checkpoint)
         self.transcript.resume_after(int(ck["round"]))
-        self.journal.prune_through(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
         self.log.restore(self.history)
