@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -167,9 +168,19 @@ class Transcript:
         holds is charged and checked, every byte counted); the redo's entries carry the
         next ``attempt`` index, so both attempts stay apart."""
         later = [int(e.get("attempt", 0)) for e in self.entries if e["round"] > round_]
+        later += self._unlisted_attempts()
         if later:
             self.attempt = max(self.attempt, max(later) + 1)
         self.flush()
+
+    def _unlisted_attempts(self) -> list[int]:
+        """The attempts of files on disk that the index does not name: a process killed
+        before it rewrote the index leaves them; they are kept, and never written over."""
+        if self.directory is None:
+            return []
+        listed = {e.get("file") for e in self.entries}
+        return [int(m.group(1)) if (m := re.match(r"^\d+-a(\d+)-", p.name)) else 0
+                for p in self.directory.glob("*.safetensors") if p.name not in listed]
 
     def flush(self) -> None:
         """Wait for the files recorded so far, then rewrite ``index.json``: a JSON array,

@@ -72,6 +72,30 @@ def test_a_resume_keeps_what_the_server_received_and_tags_the_redo(tmp_path):
     assert third.attempt == 2
 
 
+def test_files_a_killed_process_left_unlisted_are_never_written_over(tmp_path):
+    """Killed before its index was rewritten, a process leaves files the index does not
+    name; the redo writes its own beside them."""
+    d = tmp_path / "t"
+    tr = Transcript(d)
+    tr.record(round_=1, label="creff-grad", view="aggregate", client=None,
+              tensors={"g": torch.ones(1)})
+    tr.flush()
+    tr.record(round_=2, label="creff-grad", view="aggregate", client=None,
+              tensors={"g": torch.full((1,), 2.0)})
+    tr._writer.wait()  # the file is on disk; the index is not rewritten (killed)
+    again = Transcript(d)
+    assert len(again.entries) == 1
+    again.resume_after(1)
+    again.record(round_=2, label="creff-grad", view="aggregate", client=None,
+                 tensors={"g": torch.full((1,), 3.0)})
+    again.flush()
+    files = sorted(p.name for p in d.glob("*.safetensors"))
+    assert files == ["00000-r1-creff-grad-aggregate.safetensors",
+                     "00001-a1-r2-creff-grad-aggregate.safetensors",
+                     "00001-r2-creff-grad-aggregate.safetensors"]
+    tr._writer.stop()  # the killed process's writer, without its index
+
+
 def test_no_directory_keeps_nothing_on_disk(tmp_path):
     tr = Transcript(None)
     tr.record(round_=1, label="x", view="plain-upload", client=0,
