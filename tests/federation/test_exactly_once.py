@@ -188,13 +188,24 @@ def test_central_dp_updates_resend_the_servers_noisy_sum(tiny_cfg, tmp_path, mon
     assert all(torch.equal(first[k], redone[k]) for k in first)
 
 
-STEPS = {  # a step of round 2 of a 3-round CReFF run, and where the stop falls
-    "before an upload": (Uplink, "client_side", 3, {}),
-    "after an upload": (Uplink, "client_side", 3, {"after": True}),
-    "after the release": (Transcript, "record", 2,
+def dp_sgd_cfg(tiny_cfg):
+    return tiny_cfg(method="fedavg", dp_eps=8.0, dp_train=True, rounds=3, transcript=True)
+
+
+def is_update(_self, **kw):
+    return kw["label"] == "model-update"
+
+
+STEPS = {  # a step of round 2 of a 3-round run, and where the stop falls
+    "before an upload": (creff_cfg, Uplink, "client_side", 3, {}),
+    "after an upload": (creff_cfg, Uplink, "client_side", 3, {"after": True}),
+    "after the release": (creff_cfg, Transcript, "record", 2,
                           {"after": True, "when": lambda self, **kw: kw["view"] == "aggregate"}),
-    "before the checkpoint": (simulator, "save_checkpoint", 1, {"when": at_checkpoint(2)}),
-    "after the checkpoint": (ReleaseJournal, "prune_through", 2, {}),
+    "before the checkpoint": (creff_cfg, simulator, "save_checkpoint", 1,
+                              {"when": at_checkpoint(2)}),
+    "after the checkpoint": (creff_cfg, ReleaseJournal, "prune_through", 2, {}),
+    "after a DP-SGD update": (dp_sgd_cfg, Transcript, "record", 6,
+                              {"after": True, "when": is_update}),
 }
 
 
@@ -203,12 +214,12 @@ STEPS = {  # a step of round 2 of a 3-round CReFF run, and where the stop falls
 def test_a_run_stopped_at_any_step_of_a_round_holds_each_release_once(
         step, tiny_cfg, tmp_path, monkeypatch):
     run = tmp_path / "run"
-    summary = stopped_and_resumed(creff_cfg(tiny_cfg, rounds=3), run, monkeypatch,
-                                  *STEPS[step])
+    make, *stop = STEPS[step]
+    summary = stopped_and_resumed(make(tiny_cfg), run, monkeypatch, *stop)
     assert_charged(summary)
-    sums: dict[tuple, list] = {}
+    held: dict[tuple, list] = {}
     for e in index(run):
-        if e["view"] == "aggregate":
-            sums.setdefault((e["round"], e["label"]), []).append(e)
-    assert sorted(r for r, _ in sums) == [1, 2, 3]
-    assert all(same_tensors(run, group) for group in sums.values())
+        if e["view"] in ("aggregate", "plain-upload") and e["label"] != "round":
+            held.setdefault((e["round"], e["label"], e["client"]), []).append(e)
+    assert {r for r, _, _ in held} == {1, 2, 3}
+    assert all(same_tensors(run, group) for group in held.values())
