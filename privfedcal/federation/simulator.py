@@ -322,6 +322,8 @@ class Simulator:
 
     def _run(self, progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         torch.set_num_threads(self.threads)
+        if self.start_round == 1 and self.transcript.entries:  # stopped before round 1's
+            self.transcript.resume_after(0)  # checkpoint: the server's record stays
         trainer = self.trainer()
         try:
             for round_ in range(self.start_round, self.loop.rounds + 1):

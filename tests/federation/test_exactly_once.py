@@ -109,6 +109,16 @@ def test_creff_stopped_after_a_release_before_its_checkpoint_releases_it_once(
     check_creff_redo(summary, run, 2)
 
 
+def test_a_run_stopped_before_its_first_checkpoint_releases_round_1_once(
+        tiny_cfg, tmp_path, monkeypatch):
+    """No checkpoint yet: the resume starts over at round 1, and still re-sends round 1's
+    journaled releases; the first attempt's record stays apart (attempt 0 and 1)."""
+    run = tmp_path / "run"
+    summary = stopped_and_resumed(creff_cfg(tiny_cfg, rounds=2), run, monkeypatch,
+                                  simulator, "save_checkpoint", 1, {"when": at_checkpoint(1)})
+    check_creff_redo(summary, run, 1)
+
+
 @pytest.mark.slow
 def test_the_issues_creff_run_stopped_at_round_3_is_charged_for_what_the_server_holds(
         tiny_cfg, tmp_path, monkeypatch):
