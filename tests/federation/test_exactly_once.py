@@ -92,8 +92,13 @@ def check_creff_redo(summary, run, round_):
     assert [e.get("attempt", 0) for e in sums] == [0, 1]
     assert same_tensors(run, sums)
     assert summary["privacy"]["from_transcript"]["repeated"] == 1
-    # the whole-run check sees every sum the server holds, the first attempt's included
+    # the whole-run check sees every sum the server holds, the first attempt's included,
+    # and the first attempt's ciphertexts count in the bytes uploaded
     assert summary["privacy"]["whole_run"]["secure_sums"] == summary["rounds"] + 1
+    sent = [e for e in index(run) if e["view"] == "ciphertext" and e["round"] == round_]
+    assert {e.get("attempt", 0) for e in sent} == {0, 1}
+    assert summary["uploaded_bytes"] == sum(e.get("bytes", 0) for e in index(run)
+                                            if e["view"] == "ciphertext")
     assert not (run / "journal").exists() or not list((run / "journal").iterdir())
 
 
