@@ -109,7 +109,7 @@ def test_creff_stopped_after_a_release_before_its_checkpoint_releases_it_once(
     upload and the key holder its journaled sum, so the server holds round 2's release
     twice with one value; both attempts stay on its record, and are charged once."""
     run = tmp_path / "run"
-    summary = stopped_and_resumed(creff_cfg(tiny_cfg), run, monkeypatch,
+    summary = stopped_and_resumed(creff_cfg(tiny_cfg, rounds=2), run, monkeypatch,
                                   simulator, "save_checkpoint", 1, {"when": at_checkpoint(2)})
     check_creff_redo(summary, run, 2)
 
