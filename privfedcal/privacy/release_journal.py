@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 #: the journal's folder in a run folder (beside ``checkpoint/``: the experimenter's side)
@@ -77,8 +78,6 @@ class ReleaseJournal:
         path = self.directory / name
         if not path.is_file():
             return None
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get(_META, "{}"))
         return load_file(str(path)), meta
@@ -122,21 +121,26 @@ class ReleaseJournal:
         """The rounds that have journaled releases."""
         names = (list(self._memory) if self.directory is None
                  else [p.name for p in self.directory.glob("r*.safetensors")])
-        return sorted({int(m.group(1)) for n in names if (m := _NAME.match(n))})
+        return sorted({_round_of(n) for n in names if _NAME.match(n)})
 
     def prune_through(self, round_: int) -> None:
         """Forget the releases of rounds ``<= round_`` (a checkpoint of ``round_`` is on
         disk: they are never redone)."""
         if self.directory is None:
-            for name in [n for n in self._memory if int(_NAME.match(n).group(1)) <= round_]:
+            for name in [n for n in self._memory if _round_of(n) <= round_]:
                 del self._memory[name]
             return
         if not self.directory.is_dir():
             return
         for path in self.directory.glob("r*.safetensors*"):
-            m = _NAME.match(path.name)
-            if m and int(m.group(1)) <= round_:
+            if _round_of(path.name) <= round_:
                 path.unlink(missing_ok=True)
+
+
+def _round_of(name: str) -> int:
+    """The round of a journal file's name (a name not of the journal: never pruned)."""
+    m = _NAME.match(name)
+    return int(m.group(1)) if m else 2**62
 
 
 def charge_of(dp: Any, label: str) -> dict[str, Any] | None:

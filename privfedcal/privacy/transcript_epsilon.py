@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,7 @@ class _Held:
     load: Loader | None
     entries: dict[tuple[int, str, int], list[Mapping[str, Any]]]
     received: int = 0  # release entries received, repeats included
-    _values: dict[str, str] | None = None  # file -> fingerprint
+    known: dict[str, str] = field(default_factory=dict)  # file -> fingerprint
 
     def _tensors(self, e: Mapping[str, Any]) -> Mapping[str, torch.Tensor] | None:
         return self.load(e["file"]) if self.load is not None and e.get("file") else None
@@ -124,14 +124,13 @@ class _Held:
         return {self.value(e) for e in entries}
 
     def value(self, e: Mapping[str, Any]) -> str:
+        """The fingerprint of ``e``'s value, its file read once."""
         name = e.get("file")
-        if self._values is None:
-            self._values = {}
-        if name and name in self._values:
-            return self._values[name]
+        if name and name in self.known:
+            return self.known[name]
         value = _fingerprint(self._tensors(e), e)
         if name:
-            self._values[name] = value
+            self.known[name] = value
         return value
 
 

@@ -286,8 +286,10 @@ class UserDP:
         """Server side, adaptive clip: the count noised, the clip moved for the next round."""
         if self.adaptive is None:
             return
+        std = self.count_std
+        assert std is not None  # adaptive
         g = noise_generator(self.seed, round_, -1, 303, seeded=self.seeded)
-        count = within + self.count_std * torch.randn((1,), generator=g, dtype=torch.float64)
+        count = within + std * torch.randn((1,), generator=g, dtype=torch.float64)
         noisy = float(self.released(round_, f"{self.label}/count", SERVER, count))
         self.clip = self.adaptive.next_clip(self.clip, noisy / self.denominator)
 
