@@ -133,7 +133,7 @@ def run_audit(flags: dict[str, Any]) -> None:
     table = Table(title=f"privfedcal audit: {out_dir}")
     for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
                 "prior max", "PSNR", "prior", "SSIM", "class inf", "disagg", "finest",
-                "eps spent"):
+                "eps spent", "eps held"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in rows:
         nn_worst = r.get("nearest_of_worst")
@@ -146,7 +146,8 @@ def run_audit(flags: dict[str, Any]) -> None:
                         ("prior_psnr_max", "psnr", "prior_psnr", "ssim",
                          "class_inference_accuracy")),
                       _fmt(r.get("disaggregated")), _fmt(r.get("finest_group")),
-                      _fmt(r.get("epsilon_spent"), 3))
+                      _fmt(r.get("epsilon_spent"), 3),
+                      _fmt(r.get("epsilon_from_transcript"), 3))
     print_table(table)
     for r in rows:
         if r["note"]:

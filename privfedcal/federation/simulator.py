@@ -32,6 +32,7 @@ from privfedcal.federation import divergence
 from privfedcal.federation.aggregate import RunningAverage
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
+from privfedcal.federation.journaled_training import JournaledTrainer
 from privfedcal.federation.local import (
     clone_state,
     evaluate,
@@ -47,6 +48,9 @@ from privfedcal.federation.workers import (
     WorkerPoolTrainer,
     default_threads,
 )
+from privfedcal.privacy.release_journal import JOURNAL_DIR, ReleaseJournal, charge_of
+from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import (
     Transcript,
     record_model_updates,
@@ -54,6 +58,7 @@ from privfedcal.privacy.transcript import (
     secure_participants,
     sent_tensors,
 )
+from privfedcal.privacy.transcript_epsilon import PublicPlan, file_loader, transcript_epsilons
 from privfedcal.seeding import make_generator
 
 log = logging.getLogger("privfedcal.simulator")
@@ -92,10 +97,16 @@ class RoundContext:
 class Simulator:
     """Runs one experiment into a run folder; resumable from its last checkpoint.
 
+    ``plays_clients``: this process runs the clients' halves of every release (and the key
+    holder's), so it keeps their release journal; a subclass whose nodes run them (Flower)
+    sets it False.
+
     It reads the experiment's narrow options (``exp.loop``: rounds, evaluation, the public
     seed; ``exp.engine``; ``exp.spec``; ``exp.privacy``), never the whole settings; it writes
     their record (``exp.record``) into the run folder (``runfolder.write_run_files``).
     ``privfedcal.experiment.build_simulator`` builds one from a ``RunConfig``."""
+
+    plays_clients = True
 
     def __init__(self, exp: Experiment, run_dir: Path, *, calibrator: Calibrator | None = None,
                  uplink: Any = None, run_record: dict[str, Any] | None = None) -> None:
@@ -119,6 +130,11 @@ class Simulator:
         self.elapsed = 0.0
         self.transcript = Transcript(transcript_dir(self.run_dir) if self.loop.transcript
                                      else None)
+        # every party's DP releases, journaled before they leave (privacy/release_journal.py):
+        # a round redone after a stop re-sends them instead of drawing fresh noise
+        self.journal = ReleaseJournal(self.run_dir / JOURNAL_DIR)
+        if self.plays_clients:
+            self.uplink.attach_journal(self.journal)
         self._trainer_obj: Any = None
         self._round_calibrator: dict[str, Any] | None = None  # as the last checkpoint saved it
         self._post_training: dict[str, Any] | None = None  # a release made before a resume
@@ -256,6 +272,7 @@ class Simulator:
         encrypted updates. Returns (results, average, update bytes, results for the
         divergence check)."""
         recipe = self.uplink.recipe(self.exp.spec)
+        trainer = self.journaled(trainer)
         if self.uplink.user_dp is not None:  # --dp-updates: clipped and noised (user_dp.py)
             return self.uplink.user_dp.receive(
                 trainer, jobs, self.global_state, selected, round_, self.transcript, recipe,
@@ -281,6 +298,17 @@ class Simulator:
             transcript=self.transcript)
         return results, averaged, sent_bytes, results
 
+    def journaled(self, trainer: Trainer) -> Trainer:
+        """``trainer`` with its clients' DP-SGD updates journaled and re-sent in a redone
+        round (federation/journaled_training.py), under --dp-train where this process plays
+        the clients; else ``trainer`` itself."""
+        noise = self.uplink.find(NoiseStage)
+        if (noise is None or not noise.dp.covers_updates or self.uplink.journal is None
+                or not self.plays_clients):
+            return trainer
+        return JournaledTrainer(trainer, self.journal, DPSGD_RELEASE,
+                                charge_of(noise.dp, DPSGD_RELEASE))
+
     def run(self, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Train the remaining rounds and finish; on divergence write a summary marked
         ``"diverged"`` (metrics so far and the last finite checkpoint stay) and re-raise."""
@@ -294,6 +322,8 @@ class Simulator:
 
     def _run(self, progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         torch.set_num_threads(self.threads)
+        if self.start_round == 1 and self.transcript.entries:  # stopped before round 1's
+            self.transcript.resume_after(0)  # checkpoint: the server's record stays
         trainer = self.trainer()
         try:
             for round_ in range(self.start_round, self.loop.rounds + 1):
@@ -407,6 +437,9 @@ class Simulator:
         privacy = self.uplink.summary()
         if "secagg" in privacy or "secagg_updates" in privacy:
             privacy["whole_run"] = self.whole_run_check()
+        recomputed = self.transcript_epsilon()
+        if recomputed is not None:
+            privacy["from_transcript"] = recomputed
         if privacy:
             summary["privacy"] = privacy
             if "statement" in privacy:
@@ -452,6 +485,26 @@ class Simulator:
             log.warning("whole run: %s", record["statement"])
             self.notes.append(f"WARNING: {record['statement']}")
         return record
+
+    def transcript_epsilon(self) -> dict[str, Any] | None:
+        """Each client's epsilon recomputed from the server's record and the public plan
+        alone (privacy/transcript_epsilon.py), for the summary beside the claim; None
+        without DP. A claim below it is logged and noted."""
+        noise = self.uplink.find(NoiseStage)
+        dp = noise.dp if noise is not None else getattr(self.uplink.user_dp, "dp", None)
+        if dp is None:
+            return None
+        self.transcript.flush()  # its files are read back to tell repeated values apart
+        out = transcript_epsilons(self.transcript.entries, PublicPlan.of(dp),
+                                  file_loader(self.transcript.directory))
+        out["epsilon_claimed"] = dp.epsilon()
+        if out["epsilon"] > out["epsilon_claimed"] + 1e-9:
+            log.warning("the transcript holds releases worth epsilon %.4f, over the %.4f "
+                        "reported", out["epsilon"], out["epsilon_claimed"])
+            self.notes.append(f"WARNING: the server holds releases worth epsilon "
+                              f"{out['epsilon']:.3f}, over the {out['epsilon_claimed']:.3f} "
+                              "reported")
+        return out
 
     # ---- divergence ---------------------------------------------------------------------------
     def checked_eval_state(self, round_: int) -> State:
@@ -514,6 +567,7 @@ class Simulator:
             "transcript": self.transcript.state_dict(),  # entries kept in memory only
             "post_training": post_training,
         })
+        self.journal.prune_through(round_)  # releases of checkpointed rounds: never redone
 
     def restore(self) -> None:
         ck = load_checkpoint(self.run_dir / "checkpoint", self.exp.device)
@@ -531,7 +585,11 @@ class Simulator:
         self.notes = list(ck.get("notes", []))
         self.update_bytes = int(ck.get("update_bytes", 0))
         self.transcript.load_state_dict(ck.get("transcript") or {})
-        self.transcript.truncate_after(int(ck["round"]))
+        # what the server received of the rounds redone stays on its record; the redo
+        # re-sends the journaled releases of those rounds, so it holds each once (the
+        # journal is not pruned here: a post-training release carries the checkpoint's
+        # round, and is redone from it when the stop came before its own checkpoint)
+        self.transcript.resume_after(int(ck["round"]))
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
         self.log.restore(self.history)

@@ -99,6 +99,8 @@ class FlowerTrainer:
 class FlowerSimulator(Simulator):
     """``Simulator`` whose clients are SuperNodes reached through a Flower ``Grid``."""
 
+    plays_clients = False  # the nodes run the client halves and keep their own records
+
     def __init__(self, exp: Experiment, run_dir: Path, link: GridLink, *,
                  calibrator: Calibrator | None = None, uplink: Any = None, key_holder: int = 0,
                  run_record: dict[str, Any] | None = None) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,10 @@ class Transcript:
         # index is rewritten from these strings; re-encoding the whole growing index on every
         # record made the default digits run spend a fifth of its time in json.
         self._encoded: list[str] = []
+        #: which attempt at the rounds after the last checkpoint this process records: 0
+        #: in a run never stopped; after a resume that finds releases of those rounds on
+        #: record, one more than theirs (``resume_after``), written into every entry
+        self.attempt = 0
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             index = directory / "index.json"
@@ -117,7 +122,9 @@ class Transcript:
     def _write(self, name: str, tensors: dict[str, torch.Tensor]) -> str | None:
         if self.directory is None:
             return None
-        fname = f"{len(self.entries):05d}-{name}.safetensors"
+        # a redo never writes over a file of an earlier attempt (one its stop left unlisted)
+        again = f"-a{self.attempt}" if self.attempt else ""
+        fname = f"{len(self.entries):05d}{again}-{name}.safetensors"
         if self._writer is None:
             self._writer = _Writer()
         # a private copy: the caller may change its tensors once record returns
@@ -131,6 +138,8 @@ class Transcript:
         summed), or "ciphertext" (sizes only)."""
         entry: dict[str, Any] = {"round": round_, "label": label, "view": view,
                                  "client": client, **info}
+        if self.attempt:
+            entry["attempt"] = self.attempt
         if tensors is not None:
             tag = f"r{round_}-{label}-{view}" + (f"-c{client}" if client is not None else "")
             entry["file"] = self._write(tag, tensors)
@@ -153,12 +162,25 @@ class Transcript:
         self.entries = [dict(e) for e in entries]
         self._encoded = [json.dumps(e) for e in self.entries]
 
-    def truncate_after(self, round_: int) -> None:
-        """On resume, forget releases of rounds after the checkpoint (they are redone)."""
-        keep = [i for i, e in enumerate(self.entries) if e["round"] <= round_]
-        self.entries = [self.entries[i] for i in keep]
-        self._encoded = [self._encoded[i] for i in keep]
+    def resume_after(self, round_: int) -> None:
+        """On resume from the checkpoint of ``round_``: the rounds after it are redone, but
+        what the server received of them before the stop stays on record (every release it
+        holds is charged and checked, every byte counted); the redo's entries carry the
+        next ``attempt`` index, so both attempts stay apart."""
+        later = [int(e.get("attempt", 0)) for e in self.entries if e["round"] > round_]
+        later += self._unlisted_attempts()
+        if later:
+            self.attempt = max(self.attempt, max(later) + 1)
         self.flush()
+
+    def _unlisted_attempts(self) -> list[int]:
+        """The attempts of files on disk that the index does not name: a process killed
+        before it rewrote the index leaves them; they are kept, and never written over."""
+        if self.directory is None:
+            return []
+        listed = {e.get("file") for e in self.entries}
+        return [int(m.group(1)) if (m := re.match(r"^\d+-a(\d+)-", p.name)) else 0
+                for p in self.directory.glob("*.safetensors") if p.name not in listed]
 
     def flush(self) -> None:
         """Wait for the files recorded so far, then rewrite ``index.json``: a JSON array,
@@ -223,10 +245,10 @@ def secure_participants(entries: list[dict[str, Any]]) -> list[list[int]]:
     """The contributors of every securely aggregated release, from the server's record: for
     each decrypted aggregate, the clients whose ciphertexts of that round and label entered
     the sum (the whole-run check, privfedcal/cohorts.py, reads these)."""
-    senders: dict[tuple[int, str], list[int]] = {}
+    senders: dict[tuple[int, str, int], list[int]] = {}
     rows = []
-    for e in entries:
-        key = (int(e["round"]), str(e["label"]))
+    for e in entries:  # a redone round's attempts are separate releases
+        key = (int(e["round"]), str(e["label"]), int(e.get("attempt", 0)))
         if e["view"] == "ciphertext":
             senders.setdefault(key, []).append(int(e["client"]))
         elif e["view"] == "aggregate" and key in senders:

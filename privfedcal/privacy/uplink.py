@@ -34,6 +34,7 @@ import torch
 from privfedcal.errors import BudgetRefused, ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import INSECURE_STATEMENT
+from privfedcal.privacy.release_journal import ReleaseJournal, charge_of, contributors_party
 from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.stages import (
     MIN_SECAGG_CLIENTS,
@@ -76,6 +77,9 @@ class Uplink:
     hints: list[str] = field(default_factory=list)  # advice printed with the run's notes
     rejected: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    #: each party's journal of its DP releases (privacy/release_journal.py): a release
+    #: redone after a stop re-sends the journaled value (None: no DP release to keep)
+    journal: ReleaseJournal | None = None
 
     def __post_init__(self) -> None:
         if not self.stages or not isinstance(self.stages[-1], Wire):
@@ -114,10 +118,31 @@ class Uplink:
         for stage in self.stages:
             stage.admit(rel)
 
+    def attach_journal(self, journal: ReleaseJournal) -> None:
+        """Keep ``journal`` for every DP release of this run: the noised calibration uploads
+        and the key holder's sums of them, DP-FedAvg's updates, and the model updates' wire
+        where DP-SGD or DP-FedAvg noises them."""
+        noise = self.find(NoiseStage)
+        if noise is not None:
+            self.journal = journal
+        if self.user_dp is not None:
+            self.user_dp.journal = journal
+        if self.updates is not None and (self.user_dp is not None or (
+                noise is not None and noise.dp.covers_updates)):
+            self.updates.journal = journal
+
     def client_side(self, payload: Payload, rel: Release) -> Any:
-        """One client's upload: the client halves in order (``rel.client`` is the client)."""
+        """One client's upload: the client halves in order (``rel.client`` is the client).
+        With a journal, the payload as it reaches the wire (noised, not yet encrypted) is
+        journaled before it leaves, or, if this client made this release before a stop,
+        replaced by the journaled one: a release is never redrawn."""
         out: Any = payload
+        noise = self.find(NoiseStage) if self.journal is not None else None
         for stage in self.stages:
+            if stage is self.wire and noise is not None:  # noised: a DP release
+                assert self.journal is not None
+                out = self.journal.once(rel.round_, rel.label, rel.client, out,
+                                        charge=charge_of(noise.dp, rel.label))
             out = stage.client(out, rel)
         return out
 
@@ -131,8 +156,12 @@ class Uplink:
     def server_side(self, uploads: Iterable[tuple[int, Any]], rel: Release) -> Payload:
         """The server's half of the release: the wire's sum, the remaining server halves,
         the released aggregate recorded when the uploads were hidden, every ``close``."""
+        start = len(rel.transcript.entries)
         total = self.wire.deliver(uploads, rel, self.finish)
         total = {k: v.to(torch.float64) for k, v in total.items()}
+        if rel.hidden and self.journal is not None:  # the key holder's release, once
+            total = self.journal.once(rel.round_, rel.label,
+                                      contributors_party(_senders(rel, start)), total)
         if rel.hidden:
             rel.transcript.record(round_=rel.round_, label=rel.label, view="aggregate",
                                   client=None, tensors=total, clients=rel.arrived)
@@ -339,6 +368,13 @@ class Uplink:
             out["insecure"] = INSECURE_STATEMENT
             out["statement"] = INSECURE_STATEMENT + ". " + out.get("statement", "")
         return out
+
+
+def _senders(rel: Release, start: int) -> list[int]:
+    """The clients whose ciphertexts entered ``rel``'s sum: recorded since entry ``start``."""
+    return [int(e["client"]) for e in rel.transcript.entries[start:]
+            if e["view"] == "ciphertext" and e["label"] == rel.label
+            and e["round"] == rel.round_]
 
 
 __all__ = ["MIN_SECAGG_CLIENTS", "UPDATE_WEIGHT", "Uplink", "payload_bytes", "symmetrise",

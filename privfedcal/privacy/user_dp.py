@@ -61,6 +61,7 @@ from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import ReleasePlan, compute_epsilon
 from privfedcal.privacy.adaptive_clip import AdaptiveClip, count_noise_std, update_multiplier
 from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.release_journal import SERVER, ReleaseJournal, charge_of
 from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript, record_model_updates
 from privfedcal.tensors import nonfinite_key
@@ -198,6 +199,9 @@ class UserDP:
     seed: int = 0
     seeded: bool = False
     adaptive: AdaptiveClip | None = None  # --dp-adaptive-clip: ``clip`` moves every round
+    #: each party's journal of its releases (privacy/release_journal.py): a round redone
+    #: after a stop re-sends the noised updates, sums and counts it sent, never fresh draws
+    journal: ReleaseJournal | None = None
     label = USER_DP_RELEASE
 
     def __post_init__(self) -> None:
@@ -282,9 +286,11 @@ class UserDP:
         """Server side, adaptive clip: the count noised, the clip moved for the next round."""
         if self.adaptive is None:
             return
+        std = self.count_std
+        assert std is not None  # adaptive
         g = noise_generator(self.seed, round_, -1, 303, seeded=self.seeded)
-        noisy = within + self.count_std * float(torch.randn((), generator=g,
-                                                            dtype=torch.float64))
+        count = within + std * torch.randn((1,), generator=g, dtype=torch.float64)
+        noisy = float(self.released(round_, f"{self.label}/count", SERVER, count))
         self.clip = self.adaptive.next_clip(self.clip, noisy / self.denominator)
 
     def server_noise(self, total: State, round_: int) -> State:
@@ -303,6 +309,15 @@ class UserDP:
             return
         g = noise_generator(self.seed, round_, -1, 302, seeded=self.seeded)
         total.add_(gaussian_vector(total.numel(), self.std, g).to(total.device))
+        total.copy_(self.released(round_, self.label, SERVER, total))
+
+    def released(self, round_: int, label: str, party: int | str, value: Tensor) -> Tensor:
+        """``value`` as released by ``party``: journaled before it leaves, or the journaled
+        one where a stop made the round be redone (no journal: ``value``)."""
+        if self.journal is None:
+            return value
+        return self.journal.once(round_, label, party, {"value": value},
+                                 charge=charge_of(self.dp, self.label))["value"]
 
     def apply(self, global_state: State, layout: UpdateLayout, base: Tensor,
               total: Tensor) -> State:
@@ -483,8 +498,11 @@ class _RoundUploads:
         self.markers.append({} if bad is None else {bad: torch.tensor(float("nan"))})
         if bad is not None:
             return None
-        self.within += int(self.dp.clip_and_share(delta, norm, self.round_, self.selected[i],
+        client = self.selected[i]
+        self.within += int(self.dp.clip_and_share(delta, norm, self.round_, client,
                                                   len(self.selected)))
+        if self.dp.distributed:  # its noise share drawn: what it sends, once
+            delta.copy_(self.dp.released(self.round_, self.dp.label, client, delta))
         return delta
 
 

@@ -27,8 +27,9 @@ TOP_TARGETS = 3
 #: columns that name a setting, repeated at the left of each table on the page
 SETTING_COLUMNS = ("method", "eps", "secagg")
 #: the worst-case columns (the first table); every other column goes in the second
-WORST_COLUMNS = ("accuracy", "epsilon_spent", "psnr_max", "nearest_of_worst", "worst_client",
-                 "worst_class", "worst_target", "prior_psnr_max")
+WORST_COLUMNS = ("accuracy", "epsilon_spent", "epsilon_from_transcript", "psnr_max",
+                 "nearest_of_worst", "worst_client", "worst_class", "worst_target",
+                 "prior_psnr_max")
 #: what the attacks on a run as a whole find (disaggregation across rounds): a third table
 WHOLE_RUN_COLUMNS = ("disaggregated", "finest_group")
 #: the most columns one table of the page has (it fits the page without scrolling)
@@ -37,6 +38,7 @@ TABLE_COLUMNS = 12
 HEADERS = {"eps": "ε target", "secagg": "secure agg.", "accuracy": "accuracy",
            "psnr": "PSNR", "ssim": "SSIM", "feature_cosine": "feat. cos",
            "class_inference_accuracy": "class inf.", "epsilon_spent": "ε spent",
+           "epsilon_from_transcript": "ε held",
            "prior_psnr": "prior PSNR", "psnr_max": "PSNR worst", "nearest_is_true": "NN true",
            "nearest_chance": "NN chance", "targets": "targets", "prior_psnr_max": "prior worst",
            "nearest_of_worst": "NN of worst", "worst_client": "worst client",

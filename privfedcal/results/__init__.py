@@ -34,6 +34,7 @@ from privfedcal.results.run_records import (
     Diverged,
     Evaluation,
     FlowerHolds,
+    FromTranscript,
     MetricsRow,
     Privacy,
     Rejected,
@@ -92,6 +93,7 @@ def field_docs(kind: Any) -> dict[str, str]:
 __all__ = [
     "AccountedRelease", "AdaptiveClip", "AttackRecord", "CKKSParams", "Calibration", "ClassSetRecord",
     "DPAuditRow", "DisaggregationRecord", "Diverged", "Evaluation", "FlowerHolds",
+    "FromTranscript",
     "InversionRecord", "MetricsRow", "PartialAttack", "Privacy", "Rejected",
     "RoundCalibration", "SecAgg", "SecAggUpdates", "Skipped", "Summary", "UserDP", "View", "WholeRun",
     "attack_record_from_dict", "dp_audit_row_from_dict", "field_docs",

@@ -138,6 +138,21 @@ class WholeRun(TypedDict):
     statement: Annotated[str, "the finding, in one sentence"]
 
 
+class FromTranscript(TypedDict):
+    """Each client's epsilon recomputed from the server's record and the public plan alone
+    (``privacy/transcript_epsilon.py``), beside the run's claim: every release the server
+    holds charged, one received again with the same value once."""
+
+    epsilon: Annotated[float, "the worst-off client's epsilon of the releases the server holds"]
+    per_client: Annotated[dict[str, float], "client (as a string) -> its recomputed epsilon"]
+    releases: Annotated[int, "client releases charged (one per client in each distinct "
+                             "value it entered)"]
+    repeated: Annotated[int, "releases received again with a value already held (a redone "
+                             "round re-sending its journaled release): worth nothing new"]
+    epsilon_claimed: Annotated[float, "the run's reported epsilon (`epsilon_spent`); at "
+                                      "least `epsilon`"]
+
+
 class AdaptiveClip(TypedDict):
     """The update clip moved each round towards a quantile of the update norms
     (`dp_adaptive_clip=True`), from a noised count of updates below it."""
@@ -212,6 +227,8 @@ class Privacy(TypedDict):
     insecure: NotRequired[Annotated[str, "the warning of a run with seeded DP noise"]]
     whole_run: NotRequired[Annotated[WholeRun, "the whole run's secure sums together "
                                                "(with `secagg` or `secagg_updates`)"]]
+    from_transcript: NotRequired[Annotated[FromTranscript, "DP: the epsilon recomputed from "
+                                                           "the transcript, beside the claim"]]
 
 
 class Diverged(TypedDict):

@@ -119,8 +119,16 @@ def test_a_node_sends_each_clip_stage_once_and_takes_a_clip_in_range():
     counts = record_to_state(first.content["histogram"])["counts"]
     auto = resolve(gather({}, run), clients=NODES).auto_clip
     assert counts.shape == (auto.search.first_edges().numel() + 1,)
+    # asked again (a server restarted within the run), the node re-sends what it released
     again = _ask(grid, 0, "query.clip", _clip_query(model, stage=1))
-    assert again.has_error() and again.error.reason == "budget-exhausted"
+    assert torch.equal(record_to_state(again.content["histogram"])["counts"], counts)
+    second = _ask(grid, 0, "query.clip", _clip_query(model, stage=2, centre=2.0))
+    resent = _ask(grid, 0, "query.clip", _clip_query(model, stage=2, centre=2.0))
+    assert torch.equal(record_to_state(resent.content["histogram"])["counts"],
+                       record_to_state(second.content["histogram"])["counts"])
+    # around another centre it would be a new release on another grid: refused
+    other = _ask(grid, 0, "query.clip", _clip_query(model, stage=2, centre=3.0))
+    assert other.has_error() and other.error.reason == "budget-exhausted"
     # a payload before the clip is known is refused; a clip outside the search's range too
     early = _ask(grid, 0, "query.payload", _payload_query(model))
     assert early.has_error() and early.error.reason == "bad-config"

@@ -256,6 +256,9 @@ def test_an_auto_clip_is_chosen_privately_within_the_budget(trained, tmp_path):
     assert privacy["per_client_epsilon"] == {str(c): privacy["epsilon_spent"]
                                              for c in range(NODES)}
     assert clip["run_epsilon"] == privacy["epsilon_spent"] and clip["run_delta"] == 1e-5
+    # recomputed from the server's record alone: each node's two stages and its sum, once
+    assert privacy["from_transcript"]["epsilon"] == pytest.approx(whole, rel=1e-6)
+    assert privacy["from_transcript"]["repeated"] == 0
     # the server saw each node's two noisy histograms, recorded in its view
     entries = json.loads((out / "server" / "transcript" / "index.json").read_text())
     clip_entries = [e for e in entries if e["label"] == "feature-clip"]

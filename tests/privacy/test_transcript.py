@@ -44,16 +44,56 @@ def test_record_writes_index_and_one_safetensors_file_per_entry(tmp_path):
     assert torch.equal(loaded[2]["tensors"]["sum"], torch.tensor([3.0, 5.0]))
 
 
-def test_resume_keeps_entries_and_truncate_drops_later_rounds(tmp_path):
+def test_a_resume_keeps_what_the_server_received_and_tags_the_redo(tmp_path):
+    """Resumed from round 1's checkpoint, rounds 2 and 3 are redone: their first attempt
+    stays on record (the server holds it), the redo's entries carry attempt 1, and its
+    files never take the name of a file of the first attempt."""
     d = tmp_path / "t"
     tr = Transcript(d)
     for r in (1, 2, 3):
-        tr.record(round_=r, label="creff-grad", view="aggregate", client=None, bytes=r)
+        tr.record(round_=r, label="creff-grad", view="aggregate", client=None, bytes=r,
+                  tensors={"g": torch.full((1,), float(r))})
     tr.flush()
     again = Transcript(d)
     assert [e["round"] for e in again.entries] == [1, 2, 3]
-    again.truncate_after(1)
-    assert [e["round"] for e in json.loads((d / "index.json").read_text())] == [1]
+    again.resume_after(1)
+    assert again.attempt == 1
+    again.record(round_=2, label="creff-grad", view="aggregate", client=None, bytes=2,
+                 tensors={"g": torch.full((1,), 2.0)})
+    again.flush()
+    index = json.loads((d / "index.json").read_text())
+    assert [(e["round"], e.get("attempt", 0)) for e in index] == [(1, 0), (2, 0), (3, 0),
+                                                                  (2, 1)]
+    assert len({e["file"] for e in index}) == 4 and "-a1-" in index[-1]["file"]
+    third = Transcript(d)
+    third.resume_after(1)  # stopped again: the next redo is attempt 2
+    assert third.attempt == 2
+    third.resume_after(3)  # nothing after the checkpoint: the attempt stays
+    assert third.attempt == 2
+
+
+def test_files_a_killed_process_left_unlisted_are_never_written_over(tmp_path):
+    """Killed before its index was rewritten, a process leaves files the index does not
+    name; the redo writes its own beside them."""
+    d = tmp_path / "t"
+    tr = Transcript(d)
+    tr.record(round_=1, label="creff-grad", view="aggregate", client=None,
+              tensors={"g": torch.ones(1)})
+    tr.flush()
+    tr.record(round_=2, label="creff-grad", view="aggregate", client=None,
+              tensors={"g": torch.full((1,), 2.0)})
+    tr._writer.wait()  # the file is on disk; the index is not rewritten (killed)
+    again = Transcript(d)
+    assert len(again.entries) == 1
+    again.resume_after(1)
+    again.record(round_=2, label="creff-grad", view="aggregate", client=None,
+                 tensors={"g": torch.full((1,), 3.0)})
+    again.flush()
+    files = sorted(p.name for p in d.glob("*.safetensors"))
+    assert files == ["00000-r1-creff-grad-aggregate.safetensors",
+                     "00001-a1-r2-creff-grad-aggregate.safetensors",
+                     "00001-r2-creff-grad-aggregate.safetensors"]
+    tr._writer.stop()  # the killed process's writer, without its index
 
 
 def test_no_directory_keeps_nothing_on_disk(tmp_path):
@@ -77,8 +117,9 @@ def test_a_transcript_without_files_is_kept_by_the_checkpoint(tmp_path):
     state = json.loads(json.dumps(tr.state_dict()))  # the checkpoint's JSON skeleton
     again = Transcript(None)
     again.load_state_dict(state)
-    again.truncate_after(2)
-    assert again.entries == tr.entries[:2] and again.uploaded_bytes() == 30
+    again.resume_after(2)  # round 3's ciphertext reached the server: it counts
+    assert again.entries == tr.entries and again.uploaded_bytes() == 60
+    assert again.attempt == 1
     on_disk = Transcript(tmp_path / "t")
     assert on_disk.state_dict() == {}
     on_disk.load_state_dict(state)  # its own index holds its entries
@@ -107,16 +148,15 @@ def test_model_states_and_updates_are_recorded_with_weights_sizes_and_recipe(tmp
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.one_of(st.integers(1, 4), st.just("truncate"), st.just("reopen")),
+@given(st.lists(st.one_of(st.integers(1, 4), st.just("resume"), st.just("reopen")),
                 max_size=12))
 def test_index_on_disk_always_equals_the_entries_in_memory(tmp_path_factory, ops):
-    # Entries are encoded once when recorded; whatever sequence of records, truncations
-    # (resume) and re-openings, the index file must hold exactly the entries in memory.
+    # Entries are encoded once when recorded; whatever sequence of records, resumes and re-openings, the index file must hold exactly the entries in memory.
     d = tmp_path_factory.mktemp("t") / "transcript"
     tr = Transcript(d)
     for op in ops:
-        if op == "truncate":
-            tr.truncate_after(2)
+        if op == "resume":
+            tr.resume_after(2)
         elif op == "reopen":  # a resume reads what the last flush (checkpoint) wrote
             tr.flush()
             tr = Transcript(d)

@@ -35,13 +35,14 @@ from privfedcal.attacks.reconstruction.inversion_options import (  # noqa: F401 
     audit_flags,
 )
 from privfedcal.attacks.release_attacks import attacked_calibrators, audit_params
+from privfedcal.attacks.transcript_audit import run_epsilon
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
            "feature_cosine", "class_inference_accuracy", "disaggregated", "finest_group",
-           "epsilon_spent", "prior_psnr",
+           "epsilon_spent", "epsilon_from_transcript", "prior_psnr",
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
 
 
@@ -133,8 +134,10 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
     except _Skipped as skip:
         return {**row, "note": str(skip)}
     privacy = summary.get("privacy", {})
+    held = run_epsilon(run_dir)  # from the run's server folder alone, beside the claim
     row.update(accuracy=summary["accuracy"],
-               epsilon_spent=privacy.get("epsilon_spent", math.inf))
+               epsilon_spent=privacy.get("epsilon_spent", math.inf),
+               epsilon_from_transcript=math.inf if held is None else held["epsilon"])
     view = load_run(run_dir, exp=sim.exp)
     try:
         found = _attack(view, sim.calibrator, config, on_job)

@@ -42,12 +42,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from privfedcal.errors import BudgetRefused, UsageError
+from privfedcal.errors import UsageError
 from privfedcal.flower.client_app import error_reply
 from privfedcal.flower.client_app import hold as hold_handler
 from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
-from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES
+from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES, keep_histogram, kept_histogram
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, from_keywords, gather, resolve
 from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
@@ -268,8 +268,9 @@ class CalibrationClient:
 
     def clip(self, msg: Message, context: Context) -> Message:
         """One stage of the clip's search (clip.py): stage 1 and 2 a noisy histogram of the
-        node's feature norms under the server's model, each at most once; stage 3 the
-        clip the server chose, kept for the calibration release."""
+        node's feature norms under the server's model, each drawn once (asked again, the
+        node re-sends the one it released: ``kept_histogram``); stage 3 the clip the
+        server chose, kept for the calibration release."""
         settings, partition = self.node_settings(context)
         auto = settings.auto_clip
         if auto is None:
@@ -286,21 +287,25 @@ class CalibrationClient:
             return Message(RecordDict({"meta": meta}), reply_to=msg)
         if stage not in STAGES:
             raise UsageError(f"clip stage must be 1, 2 or 3, got {stage!r}")
-        made = [int(x) for x in str(record.get("stages", "")).split(",") if x]
-        if stage in made:
-            raise BudgetRefused(f"this node has released its stage-{stage} norm histogram "
-                                "already: refusing another")
-        edges = auto.edges(stage, config.get("centre"))
+        histogram = kept_histogram(record, stage, config.get("centre"))
+        if histogram is None:  # not released yet: drawn, kept, then sent
+            histogram = self._histogram(msg, context, auto, stage, config.get("centre"))
+            save_clip_record(context, keep_histogram(record, stage, config.get("centre"),
+                                                     histogram))
+        return Message(RecordDict({"meta": meta, "histogram": ArrayRecord(
+            {"counts": tensor_to_array(histogram)})}), reply_to=msg)
+
+    def _histogram(self, msg: Message, context: Context, auto: Any, stage: int,
+                   centre: Any) -> Any:
+        """This node's noisy histogram of its feature norms for ``stage`` (clip.py)."""
+        edges = auto.edges(stage, centre)
         adapter = self.adapter(context)
         adapter.load_state_dict(record_to_state(msg.content["state"], self.device))
         adapter.eval()
         kwargs = self._batches_kwargs(adapter)
         norms = feature_norms(adapter.features,
                               (x for x, _ in node_data.batches(self.data(context), **kwargs)))
-        histogram = noisy_norm_histogram(norms, edges, auto.stage_sigma(stage))
-        save_clip_record(context, {**record, "stages": ",".join(map(str, [*made, stage]))})
-        return Message(RecordDict({"meta": meta, "histogram": ArrayRecord(
-            {"counts": tensor_to_array(histogram)})}), reply_to=msg)
+        return noisy_norm_histogram(norms, edges, auto.stage_sigma(stage))
 
 
 def clip_record(context: Context) -> dict[str, Any]:

@@ -13,7 +13,8 @@ each node's noise and the summary's ``epsilon_target`` / ``epsilon_spent`` cover
 run. The search is one Gaussian release per node at q = 1, split into two stages whose RDP
 adds up to that one release (``ClipSearch.stage_sigmas``): each node sends a histogram of its
 feature norms under the server's model over a public grid, with its own noise from OS
-entropy, at most once per stage (its record in ``context.state``); the server sums them,
+entropy, drawn once per stage (its record in ``context.state``, re-sent if asked again:
+``kept_histogram``); the server sums them,
 locates the median (stage 1), then estimates the target quantile on a finer grid around it
 (stage 2), and sends the clip to the nodes (stage 3), which then clip and noise their
 calibration upload with it. A node computes every grid itself from the public search
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import BudgetRefused, UsageError
 from privfedcal.privacy.accounting import ReleasePlan
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import (
@@ -45,7 +46,8 @@ from privfedcal.privacy.quantile import (
     plan_clip_noise,
 )
 
-__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "stage_label"]
+__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "keep_histogram",
+           "kept_histogram", "stage_label"]
 
 AUTO = "auto"
 #: the message of the clip's stages (``config``: stage, and centre or clip)
@@ -121,6 +123,34 @@ class AutoClip:
             out["run_epsilon"] = run_spent
             out["run_delta"] = self.delta
         return out
+
+
+def kept_histogram(record: dict[str, Any], stage: int, centre: Any) -> Tensor | None:
+    """The noisy histogram this node released for ``stage`` (its record in
+    ``context.state``), to send again when the server asks the same stage again (a server
+    restarted within the run): a release is re-sent, never redrawn. None where it has not
+    released the stage. A repeated stage 2 around another centre would be a new release
+    on another grid: refused (``BudgetRefused``)."""
+    made = [int(x) for x in str(record.get("stages", "")).split(",") if x]
+    if stage not in made:
+        return None
+    kept = record.get(f"histogram-{stage}")
+    if kept is None or (stage != 1 and record.get(f"centre-{stage}") != centre):
+        raise BudgetRefused(f"this node has released its stage-{stage} norm histogram "
+                            "already: refusing another")
+    return torch.tensor(list(kept), dtype=torch.float64)
+
+
+def keep_histogram(record: dict[str, Any], stage: int, centre: Any,
+                   histogram: Tensor) -> dict[str, Any]:
+    """``record`` with ``stage``'s release added: the stage, its noisy histogram and the
+    centre it was asked around (kept before the reply leaves the node)."""
+    made = [int(x) for x in str(record.get("stages", "")).split(",") if x]
+    out = {**record, "stages": ",".join(map(str, [*made, stage])),
+           f"histogram-{stage}": [float(v) for v in histogram.double().tolist()]}
+    if centre is not None:
+        out[f"centre-{stage}"] = float(centre)
+    return out
 
 
 def stage_label(stage: int) -> str:

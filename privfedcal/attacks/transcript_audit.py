@@ -1,0 +1,50 @@
+"""The epsilon of what a run's server holds, recomputed from its server folder alone.
+
+An auditor given a run's ``server/`` folder (or a copy of it) rebuilds the public plan the
+way every party does (the planner on ``config.json`` and the public dataset metadata, no
+partition, no data seed) and counts the DP releases in ``transcript/``
+(privacy/transcript_epsilon.py). ``privfedcal audit`` shows it beside the epsilon the run
+reports: a claim below it means the server holds releases nobody charged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from privfedcal.errors import UsageError
+
+
+def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
+    """``transcript_epsilons`` of the run at ``run_dir`` (a run folder or a server view),
+    its plan rebuilt from the public config; None for a run without DP."""
+    from privfedcal.config import read_run_config
+    from privfedcal.experiment import build_parts
+    from privfedcal.federation.runfolder import TRANSCRIPT_DIR, server_view
+    from privfedcal.privacy.stages import NoiseStage
+    from privfedcal.privacy.transcript_epsilon import (
+        PublicPlan,
+        file_loader,
+        transcript_epsilons,
+    )
+
+    view = server_view(Path(run_dir))
+    cfg = read_run_config(view)
+    if not (cfg.dp_enabled or cfg.dp_train or cfg.dp_updates):
+        return None
+    index = view / TRANSCRIPT_DIR / "index.json"
+    if not index.is_file():
+        raise UsageError(f"{run_dir} has no transcript (trained with --no-transcript?): "
+                         "the releases the server holds cannot be counted")
+    _exp, _calibrator, uplink = build_parts(cfg.replace(device="cpu", workers=1),
+                                            server=True)
+    noise = uplink.find(NoiseStage)
+    dp = noise.dp if noise is not None else getattr(uplink.user_dp, "dp", None)
+    if dp is None:
+        return None
+    return transcript_epsilons(json.loads(index.read_text()), PublicPlan.of(dp),
+                               file_loader(view / TRANSCRIPT_DIR))
+
+
+__all__ = ["run_epsilon"]
