@@ -210,16 +210,26 @@ class Uplink:
     def _validate(self, uploads, round_, label) -> list[tuple[int, Payload]]:
         valid = list(self._validated(uploads, round_, label))
         if not valid:
-            self.raise_skipped(round_, label, "no valid upload")
+            self.raise_skipped(round_, label, Reason.NO_VALID_UPLOAD)
         return valid
 
     # ---- model updates --------------------------------------------------------------------
     def update_weights(self, sizes: list[float]) -> list[float]:
-        """FedAvg weights of a round: client sizes n_k, except under --dp-train, where the
-        sizes are private data: uniform (public) weights, so no size leaves a client."""
-        if any(s.uniform_weights for s in self.stages):
+        """FedAvg weights of a round: client sizes n_k, except where the sizes are private
+        data: uniform (public nominal) weights, so no size leaves a client. Sizes are
+        private under --dp-train, and under --hide-counts with updates in the clear (a
+        size is the total of the client's hidden class counts: with a cohort's determined
+        sums it splits them, ``count_splits.py``); under --secagg-updates they travel
+        inside the encrypted sum."""
+        if self.nominal_weights:
             return [1.0] * len(sizes)
         return list(sizes)
+
+    @property
+    def nominal_weights(self) -> bool:
+        """Whether model updates are averaged with uniform public weights."""
+        return (any(s.uniform_weights for s in self.stages)
+                or (self.hide_counts and self.updates is None))
 
     def average_updates(self, sent: Payload, states: list[Payload], weights: list[float],
                         clients: list[int], *, round_: int, transcript: Transcript) -> Payload:
@@ -330,6 +340,9 @@ class Uplink:
                                 "of the calibration uploads (CKKS secure aggregation); model "
                                 "updates " + ("only as their CKKS sum" if self.updates
                                               is not None else "travel in the clear"))
+            if self.hide_counts and self.updates is None:
+                out["statement"] += (", averaged with uniform weights: no client size "
+                                     "reaches the server")
         elif self.updates is not None and not dp:
             out["statement"] = ("no differential privacy: the server saw the model updates "
                                 "only as their CKKS sum; calibration uploads in the clear")
