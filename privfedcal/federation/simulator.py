@@ -326,7 +326,8 @@ class Simulator:
         self.uplink.after_local_training(selected)
         selected = self.replied(selected)  # under Flower, lost clients leave the round
         self.update_bytes += sent_bytes
-        divergence.check_local(checked, selected, averaged, round_, self.lr)
+        divergence.check_local(checked, selected, averaged, round_, self.lr,
+                               secure=self.uplink.updates is not None)
         return selected, results, averaged
 
     def apply_round(self, averaged: State, selected: list[int], results: list,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
+from privfedcal.privacy.reasons import Reason
 from privfedcal.privacy.secagg import (
     CKKSParams,
     KeyHolder,
@@ -168,7 +169,7 @@ def key_holder_release(holder: KeyHolder, ciphertexts: list[bytes], layout: Payl
     the server asks: an aggregate of one would be that client's upload)."""
     if n < min_clients:
         raise UploadRejected(f"a sum of {n} upload(s) is below this key holder's minimum of "
-                             f"{min_clients}: not decrypted")
+                             f"{min_clients}: not decrypted", reason=Reason.TOO_FEW_UPLOADS)
     return holder.decrypt_aggregate(ciphertexts, layout, n_clients=n,
                                     round_to=2 * holder.params.error_bound(n))
 
@@ -191,7 +192,7 @@ class LocalKeys:
             total = key_holder_release(holder, ciphertexts, layout, rel.arrived,
                                        self.min_clients)
         except UploadRejected as exc:
-            rel.log.raise_skipped(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
+            rel.log.raise_skipped(rel.round_, rel.label, exc, str(exc))
         return finish(total, rel)
 
 
@@ -211,8 +212,8 @@ class EncryptStage(Wire):
     def open(self, rel: Release) -> None:
         st = self.secagg
         if len(rel.clients) < st.min_clients:
-            rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
-                         f"aggregation needs >= {st.min_clients}")
+            rel.log.raise_skipped(rel.round_, rel.label, Reason.TOO_FEW_UPLOADS,
+                                  uploads=len(rel.clients), min_clients=st.min_clients)
         layout = PayloadLayout.from_payload(rel.example,
                                             symmetric=st.symmetric.get(rel.label, frozenset()))
         params = CKKSParams.for_magnitude(st.max_abs(rel.label, rel.example), PRECISION,
@@ -250,17 +251,15 @@ class EncryptStage(Wire):
             if set(wanted[i]) <= set(waiting[i]):
                 held = waiting.pop(i)
                 for other in set(held) - set(wanted[i]):  # sent unasked: never summed
-                    rel.log.reject(rel.round_, rel.label, other, "another upload of its "
-                                   "cohort is missing: the cohort is left out of the sum")
+                    rel.log.reject(rel.round_, rel.label, other, Reason.COHORT_INCOMPLETE)
                 self._add_group(wanted[i], held, server, sealing, rel)
         for held in waiting.values():
             for client in held:
-                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
-                               "is missing: the cohort is left out of the sum")
+                rel.log.reject(rel.round_, rel.label, client, Reason.COHORT_INCOMPLETE)
         rel.arrived = server.count
         if server.count < self.secagg.min_clients:
-            rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
-                         "server's checks")
+            rel.log.raise_skipped(rel.round_, rel.label, Reason.TOO_FEW_UPLOADS,
+                                  uploads=server.count, min_clients=self.secagg.min_clients)
         rel.hidden = True
         return self.keys.decrypt(server.result(), sealing.layout, rel, finish)
 
@@ -278,18 +277,17 @@ class EncryptStage(Wire):
                 prepared.append(server.prepare(
                     unpad(data) if sealing.pad_to is not None else bytes(data)))
             except UploadRejected as exc:  # dropped with its cohort; noise topped up
-                rel.log.reject(rel.round_, rel.label, client, str(exc))
+                rel.log.reject(rel.round_, rel.label, client, exc)
                 for other in group:
                     if other != client:
-                        rel.log.reject(rel.round_, rel.label, other, "another upload of its "
-                                       "cohort was rejected: the cohort is left out of the sum")
+                        rel.log.reject(rel.round_, rel.label, other, Reason.COHORT_INCOMPLETE)
                 return
         for client, vecs in zip(group, prepared, strict=True):
             try:
                 server.accumulate(vecs)
             except UploadRejected as exc:  # a partial cohort would be in the sum
-                rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
-                                      f"could not be added ({exc})")
+                rel.log.raise_skipped(rel.round_, rel.label, exc,
+                                      f"upload of client {client} could not be added ({exc})")
             rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
                                   client=client, bytes=len(data_of[client]))
 

@@ -49,7 +49,8 @@ class Rejected(TypedDict):
     round: Annotated[int, "the round of the release"]
     label: Annotated[str, "the release (`ccvr-stats`, `creff-grad`, `model-update`)"]
     client: Annotated[int, "the client whose upload was refused"]
-    reason: Annotated[str, "why, in one line"]
+    reason: Annotated[str, "why: a declared code of `privacy/reasons.py` (`malformed-upload`, "
+                           "`cohort-incomplete`, ...), never the check's text"]
 
 
 class Skipped(TypedDict):
@@ -57,7 +58,13 @@ class Skipped(TypedDict):
 
     round: Annotated[int, "the round of the release"]
     label: Annotated[str, "the release"]
-    reason: Annotated[str, "why, in one line"]
+    reason: Annotated[str, "why: a declared code of `privacy/reasons.py` "
+                           "(`too-few-uploads`, `aggregate-exceeds-bound`, ...), never the "
+                           "check's text"]
+    uploads: NotRequired[Annotated[int, "uploads the server received or kept (public: it "
+                                        "counts them)"]]
+    min_clients: NotRequired[Annotated[int, "the public minimum of a secure sum "
+                                            "(--secagg-min-clients)"]]
 
 
 class Calibration(TypedDict):
