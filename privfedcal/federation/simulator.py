@@ -473,6 +473,8 @@ class Simulator:
         last = next((h for h in reversed(self.history) if "accuracy" in h), None)
         summary = self.summary_fields(
             diverged=exc.record(), accuracy=None,
+            rejected_uploads=list(self.uplink.rejected),
+            skipped_releases=list(self.uplink.skipped),
             last_finite_evaluation=({"round": last["round"], "accuracy": last["accuracy"]}
                                     if last else None),
             checkpoint_round=self.history[-1]["round"] if self.history else 0,

@@ -284,9 +284,9 @@ class PluginRun(TypedDict):
 class Summary(TypedDict):
     """`summary.json` (`Run.summary`): what the run was, how it ended and what it spent.
 
-    A finished run has `loss`, `per_class_accuracy`, `rejected_uploads` and
-    `skipped_releases`; a run stopped by the divergence guard has `diverged`,
-    `last_finite_evaluation` and `checkpoint_round` instead, and `accuracy` None."""
+    A finished run has `loss` and `per_class_accuracy`; a run stopped by the divergence
+    guard has `diverged`, `last_finite_evaluation` and `checkpoint_round` instead, and
+    `accuracy` None. Both list `rejected_uploads` and `skipped_releases`."""
 
     method: Annotated[str, "the federated method (`fedavg`, `ccvr`, `creff`, ...)"]
     local_method: Annotated[str, "the clients' local objective"]

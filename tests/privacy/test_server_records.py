@@ -132,3 +132,17 @@ def test_every_file_of_the_server_view_carries_one_time(tmp_path, tiny_cfg):
     assert {p.stat().st_mtime_ns for p in paths} == {(view / "config.json").stat().st_mtime_ns}
     for p in view.rglob("*.json"):
         assert _client_timing(json.loads(p.read_text())) == [], p
+
+
+def test_a_diverged_runs_summary_lists_the_rejections_too(tmp_path, tiny_cfg):
+    sim = build_simulator(tiny_cfg(rounds=1, secagg_updates=True, data_seed=0),
+                          tmp_path / "run")
+    sim.uplink.rejected.append({"round": 1, "label": UPDATE_RELEASE, "client": 2,
+                                "reason": Reason.CKKS_OVERFLOW.value})
+    sim.write_diverged(Diverged(1, "the local training loss is not finite", client=2,
+                                client_public=False))
+    summary = json.loads((tmp_path / "run" / "server" / "summary.json").read_text())
+    assert summary["diverged"]["client"] is None
+    assert summary["rejected_uploads"] == sim.uplink.rejected
+    assert summary["skipped_releases"] == []
+    assert "client" not in " ".join(summary["notes"])
