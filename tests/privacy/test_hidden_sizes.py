@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from privfedcal.attacks.reconstruction.disaggregate_attack import (
+    NO_SIZES,
     disaggregate_run,
     split_summary,
 )
@@ -34,7 +35,7 @@ def test_no_size_reaches_the_server_and_no_cohort_is_split(tmp_path):
     assert weights == {1.0}
     sizes = json.loads((tmp_path / "run" / "private" / "partition.json").read_text())["sizes"]
     assert len(set(sizes)) > 1  # the clients' sizes differ: uniform weights are not sizes
-    records, _ = disaggregate_run(load_run(tmp_path / "run"))
-    assert split_summary(records)["split"] == 0
+    records, notes = disaggregate_run(load_run(tmp_path / "run"))
+    assert split_summary(records)["split"] == 0 and NO_SIZES in notes
     summary = json.loads((tmp_path / "run" / "server" / "summary.json").read_text())
     assert "no client size reaches the server" in summary["privacy"]["statement"]

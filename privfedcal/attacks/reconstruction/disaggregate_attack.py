@@ -57,6 +57,9 @@ TOTALS = {"N": "the federation's training examples: public dataset and partition
                "together"}
 #: an estimate within this of the truth, in every entry, rounds to it (counts, sizes)
 EXACT = 0.5
+#: the note of a run whose transcript shows no client size (uniform or no weights)
+NO_SIZES = ("no client size in the server's view (update weights uniform, or only summed "
+            "whole cohorts): no cohort's counts split by sizes")
 #: cohorts of at most this many members are split with their sizes (count_splits.py)
 MAX_SPLIT_MEMBERS = 6
 
@@ -183,37 +186,62 @@ def public_total(view: RunView, label: str, key: str, width: int, opts: Disaggre
 def clear_sizes(view: RunView) -> dict[int, float]:
     """Each client's FedAvg weight as the transcript shows it in the clear (an update sent
     in the clear is recorded with the weight the server used), where it is the same in every
-    round. Whether a weight is the client's size is for the split to find out: sizes add up
-    to the cohort's count total, public nominal weights do not."""
+    round. One weight for every client is nominal (uniform weights): none. Whether a weight
+    is the client's size is also for the split to check: sizes add up to the cohort's count
+    total."""
     seen: dict[int, set[float]] = {}
     for e in view.entries:
         if (e["label"] == UPDATE_RELEASE and e["view"] == "plain-upload"
                 and e.get("weight") is not None):
             seen.setdefault(int(e["client"]), set()).add(float(e["weight"]))
+    if len(set().union(*seen.values())) <= 1:  # one weight for all: nominal, no size
+        return {}
     return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
 
 
 def cohort_splits(groups: Sequence[tuple[int, ...]], values: np.ndarray,
                   sizes: dict[int, float]) -> dict[int, dict[str, Any]]:
     """Per client of a determined group of 2..MAX_SPLIT_MEMBERS clients whose sizes are
-    all known: how the sizes split the group's summed counts (``count_splits.py``):
-    ``"integer"`` (every integer split agrees), ``"whole-class"`` (one subset-sum
-    assignment of whole classes fits) or None, with the split's counts."""
+    known (all, or all but one: the group's count total minus the others'): how the sizes
+    split the group's summed counts (``count_splits.py``): ``"integer"`` (every integer
+    split agrees), ``"whole-class"`` (one subset-sum assignment of whole classes fits) or
+    None, with the split's counts."""
     out: dict[int, dict[str, Any]] = {}
     for g in groups:  # smallest first: a client keeps the split of its smallest group
-        if not 2 <= len(g) <= MAX_SPLIT_MEMBERS or any(k not in sizes or k in out for k in g):
+        missing = [k for k in g if k not in sizes]
+        if not 2 <= len(g) <= MAX_SPLIT_MEMBERS or len(missing) > 1 or any(k in out for k in g):
             continue
-        cut = split_cohort(g, np.rint(values[list(g)].sum(axis=0)), [sizes[k] for k in g])
+        sums = np.rint(values[list(g)].sum(axis=0))
+        known = {k: sizes[k] for k in g if k in sizes}
+        known.update({k: float(sums.sum()) - sum(known.values()) for k in missing})
+        cut = split_cohort(g, sums, [known[k] for k in g])
         for i, k in enumerate(g):
             how, est = None, None
             if cut.determined[i]:
                 how, est = "integer", cut.low[i]
             elif cut.whole_class is not None:
                 how, est = "whole-class", cut.whole_class[i]
-            out[k] = {"size": sizes[k], "cohort": list(g), "cohort_feasible": cut.feasible,
+            out[k] = {"size": known[k], "cohort": list(g), "cohort_feasible": cut.feasible,
                       "whole_class_fits": cut.whole_class_fits, "split": how,
                       "split_value": None if est is None else [int(v) for v in est]}
     return out
+
+
+def secure_sizes(view: RunView, series: Sequence[Series], opts: DisaggregateOptions
+                 ) -> dict[int, float]:
+    """Each client's size where the secure sums of the update weights (``__weight`` under
+    --secagg-updates) determine it alone, with the public total N; none under --dp-train,
+    whose weights are all 1."""
+    s = next((x for x in series if x.label == UPDATE_RELEASE and UPDATE_WEIGHT in x.sums), None)
+    if s is None or view.cfg.dp_train:
+        return {}
+    a, y = s.matrix, np.stack(s.sums[UPDATE_WEIGHT])
+    total, _ = public_total(view, s.label, UPDATE_WEIGHT, 1, opts)
+    if total is not None:
+        a, y = np.vstack([a, np.ones(a.shape[1])]), np.vstack([y, total])
+    sol = D.solve(a, y)
+    return {c: float(np.rint(sol.values[c, 0])) for c in range(a.shape[1])
+            if sol.determined[c]}
 
 
 def _split_fields(c: int, splits: dict[int, dict[str, Any]], truth: np.ndarray | None
@@ -278,7 +306,8 @@ def score(estimate: np.ndarray, truth: np.ndarray | None) -> dict[str, Any]:
 
 
 def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
-                part: dict[str, Any] | None) -> list[dict[str, Any]]:
+                part: dict[str, Any] | None, sizes: dict[int, float]
+                ) -> list[dict[str, Any]]:
     a, y = s.matrix, np.stack(s.sums[key])
     constant = is_constant(s.label, key)
     total, how = public_total(view, s.label, key, y.shape[1], opts)
@@ -292,7 +321,7 @@ def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
     truth = truth_of(view, part, s.label, key) if constant else None
     splits = {}
     if opts.sizes and key_test(s.label, key) == COUNT and not base_dp(view, s, key):
-        splits = cohort_splits(groups, sols[-1].values, clear_sizes(view))
+        splits = cohort_splits(groups, sols[-1].values, sizes)
     base = {"target": TARGET, "label": s.label, "key": key, "view": "aggregate",
             "kind": "constant" if constant else "time-varying", "releases": len(s.rounds),
             "rounds": list(s.rounds),
@@ -337,13 +366,19 @@ def disaggregate_run(view: RunView, opts: DisaggregateOptions | None = None
     if part is None:
         notes.append("unscored: the clients' counts and sizes are on the experimenter's side "
                      "of the run folder (private/partition.json), not in the server's view")
-    records = [r for s in series for key in s.sums for r in _records_of(view, s, key, opts, part)]
+    sizes = {**secure_sizes(view, series, opts), **clear_sizes(view)} if opts.sizes else {}
+    records = [r for s in series for key in s.sums
+               for r in _records_of(view, s, key, opts, part, sizes)]
     if not opts.public_totals:
         notes.append("no public totals used (--no-totals): the never-selected clients and "
                      "the last of each group stay undetermined")
     cut = split_summary(records)
+    if opts.sizes and not sizes and any(key_test(r["label"], r["key"]) == COUNT
+                                        for r in records):
+        notes.append(NO_SIZES)
     if cut["cohorts"]:
-        notes.append(f"sizes in the clear (update weights) split {cut['split']} of "
+        notes.append(f"client sizes (clear update weights, or the weights' secure sums) "
+                     f"split {cut['split']} of "
                      f"{cut['cohorts']} cohorts' counts ({cut['integer']} by integer bounds, "
                      f"{cut['whole_class']} by one whole-class subset-sum fit; "
                      f"{cut['exact']} exact where scored)")

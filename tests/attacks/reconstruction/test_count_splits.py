@@ -3,6 +3,8 @@ whose answer is worked out by hand in each test's docstring."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from privfedcal.attacks.reconstruction.count_splits import (
@@ -10,7 +12,7 @@ from privfedcal.attacks.reconstruction.count_splits import (
     split_cohort,
     whole_class_splits,
 )
-from privfedcal.attacks.reconstruction.disaggregate_attack import cohort_splits
+from privfedcal.attacks.reconstruction.disaggregate_attack import clear_sizes, cohort_splits
 
 
 def test_sizes_matching_one_assignment_of_whole_classes_split_the_cohort():
@@ -54,10 +56,28 @@ def test_weights_that_are_not_sizes_split_nothing():
 def test_a_runs_groups_are_split_with_the_clear_sizes():
     """Clients 0..3 in cohorts (0, 1) and (2, 3), values the least-squares estimates whose
     group sums are determined (each member's own row is not): (0, 1) sums to (3, 5) with
-    sizes (3, 5), split; (2, 3) sums to (2, 2) with sizes (2, 2), not split."""
+    sizes (3, 5), split; (2, 3) sums to (2, 2) with sizes (2, 2), not split. The last
+    member's size follows from the others' and the group's total."""
     values = np.array([[1.5, 2.5], [1.5, 2.5], [1.0, 1.0], [1.0, 1.0]])
     got = cohort_splits([(0, 1), (2, 3)], values, {0: 3.0, 1: 5.0, 2: 2.0, 3: 2.0})
     assert got[0]["split"] == "whole-class" and got[0]["split_value"] == [3, 0]
     assert got[1]["split_value"] == [0, 5]
     assert got[2]["split"] is None and got[3]["split"] is None
-    assert cohort_splits([(0, 1)], values, {0: 3.0}) == {}  # a size unknown: no split
+    # one size unknown: the group's count total minus the other's (8 - 3 = 5)
+    assert cohort_splits([(0, 1)], values, {0: 3.0})[1]["size"] == 5.0
+    assert cohort_splits([(0, 1)], values, {}) == {}  # no size: no split
+
+
+def _update(client: int, round_: int, weight: float) -> dict:
+    return {"label": "model-update", "view": "plain-upload", "client": client,
+            "round": round_, "weight": weight}
+
+
+def test_clear_weights_are_sizes_only_when_they_differ_and_stay_the_same():
+    """Weights (3, 5) in two rounds are sizes; a client whose weight changes has none;
+    one weight for every client (uniform nominal weights) gives none at all."""
+    view = SimpleNamespace(entries=[_update(0, 1, 3.0), _update(1, 1, 5.0), _update(0, 2, 3.0),
+                                    _update(2, 1, 4.0), _update(2, 2, 6.0)])
+    assert clear_sizes(view) == {0: 3.0, 1: 5.0}
+    view = SimpleNamespace(entries=[_update(k, 1, 1.0) for k in range(4)])
+    assert clear_sizes(view) == {}
