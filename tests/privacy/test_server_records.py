@@ -14,7 +14,14 @@ from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.experiment import build_simulator
 from privfedcal.federation import divergence
 from privfedcal.federation.local import LocalResult
-from privfedcal.privacy.reasons import CODES, MEANING, PUBLIC_NUMBERS, Reason, reason_of
+from privfedcal.privacy.reasons import (
+    CODES,
+    MEANING,
+    PUBLIC_NUMBERS,
+    Reason,
+    from_node_code,
+    reason_of,
+)
 from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.secagg_stage import EncryptStage
 from privfedcal.privacy.transcript import Transcript
@@ -38,6 +45,9 @@ def test_every_code_has_a_meaning_and_free_text_is_never_a_code():
     assert reason_of("aggregate entry 5.1e+07 exceeds the declared bound 135946") \
         == Reason.MALFORMED
     assert reason_of(Reason.WITHHELD_ISOLATING.value) == Reason.WITHHELD_ISOLATING
+    # a Flower key holder sends only its error code: the release's reason is declared
+    assert from_node_code("upload-rejected-locally") == Reason.KEY_HOLDER_REFUSED
+    assert from_node_code("anything else") == Reason.KEY_HOLDER_REFUSED
 
 
 def test_a_sum_past_its_bound_is_recorded_by_its_code_without_its_value():
