@@ -196,7 +196,7 @@ class Uplink:
                       detail: str = "", **public: int) -> None:
         """Record that the release is not made, by its declared code and public numbers,
         and stop it (``ReleaseSkipped``, whose text is the record's)."""
-        code = reason_of(reason, Reason.KEY_HOLDER_REFUSED)
+        code = reason_of(reason, Reason.UNNAMED)
         log.warning("round %d %s: release skipped (%s)%s", round_, label, code,
                     f": {detail or reason}" if detail or reason != code else "")
         entry = reason_record(round_, label, code, **public)

@@ -43,7 +43,7 @@ def only_codes(records: list[dict]) -> None:
 def test_every_code_has_a_meaning_and_free_text_is_never_a_code():
     assert set(MEANING) == set(Reason)
     assert reason_of("aggregate entry 5.1e+07 exceeds the declared bound 135946") \
-        == Reason.MALFORMED
+        == Reason.UNNAMED
     assert reason_of(Reason.WITHHELD_ISOLATING.value) == Reason.WITHHELD_ISOLATING
     # a Flower key holder sends only its error code: the release's reason is declared
     assert from_node_code("upload-rejected-locally") == Reason.KEY_HOLDER_REFUSED
@@ -156,3 +156,36 @@ def test_a_diverged_runs_summary_lists_the_rejections_too(tmp_path, tiny_cfg):
     assert summary["rejected_uploads"] == sim.uplink.rejected
     assert summary["skipped_releases"] == []
     assert "client" not in " ".join(summary["notes"])
+
+
+def _text_reasons(tree) -> list[int]:
+    """Lines of calls ``.reject(round, label, client, <text>)`` or
+    ``.raise_skipped(round, label, <text>)`` whose reason is a string literal or f-string."""
+    import ast
+
+    at = {"reject": 3, "raise_skipped": 2}
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in at and len(node.args) > at[node.func.attr]):
+            arg = node.args[at[node.func.attr]]
+            if isinstance(arg, ast.JoinedStr | ast.Constant):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_every_recorded_reason_is_passed_as_a_code():
+    """No call in the package hands a release record its reason as text (a code or an
+    exception carrying one; the text goes in ``detail``, to the log)."""
+    import ast
+    from pathlib import Path
+
+    import privfedcal
+
+    root = Path(privfedcal.__file__).parent
+    found = {str(p.relative_to(root)): _text_reasons(ast.parse(p.read_text()))
+             for p in root.rglob("*.py")}
+    assert {p: lines for p, lines in found.items() if lines} == {}
+    planted = ast.parse('log.raise_skipped(1, "x", f"sum {s} too large")\n'
+                        'log.reject(1, "x", 2, Reason.MALFORMED, "text")')
+    assert _text_reasons(planted) == [1]
