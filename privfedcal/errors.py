@@ -18,31 +18,50 @@ class BudgetRefused(PrivacyBudgetError):
 
 
 class UploadRejected(ValueError):
-    """A client upload is malformed (shape, NaN/Inf, foreign or tampered ciphertext)."""
+    """A client upload is malformed (shape, NaN/Inf, foreign or tampered ciphertext).
+    ``reason`` is the declared code the server records (privacy/reasons.py; None: the
+    recorder's default); the text, which can hold values of the upload, goes to the log."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ReleaseSkipped(RuntimeError):
     """A release was not made (too few valid clients for the configured guarantees, or an
-    aggregate that failed its checks): the round goes on without it, nothing is released."""
+    aggregate that failed its checks): the round goes on without it, nothing is released.
+    Its text is the recorded code and public numbers only (privacy/reasons.py): it reaches
+    the run's notes."""
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Diverged(RuntimeError):
     """Training or calibration produced non-finite numbers: the run stops at that round
-    (exit code 4). ``round`` is the round reached, ``client`` the client where known."""
+    (exit code 4). ``round`` is the round reached, ``client`` the client where known.
+
+    ``client_public`` False (model updates under secure aggregation, where the server sees
+    only their sum): the client is kept for the experimenter's log (``client``) but neither
+    the message nor the record, both of which reach the server's folder, names it."""
 
     def __init__(self, round_: int, what: str, *, client: int | None = None,
-                 hint: str = "") -> None:
+                 hint: str = "", client_public: bool = True) -> None:
         self.round, self.what, self.client, self.hint = round_, what, client, hint
+        self.client_public = client_public
         #: the round of the checkpoint the run folder keeps (0: none), set by the runner
         #: that wrote it; None where unknown
         self.checkpoint_round: int | None = None
-        where = f"round {round_}" + (f", client {client}" if client is not None else "")
+        named = client if client_public else None
+        where = f"round {round_}" + (f", client {named}" if named is not None else "")
         super().__init__(f"diverged at {where}: {what}" + (f"; {hint}" if hint else ""))
 
     def record(self) -> dict[str, object]:
-        """What ``summary.json`` holds under ``"diverged"``."""
-        return {"round": self.round, "client": self.client, "what": self.what,
-                "hint": self.hint}
+        """What ``summary.json`` holds under ``"diverged"`` (the client None where it is
+        not public)."""
+        return {"round": self.round, "client": self.client if self.client_public else None,
+                "what": self.what, "hint": self.hint}
 
 
 class Interrupted(Exception):

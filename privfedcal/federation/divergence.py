@@ -7,6 +7,7 @@ where known, what was non-finite and a hint. A NaN model is never evaluated as a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,6 +18,8 @@ from privfedcal.errors import Diverged
 from privfedcal.federation.local import LocalResult
 from privfedcal.tensors import nonfinite_key
 
+log = logging.getLogger("privfedcal.divergence")
+
 
 def lr_hint(lr: float | None) -> str:
     now = f" (now {lr:g})" if lr is not None else ""
@@ -25,23 +28,30 @@ def lr_hint(lr: float | None) -> str:
 
 
 def check_local(results: Sequence[LocalResult], selected: Sequence[int],
-                averaged: Mapping[str, Tensor] | None, round_: int, lr: float | None) -> None:
+                averaged: Mapping[str, Tensor] | None, round_: int, lr: float | None, *,
+                secure: bool = False) -> None:
     """Every selected client's training loss and trained model (``LocalResult.state``: its
     state, or a marker holding its first non-finite entry), then the average: the client is
-    named where one is at fault."""
+    named where one is at fault, except under ``secure`` (--secagg-updates: the server sees
+    the updates' sum alone, so the record names no client; the log does)."""
     for client, r in zip(selected, results, strict=True):
         # under DP-SGD no loss leaves the client (None): the trained model is checked below
         if r.loss is not None and not math.isfinite(float(r.loss)):
-            raise Diverged(round_, "the local training loss is not finite", client=client,
-                           hint=lr_hint(lr))
+            _raise_local(round_, "the local training loss is not finite", client, lr, secure)
     for client, r in zip(selected, results, strict=True):
         bad = nonfinite_key(r.state)
         if bad is not None:
-            raise Diverged(round_, f"the trained model's {bad} is not finite", client=client,
-                           hint=lr_hint(lr))
+            _raise_local(round_, f"the trained model's {bad} is not finite", client, lr, secure)
     key = nonfinite_key(averaged) if averaged is not None else None
     if key is not None:
         raise Diverged(round_, f"the averaged model's {key} is not finite", hint=lr_hint(lr))
+
+
+def _raise_local(round_: int, what: str, client: int, lr: float | None, secure: bool) -> None:
+    if secure:  # the experimenter's log, never the server's folder
+        log.warning("round %d: client %d diverged (%s); the run's record names no client "
+                    "under secure aggregation of the updates", round_, client, what)
+    raise Diverged(round_, what, client=client, hint=lr_hint(lr), client_public=not secure)
 
 
 def check_state(state: Mapping[str, Tensor], round_: int, what: str, hint: str) -> None:

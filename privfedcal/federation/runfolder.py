@@ -22,6 +22,7 @@ quick run, ``audit``, the Flower ServerApp) goes through the ``Simulator``, whic
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,9 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     for folder in (Path(run_dir), server_dir(run_dir)):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / SUMMARY_FILE).write_text(text)
+    # the server's copy carries the view's one time, not the end of the run (transcript.py)
+    view = server_dir(run_dir)
+    if (view / CONFIG_FILE).is_file():
+        epoch = (view / CONFIG_FILE).stat().st_mtime_ns
+        for path in (view / SUMMARY_FILE, view):
+            os.utime(path, ns=(epoch, epoch))

@@ -356,7 +356,8 @@ class Simulator:
         self.uplink.after_local_training(selected)
         selected = self.replied(selected)  # under Flower, lost clients leave the round
         self.update_bytes += sent_bytes
-        divergence.check_local(checked, selected, averaged, round_, self.lr)
+        divergence.check_local(checked, selected, averaged, round_, self.lr,
+                               secure=self.uplink.updates is not None)
         return selected, results, averaged
 
     def apply_round(self, averaged: State, selected: list[int], results: list,
@@ -525,6 +526,8 @@ class Simulator:
         last = next((h for h in reversed(self.history) if "accuracy" in h), None)
         summary = self.summary_fields(
             diverged=exc.record(), accuracy=None,
+            rejected_uploads=list(self.uplink.rejected),
+            skipped_releases=list(self.uplink.skipped),
             last_finite_evaluation=({"round": last["round"], "accuracy": last["accuracy"]}
                                     if last else None),
             checkpoint_round=self.history[-1]["round"] if self.history else 0,

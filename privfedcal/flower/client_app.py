@@ -240,9 +240,10 @@ def client_runtime(context: Context) -> ClientRuntime:
 
 
 def _reported_size(rt: ClientRuntime) -> int:
-    """The client's size as it tells the server: 0 under --dp-train, where sizes are private
-    data and aggregation weights are uniform (privacy/uplink.py ``update_weights``)."""
-    return 0 if rt.cfg.dp_train else int(rt.idx.numel())
+    """The client's size as it tells the server: 0 under --dp-train and --hide-counts, where
+    sizes are private data and aggregation weights are uniform (privacy/uplink.py
+    ``update_weights``; Flower runs have no --secagg-updates)."""
+    return 0 if rt.cfg.dp_train or rt.cfg.hide_counts else int(rt.idx.numel())
 
 
 def _reply(msg: Message, rt: ClientRuntime, **records: Any) -> Message:

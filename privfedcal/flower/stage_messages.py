@@ -47,6 +47,7 @@ from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.privacy.error_codes import CODES, error_code
 from privfedcal.privacy.packing import PayloadLayout
+from privfedcal.privacy.reasons import from_node_code
 from privfedcal.privacy.secagg_stage import Sealing
 from privfedcal.privacy.stages import Finish, Release
 from privfedcal.privacy.transcript import Transcript
@@ -182,9 +183,9 @@ class RemoteKeys:
             "layout": layout.to_json(), "ciphertexts": ciphertexts})})
         reply = self._ask(content, "query.decrypt", release).content
         if "rejected" in reply:
-            code = str(reply["rejected"]["reason"])  # kept only if it is a declared code
-            rel.log.raise_skipped(rel.round_, rel.label, "aggregate failed the key holder's check: "
-                                  + (code if code in CODES else "(an undeclared reason)"))
+            code = str(reply["rejected"]["reason"])  # its text only in the log, if declared
+            rel.log.raise_skipped(rel.round_, rel.label, from_node_code(code),
+                                  f"the key holder sent {code if code in CODES else 'an undeclared code'}")
         return record_to_state(reply["aggregate"])
 
 

@@ -68,8 +68,10 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
                 "public without --dp-train (the summary says the guarantee covers the "
                 "calibration uploads only); charged with --dp-train"),
     ClientField("train", "metrics", "num-examples", "client size n_k (int)", "always",
-                "none; a constant 0 with --dp-train",
-                "public without --dp-train (FedAvg weights); carries nothing with --dp-train"),
+                "none; a constant 0 with --dp-train or --hide-counts",
+                "public without --dp-train and --hide-counts (FedAvg weights); carries "
+                "nothing with either, whose FedAvg weights are uniform (a size would split "
+                "a cohort's hidden counts)"),
     ClientField("train", "metrics", "train-loss", "mean local training loss (float)",
                 "without --dp-train", "none; not sent with --dp-train",
                 "public without --dp-train (a function of the update the server already "
@@ -129,8 +131,13 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
                 "start of a Flower run", "none",
                 "public: a function of the public run config only, never of the data seed"),
     ClientField("query.hello", "metrics", "num-examples", "client size n_k (int)",
-                "start of a Flower run", "none; a constant 0 with --dp-train",
-                "public without --dp-train (FedAvg weights); carries nothing with --dp-train"),
+                "start of a Flower run", "none; a constant 0 with --dp-train, and from "
+                "privfedcal's ClientApp with --hide-counts",
+                "public without --dp-train and --hide-counts (FedAvg weights); carries "
+                "nothing with either from privfedcal's ClientApp. The Flower plugin's node "
+                "reports its size whatever the settings (its server plans the release and "
+                "the clip search with it): under hide-counts it is public, and with a "
+                "cohort's summed counts it can split them"),
     # flower.hold: keeps a SuperNode busy between messages (flower/link.py)
     ClientField("query.hold", "-", "-", "nothing: an empty reply, sent after waiting the "
                 "seconds the server asked for", "flower.hold > 0, after every reply", "none",

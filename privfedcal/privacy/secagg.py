@@ -46,6 +46,7 @@ from torch import Tensor
 
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.privacy.packing import EncryptedUpload, PayloadLayout
+from privfedcal.privacy.reasons import Reason
 
 if TYPE_CHECKING:
     import tenseal as ts
@@ -215,9 +216,11 @@ def _load_vector(ctx: ts.Context, data: bytes, expected_len: int, what: str) -> 
     try:
         vec = _tenseal().ckks_vector_from(ctx, data)
     except Exception as exc:  # TenSEAL/SEAL raise ValueError, RuntimeError or TypeError
-        raise UploadRejected(f"{what} does not deserialise under this key ({exc})") from exc
+        raise UploadRejected(f"{what} does not deserialise under this key ({exc})",
+                             reason=Reason.INVALID_CIPHERTEXT) from exc
     if vec.size() != expected_len:
-        raise UploadRejected(f"{what} holds {vec.size()} values, expected {expected_len}")
+        raise UploadRejected(f"{what} holds {vec.size()} values, expected {expected_len}",
+                             reason=Reason.INVALID_CIPHERTEXT)
     # A fresh ciphertext: one SEAL ciphertext of size 2 at the first data level and the
     # global scale. Anything else (rescaled, mod-switched, unrelinearised) would be
     # auto-aligned by TenSEAL on addition, shrinking the modulus of the whole aggregate.
@@ -230,7 +233,8 @@ def _load_vector(ctx: ts.Context, data: bytes, expected_len: int, what: str) -> 
         or cts[0].scale != ctx.global_scale
         or cts[0].is_transparent()
     ):
-        raise UploadRejected(f"{what} is not a fresh ciphertext at this key's level and scale")
+        raise UploadRejected(f"{what} is not a fresh ciphertext at this key's level and scale",
+                             reason=Reason.INVALID_CIPHERTEXT)
     return vec
 
 
@@ -267,7 +271,8 @@ def encrypt_payload(
         try:
             vec = _tenseal().ckks_vector(ctx, vector[start : start + slots].tolist())
         except ValueError as exc:  # SEAL: "encoded values are too large"
-            raise UploadRejected(f"payload does not fit the CKKS parameters ({exc})") from exc
+            raise UploadRejected(f"payload does not fit the CKKS parameters ({exc})",
+                                 reason=Reason.CKKS_OVERFLOW) from exc
         chunks.append(vec.serialize())
     return EncryptedUpload(key_id, layout.digest(), tuple(chunks))
 
@@ -336,8 +341,8 @@ class KeyHolder:
         lengths = _chunk_lengths(layout.size, self.params.slots)
         if len(ciphertexts) != len(lengths):
             raise UploadRejected(
-                f"aggregate has {len(ciphertexts)} chunks, layout needs {len(lengths)}"
-            )
+                f"aggregate has {len(ciphertexts)} chunks, layout needs {len(lengths)}",
+                reason=Reason.INVALID_CIPHERTEXT)
         std = flooding_std(self.params, n, layout.size, bits=flood_bits) \
             if flood_bits is not None and layout.size else 0.0
         vector = self._decrypt_flooded(ciphertexts, lengths, std)
@@ -398,8 +403,8 @@ class KeyHolder:
         if worst > p.max_abs_sum * (1 + 1e-5) + err + 10 * std:
             raise UploadRejected(
                 f"aggregate entry {worst:.4g} exceeds the declared bound "
-                f"{p.max_abs_sum:g}: an upload broke the bound or used a foreign key"
-            )
+                f"{p.max_abs_sum:g}: an upload broke the bound or used a foreign key",
+                reason=Reason.BOUND_EXCEEDED)
 
     def state_dict(self) -> dict[str, Any]:
         """Resume state: parameters and TenSEAL's serialisation of the secret context (no pickle)."""
@@ -466,14 +471,15 @@ class ServerAggregator:
             upload = EncryptedUpload.from_bytes(upload)
         if upload.key_id != self.key_id:
             raise UploadRejected(
-                f"upload made under key {upload.key_id[:8]}.., server holds {self.key_id[:8]}.."
-            )
+                f"upload made under key {upload.key_id[:8]}.., server holds {self.key_id[:8]}..",
+                reason=Reason.INVALID_CIPHERTEXT)
         if upload.layout_hash != self._layout_hash:
-            raise UploadRejected("upload was packed with another payload layout")
+            raise UploadRejected("upload was packed with another payload layout",
+                                 reason=Reason.INVALID_CIPHERTEXT)
         if len(upload.chunks) != len(self._lengths):
             raise UploadRejected(
-                f"upload has {len(upload.chunks)} chunks, layout needs {len(self._lengths)}"
-            )
+                f"upload has {len(upload.chunks)} chunks, layout needs {len(self._lengths)}",
+                reason=Reason.INVALID_CIPHERTEXT)
         return [
             _load_vector(self._ctx, c, k, f"upload chunk {i}")
             for i, (c, k) in enumerate(zip(upload.chunks, self._lengths, strict=True))
@@ -487,7 +493,8 @@ class ServerAggregator:
             try:
                 self._acc = [a + v for a, v in zip(self._acc, vecs, strict=True)]
             except (ValueError, RuntimeError) as exc:  # SEAL: parameter or scale mismatch
-                raise UploadRejected(f"upload ciphertexts cannot be added ({exc})") from exc
+                raise UploadRejected(f"upload ciphertexts cannot be added ({exc})",
+                                     reason=Reason.INVALID_CIPHERTEXT) from exc
         self.count += 1
 
     def result(self) -> list[bytes]:

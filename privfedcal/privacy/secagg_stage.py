@@ -33,6 +33,7 @@ from privfedcal.cohorts import release_isolates, whole_cohorts
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
 from privfedcal.privacy.packing import PayloadLayout
+from privfedcal.privacy.reasons import Reason
 from privfedcal.privacy.secagg import (
     CKKSParams,
     KeyHolder,
@@ -50,7 +51,8 @@ PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their en
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
 PRECISION = 1e-10  # absolute CKKS error per aggregate entry: small, so decryption flooding is small
 #: ``skipped_releases``' code of a secure sum that the whole-run check withheld
-WITHHELD = "withheld: whole-run check"
+#: the code of a sum withheld by the whole-run check (privacy/reasons.py)
+WITHHELD = Reason.WITHHELD_ISOLATING.value
 
 
 def padded_size(params: CKKSParams, layout: PayloadLayout) -> int:
@@ -207,7 +209,7 @@ def key_holder_release(holder: KeyHolder, ciphertexts: list[bytes], layout: Payl
     the server asks: an aggregate of one would be that client's upload)."""
     if n < min_clients:
         raise UploadRejected(f"a sum of {n} upload(s) is below this key holder's minimum of "
-                             f"{min_clients}: not decrypted")
+                             f"{min_clients}: not decrypted", reason=Reason.TOO_FEW_UPLOADS)
     return holder.decrypt_aggregate(ciphertexts, layout, n_clients=n,
                                     round_to=2 * holder.params.error_bound(n))
 
@@ -232,7 +234,7 @@ class LocalKeys:
             n = check_contributors(contributors, self.min_clients, self.cohorts)
             total = key_holder_release(holder, ciphertexts, layout, n, self.min_clients)
         except UploadRejected as exc:
-            rel.log.raise_skipped(rel.round_, rel.label, f"aggregate failed the key holder's check: {exc}")
+            rel.log.raise_skipped(rel.round_, rel.label, exc, str(exc))
         return finish(total, rel)
 
 
@@ -258,8 +260,8 @@ class EncryptStage(Wire):
     def open(self, rel: Release) -> None:
         st = self.secagg
         if len(rel.clients) < st.min_clients:
-            rel.log.raise_skipped(rel.round_, rel.label, f"{len(rel.clients)} valid upload(s), secure "
-                         f"aggregation needs >= {st.min_clients}")
+            rel.log.raise_skipped(rel.round_, rel.label, Reason.TOO_FEW_UPLOADS,
+                                  uploads=len(rel.clients), min_clients=st.min_clients)
         layout = PayloadLayout.from_payload(rel.example,
                                             symmetric=st.symmetric.get(rel.label, frozenset()))
         params = CKKSParams.for_magnitude(st.max_abs(rel.label, rel.example), PRECISION,
@@ -280,8 +282,8 @@ class EncryptStage(Wire):
         added = self._sum_whole_cohorts(uploads, rel, server, sealing)
         rel.arrived = server.count
         if server.count < self.secagg.min_clients:
-            rel.log.raise_skipped(rel.round_, rel.label, f"only {server.count} upload(s) survived the "
-                         "server's checks")
+            rel.log.raise_skipped(rel.round_, rel.label, Reason.TOO_FEW_UPLOADS,
+                                  uploads=server.count, min_clients=self.secagg.min_clients)
         self.check_whole_run(added, rel)
         rel.hidden = True
         return self.keys.decrypt(server.result(), sealing.layout, rel, finish,
@@ -298,8 +300,9 @@ class EncryptStage(Wire):
                                      for c in row)])
         if release_isolates(released, contributors, clients, st.group_minimum,
                             known=st.known) is not None:
-            rel.log.raise_skipped(rel.round_, rel.label, f"{WITHHELD} ({len(contributors)} "
-                                  f"uploads, {len(released)} earlier sums)")
+            rel.log.raise_skipped(rel.round_, rel.label, Reason.WITHHELD_ISOLATING,
+                                  f"{len(contributors)} uploads, {len(released)} earlier sums",
+                                  uploads=len(contributors), min_clients=st.group_minimum)
 
     def _sum_whole_cohorts(self, uploads: Iterable[tuple[int, Any]], rel: Release,
                            server: ServerAggregator, sealing: Sealing) -> list[int]:
@@ -319,8 +322,7 @@ class EncryptStage(Wire):
         for client, data in uploads:
             i = cohort_of.get(client)
             if client in added or client in waiting.get(i, {}):
-                rel.log.reject(rel.round_, rel.label, client, "a second upload of the "
-                               "release: never summed")
+                rel.log.reject(rel.round_, rel.label, client, Reason.DUPLICATE_UPLOAD)
                 continue
             if i is None:  # in no cohort: its own group
                 added += self._add_group([client], {client: data}, server, sealing, rel)
@@ -331,8 +333,7 @@ class EncryptStage(Wire):
                                          rel)
         for held in waiting.values():
             for client in held:
-                rel.log.reject(rel.round_, rel.label, client, "another upload of its cohort "
-                               "is missing: the cohort is left out of the sum")
+                rel.log.reject(rel.round_, rel.label, client, Reason.COHORT_INCOMPLETE)
         return added
 
     @staticmethod
@@ -349,18 +350,17 @@ class EncryptStage(Wire):
                 prepared.append(server.prepare(
                     unpad(data) if sealing.pad_to is not None else bytes(data)))
             except UploadRejected as exc:  # dropped with its cohort; noise topped up
-                rel.log.reject(rel.round_, rel.label, client, str(exc))
+                rel.log.reject(rel.round_, rel.label, client, exc)
                 for other in group:
                     if other != client:
-                        rel.log.reject(rel.round_, rel.label, other, "another upload of its "
-                                       "cohort was rejected: the cohort is left out of the sum")
+                        rel.log.reject(rel.round_, rel.label, other, Reason.COHORT_INCOMPLETE)
                 return []
         for client, vecs in zip(group, prepared, strict=True):
             try:
                 server.accumulate(vecs)
             except UploadRejected as exc:  # a partial cohort would be in the sum
-                rel.log.raise_skipped(rel.round_, rel.label, f"upload of client {client} "
-                                      f"could not be added ({exc})")
+                rel.log.raise_skipped(rel.round_, rel.label, exc,
+                                      f"upload of client {client} could not be added ({exc})")
             rel.transcript.record(round_=rel.round_, label=rel.label, view="ciphertext",
                                   client=client, bytes=len(data_of[client]))
         return list(group)

@@ -27,6 +27,7 @@ import torch
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.reasons import Reason
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.tensors import all_finite
@@ -42,10 +43,16 @@ MIN_SECAGG_CLIENTS = 2
 class ReleaseLog(Protocol):
     """Where stages report a dropped upload or a release that is not made (the Uplink)."""
 
-    def reject(self, round_: int, label: str, client: int, reason: str) -> None: ...
+    def reject(self, round_: int, label: str, client: int,
+               reason: Reason | str | BaseException, detail: str = "") -> None:
+        """Record a dropped upload by its code (privacy/reasons.py; an exception gives its
+        own), ``detail`` to the log only."""
+        ...
 
-    def raise_skipped(self, round_: int, label: str, reason: str) -> None:
-        """Record that the release is not made, then raise ``ReleaseSkipped``."""
+    def raise_skipped(self, round_: int, label: str, reason: Reason | str | BaseException,
+                      detail: str = "", **public: int) -> None:
+        """Record that the release is not made (its code and public numbers), then raise
+        ``ReleaseSkipped``."""
         ...
 
 
@@ -269,7 +276,7 @@ class ClearWire(Wire):
             try:
                 validate_upload(payload, reference)
             except UploadRejected as exc:
-                rel.log.reject(rel.round_, rel.label, client, str(exc))
+                rel.log.reject(rel.round_, rel.label, client, exc)
                 continue
             reference = reference or payload
             rel.transcript.record(round_=rel.round_, label=rel.label, view="plain-upload",
@@ -281,6 +288,6 @@ class ClearWire(Wire):
                     total[k] += v.to(torch.float64)
             rel.arrived += 1
         if total is None:
-            rel.log.raise_skipped(rel.round_, rel.label, "no valid upload")
+            rel.log.raise_skipped(rel.round_, rel.label, Reason.NO_VALID_UPLOAD)
         assert total is not None
         return finish(total, rel)

@@ -13,14 +13,22 @@ The files are written off the training path: ``record`` copies the tensors and h
 one writer thread, and ``flush`` (the simulator calls it before each checkpoint and at the
 end of a run) waits for the pending files and then rewrites the index, so the index never
 names a file that is not on disk and a checkpoint never precedes its round's record.
+
+A file's time is a record too: when a client's update reached the disk says how long it
+trained, which grows with its private size. So ``flush`` sets the times of every file it
+waited for, of the index and of the folder to one value, the time the run's server view was
+started (``server_epoch``: the time of ``server/config.json``): nothing in the transcript
+tells one client's moment from another's (docs/threat-model.md, "Timing").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +120,8 @@ class Transcript:
         #: in a run never stopped; after a resume that finds releases of those rounds on
         #: record, one more than theirs (``resume_after``), written into every entry
         self.attempt = 0
+        self._unstamped: list[Path] = []  # files written since the last flush
+        self._epoch: int | None = None  # ns, read at the first flush (server_epoch)
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
             index = directory / "index.json"
@@ -127,6 +137,7 @@ class Transcript:
         fname = f"{len(self.entries):05d}{again}-{name}.safetensors"
         if self._writer is None:
             self._writer = _Writer()
+        self._unstamped.append(self.directory / fname)
         # a private copy: the caller may change its tensors once record returns
         self._writer.put({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
                          str(self.directory / fname))
@@ -190,6 +201,11 @@ class Transcript:
                 self._writer.wait()
             text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
             (self.directory / "index.json").write_text(text)
+            if self._epoch is None:
+                self._epoch = server_epoch(self.directory)
+            for path in [*self._unstamped, self.directory / "index.json", self.directory]:
+                os.utime(path, ns=(self._epoch, self._epoch))
+            self._unstamped = []
 
     def close(self) -> None:
         """Flush, and stop the writer thread (a later ``record`` starts another)."""
@@ -202,6 +218,13 @@ class Transcript:
         """Bytes of the calibration uploads (model updates are counted apart)."""
         return int(sum(e.get("bytes", 0) for e in self.entries
                        if e["view"] != "aggregate" and e["label"] != UPDATE_RELEASE))
+
+
+def server_epoch(directory: Path) -> int:
+    """The one time (ns) every file of the server's view carries: that of the view's
+    ``config.json`` (written when the run starts), else now."""
+    config = Path(directory).parent / "config.json"
+    return config.stat().st_mtime_ns if config.is_file() else time.time_ns()
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:

@@ -34,6 +34,8 @@ import torch
 from privfedcal.errors import BudgetRefused, ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.privacy.bound import Bound, NoBound, Payload
 from privfedcal.privacy.noise import INSECURE_STATEMENT
+from privfedcal.privacy.reasons import Reason, reason_of
+from privfedcal.privacy.reasons import record as reason_record
 from privfedcal.privacy.release_journal import ReleaseJournal, charge_of, contributors_party
 from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.stages import (
@@ -189,7 +191,7 @@ class Uplink:
             stream = self._validated(uploads, round_, label)
             first = next(stream, None)
             if first is None:
-                self.raise_skipped(round_, label, "no valid upload")
+                self.raise_skipped(round_, label, Reason.NO_VALID_UPLOAD)
             assert first is not None  # raise_skipped raised
             valid = [first]
             clients, stream = list(asked), itertools.chain(valid, stream)
@@ -206,21 +208,31 @@ class Uplink:
                 self.admit(rel.at(client))
                 yield client, self.client_side(payload, rel.at(client))
             except UploadRejected as exc:  # dropped; the release goes on, noise topped up
-                self.reject(rel.round_, rel.label, client, str(exc))
+                self.reject(rel.round_, rel.label, client, exc)
             except BudgetRefused as exc:  # not sent; the release goes on without it
-                self.reject(rel.round_, rel.label, client, f"refused by the client: {exc}")
+                self.reject(rel.round_, rel.label, client, Reason.REFUSED_BY_CLIENT, str(exc))
 
-    def reject(self, round_: int, label: str, client: int, reason: str) -> None:
-        log.warning("round %d %s: upload of client %d rejected: %s", round_, label, client,
-                    reason)
-        self.rejected.append({"round": round_, "label": label, "client": client,
-                              "reason": reason})
+    def reject(self, round_: int, label: str, client: int,
+               reason: Reason | str | BaseException, detail: str = "") -> None:
+        """Record a dropped upload by its declared code (privacy/reasons.py); the text of
+        the check goes to the log only."""
+        code = reason_of(reason)
+        log.warning("round %d %s: upload of client %d rejected (%s)%s", round_, label,
+                    client, code, f": {detail or reason}" if detail or reason != code else "")
+        self.rejected.append(reason_record(round_, label, code, client=client))
 
-    def raise_skipped(self, round_: int, label: str, reason: str) -> None:
-        """Record that the release is not made and stop it (``ReleaseSkipped``)."""
-        log.warning("round %d %s: release skipped: %s", round_, label, reason)
-        self.skipped.append({"round": round_, "label": label, "reason": reason})
-        raise ReleaseSkipped(f"round {round_} {label}: {reason}")
+    def raise_skipped(self, round_: int, label: str, reason: Reason | str | BaseException,
+                      detail: str = "", **public: int) -> None:
+        """Record that the release is not made, by its declared code and public numbers,
+        and stop it (``ReleaseSkipped``, whose text is the record's)."""
+        code = reason_of(reason, Reason.UNNAMED)
+        log.warning("round %d %s: release skipped (%s)%s", round_, label, code,
+                    f": {detail or reason}" if detail or reason != code else "")
+        entry = reason_record(round_, label, code, **public)
+        self.skipped.append(entry)
+        numbers = "".join(f", {k} {entry[k]}" for k in public)
+        raise ReleaseSkipped(f"round {round_} {label}: release skipped ({code}{numbers})",
+                             reason=code)
 
     def _validated(self, uploads: Iterable[tuple[int, Payload]], round_: int,
                    label: str) -> Iterator[tuple[int, Payload]]:
@@ -231,7 +243,7 @@ class Uplink:
             try:
                 validate_upload(payload, reference)
             except UploadRejected as exc:
-                self.reject(round_, label, client, str(exc))
+                self.reject(round_, label, client, exc)
                 continue
             reference = payload if reference is None else reference
             yield client, payload
@@ -239,16 +251,26 @@ class Uplink:
     def _validate(self, uploads, round_, label) -> list[tuple[int, Payload]]:
         valid = list(self._validated(uploads, round_, label))
         if not valid:
-            self.raise_skipped(round_, label, "no valid upload")
+            self.raise_skipped(round_, label, Reason.NO_VALID_UPLOAD)
         return valid
 
     # ---- model updates --------------------------------------------------------------------
     def update_weights(self, sizes: list[float]) -> list[float]:
-        """FedAvg weights of a round: client sizes n_k, except under --dp-train, where the
-        sizes are private data: uniform (public) weights, so no size leaves a client."""
-        if any(s.uniform_weights for s in self.stages):
+        """FedAvg weights of a round: client sizes n_k, except where the sizes are private
+        data: uniform (public nominal) weights, so no size leaves a client. Sizes are
+        private under --dp-train, and under --hide-counts with updates in the clear (a
+        size is the total of the client's hidden class counts: with a cohort's determined
+        sums it splits them, ``count_splits.py``); under --secagg-updates they travel
+        inside the encrypted sum."""
+        if self.nominal_weights:
             return [1.0] * len(sizes)
         return list(sizes)
+
+    @property
+    def nominal_weights(self) -> bool:
+        """Whether model updates are averaged with uniform public weights."""
+        return (any(s.uniform_weights for s in self.stages)
+                or (self.hide_counts and self.updates is None))
 
     def average_updates(self, sent: Payload, states: list[Payload], weights: list[float],
                         clients: list[int], *, round_: int, transcript: Transcript) -> Payload:
@@ -270,11 +292,14 @@ class Uplink:
                                            transcript=transcript)
             weight = float(total.pop(UPDATE_WEIGHT)[0])
             if not weight > 0:
-                raise UploadRejected(f"decrypted weight sum {weight:g} is not positive")
-        except (ReleaseSkipped, UploadRejected) as exc:  # the global state stays as it was
-            log.warning("round %d model-update: secure aggregate rejected: %s", round_, exc)
-            self.skipped.append({"round": round_, "label": UPDATE_RELEASE, "reason": str(exc)})
+                self.updates.raise_skipped(round_, UPDATE_RELEASE, Reason.WEIGHT_NOT_POSITIVE,
+                                           f"decrypted weight sum {weight:g}")
+        except ReleaseSkipped:  # recorded by the updates' uplink; the global state stays
             return dict(sent)
+        finally:  # its records are the run's: every uplink's rejections listed together
+            self.rejected += self.updates.rejected
+            self.skipped += self.updates.skipped
+            self.updates.rejected, self.updates.skipped = [], []
         out = {k: v.clone() for k, v in sent.items()}  # integer buffers: the global ones
         for k in keys:
             out[k] = (total[k] / weight).to(sent[k].dtype).to(sent[k].device)
@@ -359,6 +384,9 @@ class Uplink:
                                 "of the calibration uploads (CKKS secure aggregation); model "
                                 "updates " + ("only as their CKKS sum" if self.updates
                                               is not None else "travel in the clear"))
+            if self.hide_counts and self.updates is None:
+                out["statement"] += (", averaged with uniform weights: no client size "
+                                     "reaches the server")
         elif self.updates is not None and not dp:
             out["statement"] = ("no differential privacy: the server saw the model updates "
                                 "only as their CKKS sum; calibration uploads in the clear")

@@ -49,7 +49,8 @@ class Rejected(TypedDict):
     round: Annotated[int, "the round of the release"]
     label: Annotated[str, "the release (`ccvr-stats`, `creff-grad`, `model-update`)"]
     client: Annotated[int, "the client whose upload was refused"]
-    reason: Annotated[str, "why, in one line"]
+    reason: Annotated[str, "why: a declared code of `privacy/reasons.py` (`malformed-upload`, "
+                           "`cohort-incomplete`, ...), never the check's text"]
 
 
 class Skipped(TypedDict):
@@ -57,7 +58,13 @@ class Skipped(TypedDict):
 
     round: Annotated[int, "the round of the release"]
     label: Annotated[str, "the release"]
-    reason: Annotated[str, "why, in one line"]
+    reason: Annotated[str, "why: a declared code of `privacy/reasons.py` "
+                           "(`too-few-uploads`, `aggregate-exceeds-bound`, ...), never the "
+                           "check's text"]
+    uploads: NotRequired[Annotated[int, "uploads the server received or kept (public: it "
+                                        "counts them)"]]
+    min_clients: NotRequired[Annotated[int, "the public minimum of a secure sum "
+                                            "(--secagg-min-clients)"]]
 
 
 class Calibration(TypedDict):
@@ -294,9 +301,9 @@ class PluginRun(TypedDict):
 class Summary(TypedDict):
     """`summary.json` (`Run.summary`): what the run was, how it ended and what it spent.
 
-    A finished run has `loss`, `per_class_accuracy`, `rejected_uploads` and
-    `skipped_releases`; a run stopped by the divergence guard has `diverged`,
-    `last_finite_evaluation` and `checkpoint_round` instead, and `accuracy` None."""
+    A finished run has `loss` and `per_class_accuracy`; a run stopped by the divergence
+    guard has `diverged`, `last_finite_evaluation` and `checkpoint_round` instead, and
+    `accuracy` None. Both list `rejected_uploads` and `skipped_releases`."""
 
     method: Annotated[str, "the federated method (`fedavg`, `ccvr`, `creff`, ...)"]
     local_method: Annotated[str, "the clients' local objective"]

@@ -142,7 +142,7 @@ def test_simulated_client_refuses_an_overselection(tiny_cfg, tmp_path, monkeypat
                and e["client"] == client]
     assert len(uploads) == t
     refused = [r for r in summary["rejected_uploads"] if r["client"] == client]
-    assert len(refused) == 1 and "refused by the client" in refused[0]["reason"]
+    assert len(refused) == 1 and refused[0]["reason"] == "refused-by-client"
     assert summary["skipped_releases"] == []  # the others' release went on
     dp = sim.uplink.find(NoiseStage).dp
     assert dp.ledgers[client].made == {CREFF_RELEASE: t}

@@ -81,7 +81,7 @@ def test_a_sum_that_would_isolate_is_withheld_and_the_run_goes_on():
             pass
     assert keys.decrypted == 2
     assert up.skipped == [{"round": 2, "label": "stats",
-                           "reason": f"{WITHHELD} (3 uploads, 1 earlier sums)"}]
+                           "reason": WITHHELD, "uploads": 3, "min_clients": 2}]
     assert secure_participants(tr.entries) == [[0, 1, 2, 3], [0, 1, 4, 5]]
     assert [e["round"] for e in tr.entries if e["view"] == "aggregate"] == [1, 3]
 

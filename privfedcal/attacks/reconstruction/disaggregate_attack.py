@@ -33,6 +33,7 @@ import numpy as np
 from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.reconstruction import disaggregate as D
 from privfedcal.attacks.reconstruction.class_inference import COUNT, INDICATOR, key_tests
+from privfedcal.attacks.reconstruction.count_splits import split_cohort
 from privfedcal.attacks.reconstruction.disaggregate_report import (
     TARGET,
     console,
@@ -56,6 +57,11 @@ TOTALS = {"N": "the federation's training examples: public dataset and partition
                "together"}
 #: an estimate within this of the truth, in every entry, rounds to it (counts, sizes)
 EXACT = 0.5
+#: the note of a run whose transcript shows no client size (uniform or no weights)
+NO_SIZES = ("no client size in the server's view (update weights uniform, or only summed "
+            "whole cohorts): no cohort's counts split by sizes")
+#: cohorts of at most this many members are split with their sizes (count_splits.py)
+MAX_SPLIT_MEMBERS = 6
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,10 @@ class DisaggregateOptions:
     public_totals: bool = attack_option(True, "Add the public all-clients totals (N for "
                                         "update weights, the public class totals for "
                                         "counts).", flag="--totals/--no-totals")
+    sizes: bool = attack_option(True, "Split each cohort's determined class counts between "
+                                "its members with their sizes where the transcript shows "
+                                "them (clear update weights): integer bounds and the "
+                                "whole-class subset-sum search.", flag="--sizes/--no-sizes")
 
     def __post_init__(self) -> None:
         if self.window < 0:
@@ -173,6 +183,93 @@ def public_total(view: RunView, label: str, key: str, width: int, opts: Disaggre
     return None, None
 
 
+def clear_sizes(view: RunView) -> dict[int, float]:
+    """Each client's FedAvg weight as the transcript shows it in the clear (an update sent
+    in the clear is recorded with the weight the server used), where it is the same in every
+    round. One weight for every client is nominal (uniform weights): none. Whether a weight
+    is the client's size is also for the split to check: sizes add up to the cohort's count
+    total."""
+    seen: dict[int, set[float]] = {}
+    for e in view.entries:
+        if (e["label"] == UPDATE_RELEASE and e["view"] == "plain-upload"
+                and e.get("weight") is not None):
+            seen.setdefault(int(e["client"]), set()).add(float(e["weight"]))
+    if len(set().union(*seen.values())) <= 1:  # one weight for all: nominal, no size
+        return {}
+    return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
+
+
+def cohort_splits(groups: Sequence[tuple[int, ...]], values: np.ndarray,
+                  sizes: dict[int, float]) -> dict[int, dict[str, Any]]:
+    """Per client of a determined group of 2..MAX_SPLIT_MEMBERS clients whose sizes are
+    known (all, or all but one: the group's count total minus the others'): how the sizes
+    split the group's summed counts (``count_splits.py``): ``"integer"`` (every integer
+    split agrees), ``"whole-class"`` (one subset-sum assignment of whole classes fits) or
+    None, with the split's counts."""
+    out: dict[int, dict[str, Any]] = {}
+    for g in groups:  # smallest first: a client keeps the split of its smallest group
+        missing = [k for k in g if k not in sizes]
+        if not 2 <= len(g) <= MAX_SPLIT_MEMBERS or len(missing) > 1 or any(k in out for k in g):
+            continue
+        sums = np.rint(values[list(g)].sum(axis=0))
+        known = {k: sizes[k] for k in g if k in sizes}
+        known.update({k: float(sums.sum()) - sum(known.values()) for k in missing})
+        cut = split_cohort(g, sums, [known[k] for k in g])
+        for i, k in enumerate(g):
+            how, est = None, None
+            if cut.determined[i]:
+                how, est = "integer", cut.low[i]
+            elif cut.whole_class is not None:
+                how, est = "whole-class", cut.whole_class[i]
+            out[k] = {"size": known[k], "cohort": list(g), "cohort_feasible": cut.feasible,
+                      "whole_class_fits": cut.whole_class_fits, "split": how,
+                      "split_value": None if est is None else [int(v) for v in est]}
+    return out
+
+
+def secure_sizes(view: RunView, series: Sequence[Series], opts: DisaggregateOptions
+                 ) -> dict[int, float]:
+    """Each client's size where the secure sums of the update weights (``__weight`` under
+    --secagg-updates) determine it alone, with the public total N; none under --dp-train,
+    whose weights are all 1."""
+    s = next((x for x in series if x.label == UPDATE_RELEASE and UPDATE_WEIGHT in x.sums), None)
+    if s is None or view.cfg.dp_train:
+        return {}
+    a, y = s.matrix, np.stack(s.sums[UPDATE_WEIGHT])
+    total, _ = public_total(view, s.label, UPDATE_WEIGHT, 1, opts)
+    if total is not None:
+        a, y = np.vstack([a, np.ones(a.shape[1])]), np.vstack([y, total])
+    sol = D.solve(a, y)
+    return {c: float(np.rint(sol.values[c, 0])) for c in range(a.shape[1])
+            if sol.determined[c]}
+
+
+def _split_fields(c: int, splits: dict[int, dict[str, Any]], truth: np.ndarray | None
+                  ) -> dict[str, Any]:
+    got = splits.get(c)
+    if got is None:
+        return {"size": None, "split": None, "split_value": None, "split_exact": None}
+    exact = None
+    if got["split_value"] is not None and truth is not None:
+        exact = bool(np.abs(np.asarray(got["split_value"]) - truth[c]).max() < EXACT)
+    return {**got, "split_exact": exact}
+
+
+def split_summary(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Cohorts the sizes were tried on, how many they split (any member), by which rule,
+    and how many splits were exact (scored runs only)."""
+    cohorts: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("cohort") is not None:
+            cohorts.setdefault((r["label"], r["key"], tuple(r["cohort"])), []).append(r)
+    split = [rs for rs in cohorts.values() if any(r["split"] for r in rs)]
+    return {"cohorts": len(cohorts), "split": len(split),
+            "integer": sum(any(r["split"] == "integer" for r in rs) for rs in split),
+            "whole_class": sum(all(r["split"] != "integer" for r in rs) for rs in split),
+            "exact": sum(all(r["split_exact"] for r in rs if r["split"]) for rs in split
+                         if all(r["split_exact"] is not None for r in rs if r["split"]))}
+
+
 def private_truth(view: RunView) -> dict[str, Any] | None:
     """The experimenter's ``private/partition.json`` (None on a server view alone)."""
     path = view.run_dir / "private" / "partition.json"
@@ -209,7 +306,8 @@ def score(estimate: np.ndarray, truth: np.ndarray | None) -> dict[str, Any]:
 
 
 def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
-                part: dict[str, Any] | None) -> list[dict[str, Any]]:
+                part: dict[str, Any] | None, sizes: dict[int, float]
+                ) -> list[dict[str, Any]]:
     a, y = s.matrix, np.stack(s.sums[key])
     constant = is_constant(s.label, key)
     total, how = public_total(view, s.label, key, y.shape[1], opts)
@@ -221,6 +319,9 @@ def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
     else:  # Lam et al.: constant within each window of releases
         sols = D.solve_windows(a, y, opts.window)
     truth = truth_of(view, part, s.label, key) if constant else None
+    splits = {}
+    if opts.sizes and key_test(s.label, key) == COUNT and not base_dp(view, s, key):
+        splits = cohort_splits(groups, sols[-1].values, sizes)
     base = {"target": TARGET, "label": s.label, "key": key, "view": "aggregate",
             "kind": "constant" if constant else "time-varying", "releases": len(s.rounds),
             "rounds": list(s.rounds),
@@ -229,7 +330,7 @@ def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
             "groups": [list(g) for g in groups], "groups_complete": complete,
             "finest_group": min((len(g) for g in groups), default=None),
             "windows": len(sols), "fit_residual": max(x.residual for x in sols),
-            "dp": any(v > 0 for v in view.noise_stds(s.label, [key]).values())}
+            "dp": base_dp(view, s, key)}
     out = []
     for c in range(a.shape[1]):
         est = sols[-1].values[c]
@@ -243,8 +344,14 @@ def _records_of(view: RunView, s: Series, key: str, opts: DisaggregateOptions,
                     "norm": float(np.linalg.norm(est)),
                     "truth": None if truth is None or truth[c].size > MAX_STORED
                     else [float(v) for v in truth[c]],
-                    **score(est, None if truth is None else truth[c])})
+                    **score(est, None if truth is None else truth[c]),
+                    **(_split_fields(c, splits, truth) if splits else {})})
     return out
+
+
+def base_dp(view: RunView, s: Series, key: str) -> bool:
+    """Whether the releases of ``key`` were noised (then no sum is an integer count)."""
+    return any(v > 0 for v in view.noise_stds(s.label, [key]).values())
 
 
 def disaggregate_run(view: RunView, opts: DisaggregateOptions | None = None
@@ -259,10 +366,22 @@ def disaggregate_run(view: RunView, opts: DisaggregateOptions | None = None
     if part is None:
         notes.append("unscored: the clients' counts and sizes are on the experimenter's side "
                      "of the run folder (private/partition.json), not in the server's view")
-    records = [r for s in series for key in s.sums for r in _records_of(view, s, key, opts, part)]
+    sizes = {**secure_sizes(view, series, opts), **clear_sizes(view)} if opts.sizes else {}
+    records = [r for s in series for key in s.sums
+               for r in _records_of(view, s, key, opts, part, sizes)]
     if not opts.public_totals:
         notes.append("no public totals used (--no-totals): the never-selected clients and "
                      "the last of each group stay undetermined")
+    cut = split_summary(records)
+    if opts.sizes and not sizes and any(key_test(r["label"], r["key"]) == COUNT
+                                        for r in records):
+        notes.append(NO_SIZES)
+    if cut["cohorts"]:
+        notes.append(f"client sizes (clear update weights, or the weights' secure sums) "
+                     f"split {cut['split']} of "
+                     f"{cut['cohorts']} cohorts' counts ({cut['integer']} by integer bounds, "
+                     f"{cut['whole_class']} by one whole-class subset-sum fit; "
+                     f"{cut['exact']} exact where scored)")
     for key, how in dict.fromkeys((r["key"], r["public_total"]) for r in records):
         if how:
             notes.append(f"public total of {key!r}: {how} ({TOTALS[how[0]]})")

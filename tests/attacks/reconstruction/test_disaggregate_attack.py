@@ -21,6 +21,8 @@ from scipy.linalg import null_space
 from privfedcal.attacks.reconstruction.disaggregate_attack import (
     DisaggregateOptions,
     disaggregate_run,
+    secure_series,
+    secure_sizes,
     summarise,
 )
 from privfedcal.attacks.reconstruction.runner import load_run
@@ -100,6 +102,17 @@ def test_sums_over_changing_participants_give_every_count_and_size_exactly(runs)
         if r["key"] in ("count", "__weight"):
             assert r["determined"] == bool(fixed[r["client"]])
             assert not r["determined"] or r["exact"]
+
+
+def test_sizes_the_weights_secure_sums_determine_are_sizes(runs):
+    """The plain run's updates summed as --secagg-updates would: the weights' sums over
+    changing participant sets, with N, determine every client's size."""
+    view = load_run(runs / "plain")
+    part = json.loads((runs / "plain" / "private" / "partition.json").read_text())
+    view.entries = as_secure(view.entries)
+    series, _ = secure_series(view)
+    got = secure_sizes(view, series, DisaggregateOptions())
+    assert got == {k: float(n) for k, n in enumerate(part["sizes"])}
 
 
 def test_a_sum_with_a_missing_ciphertext_is_left_out(runs):
