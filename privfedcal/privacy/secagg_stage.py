@@ -191,13 +191,15 @@ def check_contributors(contributors: Sequence[int] | None, min_clients: int,
     list is given, names no client twice, holds at least ``min_clients`` and is a union of
     whole public cohorts. Returns the number of contributors; raises UploadRejected."""
     if contributors is None:
-        raise UploadRejected("the decryption request names no contributors: not decrypted")
+        raise UploadRejected("the decryption request names no contributors: not decrypted",
+                             reason=Reason.KEY_HOLDER_REFUSED)
     if not whole_cohorts(contributors, cohorts):
         raise UploadRejected(f"the {len(contributors)} contributors are not whole cohorts: "
-                             "not decrypted")
+                             "not decrypted", reason=Reason.KEY_HOLDER_REFUSED)
     if len(contributors) < min_clients:
         raise UploadRejected(f"a sum of {len(contributors)} upload(s) is below this key "
-                             f"holder's minimum of {min_clients}: not decrypted")
+                             f"holder's minimum of {min_clients}: not decrypted",
+                             reason=Reason.KEY_HOLDER_REFUSED)
     return len(contributors)
 
 
