@@ -62,6 +62,11 @@ def attempt(out: Outcome, name: str, call) -> bool:
     from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
 
     try:
+        from privfedcal.flower.link import FlowerRoundError
+    except ImportError:  # no flower extra: no Flower run either
+        FlowerRoundError = Diverged  # noqa: N806 - stands in for the missing class
+
+    try:
         call()
     except KeyboardInterrupt:
         out.events.append(f"{name}: stopped")
@@ -69,6 +74,8 @@ def attempt(out: Outcome, name: str, call) -> bool:
         out.events.append(f"{name}: refused ({type(exc).__name__})")
     except Diverged:
         out.events.append(f"{name}: diverged")
+    except FlowerRoundError:
+        out.events.append(f"{name}: too few replies")
     else:
         out.events.append(f"{name}: finished")
         return True
@@ -113,8 +120,10 @@ def run_flower(schedule: Schedule, run: Path, out: Outcome, min_replies: int | N
 
     cfg = config(schedule.settings, run)
     f = schedule.fault
+    if min_replies is None:  # one node may be lost from a round
+        min_replies = max(1, int(cfg.clients * cfg.participation) - 1)
     options = FlowerOptions(round_timeout=1.5, poll_interval=0.05, node_wait=2.0,
-                            min_replies=cfg.clients - 1 if min_replies is None else min_replies)
+                            min_replies=min_replies)
     run_config = to_run_config(cfg.replace(data_seed=None), options)
     grid = lossy_grid(client_app, run_config, cfg.clients, {"data-seed": cfg.data_seed},
                       victim=int(f["victim"]), nth=int(f["nth"]), reply=f["reply"],

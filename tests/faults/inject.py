@@ -147,3 +147,27 @@ def lossy_grid(client_app, run_config, clients: int, node_config: dict, *, victi
             return ids
 
     return LossyGrid()
+
+
+class Oversized:
+    """The ``nth`` upload of release ``label`` through the uplink's client half is scaled so
+    that its largest entry is ``peak`` (a buggy or faulty client: past the declared bound,
+    still within what CKKS can encode)."""
+
+    def __init__(self, label: str, nth: int = 1, peak: float = 1e6) -> None:
+        self.label, self.nth, self.peak = label, nth, peak
+        self.calls, self.fired = 0, False
+
+    def __call__(self, real: Callable) -> Callable:
+        def wrapped(uplink, payload, rel, *args, **kwargs):
+            if rel.label == self.label and isinstance(payload, dict):
+                self.calls += 1
+                if self.calls == self.nth:
+                    self.fired = True
+                    top = max(float(v.abs().max()) for v in payload.values()
+                              if torch.is_tensor(v) and v.numel())
+                    payload = {k: v * (self.peak / top) if torch.is_tensor(v) else v
+                               for k, v in payload.items()}
+            return real(uplink, payload, rel, *args, **kwargs)
+
+        return wrapped

@@ -27,6 +27,7 @@ from .view import Release, ServerView
 class Violation:
     invariant: str  # "isolation", "charged", "records", "timing"
     detail: str
+    found: tuple = ()  # what the check derived (a split: (client, counts) pairs)
 
     def __str__(self) -> str:
         return f"{self.invariant}: {self.detail}"
@@ -97,7 +98,10 @@ def count_splits(view: ServerView, largest: int = 3) -> list[Violation]:
                 continue
             splits = subset_splits(totals, [sizes[c] for c in group])
             if len(splits) == 1:
+                found = tuple((c, tuple(t if owner == k else 0 for t, owner in
+                                        zip(totals, splits[0], strict=True)))
+                              for k, c in enumerate(group))
                 out.append(Violation("isolation", f"group {list(group)}: its summed counts "
                                      f"{totals} split uniquely by the clear sizes "
-                                     f"{[sizes[c] for c in group]} (subset-sum)"))
+                                     f"{[sizes[c] for c in group]} (subset-sum)", found))
     return out
