@@ -25,10 +25,16 @@ from .harness import run_schedule  # noqa: E402
 from .schedule import draw  # noqa: E402
 
 
-def soak(first: int, count: int, root: Path, log=print) -> tuple[int, int]:
-    """Run schedules ``first .. first + count - 1``; returns (schedules, violating ones)."""
-    bad, by_kind = 0, Counter()
+def soak(first: int, count: int, root: Path, log=print,
+         minutes: float | None = None) -> tuple[int, int]:
+    """Run schedules ``first .. first + count - 1`` (or as many as start within
+    ``minutes``); returns (schedules run, schedules with a violation)."""
+    bad, by_kind, ran = 0, Counter(), 0
+    end = None if minutes is None else time.monotonic() + 60 * minutes
     for seed in range(first, first + count):
+        if end is not None and time.monotonic() > end:
+            break
+        ran += 1
         t0 = time.perf_counter()
         out = run_schedule(draw(seed), root)
         shutil.rmtree(root / f"run-{seed}", ignore_errors=True)
@@ -44,7 +50,7 @@ def soak(first: int, count: int, root: Path, log=print) -> tuple[int, int]:
         else:
             log(f"ok seed {seed} ({took:.1f} s): {'; '.join(out.events)}")
     log(f"schedules violating each invariant: {dict(sorted(by_kind.items()))}")
-    return count, bad
+    return ran, bad
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="fault-injecting soak of privfedcal runs")
     parser.add_argument("--schedules", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0, help="the first schedule's seed")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="start no schedule after this many minutes")
     parser.add_argument("--replay", type=int, default=None, help="run one seed, verbosely")
     args = parser.parse_args(argv)
     logging.getLogger("privfedcal").setLevel(logging.ERROR)
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             for v in out.violations:
                 print(f"  {v}")
             return 1 if out.violations else 0
-        ran, bad = soak(args.seed, args.schedules, Path(tmp))
+        ran, bad = soak(args.seed, args.schedules, Path(tmp), minutes=args.minutes)
     print(f"schedules: {ran}, with violations: {bad}")
     return 1 if bad else 0
 
