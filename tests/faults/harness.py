@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .accounting import charged
-from .inject import NanLoss, NanUpload, Stop, lossy_grid, patched, seam
+from .inject import NanLoss, NanUpload, Refuse, Stop, lossy_grid, patched, seam
 from .invariants import Violation, isolation
 from .schedule import Schedule
 from .schema import records, timing
@@ -49,6 +49,9 @@ def injection(fault: dict[str, Any]):
     if kind == "nan-upload":
         probe = NanUpload(fault["nth"])
         return patched(*seam("client_side"), probe), probe
+    if kind == "refuse":
+        probe = Refuse(fault["nth"])
+        return patched(*seam("admit"), probe), probe
     if kind == "nan-loss":
         import privfedcal.federation.simulator as simulator
 

@@ -1,7 +1,8 @@
 """Fault injection at the package's seams, from outside it: a seam's Nth call (or its first
 call that ``match`` accepts) raises ``KeyboardInterrupt`` before or after the real call (a
-process stopped at that step), an upload or a reported loss is made NaN or malformed, and
-a Flower node's reply to its Nth message is an error or never comes."""
+process stopped at that step), an upload or a reported loss is made NaN, malformed or
+oversized, a client refuses a release as a spent ledger does, and a Flower node's reply to
+its Nth message is an error or never comes."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def seam(name: str) -> tuple[Any, str]:
     from privfedcal.privacy.uplink import Uplink
 
     return {"record": (Transcript, "record"), "checkpoint": (simulator, "save_checkpoint"),
-            "client_side": (Uplink, "client_side"),
-            "server_side": (Uplink, "server_side")}[name]
+            "client_side": (Uplink, "client_side"), "server_side": (Uplink, "server_side"),
+            "admit": (Uplink, "admit")}[name]
 
 
 class Stop:
@@ -86,6 +87,26 @@ class NanUpload:
                 self.fired = True
                 return nan_like(out)
             return out
+
+        return wrapped
+
+
+class Refuse:
+    """The ``nth`` client asked for a release refuses it, as a client whose ledger is spent
+    does (``BudgetRefused``)."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth, self.calls, self.fired = nth, 0, False
+
+    def __call__(self, real: Callable) -> Callable:
+        from privfedcal.errors import BudgetRefused
+
+        def wrapped(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.nth:
+                self.fired = True
+                raise BudgetRefused("the client's ledger is spent")
+            return real(*args, **kwargs)
 
         return wrapped
 

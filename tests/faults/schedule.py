@@ -31,8 +31,8 @@ PROTECTIONS: dict[str, dict[str, Any]] = {
 
 #: where a process is stopped: the seam, and whether before or after its real call
 SEAMS = ("record", "checkpoint", "client_side", "server_side")
-FAULTS = ("none", "stop", "stop", "stop", "nan-upload", "nan-loss", "budget", "extend",
-          "lost")
+FAULTS = ("none", "stop", "stop", "stop", "nan-upload", "nan-loss", "budget", "refuse",
+          "extend", "lost")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def draw(seed: int) -> Schedule:
     if kind == "stop":
         fault.update(seam=rng.choice(SEAMS), when=rng.choice(["before", "after"]),
                      nth=rng.randint(1, 12))
-    elif kind in ("nan-upload", "nan-loss"):
+    elif kind in ("nan-upload", "nan-loss", "refuse"):
         fault.update(nth=rng.randint(1, 8))
     elif kind == "budget":
         settings["dp_eps"] = rng.choice([0.05, 0.5])
