@@ -73,7 +73,7 @@ def draw(seed: int) -> Schedule:
     elif kind == "extend":
         fault.update(more=rng.randint(1, 2))
     elif kind == "lost":
-        fault.update(victim=rng.randrange(clients), nth=rng.randint(1, 6),
+        fault.update(victim=rng.randrange(clients), nth=rng.randint(1, 3),
                      reply=rng.choice(["error", "drop"]))
     return Schedule(seed, engine, settings, fault)
 
