@@ -135,7 +135,11 @@ def run_flower(schedule: Schedule, run: Path, out: Outcome, min_replies: int | N
                   run_config=run_config)
     attempt(out, "flower", lambda: run_server(grid, ctx))
     out.events.append(f"lost: {grid.hit}")
-    return [snapshot(run / "server")] if (run / "server" / "config.json").is_file() else []
+    if not (run / "server" / "config.json").is_file():
+        return []
+    view = snapshot(run / "server")
+    view.settings = {k: v for k, v in run_config.items() if k.startswith("flower.")}
+    return [view]
 
 
 def run_schedule(schedule: Schedule, root: Path, **flower: Any) -> Outcome:

@@ -85,7 +85,7 @@ def declared(path: str) -> str | None:
 
 
 def public_numbers(view: ServerView) -> list[float]:
-    values = [v for _, v in walk(view.config)]
+    values = [v for _, v in walk(view.config)] + [v for _, v in walk(view.settings)]
     values += [v for p, v in walk(view.summary or {}) if declared(p) == PUBLIC]
     return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
 

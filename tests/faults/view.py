@@ -45,6 +45,9 @@ class ServerView:
     releases: list[Release] = field(default_factory=list)
     mtimes: dict[str, int] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    #: the server's own settings kept outside config.json (a Flower run's run config:
+    #: ``flower.round-timeout`` ...): public, so records may cite them
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def clients(self) -> int:
@@ -116,4 +119,4 @@ def merge(views: list[ServerView]) -> ServerView:
                 seen.add(key)
                 extra.append(r)
     return ServerView(last.config, last.summary, last.entries, [*last.releases, *extra],
-                      last.mtimes, last.files)
+                      last.mtimes, last.files, last.settings)
