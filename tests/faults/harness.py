@@ -43,8 +43,12 @@ def config(settings: dict[str, Any], out: Path):
 def injection(fault: dict[str, Any]):
     """The context manager that injects ``fault`` into a simulator run, and its probe."""
     kind = fault.get("kind")
+    if kind == "stop" and fault["seam"] == "release":
+        probe: Any = Stop(fault["nth"], fault["when"],
+                          match=lambda self, **kw: kw.get("view") == "aggregate")
+        return patched(*seam("record"), probe), probe
     if kind == "stop":
-        probe: Any = Stop(fault["nth"], fault["when"])
+        probe = Stop(fault["nth"], fault["when"])
         return patched(*seam(fault["seam"]), probe), probe
     if kind == "nan-upload":
         probe = NanUpload(fault["nth"])

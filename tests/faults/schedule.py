@@ -30,7 +30,8 @@ PROTECTIONS: dict[str, dict[str, Any]] = {
 }
 
 #: where a process is stopped: the seam, and whether before or after its real call
-SEAMS = ("record", "checkpoint", "client_side", "server_side")
+#: ("release": the transcript's record of a released aggregate)
+SEAMS = ("record", "release", "checkpoint", "client_side", "server_side")
 FAULTS = ("none", "stop", "stop", "stop", "nan-upload", "nan-loss", "budget", "refuse",
           "extend", "lost")
 
@@ -62,8 +63,9 @@ def draw(seed: int) -> Schedule:
     engine = "flower" if kind == "lost" else "simulator"
     fault: dict[str, Any] = {"kind": kind}
     if kind == "stop":
-        fault.update(seam=rng.choice(SEAMS), when=rng.choice(["before", "after"]),
-                     nth=rng.randint(1, 12))
+        where = rng.choice(SEAMS)
+        fault.update(seam=where, when=rng.choice(["before", "after"]),
+                     nth=rng.randint(1, 3 if where == "release" else 12))
     elif kind in ("nan-upload", "nan-loss", "refuse"):
         fault.update(nth=rng.randint(1, 8))
     elif kind == "budget":
