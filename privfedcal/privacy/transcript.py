@@ -48,8 +48,11 @@ class _Writer:
     """One daemon thread writing safetensors files in the order they were handed over. An
     error is kept and raised by the next ``put`` or ``wait``, in the recording thread."""
 
-    def __init__(self, max_pending: int = MAX_PENDING_BYTES) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING_BYTES, epoch: int | None = None) -> None:
         self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], str] | None] = queue.Queue()
+        #: the one time (ns) each file gets as soon as it is written (``server_epoch``), so
+        #: that even a process killed before its next flush leaves no per-client time
+        self._epoch = epoch
         self._error: BaseException | None = None
         self._max_pending = max_pending
         self._pending = 0  # bytes queued, not yet written
@@ -66,6 +69,8 @@ class _Writer:
                     return
                 if self._error is None:
                     save_file(*job)
+                    if self._epoch is not None:
+                        os.utime(job[1], ns=(self._epoch, self._epoch))
             except BaseException as exc:  # handed to the recording thread
                 self._error = exc
             finally:
@@ -120,7 +125,6 @@ class Transcript:
         #: in a run never stopped; after a resume that finds releases of those rounds on
         #: record, one more than theirs (``resume_after``), written into every entry
         self.attempt = 0
-        self._unstamped: list[Path] = []  # files written since the last flush
         self._epoch: int | None = None  # ns, read at the first flush (server_epoch)
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
@@ -135,9 +139,9 @@ class Transcript:
         # a redo never writes over a file of an earlier attempt (one its stop left unlisted)
         again = f"-a{self.attempt}" if self.attempt else ""
         fname = f"{len(self.entries):05d}{again}-{name}.safetensors"
+        self._take_epoch()
         if self._writer is None:
-            self._writer = _Writer()
-        self._unstamped.append(self.directory / fname)
+            self._writer = _Writer(epoch=self._epoch)
         # a private copy: the caller may change its tensors once record returns
         self._writer.put({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
                          str(self.directory / fname))
@@ -201,11 +205,20 @@ class Transcript:
                 self._writer.wait()
             text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
             (self.directory / "index.json").write_text(text)
-            if self._epoch is None:
-                self._epoch = server_epoch(self.directory)
-            for path in [*self._unstamped, self.directory / "index.json", self.directory]:
+            self._take_epoch()
+            for path in [self.directory / "index.json", self.directory]:
                 os.utime(path, ns=(self._epoch, self._epoch))
-            self._unstamped = []
+
+    def _take_epoch(self) -> None:
+        """Read the view's one time once per process; a resumed run's folder may hold files
+        of an earlier process under another time (one stopped before its first checkpoint
+        wrote them before ``config.json`` was written again): they take this one too."""
+        if self._epoch is not None or self.directory is None:
+            return
+        self._epoch = epoch = server_epoch(self.directory)
+        for path in self.directory.iterdir():
+            if path.is_file() and path.stat().st_mtime_ns != epoch:
+                os.utime(path, ns=(epoch, epoch))
 
     def close(self) -> None:
         """Flush, and stop the writer thread (a later ``record`` starts another)."""

@@ -31,7 +31,8 @@ SUMMARY: dict[str, str] = {
     "notes[]": TEXT,
     **{f"rejected_uploads[].{k}": PUBLIC for k in ("round", "label", "client")},
     "rejected_uploads[].reason": TEXT,
-    **{f"skipped_releases[].{k}": PUBLIC for k in ("round", "label")},
+    # a skipped release's counts: the uploads the server received and the public minimum
+    **{f"skipped_releases[].{k}": PUBLIC for k in ("round", "label", "uploads", "min_clients")},
     "skipped_releases[].reason": TEXT,
     **{f"dropped_clients[].{k}": PUBLIC for k in ("round", "label", "client", "node",
                                                   "message", "group")},
@@ -42,7 +43,9 @@ SUMMARY: dict[str, str] = {
         "epsilon_spent", "epsilon_target", "delta", "accountant", "covers",
         "noise_multipliers", "sample_rates", "feature_clip", "grad_clip",
         "distributed_noise", "releases", "per_client_epsilon", "epsilon_clients",
-        "client_release_limits", "secagg", "hide_counts", "noise_source", "whole_run")},
+        "client_release_limits", "secagg", "hide_counts", "noise_source", "whole_run",
+        # recomputed from the transcript and the public plan: a function of the server's view
+        "from_transcript")},
     **{f"privacy.{k}": TEXT for k in ("statement", "assumptions[]", "insecure")},
     **{f"privacy.secagg_updates.{k}": PUBLIC for k in (
         "scheme", "params", "min_clients", "keys", "release_rounding", "cohorts",
@@ -55,9 +58,10 @@ SUMMARY: dict[str, str] = {
 
 #: transcript/index.json entries: the fields an entry may carry
 INDEX_FIELDS = {"round", "label", "view", "client", "participants", "weight", "bytes",
-                "local_epochs", "batch_size", "lr", "file", "clients"}
+                "local_epochs", "batch_size", "lr", "file", "clients",
+                "attempt"}  # which try at a round after a resume: the server saw both
 FILES = re.compile(r"^(config\.json|summary\.json|transcript/index\.json|"
-                   r"transcript/\d{5}-r\d+-[a-z0-9-]+\.safetensors)$")
+                   r"transcript/\d{5}(-a\d+)?-r\d+-[a-z0-9-]+\.safetensors)$")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
@@ -176,7 +180,7 @@ def timing(view: ServerView) -> list[Violation]:
     """No per-client time in the folder: the per-client files of a round carry one time."""
     per_round: dict[str, set[int]] = {}
     for f, t in view.mtimes.items():
-        m = re.match(r"transcript/\d{5}-r(\d+)-.*-c\d+\.safetensors$", f)
+        m = re.match(r"transcript/\d{5}(?:-a\d+)?-r(\d+)-.*-c\d+\.safetensors$", f)
         if m:
             per_round.setdefault(m.group(1), set()).add(t)
     return [Violation("timing", f"round {r}: its per-client files carry {len(ts)} distinct "

@@ -108,15 +108,17 @@ def snapshot(server: Path) -> ServerView:
 
 def merge(views: list[ServerView]) -> ServerView:
     """The last snapshot, with every distinct release of the earlier ones added (a value
-    the server once received stays received)."""
+    the server once received stays received). A value received again, bit for bit (a
+    resumed run re-sending what it released before the stop), is one release: it tells the
+    server nothing new."""
     last = views[-1]
-    seen = {(r.round, r.label, r.view, r.digest) for r in last.releases}
+    seen: set[tuple] = set()
     extra = []
-    for view in views[:-1]:
+    for view in [last, *views[:-1]]:
         for r in view.releases:
-            key = (r.round, r.label, r.view, r.digest)
+            key = (r.round, r.label, r.view, r.contributors, r.digest)
             if key not in seen:
                 seen.add(key)
                 extra.append(r)
-    return ServerView(last.config, last.summary, last.entries, [*last.releases, *extra],
+    return ServerView(last.config, last.summary, last.entries, extra,
                       last.mtimes, last.files, last.settings)
