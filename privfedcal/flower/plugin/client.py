@@ -4,6 +4,8 @@
 ``ClientApp`` the query handlers that privfedcal's server side sends
 (``flower/flower_simulator.py``, ``flower/stage_messages.py``):
 
+* ``query.preflight``: every check of the node before training (``preflight.py``): its
+  settings, model, head and one batch of its data, answered with a code;
 * ``query.hello``: the node's partition id and sample count, and the digest of its
   settings (``plugin_settings.py``), which the server checks against its own before any release;
 * ``query.payload``: the calibrator's payload task (``flower/tasks.py``: a registered
@@ -49,6 +51,7 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, from_keywords, gather, resolve
+from privfedcal.flower.plugin.wording import speaks_plugin, user_words
 from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
@@ -59,7 +62,7 @@ from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
 __all__ = ["ACTIONS", "CalibrationClient"]
 
 #: the query actions ``attach`` registers (message types ``query.<action>``)
-ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold", "clip")
+ACTIONS = ("preflight", "hello", "payload", "keygen", "decrypt", "hold", "clip")
 
 
 @dataclass
@@ -118,7 +121,8 @@ class CalibrationClient:
         self.head, self.num_classes = head, num_classes
         self.batch_size, self.batch_keys, self.device = batch_size, batch_keys, device
         self.keywords = dict(settings)
-        from_keywords(self.keywords)  # an unknown name fails here, not at the first message
+        with speaks_plugin():  # an unknown name fails here, not at the first message
+            from_keywords(self.keywords)
         self._adapter: HeadAdapter | None = None
         self._checked = False
         self._runs: dict[tuple[int, str, float | None], Any] = {}  # (run, digest, clip) -> uplink
@@ -130,8 +134,8 @@ class CalibrationClient:
         if not isinstance(app, ClientApp):
             raise UsageError(f"attach takes a flwr ClientApp, got {type(app).__name__}")
         handlers: dict[str, Callable[[Message, Context], Message]] = {
-            "hello": self.hello, "payload": self.payload, "keygen": self.keygen,
-            "decrypt": self.decrypt, "hold": hold_handler, "clip": self.clip}
+            "preflight": self.preflight, "hello": self.hello, "payload": self.payload,
+            "keygen": self.keygen, "decrypt": self.decrypt, "hold": hold_handler, "clip": self.clip}
         for action in ACTIONS:
             try:
                 app.query(action)(self._coded(handlers[action]))
@@ -147,7 +151,7 @@ class CalibrationClient:
             try:
                 return fn(msg, context)
             except Exception as exc:  # noqa: BLE001 - answered with its code only
-                return error_reply(msg, exc)
+                return error_reply(msg, user_words(exc))
         handler.__name__ = getattr(fn, "__name__", "handler")
         return handler
 
@@ -213,6 +217,12 @@ class CalibrationClient:
         return node_data.num_samples(self.data(context), **self._batches_kwargs(adapter))
 
     # ---- handlers -----------------------------------------------------------------------
+    def preflight(self, msg: Message, context: Context) -> Message:
+        """Every check of this node before training (``preflight.py``): a code, never text."""
+        from privfedcal.flower.plugin.preflight import reply
+
+        return reply(self, msg, context)
+
     def hello(self, msg: Message, context: Context) -> Message:
         settings, partition = self.node_settings(context)
         meta = ConfigRecord({"partition-id": partition, "num-partitions": settings.cfg.clients,

@@ -98,9 +98,10 @@ def from_keywords(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_config(config: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The ``privfedcal.*`` entries of a run or node config, without the prefix."""
+    """The ``privfedcal.*`` entries of a run or node config, without the prefix; an empty
+    value (``privfedcal.dp-eps = ""``) is unset, as a key left out."""
     return {_check_key(k[len(PREFIX):], where): v for k, v in config.items()
-            if k.startswith(PREFIX)}
+            if k.startswith(PREFIX) and v != ""}
 
 
 def gather(kwargs: Mapping[str, Any], run_config: Mapping[str, Any],
