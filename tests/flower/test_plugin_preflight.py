@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("flwr")
 
 import torch  # noqa: E402
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import Context, MetricRecord  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
 from plugin_app import NODES, Net, eval_loader, fedavg, make_client_app, node_data  # noqa: E402
@@ -174,4 +174,40 @@ def test_a_failed_calibration_leaves_the_trained_model(monkeypatch):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-_ = (ArrayRecord, Message, RecordDict)
+class RecordingGrid(InProcessGrid):
+    """Keeps (record, key, value) of every ``query.preflight`` reply."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, str, object]] = []
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        self.seen += [(name, key, value) for r in replies
+                      if r.metadata.message_type == "query.preflight" and not r.has_error()
+                      for name, record in r.content.items() for key, value in record.items()]
+        return replies
+
+
+def test_every_field_of_a_preflight_reply_is_declared():
+    """What a node answers is declared (privacy/client_fields.py), its check a listed code."""
+    from privfedcal.attacks.fields_table import declared
+
+    seen = []
+    for client in (client_app(), client_app(data=femnist_data),
+                   client_app(dp_eps=0, dp_clip=5.0)):
+        grid = RecordingGrid(client, NO_DP, NODES)
+        try:
+            preflight(grid, Net(), None, head="fc3", test_data=eval_loader(), clients=NODES)
+        except UsageError:
+            pass
+        seen += grid.seen
+    assert {v for r, k, v in seen if k == "check"} == {"ok", "batch-keys", "bad-setting"}
+    for record, key, value in seen:
+        row = declared("query.preflight", record, key)
+        assert row is not None, (record, key)
+        if key == "check":
+            assert value in row.holds
+    assert set(PreflightCode) <= set(
+        declared("query.preflight", "preflight", "check").holds.replace(")", ",").replace(
+            ":", ",").replace(" ", "").split(","))

@@ -62,7 +62,7 @@ from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
 __all__ = ["ACTIONS", "CalibrationClient"]
 
 #: the query actions ``attach`` registers (message types ``query.<action>``)
-ACTIONS = ("preflight", "hello", "payload", "keygen", "decrypt", "hold", "clip")
+ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold", "clip", "preflight")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.flower.plugin.plugin_settings import CALIBRATION, FLOWER_KEYS, PREFIX
 
 __all__ = ["plugin_key", "plugin_message", "speaks_plugin", "user_words"]
@@ -63,9 +63,14 @@ def plugin_message(text: str) -> str:
     return "".join(out) + python_message(text[pos:], spell=plugin_key)
 
 
+#: the errors whose message is all they say (a Diverged's hint is the CLI's own)
+_WORDED = (UsageError, PrivacyBudgetError)
+
+
 def user_words(exc: BaseException) -> BaseException:
-    """``exc`` (a UsageError: its message rewritten in place, as one line), else as it is."""
-    if isinstance(exc, UsageError):
+    """``exc`` with its message rewritten in place as one line, if it is a usage or budget
+    error; any other as it is."""
+    if isinstance(exc, _WORDED) and len(exc.args) == 1 and isinstance(exc.args[0], str):
         exc.args = (" ".join(plugin_message(str(exc)).split()),)
     return exc
 
@@ -75,5 +80,5 @@ def speaks_plugin() -> Iterator[None]:
     """Errors raised inside leave in the plugin's words (``user_words``)."""
     try:
         yield
-    except UsageError as exc:
+    except _WORDED as exc:
         raise user_words(exc) from None
