@@ -51,7 +51,12 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, from_keywords, gather, resolve
-from privfedcal.flower.plugin.wording import speaks_plugin, user_words
+from privfedcal.flower.plugin.wording import (
+    boundary,
+    speaks_plugin,
+    threads_setting,
+    torch_threads,
+)
 from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
@@ -144,14 +149,19 @@ class CalibrationClient:
                                  f"{str(exc).splitlines()[0]}") from None
         return app
 
-    @staticmethod
-    def _coded(fn: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
-        """``fn`` whose exceptions become an error reply carrying their code only."""
+    def _coded(self, fn: Callable[[Message, Context], Message]
+               ) -> Callable[[Message, Context], Message]:
+        """``fn`` at the plugin's boundary (``wording.boundary``: the node's log in the
+        plugin's words, the root logger kept; ``privfedcal.threads``), whose exceptions
+        become an error reply carrying their code only."""
         def handler(msg: Message, context: Context) -> Message:
             try:
-                return fn(msg, context)
+                threads = threads_setting(self.keywords, context.run_config,
+                                          context.node_config)
+                with boundary(), torch_threads(threads):
+                    return fn(msg, context)
             except Exception as exc:  # noqa: BLE001 - answered with its code only
-                return error_reply(msg, user_words(exc))
+                return error_reply(msg, exc)
         handler.__name__ = getattr(fn, "__name__", "handler")
         return handler
 

@@ -30,7 +30,7 @@ from privfedcal.errors import UsageError
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.plugin_settings import KEYS, PluginSettings, resolve
 from privfedcal.flower.plugin.preflight_codes import FIX, PreflightCode
-from privfedcal.flower.plugin.wording import speaks_plugin
+from privfedcal.flower.plugin.wording import boundary, threads_setting, torch_threads
 from privfedcal.models.head_adapter import HeadAdapter
 
 if TYPE_CHECKING:
@@ -281,7 +281,8 @@ def preflight(grid: Grid, model: nn.Module, context: Context | None = None, *,
     untrained: its weights are not changed."""
     from privfedcal.flower.plugin import server_calibration as sc
 
-    with speaks_plugin():
+    run_config = dict(context.run_config) if isinstance(context, Context) else {}
+    with boundary(), torch_threads(threads_setting(settings, run_config)):
         sc._check_arguments(grid, context, test_data, batch_size)
         adapter = HeadAdapter(model, head, num_classes)
         s = sc._plugin_settings(grid, context, method, settings)

@@ -56,7 +56,7 @@ from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
 from privfedcal.flower.plugin.clip import ClipOutcome, choose_clip, stage_label
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
-from privfedcal.flower.plugin.wording import speaks_plugin
+from privfedcal.flower.plugin.wording import boundary, threads_setting, torch_threads
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
@@ -277,8 +277,9 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     """
     kept = ({k: v.detach().clone() for k, v in model.state_dict().items()}
             if isinstance(model, torch.nn.Module) else None)
+    run_config = dict(context.run_config) if isinstance(context, Context) else {}
     try:
-        with speaks_plugin():
+        with boundary(), torch_threads(threads_setting(settings, run_config)):
             return _calibrate(grid, model, context, test_data, method, head, num_classes, out,
                               batch_size, batch_keys, device, settings)
     except BaseException:

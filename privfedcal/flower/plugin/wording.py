@@ -1,5 +1,7 @@
-"""The plugin's errors in a Flower user's words: run-config keys, never the CLI's flags.
+"""The plugin's boundary with a Flower app: errors in the user's words, the app's logging
+and threads left as they were.
 
+Errors name run-config keys, never the CLI's flags.
 privfedcal's checks are shared with ``privfedcal train`` and name its flags
 (``--dp-eps must be in (0, 100]``). A Flower app has no flags: it sets
 ``privfedcal.dp-eps`` in its run config or ``dp_eps=`` as a keyword. At the plugin's
@@ -7,22 +9,32 @@ boundary (``calibrate``, ``preflight``, ``CalibrationClient``) a message is rewr
 through the one table that maps each flag to its setting (``pysurface.flag_keywords``,
 derived from the settings' declarations), with each setting spelled as the plugin's
 run-config key (``plugin_key``).
+
+Logging: opacus configures the root logger when first imported (``logging.basicConfig`` in
+``opacus/utils/module_utils.py``), and Flower's log lines, which propagate to the root,
+would then print twice. The plugin's entry points keep the root logger's handlers and level
+as they found them (``boundary``).
+
+Threads: the plugin computes in the calling process (the ServerApp's, the ClientApp's) with
+torch's thread count as the app left it, unless ``privfedcal.threads`` (``threads=``) sets
+one for the plugin's own work (``torch_threads``); TenSEAL's CKKS runs on one thread.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.flower.plugin.plugin_settings import CALIBRATION, FLOWER_KEYS, PREFIX
 
-__all__ = ["plugin_key", "plugin_message", "speaks_plugin", "user_words"]
+__all__ = ["boundary", "keep_root_logger", "plugin_key", "plugin_message", "speaks_plugin",
+           "threads_setting", "torch_threads", "user_words"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: a plugin key already in a message (``privfedcal.dp-eps``): left as it is
 _KEY = re.compile(r"privfedcal\.[\w.-]*[\w]")
@@ -82,3 +94,51 @@ def speaks_plugin() -> Iterator[None]:
         yield
     except _WORDED as exc:
         raise user_words(exc) from None
+
+
+@contextmanager
+def keep_root_logger() -> Iterator[None]:
+    """The root logger's handlers and level afterwards as they were before (opacus' import
+    adds a handler: module docstring)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+
+
+@contextmanager
+def boundary() -> Iterator[None]:
+    """A plugin entry point: errors in the plugin's words, the root logger kept."""
+    with keep_root_logger(), speaks_plugin():
+        yield
+
+
+def threads_setting(keywords: Mapping[str, Any], *configs: Mapping[str, Any]) -> int | None:
+    """``privfedcal.threads`` (``threads=``) of a party, the last source winning; None where
+    unset or not a valid count (``resolve`` refuses that with its own message)."""
+    value = keywords.get("threads")
+    for config in configs:
+        value = config.get(PREFIX + "threads", value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads at ``threads`` inside (None: as they are), restored after:
+    the user's own training keeps the app's setting."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads is not None:
+            torch.set_num_threads(before)
