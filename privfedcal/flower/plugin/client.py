@@ -166,9 +166,13 @@ class CalibrationClient:
         return handler
 
     # ---- the node's parts ------------------------------------------------------------------
+    def build_model(self, context: Context) -> Any:
+        """The user's model for this node (``model``, or what calling it returns)."""
+        return _call(self.model_source, context)
+
     def adapter(self, context: Context) -> HeadAdapter:
         if self._adapter is None:
-            model = _call(self.model_source, context)
+            model = self.build_model(context)
             self._adapter = HeadAdapter(model, self.head, self.num_classes)
             self._adapter.to(self.device)
         return self._adapter

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -33,8 +33,8 @@ from privfedcal.flower.plugin.preflight_codes import FIX, PreflightCode
 from privfedcal.flower.plugin.wording import boundary, threads_setting, torch_threads
 from privfedcal.models.head_adapter import HeadAdapter
 
-if TYPE_CHECKING:
-    from privfedcal.flower.plugin.client import CalibrationClient
+#: a ``client.CalibrationClient`` (not imported: the client imports this module)
+CalibrationClient = Any
 
 __all__ = ["PreflightError", "check_node", "preflight"]
 
@@ -93,10 +93,8 @@ def _settings(client: CalibrationClient, context: Context) -> Outcome | PluginSe
 
 
 def _adapter(client: CalibrationClient, context: Context) -> Outcome | HeadAdapter:
-    from privfedcal.flower.plugin.client import _call
-
     try:
-        model = _call(client.model_source, context)
+        model = client.build_model(context)
     except Exception:  # noqa: BLE001 - the user's builder: reported by its check's code
         log.exception("preflight: the model could not be built")
         return PreflightCode.BAD_MODEL, ""
