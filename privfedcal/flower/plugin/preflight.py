@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from privfedcal.errors import UsageError
+from privfedcal.flower.link import GridLink, error_reason
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.plugin_settings import KEYS, PluginSettings, resolve
 from privfedcal.flower.plugin.preflight_codes import FIX, PreflightCode
@@ -219,18 +220,18 @@ def _node_problem(node: int, reply: Message | None, want: str) -> str | None:
         return (f"node {node} did not answer privfedcal's preflight: attach "
                 "CalibrationClient(...) to its ClientApp")
     if reply.has_error():
-        return (f"node {node} could not answer privfedcal's preflight ({reply.error.reason}"
-                "): attach CalibrationClient(...) to its ClientApp (the node's log holds "
-                "the error)")
+        return (f"node {node} could not answer privfedcal's preflight "
+                f"({error_reason(reply.error)}, its code only): attach CalibrationClient(...) to its "
+                "ClientApp (the node's log holds the error)")
     record = reply.content.config_records.get(RECORD)
+    if record is None:
+        return f"node {node} answered privfedcal's preflight with no outcome"
     try:
-        code = PreflightCode(str(record["check"])) if record else None
-    except ValueError:
-        code = None
-    partition = reply.content["meta"].get("partition-id", -1)
+        code = PreflightCode(str(record["check"]))
+    except (KeyError, ValueError):
+        return f"node {node} answered privfedcal's preflight with no outcome"
+    partition = int(str(reply.content["meta"].get("partition-id", -1)))
     where = f"node {node}" + (f" (partition-id {partition})" if partition != -1 else "")
-    if code is None:
-        return f"{where} answered privfedcal's preflight with no outcome"
     if code is not PreflightCode.OK:
         key = str(record.get("key", ""))
         return f"{where}: {_text(code, key if key in KEYS else '')}"
@@ -243,8 +244,6 @@ def _node_problem(node: int, reply: Message | None, want: str) -> str | None:
 
 def _ask_nodes(grid: Grid, s: PluginSettings) -> dict[int, int]:
     """Every node's preflight; their sample counts by partition id."""
-    from privfedcal.flower.link import GridLink
-
     nodes = GridLink(grid, s.cfg.clients, s.options).wait_for_nodes()
     messages = [Message(RecordDict(), dst_node_id=n, message_type="query.preflight",
                         group_id="preflight") for n in nodes]
@@ -256,11 +255,11 @@ def _ask_nodes(grid: Grid, s: PluginSettings) -> dict[int, int]:
         if problem:
             raise PreflightError(problem)
         reply_ = replies[node]
-        partition = int(reply_.content["meta"]["partition-id"])
+        partition = int(str(reply_.content["meta"]["partition-id"]))
         if partition in sizes:
             raise PreflightError(f"two nodes have partition-id {partition}: give every node "
                                  "its own --node-config partition-id")
-        sizes[partition] = int(reply_.content["metrics"]["num-examples"])
+        sizes[partition] = int(str(reply_.content["metrics"]["num-examples"]))
     missing = sorted(set(range(s.cfg.clients)) - set(sizes))
     if missing:
         raise PreflightError(f"no node holds partition-id(s) {missing}: run "
