@@ -211,3 +211,17 @@ def test_every_field_of_a_preflight_reply_is_declared():
     assert set(PreflightCode) <= set(
         declared("query.preflight", "preflight", "check").holds.replace(")", ",").replace(
             ":", ",").replace(" ", "").split(","))
+
+
+def test_a_passing_preflight_returns_the_sizes_and_leaves_the_model():
+    from plugin_app import digits
+
+    grid = CountingGrid(client_app(), DP, NODES)
+    model = Net().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sizes = preflight(grid, model, None, head="fc3", test_data=eval_loader(), dp_eps=8.0,
+                      dp_clip=5.0)
+    assert sorted(sizes) == list(range(NODES))
+    assert sum(sizes.values()) == len(digits().y_train)
+    assert model.training and grid.rounds == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
