@@ -125,3 +125,18 @@ def test_a_node_error_log_speaks_the_plugin(caplog):
     assert reply.error.reason == "bad-config"
     logged = caplog.text
     assert "privfedcal.dp-eps must be in (0, 100]" in logged and "--dp-eps" not in logged
+
+
+def test_a_lost_nodes_code_says_what_to_change():
+    from privfedcal.flower.link import FlowerRoundError
+    from privfedcal.flower.plugin.preflight_codes import ERROR_FIX
+    from privfedcal.flower.plugin.wording import user_words
+    from privfedcal.privacy.error_codes import ErrorCode
+
+    assert set(ERROR_FIX) == set(ErrorCode)
+    for code, fix in ERROR_FIX.items():
+        assert not privfedcal_flags(fix), fix
+        exc = user_words(FlowerRoundError(f"lost: client 1 (node 1001: {code.value})"))
+        assert str(exc).endswith(f"; {code.value}: {fix}")
+    # a code is named as a word, not inside another
+    assert str(user_words(FlowerRoundError("no-bad-config-here"))) == "no-bad-config-here"

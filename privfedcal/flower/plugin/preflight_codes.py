@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["FIX", "PreflightCode"]
+from privfedcal.privacy.error_codes import ErrorCode
+
+__all__ = ["ERROR_FIX", "FIX", "PreflightCode"]
 
 
 class PreflightCode(StrEnum):
@@ -66,4 +68,25 @@ FIX: dict[PreflightCode, str] = {
                                    "no row of features per sample): give head= the name of "
                                    "the Linear layer the model predicts with",
     PreflightCode.INTERNAL: "the node's check failed unexpectedly: its log holds the error",
+}
+
+
+#: what to change when a node answers a calibration message with an error code
+#: (``privacy/error_codes.py``) after the preflight passed: added to the server's message
+ERROR_FIX: dict[ErrorCode, str] = {
+    ErrorCode.BAD_CONFIG: "a node's settings, model or data do not fit the message: call "
+                          "preflight(...) before training to have the node and the fix named",
+    ErrorCode.REFUSED: "the node's own privacy settings refuse the request: give the server "
+                       "the node's privfedcal.* settings",
+    ErrorCode.UNKNOWN_MESSAGE: "the node's ClientApp has no privfedcal handlers: attach "
+                               "CalibrationClient(...) to it",
+    ErrorCode.BUDGET_EXHAUSTED: "the node's ledger has made this run's planned releases "
+                                "already: start a new Flower run (a new run id)",
+    ErrorCode.UPLOAD_REJECTED: "the node's own check refused an upload or a sum: see its log",
+    ErrorCode.RELEASE_SKIPPED: "the release was not made: see the node's log",
+    ErrorCode.DIVERGED: "non-finite numbers in the node's model or data: check the trained "
+                        "model and the node's inputs",
+    ErrorCode.OUT_OF_MEMORY: "the node ran out of memory: give CalibrationClient a smaller "
+                             "batch_size=",
+    ErrorCode.INTERNAL: "the node failed unexpectedly: its log holds the error",
 }

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.flower.link import FlowerRoundError
 from privfedcal.flower.plugin.plugin_settings import CALIBRATION, FLOWER_KEYS, PREFIX
 
 __all__ = ["boundary", "keep_root_logger", "plugin_key", "plugin_message", "speaks_plugin",
@@ -75,15 +76,29 @@ def plugin_message(text: str) -> str:
     return "".join(out) + python_message(text[pos:], spell=plugin_key)
 
 
-#: the errors whose message is all they say (a Diverged's hint is the CLI's own)
-_WORDED = (UsageError, PrivacyBudgetError)
+#: the errors whose message is all they say (a Diverged's hint is the CLI's own); a lost
+#: node's (FlowerRoundError) gets what to change for each error code it names
+_WORDED: tuple[type[BaseException], ...] = (UsageError, PrivacyBudgetError, FlowerRoundError)
+
+
+def _code_fixes(text: str) -> str:
+    """What to change for each node error code ``text`` names, as "; code: fix"."""
+    from privfedcal.flower.plugin.preflight_codes import ERROR_FIX
+
+    named = [c for c in ERROR_FIX if re.search(rf"(?<![\w-]){re.escape(c.value)}(?![\w-])",
+                                               text)]
+    return "".join(f"; {c.value}: {ERROR_FIX[c]}" for c in named)
 
 
 def user_words(exc: BaseException) -> BaseException:
-    """``exc`` with its message rewritten in place as one line, if it is a usage or budget
-    error; any other as it is."""
+    """``exc`` with its message rewritten in place as one line, if it is a usage, budget or
+    lost-node error (the latter with what to change for each node error code it names); any
+    other as it is."""
     if isinstance(exc, _WORDED) and len(exc.args) == 1 and isinstance(exc.args[0], str):
-        exc.args = (" ".join(plugin_message(str(exc)).split()),)
+        text = plugin_message(str(exc))
+        if isinstance(exc, FlowerRoundError):
+            text += _code_fixes(text)
+        exc.args = (" ".join(text.split()),)
     return exc
 
 
