@@ -266,7 +266,8 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     (the model is moved to ``device``).
     ``context``: the ServerApp's Context, whose run config's ``privfedcal.*`` keys override
     the keyword ``settings`` (``dp_eps``, ``dp_clip``, ``secagg``, ``hide_counts``, ``rounds``,
-    ``key_holder``, ``min_replies``, ``examples``, ``calibration_params``...; settings.py).
+    ``key_holder``, ``min_replies``, ``examples``, ``calibration_params``, ``threads``...;
+    plugin_settings.py).
     ``method``: ``"ccvr"`` (default) or ``"creff"``. ``test_data``: the server's test
     ``DataLoader`` or ``Dataset`` (accuracy before and after). ``out``: the run folder
     (default: the first free ``runs/flower-plugin-<method>-<run id>[-k]`` under the
