@@ -225,3 +225,19 @@ def test_a_passing_preflight_returns_the_sizes_and_leaves_the_model():
     assert sum(sizes.values()) == len(digits().y_train)
     assert model.training and grid.rounds == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_nodes_unknown_key_and_missing_partition_id_are_named():
+    from flwr.app import RecordDict
+
+    from privfedcal.flower.plugin.preflight import check_node
+
+    grid = CountingGrid(client_app(), NO_DP, NODES, node_config={"privfedcal.dp-epss": 8.0})
+    with pytest.raises(UsageError, match=r"^node 1000 \(partition-id 0\): its run config or "
+                                         "node config has a privfedcal.\\* key the plugin"):
+        grid.run_server_app(server_app())
+    assert grid.rounds == 0
+    client = CalibrationClient(Net, node_data, head="fc3")
+    bare = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    assert check_node(client, bare) == ((PreflightCode.NO_PARTITION, ""), "", 0)
+    assert "--node-config 'partition-id=K num-partitions=N'" in FIX[PreflightCode.NO_PARTITION]
