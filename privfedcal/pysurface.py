@@ -94,13 +94,15 @@ def _named_values(name: str) -> set[str]:
     return set(choices or (registries[name]() if name in registries else ()))
 
 
-def python_message(text: str) -> str:
+def python_message(text: str, spell: Callable[[str], str] | None = None) -> str:
     """``text`` with each flag of ``flag_keywords`` as its keyword, and a value that follows
     the flag joined to it: ``--dp-eps must be`` -> ``dp_eps must be``,
     ``--secagg-min-clients 2`` -> ``secagg_min_clients=2``, ``--secagg`` -> ``secagg=True``,
     ``--method fedavg`` -> ``method='fedavg'``; a name alone (``match-steps``) is its keyword
-    (``match_steps``). Other flags are left as they are."""
+    (``match_steps``). Other flags are left as they are. ``spell``: how a keyword's name is
+    written (the Flower plugin writes its run-config key, ``privfedcal.dp-eps``)."""
     table = flag_keywords()
+    spell = spell or str
     out, pos = [], 0
     for m in _FLAG.finditer(text):
         flag = m.group()
@@ -110,8 +112,9 @@ def python_message(text: str) -> str:
             continue
         out.append(text[pos:m.start()])
         pos = m.end()
+        name = spell(kw.name)
         if bare or kw.type is bool:
-            out.append(kw.name if bare else f"{kw.name}={kw.value}")
+            out.append(name if bare else f"{name}={kw.value}")
             continue
         after = re.match(r" ('[^']*'|[^\s,;()]+)", text[pos:])
         token = after.group(1).rstrip(":.") if after else ""
@@ -120,13 +123,13 @@ def python_message(text: str) -> str:
         if kw.type is str and token and (token[0] == "'" or token.isupper()
                                          or token.split(":")[0] in _named_values(kw.name)):
             shown = token if token[0] == "'" or token.isupper() else repr(token)
-            out.append(f"{kw.name}={shown}")
+            out.append(f"{name}={shown}")
             pos += 1 + len(token)
         elif kw.type is not str and token and _VALUE.fullmatch(token):
-            out.append(f"{kw.name}={token}")
+            out.append(f"{name}={token}")
             pos += 1 + len(token)
         else:
-            out.append(kw.name)
+            out.append(name)
     return "".join(out) + text[pos:]
 
 

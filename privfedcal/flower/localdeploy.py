@@ -85,9 +85,13 @@ class LocalDeployment:
 
     def __init__(self, num_nodes: int, workdir: Path, *, task_poll_interval: float = 0.1,
                  startup_timeout: float = 60.0, data_seed: int | None = None,
-                 secure: bool = False, warm: bool = False, node_data_seed: bool = True
-                 ) -> None:
+                 secure: bool = False, warm: bool = False, node_data_seed: bool = True,
+                 server_dir: Path | None = None) -> None:
         self.num_nodes = num_nodes
+        # server_dir: the SuperLink's working folder, which the ServerApp it starts inherits:
+        # the app's own files (a plugin's run folder, a saved model) are written there
+        # (default: workdir, with the logs and Flower's home)
+        self.server_dir = Path(server_dir) if server_dir is not None else None
         # node_data_seed: give each SuperNode the shared data seed in its node config
         # (privfedcal's app reads it); off for an app that does not declare ``data-seed``
         self.node_data_seed = node_data_seed
@@ -143,8 +147,9 @@ class LocalDeployment:
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         args = [_exe(args[0]), *args[1:]]
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        cwd = self.server_dir if name == "superlink" and self.server_dir else self.workdir
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                cwd=self.workdir, start_new_session=True)
+                                cwd=cwd, start_new_session=True)
         log.close()
         self.procs.append(proc)
         self.named[name] = proc
@@ -433,6 +438,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=None,
                     help="number of SuperNodes (default: the app's `clients`)")
     ap.add_argument("--timeout", type=float, default=3600.0)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the folder the ServerApp runs in and keeps its files in (a "
+                    "plugin's run folder, the app's saved model); default: a new "
+                    "runs/flower-<mode>-<time> under the current folder")
     ap.add_argument("--secure", action="store_true",
                     help="deploy only: TLS and SuperNode authentication, with a CA, "
                     "certificate and node keys made in the temporary folder")
@@ -460,9 +469,29 @@ def _app_run_config(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
     nodes = _nodes_for(args, declared, flat)
     if "clients" in declared:
         flat["clients"] = nodes
-    if "out" in declared and not flat.get("out"):
-        flat["out"] = str(Path("runs").resolve() / f"flower-{args.mode}-{int(time.time())}")
+    if "out" in declared and not flat.get("out"):  # privfedcal's app: its run folder
+        flat["out"] = str(args.out)
     return flat, declared, nodes
+
+
+def _out_folder(out: Path | None, mode: str) -> Path:
+    """``--out`` (refused if it holds files already), else a new
+    ``runs/flower-<mode>-<time>[-k]`` under the current folder."""
+    if out is None:
+        base = Path("runs").resolve() / f"flower-{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+        out = next(d for k in range(1, 1000)
+                   if not (d := base if k == 1 else Path(f"{base}-{k}")).exists())
+    out = out.resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out} is not an empty folder: give a new one")
+    return out
+
+
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as ex:
+        raise UsageError(f"cannot create --out {out}: {ex.strerror}") from None
 
 
 def _run_app(args: argparse.Namespace, flat: dict[str, Any], declared: dict[str, Any],
@@ -477,7 +506,8 @@ def _run_app(args: argparse.Namespace, flat: dict[str, Any], declared: dict[str,
         extra["secure"] = True
     if args.warm:
         extra["warm"] = True
-    with tempfile.TemporaryDirectory() as tmp, kind(nodes, Path(tmp), **extra) as dep:
+    with tempfile.TemporaryDirectory() as tmp, kind(nodes, Path(tmp), server_dir=args.out,
+                                                    **extra) as dep:
         done = dep.run(args.app.resolve(), flat, timeout=args.timeout)
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
@@ -492,10 +522,11 @@ def _run_app(args: argparse.Namespace, flat: dict[str, Any], declared: dict[str,
         if not ok:
             sys.stderr.write(dep.log_tail())
     if ok:
-        print(f"run folder: {flat['out']}" if "out" in flat else "the run finished")
+        print("the run finished")
     else:
         print(f"the run failed (logs above; run status {status or 'unknown'}, flwr run "
               f"exited {done.returncode})")
+    print(f"run folder: {args.out}")
     return 0 if ok else 1
 
 
@@ -505,9 +536,11 @@ def main(argv: list[str] | None = None) -> int:
     node) or on the simulation engine, print the run's output, stop every process.
 
     Only run-config keys the app declares are passed (a key it does not declare is refused
-    with one line, exit 2). For privfedcal's own app (it declares ``clients``, ``out`` and
-    ``data-seed``) the number of nodes defaults to ``clients``, ``out`` to a fresh folder
-    under ``runs/``, and the nodes get a shared data seed."""
+    with one line, exit 2). The ServerApp runs in ``--out`` (default: a fresh folder under
+    ``runs/``), which keeps what it writes (the plugin's run folder, the app's saved model)
+    and is printed at the end. For privfedcal's own app (it declares ``clients``, ``out``
+    and ``data-seed``) the number of nodes defaults to ``clients``, its ``out`` to that
+    folder, and the nodes get a shared data seed."""
     ap = _parser()
     args = ap.parse_intermixed_args(argv)  # overrides may come before or after options
     if args.warm and args.mode != "deploy":
@@ -515,7 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.secure and args.mode != "deploy":
         ap.error("--secure applies to deploy (the simulation engine has no SuperNodes)")
     try:
+        args.out = _out_folder(args.out, args.mode)
         flat, declared, nodes = _app_run_config(args)
+        _make_out(args.out)
     except UsageError as ex:
         print(f"error: {ex}", file=sys.stderr)
         return 2

@@ -120,6 +120,30 @@ FIXED_FIELDS: tuple[ClientField, ...] = (
                 "over a public grid (float64, bins + 1), one per search stage",
                 "the Flower plugin with dp-clip auto", "DP (Gaussian, sensitivity 1)",
                 CHARGED),
+    # the Flower plugin's preflight (before the user's training): the outcome of the node's
+    # checks as a code of flower/plugin/preflight_codes.py, never an error's text
+    ClientField("query.preflight", "meta", "partition-id", _META + "; -1 if it has none",
+                "the Flower plugin's preflight", "none", _ID),
+    ClientField("query.preflight", "meta", "settings", "the digest of query.hello's settings "
+                "(\"\" when they do not resolve)", "the Flower plugin's preflight", "none",
+                "public: a function of the public settings only"),
+    ClientField("query.preflight", "preflight", "check", "the first of the node's checks that "
+                "failed, or ok: a code of the plugin's fixed list (flower/plugin/"
+                "preflight_codes.py: ok, no-partition-id, unknown-setting, bad-setting, "
+                "bad-model, bad-head, bad-data, empty-data, batch-keys, bad-batch, "
+                "data-does-not-fit-model, head-not-output, internal-error)",
+                "the Flower plugin's preflight", "none: a fixed vocabulary",
+                "public: which check failed, on the node's configuration, its model and the "
+                "form of one batch (keys, types, shape); empty-data and bad-batch (a label "
+                "outside the head's classes) can depend on the data, a few bits, like an "
+                "error code, not charged"),
+    ClientField("query.preflight", "preflight", "key", "the name of the node's setting "
+                "that is refused (one of the plugin's setting names), or \"\"",
+                "the Flower plugin's preflight", "none",
+                "public: a name from the plugin's list, never its value"),
+    ClientField("query.preflight", "metrics", "num-examples", "client size n_k (int), 0 "
+                "unless every check passed", "the Flower plugin's preflight", "none",
+                "public: as query.hello's (FedAvg weights)"),
     # discovery
     ClientField("query.hello", "meta", "partition-id", _META, "start of a Flower run", "none",
                 _ID),

@@ -46,6 +46,8 @@ def main(grid, context):
     result = FedAvg(fraction_evaluate=0.0, min_available_nodes=2).start(
         grid, ArrayRecord({"w": torch.zeros(1)}), num_rounds=context.run_config["rounds"])
     print("final weight", float(result.arrays["w"].numpy()[0]))
+    with open("final_weight.txt", "w") as f:  # the app's own file, in its working folder
+        f.write(str(float(result.arrays["w"].numpy()[0])))
 """
 
 PYPROJECT = """
@@ -136,7 +138,25 @@ def test_a_foreign_app_runs_on_a_local_deployment(app, capsys, monkeypatch, tmp_
     assert main(["deploy", str(app), "--nodes", "2", "rounds=2", "--timeout", "400"]) == 0
     out = capsys.readouterr().out
     assert "final weight 1.0" in out  # two rounds of +0.5 from both nodes
-    assert out.strip().endswith("the run finished")
+    assert "the run finished" in out
+    # the ServerApp ran in a fresh run folder under the current one, kept and printed
+    folder = Path(out.strip().splitlines()[-1].removeprefix("run folder: "))
+    assert folder.parent == tmp_path / "runs" and folder.name.startswith("flower-deploy-")
+    assert (folder / "final_weight.txt").read_text() == "1.0"
+
+
+def test_out_is_a_new_or_empty_folder(app, capsys, tmp_path):
+    from privfedcal.flower.localdeploy import _out_folder
+
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    err = _refused(capsys, ["deploy", str(app), "--nodes", "2", "--out", str(tmp_path / "used")])
+    assert err == f"error: --out {tmp_path / 'used'} is not an empty folder: give a new one"
+    assert _out_folder(tmp_path / "new", "deploy") == tmp_path / "new"
+    assert not (tmp_path / "new").exists()  # made only once the run's settings are checked
+    # a refused run leaves no folder behind
+    _refused(capsys, ["deploy", str(app), "--nodes", "2", "--out", str(tmp_path / "n2"), "x=1"])
+    assert not (tmp_path / "n2").exists()
 
 
 @pytest.mark.flower

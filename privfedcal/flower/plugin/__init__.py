@@ -4,8 +4,10 @@ Client (the user's ``ClientApp``)::
 
     CalibrationClient(Net, data=trainloader_of, head="fc3").attach(app)
 
-Server (the user's ``ServerApp`` main, after ``strategy.start``)::
+Server (the user's ``ServerApp`` main: ``preflight`` before ``strategy.start``, every
+check on the server and the nodes before training; ``calibrate`` after it)::
 
+    preflight(grid, model, context, head="fc3", test_data=testloader)
     summary = calibrate(grid, model, context, method="ccvr", head="fc3", test_data=testloader)
 
 Both read privfedcal's settings from keyword arguments and the run config's
@@ -21,7 +23,9 @@ docs/flower.md.
 
 from privfedcal.flower.plugin.client import CalibrationClient
 from privfedcal.flower.plugin.plugin_settings import PluginSettings
+from privfedcal.flower.plugin.preflight import PreflightError, preflight
 from privfedcal.flower.plugin.server_calibration import calibrate
 from privfedcal.models.head_adapter import HeadAdapter, find_head
 
-__all__ = ["CalibrationClient", "HeadAdapter", "PluginSettings", "calibrate", "find_head"]
+__all__ = ["CalibrationClient", "HeadAdapter", "PluginSettings", "PreflightError", "calibrate",
+           "find_head", "preflight"]

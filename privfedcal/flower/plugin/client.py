@@ -4,6 +4,8 @@
 ``ClientApp`` the query handlers that privfedcal's server side sends
 (``flower/flower_simulator.py``, ``flower/stage_messages.py``):
 
+* ``query.preflight``: every check of the node before training (``preflight.py``): its
+  settings, model, head and one batch of its data, answered with a code;
 * ``query.hello``: the node's partition id and sample count, and the digest of its
   settings (``plugin_settings.py``), which the server checks against its own before any release;
 * ``query.payload``: the calibrator's payload task (``flower/tasks.py``: a registered
@@ -49,6 +51,12 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.plugin import data as node_data
 from privfedcal.flower.plugin.clip import CLIP_STATE, STAGES, keep_histogram, kept_histogram
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, from_keywords, gather, resolve
+from privfedcal.flower.plugin.wording import (
+    boundary,
+    speaks_plugin,
+    threads_setting,
+    torch_threads,
+)
 from privfedcal.flower.records import record_to_state, tensor_to_array
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
@@ -59,7 +67,7 @@ from privfedcal.privacy.quantile import feature_norms, noisy_norm_histogram
 __all__ = ["ACTIONS", "CalibrationClient"]
 
 #: the query actions ``attach`` registers (message types ``query.<action>``)
-ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold", "clip")
+ACTIONS = ("hello", "payload", "keygen", "decrypt", "hold", "clip", "preflight")
 
 
 @dataclass
@@ -118,7 +126,8 @@ class CalibrationClient:
         self.head, self.num_classes = head, num_classes
         self.batch_size, self.batch_keys, self.device = batch_size, batch_keys, device
         self.keywords = dict(settings)
-        from_keywords(self.keywords)  # an unknown name fails here, not at the first message
+        with speaks_plugin():  # an unknown name fails here, not at the first message
+            from_keywords(self.keywords)
         self._adapter: HeadAdapter | None = None
         self._checked = False
         self._runs: dict[tuple[int, str, float | None], Any] = {}  # (run, digest, clip) -> uplink
@@ -130,8 +139,8 @@ class CalibrationClient:
         if not isinstance(app, ClientApp):
             raise UsageError(f"attach takes a flwr ClientApp, got {type(app).__name__}")
         handlers: dict[str, Callable[[Message, Context], Message]] = {
-            "hello": self.hello, "payload": self.payload, "keygen": self.keygen,
-            "decrypt": self.decrypt, "hold": hold_handler, "clip": self.clip}
+            "preflight": self.preflight, "hello": self.hello, "payload": self.payload,
+            "keygen": self.keygen, "decrypt": self.decrypt, "hold": hold_handler, "clip": self.clip}
         for action in ACTIONS:
             try:
                 app.query(action)(self._coded(handlers[action]))
@@ -140,21 +149,30 @@ class CalibrationClient:
                                  f"{str(exc).splitlines()[0]}") from None
         return app
 
-    @staticmethod
-    def _coded(fn: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
-        """``fn`` whose exceptions become an error reply carrying their code only."""
+    def _coded(self, fn: Callable[[Message, Context], Message]
+               ) -> Callable[[Message, Context], Message]:
+        """``fn`` at the plugin's boundary (``wording.boundary``: the node's log in the
+        plugin's words, the root logger kept; ``privfedcal.threads``), whose exceptions
+        become an error reply carrying their code only."""
         def handler(msg: Message, context: Context) -> Message:
             try:
-                return fn(msg, context)
+                threads = threads_setting(self.keywords, context.run_config,
+                                          context.node_config)
+                with boundary(), torch_threads(threads):
+                    return fn(msg, context)
             except Exception as exc:  # noqa: BLE001 - answered with its code only
                 return error_reply(msg, exc)
         handler.__name__ = getattr(fn, "__name__", "handler")
         return handler
 
     # ---- the node's parts ------------------------------------------------------------------
+    def build_model(self, context: Context) -> Any:
+        """The user's model for this node (``model``, or what calling it returns)."""
+        return _call(self.model_source, context)
+
     def adapter(self, context: Context) -> HeadAdapter:
         if self._adapter is None:
-            model = _call(self.model_source, context)
+            model = self.build_model(context)
             self._adapter = HeadAdapter(model, self.head, self.num_classes)
             self._adapter.to(self.device)
         return self._adapter
@@ -213,6 +231,12 @@ class CalibrationClient:
         return node_data.num_samples(self.data(context), **self._batches_kwargs(adapter))
 
     # ---- handlers -----------------------------------------------------------------------
+    def preflight(self, msg: Message, context: Context) -> Message:
+        """Every check of this node before training (``preflight.py``): a code, never text."""
+        from privfedcal.flower.plugin.preflight import reply
+
+        return reply(self, msg, context)
+
     def hello(self, msg: Message, context: Context) -> Message:
         settings, partition = self.node_settings(context)
         meta = ConfigRecord({"partition-id": partition, "num-partitions": settings.cfg.clients,

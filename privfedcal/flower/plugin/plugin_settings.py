@@ -17,6 +17,8 @@ A node never reads a setting from a server's message. The names are ``privfedcal
 keyword arguments spell them with ``_``), plus the plugin's own:
 
 * ``method``: ``ccvr`` or ``creff``;
+* ``threads``: torch threads for the plugin's own work on that party (unset: as the app
+  left them; each party its own, not compared; ``wording.torch_threads``);
 * ``clients``: the number of nodes K (default: the node config's ``num-partitions`` on a
   node, the number of connected nodes on the server);
 * ``dp-clip = "auto"``: the feature clip chosen privately by the nodes within the budget
@@ -54,13 +56,14 @@ METHODS = ("ccvr", "creff")
 DATASET = "flower-app"
 #: privfedcal settings a plugin run takes (run-config spelling)
 RUN_KEYS = ("dp-eps", "dp-delta", "dp-clip", "dp-grad-clip", "accountant", "secagg",
-            "hide-counts", "secagg-min-clients", "rounds", "participation", "seed")
+            "hide-counts", "secagg-min-clients", "rounds", "participation", "seed", "threads")
 FLOWER_KEYS = ("flower.key-holder", "flower.min-replies", "flower.round-timeout",
                "flower.poll-interval", "flower.node-wait")
 PLUGIN_KEYS = ("method", "clients", "examples")
-#: settings of the server's waiting only: nodes may differ in them (not in the digest)
+#: settings of the server's waiting, and each party's own threads: the server and the nodes
+#: may differ in them (not in the digest)
 SERVER_ONLY = ("flower.min-replies", "flower.round-timeout", "flower.poll-interval",
-               "flower.node-wait")
+               "flower.node-wait", "threads")
 CALIBRATION = "calibration-params."
 KEYS = PLUGIN_KEYS + RUN_KEYS + FLOWER_KEYS
 #: delta where neither dp-delta nor examples is given
@@ -98,9 +101,10 @@ def from_keywords(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_config(config: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The ``privfedcal.*`` entries of a run or node config, without the prefix."""
+    """The ``privfedcal.*`` entries of a run or node config, without the prefix; an empty
+    value (``privfedcal.dp-eps = ""``) is unset, as a key left out."""
     return {_check_key(k[len(PREFIX):], where): v for k, v in config.items()
-            if k.startswith(PREFIX)}
+            if k.startswith(PREFIX) and v != ""}
 
 
 def gather(kwargs: Mapping[str, Any], run_config: Mapping[str, Any],

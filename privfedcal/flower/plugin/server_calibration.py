@@ -56,6 +56,7 @@ from privfedcal.flower.link import FlowerRoundError, GridLink
 from privfedcal.flower.plugin import data as plugin_data
 from privfedcal.flower.plugin.clip import ClipOutcome, choose_clip, stage_label
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
+from privfedcal.flower.plugin.wording import boundary, threads_setting, torch_threads
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
@@ -212,14 +213,25 @@ def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor
     return exp, calibrator, execute_plan(plan_for_run(exp.privacy, calibrator, n, preset))
 
 
+def _holds_run(run_dir: Path) -> bool:
+    return any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "server"))
+
+
 def _fresh_run_dir(out: str | Path | None, method: str, run_id: int) -> Path:
     """The run folder, checked before any message so that a run is never half-written:
-    writable, and holding no earlier run."""
+    writable, and holding no earlier run. By default the first free one of
+    ``runs/flower-plugin-<method>-<run id>``, then ``...-<run id>-2``, ``-3``...: a run
+    repeated from the same folder (the same Flower run id) never meets the one before."""
     from privfedcal.report.output_folder import check_writable
 
-    run_dir = Path(out) if out else Path("runs") / f"flower-plugin-{method}-{run_id}"
+    if out:
+        run_dir = Path(out)
+    else:
+        base = Path("runs") / f"flower-plugin-{method}-{run_id}"
+        run_dir = next(d for k in range(1, 10_000)
+                       if not _holds_run(d := base if k == 1 else Path(f"{base}-{k}")))
     check_writable(run_dir, "out")
-    if any((run_dir / name).exists() for name in ("summary.json", "metrics.jsonl", "server")):
+    if _holds_run(run_dir):
         raise UsageError(f"{run_dir} already holds a run: give calibrate another out")
     return run_dir
 
@@ -254,12 +266,34 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     (the model is moved to ``device``).
     ``context``: the ServerApp's Context, whose run config's ``privfedcal.*`` keys override
     the keyword ``settings`` (``dp_eps``, ``dp_clip``, ``secagg``, ``hide_counts``, ``rounds``,
-    ``key_holder``, ``min_replies``, ``examples``, ``calibration_params``...; settings.py).
+    ``key_holder``, ``min_replies``, ``examples``, ``calibration_params``, ``threads``...;
+    plugin_settings.py).
     ``method``: ``"ccvr"`` (default) or ``"creff"``. ``test_data``: the server's test
     ``DataLoader`` or ``Dataset`` (accuracy before and after). ``out``: the run folder
-    (default ``runs/flower-plugin-<method>-<run id>``). The nodes must run
-    ``CalibrationClient`` with the same settings (checked before any release).
+    (default: the first free ``runs/flower-plugin-<method>-<run id>[-k]`` under the
+    working folder). The nodes must run
+    ``CalibrationClient`` with the same settings (checked before any release; ``preflight``
+    checks them before training). On failure ``model`` is left as it was (its weights
+    restored) and the error names the plugin's keys (``privfedcal.dp-eps``).
     """
+    kept = ({k: v.detach().clone() for k, v in model.state_dict().items()}
+            if isinstance(model, torch.nn.Module) else None)
+    run_config = dict(context.run_config) if isinstance(context, Context) else {}
+    try:
+        with boundary(), torch_threads(threads_setting(settings, run_config)):
+            return _calibrate(grid, model, context, test_data, method, head, num_classes, out,
+                              batch_size, batch_keys, device, settings)
+    except BaseException:
+        if kept is not None:  # a failure never loses the trained model
+            model.load_state_dict(kept)
+        raise
+
+
+def _calibrate(grid: Grid, model: torch.nn.Module, context: Context | None, test_data: Any,
+               method: str | None, head: str | None, num_classes: int | None,
+               out: str | Path | None, batch_size: int, batch_keys: tuple[str, str] | None,
+               device: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``calibrate``'s run (its docstring)."""
     _check_arguments(grid, context, test_data, batch_size)
     run_id = int(context.run_id) if context is not None else 0
     adapter = HeadAdapter(model, head, num_classes)
