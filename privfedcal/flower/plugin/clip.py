@@ -45,7 +45,7 @@ from privfedcal.privacy.quantile import (
     plan_clip_noise,
 )
 
-__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "stage_label"]
+__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "default_clip", "stage_label"]
 
 AUTO = "auto"
 #: the message of the clip's stages (``config``: stage, and centre or clip)
@@ -53,6 +53,16 @@ CLIP_MESSAGE = "query.clip"
 #: a node's record of the clip: the stages it released and the clip it was sent
 CLIP_STATE = "privfedcal.clip"
 STAGES = (1, 2)
+
+
+def default_clip(flat: dict[str, Any], dp_on: bool) -> dict[str, Any]:
+    """``flat`` with ``dp-clip = "auto"`` where DP is on and no clip is set: in a user's app
+    no fixed number fits every model (feature norms differ by orders of magnitude between
+    networks), so the nodes' private search chooses it within the run's one budget unless
+    the user gives one. Both sides resolve the same settings, so both take the default."""
+    if dp_on and flat.get("dp-clip") is None:
+        return {**flat, "dp-clip": AUTO}
+    return flat
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ keyword arguments spell them with ``_``), plus the plugin's own:
 * ``clients``: the number of nodes K (default: the node config's ``num-partitions`` on a
   node, the number of connected nodes on the server);
 * ``dp-clip = "auto"``: the feature clip chosen privately by the nodes within the budget
-  (``clip.py``);
+  (``clip.py``); the default under DP, where no clip is set;
 * ``examples``: a public upper bound on the nodes' training examples together. It sets the
   default delta (``min(1e-5, 1/(10 N))``, as ``privfedcal train``); unset, delta defaults
   to 1e-5 and the server bounds CKKS magnitudes by the sizes the nodes report (a node that
@@ -42,7 +42,7 @@ from typing import Any
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.flower.plugin.clip import AUTO, AutoClip
+from privfedcal.flower.plugin.clip import AUTO, AutoClip, default_clip
 from privfedcal.flower.records import FlowerOptions, parse_run_config
 from privfedcal.privacy.dp import default_delta
 
@@ -177,6 +177,7 @@ def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
                                      if key.startswith(CALIBRATION)):
         # CReFF's default augmentation is for images; an app's inputs may be anything
         flat[CALIBRATION + "dsa"] = "none"
+    flat = default_clip(flat, dp_on)  # under DP the search's clip unless one is set
     run_flat = dict(flat)
     auto_clip = flat.get("dp-clip") == AUTO
     if auto_clip:  # the clip chosen privately, within the one budget (clip.py)
