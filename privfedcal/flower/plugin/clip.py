@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.privacy.accounting import ReleasePlan
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import (
@@ -83,7 +83,14 @@ class AutoClip:
         """The plan for the run's target (``epsilon``, ``delta``) and its calibration
         ``releases`` (``protection.release_plans``)."""
         search = ClipSearch()
-        sigma, sigmas = plan_clip_noise(epsilon, delta, search, releases, accountant)
+        try:
+            sigma, sigmas = plan_clip_noise(epsilon, delta, search, releases, accountant)
+        except PrivacyBudgetError as exc:  # the search's share is below the accountant's reach
+            raise UsageError(
+                f"the feature clip's private search cannot be planned at dp-eps {epsilon:g} "
+                f"(its share, epsilon {search.share * epsilon:g} at delta {delta:g}, is "
+                "below what the accountant reaches): set privfedcal.dp-clip to a number "
+                "(dp_clip= as a keyword)") from exc
         return cls(search, epsilon, delta, sigma,
                    {p.name: z for p, z in zip(releases, sigmas, strict=True)})
 
