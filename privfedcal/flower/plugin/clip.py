@@ -45,7 +45,8 @@ from privfedcal.privacy.quantile import (
     plan_clip_noise,
 )
 
-__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "default_clip", "stage_label"]
+__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "default_clip", "stage_label",
+           "with_update_release"]
 
 AUTO = "auto"
 #: the message of the clip's stages (``config``: stage, and centre or clip)
@@ -63,6 +64,21 @@ def default_clip(flat: dict[str, Any], dp_on: bool) -> dict[str, Any]:
     if dp_on and flat.get("dp-clip") is None:
         return {**flat, "dp-clip": AUTO}
     return flat
+
+
+def with_update_release(inputs: Any, releases: list[ReleasePlan]) -> list[ReleasePlan]:
+    """``releases`` and, under ``dp-updates`` (a strategy wrapped in ``PrivateUpdates``,
+    dp_fedavg.py), DP-FedAvg's rounds as the planner adds them (``protection.noise_plan``),
+    so that the search's one plan covers every release of the run. ``inputs``: the
+    planner's ``ProtectionInputs``."""
+    p = inputs.privacy
+    if not p.dp_updates:
+        return releases
+    from privfedcal.privacy.user_dp import release_plan
+    from privfedcal.protection import participation_counts
+
+    steps = max(participation_counts(p).values())
+    return [*releases, release_plan(steps, p.dp_updates_share if releases else None)]
 
 
 @dataclass(frozen=True)

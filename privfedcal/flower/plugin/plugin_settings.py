@@ -42,7 +42,7 @@ from typing import Any
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.flower.plugin.clip import AUTO, AutoClip, default_clip
+from privfedcal.flower.plugin.clip import AUTO, AutoClip, default_clip, with_update_release
 from privfedcal.flower.records import FlowerOptions, parse_run_config
 from privfedcal.privacy.dp import default_delta
 
@@ -54,7 +54,8 @@ METHODS = ("ccvr", "creff")
 DATASET = "flower-app"
 #: privfedcal settings a plugin run takes (run-config spelling)
 RUN_KEYS = ("dp-eps", "dp-delta", "dp-clip", "dp-grad-clip", "accountant", "secagg",
-            "hide-counts", "secagg-min-clients", "rounds", "participation", "seed")
+            "hide-counts", "secagg-min-clients", "rounds", "participation", "seed",
+            "dp-updates", "dp-update-clip", "dp-updates-share")
 FLOWER_KEYS = ("flower.key-holder", "flower.min-replies", "flower.round-timeout",
                "flower.poll-interval", "flower.node-wait")
 PLUGIN_KEYS = ("method", "clients", "examples")
@@ -149,8 +150,9 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
 
     if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")
+    inputs = protection_inputs(cfg, calibrator_class(cfg))
     return AutoClip.plan(float(cfg.dp_eps), float(cfg.dp_delta), cfg.accountant,
-                         release_plans(protection_inputs(cfg, calibrator_class(cfg))))
+                         with_update_release(inputs, release_plans(inputs)))
 
 
 def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:

@@ -245,7 +245,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
               test_data: Any, method: str | None = None, head: str | None = None,
               num_classes: int | None = None, out: str | Path | None = None,
               batch_size: int = 256, batch_keys: tuple[str, str] | None = None,
-              device: str = "cpu", **settings: Any) -> dict[str, Any]:
+              device: str = "cpu", updates: Any = None, **settings: Any) -> dict[str, Any]:
     """Calibrate ``model``'s head with CCVR or CReFF over the nodes of ``grid``, under every
     protection the settings ask for; returns the run's summary (summary.json).
 
@@ -259,6 +259,8 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     ``DataLoader`` or ``Dataset`` (accuracy before and after). ``out``: the run folder
     (default ``runs/flower-plugin-<method>-<run id>``). The nodes must run
     ``CalibrationClient`` with the same settings (checked before any release).
+    ``updates``: the ``PrivateUpdates`` that trained the model (dp_fedavg.py), whose
+    charges the run's one ledger takes over.
     """
     _check_arguments(grid, context, test_data, batch_size)
     run_id = int(context.run_id) if context is not None else 0
@@ -280,6 +282,8 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
         cfg = cfg.replace(dp_clip=searched.clip)
     preset = s.auto_clip.preset() if s.auto_clip is not None else None
     exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device, preset)
+    if updates is not None:  # DP-FedAvg's rounds, in the same ledger (dp_fedavg.py)
+        updates.hand_over(s, uplink.find(NoiseStage).dp)
     if searched is not None and s.auto_clip is not None:
         _charge_search(uplink, searched, sizes)
     sim = PluginSimulator(exp, run_dir, link, calibrator=calibrator, uplink=uplink,
