@@ -76,3 +76,32 @@ def test_the_private_app_adds_a_few_lines_to_the_calibrated_one():
     docs = (EXAMPLES.parent / "docs" / "flower.md").read_text()
     shown = {line[1:].strip() for line in docs.splitlines() if line.startswith("+")}
     assert [a for a in added if a.split(": ", 1)[1] not in shown] == []
+
+
+def test_the_server_clips_sums_noises_and_divides_by_the_nodes_asked():
+    """``private_average``: an update past the clip is clipped on the server (a node that
+    skipped ``fixedclipping_mod`` moves the sum by the clip at most), a non-finite one counts
+    as zero, the noise is the plan's ``N(0, (z S)^2)`` and the divisor the nodes asked."""
+    import torch
+
+    from privfedcal.flower.plugin.dp_fedavg import plan_updates, private_average
+    from privfedcal.flower.plugin.plugin_settings import gather, resolve
+    from privfedcal.privacy.noise import noise_generator
+    from privfedcal.privacy.user_dp import gaussian_vector
+
+    s = resolve(gather({"dp_eps": 8.0, "dp_clip": 1.0, "dp_updates": True, "rounds": 2}, {}),
+                clients=3)
+    user_dp = plan_updates(s, 300).user_dp
+    user_dp.seeded = True  # the draws reproducible here; a run draws from OS entropy
+    glob = {"w": torch.zeros(4), "b": torch.ones(2)}
+    far = {"w": torch.tensor([10.0, 0, 0, 0]), "b": torch.ones(2)}        # norm 10: clipped
+    near = {"w": torch.zeros(4), "b": torch.tensor([1.5, 1.0])}          # norm 0.5: kept
+    broken = {"w": torch.full((4,), float("nan")), "b": torch.ones(2)}   # summed as zero
+    new = private_average(user_dp, glob, [far, near, broken], round_=1)
+    clip, m = user_dp.clip, user_dp.denominator
+    assert (clip, m) == (1.0, 3)
+    noise = gaussian_vector(6, user_dp.noise_multiplier * clip,
+                            noise_generator(user_dp.seed, 1, -1, 302, seeded=True))
+    summed = torch.tensor([1.0, 0, 0, 0, 0.5, 0], dtype=torch.float64) + noise
+    torch.testing.assert_close(new["w"].double(), summed[:4] / m, rtol=0, atol=1e-6)
+    torch.testing.assert_close(new["b"].double(), 1 + summed[4:] / m, rtol=0, atol=1e-6)

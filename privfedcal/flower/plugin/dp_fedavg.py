@@ -59,7 +59,7 @@ from privfedcal.flower.link import GridLink
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
 from privfedcal.privacy.user_dp import UpdateLayout, vector_norm
 
-__all__ = ["PrivateUpdates"]
+__all__ = ["PrivateUpdates", "private_average"]
 
 log = logging.getLogger("privfedcal.flower")
 
@@ -75,6 +75,28 @@ def plan_updates(s: PluginSettings, examples: int) -> Any:
     preset = s.auto_clip.preset() if s.auto_clip is not None else None
     return execute_plan(plan_for_run(PrivacyOptions.of(s.cfg), calibrator_class(s.cfg),
                                      examples, preset))
+
+
+def private_average(user_dp: Any, state: dict[str, torch.Tensor],
+                    locals_: list[dict[str, torch.Tensor]], round_: int
+                    ) -> dict[str, torch.Tensor]:
+    """The new global state: ``state`` plus the sum of the nodes' updates (``locals_``
+    minus ``state``), each clipped to ``user_dp.clip`` here whatever the node did, with
+    ``user_dp``'s Gaussian noise, divided by ``user_dp.denominator`` (public). A
+    non-finite update is summed as zero (an absent node's)."""
+    layout = UpdateLayout(state)
+    base = layout.flatten(state)
+    total = torch.zeros_like(base)
+    for local in locals_:
+        delta = layout.flatten(local).sub_(base)
+        norm = vector_norm(delta)
+        if not math.isfinite(norm):
+            log.warning("round %d: a non-finite update left out of the sum", round_)
+            continue
+        user_dp.clip_and_share(delta, norm, round_, -1)
+        total.add_(delta)
+    user_dp.add_server_noise(total, round_)
+    return user_dp.apply(state, layout, base, total)
 
 
 class PrivateUpdates(Strategy):
@@ -158,22 +180,9 @@ class PrivateUpdates(Strategy):
             log.warning("round %d: DP-FedAvg got %d of %d updates: nothing released",
                         server_round, len(got), len(clients))
             return None, None
-        state = sent.to_torch_state_dict()
-        layout = UpdateLayout(state)
-        base = layout.flatten(state)
-        total = torch.zeros_like(base)
-        for reply in replies:
-            local = next(iter(reply.content.array_records.values())).to_torch_state_dict()
-            delta = layout.flatten(local).sub_(base)
-            norm = vector_norm(delta)
-            if not math.isfinite(norm):  # summed as a zero update (an absent node's)
-                log.warning("round %d: a non-finite update left out of the sum",
-                            server_round)
-                continue
-            self.user_dp.clip_and_share(delta, norm, server_round, -1)
-            total.add_(delta)
-        self.user_dp.add_server_noise(total, server_round)
-        new = self.user_dp.apply(state, layout, base, total)
+        locals_ = [next(iter(r.content.array_records.values())).to_torch_state_dict()
+                   for r in replies]
+        new = private_average(self.user_dp, sent.to_torch_state_dict(), locals_, server_round)
         log.info("round %d: DP-FedAvg of %d clipped updates, epsilon %.4f spent so far",
                  server_round, len(replies), self.user_dp.dp.epsilon())
         return ArrayRecord(new), None
