@@ -11,6 +11,8 @@ import torch
 pytest.importorskip("flwr")
 
 from privfedcal.errors import UsageError  # noqa: E402
+from privfedcal.flower.records import record_to_state  # noqa: E402
+from privfedcal.privacy.user_dp import model_delta, update_norm  # noqa: E402
 
 #: central DP-FedAvg with feature DP on the calibration release, both in one budget
 USER_DP = {"method": "fedavg", "dp_updates": True, "dp_eps": 8.0, "dp_update_clip": 0.5,
@@ -28,7 +30,7 @@ def test_dp_updates_under_flower_is_the_simulators_accounting(flower_cfg, run_si
                                                                run_flower):
     cfg = flower_cfg(**USER_DP)
     sim, summary = run_simulator(cfg)
-    fl, fl_summary, _ = run_flower(cfg)
+    fl, fl_summary, grid = run_flower(cfg)
     user, fl_user = summary["privacy"]["user_dp"], fl_summary["privacy"]["user_dp"]
     assert fl_user["epsilon_spent"] == pytest.approx(user["epsilon_spent"], rel=1e-12)
     assert 0 < fl_user["epsilon_spent"] <= 8.0
@@ -38,7 +40,25 @@ def test_dp_updates_under_flower_is_the_simulators_accounting(flower_cfg, run_si
     # float32 of the wire, the node's clipped update clipped again on the server)
     for key, value in sim.global_state.items():
         torch.testing.assert_close(fl.global_state[key], value, rtol=0, atol=1e-5, msg=key)
-    assert all(h["train_loss"] is None for h in fl.history)  # no loss leaves a node
+    assert all(h["train_loss"] is None for h in fl.history)
+    # what a node's train handler sends: the global state moved by at most the clip, and
+    # no training loss
+    reply = _train_reply(grid, cfg, fl.global_state)
+    sent = record_to_state(reply["local"], "cpu")
+    assert update_norm(model_delta(sent, fl.global_state)) <= 0.5 * (1 + 1e-5)
+    assert "train-loss" not in reply["metrics"]
+
+
+def _train_reply(grid, cfg, state):
+    """Client 0's reply to one more ``train`` message over ``grid``."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from privfedcal.flower.link import GridLink
+    from privfedcal.flower.records import FlowerOptions, state_to_record
+
+    link = GridLink(grid, cfg.clients, FlowerOptions(round_timeout=30))
+    content = RecordDict({"global": state_to_record(state), "config": ConfigRecord({"round": 3})})
+    return link.exchange(content, [0], "train", "3")[0].content
 
 
 @pytest.mark.flower
