@@ -10,7 +10,9 @@ bit what the simulator computes for it.
 Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``):
 
 * ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
-  metrics {num-examples, train-loss} (no train-loss under --dp-train). The method's
+  metrics {num-examples, train-loss} (no train-loss under --dp-train or --dp-updates;
+  under --dp-updates ``local`` is the global state moved by the node's clipped update,
+  ``clipped_update``). The method's
   per-client state (MOON's previous model) stays on the node, in
   ``context.state["privfedcal.client-state"]``.
 * ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data;
@@ -251,6 +253,20 @@ def _reply(msg: Message, rt: ClientRuntime, **records: Any) -> Message:
     return Message(content, reply_to=msg)
 
 
+def clipped_update(user_dp: Any, global_state: dict[str, torch.Tensor],
+                   state: dict[str, torch.Tensor], round_: int,
+                   client: int) -> dict[str, torch.Tensor]:
+    """``--dp-updates`` on the node: the global state moved by the node's update clipped to
+    the plan's clip (``UserDP.client_update``; integer buffers keep the global values). The
+    server clips again and adds the noise to the sum (central noise, privacy/user_dp.py), so
+    a node that skips its clip still cannot move the sum by more than the clip."""
+    delta, _ = user_dp.client_update(global_state, state, round_, client)
+    out = dict(global_state)
+    for key, value in delta.items():
+        out[key] = (global_state[key].double() + value).to(state[key].dtype)
+    return out
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
@@ -266,8 +282,11 @@ def train(msg: Message, context: Context) -> Message:
             exp.data.y_train, rt.idx, exp.spec, round_, rt.partition)
     if new_client_state is not None:
         context.state[CLIENT_STATE] = state_to_record(new_client_state)
+    if rt.uplink.user_dp is not None:  # --dp-updates: DP-FedAvg, the node clips
+        state, loss = clipped_update(rt.uplink.user_dp, global_state, state, round_,
+                                     rt.partition), None
     metrics = {"num-examples": _reported_size(rt)}
-    if loss is not None:  # None under DP-SGD: the loss is private and stays on the node
+    if loss is not None:  # None under DP: the loss is private and stays on the node
         metrics["train-loss"] = float(loss)
     metrics = MetricRecord(metrics)
     return _reply(msg, rt, local=state_to_record(state), metrics=metrics)
@@ -276,7 +295,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
-    if rt.cfg.dp_enabled or rt.cfg.dp_train:
+    if rt.cfg.dp_enabled or rt.cfg.dp_train or rt.cfg.dp_updates:
         # the local loss and accuracy are functions of the client's data outside any budget
         raise Refused("local evaluation is refused under DP: its loss and accuracy on the "
                          "client's data would leave the client uncharged")

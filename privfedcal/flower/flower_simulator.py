@@ -111,9 +111,14 @@ class FlowerSimulator(Simulator):
         if privacy.secagg_updates:
             raise UsageError("--secagg-updates runs in the simulator only: under Flower the "
                              "updates would reach the server in the clear before encryption")
-        if privacy.dp_updates:
-            raise UsageError("--dp-updates runs in the simulator only: under Flower the "
-                             "updates are averaged without its clipping and noise")
+        if privacy.dp_updates and privacy.dp_adaptive_clip:
+            raise UsageError("--dp-adaptive-clip runs in the simulator only: under Flower "
+                             "each node clips its own update, so the server never sees "
+                             "whether a norm was within the clip; give --dp-update-clip")
+        if privacy.dp_updates and link is not None and link.options.min_replies:
+            raise UsageError("flower.min-replies does not combine with --dp-updates: every "
+                             "node of a round must reply, so that each clipped update is "
+                             "recorded as its client's; leave flower.min-replies unset")
         if not 0 <= key_holder < privacy.clients:
             raise UsageError(f"flower.key-holder={key_holder} is not a client "
                              f"(0..{privacy.clients - 1})")
@@ -144,7 +149,15 @@ class FlowerSimulator(Simulator):
                         weights: list[float], round_: int) -> tuple[list, State, int, list]:
         """``Simulator.receive_updates`` for the clients whose nodes replied: a lost
         client's update is missing, so the average is re-weighted over the others (their
-        reported sizes, or uniform under --dp-train) and the loss is noted."""
+        reported sizes, or uniform under --dp-train) and the loss is noted. Under
+        --dp-updates DP-FedAvg (privacy/user_dp.py) receives them as in the simulator: the
+        nodes have clipped their updates, the server clips again, sums, adds the noise and
+        charges the run's ledger; every node of the round replies (``__init__``)."""
+        if self.uplink.user_dp is not None:
+            self._arrived = selected
+            return self.uplink.user_dp.receive(trainer, jobs, self.global_state, selected,
+                                               round_, self.transcript,
+                                               self.uplink.recipe(self.exp.spec), None)
         results = trainer.train(self.global_state, jobs, round_)
         arrived = list(trainer.arrived)
         self._arrived = arrived

@@ -24,7 +24,7 @@ def test_node_config_beats_run_config_beats_keywords():
 
 
 def test_delta_follows_the_public_example_count():
-    s = resolve(gather({"dp_eps": 1.0, "examples": 50_000}, {}), clients=2)
+    s = resolve(gather({"dp_eps": 1.0, "dp_clip": 2.0, "examples": 50_000}, {}), clients=2)
     assert s.cfg.dp_delta == pytest.approx(1 / (10 * 50_000))
     assert not math.isfinite(resolve({}, clients=2).cfg.dp_eps)
 

@@ -108,14 +108,3 @@ def test_a_node_runs_one_thread_unless_told(flower_cfg):
     assert node_threads(ctx(threads=4), flower_cfg(threads=3)) == 4
     with pytest.raises(UsageError, match="threads"):
         node_threads(ctx(threads="all"), flower_cfg())
-
-
-def test_user_level_dp_of_the_updates_is_refused_under_flower(tiny_cfg, tmp_path):
-    # --dp-updates runs in the simulator only: the server would have to clip, noise and
-    # charge each node's update, which privfedcal's Flower server does not do
-    from privfedcal.experiment import build_experiment
-    from privfedcal.flower.flower_simulator import FlowerSimulator
-
-    exp = build_experiment(tiny_cfg(dp_updates=True, dp_eps=8.0))
-    with pytest.raises(UsageError, match="simulator only"):
-        FlowerSimulator(exp, tmp_path, link=None)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privfedcal.errors import BudgetRefused, UsageError
+from privfedcal.errors import BudgetRefused, PrivacyBudgetError, UsageError
 from privfedcal.privacy.accounting import ReleasePlan
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import (
@@ -46,8 +46,8 @@ from privfedcal.privacy.quantile import (
     plan_clip_noise,
 )
 
-__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "keep_histogram",
-           "kept_histogram", "stage_label"]
+__all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "default_clip", "keep_histogram",
+           "kept_histogram", "stage_label", "with_update_release"]
 
 AUTO = "auto"
 #: the message of the clip's stages (``config``: stage, and centre or clip)
@@ -55,6 +55,31 @@ CLIP_MESSAGE = "query.clip"
 #: a node's record of the clip: the stages it released and the clip it was sent
 CLIP_STATE = "privfedcal.clip"
 STAGES = (1, 2)
+
+
+def default_clip(flat: dict[str, Any], dp_on: bool) -> dict[str, Any]:
+    """``flat`` with ``dp-clip = "auto"`` where DP is on and no clip is set: in a user's app
+    no fixed number fits every model (feature norms differ by orders of magnitude between
+    networks), so the nodes' private search chooses it within the run's one budget unless
+    the user gives one. Both sides resolve the same settings, so both take the default."""
+    if dp_on and flat.get("dp-clip") is None:
+        return {**flat, "dp-clip": AUTO}
+    return flat
+
+
+def with_update_release(inputs: Any, releases: list[ReleasePlan]) -> list[ReleasePlan]:
+    """``releases`` and, under ``dp-updates`` (a strategy wrapped in ``PrivateUpdates``,
+    dp_fedavg.py), DP-FedAvg's rounds as the planner adds them (``protection.noise_plan``),
+    so that the search's one plan covers every release of the run. ``inputs``: the
+    planner's ``ProtectionInputs``."""
+    p = inputs.privacy
+    if not p.dp_updates:
+        return releases
+    from privfedcal.privacy.user_dp import release_plan
+    from privfedcal.protection import participation_counts
+
+    steps = max(participation_counts(p).values())
+    return [*releases, release_plan(steps, p.dp_updates_share if releases else None)]
 
 
 @dataclass(frozen=True)
@@ -75,7 +100,14 @@ class AutoClip:
         """The plan for the run's target (``epsilon``, ``delta``) and its calibration
         ``releases`` (``protection.release_plans``)."""
         search = ClipSearch()
-        sigma, sigmas = plan_clip_noise(epsilon, delta, search, releases, accountant)
+        try:
+            sigma, sigmas = plan_clip_noise(epsilon, delta, search, releases, accountant)
+        except PrivacyBudgetError as exc:  # the search's share is below the accountant's reach
+            raise UsageError(
+                f"the feature clip's private search cannot be planned at dp-eps {epsilon:g} "
+                f"(its share, epsilon {search.share * epsilon:g} at delta {delta:g}, is "
+                "below what the accountant reaches): set privfedcal.dp-clip to a number "
+                "(dp_clip= as a keyword)") from exc
         return cls(search, epsilon, delta, sigma,
                    {p.name: z for p, z in zip(releases, sigmas, strict=True)})
 

@@ -22,7 +22,7 @@ keyword arguments spell them with ``_``), plus the plugin's own:
 * ``clients``: the number of nodes K (default: the node config's ``num-partitions`` on a
   node, the number of connected nodes on the server);
 * ``dp-clip = "auto"``: the feature clip chosen privately by the nodes within the budget
-  (``clip.py``);
+  (``clip.py``); the default under DP, where no clip is set;
 * ``examples``: a public upper bound on the nodes' training examples together. It sets the
   default delta (``min(1e-5, 1/(10 N))``, as ``privfedcal train``); unset, delta defaults
   to 1e-5 and the server bounds CKKS magnitudes by the sizes the nodes report (a node that
@@ -44,7 +44,7 @@ from typing import Any
 
 from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.flower.plugin.clip import AUTO, AutoClip
+from privfedcal.flower.plugin.clip import AUTO, AutoClip, default_clip, with_update_release
 from privfedcal.flower.records import FlowerOptions, parse_run_config
 from privfedcal.privacy.dp import default_delta
 
@@ -56,7 +56,8 @@ METHODS = ("ccvr", "creff")
 DATASET = "flower-app"
 #: privfedcal settings a plugin run takes (run-config spelling)
 RUN_KEYS = ("dp-eps", "dp-delta", "dp-clip", "dp-grad-clip", "accountant", "secagg",
-            "hide-counts", "secagg-min-clients", "rounds", "participation", "seed", "threads")
+            "hide-counts", "secagg-min-clients", "rounds", "participation", "seed", "threads",
+            "dp-updates", "dp-update-clip", "dp-updates-share")
 FLOWER_KEYS = ("flower.key-holder", "flower.min-replies", "flower.round-timeout",
                "flower.poll-interval", "flower.node-wait")
 PLUGIN_KEYS = ("method", "clients", "examples")
@@ -153,8 +154,9 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
 
     if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")
+    inputs = protection_inputs(cfg, calibrator_class(cfg))
     return AutoClip.plan(float(cfg.dp_eps), float(cfg.dp_delta), cfg.accountant,
-                         release_plans(protection_inputs(cfg, calibrator_class(cfg))))
+                         with_update_release(inputs, release_plans(inputs)))
 
 
 def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
@@ -181,6 +183,7 @@ def resolve(flat: Mapping[str, Any], *, clients: int | None) -> PluginSettings:
                                      if key.startswith(CALIBRATION)):
         # CReFF's default augmentation is for images; an app's inputs may be anything
         flat[CALIBRATION + "dsa"] = "none"
+    flat = default_clip(flat, dp_on)  # under DP the search's clip unless one is set
     run_flat = dict(flat)
     auto_clip = flat.get("dp-clip") == AUTO
     if auto_clip:  # the clip chosen privately, within the one budget (clip.py)

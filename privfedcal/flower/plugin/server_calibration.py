@@ -257,7 +257,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
               test_data: Any, method: str | None = None, head: str | None = None,
               num_classes: int | None = None, out: str | Path | None = None,
               batch_size: int = 256, batch_keys: tuple[str, str] | None = None,
-              device: str = "cpu", **settings: Any) -> dict[str, Any]:
+              device: str = "cpu", updates: Any = None, **settings: Any) -> dict[str, Any]:
     """Calibrate ``model``'s head with CCVR or CReFF over the nodes of ``grid``, under every
     protection the settings ask for; returns the run's summary (summary.json).
 
@@ -275,6 +275,8 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     ``CalibrationClient`` with the same settings (checked before any release; ``preflight``
     checks them before training). On failure ``model`` is left as it was (its weights
     restored) and the error names the plugin's keys (``privfedcal.dp-eps``).
+    ``updates``: the ``PrivateUpdates`` that trained the model (dp_fedavg.py), whose
+    charges the run's one ledger takes over.
     """
     kept = ({k: v.detach().clone() for k, v in model.state_dict().items()}
             if isinstance(model, torch.nn.Module) else None)
@@ -282,7 +284,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
     try:
         with boundary(), torch_threads(threads_setting(settings, run_config)):
             return _calibrate(grid, model, context, test_data, method, head, num_classes, out,
-                              batch_size, batch_keys, device, settings)
+                              batch_size, batch_keys, device, updates, settings)
     except BaseException:
         if kept is not None:  # a failure never loses the trained model
             model.load_state_dict(kept)
@@ -292,7 +294,7 @@ def calibrate(grid: Grid, model: torch.nn.Module, context: Context | None = None
 def _calibrate(grid: Grid, model: torch.nn.Module, context: Context | None, test_data: Any,
                method: str | None, head: str | None, num_classes: int | None,
                out: str | Path | None, batch_size: int, batch_keys: tuple[str, str] | None,
-               device: str, settings: dict[str, Any]) -> dict[str, Any]:
+               device: str, updates: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """``calibrate``'s run (its docstring)."""
     _check_arguments(grid, context, test_data, batch_size)
     run_id = int(context.run_id) if context is not None else 0
@@ -314,6 +316,8 @@ def _calibrate(grid: Grid, model: torch.nn.Module, context: Context | None, test
         cfg = cfg.replace(dp_clip=searched.clip)
     preset = s.auto_clip.preset() if s.auto_clip is not None else None
     exp, calibrator, uplink = _server_side(cfg, adapter, test_data, x, n, device, preset)
+    if updates is not None:  # DP-FedAvg's rounds, in the same ledger (dp_fedavg.py)
+        updates.hand_over(s, uplink.find(NoiseStage).dp)
     if searched is not None and s.auto_clip is not None:
         _charge_search(uplink, searched, sizes)
     sim = PluginSimulator(exp, run_dir, link, calibrator=calibrator, uplink=uplink,
