@@ -77,7 +77,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cifar_like, harness
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # benchmarks/ (cifar_like, harness), peer_meter
 import harness  # noqa: E402
 from peer_meter import TICK, Meter, round_work, work_differences  # noqa: E402
 
