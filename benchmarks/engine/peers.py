@@ -129,7 +129,7 @@ def local_train(model, x, y, seed: int) -> float:
     model.train()
     n, total, steps = len(y), 0.0, 0
     for _ in range(LOCAL["local_epochs"]):
-        order = torch.randperm(n, generator=g)
+        order = torch.randperm(n, generator=g).to(x.device)  # one copy per epoch, as privfedcal
         for s in range(0, n, LOCAL["batch_size"]):
             b = order[s:s + LOCAL["batch_size"]]
             if len(b) < 2:
@@ -157,15 +157,18 @@ def role_bare(args) -> None:
 
     torch.set_num_threads(1)
     data, parts = load(args.dataset, args.clients, args.alpha)
-    model = make_model(data, args.cnn)
+    device = torch.device(args.device)
+    model = make_model(data, args.cnn).to(device)
     meter = make_meter(args, data)
+    x_all, y_all = data.x_train.to(device), data.y_train.to(device)
+    x_test, y_test = data.x_test.to(device), data.y_test.to(device)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     acc = 0.0
     for r in range(1, args.rounds + 1):
         states, weights = [], []
         for c, idx in enumerate(parts):
-            idx_t = torch.as_tensor(idx)
-            x, y = data.x_train[idx_t], data.y_train[idx_t]
+            idx_t = torch.as_tensor(idx, device=device)
+            x, y = x_all[idx_t], y_all[idx_t]
             model.load_state_dict(global_state)
             if args.client_eval == "bare":  # extra work that --count must catch
                 accuracy(model, x, y)
@@ -178,7 +181,7 @@ def role_bare(args) -> None:
         global_state = {k: sum(s[k] * (w / total) for s, w in zip(states, weights, strict=True))
                         for k in global_state}
         model.load_state_dict(global_state)
-        acc = accuracy(model, data.x_test, data.y_test)
+        acc = accuracy(model, x_test, y_test)
         meter.tick(r)
     print(json.dumps({"accuracy": acc}))
 
@@ -424,7 +427,8 @@ def role_pfl(args) -> None:
         send_metrics_to_platform=False)
     with torch.no_grad():
         net.eval()
-        acc = float((net(test[0]).argmax(1) == test[1]).float().mean())
+        device = next(net.parameters()).device
+        acc = float((net(test[0].to(device)).argmax(1).cpu() == test[1]).float().mean())
     print(json.dumps({"accuracy": acc}), flush=True)
 
 
@@ -432,7 +436,7 @@ def role_pfl(args) -> None:
 def privfedcal_argv(args, out: Path) -> list[str]:
     """``privfedcal train``'s arguments for this workload: the defaults otherwise."""
     argv = ["train", "--rounds", str(args.rounds), "--clients", str(args.clients), "--alpha",
-            str(args.alpha), "--dataset", args.dataset, "--threads", "1", "--device", "cpu",
+            str(args.alpha), "--dataset", args.dataset, "--threads", "1", "--device", args.device,
             "--local-epochs", str(LOCAL["local_epochs"]), "--batch-size",
             str(LOCAL["batch_size"]), "--lr", str(LOCAL["lr"]), "--momentum",
             str(LOCAL["momentum"]), "--weight-decay", str(LOCAL["weight_decay"]),
@@ -451,6 +455,7 @@ def way_command(way: str, args, tmp: Path, out: Path) -> tuple[list[str], dict[s
             str(args.clients), "--alpha", str(args.alpha), "--dataset", args.dataset]
     role += (["--cnn"] if args.cnn else []) + (["--count"] if args.count else [])
     role += ["--client-eval", args.client_eval] if args.client_eval else []
+    role += ["--device", args.device]
     if args.dp:
         role += ["--dp", "--epsilon", str(args.epsilon), "--delta", str(args.delta),
                  "--clip", str(args.clip), "--noise-multiplier", str(args.noise_multiplier)]
@@ -460,6 +465,7 @@ def way_command(way: str, args, tmp: Path, out: Path) -> tuple[list[str], dict[s
         return [sys.executable, *role, "--out", str(out)], env
     if way == "pfl":
         env.pop("PYTHONPATH")  # pfl's environment need not have privfedcal
+        env["PFL_PYTORCH_DEVICE"] = args.device
         return [args.pfl_python, *role, "--data", str(tmp / "peer-data.npz")], env
     return [sys.executable, *role], env
 
@@ -673,6 +679,8 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--epsilon", type=float, default=8.0)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--clip", type=float, default=0.05)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: privfedcal, the bare loop "
+                    "and pfl (gpu_round.py); Flower's ClientApps train on the CPU")
     ap.add_argument("--table", action="store_true", help="every row of the peers table")
     ap.add_argument("--count", action="store_true",
                     help="count each way's work per round instead of timing it")
