@@ -128,7 +128,8 @@ def full_budget(args, out: Path, seconds: float) -> None:
         proc.send_signal(signal.SIGINT)  # the run keeps its last checkpoint
         code = proc.wait()
     metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x] if metrics.exists() else []
+    text = metrics.read_text() if metrics.exists() else ""
+    rows = [json.loads(x) for x in text.splitlines() if x]
     append(out, {"kind": "full-budget", "row": CCVR_ROW, "exit": code,
                  "finished": (run_dir / "summary.json").exists() and code == 0,
                  "rounds_done": len(rows), "last_accuracy": rows[-1]["accuracy"] if rows else None,

@@ -605,9 +605,10 @@ def describe(args) -> str:
     dp = (f"; user-level DP-FedAvg, epsilon {args.epsilon:g}, delta {args.delta:g}, clip "
           f"{args.clip:g}, noise multiplier {args.noise_multiplier:.3f} (RDP, q = 1)"
           if args.dp else "")
+    runs = "work counted, one run per way" if args.count else f"{args.repeats} interleaved pairs"
     return (f"FedAvg, {what}, {args.clients} clients (Dirichlet {args.alpha}), {args.rounds} "
-            f"rounds, 2 local epochs, 1 thread, the test set evaluated every round; "
-            f"{args.repeats} interleaved repeats{dp}")
+            f"rounds, 2 local epochs, 1 thread, the test set evaluated every round; {runs}{dp}; "
+            f"our choices: pfl's minimize_reuse sampler, Flower's FedAvg strategy")
 
 
 def show(result: dict) -> None:
