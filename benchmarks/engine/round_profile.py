@@ -176,7 +176,8 @@ def main() -> None:
                                                       "0.05), as peers.py --dp")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N")
     args = harness.parse(ap)
-    args.dataset, args.cnn, args.epsilon, args.delta, args.clip = "digits", False, 8.0, 1e-5, 0.05
+    args.dataset, args.cnn, args.device = "digits", False, "cpu"
+    args.epsilon, args.delta, args.clip = 8.0, 1e-5, 0.05  # peers.py --table's DP row
     split = Split()
     instrument(split)
     runs = []
