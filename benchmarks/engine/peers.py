@@ -440,7 +440,9 @@ def privfedcal_argv(args, out: Path) -> list[str]:
             "--local-epochs", str(LOCAL["local_epochs"]), "--batch-size",
             str(LOCAL["batch_size"]), "--lr", str(LOCAL["lr"]), "--momentum",
             str(LOCAL["momentum"]), "--weight-decay", str(LOCAL["weight_decay"]),
-            "--out", str(out)]
+            "--data-seed", "0", "--out", str(out)]
+    # --data-seed 0: the partition every other way trains on (under a protection privfedcal
+    # otherwise draws a secret partition seed, a different split in every run)
     argv += ["--model", "cnn", "--no-augment"] if args.cnn else ["--model", "mlp"]
     if args.dp:
         argv += ["--dp-updates", "--dp-eps", str(args.epsilon), "--dp-delta",

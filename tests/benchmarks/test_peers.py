@@ -77,6 +77,14 @@ def test_work_added_to_one_way_is_caught(baseline, tmp_path):
     assert found and all("eval_samples" in f for f in found)
 
 
+def test_dp_fedavg_trains_the_same_clients_as_fedavg(baseline, tmp_path):
+    """Under --dp-updates privfedcal would draw a secret partition seed; the benchmark pins
+    the partition every way shares, so only the server's clip and noise are added."""
+    _, work = count(tmp_path, "dp", "--ways", "privfedcal", "--dp")
+    assert load_peers().work_differences({"fedavg": baseline["privfedcal"],
+                                          "dp": work["privfedcal"]}) == []
+
+
 def need_pfl() -> str:
     python = pfl_python()
     if python is None:
