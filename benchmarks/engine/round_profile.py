@@ -1,0 +1,209 @@
+"""Where privfedcal's round goes: ``privfedcal train`` on the digits MLP as ``peers.py`` runs it
+(transcript and checkpoint on: the defaults), in this process, its round split by wall-clock
+timers around the functions that do each part.
+
+A round is timed as in ``peers.py``: from one round's progress line to the next (the first
+round is not timed). Its parts, exclusive of each other (seconds per round, the mean over
+the timed rounds, so that the parts add up to the round):
+
+* local training steps: ``train_client`` less the copy of the trained state;
+* client state copy: ``clone_state`` of each trained client;
+* transcript record: ``Transcript.record`` on the round's thread (the private copy of each
+  update and its hand-over to the writer thread);
+* aggregation: ``RunningAverage.add`` / ``result`` (the weighted running sum);
+* evaluation: ``Simulator.evaluate`` on the test set;
+* transcript wait: ``Transcript.flush`` before the checkpoint (waiting for the writer
+  thread's pending files, then rewriting the index);
+* checkpoint: the rest of ``Simulator.save`` (the calibrator's state, the safetensors file and
+  its atomic swap);
+* logs: ``RunLogger.round`` (metrics.csv, clients.jsonl);
+* metrics record: the rest of ``keep_round`` (metrics.jsonl, the history);
+* progress line: the CLI's per-round line on stderr;
+* other: the rest of the round (client selection, the uplink's bookkeeping, the server
+  update, the divergence checks, Python between them).
+
+The writer thread's own time (``save_file`` of the transcript's files, wall and CPU) runs
+beside the round and is printed apart; on a machine with a spare core it is off the
+critical path, on a busy one it competes with the round. ``--cprofile N`` also prints the N
+functions with the most own time under cProfile (main thread only, in a second run: the
+profiler's overhead would distort the split).
+
+    python benchmarks/engine/round_profile.py [--rounds 20] [--repeats 3] [--dp]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+import harness  # noqa: E402
+
+PARTS = ("local training steps", "client state copy", "transcript record", "aggregation",
+         "evaluation", "transcript wait", "checkpoint", "logs", "metrics record",
+         "progress line", "other")
+
+
+class Split:
+    """Inclusive wall time per instrumented function, per round; the round's ends."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+        self.rounds: list[dict[str, float]] = []
+        self.ends: list[float] = []
+        self.writer = {"wall": 0.0, "cpu": 0.0}
+
+    def wrap(self, owner, name: str, key: str) -> None:
+        original = getattr(owner, name)
+        split = self
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                split.current[key] += time.perf_counter() - t
+
+        setattr(owner, name, timed)
+
+    def wrap_writer(self, owner, name: str) -> None:
+        """The transcript writer thread's file writes: wall and that thread's CPU."""
+        original = getattr(owner, name)
+        writer = self.writer
+
+        def timed(*args, **kwargs):
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                writer["wall"] += time.perf_counter() - t
+                writer["cpu"] += time.thread_time() - c
+
+        setattr(owner, name, timed)
+
+    def end_round(self) -> None:
+        now = time.perf_counter()
+        if self.ends:
+            self.rounds.append({**self.current, "round": now - self.ends[-1],
+                                "writer wall": self.writer["wall"],
+                                "writer cpu": self.writer["cpu"]})
+        self.ends.append(now)
+        self.current = defaultdict(float)
+        self.writer.update(wall=0.0, cpu=0.0)
+
+
+def instrument(split: Split) -> None:
+    """Timers around the functions of each part (module globals, looked up at call time)."""
+    import privfedcal.cli.run_progress as run_progress
+    import privfedcal.federation.local as local
+    import privfedcal.federation.simulator as simulator
+    import privfedcal.federation.workers as workers
+    import privfedcal.privacy.transcript as transcript
+    from privfedcal.federation.aggregate import RunningAverage
+    from privfedcal.federation.runlog import RunLogger
+
+    split.wrap(workers, "train_client", "train_client")
+    split.wrap(local, "clone_state", "clone_state")
+    split.wrap(transcript.Transcript, "record", "record")
+    split.wrap(RunningAverage, "add", "aggregate")
+    split.wrap(RunningAverage, "result", "aggregate")
+    split.wrap(simulator.Simulator, "evaluate", "evaluate")
+    split.wrap(transcript.Transcript, "flush", "flush")
+    split.wrap(simulator.Simulator, "save", "save")
+    split.wrap(RunLogger, "round", "logs")
+    split.wrap(simulator.Simulator, "keep_round", "keep_round")
+    split.wrap_writer(transcript, "save_file")
+    line = run_progress.progress_line
+
+    def ticking_line(rec, total):
+        text = line(rec, total)
+        split.end_round()  # the line is made just before it is printed
+        return text
+
+    run_progress.progress_line = ticking_line
+    split.wrap(run_progress.Reporter, "line", "progress")
+
+
+def exclusive(r: dict[str, float]) -> dict[str, float]:
+    """One round's inclusive timers as the exclusive parts of PARTS."""
+    g = r.get
+    parts = {
+        "local training steps": g("train_client", 0) - g("clone_state", 0),
+        "client state copy": g("clone_state", 0), "transcript record": g("record", 0),
+        "aggregation": g("aggregate", 0), "evaluation": g("evaluate", 0),
+        "transcript wait": g("flush", 0), "checkpoint": g("save", 0) - g("flush", 0),
+        "logs": g("logs", 0), "metrics record": g("keep_round", 0) - g("logs", 0) - g("save", 0),
+        "progress line": g("progress", 0)}
+    parts["other"] = r["round"] - sum(parts.values())
+    return parts
+
+
+def run_once(args, profile: bool = False) -> list[dict[str, float]]:
+    """One ``privfedcal train`` in this process, instrumented (or under cProfile)."""
+    from peers import privfedcal_argv
+
+    from privfedcal.cli.main import main as privfedcal_main
+
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as quiet, \
+            contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        argv = privfedcal_argv(args, Path(tmp) / "run")
+        if not profile:
+            privfedcal_main(argv)
+            return []
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(privfedcal_main, argv)
+        pstats.Stats(prof, stream=sys.__stdout__).sort_stats("tottime").print_stats(
+            args.cprofile)
+        return []
+
+
+def main() -> None:
+    ap = harness.parser(__doc__, repeats=3)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--alpha", type=float, default=0.1)
+    ap.add_argument("--dp", action="store_true", help="user-level DP-FedAvg (epsilon 8, clip "
+                                                      "0.05), as peers.py --dp")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N")
+    args = harness.parse(ap)
+    args.dataset, args.cnn, args.device = "digits", False, "cpu"
+    args.epsilon, args.delta, args.clip = 8.0, 1e-5, 0.05  # peers.py --table's DP row
+    split = Split()
+    instrument(split)
+    runs = []
+    for _ in range(args.repeats):
+        split.ends.clear()
+        before = len(split.rounds)
+        run_once(args)
+        runs.append(split.rounds[before:])
+    rounds = [r for run in runs for r in run]
+    mean_round = statistics.fmean(r["round"] for r in rounds)
+    print(f"privfedcal train, digits MLP, {args.clients} clients, {args.rounds} rounds, "
+          f"{'DP-FedAvg' if args.dp else 'FedAvg'}, transcript and checkpoint on, 1 thread; "
+          f"{len(rounds)} timed rounds over {args.repeats} runs")
+    print(f"round: mean {mean_round * 1e3:.1f} ms, median "
+          f"{statistics.median(r['round'] for r in rounds) * 1e3:.1f} ms")
+    split_means = {p: statistics.fmean(exclusive(r)[p] for r in rounds) for p in PARTS}
+    for p in PARTS:
+        print(f"  {p:>22}: {split_means[p] * 1e3:7.2f} ms  {split_means[p] / mean_round:6.1%}")
+    writer = {k: statistics.fmean(r[f"writer {k}"] for r in rounds) for k in ("wall", "cpu")}
+    print(f"  transcript writer thread (beside the round): wall {writer['wall'] * 1e3:.2f} ms, "
+          f"CPU {writer['cpu'] * 1e3:.2f} ms per round")
+    if args.cprofile:
+        run_once(args, profile=True)
+    harness.finish(args, {"round_mean": mean_round, "parts": split_means, "writer": writer,
+                          "rounds": len(rounds)})
+
+
+if __name__ == "__main__":
+    main()
