@@ -159,6 +159,12 @@ def listed_rejections(view: ServerView) -> list[Violation]:
     attempted = {(int(e["round"]), e["label"]) for e in view.entries
                  if e["view"] == "aggregate"}
     attempted |= {(int(s["round"]), s["label"]) for s in summary.get("skipped_releases", [])}
+    # a release skipped when it opened (fewer clients to ask than its minimum, counted in
+    # the record's ``uploads``) saw no upload at all; one whose every upload was rejected
+    # records 0 uploads, and its rejections must be listed
+    before_upload = {(int(s["round"]), s["label"]) for s in summary.get("skipped_releases", [])
+                     if int(s.get("uploads") or 0) > 0
+                     and (int(s["round"]), s["label"]) not in sent}
     listed = {(int(x["round"]), x["label"], int(x["client"]))
               for x in summary.get("rejected_uploads", [])}
     dropped = {int(x["client"]): str(x.get("group", "")) for x in
@@ -166,8 +172,8 @@ def listed_rejections(view: ServerView) -> list[Violation]:
     out = []
     for round_, label in sorted(attempted):
         asked = participants.get(round_, set())
-        if len(asked) < m:
-            continue  # too few asked: skipped before any upload
+        if len(asked) < m or (round_, label) in before_upload:
+            continue  # too few asked, or skipped before any upload: no upload to list
         for c in sorted(asked - sent.get((round_, label), set())):
             lost = c in dropped and str(round_) in dropped[c]
             if (round_, label, c) not in listed and not lost:

@@ -85,7 +85,7 @@ def _releases(entries: list[dict[str, Any]], transcript: Path) -> list[Release]:
         elif e["view"] in ("aggregate", "plain-upload") and e.get("file"):
             path = transcript / e["file"]
             arrays = load_file(str(path)) if path.is_file() else {}
-            who = (tuple(sorted(senders.pop(key, []))) if e["view"] == "aggregate"
+            who = (tuple(sorted(set(senders.pop(key, [])))) if e["view"] == "aggregate"
                    else (int(e["client"]),))
             out.append(Release(key[0], key[1], e["view"], who, _digest(arrays) or e["file"],
                                _count_vector(arrays), e.get("weight")))
