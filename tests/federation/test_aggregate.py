@@ -51,3 +51,23 @@ def test_running_average_counts_bytes_and_marks_nonfinite_states():
     assert run.bytes == 2 * (2 * 4 + 2 * 4 + 8)
     out = run.result()
     assert torch.equal(out["a"], torch.full((2,), 0.25)) and int(out["n"]) == 7
+
+
+def test_later_states_are_checked_and_summed_like_the_first():
+    """States after the first (added with one call for all their floating-point entries and
+    checked by one reduction) are marked by their first non-finite entry, a finite state
+    whose sum overflows is not marked, and a state with other entries is summed entry by
+    entry: all as the first state is."""
+    big = torch.full((4,), 3e38)  # finite, its sum is not
+    states = [{"a": torch.ones(4), "b": torch.ones(2, dtype=torch.float64)},
+              {"a": big, "b": torch.zeros(2, dtype=torch.float64)},
+              {"a": torch.ones(4), "b": torch.tensor([0.0, math.nan], dtype=torch.float64)},
+              {"b": torch.ones(2, dtype=torch.float64), "a": torch.tensor([math.inf] * 4)},
+              {"a": torch.ones(4), "c": torch.ones(1)}]
+    run = RunningAverage([1.0] * len(states))
+    for s in states:
+        run.add(s)
+    assert [list(run.nonfinite_marker(i)) for i in range(5)] == [[], [], ["b"], ["a"], []]
+    out = run.result()
+    assert out["b"].dtype == torch.float64 and torch.isnan(out["b"][1])
+    assert torch.equal(out["c"], torch.full((1,), 0.2))
