@@ -50,8 +50,7 @@ if TYPE_CHECKING:
 PAD_SLACK = 1.25  # zstd output of SEAL ciphertexts stays within ~1.12x their entropy
 NOISE_SIGMAS = 10.0  # P(|N(0,1)| > 10) ~ 1e-23: noise never breaks the declared bound
 PRECISION = 1e-10  # absolute CKKS error per aggregate entry: small, so decryption flooding is small
-#: ``skipped_releases``' code of a secure sum that the whole-run check withheld
-#: the code of a sum withheld by the whole-run check (privacy/reasons.py)
+#: ``skipped_releases``' code of a secure sum the whole-run check withheld (privacy/reasons.py)
 WITHHELD = Reason.WITHHELD_ISOLATING.value
 
 
@@ -321,18 +320,21 @@ class EncryptStage(Wire):
         cohort_of = {c: i for i, g in enumerate(cohorts) for c in g}
         waiting: dict[int, dict[int, Any]] = {}
         added: list[int] = []
+        seen: set[int] = set()  # clients added so far (a set: releases of thousands)
         for client, data in uploads:
             i = cohort_of.get(client)
-            if client in added or client in waiting.get(i, {}):
+            if client in seen or client in waiting.get(i, {}):
                 rel.log.reject(rel.round_, rel.label, client, Reason.DUPLICATE_UPLOAD)
                 continue
             if i is None:  # in no cohort: its own group
-                added += self._add_group([client], {client: data}, server, sealing, rel)
-                continue
-            waiting.setdefault(i, {})[client] = data
-            if set(cohorts[i]) <= set(waiting[i]):
-                added += self._add_group(list(cohorts[i]), waiting.pop(i), server, sealing,
-                                         rel)
+                group = self._add_group([client], {client: data}, server, sealing, rel)
+            else:
+                waiting.setdefault(i, {})[client] = data
+                if len(waiting[i]) < len(cohorts[i]):  # (every key is a member of cohort i)
+                    continue
+                group = self._add_group(list(cohorts[i]), waiting.pop(i), server, sealing, rel)
+            added += group
+            seen.update(group)
         for held in waiting.values():
             for client in held:
                 rel.log.reject(rel.round_, rel.label, client, Reason.COHORT_INCOMPLETE)
