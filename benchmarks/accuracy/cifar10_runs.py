@@ -72,7 +72,7 @@ def run_oracle(src: Path, dst: Path, *, data: str | None = None, device: str | N
 
     ``data`` / ``device`` replace the run's dataset folder and device, for a run trained on
     another machine (its ``config.json`` names that machine's paths)."""
-    from privfedcal.config import RunConfig, read_run_config
+    from privfedcal.settings.run_config import RunConfig, read_run_config
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.checkpoint import load_checkpoint
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from privfedcal.cohorts import select_clients
-from privfedcal.config import RunConfig
+from privfedcal.privacy.cohorts import select_clients
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.flower import client_app as module
 from privfedcal.flower.grid import InProcessGrid

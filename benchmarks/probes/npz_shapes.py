@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.experiment import build_simulator
 from privfedcal.models.cnn import SimpleCNN
 

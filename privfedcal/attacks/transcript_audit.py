@@ -19,7 +19,7 @@ from privfedcal.errors import UsageError
 def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
     """``transcript_epsilons`` of the run at ``run_dir`` (a run folder or a server view),
     its plan rebuilt from the public config; None for a run without DP."""
-    from privfedcal.config import read_run_config
+    from privfedcal.settings.run_config import read_run_config
     from privfedcal.experiment import build_parts
     from privfedcal.federation.runfolder import TRANSCRIPT_DIR, server_view
     from privfedcal.privacy.stages import NoiseStage

@@ -30,7 +30,7 @@ from privfedcal.calibration.oracle import Oracle, OracleParams
 from privfedcal.calibration.retrain import RetrainParams, retrain_classifier
 from privfedcal.calibration.stats import ClassStats, merge_client_moments
 from privfedcal.calibration.transforms import relu_tukey
-from privfedcal.descriptions import (
+from privfedcal.settings.descriptions import (
     calibration_options,
     check_value,
     register_calibration_options,

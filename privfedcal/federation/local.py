@@ -16,7 +16,7 @@ from torch import Tensor
 
 from privfedcal.algorithms.algorithm import Algorithm, State, client_context
 from privfedcal.models.feature_classifier import FeatureClassifier
-from privfedcal.options import LocalSpec
+from privfedcal.settings.sections import LocalSpec
 from privfedcal.seeding import derive_seed, make_generator
 
 

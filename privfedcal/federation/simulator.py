@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privfedcal.cohorts import (
+from privfedcal.privacy.cohorts import (
     cohort_plan,
     observers_own,
     secure_rounds,

@@ -33,7 +33,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
 
-from privfedcal.cohorts import secure_minimum
+from privfedcal.privacy.cohorts import secure_minimum
 from privfedcal.errors import UsageError
 from privfedcal.federation.aggregate import RunningAverage
 from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State

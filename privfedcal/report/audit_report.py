@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import MARKERS, colour, label_points, new_figure, save, styled
+from privfedcal.report.style.plotstyle import MARKERS, colour, label_points, new_figure, save, styled
 from privfedcal.report import html as H
 from privfedcal.report.reading import load_json
 

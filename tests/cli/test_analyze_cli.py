@@ -18,7 +18,7 @@ from privfedcal.analysis.run_analysis import (
     probe_indices,
 )
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.local import make_generator, train_client

@@ -28,7 +28,7 @@ def test_train_writes_run_folder(tmp_path, capsys):
     assert summary["accuracy"] == history[-1]["accuracy"]
     assert summary["per_class_accuracy"] == history[-1]["per_class_accuracy"]
     # the summary's numbers are the checkpointed global model's, evaluated independently
-    from privfedcal.config import read_run_config
+    from privfedcal.settings.run_config import read_run_config
     from privfedcal.experiment import build_experiment
     from privfedcal.federation.checkpoint import load_checkpoint
     from privfedcal.federation.local import evaluate

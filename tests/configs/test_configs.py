@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig, load_toml
+from privfedcal.settings.run_config import RunConfig, load_toml
 from privfedcal.experiment import check_calibration_params
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))

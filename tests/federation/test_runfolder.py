@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import privfedcal
-from privfedcal.config import RunConfig, read_run_config
+from privfedcal.settings.run_config import RunConfig, read_run_config
 from privfedcal.errors import UsageError
 from privfedcal.federation.runfolder import (
     partition_file,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.simulator import select_clients
 

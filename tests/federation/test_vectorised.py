@@ -13,7 +13,7 @@ from torch import nn
 from privfedcal.algorithms import ALGORITHMS, create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.algorithms.vector_loss import VectorLoss
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import LocalSpec, clone_state

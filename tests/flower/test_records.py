@@ -18,7 +18,7 @@ pytest.importorskip("flwr")
 from flwr.app import Array  # noqa: E402
 from flwr.common.config import flatten_dict  # noqa: E402
 
-from privfedcal.config import RunConfig  # noqa: E402
+from privfedcal.settings.run_config import RunConfig  # noqa: E402
 from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.records import (  # noqa: E402
     FlowerOptions,

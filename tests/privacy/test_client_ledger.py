@@ -15,7 +15,7 @@ from privfedcal.privacy.dp_accounting import DPAccounting
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import load_transcript
-from privfedcal.protection import build_uplink, participation_counts
+from privfedcal.privacy.planner import build_uplink, participation_counts
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}

@@ -10,7 +10,7 @@ import math
 import torch
 
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.privacy.noise import INSECURE_STATEMENT, noise_generator
 from privfedcal.privacy.transcript import load_transcript

@@ -21,7 +21,7 @@ from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg_stage import NOISE_SIGMAS, EncryptStage
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.protection import build_uplink
+from privfedcal.privacy.planner import build_uplink
 
 LABEL = "toy-spread"
 #: payload keys that no file of the package names: their rules live in TOY's declaration only

@@ -17,7 +17,7 @@ from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage, unpad
 from privfedcal.privacy.stages import ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
-from privfedcal.protection import DPAccounting, build_uplink
+from privfedcal.privacy.planner import DPAccounting, build_uplink
 
 
 def stats_payload(counts, d=3, seed=0):

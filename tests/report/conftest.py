@@ -10,7 +10,7 @@ import pytest
 
 
 def train_run(path: Path, **overrides) -> Path:
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
     from privfedcal.experiment import build_simulator
 
     base = dict(method="ccvr", dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,

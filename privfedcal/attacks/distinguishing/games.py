@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import colour, new_figure, save, styled
+from privfedcal.report.style.plotstyle import colour, new_figure, save, styled
 from privfedcal.privacy.empirical import (
     SELECT_CONFIDENCE,
     choose_threshold,

@@ -20,7 +20,7 @@ from privfedcal.attacks.distinguishing.games import BUDGET_MIN_TRIALS, BUDGET_ST
 from privfedcal.attacks.fields_table import client_fields, declared
 from privfedcal.calibration.ccvr import CCVR_RELEASE
 from privfedcal.calibration.creff import CREFF_RELEASE
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy.client_fields import CHARGED
 

@@ -11,7 +11,7 @@ import pytest
 
 from privfedcal.attacks.distinguishing.channels import Faults, build_channels, parse_channels
 from privfedcal.attacks.distinguishing.games import play
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy import quantile
 from privfedcal.privacy.accounting import ReleasePlan

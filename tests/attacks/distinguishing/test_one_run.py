@@ -8,7 +8,7 @@ import pytest
 
 from privfedcal.attacks.distinguishing.channels import Faults
 from privfedcal.attacks.distinguishing.one_run import one_run
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
 

@@ -1,7 +1,7 @@
 """The protection planner: a pure function from a run's privacy options to its plan.
 
 ``protection_inputs`` gathers, once, at the top, what the planner reads: the run's
-``PrivacyOptions`` (privfedcal/options.py, the experiment's ``exp.privacy``), the releases its
+``PrivacyOptions`` (privfedcal/settings/sections.py, the experiment's ``exp.privacy``), the releases its
 calibrator declares with the rounds it makes them in, and the federation's public number of
 training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
 into a ``ProtectionPlan``: the DP noise of every release, the CKKS set-up, DP-SGD's
@@ -30,7 +30,7 @@ import math
 from typing import Any
 
 from privfedcal.algorithms.algorithm import ALGORITHMS
-from privfedcal.cohorts import (
+from privfedcal.privacy.cohorts import (
     check_schedule,
     cohort_plan,
     observers_own,
@@ -39,7 +39,7 @@ from privfedcal.cohorts import (
     select_clients,
 )
 from privfedcal.errors import UsageError
-from privfedcal.options import PrivacyOptions
+from privfedcal.settings.sections import PrivacyOptions
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import default_delta
 from privfedcal.privacy.dp_accounting import ASSUMPTIONS, DPAccounting
