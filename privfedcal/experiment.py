@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.settings.run_config import METHOD_ALIASES, RunConfig
 from privfedcal.errors import UsageError
+from privfedcal.settings.run_config import METHOD_ALIASES, RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.federation.setup import Experiment
@@ -159,9 +159,9 @@ def build_server_experiment(cfg: RunConfig) -> Experiment:
 def _assemble(cfg: RunConfig, data: Any, parts_np: Any, counts: Any, held: int) -> Experiment:
     """``cfg``'s settings left None resolved for the dataset and its model, the narrow
     options built from them once, and the experiment assembled from those."""
-    from privfedcal.settings.run_config import resolve_training_defaults
     from privfedcal.data.datasets import default_model_for
     from privfedcal.federation.setup import assemble
+    from privfedcal.settings.run_config import resolve_training_defaults
     from privfedcal.settings.sections import run_options
 
     cfg = resolve_training_defaults(cfg, model=default_model_for(data), augment=data.augment)

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.experiment import build_simulator
+from privfedcal.settings.run_config import RunConfig
 
 
 def run(out: Path, **kw) -> tuple[dict, object]:

@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.attacking import attack, attack_kinds  # noqa: F401  (re-exported)
-from privfedcal.api.run import Run, Scratch, _check_progress, _make_room
-from privfedcal.settings.run_config import RunConfig
-from privfedcal.errors import UsageError
-from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
 from privfedcal.api.arguments import _coerce, python_surface, register_check
+from privfedcal.api.attacking import attack, attack_kinds  # noqa: F401  (re-exported)
+from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
+from privfedcal.api.run import Run, Scratch, _check_progress, _make_room
+from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.federation.simulator import Simulator
@@ -44,9 +44,9 @@ def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
             settings: Mapping[str, Any]) -> RunConfig:
     """A RunConfig from a RunConfig, a mapping, a TOML / config.json path or nothing,
     with ``settings`` (RunConfig field names) overriding it."""
-    from privfedcal.settings.run_config import load_toml
     from privfedcal.experiment import check_calibration_params, check_method
     from privfedcal.settings.catalogue import CALIBRATION_SETTINGS, METHOD_SETTINGS
+    from privfedcal.settings.run_config import load_toml
 
     if isinstance(config, RunConfig):
         base = config.to_dict()
@@ -163,10 +163,10 @@ def _resume_simulator(run_dir: Path, rounds: int | None = None,
     uninterrupted run of ``rounds`` rounds. Refused: fewer rounds than trained, a diverged
     run (it would diverge again), and a different round count with DP (every release's
     noise was calibrated for the planned number of rounds)."""
-    from privfedcal.settings.run_config import read_run_config
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.checkpoint import checkpoint_round
     from privfedcal.federation.hooks import Calibrator
+    from privfedcal.settings.run_config import read_run_config
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

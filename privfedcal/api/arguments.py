@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
+from privfedcal.settings.run_config import RunConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")

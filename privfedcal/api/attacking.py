@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from privfedcal.api.arguments import options_of, python_surface, register_check
 from privfedcal.api.run import Run, _check_progress
 from privfedcal.errors import UsageError
-from privfedcal.api.arguments import options_of, python_surface, register_check
 
 if TYPE_CHECKING:
     from privfedcal.attacks.reconstruction.progress import Progress

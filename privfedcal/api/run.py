@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.settings.run_config import RunConfig
-from privfedcal.errors import UsageError
 from privfedcal.api.arguments import _as_path, _coerce, _plain, python_surface, register_check
+from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.federation.setup import Experiment

@@ -18,9 +18,9 @@ import numpy as np
 import typer
 
 from privfedcal.cli.train_command import command_options, setting_options
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.jobs import PARTITION_KEYS
 from privfedcal.settings.catalogue import settings_of
+from privfedcal.settings.run_config import RunConfig
 
 Opt = typer.Option
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count

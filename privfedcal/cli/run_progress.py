@@ -14,10 +14,10 @@ from typing import Any
 from rich.table import Table
 
 from privfedcal.cli.console import Reporter, console, err_console, print_table
-from privfedcal.settings.run_config import RunConfig, resolved_line
 from privfedcal.errors import Diverged, Interrupted
 from privfedcal.experiment import build_simulator, config_of
 from privfedcal.federation.checkpoint import checkpoint_round
+from privfedcal.settings.run_config import RunConfig, resolved_line
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:

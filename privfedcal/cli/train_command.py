@@ -11,11 +11,16 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from privfedcal.settings.run_config import RunConfig, load_toml
 from privfedcal.errors import UsageError
 from privfedcal.experiment import check_calibration_params, check_method, method_choices
 from privfedcal.report.output_folder import check_writable
-from privfedcal.settings.catalogue import CALIBRATION_SETTINGS, METHOD_SETTINGS, Setting, cli_settings
+from privfedcal.settings.catalogue import (
+    CALIBRATION_SETTINGS,
+    METHOD_SETTINGS,
+    Setting,
+    cli_settings,
+)
+from privfedcal.settings.run_config import RunConfig, load_toml
 
 Opt = typer.Option
 #: flags ``--resume`` accepts: everything else would change the run

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from privfedcal.models.feature_classifier import FeatureClassifier
-from privfedcal.settings.sections import PrivacyOptions
 from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
+from privfedcal.settings.sections import PrivacyOptions
 from privfedcal.tensors import State
 
 FeatureTransform = Callable[[Tensor], Tensor]

@@ -28,10 +28,11 @@ from torch import Tensor
 
 from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
-from privfedcal.settings.run_config import MODEL_MIN_INPUT
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import choose_mixed_precision, set_deterministic
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.seeding import make_generator
+from privfedcal.settings.run_config import MODEL_MIN_INPUT
 from privfedcal.settings.sections import (
     DataOptions,
     EngineOptions,
@@ -40,7 +41,6 @@ from privfedcal.settings.sections import (
     PrivacyOptions,
     RunOptions,
 )
-from privfedcal.seeding import make_generator
 
 
 def resolve_device(name: str) -> torch.device:

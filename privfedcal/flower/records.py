@@ -27,7 +27,6 @@ import torch
 from flwr.app import Array, ArrayRecord
 from torch import Tensor
 
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.settings.catalogue import (
     FLOWER_PREFIX,
@@ -36,6 +35,7 @@ from privfedcal.settings.catalogue import (
     flower_key,
     flower_settings,
 )
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.tensors import State
 
 __all__ = ["FlowerOptions", "parse_run_config", "to_run_config"]

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from privfedcal.api import Run, _config
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.jobs.job_surface import Stage, Watch, as_tuple, job, report_stage, run_path
 from privfedcal.report.output_folder import all_or_nothing, check_fresh, check_writable
 from privfedcal.results import DPAuditRow
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig

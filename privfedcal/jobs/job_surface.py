@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from privfedcal.api import Run
-from privfedcal.errors import UsageError
 from privfedcal.api.arguments import _coerce, python_surface, register_check
+from privfedcal.errors import UsageError
 
 P = ParamSpec("P")
 R = TypeVar("R")

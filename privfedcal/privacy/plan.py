@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from privfedcal.privacy.releases import ReleaseSpec
 
 if TYPE_CHECKING:
-    from privfedcal.settings.sections import PrivacyOptions
     from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.dpsgd_local import DPSGDSpec
+    from privfedcal.settings.sections import PrivacyOptions
 
 
 @dataclass(frozen=True)

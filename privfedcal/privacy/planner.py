@@ -30,6 +30,8 @@ import math
 from typing import Any
 
 from privfedcal.algorithms.algorithm import ALGORITHMS
+from privfedcal.errors import UsageError
+from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.cohorts import (
     check_schedule,
     cohort_plan,
@@ -38,9 +40,6 @@ from privfedcal.privacy.cohorts import (
     secure_minimum,
     select_clients,
 )
-from privfedcal.errors import UsageError
-from privfedcal.settings.sections import PrivacyOptions
-from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import default_delta
 from privfedcal.privacy.dp_accounting import ASSUMPTIONS, DPAccounting
 from privfedcal.privacy.executor import execute_plan, live_user_dp, training_spec
@@ -56,6 +55,7 @@ from privfedcal.privacy.plan import (
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stage_registry import plan_stages
 from privfedcal.privacy.uplink import UPDATE_WEIGHT, Uplink
+from privfedcal.settings.sections import PrivacyOptions
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)

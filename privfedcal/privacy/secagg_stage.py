@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from privfedcal.privacy.cohorts import release_isolates, whole_cohorts
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
+from privfedcal.privacy.cohorts import release_isolates, whole_cohorts
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.reasons import Reason
 from privfedcal.privacy.secagg import (

@@ -88,9 +88,9 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
     if data_seed is None:
         return None
     try:
-        from privfedcal.settings.run_config import RunConfig
         from privfedcal.data.datasets import load_dataset
         from privfedcal.data.partition import PartitionSpec, class_counts, partition_dataset
+        from privfedcal.settings.run_config import RunConfig
 
         cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "versions"})
         data = load_dataset(cfg.dataset, cfg.data_root, download=False)

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import privfedcal.calibration  # noqa: F401  (each calibrator registers its options)
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.settings.descriptions import (
     GROUPS,
     PER_MODEL,
@@ -47,6 +46,7 @@ from privfedcal.settings.descriptions import (
     setting,
     settings_of,
 )
+from privfedcal.settings.run_config import RunConfig
 
 
 def method_settings() -> tuple[Setting, ...]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from privfedcal.errors import UsageError
 from privfedcal.settings.descriptions import (
     PER_MODEL,
     calibration_settings,
@@ -28,7 +29,6 @@ from privfedcal.settings.descriptions import (
     setting,
     settings_of,
 )
-from privfedcal.errors import UsageError
 
 #: the largest --dp-eps accepted: beyond it the guarantee says nothing (e^100 ~ 2.7e43)
 MAX_EPSILON = 100.0

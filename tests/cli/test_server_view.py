@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from privfedcal.cli.main import main
-from privfedcal.settings.run_config import RunConfig, read_run_config
 from privfedcal.data.datasets import load_dataset
 from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+from privfedcal.settings.run_config import RunConfig, read_run_config
 
 FAST = ["--clients", "3", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from privfedcal.cli.main import app, main
 from privfedcal.cli.train_command import resolve_config
-from privfedcal.settings.run_config import RunConfig, load_toml
 from privfedcal.errors import UsageError
 from privfedcal.settings.catalogue import (
     CALIBRATION_SETTINGS,
@@ -28,6 +27,7 @@ from privfedcal.settings.catalogue import (
     stale_docs,
     usage_table,
 )
+from privfedcal.settings.run_config import RunConfig, load_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -279,8 +279,8 @@ def test_calibration_flags_are_the_calibrators_declared_options():
     import dataclasses
 
     from privfedcal.calibration import CALIBRATORS, calibrator_params
-    from privfedcal.settings.descriptions import calibration_option, calibration_options
     from privfedcal.federation.hooks import CalibrationSpec
+    from privfedcal.settings.descriptions import calibration_option, calibration_options
 
     assert [s.name for s in CALIBRATION_SETTINGS] == [
         "virtual_per_class", "virtual_mode", "tukey", "features_per_class", "match_steps",

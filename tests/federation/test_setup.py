@@ -89,9 +89,9 @@ def test_the_partition_is_drawn_from_the_data_options(experiment):
 def test_the_experiments_record_is_its_resolved_config_and_config_json(experiment, tmp_path):
     """What the floors above read back (``experiment.config_of``) and what the simulator
     writes into the run folder are the same resolved settings."""
-    from privfedcal.settings.run_config import read_run_config
     from privfedcal.experiment import config_of
     from privfedcal.federation.simulator import Simulator
+    from privfedcal.settings.run_config import read_run_config
 
     cfg = config_of(experiment)
     assert (cfg.model, cfg.lr, cfg.local_epochs, cfg.data_seed) == ("mlp", 0.05, 2, 0)

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.settings.run_config import RunConfig  # noqa: E402
 from privfedcal.flower.records import parse_run_config  # noqa: E402
+from privfedcal.settings.run_config import RunConfig  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower" / "pyproject.toml"
 

@@ -23,11 +23,11 @@ from privfedcal.flower.node_ledger import LEDGER_STATE, node_ledger, node_releas
 from privfedcal.flower.records import FlowerOptions, state_to_record  # noqa: E402
 from privfedcal.privacy.dp_accounting import DPAccounting  # noqa: E402
 from privfedcal.privacy.error_codes import ErrorCode, error_code  # noqa: E402
+from privfedcal.privacy.planner import participation_counts  # noqa: E402
 from privfedcal.privacy.releases import DPSGD_RELEASE  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
 from privfedcal.privacy.transcript import load_transcript  # noqa: E402
 from privfedcal.privacy.uplink import Uplink  # noqa: E402
-from privfedcal.privacy.planner import participation_counts  # noqa: E402
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}

@@ -173,9 +173,9 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.flower.stage_messages import RemoteKeys, client_upload, sealing_record
+    from privfedcal.privacy.planner import build_uplink
     from privfedcal.privacy.stages import NoiseStage
     from privfedcal.privacy.transcript import Transcript
-    from privfedcal.privacy.planner import build_uplink
 
     cfg = flower_cfg(method="ccvr", clients=6, dp_eps=8.0, secagg=True, secagg_key_holder=0)
     exp = build_experiment(cfg)

@@ -16,8 +16,8 @@ import torch
 import privfedcal
 from privfedcal import api
 from privfedcal.api import arguments as pysurface
-from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.api.arguments import flag_keywords, python_message
+from privfedcal.errors import PrivacyBudgetError, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(clients=3, rounds=2, local_epochs=1, device="cpu", threads=1, alpha=0.5)

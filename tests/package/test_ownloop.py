@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import privfedcal
-from privfedcal.errors import UsageError
 from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
+from privfedcal.errors import UsageError
 
 
 class Net(nn.Module):

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from privfedcal.errors import UsageError
 from privfedcal.privacy import cohorts
 from privfedcal.privacy.cohorts import (
     CohortPlan,
@@ -24,7 +25,6 @@ from privfedcal.privacy.cohorts import (
     whole_cohorts,
 )
 from privfedcal.settings.run_config import RunConfig
-from privfedcal.errors import UsageError
 
 
 def _cfg(**kw) -> RunConfig:

@@ -10,8 +10,8 @@ import pytest
 from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.plan import ProtectionInputs
-from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.planner import plan_protection, protection_inputs
+from privfedcal.privacy.releases import DPSGD_RELEASE
 
 
 def _inputs(tiny_cfg, **kw) -> ProtectionInputs:

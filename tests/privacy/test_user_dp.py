@@ -463,10 +463,10 @@ def test_schedule_holds_with_thousands_of_clients():
     the budget."""
     from types import SimpleNamespace
 
-    from privfedcal.privacy.cohorts import select_clients
-    from privfedcal.settings.run_config import RunConfig
     from privfedcal.federation.hooks import Calibrator
+    from privfedcal.privacy.cohorts import select_clients
     from privfedcal.privacy.planner import build_uplink, participation_counts
+    from privfedcal.settings.run_config import RunConfig
 
     cfg = RunConfig(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-6)

@@ -11,8 +11,8 @@ import pytest
 
 from privfedcal.analysis.analysis_plots import _cka_floor, plot_cka
 from privfedcal.data.partition_plots import _ticks, plot_partition
-from privfedcal.report.style.plotstyle import PALETTE, new_figure, series_style, styled
 from privfedcal.report.run_plots import _round_axis, plot_accuracy, plot_curves, plot_per_class
+from privfedcal.report.style.plotstyle import PALETTE, new_figure, series_style, styled
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

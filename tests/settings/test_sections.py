@@ -11,14 +11,14 @@ import math
 
 import pytest
 
-from privfedcal.privacy.cohorts import cohort_plan, select_clients
-from privfedcal.settings.run_config import RunConfig, resolve_training_defaults
-from privfedcal.settings.descriptions import settings_of
 from privfedcal.federation.setup import (
     PARTITION_SETTINGS,
     partition_is_secret,
     partition_settings_digest,
 )
+from privfedcal.privacy.cohorts import cohort_plan, select_clients
+from privfedcal.settings.descriptions import settings_of
+from privfedcal.settings.run_config import RunConfig, resolve_training_defaults
 from privfedcal.settings.sections import (
     DataOptions,
     EngineOptions,

@@ -155,8 +155,8 @@ class _Skipped(Exception):
 def _train(setting: Setting, config: AuditConfig, run_dir: Path) -> tuple[Any, dict[str, Any]]:
     """Train one setting as ``privfedcal train`` would: its simulator and summary; raises
     ``_Skipped`` where the method uploads no calibration payload or the library refuses."""
-    from privfedcal.settings.run_config import RunConfig
     from privfedcal.experiment import build_simulator
+    from privfedcal.settings.run_config import RunConfig
 
     try:
         cfg = RunConfig(method=setting.method, dataset=config.dataset, clients=config.clients,

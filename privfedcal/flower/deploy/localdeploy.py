@@ -170,8 +170,7 @@ class LocalDeployment:
 
     def _start_warm_server(self) -> None:
         """The fork server on a socket in a private folder, the shim first on PATH."""
-        from privfedcal.flower.deploy import clientapp_shim
-        from privfedcal.flower.deploy import warm
+        from privfedcal.flower.deploy import clientapp_shim, warm
 
         folder = self.workdir / "clientapp-server"
         folder.mkdir(mode=0o700, exist_ok=True)

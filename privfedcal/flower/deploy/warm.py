@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 from privfedcal.flower.deploy import clientapp_shim as shim
-from privfedcal.flower.pulls import quick_object_pulls
 from privfedcal.flower.deploy.warm_child import run_child
+from privfedcal.flower.pulls import quick_object_pulls
 
 #: imported before serving: what every privfedcal ClientApp process needs
 #: (httpcore/h11: Flower's runtime API client imports them lazily, ~0.2 s per process;

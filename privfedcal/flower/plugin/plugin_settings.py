@@ -42,11 +42,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from privfedcal.settings.run_config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.flower.plugin.clip import AUTO, AutoClip, default_clip, with_update_release
 from privfedcal.flower.records import FlowerOptions, parse_run_config
 from privfedcal.privacy.dp import default_delta
+from privfedcal.settings.run_config import RunConfig
 
 __all__ = ["DATASET", "METHODS", "PREFIX", "PluginSettings", "gather", "resolve"]
 
