@@ -99,7 +99,19 @@ class Algorithm:
         return averaged, server_state
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry("method")
+_HERE = "privfedcal.algorithms"
+#: every method by name: the built-ins below, an extension by ``@register`` in its own file
+ALGORITHMS: Registry[type[Algorithm]] = Registry("method", built_in={
+    "balsoftmax": f"{_HERE}.balsoftmax:BalancedSoftmax",
+    "clsnorm": f"{_HERE}.clsnorm:ClsNorm",
+    "clsprox": f"{_HERE}.clsprox:ClsProx",
+    "fedavg": f"{_HERE}.fedavg:FedAvg",
+    "fedavgm": f"{_HERE}.fedavgm:FedAvgM",
+    "fedprox": f"{_HERE}.fedprox:FedProx",
+    "feduv": f"{_HERE}.feduv:FedUV",
+    "freeze": f"{_HERE}.freeze:Freeze",
+    "moon": f"{_HERE}.moon:Moon",
+})
 
 
 def client_context(client: int, y: Tensor, num_classes: int) -> ClientContext:
@@ -108,6 +120,7 @@ def client_context(client: int, y: Tensor, num_classes: int) -> ClientContext:
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Add an extension's method under its ``name`` (a class decorator, in its own file)."""
     ALGORITHMS.register(cls.name)(cls)
     return cls
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, register
+from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 #: the log-prior of a class the client does not hold: exp(-1e4) is 0 in float32, so the
@@ -39,7 +39,6 @@ def log_prior(label_counts: Tensor) -> Tensor:
                        torch.full_like(counts, ABSENT_LOGIT))
 
 
-@register
 class BalancedSoftmax(Algorithm):
     """``L = CE(g(f(x)) + log n_k, y)`` with the client's class counts ``n_k``."""
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from privfedcal.algorithms.algorithm import Algorithm, register
+from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 
@@ -25,7 +25,6 @@ class RowNormalize(nn.Module):
         return F.normalize(weight, dim=1)
 
 
-@register
 class ClsNorm(Algorithm):
     """FedAvg with a weight-normalised, bias-free classifier."""
 

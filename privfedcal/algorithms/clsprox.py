@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.algorithm import hyper, register
+from privfedcal.algorithms.algorithm import hyper
 from privfedcal.algorithms.fedprox import FedProx
 from privfedcal.models.feature_classifier import FeatureClassifier
 
@@ -22,7 +22,6 @@ class ClsProxParams:
         check_number("clsprox", "mu", self.mu)
 
 
-@register
 class ClsProx(FedProx):
     """FedAvg plus a proximal pull of the classifier (weight and bias) toward the global one."""
 

@@ -5,10 +5,9 @@ Every hook is the base class default; the class exists so the method is found by
 
 from __future__ import annotations
 
-from privfedcal.algorithms.algorithm import Algorithm, register
+from privfedcal.algorithms.algorithm import Algorithm
 
 
-@register
 class FedAvg(Algorithm):
     """Plain FedAvg: ``L = CE(g(f(x)), y)``; the server keeps the weighted average."""
 

@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.algorithm import Algorithm, State, hyper, register
+from privfedcal.algorithms.algorithm import Algorithm, State, hyper
 
 #: key prefix of the momentum buffers in the (flat) server state
 MOMENTUM_PREFIX = "momentum."
@@ -41,7 +41,6 @@ def _uses_momentum(key: str, value: torch.Tensor) -> bool:
     return value.is_floating_point() and not key.endswith(_STAT_SUFFIXES)
 
 
-@register
 class FedAvgM(Algorithm):
     """FedAvg clients, momentum SGD on the server."""
 

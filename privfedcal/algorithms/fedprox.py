@@ -9,7 +9,7 @@ from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
 from privfedcal.algorithms._proximal import ProximalAnchor
-from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper, register
+from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 
@@ -23,7 +23,6 @@ class FedProxParams:
         check_number("fedprox", "mu", self.mu)
 
 
-@register
 class FedProx(Algorithm):
     """FedAvg plus a proximal pull toward the global model the client received."""
 

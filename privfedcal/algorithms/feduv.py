@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.algorithm import Algorithm, hyper, register
+from privfedcal.algorithms.algorithm import Algorithm, hyper
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 _EPS = 1e-12
@@ -79,7 +79,6 @@ class FedUVParams:
             check_number("feduv", "lam", self.lam)
 
 
-@register
 class FedUV(Algorithm):
     """FedAvg with FedUV's variance (classifier) and uniformity (representation) terms."""
 

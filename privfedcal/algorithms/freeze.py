@@ -15,11 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from privfedcal.algorithms.algorithm import Algorithm, register
+from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 
-@register
 class Freeze(Algorithm):
     """FedAvg on the feature extractor under a fixed orthogonal classifier."""
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper, register
+from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 
@@ -66,7 +66,6 @@ class MoonParams:
         check_number("moon", "mu", self.mu)
 
 
-@register
 class Moon(Algorithm):
     """FedAvg plus the model-contrastive term; the client state is its last local model."""
 

@@ -107,7 +107,7 @@ def register(attack: ReleaseAttack) -> ReleaseAttack:
 def unregister(name: str) -> None:
     """Take a registered attack out again (a test's or an extension's)."""
     RELEASE_ATTACKS.get(name)  # an unknown name raises, listing the valid ones
-    RELEASE_ATTACKS._items.pop(name)
+    RELEASE_ATTACKS.unregister(name)
     _ORDER.remove(name)
 
 

@@ -14,8 +14,6 @@ spec's integer argument sets ``CCVRParams.virtual_per_class``, ``OracleParams.pe
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from typing import Any
 
 from privfedcal.calibration.ccvr import (
@@ -67,13 +65,11 @@ def create_calibrator(spec: CalibrationSpec, *, num_classes: int, feature_dim: i
     return cls(params, num_classes=num_classes, feature_dim=feature_dim)
 
 
-# every module here is imported, so a calibrator's own file registers it, and the options
-# its Params declare with a flag (descriptions.calibration_option) become settings
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
-for _name in CALIBRATORS.names():
-    if hasattr(CALIBRATORS.get(_name), "Params"):
-        register_calibration_options(CALIBRATORS.get(_name).Params)
+# the options a registered calibrator's Params declare with a flag
+# (descriptions.calibration_option) become settings
+for _name, _cls in CALIBRATORS.items():
+    if hasattr(_cls, "Params"):
+        register_calibration_options(_cls.Params)
 
 __all__ = [
     "CCVR", "CCVRParams", "CReFF", "CReFFParams", "ClassStats", "GradTask", "Oracle",

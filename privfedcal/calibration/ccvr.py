@@ -34,7 +34,7 @@ from privfedcal.calibration.retrain import PosthocCalibrator, RetrainParams, ret
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.calibration.transforms import relu_tukey
 from privfedcal.errors import UsageError
-from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
+from privfedcal.federation.hooks import Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.federation.local import CPU_INFERENCE_BATCH
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.releases import ReleaseSpec
@@ -159,7 +159,6 @@ def sample_virtual_features(stats: ClassStats, per_class_counts: Tensor,
 CCVR_RELEASE = "ccvr-stats"
 
 
-@CALIBRATORS.register("ccvr")
 class CCVR(PosthocCalibrator):
     """Post-hoc calibration on virtual features drawn from federated class Gaussians."""
 

@@ -82,7 +82,6 @@ from privfedcal.calibration.retrain import (
 from privfedcal.data.dsa import AUTHORS_STRATEGY, apply_transforms, draw_transforms, parse_strategy
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import (
-    CALIBRATORS,
     Bound,
     Calibrator,
     Payload,
@@ -361,7 +360,6 @@ NOISE_SHARE = {"grad": 0.9, "count": 0.1, "holders": 0.1}
 CREFF_RELEASE = "creff-grad"
 
 
-@CALIBRATORS.register("creff")
 class CReFF(Calibrator):
     """Per-round gradient matching of federated features and head re-training."""
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from privfedcal.calibration.retrain import PosthocCalibrator, RetrainParams, retrain_head_of
 from privfedcal.errors import UsageError
-from privfedcal.federation.hooks import CALIBRATORS, ServerContext
+from privfedcal.federation.hooks import ServerContext
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,6 @@ class OracleParams(RetrainParams):
             raise UsageError(f"oracle samples per class must be >= 1, got {self.per_class}")
 
 
-@CALIBRATORS.register("oracle")
 class Oracle(PosthocCalibrator):
     """Head re-trained on real features of the pooled training set (upper bound)."""
 

@@ -34,7 +34,6 @@ from privfedcal.data.image_folders import read_domain_folders, read_split_folder
 from privfedcal.errors import UsageError
 from privfedcal.registry import Registry
 
-DATASETS = ["digits", "cifar10", "cifar100", "stl10", "imagefolder", "npz"]
 _CHOICES = "digits, cifar10, cifar100, stl10, imagefolder:PATH, npz:PATH"
 _SPLIT_SEED = 0  # seeds the fixed digits and domain-folder train/test splits; never change it
 _CNN_MIN_SIZE = 16  # the CCVR/MOON CNN (two 5x5 convs, two 2x2 pools) needs >= 16x16 inputs
@@ -147,7 +146,6 @@ def _unit(x: Tensor) -> Tensor:
 
 
 Loader = Callable[[str, Path | None, bool], Dataset]  # (PATH argument, data root, download)
-LOADERS: Registry[Loader] = Registry("dataset")
 
 
 def load_dataset(spec: str, data_root: str | Path | None = None, *,
@@ -214,7 +212,6 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
         return z["images"], z["labels"]
 
 
-@LOADERS.register("digits")
 def _load_digits(_arg: str, _root: Path | None, _download: bool) -> Dataset:
     images, target = _digits_arrays()
     x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
@@ -273,11 +270,14 @@ def _load_cifar(name: str, root: Path | None, download: bool) -> Dataset:
                        torch.from_numpy(y_te), classes, augment=True)
 
 
-LOADERS.register("cifar10")(lambda _a, root, dl: _load_cifar("cifar10", root, dl))
-LOADERS.register("cifar100")(lambda _a, root, dl: _load_cifar("cifar100", root, dl))
+def _load_cifar10(_arg: str, root: Path | None, download: bool) -> Dataset:
+    return _load_cifar("cifar10", root, download)
 
 
-@LOADERS.register("stl10")
+def _load_cifar100(_arg: str, root: Path | None, download: bool) -> Dataset:
+    return _load_cifar("cifar100", root, download)
+
+
 def _load_stl10(_arg: str, root: Path | None, download: bool) -> Dataset:
     root = _need_root("stl10", root)
     if download:
@@ -294,7 +294,6 @@ def _load_stl10(_arg: str, root: Path | None, download: bool) -> Dataset:
                        torch.from_numpy(x_te), torch.from_numpy(y_te), classes, augment=True)
 
 
-@LOADERS.register("npz")
 def _load_npz(arg: str, _root: Path | None, _download: bool) -> Dataset:
     im = read_npz(Path(arg).expanduser())
     return from_pixels(f"npz:{arg}", im.x_train, im.y_train, im.x_test, im.y_test, im.classes,
@@ -302,7 +301,6 @@ def _load_npz(arg: str, _root: Path | None, _download: bool) -> Dataset:
                        user_names=im.user_names)
 
 
-@LOADERS.register("imagefolder")
 def _load_imagefolder(arg: str, _root: Path | None, _download: bool) -> Dataset:
     path = Path(arg).expanduser()
     if not path.is_dir():
@@ -325,5 +323,16 @@ def _domain_seed(domain: str) -> np.random.Generator:
     # Seeded by the domain's name, so adding or removing another domain leaves this split alone.
     return np.random.default_rng([_SPLIT_SEED, zlib.crc32(domain.encode())])
 
+
+#: every dataset by name (``--dataset``), in the order the help lists them
+LOADERS: Registry[Loader] = Registry("dataset", built_in={
+    "digits": _load_digits,
+    "cifar10": _load_cifar10,
+    "cifar100": _load_cifar100,
+    "stl10": _load_stl10,
+    "imagefolder": _load_imagefolder,
+    "npz": _load_npz,
+})
+DATASETS = LOADERS.names()
 
 __all__ = ["DATASETS", "Dataset", "LOADERS", "default_model_for", "from_pixels", "load_dataset"]

@@ -130,5 +130,11 @@ class CalibrationSpec:
     arg: int | None = None
 
 
-CALIBRATORS: Registry[type[Calibrator]] = Registry("calibrator")
-CALIBRATORS.register("none")(Calibrator)
+#: every calibrator by name (``--calibrate``): the built-ins below, each imported on its first
+#: lookup; an extension adds itself with ``@CALIBRATORS.register(name)`` in its own file
+CALIBRATORS: Registry[type[Calibrator]] = Registry("calibrator", built_in={
+    "ccvr": "privfedcal.calibration.ccvr:CCVR",
+    "creff": "privfedcal.calibration.creff:CReFF",
+    "none": Calibrator,
+    "oracle": "privfedcal.calibration.oracle:Oracle",
+})

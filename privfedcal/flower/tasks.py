@@ -8,9 +8,10 @@ up in ``TASKS`` and rebuilds the same frozen dataclass, so it runs exactly the
 can be built, and only from their declared fields: a message cannot make a client run
 anything else.
 
-A calibrator's tasks are registered from its release declarations (``ReleaseSpec.task``):
-nothing to do here for a new calibrator. Any other task (a frozen dataclass whose fields are
-tensors, None, bool, int, float or str) is registered by hand::
+A calibrator's tasks are found through its release declarations (``ReleaseSpec.task``,
+under the release's label): nothing to do here for a new calibrator. Any other task (a
+frozen dataclass whose fields are tensors, None, bool, int, float or str) is registered by
+hand, and a name registered by hand wins over a release's label::
 
     TASKS.register("my-task")(MyTask)
 """
@@ -28,6 +29,7 @@ from privfedcal.federation.hooks import PayloadTask
 from privfedcal.flower.records import array_to_tensor, tensor_to_array
 from privfedcal.registry import Registry
 
+#: payload tasks that no calibrator's release declares
 TASKS: Registry[type] = Registry("payload task")
 
 TASK_CONFIG = "task"          # ConfigRecord: name, scalar fields, names of None fields
@@ -37,25 +39,24 @@ _NONE = "none-fields"
 _SCALARS = (bool, int, float, str)
 
 
-def _register_builtin() -> None:
-    """Every registered calibrator's release tasks, under the release's label."""
-    import privfedcal.calibration  # noqa: F401  (registers the calibrators)
+def known_tasks() -> dict[str, type]:
+    """Every task a message may name: the registered calibrators' release tasks under the
+    release's label, and ``TASKS``."""
     from privfedcal.federation.hooks import CALIBRATORS
 
-    for cal in CALIBRATORS.names():
-        for release in CALIBRATORS.get(cal).releases:
-            if release.task is not None and release.label not in TASKS:
-                TASKS.register(release.label)(release.task)
+    known = {release.label: release.task for _, cal in CALIBRATORS.items()
+             for release in cal.releases if release.task is not None}
+    return dict(sorted({**known, **dict(TASKS.items())}.items()))
 
 
 def task_name(task: PayloadTask) -> str:
     """The registered name of ``task``'s class (UsageError if it has none)."""
-    _register_builtin()
-    for name in TASKS.names():
-        if TASKS.get(name) is type(task):
+    known = known_tasks()
+    for name, cls in known.items():
+        if cls is type(task):
             return name
     raise UsageError(f"payload task {type(task).__name__} is not registered for Flower; "
-                     f"registered: {', '.join(TASKS.names())}")
+                     f"registered: {', '.join(known)}")
 
 
 def task_to_records(task: PayloadTask) -> dict[str, Any]:
@@ -85,11 +86,11 @@ def task_from_records(config: ConfigRecord, arrays: ArrayRecord,
                       device: Any = None) -> PayloadTask:
     """Rebuild the task described by ``task_to_records``; anything else (unknown name, a
     field too many or too few) raises ValueError."""
-    _register_builtin()
+    known = known_tasks()
     name = config.get("name")
-    if not isinstance(name, str) or name not in TASKS:
-        raise ValueError(f"unknown payload task {name!r}; registered: {', '.join(TASKS.names())}")
-    cls = TASKS.get(name)
+    if not isinstance(name, str) or name not in known:
+        raise ValueError(f"unknown payload task {name!r}; registered: {', '.join(known)}")
+    cls = known[name]
     nones = [n for n in str(config.get(_NONE, "")).split(",") if n]
     values: dict[str, Any] = {n: None for n in nones}
     for key, value in config.items():

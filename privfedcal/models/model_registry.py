@@ -7,37 +7,27 @@ from collections.abc import Callable
 import torch
 
 from privfedcal.errors import UsageError
-from privfedcal.models.cnn import DigitsCNN, SimpleCNN
 from privfedcal.models.feature_classifier import FeatureClassifier
-from privfedcal.models.mlp import MLP
-from privfedcal.models.resnet import resnet8, resnet18
-from privfedcal.models.uvcnn import UVCNN
 from privfedcal.registry import Registry
 
-#: a builder takes (num_classes, in_channels, image_size) and returns a fresh model
-ModelBuilder = Callable[[int, int, int], FeatureClassifier]
+#: a builder takes the keywords ``num_classes``, ``in_channels`` and ``image_size`` and
+#: returns a fresh model
+ModelBuilder = Callable[..., FeatureClassifier]
 
-MODELS: Registry[ModelBuilder] = Registry("model")
-
-MODELS.register("cnn")(lambda c, ch, s: SimpleCNN(num_classes=c, in_channels=ch, image_size=s))
-MODELS.register("digits-cnn")(
-    lambda c, ch, s: DigitsCNN(num_classes=c, in_channels=ch, image_size=s)
-)
-MODELS.register("mlp")(lambda c, ch, s: MLP(num_classes=c, in_channels=ch, image_size=s))
-MODELS.register("uv-cnn")(lambda c, ch, s: UVCNN(num_classes=c, in_channels=ch, image_size=s))
-MODELS.register("resnet8")(lambda c, ch, s: resnet8(num_classes=c, in_channels=ch))
-MODELS.register("resnet18")(lambda c, ch, s: resnet18(num_classes=c, in_channels=ch))
-MODELS.register("resnet18-plain")(
-    lambda c, ch, s: resnet18(num_classes=c, in_channels=ch, projector=False)
-)
-
-
-@MODELS.register("mobilenetv2")
-def _mobilenetv2(c: int, ch: int, s: int) -> FeatureClassifier:
-    # imported here: torchvision's model zoo takes seconds to import and only this model needs it
-    from privfedcal.models.mobilenet import MobileNetV2
-
-    return MobileNetV2(num_classes=c, in_channels=ch, image_size=s)
+_HERE = "privfedcal.models"
+#: every model by name (``--model``), each module imported on first lookup (torchvision's
+#: model zoo, which MobileNetV2 needs, takes seconds to import); an extension adds its
+#: builder with ``@MODELS.register(name)``
+MODELS: Registry[ModelBuilder] = Registry("model", built_in={
+    "cnn": f"{_HERE}.cnn:SimpleCNN",
+    "digits-cnn": f"{_HERE}.cnn:DigitsCNN",
+    "mlp": f"{_HERE}.mlp:MLP",
+    "mobilenetv2": f"{_HERE}.mobilenet:MobileNetV2",
+    "resnet18": f"{_HERE}.resnet:resnet18",
+    "resnet18-plain": f"{_HERE}.resnet:resnet18_plain",
+    "resnet8": f"{_HERE}.resnet:resnet8",
+    "uv-cnn": f"{_HERE}.uvcnn:UVCNN",
+})
 
 
 def create_model(
@@ -62,9 +52,10 @@ def create_model(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UsageError(f"model {name!r}: {label} must be an integer >= {low}, got {value!r}")
+    shape = {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size}
     if generator is None:
-        return builder(num_classes, in_channels, image_size)
+        return builder(**shape)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return builder(num_classes, in_channels, image_size)
+        return builder(**shape)

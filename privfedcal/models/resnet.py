@@ -86,7 +86,8 @@ class CifarResNet(FeatureClassifier):
         return self.projector(self.pool(self.stages(self.stem(x))))
 
 
-def resnet8(*, num_classes: int, in_channels: int = 3) -> CifarResNet:
+def resnet8(*, num_classes: int, in_channels: int = 3, image_size: int | None = None) -> CifarResNet:
+    """ResNet-8; any ``image_size`` works (global pooling before the head)."""
     return CifarResNet(
         num_classes=num_classes,
         in_channels=in_channels,
@@ -96,7 +97,10 @@ def resnet8(*, num_classes: int, in_channels: int = 3) -> CifarResNet:
     )
 
 
-def resnet18(*, num_classes: int, in_channels: int = 3, projector: bool = True) -> CifarResNet:
+def resnet18(*, num_classes: int, in_channels: int = 3, projector: bool = True,
+             image_size: int | None = None) -> CifarResNet:
+    """ResNet-18 with a 512-wide projector (``projector=False``: none); any ``image_size``
+    works (global pooling before the head)."""
     return CifarResNet(
         num_classes=num_classes,
         in_channels=in_channels,
@@ -105,3 +109,9 @@ def resnet18(*, num_classes: int, in_channels: int = 3, projector: bool = True) 
         strides=(1, 2, 2, 2),
         projector=512 if projector else 0,
     )
+
+
+def resnet18_plain(*, num_classes: int, in_channels: int = 3,
+                   image_size: int | None = None) -> CifarResNet:
+    """ResNet-18 without the projector: the pooled features feed the head directly."""
+    return resnet18(num_classes=num_classes, in_channels=in_channels, projector=False)

@@ -17,8 +17,8 @@ PAPERS = {"fedavg", "fedprox", "fedavgm", "moon", "feduv", "freeze", "clsnorm", 
 
 
 def test_every_method_module_registers_its_method() -> None:
-    """A method is one file in algorithms/: importing the package registers each module's
-    method, and every module but the two base classes (``algorithm``: a method;
+    """A method is one file in algorithms/: ``ALGORITHMS``' table of built-ins names each
+    module's method, and every module but the two base classes (``algorithm``: a method;
     ``vector_loss``: a method's batched loss for ``--client-batch``) and the private helpers
     (``_name``) registers one."""
     bases = {"algorithm", "vector_loss"}

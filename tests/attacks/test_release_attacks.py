@@ -64,7 +64,7 @@ def test_a_new_release_and_its_attack_plug_in(monkeypatch):
                        attack="toy")
     calibrator = type("Toy", (), {"releases": (spec,)})
     assert attacks_of(calibrator) == []  # declared, but nothing attacks it yet
-    monkeypatch.setattr(RELEASE_ATTACKS, "_items", dict(RELEASE_ATTACKS._items))
+    monkeypatch.setattr(RELEASE_ATTACKS, "_extensions", dict(RELEASE_ATTACKS._extensions))
     attack = release_attacks.register(ReleaseAttack("toy", plan=lambda *a, **k: None))
     assert attacks_of(calibrator) == [(spec, attack)]
     # an attack on no calibrator's release reports its targets after the declared ones'
@@ -149,7 +149,7 @@ def test_a_registered_attack_is_a_command_an_api_kind_and_a_report_section(tiny_
     build_simulator(tiny_cfg(method="ccvr", rounds=1, transcript=True, out=str(run)), run).run()
     with pytest.raises(UsageError, match="attack kind must be one of"):
         privfedcal.attack(run, "norms")
-    monkeypatch.setattr(RELEASE_ATTACKS, "_items", dict(RELEASE_ATTACKS._items))
+    monkeypatch.setattr(RELEASE_ATTACKS, "_extensions", dict(RELEASE_ATTACKS._extensions))
     monkeypatch.setattr(release_attacks, "_ORDER", list(release_attacks._ORDER))
     release_attacks.register(ReleaseAttack(
         "norms", plan=None, run=_norms, options=NormOptions, targets=("upload-norm",),

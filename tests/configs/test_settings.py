@@ -235,7 +235,7 @@ def test_dp_eps_off_round_trips_as_null():
     assert math.isinf(cfg.dp_eps) and cfg.to_dict()["dp_eps"] is None
 
 
-def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
+def test_a_new_methods_hyperparameters_become_flags(request):
     """Declared once, on the method's Params (``hyper``): the flag's name, type and help
     follow; a name two methods share with different types is refused."""
     import dataclasses
@@ -252,7 +252,8 @@ def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
         name = "focal-test"
         Params = P
 
-    monkeypatch.setitem(ALGORITHMS._items, "focal-test", Focal)
+    ALGORITHMS.register("focal-test")(Focal)
+    request.addfinalizer(lambda: ALGORITHMS.unregister("focal-test"))
     flags = {s.name: s for s in method_settings()}
     assert flags["gamma"].type is int and "focal-test: focusing exponent" in flags["gamma"].help
     assert "focal-test: a second meaning of mu" in flags["mu"].help
@@ -266,7 +267,8 @@ def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
         name = "clash-test"
         Params = Q
 
-    monkeypatch.setitem(ALGORITHMS._items, "clash-test", Clash)
+    ALGORITHMS.register("clash-test")(Clash)
+    request.addfinalizer(lambda: ALGORITHMS.unregister("clash-test"))
     with pytest.raises(TypeError, match="'mu' has different types"):
         method_settings()
 

@@ -43,7 +43,7 @@ def toy():
     try:
         yield Toy
     finally:
-        CALIBRATORS._items.pop("toy-spread", None)
+        CALIBRATORS.unregister("toy-spread")
 
 
 def test_no_package_file_names_the_toy_keys():

@@ -60,7 +60,7 @@ def test_a_new_calibrator_only_declares_its_releases(tiny_cfg):
         assert plans["probe-rounds"].steps == max(participation_counts(cfg).values())
         assert planned_participants(protection_inputs(cfg, probe)) == {"probe-once": 10, "probe-rounds": 3}
     finally:
-        CALIBRATORS._items.pop("decl-test", None)
+        CALIBRATORS.unregister("decl-test")
 
 
 def test_noise_share_is_declared_for_every_key_or_none():
