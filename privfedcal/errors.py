@@ -1,11 +1,21 @@
-"""Errors that the CLI turns into one line on stderr and a non-zero exit."""
+"""The package's errors, all under ``PrivfedcalError``; the CLI turns each of these into one
+line on stderr and a non-zero exit.
+
+Each also keeps the built-in base its callers catch (``UsageError`` is a ``ValueError``,
+``Diverged`` a ``RuntimeError``), so ``except ValueError`` still sees a bad setting.
+"""
 
 
-class UsageError(ValueError):
+class PrivfedcalError(Exception):
+    """The root of every error privfedcal defines: ``except PrivfedcalError`` catches what
+    the package raises on purpose and nothing else."""
+
+
+class UsageError(PrivfedcalError, ValueError):
     """Bad input from the user (flags, files, data): exit code 2, no traceback."""
 
 
-class PrivacyBudgetError(RuntimeError):
+class PrivacyBudgetError(PrivfedcalError, RuntimeError):
     """A configuration cannot meet, or a release would exceed, the privacy budget."""
 
 
@@ -17,7 +27,7 @@ class BudgetRefused(PrivacyBudgetError):
     code = "budget-exhausted"
 
 
-class UploadRejected(ValueError):
+class UploadRejected(PrivfedcalError, ValueError):
     """A client upload is malformed (shape, NaN/Inf, foreign or tampered ciphertext).
     ``reason`` is the declared code the server records (privacy/reasons.py; None: the
     recorder's default); the text, which can hold values of the upload, goes to the log."""
@@ -27,7 +37,7 @@ class UploadRejected(ValueError):
         self.reason = reason
 
 
-class ReleaseSkipped(RuntimeError):
+class ReleaseSkipped(PrivfedcalError, RuntimeError):
     """A release was not made (too few valid clients for the configured guarantees, or an
     aggregate that failed its checks): the round goes on without it, nothing is released.
     Its text is the recorded code and public numbers only (privacy/reasons.py): it reaches
@@ -38,7 +48,7 @@ class ReleaseSkipped(RuntimeError):
         self.reason = reason
 
 
-class Diverged(RuntimeError):
+class Diverged(PrivfedcalError, RuntimeError):
     """Training or calibration produced non-finite numbers: the run stops at that round
     (exit code 4). ``round`` is the round reached, ``client`` the client where known.
 
@@ -64,7 +74,7 @@ class Diverged(RuntimeError):
                 "what": self.what, "hint": self.hint}
 
 
-class Interrupted(Exception):
+class Interrupted(PrivfedcalError):
     """The user stopped a command (Ctrl-C): exit code 130. The message says what was kept
     (e.g. the checkpoint a ``train --resume`` continues from). An ``Exception``, not a
     ``KeyboardInterrupt``, so that typer passes the message through."""

@@ -45,7 +45,7 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode as FlowerErrorCode
 from flwr.serverapp import Grid
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import PrivfedcalError, UsageError
 from privfedcal.flower.records import FlowerOptions
 from privfedcal.privacy.error_codes import CODES
 from privfedcal.settings.descriptions import HOLD_CAP
@@ -54,7 +54,7 @@ from privfedcal.settings.descriptions import HOLD_CAP
 HOLD_MESSAGE = "query.hold"
 
 
-class FlowerRoundError(RuntimeError):
+class FlowerRoundError(PrivfedcalError, RuntimeError):
     """Clients did not answer an exchange, or answered with an error."""
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import PrivfedcalError, UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 __all__ = ["HEAD_PREFIX", "HeadAdapter", "find_head"]
@@ -41,7 +41,7 @@ __all__ = ["HEAD_PREFIX", "HeadAdapter", "find_head"]
 HEAD_PREFIX = "classifier."
 
 
-class _Stop(Exception):
+class _Stop(PrivfedcalError):
     """Raised by the head's pre-hook once it holds the head's input: the forward stops."""
 
 

@@ -28,13 +28,13 @@ from typing import (
     is_typeddict,
 )
 
-from privfedcal.errors import UsageError
+from privfedcal.errors import PrivfedcalError, UsageError
 
 #: where a writer's new key must be typed (the message of an unknown key in strict mode)
 HOME = "privfedcal/results"
 
 
-class Mismatch(Exception):
+class Mismatch(PrivfedcalError):
     """A value unlike its type: the path inside the checked value, and what is wrong."""
 
     def __init__(self, path: str, problem: str) -> None:

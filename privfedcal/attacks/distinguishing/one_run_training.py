@@ -36,7 +36,7 @@ from torch import Tensor
 from privfedcal.attacks.distinguishing.channels import Faults
 from privfedcal.attacks.distinguishing.games import BUDGET_STOP, budget_spent
 from privfedcal.attacks.distinguishing.one_run import guess_membership
-from privfedcal.errors import UsageError
+from privfedcal.errors import PrivfedcalError, UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
 
 #: canaries' input scale, in units of the normalised data's (unit variance) scale
@@ -78,7 +78,7 @@ def _losses(model: Any, state: dict[str, Tensor], x: Tensor, y: Tensor) -> Tenso
         return torch.nn.functional.cross_entropy(model(x), y, reduction="none").double().cpu()
 
 
-class _BudgetSpent(Exception):
+class _BudgetSpent(PrivfedcalError):
     """Raised between two rounds when the audit's time budget is spent."""
 
 

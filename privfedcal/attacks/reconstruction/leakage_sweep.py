@@ -36,7 +36,7 @@ from privfedcal.attacks.reconstruction.inversion_options import (  # noqa: F401 
 )
 from privfedcal.attacks.release_attacks import attacked_calibrators, audit_params
 from privfedcal.attacks.transcript_audit import run_epsilon
-from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.errors import PrivacyBudgetError, PrivfedcalError, UsageError
 from privfedcal.report.style.plotstyle import colour, label_points, new_figure, save, styled
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
@@ -148,7 +148,7 @@ def run_setting(setting: Setting, config: AuditConfig, out_dir: Path,
     return {**row, **_scores(found)}
 
 
-class _Skipped(Exception):
+class _Skipped(PrivfedcalError):
     """A setting the library refuses or that has nothing to attack (the row's note)."""
 
 
