@@ -64,9 +64,9 @@ class Algorithm:
     #: variance, proximal to a global model) is refused under ``--dp-train``
     dp_sgd: ClassVar[bool] = False
     #: the loss in the vectorised trainer's form (``--client-batch K``): a
-    #: ``vector_loss.VectorLoss``; None: the built-in form of the method's name
-    #: (federation/vector_losses.py), FedAvg's when the method keeps FedAvg's client hooks,
-    #: else the method trains with ``--client-batch 1`` only
+    #: ``vector_loss.VectorLoss``, declared by the class that defines the client hooks it
+    #: stands for; None: FedAvg's when the method keeps FedAvg's client hooks, else the
+    #: method trains with ``--client-batch 1`` only (federation/vector_losses.py)
     vector_loss: ClassVar[Any] = None
 
     def __init__(self, params: Any = None, *, num_classes: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from privfedcal.algorithms._checks import check_number
+from privfedcal.algorithms._proximal import ProximalLoss
 from privfedcal.algorithms.algorithm import hyper
 from privfedcal.algorithms.fedprox import FedProx
 from privfedcal.models.feature_classifier import FeatureClassifier
@@ -27,6 +28,7 @@ class ClsProx(FedProx):
 
     name = "clsprox"
     Params = ClsProxParams
+    vector_loss = ProximalLoss("model.classifier.")
 
     def anchored_parameters(self, model: FeatureClassifier) -> list:
         return [p for p in model.classifier.parameters() if p.requires_grad]

@@ -8,7 +8,7 @@ import dataclasses
 from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms._proximal import ProximalAnchor
+from privfedcal.algorithms._proximal import ProximalAnchor, ProximalLoss
 from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper
 from privfedcal.models.feature_classifier import FeatureClassifier
 
@@ -28,6 +28,7 @@ class FedProx(Algorithm):
 
     name = "fedprox"
     Params = FedProxParams
+    vector_loss = ProximalLoss()
 
     _anchor: ProximalAnchor | None = None
 

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms._checks import check_number
-from privfedcal.algorithms.algorithm import Algorithm, hyper
+from privfedcal.algorithms.algorithm import Algorithm, State, hyper
+from privfedcal.algorithms.vector_loss import Forward, VectorLoss, weighted_ce
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 _EPS = 1e-12
@@ -66,6 +67,49 @@ def uniformity_loss(z: Tensor) -> Tensor:
         return torch.exp(-pair_d2 / sigma).mean()
 
 
+
+class FedUVLoss(VectorLoss):
+    """FedUV: ``CE + mu * L_U(z) + lambda * L_V(logits)`` (``FedUV.local_loss``) over the real
+    rows: the unbiased column variance of the softmax over them, the pairs among them, and
+    sigma the lower median of their non-zero squared distances (padding rows and their
+    pairs are left out of the sort with +inf). A client batch of fewer than two real rows
+    has CE only, as in ``FedUV.local_loss``."""
+
+    def loss(self, algo: Algorithm, forward: Forward, params: State, anchor: State, x: Tensor,
+             y: Tensor, w: Tensor, ext: State) -> Tensor:
+        z, logits = forward(params, x)
+        ce = weighted_ce(logits, y, w)
+        n = w.sum()
+        several = (n >= 2).to(ce.dtype)  # batch statistics need two rows
+        lam, c = algo.lam, algo.c  # type: ignore[attr-defined]  # FedUV's resolved weights
+        return (ce + several * algo.params.mu * self.uniformity(z, w)
+                + several * lam * self.variance(logits, w, n, c))
+
+    @staticmethod
+    def variance(logits: Tensor, w: Tensor, n: Tensor, c: float) -> Tensor:
+        """L_V: mean over classes of ``max(0, c - std_j)``, std over the real rows."""
+        probs = F.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=1)
+        mean = (probs * w[:, None]).sum(0) / n
+        var = (((probs - mean) ** 2) * w[:, None]).sum(0) / (n - 1).clamp_min(1)
+        return F.relu(c - var.clamp_min(1e-12).sqrt()).mean()
+
+    @staticmethod
+    def uniformity(z: Tensor, w: Tensor) -> Tensor:
+        """L_U: mean of exp(-d^2 / sigma) over the pairs of real rows."""
+        z = z if z.dtype == torch.float64 else z.float()
+        if z.shape[0] < 2:  # a batch of one row has no pair (its weight `several` is 0 too)
+            return (z * 0).sum()
+        rows, cols = torch.triu_indices(z.shape[0], z.shape[0], offset=1, device=z.device)
+        diff = z[rows] - z[cols]
+        pair_d2 = (diff * diff).sum(dim=1)
+        real = w[rows] * w[cols]
+        chosen = (real > 0) & (pair_d2 > 0)
+        ordered = torch.where(chosen, pair_d2, torch.full_like(pair_d2, torch.inf)).sort().values
+        middle = torch.div(chosen.sum() - 1, 2, rounding_mode="floor").clamp_min(0)
+        sigma = ordered.gather(0, middle.reshape(1))[0]
+        # no non-zero distance: sigma = inf, every term exp(0) = 1 with zero gradient (``uniformity_loss``)
+        return (torch.exp(-pair_d2 / sigma) * real).sum() / real.sum().clamp_min(1)
+
 @dataclasses.dataclass(frozen=True)
 class FedUVParams:
     """mu: weight of L_U; lam: weight of L_V (None -> D/4, D = number of classes)."""
@@ -84,6 +128,7 @@ class FedUV(Algorithm):
 
     name = "feduv"
     Params = FedUVParams
+    vector_loss = FedUVLoss()
 
     def __init__(self, params: FedUVParams | None = None, *, num_classes: int) -> None:
         super().__init__(params, num_classes=num_classes)

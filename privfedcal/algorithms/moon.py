@@ -23,6 +23,7 @@ per-step casting (tested).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ from torch.func import functional_call
 
 from privfedcal.algorithms._checks import check_number
 from privfedcal.algorithms.algorithm import Algorithm, ClientContext, State, hyper
+from privfedcal.algorithms.vector_loss import Forward, VectorLoss, weighted_ce, weighted_mean
 from privfedcal.models.feature_classifier import FeatureClassifier
 
 
@@ -54,6 +56,39 @@ class _FeatureView(nn.Module):
         return self.model.features(x)
 
 
+
+class MoonLoss(VectorLoss):
+    """MOON: ``CE + mu * l_con`` with z_glob from the received model and z_prev from the
+    client's previous local model; a client without one (first round) has CE only, as in
+    ``Moon.local_loss`` (its placeholder z_prev is z_glob, multiplied by 0)."""
+
+    def prepare(self, trainer: Any, global_state: State, client_states: list[State | None]
+                ) -> State:
+        device = trainer.x.device
+        keys = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+        ext = {f"model.{k}": torch.stack([(s if s is not None else global_state)[k].to(device)
+                                          for s in client_states]) for k in keys}
+        ext["has_prev"] = torch.tensor([s is not None for s in client_states],
+                                       dtype=torch.float32, device=device)
+        return ext
+
+    def loss(self, algo: Algorithm, forward: Forward, params: State, anchor: State, x: Tensor,
+             y: Tensor, w: Tensor, ext: State) -> Tensor:
+        z, logits = forward(params, x)
+        ce = weighted_ce(logits, y, w)
+        prev = {k: v for k, v in ext.items() if k != "has_prev"}
+        # the frozen models' features carry no gradient (as ``Moon`` computes them, under no_grad)
+        z_glob = forward(anchor, x)[0].detach()
+        z_prev = forward(prev, x)[0].detach()
+        sims = torch.stack([F.cosine_similarity(z, z_glob, dim=1),
+                            F.cosine_similarity(z, z_prev, dim=1)], dim=1) / algo.params.tau
+        target = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+        con = weighted_mean(F.cross_entropy(sims, target, reduction="none"), w)
+        return ce + algo.params.mu * ext["has_prev"] * con
+
+    def client_state(self, state: State) -> State | None:
+        return {k: v.clone() for k, v in state.items()}
+
 @dataclasses.dataclass(frozen=True)
 class MoonParams:
     """tau: temperature (paper: 0.5); mu: weight of l_con (paper uses 1 or 5)."""
@@ -71,6 +106,7 @@ class Moon(Algorithm):
 
     name = "moon"
     Params = MoonParams
+    vector_loss = MoonLoss()
 
     _view: _FeatureView | None = None
     _glob: State | None = None

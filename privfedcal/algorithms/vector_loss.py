@@ -2,9 +2,9 @@
 federation/vectorised.py) runs per client under ``torch.func.vmap``: a functional forward,
 per-row weights (1 for a real row, 0 for padding) and weighted means.
 
-A method declares its own as ``vector_loss`` on its class (``Algorithm.vector_loss``); with
-every weight 1 it must equal the method's ``local_loss`` (tests/federation/test_vector_losses.py
-checks the built-in ones). The built-in methods' forms are in federation/vector_losses.py.
+A method declares its own as ``vector_loss`` on its class (``Algorithm.vector_loss``), built-in
+methods and extensions alike; with every weight 1 it must equal the method's ``local_loss``
+(tests/federation/test_vector_losses.py checks every registered method's).
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 from privfedcal.algorithms import ALGORITHMS, create_algorithm
+from privfedcal.algorithms._proximal import ProximalLoss
 from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.algorithms.vector_loss import VectorLoss
 from privfedcal.errors import UsageError
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import LocalSpec, clone_state
-from privfedcal.federation.vector_losses import ProximalLoss, vector_loss_of
+from privfedcal.federation.vector_losses import vector_loss_of
 from privfedcal.federation.vectorised import (
     StackedSGD,
     VectorisedTrainer,
