@@ -3,7 +3,7 @@
 The public Python API (``docs/api.md``) is importable from here: ``privfedcal.train``,
 ``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.compare``,
 ``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api/__init__.py`` (training
-and resuming runs), ``api_run.py`` (``Run``), ``api_attack.py`` (``attack``), ``ownloop.py``
+and resuming runs), ``api/run.py`` (``Run``), ``api/attacking.py`` (``attack``), ``api/ownloop.py``
 (CCVR's halves for a loop of one's own) and ``privfedcal/jobs/`` (the other jobs of the CLI:
 compare, analyze, audit, audit_dp, partition, write_report), and are loaded on first use,
 so that ``import privfedcal`` stays cheap for the modules of the package that

@@ -45,7 +45,7 @@ def calibrator_params(cls: type[Calibrator], spec: CalibrationSpec, options: dic
     for f in dataclasses.fields(params_cls):
         for key in (f.name, f"{spec.name}_{f.name}"):   # the prefixed key is looked at last
             if options.get(key) is not None:
-                # a flagged option's type, as a settings file's is checked (config.py)
+                # a flagged option's type, as a settings file's is checked (settings/run_config.py)
                 values[f.name] = (check_value(flagged[key], options[key], "calibration_params.")
                                   if key in flagged else options[key])
     if spec.arg is not None:

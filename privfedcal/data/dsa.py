@@ -36,7 +36,7 @@ from torch import Tensor
 
 from privfedcal.errors import UsageError
 
-#: the authors' strategy (``--dsa_strategy`` of CReFF-FL's options.py)
+#: the authors' strategy (the ``--dsa_strategy`` option of CReFF-FL's code)
 AUTHORS_STRATEGY = "color_crop_cutout_flip_scale_rotate"
 GROUPS = ("color", "crop", "cutout", "flip", "scale", "rotate")
 

@@ -25,7 +25,7 @@ unchanged.
 Refused (``check_vectorisable``): methods without such a form, models with BatchNorm
 (padding rows would enter its batch statistics and the running statistics would need one
 copy per client) and models with Dropout (its random masks could not be drawn as the
-sequential run draws them), and DP-SGD (config.py).
+sequential run draws them), and DP-SGD (settings/run_config.py).
 """
 
 from __future__ import annotations

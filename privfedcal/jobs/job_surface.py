@@ -38,7 +38,7 @@ def report_stage(progress: Callable[[Stage], None] | None, stage: Stage) -> None
 
 
 class Watch:
-    """What a job shows from Python, as ``train`` and ``attack`` do (``api_log.py``): its
+    """What a job shows from Python, as ``train`` and ``attack`` do (``api/log.py``): its
     start, each new stage and its end at INFO on the ``privfedcal`` logger, and a bar when
     ``progress`` asks for one (None: when interactive; True: always; False: none), or the
     caller's callable. The watch is the ``progress`` given to the job's unwrapped half."""

@@ -8,7 +8,7 @@ role, the payload's envelope); the calibration payload's keys are not listed her
 derived from the releases the calibrators declare (``payload_fields``: label, keys, what
 each holds, participants; every declared key has a sensitivity, so it is protected and
 charged). privacy/ sits below the calibrators, so the callers pass the declared releases in
-(``privfedcal/calibration/release_fields.py`` does, and prints ``markdown_table`` into
+(``privfedcal/attacks/fields_table.py`` does, and prints ``markdown_table`` into
 ``docs/threat-model.md``). ``tests/privacy/test_client_fields.py`` and
 ``tests/flower/test_wire_fields.py`` walk the real messages of runs with every protection
 on, in the simulator and over Flower's wire, and fail on any field not declared. A field is

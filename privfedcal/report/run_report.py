@@ -64,7 +64,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 def shown_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` as the Configuration table shows it: under a method alias (``--method
     ccvr`` is fedavg + ccvr) ``calibrate`` is the calibrator that ran, not the ``none`` the
-    file keeps (``config.py`` ``RunConfig.calibrator``)."""
+    file keeps (``settings/run_config.py`` ``RunConfig.calibrator``)."""
     from privfedcal.settings.run_config import METHOD_ALIASES
 
     method = config.get("method")

@@ -2,7 +2,7 @@
 
 A setting is declared once, as a field of :class:`privfedcal.settings.run_config.RunConfig` (or of
 :class:`FlowerOptions`) made by :func:`setting` (``privfedcal/settings/descriptions.py``, below the
-config), as a field of a method's ``Params`` made by ``algorithms.base.hyper`` (the flags of
+config), as a field of a method's ``Params`` made by ``algorithms.algorithm.hyper`` (the flags of
 ``METHOD_SETTINGS`` are derived from every registered method's), or as a field of a
 calibrator's ``Params`` made by ``descriptions.calibration_option`` (``CALIBRATION_SETTINGS``,
 likewise). Its name, type, default,

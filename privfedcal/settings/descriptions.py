@@ -153,7 +153,7 @@ def calibration_options(params: type) -> tuple[Setting, ...]:
 def register_calibration_options(params: type) -> None:
     """Add a calibrator's options (``calibration_options``) to ``calibration_settings``;
     ``privfedcal.calibration`` registers every calibrator's when it is imported (the
-    calibrators sit above this module, as the methods above ``settings.method_settings``).
+    calibrators sit above this module, as the methods above ``settings.catalogue.method_settings``).
     A name two calibrators share must mean one setting."""
     for s in calibration_options(params):
         if _CALIBRATION_OPTIONS.setdefault(s.name, s) != s:

@@ -1,6 +1,6 @@
 """Narrow, typed options: what each layer below the API needs of a run.
 
-``RunConfig`` (config.py) is every setting of a run, as the user gives them. Below the
+``RunConfig`` (settings/run_config.py) is every setting of a run, as the user gives them. Below the
 CLI and the API each layer takes only its part, as a frozen dataclass built once from the
 resolved ``RunConfig`` (``run_options``) and passed down:
 

@@ -3,7 +3,7 @@
 Flower's SuperExec starts one ``flwr-clientapp`` process per message, found by name on its
 ``PATH``, and never reads its exit status (``SubprocessExecutor.launch``: ``Popen(args)``).
 A fresh process spends seconds importing torch, Flower and privfedcal before the first line
-of the app runs. ``privfedcal-clientapp-server`` (``flower/warm.py``) has imported them once;
+of the app runs. ``privfedcal-clientapp-server`` (``flower/deploy/warm.py``) has imported them once;
 this shim, installed under the name ``flwr-clientapp`` in a folder put first on the
 SuperExec's ``PATH``, hands it this process's argv, environment, working directory and
 stdin/stdout/stderr (file descriptors over a unix socket), the server forks a child that runs

@@ -95,7 +95,7 @@ class LocalDeployment:
         # node_data_seed: give each SuperNode the shared data seed in its node config
         # (privfedcal's app reads it); off for an app that does not declare ``data-seed``
         self.node_data_seed = node_data_seed
-        # warm: a privfedcal-clientapp-server (flower/warm.py) started first, and the
+        # warm: a privfedcal-clientapp-server (flower/deploy/warm.py) started first, and the
         # flwr-clientapp shim first on the SuperNodes' PATH, so that every ClientApp
         # process is forked from it with torch, Flower and privfedcal already imported
         self.warm = warm

@@ -3,7 +3,7 @@
 Flower 1.41 starts one ``flwr-clientapp`` process per message; each imports torch, Flower
 and privfedcal (seconds of CPU) before the app runs. This server imports them once, listens
 on a unix socket in a folder only its user can enter (mode 700, checked), and for every
-request from the ``flwr-clientapp`` shim (``flower/clientapp_shim.py``) forks a child that
+request from the ``flwr-clientapp`` shim (``flower/deploy/clientapp_shim.py``) forks a child that
 takes the shim's stdin/stdout/stderr, argv, environment and working directory and runs
 Flower's own entry point (``flwr.supernode.cli.flwr_clientapp``): the same code as a cold
 ``flwr-clientapp`` process, only without the imports. The exit status goes back to the shim.

@@ -1,4 +1,4 @@
-"""The child side of ``privfedcal-clientapp-server`` (``flower/warm.py``): what a forked
+"""The child side of ``privfedcal-clientapp-server`` (``flower/deploy/warm.py``): what a forked
 process does before and while it runs Flower's ``flwr-clientapp`` entry point."""
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class CalibrationClient:
     chosen by ``partition-id``); batches are ``(x, y)`` or mappings (``batch_keys``).
     ``num_classes``: the head's outputs by default. ``settings``: privfedcal's settings by
     keyword (``dp_eps=8.0, dp_clip=5.0, secagg=True, hide_counts=True, method="ccvr"``),
-    overridden by the run config's and node config's ``privfedcal.*`` keys (settings.py).
+    overridden by the run config's and node config's ``privfedcal.*`` keys (plugin_settings.py).
     """
 
     def __init__(self, model: Any, data: Any, *, head: str | None = None,

@@ -6,7 +6,7 @@ The run's budget (epsilon, delta) is planned once for the clip's search and the 
 releases together (``quantile.plan_clip_noise``: the clip's release is calibrated alone to
 ``ClipSearch.share`` of epsilon, the calibration releases take the smallest noise for which
 the RDP composition of everything stays within epsilon, at the run's delta). Both sides
-derive that plan from the shared settings (``settings.resolve``) and hand it to the
+derive that plan from the shared settings (``plugin_settings.resolve``) and hand it to the
 protection planner (``AutoClip.preset``, privacy/plan.py ``PresetNoise``), so the server's
 per-client accountants,
 each node's noise and the summary's ``epsilon_target`` / ``epsilon_spent`` cover the whole
