@@ -2,7 +2,7 @@
 
 The public Python API (``docs/api.md``) is importable from here: ``privfedcal.train``,
 ``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.compare``,
-``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api.py`` (training
+``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api/__init__.py`` (training
 and resuming runs), ``api_run.py`` (``Run``), ``api_attack.py`` (``attack``), ``ownloop.py``
 (CCVR's halves for a loop of one's own) and ``privfedcal/jobs/`` (the other jobs of the CLI:
 compare, analyze, audit, audit_dp, partition, write_report), and are loaded on first use,
@@ -22,8 +22,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("RunConfig", "UsageError", "calibrate_head", "ccvr_statistics",
                      "load_run", "privatize_statistics", "resume", "resume_simulator",
                      "train"), "privfedcal.api"),
-    "Run": "privfedcal.api_run",
-    "attack": "privfedcal.api_attack",
+    "Run": "privfedcal.api.run",
+    "attack": "privfedcal.api.attacking",
     **dict.fromkeys(("Audit", "Comparison", "DPAudit", "Partition", "Stage", "analyze",
                      "audit", "audit_dp", "compare", "partition", "write_report"),
                     "privfedcal.jobs"),

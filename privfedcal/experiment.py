@@ -12,8 +12,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.config import METHOD_ALIASES, RunConfig
 from privfedcal.errors import UsageError
+from privfedcal.settings.run_config import METHOD_ALIASES, RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.federation.setup import Experiment
@@ -97,7 +97,7 @@ def calibration_choice(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
     defaults that depend on the run's protection filled in: from the settings alone, so the
     top of a run decides them before the experiment is built."""
     from privfedcal.federation.hooks import CalibrationSpec
-    from privfedcal.options import PrivacyOptions
+    from privfedcal.settings.sections import PrivacyOptions
 
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
@@ -129,7 +129,7 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     partition drawn from the data seed (``setup.resolve_data_seed``: ``--data-seed``, else
     secret under a protection, else ``--seed``; ``config_of(exp).data_seed`` holds it)."""
     from privfedcal.federation import setup
-    from privfedcal.options import DataOptions, EngineOptions, PrivacyOptions
+    from privfedcal.settings.sections import DataOptions, EngineOptions, PrivacyOptions
 
     setup.start(EngineOptions.of(cfg))
     cfg = cfg.replace(data_seed=setup.resolve_data_seed(DataOptions.of(cfg),
@@ -147,7 +147,7 @@ def build_server_experiment(cfg: RunConfig) -> Experiment:
     drawn. The dataset is read once for its test split and public metadata, and its
     training split is dropped before anything else runs."""
     from privfedcal.federation import setup
-    from privfedcal.options import DataOptions, EngineOptions
+    from privfedcal.settings.sections import DataOptions, EngineOptions
 
     setup.start(EngineOptions.of(cfg))
     data_options = DataOptions.of(cfg)
@@ -159,10 +159,10 @@ def build_server_experiment(cfg: RunConfig) -> Experiment:
 def _assemble(cfg: RunConfig, data: Any, parts_np: Any, counts: Any, held: int) -> Experiment:
     """``cfg``'s settings left None resolved for the dataset and its model, the narrow
     options built from them once, and the experiment assembled from those."""
-    from privfedcal.config import resolve_training_defaults
     from privfedcal.data.datasets import default_model_for
     from privfedcal.federation.setup import assemble
-    from privfedcal.options import run_options
+    from privfedcal.settings.run_config import resolve_training_defaults
+    from privfedcal.settings.sections import run_options
 
     cfg = resolve_training_defaults(cfg, model=default_model_for(data), augment=data.augment)
     return assemble(run_options(cfg), data, parts_np, counts, held, record=cfg.to_dict())
@@ -179,7 +179,7 @@ def build_parts(cfg: RunConfig, *, server: bool = False) -> tuple[Any, Any, Any]
     ``server``: the server's experiment (no training data, no partition: the Flower
     ServerApp's, ``build_server_experiment``)."""
     from privfedcal.privacy.executor import execute_plan, training_spec
-    from privfedcal.protection import plan_for_run
+    from privfedcal.privacy.planner import plan_for_run
 
     check_method(cfg.method)
     check_calibration_params(cfg)

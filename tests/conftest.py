@@ -16,7 +16,7 @@ def tiny_cfg():
     """A RunConfig small enough for a unit test (digits, 4 clients, 2 rounds), with data seed
     0: a protected run's partition is the plain run's (it would be fresh OS entropy
     otherwise), so tests are repeatable; tests of the fresh data seed pass data_seed=None."""
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
     def make(**kw):
         base = dict(dataset="digits", clients=4, alpha=0.5, rounds=2, local_epochs=1,

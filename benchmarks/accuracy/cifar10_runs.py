@@ -72,9 +72,9 @@ def run_oracle(src: Path, dst: Path, *, data: str | None = None, device: str | N
 
     ``data`` / ``device`` replace the run's dataset folder and device, for a run trained on
     another machine (its ``config.json`` names that machine's paths)."""
-    from privfedcal.config import RunConfig, read_run_config
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.checkpoint import load_checkpoint
+    from privfedcal.settings.run_config import RunConfig, read_run_config
 
     raw = read_run_config(src).to_dict()
     raw.pop("calibration_params", None)  # CCVR's options; the oracle takes its own defaults

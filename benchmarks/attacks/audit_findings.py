@@ -68,7 +68,7 @@ from privfedcal.calibration.ccvr import CCVR_RELEASE as STATS_LABEL
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import gaussian_mechanism, noisy_stats_to_moments
-from privfedcal.protection import DP_DEFAULT_CLIP
+from privfedcal.privacy.planner import DP_DEFAULT_CLIP
 from privfedcal.seeding import make_generator
 
 RUN = ["--dataset", "digits", "--clients", "5", "--alpha", "0.3", "--local-epochs", "2",
@@ -397,7 +397,7 @@ def table(rows: list[dict]) -> str:
 
 
 def plot_traces(traces: list[dict], path: Path) -> None:
-    from privfedcal.plotstyle import new_figure, save, series_style, styled
+    from privfedcal.report.style.plotstyle import new_figure, save, series_style, styled
 
     with styled():
         fig = new_figure(9, 3.4)

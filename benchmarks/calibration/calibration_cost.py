@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cif
 import harness
 from cifar_like import make_npz
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_calibrator, build_experiment
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.simulator import RoundContext, Simulator
-from privfedcal.protection import build_uplink
+from privfedcal.privacy.planner import build_uplink
+from privfedcal.settings.run_config import RunConfig
 
 #: functions whose cumulative time the --profile breakdown prints
 PROFILED = ("collect", "extract_features", "from_features", "compute", "per_sample_head_grads",

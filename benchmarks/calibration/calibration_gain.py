@@ -44,10 +44,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness  # noqa: E402
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_calibrator, build_simulator, config_of
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.simulator import RoundContext, Simulator
+from privfedcal.settings.run_config import RunConfig
 
 TAIL = 3  # "tail accuracy" = mean test accuracy of the TAIL classes with fewest training samples
 

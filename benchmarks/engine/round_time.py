@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cif
 import harness
 from cifar_like import make_npz
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.simulator import Simulator
 from privfedcal.models import create_model
+from privfedcal.settings.run_config import RunConfig
 
 
 def bare_loop(x: torch.Tensor, y: torch.Tensor, clients: int, batch: int, rounds: int,

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cif
 import harness
 from cifar_like import make_npz
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import PlainSGD, clone_state
 from privfedcal.federation.vectorised import VectorisedTrainer
 from privfedcal.federation.workers import InProcessTrainer, TrainJob
+from privfedcal.settings.run_config import RunConfig
 
 
 def _rss_kib(field: str) -> int:

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: cif
 import harness
 from cifar_like import make_npz
 
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
 
@@ -120,7 +120,7 @@ HOLD = {"seconds": 0.5}
 def run_deployment(cfg: RunConfig, out: Path, warm: bool = False,
                    short_idle: bool = False, hold: float = 0.0) -> float:
     from privfedcal.flower.client_app import TIMING_ENV
-    from privfedcal.flower.localdeploy import LocalDeployment
+    from privfedcal.flower.deploy.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
 
     overrides = {k: v for k, v in to_run_config(cfg.replace(out=str(out))).items()
@@ -199,7 +199,7 @@ import privfedcal.flower.client_app as ca
 lap("+ import privfedcal.flower.client_app")
 from flwr.app import Context, RecordDict
 from privfedcal.flower.records import to_run_config
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 cfg = RunConfig(**eval(sys.argv[1]))
 ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0,
               "num-partitions": cfg.clients}, state=RecordDict(),

@@ -55,11 +55,11 @@ def _dpsgd_client(n: int, outlier: bool, trials: int, seed: int) -> dict:
     """Scores of ``trials`` DP-SGD local trainings of one client (real train_client path)."""
     import dataclasses
 
-    from privfedcal.config import RunConfig
     from privfedcal.experiment import build_experiment, calibrator_class
     from privfedcal.federation.local import clone_state, train_client
     from privfedcal.privacy.executor import training_spec
-    from privfedcal.protection import plan_for_run
+    from privfedcal.privacy.planner import plan_for_run
+    from privfedcal.settings.run_config import RunConfig
 
     cfg = RunConfig(dataset="digits", clients=18, method="fedavg", dp_eps=CLAIMED_EPS,
                     dp_train=True, rounds=1, local_epochs=1, batch_size=32, device="cpu",
@@ -143,9 +143,9 @@ def collect_creff() -> dict:
 def collect_partition(trials: int) -> dict:
     """Per trial: whether the run's partition puts example 0 in client 0 (the truth) and
     whether the adversary's redraw from the public seed does (its score)."""
-    from privfedcal.config import RunConfig
     from privfedcal.data.partition import PartitionSpec, partition_indices
     from privfedcal.experiment import build_experiment
+    from privfedcal.settings.run_config import RunConfig
 
     truth, guess = [], []
     for t in range(2 * trials):

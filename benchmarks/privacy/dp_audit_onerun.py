@@ -17,7 +17,7 @@ import harness
 
 from privfedcal.attacks.distinguishing.channels import Faults
 from privfedcal.attacks.distinguishing.one_run import one_run
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import harness
 
 from privfedcal.attacks.distinguishing.channels import build_channels
 from privfedcal.attacks.distinguishing.games import play
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_simulator
+from privfedcal.settings.run_config import RunConfig
 
 
 def run(method: str, eps: float, seed: int, secagg: bool, out: Path, rounds: int,

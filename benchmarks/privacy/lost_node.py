@@ -22,14 +22,14 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from privfedcal.cohorts import select_clients
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.flower import client_app as module
 from privfedcal.flower.grid import InProcessGrid
 from privfedcal.flower.records import FlowerOptions, to_run_config
 from privfedcal.flower.server_app import run_server
+from privfedcal.privacy.cohorts import select_clients
 from privfedcal.privacy.transcript import load_transcript
+from privfedcal.settings.run_config import RunConfig
 
 
 def settings(args: argparse.Namespace) -> RunConfig:

@@ -39,8 +39,8 @@ from privfedcal.calibration.ccvr import CCVR
 from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import default_delta, gaussian_mechanism
 from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.planner import DP_DEFAULT_CLIP
 from privfedcal.privacy.quantile import ClipSearch, feature_norms, private_feature_clip
-from privfedcal.protection import DP_DEFAULT_CLIP
 
 
 def accuracy(model, x, y) -> float:

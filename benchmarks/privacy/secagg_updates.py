@@ -4,7 +4,7 @@
 
 Runs the same digits FedAvg experiment twice through privfedcal's simulator (one thread):
 once with plaintext FedAvg and once with CKKS sums of the n_k-weighted updates
-(the uplink's encrypt wire, privfedcal/protection.py ``updates_plan``: every client
+(the uplink's encrypt wire, privfedcal/privacy/planner.py ``updates_plan``: every client
 encrypts, the server adds, the key holder decrypts the flooded sum). Reports the mean training-round time of the plain run, the mean secure
 aggregation time per round (all clients' encryption sequentially + additions + decryption;
 in a federation clients encrypt in parallel, so the added wall time is lower), and the
@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: harness
 import harness
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_simulator
+from privfedcal.settings.run_config import RunConfig
 
 
 def run(out: Path, **kw) -> tuple[dict, object]:

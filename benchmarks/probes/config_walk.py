@@ -1,5 +1,5 @@
 """Where does a run's configuration travel? Every call that receives the ``RunConfig`` (or a
-narrow option built from it, privfedcal/options.py) between the command line and the
+narrow option built from it, privfedcal/settings/sections.py) between the command line and the
 training loop.
 
 The walk of the settings from the command line (``privfedcal train ...``, run in this process
@@ -15,7 +15,7 @@ package in ``tests/package/test_layering.py``'s ``LAYERS``). Counted:
   order": stays on a higher floor than the stay before them;
 - for the whole ``RunConfig`` alone: its stays, rooms, stays below experiment.py's floor
   (where narrow options should have taken over) and climbs in walk order; calls of
-  privfedcal/options.py that build narrow options from it, and of config.py, the type's
+  privfedcal/settings/sections.py that build narrow options from it, and of config.py, the type's
   own module (resolving the per-model defaults, the line of resolved settings), are
   counted apart.
 
@@ -110,10 +110,10 @@ def walk(argv: list[str], deep: bool = False) -> dict:
         found = carries(frame)
         if not found:
             return
-        if frame.f_globals.get("__name__") == "privfedcal.options":
+        if frame.f_globals.get("__name__") == "privfedcal.settings.sections":
             conversions[frame.f_code.co_qualname] += 1  # building the narrow options
             return
-        if frame.f_globals.get("__name__") == "privfedcal.config":
+        if frame.f_globals.get("__name__") == "privfedcal.settings.run_config":
             own[frame.f_code.co_qualname] += 1  # the type's own module: resolving, printing
             return
         module = frame.f_globals.get("__name__", "?")

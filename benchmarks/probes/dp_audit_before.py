@@ -35,7 +35,7 @@ def collect(trials: dict[str, int]) -> list[dict]:
 
     from privfedcal.attacks.distinguishing.channels import build_channels
     from privfedcal.attacks.distinguishing.games import play
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
     torch.set_num_threads(1)
     rows = []

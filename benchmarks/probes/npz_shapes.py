@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_simulator
 from privfedcal.models.cnn import SimpleCNN
+from privfedcal.settings.run_config import RunConfig
 
 SHAPES = ((1, 28), (3, 28), (1, 32), (3, 32))
 

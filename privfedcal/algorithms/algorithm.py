@@ -32,7 +32,7 @@ from privfedcal.tensors import State
 def hyper(default: Any, help: str) -> Any:
     """A hyperparameter field of a method's ``Params``: its name, type and default are the
     field's, its range is checked in the class's ``__post_init__``, and ``help`` is the text
-    of its ``--flag`` and of the docs' settings table (``privfedcal/settings.py`` derives
+    of its ``--flag`` and of the docs' settings table (``privfedcal/settings/catalogue.py`` derives
     the flags of every registered method from these fields)."""
     return dataclasses.field(default=default, metadata={"help": help})
 

@@ -2,7 +2,7 @@
 singular values (FedUV fig. 1).
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas directly (style and
-palette: privfedcal/plotstyle.py), so this module never touches pyplot's global state or the
+palette: privfedcal/report/style/plotstyle.py), so this module never touches pyplot's global state or the
 user's chosen backend, and never leaks open figures. Every function writes a PNG (creating
 parent folders) and returns its path.
 """
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from privfedcal.analysis.cka import CKAResult
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import SEQUENTIAL, new_figure, save, series_style, styled
+from privfedcal.report.style.plotstyle import SEQUENTIAL, new_figure, save, series_style, styled
 
 __all__ = ["plot_cka", "plot_classifier_norms", "plot_singular_values"]
 

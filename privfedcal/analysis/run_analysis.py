@@ -29,11 +29,11 @@ from torch import Tensor, nn
 from privfedcal.analysis.cka import CKAResult, cka_matrix, layer_features
 from privfedcal.analysis.classifier import classifier_norms, singular_values
 from privfedcal.analysis.separability import mean_sliced_wasserstein
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.local import train_client
 from privfedcal.seeding import make_generator
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.tensors import State
 
 __all__ = ["AnalysisOptions", "RunState", "analyze_run", "cka_layers", "classifier_weight_key",
@@ -89,8 +89,8 @@ class RunState:
 
 def load_run(run_dir: Path, device: str | None = None) -> RunState:
     """Rebuild the experiment from ``config.json`` and load ``checkpoint/`` and ``final/``."""
-    from privfedcal.config import read_run_config
     from privfedcal.experiment import build_experiment
+    from privfedcal.settings.run_config import read_run_config
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

@@ -19,7 +19,6 @@ from privfedcal.errors import UsageError
 def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
     """``transcript_epsilons`` of the run at ``run_dir`` (a run folder or a server view),
     its plan rebuilt from the public config; None for a run without DP."""
-    from privfedcal.config import read_run_config
     from privfedcal.experiment import build_parts
     from privfedcal.federation.runfolder import TRANSCRIPT_DIR, server_view
     from privfedcal.privacy.stages import NoiseStage
@@ -28,6 +27,7 @@ def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
         file_loader,
         transcript_epsilons,
     )
+    from privfedcal.settings.run_config import read_run_config
 
     view = server_view(Path(run_dir))
     cfg = read_run_config(view)

@@ -189,11 +189,11 @@ def release_budget(label: str) -> dict[str, float] | None:
 def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
     """Rebuild a run for attacking from its server's view (``RUN/server/``, or a copy of it);
     ``exp`` reuses a built experiment of the run as the experimenter's truth."""
-    from privfedcal.config import CONFIG_FILE, read_run_config
     from privfedcal.experiment import build_server_experiment
     from privfedcal.federation.runfolder import SUMMARY_FILE, TRANSCRIPT_DIR, server_view
     from privfedcal.federation.setup import server_dataset
     from privfedcal.privacy.transcript import load_transcript
+    from privfedcal.settings.run_config import CONFIG_FILE, read_run_config
 
     run_dir = Path(run_dir)
     view_dir = server_view(run_dir)

@@ -30,13 +30,13 @@ from privfedcal.calibration.oracle import Oracle, OracleParams
 from privfedcal.calibration.retrain import RetrainParams, retrain_classifier
 from privfedcal.calibration.stats import ClassStats, merge_client_moments
 from privfedcal.calibration.transforms import relu_tukey
-from privfedcal.descriptions import (
+from privfedcal.errors import UsageError
+from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator
+from privfedcal.settings.descriptions import (
     calibration_options,
     check_value,
     register_calibration_options,
 )
-from privfedcal.errors import UsageError
-from privfedcal.federation.hooks import CALIBRATORS, CalibrationSpec, Calibrator
 
 
 def calibrator_params(cls: type[Calibrator], spec: CalibrationSpec, options: dict[str, Any]) -> Any:

@@ -1,7 +1,7 @@
 """A node's data as batches of ``(x, y)`` tensors, from the user's DataLoader or Dataset, and
 a payload task computed over them without holding the whole data at once.
 
-Flower-free (``privfedcal.ownloop`` uses it in a base install); the Flower plugin re-exports
+Flower-free (``privfedcal.api.ownloop`` uses it in a base install); the Flower plugin re-exports
 it (``privfedcal.flower.plugin.data``).
 
 Batches may be ``(x, y)`` pairs (torchvision style) or mappings (Hugging Face / Flower

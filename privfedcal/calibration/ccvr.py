@@ -33,12 +33,12 @@ from torch import Tensor
 from privfedcal.calibration.retrain import PosthocCalibrator, RetrainParams, retrain_head_of
 from privfedcal.calibration.stats import ClassStats
 from privfedcal.calibration.transforms import relu_tukey
-from privfedcal.descriptions import calibration_option
 from privfedcal.errors import UsageError
 from privfedcal.federation.hooks import CALIBRATORS, Bound, FeatureTransform, Payload, ServerContext
 from privfedcal.federation.local import CPU_INFERENCE_BATCH
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.releases import ReleaseSpec
+from privfedcal.settings.descriptions import calibration_option
 
 VIRTUAL_MODES = ("balanced", "proportional")
 

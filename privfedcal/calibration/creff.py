@@ -80,7 +80,6 @@ from privfedcal.calibration.retrain import (
     write_head,
 )
 from privfedcal.data.dsa import AUTHORS_STRATEGY, apply_transforms, draw_transforms, parse_strategy
-from privfedcal.descriptions import calibration_option
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import (
     CALIBRATORS,
@@ -91,9 +90,10 @@ from privfedcal.federation.hooks import (
     State,
 )
 from privfedcal.models.feature_classifier import FeatureClassifier
-from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.seeding import derive_seed
+from privfedcal.settings.descriptions import calibration_option
+from privfedcal.settings.sections import PrivacyOptions
 from privfedcal.tensors import all_finite
 
 WEIGHTINGS = ("client", "sample")

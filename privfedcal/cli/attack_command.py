@@ -113,8 +113,8 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
     attack (``ReleaseAttack.audit_params``)."""
     from privfedcal.attacks.release_attacks import audit_params
     from privfedcal.cli.run_progress import run_with_progress
-    from privfedcal.config import METHOD_ALIASES, RunConfig
     from privfedcal.experiment import build_simulator
+    from privfedcal.settings.run_config import METHOD_ALIASES, RunConfig
 
     method = calibrator
     if run_dir is None:

@@ -16,7 +16,7 @@ from privfedcal.cli.args import run_folder
 from privfedcal.cli.console import Reporter, console, err_console, print_table
 from privfedcal.cli.train_command import command_options, resolve_config, setting_options
 from privfedcal.errors import UsageError
-from privfedcal.settings import cli_settings
+from privfedcal.settings.catalogue import cli_settings
 
 Opt = typer.Option
 
@@ -39,7 +39,7 @@ def audit_config(run: Path | None, config: Path | None, flags: dict[str, Any]):
     """The configuration to audit: a run folder's, or the config file and flags."""
     if run is None:
         return resolve_config(config, flags)
-    from privfedcal.config import read_run_config
+    from privfedcal.settings.run_config import read_run_config
 
     given = [k for k, v in flags.items() if v is not None and k != "out"]
     if config is not None:

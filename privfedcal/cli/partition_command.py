@@ -18,9 +18,9 @@ import numpy as np
 import typer
 
 from privfedcal.cli.train_command import command_options, setting_options
-from privfedcal.config import RunConfig
 from privfedcal.jobs import PARTITION_KEYS
-from privfedcal.settings import settings_of
+from privfedcal.settings.catalogue import settings_of
+from privfedcal.settings.run_config import RunConfig
 
 Opt = typer.Option
 _TABLE_MAX_CLASSES = 20  # wider tables are summarised; partition.json has every count
@@ -86,7 +86,7 @@ def class_label(classes: list[str], index: int) -> str:
     return f"#{index}" if name == str(index) else f"{name} (#{index})"
 
 
-# The settings' options are train's (privfedcal/settings.py), so are their defaults.
+# The settings' options are train's (privfedcal/settings/catalogue.py), so are their defaults.
 partition.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     setting_options(s for s in settings_of(RunConfig, "run") if s.name in PARTITION_KEYS)
     + command_options(_partition_options))

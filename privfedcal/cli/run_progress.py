@@ -14,10 +14,10 @@ from typing import Any
 from rich.table import Table
 
 from privfedcal.cli.console import Reporter, console, err_console, print_table
-from privfedcal.config import RunConfig, resolved_line
 from privfedcal.errors import Diverged, Interrupted
 from privfedcal.experiment import build_simulator, config_of
 from privfedcal.federation.checkpoint import checkpoint_round
+from privfedcal.settings.run_config import RunConfig, resolved_line
 
 
 def progress_line(rec: dict[str, Any], total: int) -> str:
@@ -50,7 +50,7 @@ def run_with_progress(sim, *, quiet: bool = False) -> dict[str, Any]:
 
 
 def report(summary: dict[str, Any], run_dir: Path) -> None:
-    from privfedcal.accuracy_png import plot_accuracy_png  # no matplotlib: start-up
+    from privfedcal.report.accuracy_png import plot_accuracy_png  # no matplotlib: start-up
 
     plot_accuracy_png(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
     table = Table(title="privfedcal run")

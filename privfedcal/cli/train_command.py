@@ -11,11 +11,16 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
 from privfedcal.experiment import check_calibration_params, check_method, method_choices
 from privfedcal.report.output_folder import check_writable
-from privfedcal.settings import CALIBRATION_SETTINGS, METHOD_SETTINGS, Setting, cli_settings
+from privfedcal.settings.catalogue import (
+    CALIBRATION_SETTINGS,
+    METHOD_SETTINGS,
+    Setting,
+    cli_settings,
+)
+from privfedcal.settings.run_config import RunConfig, load_toml
 
 Opt = typer.Option
 #: flags ``--resume`` accepts: everything else would change the run
@@ -27,7 +32,7 @@ CALIBRATION_FLAGS = tuple(s.name for s in CALIBRATION_SETTINGS)
 
 
 def setting_options(settings: Iterable[Setting]) -> list[inspect.Parameter]:
-    """typer options for ``settings`` (privfedcal/settings.py): the flag, help text, help
+    """typer options for ``settings`` (privfedcal/settings/catalogue.py): the flag, help text, help
     group and shown default come from the description; every option defaults to None
     ("not given"), so that a settings file's value is only overridden by a given flag."""
     params = []

@@ -1,5 +1,5 @@
 """Heatmap of a partition's client x class counts, with a histogram of client sizes beside
-it when there are too many clients to read their rows (style: privfedcal/plotstyle.py)."""
+it when there are too many clients to read their rows (style: privfedcal/report/style/plotstyle.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from privfedcal.data.sizes import size_distribution
-from privfedcal.plotstyle import COUNTS, colour, new_figure, save, styled
+from privfedcal.report.style.plotstyle import COUNTS, colour, new_figure, save, styled
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from privfedcal.models.feature_classifier import FeatureClassifier
-from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
+from privfedcal.settings.sections import PrivacyOptions
 from privfedcal.tensors import State
 
 FeatureTransform = Callable[[Tensor], Tensor]
@@ -76,9 +76,9 @@ class Calibrator:
     releases: ClassVar[tuple] = ()
     protectable: ClassVar[bool] = True  # False: reads raw data, cannot run under DP
 
-    # ---- the calibrator's privacy policy (read by the planner, privfedcal/protection.py) --
+    # ---- the calibrator's privacy policy (read by the planner, privfedcal/privacy/planner.py) --
     # the planner and the experiment pass these hooks the run's ``PrivacyOptions``
-    # (privfedcal/options.py: rounds, the protections, ``calibration_params``)
+    # (privfedcal/settings/sections.py: rounds, the protections, ``calibration_params``)
     @classmethod
     def privacy_options(cls, privacy: PrivacyOptions, options: dict[str, Any]
                         ) -> dict[str, Any]:

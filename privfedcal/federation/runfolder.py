@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privfedcal.config import CONFIG_FILE, RUN_RECORD_KEYS
+from privfedcal.settings.run_config import CONFIG_FILE, RUN_RECORD_KEYS
 
 PARTITION_FILE = "partition.json"
 SUMMARY_FILE = "summary.json"

@@ -3,7 +3,7 @@
 The layers above (``privfedcal/experiment.py``) resolve a ``RunConfig``: the settings left
 None filled per model and dataset once the data is loaded, the data seed once the
 protections are known, and build from it, once, the narrow options this floor and those
-below take (privfedcal/options.py): the data options, the local-training spec
+below take (privfedcal/settings/sections.py): the data options, the local-training spec
 (``exp.spec``), the engine, privacy and loop options. Nothing here reads the whole config;
 the experiment carries its resolved settings only as the record ``config.json`` holds
 (``exp.record``, written by ``runfolder.write_run_files``).
@@ -28,11 +28,12 @@ from torch import Tensor
 
 from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
-from privfedcal.config import MODEL_MIN_INPUT
 from privfedcal.errors import UsageError
 from privfedcal.federation.local import choose_mixed_precision, set_deterministic
 from privfedcal.models.feature_classifier import FeatureClassifier
-from privfedcal.options import (
+from privfedcal.seeding import make_generator
+from privfedcal.settings.run_config import MODEL_MIN_INPUT
+from privfedcal.settings.sections import (
     DataOptions,
     EngineOptions,
     LocalSpec,
@@ -40,7 +41,6 @@ from privfedcal.options import (
     PrivacyOptions,
     RunOptions,
 )
-from privfedcal.seeding import make_generator
 
 
 def resolve_device(name: str) -> torch.device:
@@ -122,7 +122,7 @@ def held_examples(labels: np.ndarray, data: DataOptions) -> int:
 @dataclass
 class Experiment:
     """One run's data, partition, model and method, with the narrow options every floor
-    below the assembly reads (privfedcal/options.py)."""
+    below the assembly reads (privfedcal/settings/sections.py)."""
 
     device: torch.device
     data: Any  # privfedcal.data.datasets.Dataset, on device

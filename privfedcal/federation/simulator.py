@@ -20,13 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privfedcal.cohorts import (
-    cohort_plan,
-    observers_own,
-    secure_rounds,
-    select_clients,
-    whole_run_record,
-)
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
 from privfedcal.federation.aggregate import RunningAverage
@@ -47,6 +40,13 @@ from privfedcal.federation.workers import (
     TrainJob,
     WorkerPoolTrainer,
     default_threads,
+)
+from privfedcal.privacy.cohorts import (
+    cohort_plan,
+    observers_own,
+    secure_rounds,
+    select_clients,
+    whole_run_record,
 )
 from privfedcal.privacy.release_journal import JOURNAL_DIR, ReleaseJournal, charge_of
 from privfedcal.privacy.releases import DPSGD_RELEASE

@@ -28,9 +28,9 @@ import torch.multiprocessing as tmp
 from torch import Tensor
 
 from privfedcal.algorithms.algorithm import Algorithm, State
-from privfedcal.config import MODEL_FAMILY
 from privfedcal.federation.local import LocalResult, LocalSpec, set_deterministic, train_client
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.settings.run_config import MODEL_FAMILY
 
 
 @dataclass

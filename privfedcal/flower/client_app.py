@@ -53,8 +53,6 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode as FlowerErrorCode
 
-from privfedcal.config import RunConfig
-from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import evaluate, train_client
@@ -67,9 +65,11 @@ from privfedcal.flower.node_ledger import node_release
 from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
-from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.settings.descriptions import HOLD_CAP
+from privfedcal.settings.run_config import RunConfig
+from privfedcal.settings.sections import PrivacyOptions
 
 CLIENT_STATE = "privfedcal.client-state"
 #: set (to anything but "" or "0") in a SuperNode's environment: each message's handler
@@ -221,7 +221,7 @@ def client_runtime(context: Context) -> ClientRuntime:
     """
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.executor import execute_plan, training_spec
-    from privfedcal.protection import plan_for_run
+    from privfedcal.privacy.planner import plan_for_run
 
     cfg, _ = parse_run_config(context.run_config)
     # a node trains its one client: no worker pool, no batch of clients

@@ -33,7 +33,6 @@ from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
 
-from privfedcal.cohorts import secure_minimum
 from privfedcal.errors import UsageError
 from privfedcal.federation.aggregate import RunningAverage
 from privfedcal.federation.hooks import Calibrator, Payload, PayloadTask, State
@@ -46,6 +45,7 @@ from privfedcal.flower.records import record_to_state, state_to_record
 from privfedcal.flower.stage_messages import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.tasks import task_to_records
 from privfedcal.privacy.bound import NoBound
+from privfedcal.privacy.cohorts import secure_minimum
 from privfedcal.privacy.secagg_stage import EncryptStage
 from privfedcal.privacy.transcript import record_model_updates, sent_tensors
 

@@ -45,10 +45,10 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode as FlowerErrorCode
 from flwr.serverapp import Grid
 
-from privfedcal.descriptions import HOLD_CAP
 from privfedcal.errors import UsageError
 from privfedcal.flower.records import FlowerOptions
 from privfedcal.privacy.error_codes import CODES
+from privfedcal.settings.descriptions import HOLD_CAP
 
 #: the message type of a hold (``flower.hold``); its config carries ``seconds``
 HOLD_MESSAGE = "query.hold"

@@ -10,7 +10,7 @@ every ``RunConfig`` field under its CLI spelling (``local-epochs = 1``), method 
 calibration hyperparameters as dotted keys (``method-params.mu = 0.01``,
 ``calibration-params.virtual-per-class = 50``), Flower-only settings as ``flower.*`` keys
 (``FlowerOptions``); ``_`` may stand for ``-``. Keys, types and defaults are the settings'
-description (privfedcal/settings.py: ``flower_defaults()`` is what the example app declares). TOML has no null: ``""`` means None (the default) for a field whose
+description (privfedcal/settings/catalogue.py: ``flower_defaults()`` is what the example app declares). TOML has no null: ``""`` means None (the default) for a field whose
 default is None and for every hyperparameter. ``flwr run --run-config`` only overrides keys
 the app's pyproject declares, so the example app declares them all, unset ones as ``""``.
 """
@@ -27,15 +27,15 @@ import torch
 from flwr.app import Array, ArrayRecord
 from torch import Tensor
 
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
-from privfedcal.settings import (
+from privfedcal.settings.catalogue import (
     FLOWER_PREFIX,
     FlowerOptions,
     check_value,
     flower_key,
     flower_settings,
 )
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.tensors import State
 
 __all__ = ["FlowerOptions", "parse_run_config", "to_run_config"]
@@ -76,7 +76,7 @@ def record_to_state(record: ArrayRecord, device: torch.device | str | None = Non
 
 def parse_run_config(user_config: Mapping[str, Any]) -> tuple[RunConfig, FlowerOptions]:
     """Flower's flat run config -> (RunConfig, FlowerOptions). Keys and types are the
-    settings' (privfedcal/settings.py); unknown keys and wrong types raise UsageError."""
+    settings' (privfedcal/settings/catalogue.py); unknown keys and wrong types raise UsageError."""
     by_key = {flower_key(s): s for s in flower_settings()}
     flat: dict[str, Any] = {"method_params": {}, "calibration_params": {}}
     options: dict[str, Any] = {}

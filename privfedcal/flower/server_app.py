@@ -38,7 +38,7 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     """The ``FlowerSimulator`` for this run (data, model, method, calibrator, uplink)."""
     from privfedcal.experiment import build_parts
     from privfedcal.federation.setup import partition_is_secret
-    from privfedcal.options import PrivacyOptions
+    from privfedcal.settings.sections import PrivacyOptions
 
     cfg, options = parse_run_config(context.run_config)
     if cfg.data_seed is not None and partition_is_secret(PrivacyOptions.of(cfg)):

@@ -1,7 +1,7 @@
 """The uplink's stages split across the wire: client halves on the nodes, sums on the server.
 
 In the simulator one ``Uplink`` plays every role. Under Flower the roles live on different
-machines, each executing the protection plan of the same run config (privfedcal/protection.py
+machines, each executing the protection plan of the same run config (privfedcal/privacy/planner.py
 ``plan_protection``, privacy/executor.py), so every role runs the same stage objects
 (privacy/stages.py); this module only moves their inputs and outputs through messages:
 

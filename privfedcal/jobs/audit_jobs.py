@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from privfedcal.api import Run, _config
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.jobs.job_surface import Stage, Watch, as_tuple, job, report_stage, run_path
 from privfedcal.report.output_folder import all_or_nothing, check_fresh, check_writable
 from privfedcal.results import DPAuditRow
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig
@@ -240,7 +240,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     interactive (None), always (True) or never (False), or a callable given a ``Stage`` per
     batch of trials."""
     from privfedcal.attacks.distinguishing.channels import parse_channels
-    from privfedcal.config import read_run_config
+    from privfedcal.settings.run_config import read_run_config
 
     if run is not None:
         given = sorted(settings) + (["config"] if config is not None else [])

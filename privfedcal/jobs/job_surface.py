@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from privfedcal.api import Run
+from privfedcal.api.arguments import _coerce, python_surface, register_check
 from privfedcal.errors import UsageError
-from privfedcal.pysurface import _coerce, python_surface, register_check
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,13 +49,13 @@ class Watch:
         self.opened, self.stage = False, ""
 
     def __enter__(self) -> Watch:
-        from privfedcal.api_log import logger
+        from privfedcal.api.log import logger
 
         logger.info("%s: started", self.name)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from privfedcal.api_log import logger
+        from privfedcal.api.log import logger
 
         if self.bar is not None:
             self.bar.close()
@@ -63,7 +63,7 @@ class Watch:
             logger.info("%s: done", self.name)
 
     def __call__(self, stage: Stage) -> None:
-        from privfedcal.api_log import logger, open_bar
+        from privfedcal.api.log import logger, open_bar
 
         if callable(self.progress):
             self.progress(stage)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.config import RunConfig
+from privfedcal.api.arguments import _coerce
 from privfedcal.errors import UsageError
 from privfedcal.jobs.job_surface import job
-from privfedcal.pysurface import _coerce
 from privfedcal.report.output_folder import all_or_nothing, check_fresh
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,11 +52,11 @@ def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
     both files or neither)."""
     import json
 
-    from privfedcal.config import load_toml
     from privfedcal.data import partition as partitioning
     from privfedcal.data.datasets import load_dataset
     from privfedcal.data.partition_plots import plot_partition
     from privfedcal.data.sizes import size_distribution
+    from privfedcal.settings.run_config import load_toml
 
     if out is not None:
         check_fresh(out, PARTITION_FILES, overwrite=overwrite, what="a partition")  # first
@@ -112,7 +112,7 @@ def partition(config: RunConfig | Mapping[str, Any] | str | Path | None = None, 
     count (``config``'s others are ignored; another keyword is refused). Writes
     ``partition.png`` and ``partition.json`` into ``out`` only when ``out`` is given (an
     earlier partition there is kept unless ``overwrite=True``)."""
-    from privfedcal.settings import settings_of
+    from privfedcal.settings.catalogue import settings_of
 
     unknown = sorted(set(settings) - set(PARTITION_KEYS))
     if unknown:

@@ -1,6 +1,6 @@
 """A user's own ``torch.nn.Module`` seen as privfedcal's ``FeatureClassifier``.
 
-Flower-free (``privfedcal.ownloop`` uses it in a base install); the Flower plugin re-exports
+Flower-free (``privfedcal.api.ownloop`` uses it in a base install); the Flower plugin re-exports
 it (``privfedcal.flower.plugin.HeadAdapter``).
 
 privfedcal's calibrators (CCVR, CReFF) touch a model through ``features(x)`` and a linear

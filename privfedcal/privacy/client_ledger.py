@@ -1,6 +1,6 @@
 """A client's own count of the DP releases it has made, and its refusal of one past its plan.
 
-The noise of every release is calibrated to the run's planned schedule (privfedcal/protection.py
+The noise of every release is calibrated to the run's planned schedule (privfedcal/privacy/planner.py
 ``release_plans``: per client at q = 1, over the most releases any client makes; DP-SGD over
 the planned rounds), and the server's accountant (``DPAccounting.check``) guards that plan. A
 client does not rely on the server for it (docs/threat-model.md): it counts the releases it

@@ -4,7 +4,7 @@
 release and charges each release to the accountants of the clients that took part. It is
 not a stage: the noise stage of the uplink (privacy/stages.py ``NoiseStage``) draws its
 noise through it. It knows nothing of methods: the planning layer
-(privfedcal/protection.py) builds it.
+(privfedcal/privacy/planner.py) builds it.
 """
 
 from __future__ import annotations

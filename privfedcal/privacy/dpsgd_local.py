@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from privfedcal.options import PrivacyOptions
 from privfedcal.privacy.dpsgd import dpsgd_sample_rate, make_private_training
+from privfedcal.settings.sections import PrivacyOptions
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The executor of a protection plan: the live uplink, built from the frozen plan.
 
 ``execute_plan`` turns a ``ProtectionPlan`` (privacy/plan.py, from the planner
-``privfedcal.protection.plan_protection``) into the objects a run uses: one ``DPAccounting``
+``privfedcal.privacy.planner.plan_protection``) into the objects a run uses: one ``DPAccounting``
 with fresh accountants and ledgers (shared by the noise stage, the encrypt stage's bounds
 and DP-FedAvg), every planned stage through its registry entry (privacy/stage_registry.py),
 DP-FedAvg and the model updates' CKKS wire where planned, and the ``Uplink`` around them.

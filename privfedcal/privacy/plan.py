@@ -1,7 +1,7 @@
 """A run's protection as a value: what the planner decided, frozen.
 
-``ProtectionInputs`` is what the planner (privfedcal/protection.py ``plan_protection``)
-reads: the run's ``PrivacyOptions`` (privfedcal/options.py) and the public facts the plan
+``ProtectionInputs`` is what the planner (privfedcal/privacy/planner.py ``plan_protection``)
+reads: the run's ``PrivacyOptions`` (privfedcal/settings/sections.py) and the public facts the plan
 depends on besides them. ``ProtectionPlan`` is what the planner, a pure function of those
 inputs, decided: the per-sample bounds, the DP noise of every release (``NoisePlan``), the
 CKKS set-up of the calibration uploads and of the model updates (``CKKSPlan``), DP-SGD's
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from privfedcal.privacy.releases import ReleaseSpec
 
 if TYPE_CHECKING:
-    from privfedcal.options import PrivacyOptions
     from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.dpsgd_local import DPSGDSpec
+    from privfedcal.settings.sections import PrivacyOptions
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ProtectionInputs:
     training examples N, the releases its calibrator declares and when, whether that
     calibrator can be protected at all, its advice for the run's notes, and noise planned
     beside the planner (``preset``; None: the planner plans all of it). Gathered once from
-    the run's settings (privfedcal/protection.py ``protection_inputs``)."""
+    the run's settings (privfedcal/privacy/planner.py ``protection_inputs``)."""
 
     privacy: PrivacyOptions
     examples: int | None = None

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from privfedcal.cohorts import release_isolates, whole_cohorts
 from privfedcal.errors import UploadRejected
 from privfedcal.privacy.bound import Payload
+from privfedcal.privacy.cohorts import release_isolates, whole_cohorts
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.reasons import Reason
 from privfedcal.privacy.secagg import (
@@ -98,7 +98,7 @@ class CKKSSettings:
     #: the bound of a key absent from ``bounds`` (model updates: one bound for every
     #: parameter tensor); None: such a key is an error
     default_bound: float | None = None
-    #: the run's fixed cohorts (privfedcal/cohorts.py): a sum holds whole public cohorts
+    #: the run's fixed cohorts (privfedcal/privacy/cohorts.py): a sum holds whole public cohorts
     #: only, a member not asked, missing or rejected takes its cohort out; None: no cohort rule
     cohorts: tuple[tuple[int, ...], ...] | None = None
     #: label -> the release's keys that hold symmetric matrices (``ReleaseSpec.symmetric``):
@@ -310,7 +310,7 @@ class EncryptStage(Wire):
         """Add the uploads of every whole public cohort; returns the clients added.
 
         A sum missing one member of a cohort would, set against the other sums of the run,
-        single out the rest of it (privfedcal/cohorts.py), so a cohort enters only when
+        single out the rest of it (privfedcal/privacy/cohorts.py), so a cohort enters only when
         every one of its members' uploads arrived, whether or not the server asked them all
         (a member not asked, lost or rejected takes its cohort out). Uploads wait in their
         cohort; a complete cohort is checked member by member, added once all passed, and

@@ -11,7 +11,7 @@ release's keys), ``close`` after the release is made (the accountant records it)
 
 To add a protection, subclass ``Stage`` (in its own file) and register it in
 privacy/stage_registry.py's ``STAGES`` (``register_stage``): its name, the stages it comes
-after, and how the run's plan sets it up. The planner (``privfedcal.protection``) names no
+after, and how the run's plan sets it up. The planner (``privfedcal.privacy.planner``) names no
 stage, and the calibrators never know which stages ran.
 """
 

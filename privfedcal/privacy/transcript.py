@@ -280,7 +280,7 @@ def record_model_updates(transcript: Transcript, round_: int, clients: list[int]
 def secure_participants(entries: list[dict[str, Any]]) -> list[list[int]]:
     """The contributors of every securely aggregated release, from the server's record: for
     each decrypted aggregate, the clients whose ciphertexts of that round and label entered
-    the sum (the whole-run check, privfedcal/cohorts.py, reads these)."""
+    the sum (the whole-run check, privfedcal/privacy/cohorts.py, reads these)."""
     senders: dict[tuple[int, str, int], list[int]] = {}
     rows = []
     for e in entries:  # a redone round's attempts are separate releases

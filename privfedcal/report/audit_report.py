@@ -15,9 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import MARKERS, colour, label_points, new_figure, save, styled
 from privfedcal.report import html as H
 from privfedcal.report.reading import load_json
+from privfedcal.report.style.plotstyle import (
+    MARKERS,
+    colour,
+    label_points,
+    new_figure,
+    save,
+    styled,
+)
 
 #: attack metrics (higher = more leakage) and the names a worst-case column may carry
 METRICS = (("psnr", "reconstruction PSNR (dB)"), ("ssim", "reconstruction SSIM"),

@@ -72,7 +72,7 @@ def resolved(cfg: dict[str, Any]) -> dict[str, Any]:
     """A config as what it runs: a method alias (``--method ccvr``) as its local method and
     calibrator (fedavg, calibrate ccvr), so that it does not differ from the same run spelt
     ``--method fedavg --calibrate ccvr``, nor show ``calibrate none``."""
-    from privfedcal.config import METHOD_ALIASES
+    from privfedcal.settings.run_config import METHOD_ALIASES
 
     method = cfg.get("method")
     if method not in METHOD_ALIASES:
@@ -119,7 +119,7 @@ def differing_settings(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _curve(run_dir: Path) -> list[tuple[int, float]]:
-    from privfedcal.run_plots import read_metrics
+    from privfedcal.report.run_plots import read_metrics
 
     return [(int(r["round"]), float(r["accuracy"])) for r in read_metrics(run_dir / "metrics.jsonl")]
 
@@ -192,7 +192,7 @@ def _labels(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_html(rows: list[dict[str, Any]], warnings: list[str], path: Path) -> Path:
-    from privfedcal.run_plots import plot_curves
+    from privfedcal.report.run_plots import plot_curves
 
     body = [f'<div class="flag">{H.esc(w)}: flagged rows are not comparable with the rest.'
             "</div>" for w in warnings]

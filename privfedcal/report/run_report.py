@@ -65,7 +65,7 @@ def shown_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` as the Configuration table shows it: under a method alias (``--method
     ccvr`` is fedavg + ccvr) ``calibrate`` is the calibrator that ran, not the ``none`` the
     file keeps (``config.py`` ``RunConfig.calibrator``)."""
-    from privfedcal.config import METHOD_ALIASES
+    from privfedcal.settings.run_config import METHOD_ALIASES
 
     method = config.get("method")
     if method in METHOD_ALIASES and config.get("calibrate", "none") == "none":
@@ -88,9 +88,9 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
     if data_seed is None:
         return None
     try:
-        from privfedcal.config import RunConfig
         from privfedcal.data.datasets import load_dataset
         from privfedcal.data.partition import PartitionSpec, class_counts, partition_dataset
+        from privfedcal.settings.run_config import RunConfig
 
         cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "versions"})
         data = load_dataset(cfg.dataset, cfg.data_root, download=False)
@@ -151,7 +151,7 @@ def _headline_cards(summary: dict[str, Any], classes: list[str]) -> str:
 def _accuracy_section(run_dir: Path, summary: dict[str, Any], classes: list[str],
                       tmp: Path) -> list[str]:
     """Accuracy and training loss per round, and per-class accuracy (PNGs drawn in ``tmp``)."""
-    from privfedcal.run_plots import plot_accuracy, plot_per_class, plot_train_loss
+    from privfedcal.report.run_plots import plot_accuracy, plot_per_class, plot_train_loss
 
     parts = ["<h2>Accuracy</h2><div class=\"grid2\">",
              H.figure(plot_accuracy(run_dir / "metrics.jsonl", tmp / "acc.png", summary),

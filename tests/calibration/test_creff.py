@@ -350,7 +350,7 @@ def test_privacy_policy_sample_weighting_under_dp_unless_given():
     """CReFF's own policy (read by the planner): under DP the weighting defaults to sample
     with a note; a given client weighting is kept, with a warning; without DP, nothing."""
     from privfedcal.calibration.creff import CReFF
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
     dp = RunConfig(method="creff", dp_eps=8.0)
     schedule = {"rounds": 30, "creff_client_draws": DP_CLIENT_DRAWS}
@@ -371,7 +371,7 @@ def test_privacy_policy_sample_weighting_under_dp_unless_given():
 def test_release_schedule_is_the_last_rounds_of_the_public_config():
     """The rounds CReFF releases in: the last --creff-release-last rounds (every round by
     default, with or without DP), from the public config alone."""
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
     assert release_schedule(30, 10) == tuple(range(21, 31))
     assert release_schedule(30, None) == release_schedule(30, 0) == tuple(range(1, 31))

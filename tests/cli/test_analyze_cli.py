@@ -18,10 +18,10 @@ from privfedcal.analysis.run_analysis import (
     probe_indices,
 )
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.local import make_generator, train_client
+from privfedcal.settings.run_config import RunConfig
 
 FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--no-transcript", "--dataset", "digits"]

@@ -10,8 +10,8 @@ from cli_helpers import assert_usage_error
 
 from privfedcal.attacks.distinguishing.games import COLUMNS
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig
 from privfedcal.federation.runfolder import write_config
+from privfedcal.settings.run_config import RunConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--dataset", "digits", "--clients", "3", "--rounds", "1", "--device", "cpu"]

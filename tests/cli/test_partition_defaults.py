@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 
 
 def test_partition_defaults_are_trains(tmp_path, capsys):

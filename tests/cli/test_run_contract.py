@@ -12,7 +12,7 @@ from cli_helpers import assert_usage_error, run_cli
 from safetensors.torch import load_file
 
 from privfedcal.cli.main import main
-from privfedcal.config import TRAINING_DEFAULTS, RunConfig, resolve_training_defaults
+from privfedcal.settings.run_config import TRAINING_DEFAULTS, RunConfig, resolve_training_defaults
 
 FAST = ["--clients", "4", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--no-transcript"]

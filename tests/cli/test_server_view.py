@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig, read_run_config
 from privfedcal.data.datasets import load_dataset
 from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+from privfedcal.settings.run_config import RunConfig, read_run_config
 
 FAST = ["--clients", "3", "--rounds", "2", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]
@@ -144,7 +144,7 @@ def _truth(run: Path, key: str) -> np.ndarray:
 def test_secure_sums_survive_differencing_across_rounds(tmp_path, monkeypatch, key, flags):
     """6 rounds at participation 0.5: every round's aggregate holds the hidden class counts
     (CReFF) or the update weights n_k (--secagg-updates) summed over that round's
-    contributors. With fixed cohorts (privfedcal/cohorts.py) least squares over all the
+    contributors. With fixed cohorts (privfedcal/privacy/cohorts.py) least squares over all the
     rounds determines no client's value; with the cohorts switched off (a plain draw of 2 of
     4 clients, the planner's check disabled too) the check before each decryption withholds
     every sum that would single a client out, and with that check off as well the same
@@ -159,12 +159,12 @@ def test_secure_sums_survive_differencing_across_rounds(tmp_path, monkeypatch, k
     assert not determined.any()
     assert all(np.abs(estimate[c] - truth[c]).max() > 1.0 for c in range(4))
 
-    import privfedcal.cohorts
-    import privfedcal.protection
+    import privfedcal.privacy.cohorts
+    import privfedcal.privacy.planner
     from privfedcal.privacy.secagg_stage import WITHHELD, EncryptStage
 
-    monkeypatch.setattr(privfedcal.cohorts, "secure_rounds", lambda cfg: False)
-    monkeypatch.setattr(privfedcal.protection, "check_secure_aggregation", lambda *a: None)
+    monkeypatch.setattr(privfedcal.privacy.cohorts, "secure_rounds", lambda cfg: False)
+    monkeypatch.setattr(privfedcal.privacy.planner, "check_secure_aggregation", lambda *a: None)
     main(["train", *args, "--out", str(tmp_path / "held")])
     summary = json.loads((tmp_path / "held" / "server" / "summary.json").read_text())
     # the check before each decryption withholds the sums that would isolate a client

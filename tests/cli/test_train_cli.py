@@ -28,10 +28,10 @@ def test_train_writes_run_folder(tmp_path, capsys):
     assert summary["accuracy"] == history[-1]["accuracy"]
     assert summary["per_class_accuracy"] == history[-1]["per_class_accuracy"]
     # the summary's numbers are the checkpointed global model's, evaluated independently
-    from privfedcal.config import read_run_config
     from privfedcal.experiment import build_experiment
     from privfedcal.federation.checkpoint import load_checkpoint
     from privfedcal.federation.local import evaluate
+    from privfedcal.settings.run_config import read_run_config
 
     exp = build_experiment(read_run_config(out))
     ev = evaluate(exp.model, load_checkpoint(out / "checkpoint")["global"], exp.data.x_test,

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig, load_toml
 from privfedcal.experiment import check_calibration_params
+from privfedcal.settings.run_config import RunConfig, load_toml
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
 # classes, image side, train images per class of the generated stand-in (ResNet-18 runs at

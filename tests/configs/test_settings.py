@@ -1,4 +1,4 @@
-"""The settings' one description (privfedcal/settings.py) and what is derived from it: the
+"""The settings' one description (privfedcal/settings/catalogue.py) and what is derived from it: the
 ``train`` / ``partition`` options, settings-file type checks and the docs tables."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from privfedcal.cli.main import app, main
 from privfedcal.cli.train_command import resolve_config
-from privfedcal.config import RunConfig, load_toml
 from privfedcal.errors import UsageError
-from privfedcal.settings import (
+from privfedcal.settings.catalogue import (
     CALIBRATION_SETTINGS,
     METHOD_SETTINGS,
     FlowerOptions,
@@ -28,6 +27,7 @@ from privfedcal.settings import (
     stale_docs,
     usage_table,
 )
+from privfedcal.settings.run_config import RunConfig, load_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -209,7 +209,7 @@ def test_wrong_flag_type_is_one_line(capsys):
 
 # ---- docs -------------------------------------------------------------------------------
 def test_docs_tables_are_the_generated_ones():
-    """Run ``python -m privfedcal.settings --write`` after changing a setting."""
+    """Run ``python -m privfedcal.settings.catalogue --write`` after changing a setting."""
     assert stale_docs(ROOT) == []
 
 
@@ -223,7 +223,7 @@ def test_usage_table_rows():
 
 
 def test_rewrite_replaces_only_the_marked_block():
-    begin = "<!-- t:begin (generated: python -m privfedcal.settings --write) -->"
+    begin = "<!-- t:begin (generated: python -m privfedcal.settings.catalogue --write) -->"
     text = f"a\n{begin}\nold\n<!-- t:end -->\nb\n"
     assert rewrite(text, "t", "new") == f"a\n{begin}\nnew\n<!-- t:end -->\nb\n"
     with pytest.raises(ValueError):
@@ -241,7 +241,7 @@ def test_a_new_methods_hyperparameters_become_flags(monkeypatch):
     import dataclasses
 
     from privfedcal.algorithms.algorithm import ALGORITHMS, Algorithm, hyper
-    from privfedcal.settings import method_settings
+    from privfedcal.settings.catalogue import method_settings
 
     @dataclasses.dataclass(frozen=True)
     class P:
@@ -279,8 +279,8 @@ def test_calibration_flags_are_the_calibrators_declared_options():
     import dataclasses
 
     from privfedcal.calibration import CALIBRATORS, calibrator_params
-    from privfedcal.descriptions import calibration_option, calibration_options
     from privfedcal.federation.hooks import CalibrationSpec
+    from privfedcal.settings.descriptions import calibration_option, calibration_options
 
     assert [s.name for s in CALIBRATION_SETTINGS] == [
         "virtual_per_class", "virtual_mode", "tukey", "features_per_class", "match_steps",

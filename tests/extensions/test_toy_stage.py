@@ -10,9 +10,9 @@ import torch
 from privfedcal.errors import UsageError
 from privfedcal.privacy import stage_registry
 from privfedcal.privacy.executor import execute_plan
+from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.stage_registry import client_order
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.protection import plan_for_run
 from tests.extensions import toy_stage
 from tests.extensions.toy_stage import NAME, ToyScaleStage
 

@@ -1,5 +1,5 @@
 """Exact arithmetic for the harness's checks, written apart from the package's planner and
-checker (privfedcal/cohorts.py, privfedcal/protection.py, privfedcal/privacy/): rational row
+checker (privfedcal/privacy/cohorts.py, privfedcal/privacy/planner.py, privfedcal/privacy/): rational row
 reduction to decide which groups of clients the released sums determine, and a bounded
 enumeration of the non-negative integer splits of a group's counts.
 

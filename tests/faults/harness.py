@@ -35,7 +35,7 @@ def check(view: ServerView, observers: tuple[int, ...] = ()) -> list[Violation]:
 
 
 def config(settings: dict[str, Any], out: Path):
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
     return RunConfig(**{**BASE, **settings, "out": str(out)})
 

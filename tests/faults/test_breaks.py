@@ -66,9 +66,9 @@ def test_a_stopped_and_resumed_dp_run_charges_every_release_it_made(tmp_path):
 
 def true_counts(settings: dict) -> np.ndarray:
     """The clients' class counts (the experimenter's side: the data seed)."""
-    from privfedcal.config import RunConfig
     from privfedcal.data.datasets import load_dataset
     from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
+    from privfedcal.settings.run_config import RunConfig
 
     cfg = RunConfig(dataset="digits", clients=settings["clients"])
     labels = load_dataset("digits").y_train.numpy()

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import privfedcal
-from privfedcal.config import RunConfig, read_run_config
 from privfedcal.errors import UsageError
 from privfedcal.federation.runfolder import (
     partition_file,
@@ -21,6 +20,7 @@ from privfedcal.federation.runfolder import (
     write_config,
     write_run_files,
 )
+from privfedcal.settings.run_config import RunConfig, read_run_config
 
 
 def test_versions():

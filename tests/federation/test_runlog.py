@@ -25,9 +25,9 @@ from privfedcal.federation.runlog import (
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A tiny real run: 4 clients, half of them per round, evaluated every second round."""
-    from privfedcal.config import RunConfig
     from privfedcal.experiment import build_experiment
     from privfedcal.federation.simulator import Simulator
+    from privfedcal.settings.run_config import RunConfig
 
     path = tmp_path_factory.mktemp("runlog") / "run"
     cfg = RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
@@ -107,9 +107,9 @@ def test_metrics_csv_has_every_round(run_dir):
 def test_clients_log_matches_the_round(run_dir):
     from types import SimpleNamespace
 
-    from privfedcal.config import RunConfig
     from privfedcal.federation.simulator import Simulator
-    from privfedcal.options import PrivacyOptions
+    from privfedcal.settings.run_config import RunConfig
+    from privfedcal.settings.sections import PrivacyOptions
 
     lines = [json.loads(x) for x in (run_dir / "clients.jsonl").read_text().splitlines()]
     rows = read_metrics_csv(run_dir / "metrics.csv")

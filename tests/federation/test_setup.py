@@ -29,7 +29,7 @@ def test_fit_warning_names_the_minimum_input():
 
 @pytest.fixture(scope="module")
 def experiment():
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
     return build_experiment(RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=2,
                                       batch_size=32, device="cpu", threads=1, seed=0,
@@ -60,7 +60,7 @@ def test_the_experiment_carries_the_narrow_options_of_its_resolved_config(experi
     import pickle
 
     from privfedcal.experiment import config_of
-    from privfedcal.options import run_options
+    from privfedcal.settings.sections import run_options
 
     e = experiment
     opts = run_options(config_of(e))
@@ -89,9 +89,9 @@ def test_the_partition_is_drawn_from_the_data_options(experiment):
 def test_the_experiments_record_is_its_resolved_config_and_config_json(experiment, tmp_path):
     """What the floors above read back (``experiment.config_of``) and what the simulator
     writes into the run folder are the same resolved settings."""
-    from privfedcal.config import read_run_config
     from privfedcal.experiment import config_of
     from privfedcal.federation.simulator import Simulator
+    from privfedcal.settings.run_config import read_run_config
 
     cfg = config_of(experiment)
     assert (cfg.model, cfg.lr, cfg.local_epochs, cfg.data_seed) == ("mlp", 0.05, 2, 0)

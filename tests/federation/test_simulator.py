@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from privfedcal.config import RunConfig
 from privfedcal.federation.local import make_generator
 from privfedcal.federation.simulator import select_clients
+from privfedcal.settings.run_config import RunConfig
 
 
 def _cfg(**kw):

@@ -13,7 +13,6 @@ from torch import nn
 from privfedcal.algorithms import ALGORITHMS, create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
 from privfedcal.algorithms.vector_loss import VectorLoss
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.experiment import build_experiment
 from privfedcal.federation.local import LocalSpec, clone_state
@@ -28,6 +27,7 @@ from privfedcal.federation.vectorised import (
 from privfedcal.federation.workers import InProcessTrainer, TrainJob
 from privfedcal.models import create_model
 from privfedcal.seeding import make_generator
+from privfedcal.settings.run_config import RunConfig
 
 ATOL, RTOL = 2e-5, 1e-4  # float32: sums in another order differ in the last bits
 #: every registered method the vectorised trainer can train

@@ -1,6 +1,6 @@
 """An authenticated deployment on loopback: TLS and SuperNode authentication (Flower 1.41).
 
-The SuperLink runs with a certificate from a CA made by ``privfedcal.flower.credentials``
+The SuperLink runs with a certificate from a CA made by ``privfedcal.flower.deploy.credentials``
 and ``--enable-supernode-auth``; the SuperNode whose key was registered
 (``flwr supernode register``) comes online; one with an unregistered key and one with no
 key (which would register itself) are refused and exit; one without TLS never connects. The processes are Flower's own commands
@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.flower.credentials import make_node_key  # noqa: E402
-from privfedcal.flower.localdeploy import LocalDeployment  # noqa: E402
+from privfedcal.flower.deploy.credentials import make_node_key  # noqa: E402
+from privfedcal.flower.deploy.localdeploy import LocalDeployment  # noqa: E402
 
 WAIT = 45  # seconds for a node to come online or be refused
 

@@ -13,7 +13,7 @@ from cryptography import x509  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key  # noqa: E402
 
-from privfedcal.flower.credentials import main, make_node_key, make_tls  # noqa: E402
+from privfedcal.flower.deploy.credentials import main, make_node_key, make_tls  # noqa: E402
 
 
 def test_server_certificate_is_signed_by_the_ca_for_the_names_given(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("tenseal")
 
-from privfedcal.flower.localdeploy import LocalDeployment, descendants  # noqa: E402
+from privfedcal.flower.deploy.localdeploy import LocalDeployment, descendants  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
 TIMEOUT = 480  # seconds for the whole run; measured ~2.5 min on a loaded 2-core machine

@@ -243,13 +243,13 @@ def test_node_gone_from_the_superlink_is_lost_at_once(flower_cfg):
 @pytest.mark.parametrize("phase", ["hang", "upload"])
 def test_secure_sum_goes_on_without_a_lost_uploaders_cohort(flower_cfg, faulty_run, phase):
     """A client lost before its ciphertext arrived is a planned upload missing from the sum,
-    and it takes its cohort with it (privfedcal/cohorts.py): under Flower the key holder
+    and it takes its cohort with it (privfedcal/privacy/cohorts.py): under Flower the key holder
     (client 0) is a client, so cohorts hold --secagg-min-clients 2 others besides it, 3
     clients: (0, 1, 2) and (3, 4, 5) at seed 0. Client 3 lost, the uploads of 4 and 5 are
     left out too, and the release is the sum of cohort (0, 1, 2). Never a sum of five that,
     set against the public totals, would single out client 3's."""
     pytest.importorskip("tenseal")
-    from privfedcal.cohorts import cohort_plan
+    from privfedcal.privacy.cohorts import cohort_plan
 
     cfg = flower_cfg(method="ccvr", secagg=True, clients=6, rounds=1)
     assert cohort_plan(cfg.replace(secagg_key_holder=0)).cohorts == ((0, 1, 2), (3, 4, 5))

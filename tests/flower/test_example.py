@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.config import RunConfig  # noqa: E402
 from privfedcal.flower.records import parse_run_config  # noqa: E402
+from privfedcal.settings.run_config import RunConfig  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower" / "pyproject.toml"
 
@@ -46,7 +46,7 @@ def test_example_simulation_has_one_supernode_per_client() -> None:
 def test_example_declares_exactly_the_described_keys_and_defaults() -> None:
     """Every key of ``[tool.flwr.app.config]`` with the default of the settings' description
     (the Flower timeouts had drifted to 600/120 s here while the code said 3600/300 s)."""
-    from privfedcal.settings import flower_defaults
+    from privfedcal.settings.catalogue import flower_defaults
 
     project = tomllib.loads(EXAMPLE.read_text())
     declared = _flatten(project["tool"]["flwr"]["app"]["config"])

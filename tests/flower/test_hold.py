@@ -21,8 +21,8 @@ pytest.importorskip("flwr")
 from flwr.app import Message, RecordDict  # noqa: E402
 from loopback import LoopbackGrid  # noqa: E402
 
-from privfedcal.descriptions import HOLD_CAP  # noqa: E402
 from privfedcal.errors import UsageError  # noqa: E402
+from privfedcal.settings.descriptions import HOLD_CAP  # noqa: E402
 
 
 class OrderGrid(LoopbackGrid):

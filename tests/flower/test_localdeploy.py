@@ -1,4 +1,4 @@
-"""privfedcal.flower.localdeploy on any Flower app: only what the app declares is passed.
+"""privfedcal.flower.deploy.localdeploy on any Flower app: only what the app declares is passed.
 
 A tiny numpy-only Flower app (no privfedcal in it) written to ``tmp_path``: the command line
 is refused with one line and exit 2 where it names an undeclared run-config key or no node
@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.flower.localdeploy import LocalDeployment, main  # noqa: E402
+from privfedcal.flower.deploy.localdeploy import LocalDeployment, main  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
 
@@ -146,7 +146,7 @@ def test_a_foreign_app_runs_on_a_local_deployment(app, capsys, monkeypatch, tmp_
 
 
 def test_out_is_a_new_or_empty_folder(app, capsys, tmp_path):
-    from privfedcal.flower.localdeploy import _out_folder
+    from privfedcal.flower.deploy.localdeploy import _out_folder
 
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("")

@@ -23,11 +23,11 @@ from privfedcal.flower.node_ledger import LEDGER_STATE, node_ledger, node_releas
 from privfedcal.flower.records import FlowerOptions, state_to_record  # noqa: E402
 from privfedcal.privacy.dp_accounting import DPAccounting  # noqa: E402
 from privfedcal.privacy.error_codes import ErrorCode, error_code  # noqa: E402
+from privfedcal.privacy.planner import participation_counts  # noqa: E402
 from privfedcal.privacy.releases import DPSGD_RELEASE  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
 from privfedcal.privacy.transcript import load_transcript  # noqa: E402
 from privfedcal.privacy.uplink import Uplink  # noqa: E402
-from privfedcal.protection import participation_counts  # noqa: E402
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}
@@ -108,7 +108,7 @@ def test_a_run_without_dp_keeps_no_ledger_and_a_failed_release_is_not_counted(fl
     """No budget, no ledger; a refusal's code is budget-exhausted; a handler that fails
     counts nothing; another run of the node starts afresh."""
     from privfedcal.experiment import build_experiment, calibrator_class
-    from privfedcal.protection import build_uplink
+    from privfedcal.privacy.planner import build_uplink
 
     assert error_code(BudgetRefused("x")) == ErrorCode.BUDGET_EXHAUSTED == REFUSED
     context = Context(run_id=7, node_id=1, node_config={}, state=RecordDict(), run_config={})

@@ -24,8 +24,8 @@ from privfedcal.flower.records import record_to_state, state_to_record  # noqa: 
 from privfedcal.flower.tasks import task_to_records  # noqa: E402
 from privfedcal.models.head_adapter import HeadAdapter  # noqa: E402
 from privfedcal.privacy.dp import L2Clip  # noqa: E402
+from privfedcal.privacy.planner import build_uplink  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
-from privfedcal.protection import build_uplink  # noqa: E402
 
 RUN = {"privfedcal.dp-eps": 8.0, "privfedcal.dp-clip": 5.0}
 

@@ -35,8 +35,8 @@ def test_the_search_is_planned_with_the_calibration_by_the_planner(tiny_cfg):
     live accountants charge the search and the calibration within epsilon."""
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.executor import execute_plan
+    from privfedcal.privacy.planner import plan_for_run
     from privfedcal.privacy.stages import NoiseStage
-    from privfedcal.protection import plan_for_run
 
     cfg = tiny_cfg(method="ccvr", dp_eps=8.0, dp_delta=1e-5)
     auto = AutoClip.plan(8.0, 1e-5, "rdp", CCVR)

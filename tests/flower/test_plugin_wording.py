@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from privfedcal.api.arguments import flag_keywords  # noqa: E402
 from privfedcal.errors import PrivacyBudgetError, UsageError  # noqa: E402
 from privfedcal.flower.plugin.plugin_settings import CALIBRATION, KEYS, gather, resolve  # noqa: E402
 from privfedcal.flower.plugin.preflight import _plan  # noqa: E402
 from privfedcal.flower.plugin.preflight_codes import FIX  # noqa: E402
 from privfedcal.flower.plugin.wording import plugin_key, plugin_message, speaks_plugin  # noqa: E402
-from privfedcal.pysurface import flag_keywords  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a flag of privfedcal's (``--dp-eps``) left in a message

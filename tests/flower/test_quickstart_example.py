@@ -121,7 +121,7 @@ def test_the_plain_app_over_the_in_process_grid(monkeypatch, tmp_path):
 @pytest.mark.flower
 @pytest.mark.slow
 def test_the_calibrated_app_on_a_local_deployment(capsys, monkeypatch, tmp_path):
-    from privfedcal.flower.localdeploy import main
+    from privfedcal.flower.deploy.localdeploy import main
 
     monkeypatch.chdir(tmp_path)
     code = main(["deploy", str(CALIBRATED), "--nodes", str(NODES), "--timeout", "1200"])

@@ -18,7 +18,6 @@ pytest.importorskip("flwr")
 from flwr.app import Array  # noqa: E402
 from flwr.common.config import flatten_dict  # noqa: E402
 
-from privfedcal.config import RunConfig  # noqa: E402
 from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.records import (  # noqa: E402
     FlowerOptions,
@@ -28,6 +27,7 @@ from privfedcal.flower.records import (  # noqa: E402
     state_to_record,
     to_run_config,
 )
+from privfedcal.settings.run_config import RunConfig  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower" / "pyproject.toml"
 DTYPES = [torch.float32, torch.float64, torch.int64, torch.bool]

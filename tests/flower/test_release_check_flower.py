@@ -20,7 +20,7 @@ pytest.importorskip("tenseal")
 
 from test_whole_run_flower import CREFF, least_squares  # noqa: E402
 
-from privfedcal.cohorts import cohort_plan, select_clients  # noqa: E402
+from privfedcal.privacy.cohorts import cohort_plan, select_clients  # noqa: E402
 
 
 def lost_round(cfg, victim: int) -> int:

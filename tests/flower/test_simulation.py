@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.flower.localdeploy import (  # noqa: E402
+from privfedcal.flower.deploy.localdeploy import (  # noqa: E402
     LocalDeployment,
     LocalSimulation,
     descendants,

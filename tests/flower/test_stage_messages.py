@@ -173,9 +173,9 @@ def test_rejected_upload_is_dropped_and_noise_topped_up_under_flower(flower_cfg)
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.flower.stage_messages import RemoteKeys, client_upload, sealing_record
+    from privfedcal.privacy.planner import build_uplink
     from privfedcal.privacy.stages import NoiseStage
     from privfedcal.privacy.transcript import Transcript
-    from privfedcal.protection import build_uplink
 
     cfg = flower_cfg(method="ccvr", clients=6, dp_eps=8.0, secagg=True, secagg_key_holder=0)
     exp = build_experiment(cfg)
@@ -250,7 +250,7 @@ def test_flower_and_simulator_run_the_same_stages(flags, flower_cfg, run_simulat
 
 def _uplink_stages(flower_cfg, flags):
     from privfedcal.experiment import build_experiment, calibrator_class
-    from privfedcal.protection import build_uplink
+    from privfedcal.privacy.planner import build_uplink
 
     cfg = flower_cfg(method="ccvr", rounds=1, **flags)
     return build_uplink(cfg, build_experiment(cfg), calibrator_class(cfg)).stages

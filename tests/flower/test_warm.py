@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from privfedcal.flower import warm, warm_child  # noqa: E402
-from privfedcal.flower.clientapp_shim import SOCKET_ENV  # noqa: E402
+from privfedcal.flower.deploy import warm, warm_child  # noqa: E402
+from privfedcal.flower.deploy.clientapp_shim import SOCKET_ENV  # noqa: E402
 from privfedcal.flower.pulls import PULL_INITIAL_BACKOFF, PULLERS, quick_object_pulls  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
@@ -49,7 +49,7 @@ def server(tmp_path):
     folder.mkdir(mode=0o700)
     sock, log = folder / "server.sock", tmp_path / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "privfedcal.flower.warm", "--socket",
+        proc = subprocess.Popen([sys.executable, "-m", "privfedcal.flower.deploy.warm", "--socket",
                                  str(sock)], stdout=out, stderr=subprocess.STDOUT,
                                 env=_env(sock), start_new_session=True)
     try:
@@ -192,7 +192,7 @@ def test_a_warm_deployment_equals_the_simulator(tmp_path, tiny_cfg, hold):
     """... and with flower.hold, whose holds then all run forked and all replies are
     pulled (the run summary counts them)."""
     from privfedcal.experiment import build_simulator
-    from privfedcal.flower.localdeploy import LocalDeployment
+    from privfedcal.flower.deploy.localdeploy import LocalDeployment
     from privfedcal.flower.records import to_run_config
 
     cfg = tiny_cfg(clients=2, rounds=2, data_seed=7)

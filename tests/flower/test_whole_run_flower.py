@@ -77,12 +77,12 @@ def test_secure_sums_over_six_rounds_isolate_nothing_finer_than_a_cohort(
     # run goes on without them, and its record holds
     import shutil
 
-    import privfedcal.cohorts
-    import privfedcal.protection
+    import privfedcal.privacy.cohorts
+    import privfedcal.privacy.planner
     from privfedcal.privacy.secagg_stage import WITHHELD, EncryptStage
 
-    monkeypatch.setattr(privfedcal.cohorts, "secure_rounds", lambda cfg: False)
-    monkeypatch.setattr(privfedcal.protection, "check_secure_aggregation", lambda *a: None)
+    monkeypatch.setattr(privfedcal.privacy.cohorts, "secure_rounds", lambda cfg: False)
+    monkeypatch.setattr(privfedcal.privacy.planner, "check_secure_aggregation", lambda *a: None)
     shutil.rmtree(tmp_path / "flower")  # run_flower's run folder: a fresh transcript
     sim, summary, _ = run_flower(cfg.replace(seed=1))
     assert summary["privacy"]["whole_run"]["holds"] is True

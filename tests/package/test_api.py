@@ -1,4 +1,4 @@
-"""The Python API (privfedcal/api.py, docs/api.md): the page's examples run as doctests, the
+"""The Python API (privfedcal/api/__init__.py, docs/api.md): the page's examples run as doctests, the
 exported names resolve and type-check, the functions give the CLI's numbers, and the DP
 helper adds the noise opacus' accountant asks for."""
 
@@ -45,9 +45,9 @@ def test_the_api_is_type_checked():
     pytest.importorskip("mypy")
     done = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=silent",
                            "--ignore-missing-imports", "--no-incremental",
-                           "privfedcal/api.py", "privfedcal/api_run.py", "privfedcal/api_attack.py",
-                           "privfedcal/api_log.py", "privfedcal/pysurface.py",
-                           "privfedcal/ownloop.py", "privfedcal/__init__.py"],
+                           "privfedcal/api/__init__.py", "privfedcal/api/run.py", "privfedcal/api/attacking.py",
+                           "privfedcal/api/log.py", "privfedcal/api/arguments.py",
+                           "privfedcal/api/ownloop.py", "privfedcal/__init__.py"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
 

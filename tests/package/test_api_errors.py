@@ -1,4 +1,4 @@
-"""The Python API speaks Python (privfedcal/api.py, docs/api.md): its errors name keywords,
+"""The Python API speaks Python (privfedcal/api/__init__.py, docs/api.md): its errors name keywords,
 never the CLI's flags; numpy scalars are taken wherever Python numbers are; every bad input
 is a one-line UsageError. The CLI's own lists of bad input are fed through the API."""
 
@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import privfedcal
-from privfedcal import api, pysurface
+from privfedcal import api
+from privfedcal.api import arguments as pysurface
+from privfedcal.api.arguments import flag_keywords, python_message
 from privfedcal.errors import PrivacyBudgetError, UsageError
-from privfedcal.pysurface import flag_keywords, python_message
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(clients=3, rounds=2, local_epochs=1, device="cpu", threads=1, alpha=0.5)
@@ -44,7 +45,7 @@ def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
     """Each ``privfedcal train`` flag (run settings, method hyperparameters, calibrator
     options) reads as its keyword, and ``train`` takes that keyword: whatever it refuses,
     it never calls it an unknown setting nor names a flag."""
-    from privfedcal.settings import cli_settings
+    from privfedcal.settings.catalogue import cli_settings
 
     settings = cli_settings()
     assert len(settings) > 60

@@ -1,4 +1,4 @@
-"""Runs from Python (privfedcal/api.py, privfedcal/api_log.py): in memory unless given a
+"""Runs from Python (privfedcal/api/__init__.py, privfedcal/api/log.py): in memory unless given a
 folder, saved as the CLI's run folder, replaced only with ``overwrite`` and only when it is
 a run folder; progress through the ``privfedcal`` logger, a bar when interactive, none with
 ``progress=False``, the caller's callable per round."""
@@ -16,7 +16,7 @@ import types
 import pytest
 
 import privfedcal
-from privfedcal import api_log
+from privfedcal.api import log as api_log
 
 FAST = dict(clients=3, rounds=2, local_epochs=1, threads=1, device="cpu")
 

@@ -148,7 +148,7 @@ def test_audit_dp_of_a_configuration_and_of_a_run(runs, tmp_path, monkeypatch):
 def test_a_job_shows_a_bar_when_interactive_and_logs_its_stages(monkeypatch, caplog):
     """As train and attack: a bar by default when interactive (none with progress=False),
     the caller's callable instead where given, and INFO lines on the privfedcal logger."""
-    from privfedcal import api_log
+    from privfedcal.api import log as api_log
 
     bars = []
 

@@ -1,15 +1,15 @@
 """The package's layers import downwards only (docs/architecture.md).
 
-Layer of each top-level module of ``privfedcal`` (a package counts as one module):
-foundations (errors, registry, descriptions, config, options, seeding, cohorts, palette, plotstyle) < data,
-models < algorithms, privacy < federation < calibration, attacks, analysis, experiment, protection,
-settings (the catalogue reads the calibrators' options), run_plots, accuracy_png < report < flower,
-api < cli. A module may import its own layer and the layers below; nothing outside
-``privfedcal.cli`` imports the CLI but ``privfedcal.__main__`` (``python -m privfedcal``, the
-command's other entry). One exception: the package's
-``__init__`` re-exports the public API, so it may import ``privfedcal.api`` and
-``privfedcal.jobs`` (lazily, on first use: ``import privfedcal`` stays cheap). Every import statement counts,
-at module level or inside a function (a lazy import is still a dependency).
+Layer of each part of ``privfedcal`` (a package counts as one part, unless the table names
+one of its modules or subpackages apart): foundations (errors, registry, seeding, tensors,
+results, settings, privacy.cohorts, report.style) < data, models < algorithms, privacy <
+federation < calibration, attacks, analysis, experiment, settings.catalogue (the catalogue
+reads the calibrators' options) < report < flower, api, jobs < cli. A module may import its
+own layer and the layers below; nothing outside ``privfedcal.cli`` imports the CLI but
+``privfedcal.__main__`` (``python -m privfedcal``, the command's other entry). One exception:
+the package's ``__init__`` re-exports the public API, so it may import ``privfedcal.api`` and
+``privfedcal.jobs`` (lazily, on first use: ``import privfedcal`` stays cheap). Every import
+statement counts, at module level or inside a function (a lazy import is still a dependency).
 """
 
 from __future__ import annotations
@@ -22,26 +22,29 @@ import pytest
 import privfedcal
 
 LAYERS: dict[str, int] = {
-    "": 0, "errors": 0, "registry": 0, "descriptions": 0, "config": 0,
-    "seeding": 0, "cohorts": 0, "palette": 0, "results": 0,
-    "plotstyle": 0, "tensors": 0, "options": 0,
+    "": 0, "errors": 0, "registry": 0, "seeding": 0, "tensors": 0, "results": 0,
+    "settings": 0, "privacy.cohorts": 0, "report.style": 0,
     "data": 1, "models": 1,
     "algorithms": 2, "privacy": 2,
     "federation": 3,
-    "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4, "protection": 4,
-    "settings": 4,
-    "run_plots": 4, "accuracy_png": 4,
+    "calibration": 4, "attacks": 4, "analysis": 4, "experiment": 4,
+    "settings.catalogue": 4,
     "report": 5,
-    "flower": 6, "api": 6, "pysurface": 6, "ownloop": 6, "jobs": 6,
-    "api_log": 6, "api_run": 6, "api_attack": 6,
+    "flower": 6, "api": 6, "jobs": 6,
     "cli": 7, "__main__": 7,
 }
 
 
-def _part(module: str) -> str:
-    """The top-level part of a dotted ``privfedcal.*`` name ('' for the package itself)."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
+def _part(module: str, layers: dict[str, int] | None = None) -> str:
+    """The part of a dotted ``privfedcal.*`` name that the layer table places ('' for the
+    package itself): the longest dotted prefix below ``privfedcal`` with an entry of its own
+    (``settings.catalogue`` sits above the rest of ``settings``), else the top-level part."""
+    parts = module.split(".")[1:]
+    table = LAYERS if layers is None else layers
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in table:
+            return ".".join(parts[:n])
+    return parts[0] if parts else ""
 
 
 def _imported(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -75,12 +78,12 @@ def violations(root: Path, layers: dict[str, int] = LAYERS) -> list[str]:
         parts = list(rel.parts)
         is_package = parts[-1] == "__init__"
         module = ".".join(parts[:-1] if is_package else parts)
-        own = _part(module)
+        own = _part(module, layers)
         if own not in layers:
             out.append(f"{rel}.py: module {own!r} has no layer")
             continue
         for line, name in _imported(ast.parse(path.read_text()), module, is_package):
-            target = _part(name)
+            target = _part(name, layers)
             if target == own or (rel.as_posix() == "privfedcal/__init__"
                                  and target in ("api", "jobs")):
                 continue
@@ -122,8 +125,11 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
     ({"api.py": "from privfedcal.cli import run\n"},
      ["privfedcal/api.py:1: api (6) -> privfedcal.cli (7)"]),
     ({"__init__.py": "from privfedcal import api\n"}, []),  # the facade's one exception
-    ({"config.py": "from privfedcal import api\n"},
-     ["privfedcal/config.py:1: config (0) -> privfedcal.api (6)"]),
+    ({"seeding.py": "from privfedcal import api\n"},
+     ["privfedcal/seeding.py:1: seeding (0) -> privfedcal.api (6)"]),
+    ({"settings/__init__.py": "", "settings/c.py": "from privfedcal.settings.catalogue import S\n",
+      "settings/catalogue.py": ""},
+     ["privfedcal/settings/c.py:1: settings (0) -> privfedcal.settings.catalogue (4)"]),
     ({"cli/main.py": "from privfedcal.flower import server_app\nimport privfedcal.errors\n"}, []),
     ({"__main__.py": "from privfedcal.cli.main import main\n"}, []),
 ])
@@ -211,10 +217,10 @@ def test_no_import_cycles():
       "privacy/c.py": "def f():\n    from privfedcal.privacy.a import Y\n"},
      [["privfedcal.privacy.a", "privfedcal.privacy.b", "privfedcal.privacy.c"]]),
     # a type-only import is an import too
-    ({"config.py": "from privfedcal.settings import S\n",
-      "settings.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                     "    from privfedcal.config import C\n"},
-     [["privfedcal.config", "privfedcal.settings"]]),
+    ({"config.py": "from privfedcal.catalogue import S\n",
+      "catalogue.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from privfedcal.config import C\n"},
+     [["privfedcal.catalogue", "privfedcal.config"]]),
     # relative imports resolve; importing one's own package is not a cycle
     ({"fed/__init__.py": "from .x import A\n", "fed/x.py": "from . import y\n",
       "fed/y.py": "import privfedcal.fed\n"}, []),

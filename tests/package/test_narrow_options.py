@@ -1,10 +1,11 @@
 """Below the assembly floor (privfedcal/experiment.py's) no module speaks in the whole
-``RunConfig``: each takes its narrow options (privfedcal/options.py).
+``RunConfig``: each takes its narrow options (privfedcal/settings/sections.py).
 
 Two checks: no module on those floors names the type (an import or an annotation), and in a
-traced run from the command line no function on those floors receives one. ``config.py``
-(the type's own module: defaults, resolution, reading ``config.json``) and ``options.py``
-(which builds the narrow options from it) are the exceptions, by design.
+traced run from the command line no function on those floors receives one.
+``settings/run_config.py`` (the type's own module: defaults, resolution, reading
+``config.json``) and ``settings/sections.py`` (which builds the narrow options from it) are
+the exceptions, by design.
 """
 
 from __future__ import annotations
@@ -17,31 +18,31 @@ from pathlib import Path
 import pytest
 
 import privfedcal
-from privfedcal.config import RunConfig
+from privfedcal.settings.run_config import RunConfig
 
 PACKAGE = Path(privfedcal.__file__).parent
 #: the assembly's floor: ``experiment``, ``attacks``, ``analysis``... take a RunConfig
 ASSEMBLY = "experiment"
 #: the type's own module, the one that narrows it, and the package's front door (its
 #: ``__init__`` re-exports the public API, which takes a RunConfig)
-OWN = ("privfedcal.config", "privfedcal.options", "privfedcal")
+OWN = ("privfedcal.settings.run_config", "privfedcal.settings.sections", "privfedcal")
 
 
-def _layers() -> dict[str, int]:
+def _layers():
     spec = importlib.util.spec_from_file_location(
         "layering", Path(__file__).with_name("test_layering.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.LAYERS
+    return module
 
 
-LAYERS = _layers()
+LAYERING = _layers()
+LAYERS = LAYERING.LAYERS
 
 
 def _below(module: str) -> bool:
     """Whether ``module`` (dotted) sits below the assembly floor, outside ``OWN``."""
-    parts = module.split(".")
-    floor = LAYERS.get(parts[1] if len(parts) > 1 else "", -1)
+    floor = LAYERS.get(LAYERING._part(module), -1)
     return 0 <= floor < LAYERS[ASSEMBLY] and module not in OWN
 
 
@@ -68,9 +69,9 @@ def names_run_config(source: str) -> list[int]:
 
 
 def test_the_check_catches_an_import_and_an_annotation():
-    assert names_run_config("from privfedcal.config import RunConfig\n") == [1]
+    assert names_run_config("from privfedcal.settings.run_config import RunConfig\n") == [1]
     assert names_run_config("def f(cfg: 'RunConfig'): pass\n") == [1]
-    assert names_run_config("import privfedcal.config as c\nx: c.RunConfig\n") == [2]
+    assert names_run_config("import privfedcal.settings.run_config as c\nx: c.RunConfig\n") == [2]
     assert names_run_config('"""takes no RunConfig"""\n# RunConfig\n') == []
 
 

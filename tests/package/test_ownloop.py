@@ -1,4 +1,4 @@
-"""privfedcal.ownloop: CCVR's client statistics, their DP release and the server's head
+"""privfedcal.api.ownloop: CCVR's client statistics, their DP release and the server's head
 re-training, on privfedcal's models and on a user's own module whose head is a Linear.
 
 Formulas are pinned on numpy and opacus called directly; every input check is pinned by its
@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import privfedcal
+from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
 from privfedcal.errors import UsageError
-from privfedcal.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
 
 
 class Net(nn.Module):

@@ -325,7 +325,7 @@ def test_result_types_pass_mypy_strict():
     pytest.importorskip("mypy")
     done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
                            "--ignore-missing-imports", "--no-incremental",
-                           "privfedcal/results/", "privfedcal/api.py", "privfedcal/api_run.py",
-                           "privfedcal/api_attack.py"],
+                           "privfedcal/results/", "privfedcal/api/__init__.py", "privfedcal/api/run.py",
+                           "privfedcal/api/attacking.py"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -7,18 +7,18 @@ import pytest
 from opacus.accountants import RDPAccountant
 
 from privfedcal.calibration.creff import CREFF_RELEASE, CReFF
-from privfedcal.cohorts import select_clients
 from privfedcal.errors import PrivacyBudgetError
 from privfedcal.experiment import build_experiment, calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
-from privfedcal.privacy.stages import NoiseStage
-from privfedcal.protection import (
+from privfedcal.privacy.cohorts import select_clients
+from privfedcal.privacy.planner import (
     DPAccounting,
     build_uplink,
     participation_counts,
     protection_inputs,
     release_plans,
 )
+from privfedcal.privacy.stages import NoiseStage
 
 
 def opacus_eps(z, q, steps, delta):

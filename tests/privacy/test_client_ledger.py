@@ -12,10 +12,10 @@ from privfedcal.experiment import build_experiment, build_simulator, calibrator_
 from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.privacy.client_ledger import ClientLedger
 from privfedcal.privacy.dp_accounting import DPAccounting
+from privfedcal.privacy.planner import build_uplink, participation_counts
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import load_transcript
-from privfedcal.protection import build_uplink, participation_counts
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}

@@ -10,10 +10,10 @@ import torch
 from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.executor import execute_plan, training_spec
+from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.secagg_stage import EncryptStage
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.protection import plan_for_run
 
 
 def _plan(tiny_cfg, **kw):

@@ -10,10 +10,10 @@ import math
 import torch
 
 from privfedcal.cli.main import main
-from privfedcal.config import RunConfig
 from privfedcal.experiment import build_experiment
 from privfedcal.privacy.noise import INSECURE_STATEMENT, noise_generator
 from privfedcal.privacy.transcript import load_transcript
+from privfedcal.settings.run_config import RunConfig
 
 FAST = ["--method", "ccvr", "--dp-eps", "8", "--clients", "4", "--rounds", "1",
         "--local-epochs", "1", "--device", "cpu", "--threads", "1", "--alpha", "0.5",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from privfedcal.cohorts import release_isolates
 from privfedcal.errors import ReleaseSkipped, UploadRejected
+from privfedcal.privacy.cohorts import release_isolates
 from privfedcal.privacy.secagg import ServerAggregator
 from privfedcal.privacy.secagg_stage import (
     WITHHELD,
@@ -140,9 +140,9 @@ def test_dp_fedavg_scales_a_secure_sum_by_its_contributors(tmp_path, tiny_cfg):
     their sum over the public denominator m = 4, not the average of two scaled by the four
     uploads. A sum not made leaves the global state as it was. Noise seeded
     (--insecure-seeded-noise) so that each share is redrawn here."""
-    from privfedcal.cohorts import cohort_plan
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.local import LocalResult
+    from privfedcal.privacy.cohorts import cohort_plan
     from privfedcal.privacy.user_dp import UpdateLayout, vector_norm
 
     cfg = tiny_cfg(rounds=2, secagg_updates=True, dp_updates=True, dp_eps=8.0,

@@ -17,11 +17,11 @@ from privfedcal.attacks.view import RunView, release_spec
 from privfedcal.errors import UsageError
 from privfedcal.experiment import build_experiment, calibrator_class
 from privfedcal.federation.hooks import CALIBRATORS, Calibrator
+from privfedcal.privacy.planner import build_uplink
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.secagg_stage import NOISE_SIGMAS, EncryptStage
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.protection import build_uplink
 
 LABEL = "toy-spread"
 #: payload keys that no file of the package names: their rules live in TOY's declaration only

@@ -12,13 +12,13 @@ from privfedcal.calibration.creff import CReFF
 from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
 from privfedcal.federation.hooks import CALIBRATORS, Calibrator
-from privfedcal.privacy.releases import ReleaseSpec, evaluate
-from privfedcal.protection import (
+from privfedcal.privacy.planner import (
     participation_counts,
     planned_participants,
     protection_inputs,
     release_plans,
 )
+from privfedcal.privacy.releases import ReleaseSpec, evaluate
 
 
 def test_symbol_products_by_hand():

@@ -1,7 +1,7 @@
 """--secagg-updates: model updates aggregated as CKKS sums; the server sees the aggregate and
 the summed weight only, and the result equals the plaintext weighted average (up to the key
 holder's flooding). The updates go through the same uplink as the calibration releases
-(privfedcal/protection.py ``updates_plan``, privacy/executor.py ``updates_uplink``: the encrypt wire, fresh keys, the key holder's
+(privfedcal/privacy/planner.py ``updates_plan``, privacy/executor.py ``updates_uplink``: the encrypt wire, fresh keys, the key holder's
 minimum)."""
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
 def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, tiny_cfg):
     """The key holder decrypts no sum of fewer than its minimum: with one client left in the
     round the release is skipped and the global state stays (no aggregate of one)."""
-    from privfedcal.cohorts import cohort_plan
     from privfedcal.errors import ReleaseSkipped
     from privfedcal.experiment import calibrator_class
+    from privfedcal.privacy.cohorts import cohort_plan
     from privfedcal.privacy.executor import updates_uplink
+    from privfedcal.privacy.planner import protection_inputs, updates_plan
     from privfedcal.privacy.releases import UPDATE_RELEASE
     from privfedcal.privacy.transcript import Transcript
-    from privfedcal.protection import protection_inputs, updates_plan
 
     cfg = tiny_cfg(rounds=1, secagg_updates=True, data_seed=0)
     sim = build_simulator(cfg, tmp_path / "c")

@@ -12,12 +12,12 @@ from privfedcal.calibration.ccvr import CCVR
 from privfedcal.errors import PrivacyBudgetError, ReleaseSkipped
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.accounting import PrivacyAccountant
+from privfedcal.privacy.planner import DPAccounting, build_uplink
 from privfedcal.privacy.secagg import ServerAggregator
 from privfedcal.privacy.secagg_stage import CKKSSettings, EncryptStage, unpad
 from privfedcal.privacy.stages import ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.uplink import Uplink
-from privfedcal.protection import DPAccounting, build_uplink
 
 
 def stats_payload(counts, d=3, seed=0):

@@ -277,7 +277,7 @@ def test_noise_multiplier_matches_pfl_and_opacus():
 
 def test_plan_uses_q1_over_the_most_rounds_a_client_takes_part_in(tiny_cfg):
     from privfedcal.experiment import build_parts
-    from privfedcal.protection import participation_counts
+    from privfedcal.privacy.planner import participation_counts
 
     cfg = tiny_cfg(clients=10, rounds=20, dp_updates=True, dp_eps=8.0, dp_delta=1e-5)
     _, _, up = build_parts(cfg)
@@ -463,10 +463,10 @@ def test_schedule_holds_with_thousands_of_clients():
     the budget."""
     from types import SimpleNamespace
 
-    from privfedcal.cohorts import select_clients
-    from privfedcal.config import RunConfig
     from privfedcal.federation.hooks import Calibrator
-    from privfedcal.protection import build_uplink, participation_counts
+    from privfedcal.privacy.cohorts import select_clients
+    from privfedcal.privacy.planner import build_uplink, participation_counts
+    from privfedcal.settings.run_config import RunConfig
 
     cfg = RunConfig(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-6)
@@ -512,8 +512,8 @@ def test_distributed_share_follows_the_rounds_public_selection():
     """Under cohorts a round may select more clients than m (7 clients at 0.5: 4 or 5); each
     participant adds 1/(n - 1) for the round's n, so any n - 1 shares carry the full
     variance whatever the round's size."""
-    from privfedcal.cohorts import select_clients
-    from privfedcal.config import RunConfig
+    from privfedcal.privacy.cohorts import select_clients
+    from privfedcal.settings.run_config import RunConfig
 
     cfg = RunConfig(clients=7, participation=0.5, rounds=6, secagg_updates=True,
                     dp_updates=True, dp_eps=8.0)

@@ -10,8 +10,8 @@ import pytest
 
 
 def train_run(path: Path, **overrides) -> Path:
-    from privfedcal.config import RunConfig
     from privfedcal.experiment import build_simulator
+    from privfedcal.settings.run_config import RunConfig
 
     base = dict(method="ccvr", dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
                 batch_size=32, device="cpu", threads=1, seed=0, transcript=False,

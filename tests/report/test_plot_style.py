@@ -11,8 +11,8 @@ import pytest
 
 from privfedcal.analysis.analysis_plots import _cka_floor, plot_cka
 from privfedcal.data.partition_plots import _ticks, plot_partition
-from privfedcal.plotstyle import PALETTE, new_figure, series_style, styled
-from privfedcal.run_plots import _round_axis, plot_accuracy, plot_curves, plot_per_class
+from privfedcal.report.run_plots import _round_axis, plot_accuracy, plot_curves, plot_per_class
+from privfedcal.report.style.plotstyle import PALETTE, new_figure, series_style, styled
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -73,7 +73,7 @@ def test_plots_write_pngs(tmp_path):
 @pytest.mark.parametrize(("calibration", "label"), [(None, "global model"),
                                                     ({"name": "creff"}, "creff's re-trained head")])
 def test_accuracy_curve_names_what_the_rounds_evaluated(tmp_path, monkeypatch, calibration, label):
-    import privfedcal.run_plots as plots
+    import privfedcal.report.run_plots as plots
 
     rows = [{"round": r, "accuracy": 0.1 * r, **({"calibration": calibration} if calibration
                                                  else {})} for r in (1, 2)]
@@ -88,7 +88,7 @@ def test_accuracy_curve_names_what_the_rounds_evaluated(tmp_path, monkeypatch, c
 def test_point_labels_do_not_overlap():
     """Crowded points (the audit's settings at equal coordinates, the failure seen on the
     audit plot): every label box is clear of every other; the naive fixed offset overlaps."""
-    from privfedcal.plotstyle import label_points, new_figure, styled
+    from privfedcal.report.style.plotstyle import label_points, new_figure, styled
 
     pts = [(1.0, 87.0, "ccvr eps=inf"), (1.0, 86.8, "ccvr eps=inf sa"),
            (1.0, 80.0, "ccvr eps=8 sa"), (0.99, 40.0, "creff eps=inf"),

@@ -272,7 +272,7 @@ def _release(spec, cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
     """The channel of a calibration release: its attack's client task with the run's
     options and the entries a canary moves (``release_attacks.ReleaseAttack``); released
     once, or in every round the most selected client takes part in."""
-    from privfedcal.protection import participation_counts
+    from privfedcal.privacy.planner import participation_counts
 
     attack = release_attack(spec.attack)
     if attack.task is None or attack.keep is None:

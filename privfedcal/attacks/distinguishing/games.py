@@ -34,13 +34,13 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import colour, new_figure, save, styled
 from privfedcal.privacy.empirical import (
     SELECT_CONFIDENCE,
     choose_threshold,
     epsilon_lower_bound,
     errors_at,
 )
+from privfedcal.report.style.plotstyle import colour, new_figure, save, styled
 
 #: the columns of dp_audit.csv, one row per channel; ``stopped`` is ``budget`` for a row whose
 #: time budget ended it early (its bound counts the trials it ran), empty for a full one

@@ -146,7 +146,7 @@ def _client_rounds(privacy: Any, spec: Any, calibrator: Any) -> list[list[int]]:
     ``PrivacyOptions``): for a release of the selected clients, the rounds of the
     calibrator's release schedule (``release_rounds``, as the planner counts them) in which
     the server selects it; else one (round 1)."""
-    from privfedcal.cohorts import select_clients
+    from privfedcal.privacy.cohorts import select_clients
 
     if spec.participants == "selected":
         schedule = calibrator.release_rounds(privacy, spec)

@@ -34,7 +34,7 @@ def user_dp_channel(cfg, noise, faults, claim: tuple[float, float], scale: float
     noise stage broken as ``faults`` says (``channels.run_parts``), ``claim`` the correct
     run's (epsilon, delta) for one round, ``scale`` the canary's size in clips."""
     from privfedcal.privacy import user_dp as mechanism
-    from privfedcal.protection import user_dp_of
+    from privfedcal.privacy.planner import user_dp_of
 
     udp = user_dp_of(cfg, noise.dp)
     clip = udp.clip

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privfedcal.cohorts import atoms as cohort_atoms
-from privfedcal.cohorts import row_space_basis
 from privfedcal.errors import UsageError
+from privfedcal.privacy.cohorts import atoms as cohort_atoms
+from privfedcal.privacy.cohorts import row_space_basis
 
 #: subsets tried when searching the finest groups of the undetermined clients
 MAX_SUBSETS = 200_000

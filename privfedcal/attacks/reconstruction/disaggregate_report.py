@@ -14,7 +14,7 @@ import numpy as np
 from rich.table import Table
 
 from privfedcal.attacks.release_attacks import ReportTable
-from privfedcal.plotstyle import colour, new_figure, save, styled
+from privfedcal.report.style.plotstyle import colour, new_figure, save, styled
 
 #: the ``target`` of the disaggregation's records (``disaggregate_attack.py``)
 TARGET = "disaggregate"

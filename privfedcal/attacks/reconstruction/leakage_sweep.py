@@ -37,7 +37,7 @@ from privfedcal.attacks.reconstruction.inversion_options import (  # noqa: F401 
 from privfedcal.attacks.release_attacks import attacked_calibrators, audit_params
 from privfedcal.attacks.transcript_audit import run_epsilon
 from privfedcal.errors import PrivacyBudgetError, UsageError
-from privfedcal.plotstyle import colour, label_points, new_figure, save, styled
+from privfedcal.report.style.plotstyle import colour, label_points, new_figure, save, styled
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
@@ -155,8 +155,8 @@ class _Skipped(Exception):
 def _train(setting: Setting, config: AuditConfig, run_dir: Path) -> tuple[Any, dict[str, Any]]:
     """Train one setting as ``privfedcal train`` would: its simulator and summary; raises
     ``_Skipped`` where the method uploads no calibration payload or the library refuses."""
-    from privfedcal.config import RunConfig
     from privfedcal.experiment import build_simulator
+    from privfedcal.settings.run_config import RunConfig
 
     try:
         cfg = RunConfig(method=setting.method, dataset=config.dataset, clients=config.clients,

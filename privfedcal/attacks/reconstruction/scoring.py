@@ -40,7 +40,7 @@ from privfedcal.attacks.reconstruction.metrics import (
 )
 from privfedcal.attacks.reconstruction.modes import eval_mode
 from privfedcal.attacks.release_attacks import target_order
-from privfedcal.plotstyle import colour, new_figure, save, styled
+from privfedcal.report.style.plotstyle import colour, new_figure, save, styled
 
 if TYPE_CHECKING:
     from privfedcal.attacks.view import RunView

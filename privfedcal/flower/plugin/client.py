@@ -204,7 +204,7 @@ class CalibrationClient:
         with the clip the server sent at the end of the clip's search)."""
         from privfedcal.experiment import calibrator_class
         from privfedcal.privacy.executor import execute_plan
-        from privfedcal.protection import plan_for_run
+        from privfedcal.privacy.planner import plan_for_run
 
         settings, partition = self.node_settings(context)
         clip = None

@@ -75,8 +75,8 @@ def with_update_release(inputs: Any, releases: list[ReleasePlan]) -> list[Releas
     p = inputs.privacy
     if not p.dp_updates:
         return releases
+    from privfedcal.privacy.planner import participation_counts
     from privfedcal.privacy.user_dp import release_plan
-    from privfedcal.protection import participation_counts
 
     steps = max(participation_counts(p).values())
     return [*releases, release_plan(steps, p.dp_updates_share if releases else None)]

@@ -1,5 +1,5 @@
 """A node's data as batches: ``privfedcal.calibration.batches`` (Flower-free, so that
-``privfedcal.ownloop`` reads DataLoaders the same way in a base install)."""
+``privfedcal.api.ownloop`` reads DataLoaders the same way in a base install)."""
 
 from privfedcal.calibration.batches import (
     X_KEYS,

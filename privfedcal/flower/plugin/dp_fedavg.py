@@ -68,9 +68,9 @@ def plan_updates(s: PluginSettings, examples: int) -> Any:
     """The server's uplink for settings ``s`` and ``examples`` in all, as ``calibrate``
     plans it (``server_calibration._server_side``): its ``user_dp`` and ``DPAccounting``."""
     from privfedcal.experiment import calibrator_class
-    from privfedcal.options import PrivacyOptions
     from privfedcal.privacy.executor import execute_plan
-    from privfedcal.protection import plan_for_run
+    from privfedcal.privacy.planner import plan_for_run
+    from privfedcal.settings.sections import PrivacyOptions
 
     preset = s.auto_clip.preset() if s.auto_clip is not None else None
     return execute_plan(plan_for_run(PrivacyOptions.of(s.cfg), calibrator_class(s.cfg),

@@ -42,11 +42,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.flower.plugin.clip import AUTO, AutoClip, default_clip, with_update_release
 from privfedcal.flower.records import FlowerOptions, parse_run_config
 from privfedcal.privacy.dp import default_delta
+from privfedcal.settings.run_config import RunConfig
 
 __all__ = ["DATASET", "METHODS", "PREFIX", "PluginSettings", "gather", "resolve"]
 
@@ -150,7 +150,7 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
     """The search's and the calibration releases' noise in one plan for the run's target
     (clip.py), from the releases ``cfg`` declares: the same on the server and every node."""
     from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import protection_inputs, release_plans
+    from privfedcal.privacy.planner import protection_inputs, release_plans
 
     if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")

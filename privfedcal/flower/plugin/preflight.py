@@ -205,7 +205,7 @@ def _plan(settings: PluginSettings, examples: int) -> None:
     """The protection's plan for these settings (the planner's checks: cohorts, the key
     holder, budgets), as the server and each node make it at calibration."""
     from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import plan_for_run
+    from privfedcal.privacy.planner import plan_for_run
 
     cfg = settings.cfg
     preset = None

@@ -47,7 +47,6 @@ from flwr.app import Context
 from flwr.serverapp import Grid
 from torch import Tensor
 
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import save_checkpoint
 from privfedcal.federation.runfolder import write_summary
@@ -61,6 +60,7 @@ from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.stages import NoiseStage
+from privfedcal.settings.run_config import RunConfig
 from privfedcal.tensors import State
 
 __all__ = ["PluginSimulator", "calibrate"]
@@ -196,9 +196,9 @@ def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor
     from privfedcal.algorithms import create_algorithm
     from privfedcal.experiment import build_calibrator
     from privfedcal.federation.setup import Experiment
-    from privfedcal.options import DataOptions, EngineOptions, LoopOptions, PrivacyOptions
     from privfedcal.privacy.executor import execute_plan
-    from privfedcal.protection import plan_for_run
+    from privfedcal.privacy.planner import plan_for_run
+    from privfedcal.settings.sections import DataOptions, EngineOptions, LoopOptions, PrivacyOptions
 
     data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
                       torch.zeros(0, dtype=torch.long, device=x.device), test_data)

@@ -46,7 +46,7 @@ _ALIASES = {"secagg_key_holder": "flower.key-holder"}
 @functools.cache
 def _calibration_names() -> frozenset[str]:
     import privfedcal.experiment  # noqa: F401 - registers the calibrators' options
-    from privfedcal.descriptions import calibration_settings
+    from privfedcal.settings.descriptions import calibration_settings
 
     return frozenset(s.name for s in calibration_settings())
 
@@ -67,7 +67,7 @@ def plugin_key(name: str) -> str:
 def plugin_message(text: str) -> str:
     """``text`` with every flag of privfedcal's settings as the plugin's key (one table);
     the plugin's keys it already names stay as they are."""
-    from privfedcal.pysurface import python_message
+    from privfedcal.api.arguments import python_message
 
     out, pos = [], 0
     for m in _KEY.finditer(text):

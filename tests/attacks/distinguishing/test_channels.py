@@ -20,9 +20,9 @@ from privfedcal.attacks.distinguishing.games import BUDGET_MIN_TRIALS, BUDGET_ST
 from privfedcal.attacks.fields_table import client_fields, declared
 from privfedcal.calibration.ccvr import CCVR_RELEASE
 from privfedcal.calibration.creff import CREFF_RELEASE
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy.client_fields import CHARGED
+from privfedcal.settings.run_config import RunConfig
 
 BASE = dict(dataset="digits", clients=5, rounds=2, device="cpu", threads=1, transcript=False,
             seed=0)

@@ -11,11 +11,11 @@ import pytest
 
 from privfedcal.attacks.distinguishing.channels import Faults, build_channels, parse_channels
 from privfedcal.attacks.distinguishing.games import play
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy import quantile
 from privfedcal.privacy.accounting import ReleasePlan
 from privfedcal.privacy.quantile import QUANTILE_RELEASE, ClipSearch, plan_clip_noise
+from privfedcal.settings.run_config import RunConfig
 
 # epsilon 10: the search's share (0.1) claims about 1, where a broken release is caught
 BASE = dict(dataset="digits", clients=5, rounds=1, device="cpu", threads=1, transcript=False,

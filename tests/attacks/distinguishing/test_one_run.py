@@ -8,9 +8,9 @@ import pytest
 
 from privfedcal.attacks.distinguishing.channels import Faults
 from privfedcal.attacks.distinguishing.one_run import one_run
-from privfedcal.config import RunConfig
 from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
+from privfedcal.settings.run_config import RunConfig
 
 BASE = dict(dataset="digits", clients=5, rounds=3, device="cpu", threads=1, transcript=False,
             seed=0)

@@ -10,8 +10,8 @@ import pytest
 
 from privfedcal.attacks.distinguishing.channels import Faults, build_channels, parse_channels
 from privfedcal.attacks.distinguishing.games import play
-from privfedcal.config import RunConfig
 from privfedcal.privacy.releases import USER_DP_RELEASE
+from privfedcal.settings.run_config import RunConfig
 
 BASE = dict(dataset="digits", clients=5, rounds=1, device="cpu", threads=1, transcript=False,
             seed=0, method="fedavg", dp_updates=True, dp_eps=1.0)

@@ -12,7 +12,7 @@ from PIL import Image
 from privfedcal.attacks.reconstruction.leakage_sweep import plot_audit
 from privfedcal.attacks.reconstruction.runner import Attacked
 from privfedcal.attacks.reconstruction.scoring import plot_class_sets, save_grid
-from privfedcal.palette import rgb
+from privfedcal.report.style.palette import rgb
 
 MPL_DEFAULT_C0 = (0x1F, 0x77, 0xB4)
 

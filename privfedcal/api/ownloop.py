@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from privfedcal.api.arguments import check_that, options_of, python_surface, register_check
 from privfedcal.errors import UsageError
-from privfedcal.pysurface import check_that, options_of, python_surface, register_check
 
 if TYPE_CHECKING:
     from privfedcal.models.feature_classifier import FeatureClassifier

@@ -134,7 +134,7 @@ class LocalDeployment:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         if self.secure:
-            from privfedcal.flower.credentials import make_tls
+            from privfedcal.flower.deploy.credentials import make_tls
 
             self.tls = make_tls(self.workdir / "tls", [LOOPBACK, "localhost"])
             trust = f'root-certificates = "{self.tls["ca_cert"]}"\n'
@@ -170,7 +170,7 @@ class LocalDeployment:
 
     def _start_warm_server(self) -> None:
         """The fork server on a socket in a private folder, the shim first on PATH."""
-        from privfedcal.flower import clientapp_shim, warm
+        from privfedcal.flower.deploy import clientapp_shim, warm
 
         folder = self.workdir / "clientapp-server"
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -180,7 +180,7 @@ class LocalDeployment:
         warm.install_shim(shim_dir)
         self.env["PATH"] = os.pathsep.join((str(shim_dir), self.env["PATH"]))
         self.env[clientapp_shim.SOCKET_ENV] = sock
-        proc = self._start("clientapp-server", [sys.executable, "-m", "privfedcal.flower.warm",
+        proc = self._start("clientapp-server", [sys.executable, "-m", "privfedcal.flower.deploy.warm",
                                                 "--socket", sock])
         deadline = time.monotonic() + self.startup_timeout
         while warm.ping(sock) is None:
@@ -207,7 +207,7 @@ class LocalDeployment:
             for k in range(self.num_nodes):
                 key = None
                 if self.secure:
-                    from privfedcal.flower.credentials import make_node_key
+                    from privfedcal.flower.deploy.credentials import make_node_key
 
                     key, public = make_node_key(self.keys / f"supernode-{k}")
                     self.register(public)
@@ -430,7 +430,7 @@ def _nodes_for(args: Any, declared: dict[str, Any], flat: dict[str, Any]) -> int
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m privfedcal.flower.localdeploy",
+    ap = argparse.ArgumentParser(prog="python -m privfedcal.flower.deploy.localdeploy",
                                  description=main.__doc__.splitlines()[0] if main.__doc__ else "")
     ap.add_argument("mode", choices=["deploy", "simulate"])
     ap.add_argument("app", type=Path, help="the Flower app folder (examples/flower)")
@@ -531,7 +531,7 @@ def _run_app(args: argparse.Namespace, flat: dict[str, Any], declared: dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m privfedcal.flower.localdeploy {deploy,simulate} APP_DIR [KEY=VALUE ...]``:
+    """``python -m privfedcal.flower.deploy.localdeploy {deploy,simulate} APP_DIR [KEY=VALUE ...]``:
     run any Flower app folder on a throwaway local deployment (SuperLink + one SuperNode per
     node) or on the simulation engine, print the run's output, stop every process.
 

@@ -11,9 +11,9 @@ Flower 1.41 secures a deployment with two independent mechanisms (docs/flower.md
   signs its requests with an EC private key (OpenSSH format, a NIST curve); the SuperLink
   only accepts nodes whose public key was registered with ``flwr supernode register``.
 
-``python -m privfedcal.flower.credentials ca DIR --name HOST ...`` writes ``ca.crt``,
+``python -m privfedcal.flower.deploy.credentials ca DIR --name HOST ...`` writes ``ca.crt``,
 ``ca.key`` (keep it offline: it signs certificates), ``server.pem`` and ``server.key`` (the
-SuperLink's); ``python -m privfedcal.flower.credentials node-key DIR/NAME`` writes the
+SuperLink's); ``python -m privfedcal.flower.deploy.credentials node-key DIR/NAME`` writes the
 SuperNode key pair ``NAME`` (private, stays on the node) and ``NAME.pub`` (what the
 operator registers). Private keys are written with mode 0600. The same files can be made
 with ``openssl`` and ``ssh-keygen -t ecdsa -b 384`` (docs/flower.md).
@@ -117,7 +117,7 @@ def make_node_key(path: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m privfedcal.flower.credentials",
+    ap = argparse.ArgumentParser(prog="python -m privfedcal.flower.deploy.credentials",
                                  description="TLS certificates and SuperNode keys for an "
                                  "authenticated Flower deployment (docs/flower.md)")
     sub = ap.add_subparsers(dest="what", required=True)

@@ -9,7 +9,7 @@ resolved ``RunConfig`` (``run_options``) and passed down:
   optimiser (federation/local.py, workers.py, vectorised.py);
 - ``EngineOptions``: where and how the run computes: device, processes, threads, batching;
 - ``PrivacyOptions``: the protections and the public protocol they are planned over (the
-  privacy planner, privfedcal/protection.py, and privacy/);
+  privacy planner, privfedcal/privacy/planner.py, and privacy/);
 - ``LoopOptions``: what the round loop runs and records (federation/simulator.py).
 
 Each field keeps its ``RunConfig`` name and meaning (its help text is there), so a setting
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from privfedcal.errors import UsageError
 
 if TYPE_CHECKING:
-    from privfedcal.config import RunConfig
+    from privfedcal.settings.run_config import RunConfig
 
 
 #: the optimisers local training implements (federation/local.py ``PlainSGD``,

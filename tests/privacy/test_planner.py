@@ -1,4 +1,4 @@
-"""The protection planner (privfedcal/protection.py): a pure function of its inputs."""
+"""The protection planner (privfedcal/privacy/planner.py): a pure function of its inputs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from privfedcal.errors import UsageError
 from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.plan import ProtectionInputs
+from privfedcal.privacy.planner import plan_protection, protection_inputs
 from privfedcal.privacy.releases import DPSGD_RELEASE
-from privfedcal.protection import plan_protection, protection_inputs
 
 
 def _inputs(tiny_cfg, **kw) -> ProtectionInputs:
@@ -64,7 +64,7 @@ def test_whole_run_checks_refuse_before_any_work(tiny_cfg):
 def test_the_privacy_options_alone_give_the_run_configs_inputs(tiny_cfg):
     """The experiment plans from ``exp.privacy``: the calibrator's release schedule and
     advice read the options' rounds and calibration parameters as they read the config's."""
-    from privfedcal.options import PrivacyOptions
+    from privfedcal.settings.sections import PrivacyOptions
 
     cfg = tiny_cfg(method="creff", rounds=6, dp_eps=8.0,
                    calibration_params={"creff_release_last": 2, "creff_weighting": "client"})

@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api_attack import attack, attack_kinds  # noqa: F401  (re-exported)
-from privfedcal.api_run import Run, Scratch, _check_progress, _make_room
-from privfedcal.config import RunConfig
+from privfedcal.api.arguments import _coerce, python_surface, register_check
+from privfedcal.api.attacking import attack, attack_kinds  # noqa: F401  (re-exported)
+from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
+from privfedcal.api.run import Run, Scratch, _check_progress, _make_room
 from privfedcal.errors import UsageError
-from privfedcal.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
-from privfedcal.pysurface import _coerce, python_surface, register_check
 from privfedcal.report.output_folder import check_writable
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.federation.simulator import Simulator
@@ -44,9 +44,9 @@ def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
             settings: Mapping[str, Any]) -> RunConfig:
     """A RunConfig from a RunConfig, a mapping, a TOML / config.json path or nothing,
     with ``settings`` (RunConfig field names) overriding it."""
-    from privfedcal.config import load_toml
     from privfedcal.experiment import check_calibration_params, check_method
-    from privfedcal.settings import CALIBRATION_SETTINGS, METHOD_SETTINGS
+    from privfedcal.settings.catalogue import CALIBRATION_SETTINGS, METHOD_SETTINGS
+    from privfedcal.settings.run_config import load_toml
 
     if isinstance(config, RunConfig):
         base = config.to_dict()
@@ -71,7 +71,7 @@ def _plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` with each value of a known setting (the hyperparameters' tables
     included) made plain and of its type (``_coerce``); the rest is judged by
     ``RunConfig.from_dict``."""
-    from privfedcal.settings import all_settings
+    from privfedcal.settings.catalogue import all_settings
 
     kinds = {s.name: s.type for s in all_settings() if s.scope != "flower"}
     out = dict(settings)
@@ -108,7 +108,7 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
     (``api_log.py``). Raises ``Diverged`` when the loss or model stops being finite (a
     folder given as ``out`` keeps what was written), ``UsageError`` on bad settings,
     ``PrivacyBudgetError`` when the budget cannot be met."""
-    from privfedcal.api_log import run_simulator
+    from privfedcal.api.log import run_simulator
     from privfedcal.experiment import build_simulator
 
     cfg = _config(config, settings)
@@ -128,7 +128,7 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
 
 def _plot(run_dir: Path, summary: dict[str, Any]) -> None:
     """``accuracy.png``, as ``privfedcal train`` draws it after a run (Pillow, milliseconds)."""
-    from privfedcal.accuracy_png import plot_accuracy_png
+    from privfedcal.report.accuracy_png import plot_accuracy_png
 
     plot_accuracy_png(run_dir / "metrics.jsonl", run_dir / "accuracy.png", summary)
 
@@ -163,10 +163,10 @@ def _resume_simulator(run_dir: Path, rounds: int | None = None,
     uninterrupted run of ``rounds`` rounds. Refused: fewer rounds than trained, a diverged
     run (it would diverge again), and a different round count with DP (every release's
     noise was calibrated for the planned number of rounds)."""
-    from privfedcal.config import read_run_config
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.checkpoint import checkpoint_round
     from privfedcal.federation.hooks import Calibrator
+    from privfedcal.settings.run_config import read_run_config
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
@@ -211,7 +211,7 @@ def resume(run: Run | str | Path, rounds: int | None = None,
     ``privfedcal train --resume RUN --rounds N``; see ``resume_simulator``), in its own
     folder: an in-memory run stays in memory. ``progress`` and the log lines as in
     ``train``."""
-    from privfedcal.api_log import run_simulator
+    from privfedcal.api.log import run_simulator
 
     path = run.path if isinstance(run, Run) else Path(run)
     scratch = run.scratch if isinstance(run, Run) else None

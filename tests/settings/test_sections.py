@@ -1,4 +1,4 @@
-"""The narrow options (privfedcal/options.py): each one's fields are the RunConfig settings of
+"""The narrow options (privfedcal/settings/sections.py): each one's fields are the RunConfig settings of
 its name and meaning, the privacy options hold every privacy setting, and a layer given the
 narrow option computes what it computed from the whole config."""
 
@@ -11,15 +11,15 @@ import math
 
 import pytest
 
-from privfedcal.cohorts import cohort_plan, select_clients
-from privfedcal.config import RunConfig, resolve_training_defaults
-from privfedcal.descriptions import settings_of
 from privfedcal.federation.setup import (
     PARTITION_SETTINGS,
     partition_is_secret,
     partition_settings_digest,
 )
-from privfedcal.options import (
+from privfedcal.privacy.cohorts import cohort_plan, select_clients
+from privfedcal.settings.descriptions import settings_of
+from privfedcal.settings.run_config import RunConfig, resolve_training_defaults
+from privfedcal.settings.sections import (
     DataOptions,
     EngineOptions,
     LocalSpec,

@@ -3,8 +3,8 @@
 ``setting(...)`` makes a described dataclass field (``RunConfig``'s, ``FlowerOptions``'),
 ``settings_of`` reads the descriptions back, ``check_value`` checks a value against one. The
 catalogue of every setting and what is derived from it (CLI options, TOML keys, the Flower
-run config, the docs' tables) is ``privfedcal/settings.py``, which sits above
-``privfedcal/config.py``: the description comes first, the config is made of it, the
+run config, the docs' tables) is ``privfedcal/settings/catalogue.py``, which sits above
+``privfedcal/settings/run_config.py``: the description comes first, the config is made of it, the
 catalogue reads the config.
 """
 

@@ -36,16 +36,16 @@ import sys
 import time
 from pathlib import Path
 
-from privfedcal.flower import clientapp_shim as shim
+from privfedcal.flower.deploy import clientapp_shim as shim
+from privfedcal.flower.deploy.warm_child import run_child
 from privfedcal.flower.pulls import quick_object_pulls
-from privfedcal.flower.warm_child import run_child
 
 #: imported before serving: what every privfedcal ClientApp process needs
 #: (httpcore/h11: Flower's runtime API client imports them lazily, ~0.2 s per process;
 #: privfedcal.data/calibration: imported when the client's experiment is built)
 PRELOAD = ("torch", "numpy.ma", "httpx", "httpcore", "h11", "flwr.supernode.cli",
            "flwr.supernode.runtime.run_clientapp", "privfedcal.flower.client_app",
-           "privfedcal.experiment", "privfedcal.protection", "privfedcal.data",
+           "privfedcal.experiment", "privfedcal.privacy.planner", "privfedcal.data",
            "privfedcal.calibration")
 MAX_REQUEST = 4 << 20  # bytes of argv + environment + cwd
 

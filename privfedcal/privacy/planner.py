@@ -1,7 +1,7 @@
 """The protection planner: a pure function from a run's privacy options to its plan.
 
 ``protection_inputs`` gathers, once, at the top, what the planner reads: the run's
-``PrivacyOptions`` (privfedcal/options.py, the experiment's ``exp.privacy``), the releases its
+``PrivacyOptions`` (privfedcal/settings/sections.py, the experiment's ``exp.privacy``), the releases its
 calibrator declares with the rounds it makes them in, and the federation's public number of
 training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
 into a ``ProtectionPlan``: the DP noise of every release, the CKKS set-up, DP-SGD's
@@ -30,7 +30,9 @@ import math
 from typing import Any
 
 from privfedcal.algorithms.algorithm import ALGORITHMS
-from privfedcal.cohorts import (
+from privfedcal.errors import UsageError
+from privfedcal.privacy.accounting import ReleasePlan, plan_noise
+from privfedcal.privacy.cohorts import (
     check_schedule,
     cohort_plan,
     observers_own,
@@ -38,9 +40,6 @@ from privfedcal.cohorts import (
     secure_minimum,
     select_clients,
 )
-from privfedcal.errors import UsageError
-from privfedcal.options import PrivacyOptions
-from privfedcal.privacy.accounting import ReleasePlan, plan_noise
 from privfedcal.privacy.dp import default_delta
 from privfedcal.privacy.dp_accounting import ASSUMPTIONS, DPAccounting
 from privfedcal.privacy.executor import execute_plan, live_user_dp, training_spec
@@ -56,6 +55,7 @@ from privfedcal.privacy.plan import (
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stage_registry import plan_stages
 from privfedcal.privacy.uplink import UPDATE_WEIGHT, Uplink
+from privfedcal.settings.sections import PrivacyOptions
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from privfedcal.api_run import Run, _check_progress
+from privfedcal.api.arguments import options_of, python_surface, register_check
+from privfedcal.api.run import Run, _check_progress
 from privfedcal.errors import UsageError
-from privfedcal.pysurface import options_of, python_surface, register_check
 
 if TYPE_CHECKING:
     from privfedcal.attacks.reconstruction.progress import Progress
@@ -55,7 +55,7 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     as ``train``'s). The ``privfedcal`` logger gets the attack's start and end (INFO) and
     each finished target (DEBUG). Nothing is written: ``privfedcal attack`` writes the
     files."""
-    from privfedcal.api_log import AttackWatch
+    from privfedcal.api.log import AttackWatch
     from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
     from privfedcal.attacks.reconstruction.uploads import ClassesOptions
     from privfedcal.attacks.release_attacks import RELEASE_ATTACKS

@@ -1,6 +1,6 @@
 """Every setting of a run, in one frozen dataclass: the one place that holds the defaults.
 
-Each field is also the setting's description (help, group, flag; privfedcal/descriptions.py),
+Each field is also the setting's description (help, group, flag; privfedcal/settings/descriptions.py),
 from which the CLI options, settings-file checks, the Flower run config and the docs'
 settings table are derived.
 
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privfedcal.descriptions import (
+from privfedcal.errors import UsageError
+from privfedcal.settings.descriptions import (
     PER_MODEL,
     calibration_settings,
     check_value,
     setting,
     settings_of,
 )
-from privfedcal.errors import UsageError
 
 #: the largest --dp-eps accepted: beyond it the guarantee says nothing (e^100 ~ 2.7e43)
 MAX_EPSILON = 100.0
@@ -64,7 +64,7 @@ CONFIG_FILE = "config.json"
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A whole experiment, and the description of every setting (privfedcal/settings.py):
+    """A whole experiment, and the description of every setting (privfedcal/settings/catalogue.py):
     each field carries its help text, help group and flag spelling. Field names are the CLI
     flags with ``-`` as ``_``."""
 
@@ -313,7 +313,7 @@ class RunConfig:
 
 def check_settings(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``d`` (RunConfig field names) with every value checked against its setting's type
-    (privfedcal/settings.py); the ``method_params`` / ``calibration_params`` tables' values
+    (privfedcal/settings/catalogue.py); the ``method_params`` / ``calibration_params`` tables' values
     too, for the names that have a flag (the rest are checked by the method or calibrator).
     Unknown names and wrong types raise a one-line UsageError starting with ``prefix``.
     ``dp_eps = None`` (config.json's "off") is inf."""

@@ -6,7 +6,7 @@ import json
 
 from PIL import Image
 
-from privfedcal.accuracy_png import _BLUE, _RED, _ticks, plot_accuracy_png
+from privfedcal.report.accuracy_png import _BLUE, _RED, _ticks, plot_accuracy_png
 
 
 def _colours(path) -> set:

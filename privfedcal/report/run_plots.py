@@ -11,7 +11,7 @@ from typing import Any
 from matplotlib.ticker import MaxNLocator
 
 from privfedcal.errors import UsageError
-from privfedcal.plotstyle import new_figure, save, series_style, styled
+from privfedcal.report.style.plotstyle import new_figure, save, series_style, styled
 
 
 def read_metrics(metrics_file: Path) -> list[dict[str, Any]]:

@@ -2,11 +2,11 @@
 annotations, and errors that name keywords instead of the CLI's flags.
 
 The library's checks are shared with the CLI and name its flags (``--dp-eps``). Each public
-function of the API (``privfedcal/api.py`` and the modules it re-exports) is wrapped by
+function of the API (``privfedcal/api/__init__.py`` and the modules it re-exports) is wrapped by
 ``python_surface``: its arguments become plain Python values (numpy and 0-d torch scalars
 included, checked against the parameter's annotation), and an error it raises names keywords
 instead of flags (``dp_eps``), translated through one table derived from the settings'
-descriptions (privfedcal/settings.py) and the attack options, so that a new setting is
+descriptions (privfedcal/settings/catalogue.py) and the attack options, so that a new setting is
 translated without a line here (tests/package/test_api_errors.py).
 """
 
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privfedcal.config import RunConfig
 from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
+from privfedcal.settings.run_config import RunConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,7 +59,7 @@ def flag_keywords() -> dict[str, Keyword]:
     is ``dp_eps``."""
     from privfedcal.attacks.attack_options import option_flags
     from privfedcal.attacks.release_attacks import registered
-    from privfedcal.settings import cli_settings
+    from privfedcal.settings.catalogue import cli_settings
 
     table: dict[str, Keyword] = {}
     for f in (f for a in registered() for f in option_flags(a.options)):
@@ -85,7 +85,7 @@ def _named_values(name: str) -> set[str]:
     from privfedcal.experiment import method_choices
     from privfedcal.federation.hooks import CALIBRATORS
     from privfedcal.models import MODELS
-    from privfedcal.settings import all_settings
+    from privfedcal.settings.catalogue import all_settings
 
     registries: dict[str, Callable[[], Iterable[str]]] = {
         "method": method_choices, "calibrate": lambda: [*CALIBRATORS.names(), "none"],
@@ -253,7 +253,7 @@ def options_of(cls: type, given: Mapping[str, Any], what: str,
     """``given`` checked as keyword arguments of the dataclass ``cls`` (less the names
     ``taken`` by the function itself): an unknown name is a UsageError listing the valid
     ones, each value plain and of its field's type."""
-    from privfedcal.descriptions import _kind
+    from privfedcal.settings.descriptions import _kind
 
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name not in set(taken)]

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.config import RunConfig
+from privfedcal.api.arguments import _as_path, _coerce, _plain, python_surface, register_check
 from privfedcal.errors import UsageError
-from privfedcal.pysurface import _as_path, _coerce, _plain, python_surface, register_check
 from privfedcal.report.output_folder import check_writable
+from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
     from privfedcal.federation.setup import Experiment
@@ -81,7 +81,7 @@ class Run:
 
     @property
     def config(self) -> RunConfig:
-        from privfedcal.config import read_run_config
+        from privfedcal.settings.run_config import read_run_config
 
         return read_run_config(self.path)
 

@@ -28,7 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.rcsetup import cycler
 
-from privfedcal.palette import PALETTE
+from privfedcal.report.style.palette import PALETTE
 
 #: heatmap colour maps (sequential; diverging for signed data)
 SEQUENTIAL = "cividis"

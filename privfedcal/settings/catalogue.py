@@ -1,7 +1,7 @@
 """The one description of every setting a run takes.
 
-A setting is declared once, as a field of :class:`privfedcal.config.RunConfig` (or of
-:class:`FlowerOptions`) made by :func:`setting` (``privfedcal/descriptions.py``, below the
+A setting is declared once, as a field of :class:`privfedcal.settings.run_config.RunConfig` (or of
+:class:`FlowerOptions`) made by :func:`setting` (``privfedcal/settings/descriptions.py``, below the
 config), as a field of a method's ``Params`` made by ``algorithms.base.hyper`` (the flags of
 ``METHOD_SETTINGS`` are derived from every registered method's), or as a field of a
 calibrator's ``Params`` made by ``descriptions.calibration_option`` (``CALIBRATION_SETTINGS``,
@@ -14,12 +14,12 @@ help text, help group and flag spelling live there, and everything else is deriv
 - settings files: TOML keys and types (:func:`check_value`, ``config.load_toml``);
 - the Flower run config (:func:`flower_key`, :func:`flower_defaults`; ``flower/records.py``
   and ``examples/flower/pyproject.toml``, whose values a test compares);
-- the tables of docs/usage.md and docs/flower.md (``python -m privfedcal.settings --write``
+- the tables of docs/usage.md and docs/flower.md (``python -m privfedcal.settings.catalogue --write``
   rewrites them, ``--check`` fails when they differ; a test runs the check).
 
 Adding a setting: one ``setting(...)`` field on ``RunConfig`` (or a ``hyper`` /
 ``calibration_option`` field of a method's / calibrator's ``Params``), then ``python -m
-privfedcal.settings --write`` and the new key with its default in
+privfedcal.settings.catalogue --write`` and the new key with its default in
 ``examples/flower/pyproject.toml`` (``tests/flower/test_example.py`` names what is missing).
 """
 
@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import privfedcal.calibration  # noqa: F401  (each calibrator registers its options)
-from privfedcal.config import RunConfig
-from privfedcal.descriptions import (
+from privfedcal.settings.descriptions import (
     GROUPS,
     PER_MODEL,
     SCOPES,
@@ -47,6 +46,7 @@ from privfedcal.descriptions import (
     setting,
     settings_of,
 )
+from privfedcal.settings.run_config import RunConfig
 
 
 def method_settings() -> tuple[Setting, ...]:
@@ -166,7 +166,7 @@ DOC_TABLES = (("docs/usage.md", "settings", usage_table),
 def rewrite(text: str, marker: str, table: str) -> str:
     """``text`` with the block between ``<!-- marker:begin -->`` and ``<!-- marker:end -->``
     replaced by ``table``."""
-    begin, end = f"<!-- {marker}:begin (generated: python -m privfedcal.settings --write) -->", \
+    begin, end = f"<!-- {marker}:begin (generated: python -m privfedcal.settings.catalogue --write) -->", \
         f"<!-- {marker}:end -->"
     head, sep, rest = text.partition(begin)
     _, sep2, tail = rest.partition(end)
@@ -182,7 +182,7 @@ def stale_docs(root: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if argv == ["--write"]:
         for name, marker, make in DOC_TABLES:
             path = root / name
@@ -191,10 +191,10 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         stale = stale_docs(root)
         for name in stale:
-            print(f"{name}: settings table out of date; run python -m privfedcal.settings "
+            print(f"{name}: settings table out of date; run python -m privfedcal.settings.catalogue "
                   "--write", file=sys.stderr)
         return 1 if stale else 0
-    print("usage: python -m privfedcal.settings --write | --check", file=sys.stderr)
+    print("usage: python -m privfedcal.settings.catalogue --write | --check", file=sys.stderr)
     return 2
 
 

@@ -1,4 +1,4 @@
-"""Fixed cohorts and the whole-run checker (privfedcal/cohorts.py): what every combination
+"""Fixed cohorts and the whole-run checker (privfedcal/privacy/cohorts.py): what every combination
 of a run's secure sums isolates, checked against an independent rank computation."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privfedcal import cohorts
-from privfedcal.cohorts import (
+from privfedcal.errors import UsageError
+from privfedcal.privacy import cohorts
+from privfedcal.privacy.cohorts import (
     CohortPlan,
     check_schedule,
     cohort_groups,
@@ -23,8 +24,7 @@ from privfedcal.cohorts import (
     select_clients,
     whole_cohorts,
 )
-from privfedcal.config import RunConfig
-from privfedcal.errors import UsageError
+from privfedcal.settings.run_config import RunConfig
 
 
 def _cfg(**kw) -> RunConfig:
@@ -136,7 +136,7 @@ def test_plain_selection_is_unchanged_and_secure_selection_takes_whole_cohorts()
 
 def test_planned_schedule_of_secure_runs_isolates_no_client_and_plain_selection_would():
     from privfedcal.experiment import calibrator_class
-    from privfedcal.protection import protection_inputs, secure_schedule
+    from privfedcal.privacy.planner import protection_inputs, secure_schedule
 
     for cfg in (_cfg(clients=4, method="creff", secagg=True, hide_counts=True),
                 _cfg(clients=4, method="fedavg", secagg_updates=True),

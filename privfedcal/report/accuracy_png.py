@@ -4,7 +4,7 @@
 import, more than the whole training of the default experiment, so this one plot is drawn
 directly: axes, grid, ticks, the accuracy line and, after calibration, the calibrated
 accuracy as a marker, in the first and fourth colours of plotstyle.PALETTE (Okabe-Ito). The
-other plots (reports, ``compare``, ``analyze``) use matplotlib (privfedcal/run_plots.py).
+other plots (reports, ``compare``, ``analyze``) use matplotlib (privfedcal/report/run_plots.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from privfedcal.palette import rgb
+from privfedcal.report.style.palette import rgb
 
 _W, _H = 720, 432  # pixels (6 x 3.6 inches at 120 dpi)
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 34, 46

@@ -1,0 +1,1 @@
+"""The look every figure shares: colours (palette.py) and matplotlib styling (plotstyle.py)."""
