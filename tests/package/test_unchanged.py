@@ -142,8 +142,10 @@ def cli_flags() -> dict[str, list[str]]:
             else:
                 names.append(f"ARGUMENT {p.name}")
         found[path] = sorted(names)
-        for name, sub in sorted(getattr(command, "commands", {}).items()):
-            walk(sub, f"{path} {name}".strip())
+        if isinstance(command, click.Group):  # list_commands: groups that build their own
+            ctx = click.Context(command, info_name=path or "privfedcal")
+            for name in sorted(command.list_commands(ctx)):
+                walk(command.get_command(ctx, name), f"{path} {name}".strip())
 
     walk(typer.main.get_command(app), "")
     return found
