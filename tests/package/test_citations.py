@@ -12,6 +12,10 @@ Scanned: the docstrings and comments of ``privfedcal/**/*.py``, and ``README.md`
   Python's: a name followed by a hyphen (``privfedcal.dp-eps``), a Flower run-config key
   (``privfedcal.rounds``: a setting's name), and ``a.b`` where ``a`` also names a settings
   section or a part of ``summary.json`` (``flower.hold``, ``privacy.whole_run``).
+
+A passage of a doc that names a commit (``the code at commit 8d8e21b``) may also cite that
+commit's files and modules, up to the next heading or bold lead (``**After**``): a walk
+through the code before a change stays checkable.
 """
 
 from __future__ import annotations
@@ -70,8 +74,40 @@ def python_prose(path: Path) -> Iterator[tuple[int, str]]:
                     yield body[0].lineno + offset, line
 
 
-def markdown_prose(path: Path) -> Iterator[tuple[int, str]]:
-    yield from enumerate(path.read_text().splitlines(), 1)
+_COMMIT = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
+
+
+def markdown_prose(path: Path) -> Iterator[tuple[int, str, str | None]]:
+    """(line, text, the commit the passage names or None) of every line of a doc."""
+    commit = None
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith(("#", "**")):
+            commit = None
+        named = _COMMIT.search(line)
+        commit = named.group(1) if named else commit
+        yield number, line, commit
+
+
+@functools.cache
+def files_at(commit: str) -> frozenset[str]:
+    """The paths of the repository's files at ``commit``."""
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    return frozenset(listed.splitlines())
+
+
+def existed_at(commit: str, cited: str, citing: Path) -> bool:
+    """Whether ``cited`` (a path, or a dotted ``privfedcal.`` name) named something at
+    ``commit``: a path resolved as ``path_exists`` does, a name by its module."""
+    files = files_at(commit)
+    if cited.startswith("privfedcal.") and "/" not in cited:
+        parts = cited.split(".")
+        return any(f"{'/'.join(parts[:cut])}{end}" in files for cut in range(2, len(parts) + 1)
+                   for end in (".py", "/__init__.py"))
+    if "/" not in cited:
+        return any(Path(f).name == cited for f in files)
+    here = citing.parent.relative_to(ROOT).as_posix() if citing.is_relative_to(ROOT) else ""
+    return any(f"{base}{cited}" in files for base in ("", "privfedcal/", "docs/", f"{here}/"))
 
 
 @functools.cache
@@ -139,14 +175,16 @@ def stale(files: list[Path]) -> list[str]:
     """``file:line: citation`` for every citation in ``files`` that names nothing."""
     out = []
     for path in files:
-        lines = python_prose(path) if path.suffix == ".py" else markdown_prose(path)
-        for number, text in lines:
+        lines = (((n, t, None) for n, t in python_prose(path)) if path.suffix == ".py"
+                 else markdown_prose(path))
+        for number, text, commit in lines:
             where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{number}"
             for cited in _PATH.findall(text):
-                if not path_exists(cited, path):
+                if not path_exists(cited, path) and not (
+                        commit and existed_at(commit, cited, path)):
                     out.append(f"{where}: {cited}")
             for dotted in dict.fromkeys(cited_names(text)):
-                if not name_exists(dotted):
+                if not name_exists(dotted) and not (commit and existed_at(commit, dotted, path)):
                     out.append(f"{where}: {dotted.removeprefix('privfedcal.')}")
     return out
 
@@ -169,6 +207,13 @@ def test_a_planted_stale_citation_fails(tmp_path: Path, citation: str):
     planted = tmp_path / "planted.py"
     planted.write_text(f'"""Module.\n\nSee {citation} for the rest."""\n\n# and {citation}\n')
     assert len(stale([planted])) == 2
+
+
+def test_a_passage_naming_a_commit_may_cite_its_files(tmp_path: Path):
+    doc = tmp_path / "walk.md"
+    doc.write_text("**Before** (the code at commit 8d8e21b):\n`config.py:128`, "
+                   "`settings.py`, `privfedcal.options`\n\n**After**: `config.py`\n")
+    assert stale([doc]) == [f"{doc}:4: config.py"]
 
 
 def test_existing_citations_pass(tmp_path: Path):
