@@ -4,6 +4,7 @@ over every trainable parameter (frozen ones are constant and add nothing)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -27,7 +28,7 @@ class FedProx(Algorithm):
     """FedAvg plus a proximal pull toward the global model the client received."""
 
     name = "fedprox"
-    Params = FedProxParams
+    Params: ClassVar[type] = FedProxParams
     vector_loss = ProximalLoss()
 
     _anchor: ProximalAnchor | None = None

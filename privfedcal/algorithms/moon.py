@@ -180,7 +180,7 @@ _AUTOCAST_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 def _autocast_keys(view: nn.Module) -> frozenset[str]:
     """State keys of ``view`` that autocast would cast on every call: linear/conv params."""
-    keys = set()
+    keys: set[str] = set()
     for name, module in view.named_modules():
         if isinstance(module, _AUTOCAST_LAYERS):
             keys.update(f"{name}.{p}" for p, _ in module.named_parameters(recurse=False))

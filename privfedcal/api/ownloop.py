@@ -86,8 +86,9 @@ def _tensor_batches(x: Tensor, y: Tensor | None, num_classes: int,
         yield x[i:i + batch_size], y[i:i + batch_size].long()
 
 
+# python_surface checks ``x`` by its annotation's text: the loader types stay bare there
 @python_surface
-def ccvr_statistics(model: nn.Module, x: Tensor | DataLoader | Dataset,
+def ccvr_statistics(model: nn.Module, x: Tensor | DataLoader | Dataset,  # type: ignore[type-arg]
                     y: Tensor | None = None, num_classes: int | None = None, *,
                     clip: float | None = None, batch_size: int = 1024,
                     head: str | None = None,

@@ -62,7 +62,8 @@ def create_calibrator(spec: CalibrationSpec, *, num_classes: int, feature_dim: i
             raise UsageError(f"calibrator {spec.name!r} takes no ':N' argument")
         return cls()
     params = calibrator_params(cls, spec, options or {})
-    return cls(params, num_classes=num_classes, feature_dim=feature_dim)
+    with_params: Any = cls  # a calibrator with Params takes them and the head's shape
+    return with_params(params, num_classes=num_classes, feature_dim=feature_dim)
 
 
 # the options a registered calibrator's Params declare with a flag

@@ -20,6 +20,7 @@ Conventions (ours where the paper is silent):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,7 +57,7 @@ class ClassStats:
     @classmethod
     def zeros(cls, num_classes: int, dim: int, device: torch.device | str | None = None
               ) -> ClassStats:
-        f64 = dict(dtype=torch.float64, device=device)
+        f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
         return cls(torch.zeros(num_classes, **f64), torch.zeros(num_classes, dim, **f64),
                    torch.zeros(num_classes, dim, dim, **f64))
 

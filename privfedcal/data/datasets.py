@@ -18,6 +18,7 @@ import dataclasses
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -183,7 +184,8 @@ def default_model_for(name: str | Dataset, *, image_size: int | None = None) -> 
     (or ``image_size``); without a size they default to ``cnn``.
     """
     if isinstance(name, Dataset):
-        name, image_size = name.name, name.image_size
+        image_size = name.image_size
+        name = name.name
     kind = name.partition(":")[0]
     if kind not in DATASETS:
         raise UsageError(f"unknown dataset {name!r}; valid choices: {_CHOICES}")
@@ -265,7 +267,7 @@ def _load_cifar(name: str, root: Path | None, download: bool) -> Dataset:
     parts = [read_cifar_batch(base / f, label_key) for f in train_files]
     x_tr, y_tr = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     x_te, y_te = read_cifar_batch(base / test_file, label_key)
-    classes = [str(c) for c in read_pickle(base / meta_file)[names_key]]
+    classes = [str(c) for c in cast("list[Any]", read_pickle(base / meta_file)[names_key])]
     return from_pixels(name, torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te),
                        torch.from_numpy(y_te), classes, augment=True)
 

@@ -96,8 +96,8 @@ def task_from_records(config: ConfigRecord, arrays: ArrayRecord,
     for key, value in config.items():
         if key.startswith(_FIELD):
             values[key[len(_FIELD):]] = value
-    for key, value in arrays.items():
-        values[key] = array_to_tensor(value, device)
+    for key, array in arrays.items():
+        values[key] = array_to_tensor(array, device)
     declared = {f.name for f in dataclasses.fields(cls)}
     extra = sorted(set(values) - declared)
     if extra:

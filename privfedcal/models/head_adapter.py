@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -105,7 +105,8 @@ class HeadAdapter(FeatureClassifier):
 
     @property
     def classifier(self) -> nn.Linear:  # type: ignore[override]
-        return self.net.get_submodule(self.head_name)
+        # find_head checked that it is a Linear when the adapter was built
+        return cast(nn.Linear, self.net.get_submodule(self.head_name))
 
     # ---- features: the head's input, taken by a pre-hook -------------------------------
     def features(self, x: Tensor) -> Tensor:
