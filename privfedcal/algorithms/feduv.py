@@ -67,7 +67,6 @@ def uniformity_loss(z: Tensor) -> Tensor:
         return torch.exp(-pair_d2 / sigma).mean()
 
 
-
 class FedUVLoss(VectorLoss):
     """FedUV: ``CE + mu * L_U(z) + lambda * L_V(logits)`` (``FedUV.local_loss``) over the real
     rows: the unbiased column variance of the softmax over them, the pairs among them, and
@@ -109,6 +108,7 @@ class FedUVLoss(VectorLoss):
         sigma = ordered.gather(0, middle.reshape(1))[0]
         # no non-zero distance: sigma = inf, every term exp(0) = 1 with zero gradient (``uniformity_loss``)
         return (torch.exp(-pair_d2 / sigma) * real).sum() / real.sum().clamp_min(1)
+
 
 @dataclasses.dataclass(frozen=True)
 class FedUVParams:

@@ -56,7 +56,6 @@ class _FeatureView(nn.Module):
         return self.model.features(x)
 
 
-
 class MoonLoss(VectorLoss):
     """MOON: ``CE + mu * l_con`` with z_glob from the received model and z_prev from the
     client's previous local model; a client without one (first round) has CE only, as in
@@ -88,6 +87,7 @@ class MoonLoss(VectorLoss):
 
     def client_state(self, state: State) -> State | None:
         return {k: v.clone() for k, v in state.items()}
+
 
 @dataclasses.dataclass(frozen=True)
 class MoonParams:
