@@ -20,8 +20,9 @@ API (stable):
   ``"package.module:attribute"``, imported on the name's first lookup, so that creating the
   registry imports nothing (``import privfedcal`` stays cheap, and a table may name modules
   that import the registry's own module).
-* ``register(name)``: a decorator adding an extension; a name already taken (built-in or
-  not) raises ``UsageError``.
+* ``register(name)``: a decorator adding an extension; a name already taken by another
+  component (built-in or not) raises ``UsageError``, and registering the same component
+  under its name again does nothing (a module imported twice).
 * ``unregister(name)``: takes an extension out again and returns it; a built-in cannot be
   taken out, and an unknown name raises ``UsageError``.
 * ``get(name)``: the component; an unknown name raises ``UsageError`` listing the valid ones.
@@ -61,6 +62,8 @@ class Registry(Generic[T]):
 
         def deco(obj: T) -> T:
             if name in self:
+                if self.get(name) is obj:
+                    return obj
                 raise UsageError(f"{self.kind} {name!r} registered twice")
             self._extensions[name] = obj
             return obj

@@ -29,6 +29,8 @@ def test_extensions_register_and_unregister():
     for taken in ("x", "y"):
         with pytest.raises(UsageError, match="registered twice"):
             reg.register(taken)(float)
+    assert reg.register("y")(str) is str and reg.register("x")(int) is int  # the same again
+    assert reg.names() == ["x", "y"]
     assert reg.unregister("y") is str and "y" not in reg
     with pytest.raises(UsageError, match="built in"):
         reg.unregister("x")
