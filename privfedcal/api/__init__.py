@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.arguments import _coerce, python_surface, register_check
+from privfedcal.api.arguments import coerce, python_surface, register_check
 from privfedcal.api.attacking import attack, attack_kinds  # noqa: F401  (re-exported)
 from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
 from privfedcal.api.run import Run, Scratch, _check_progress, _make_room
@@ -40,10 +40,11 @@ __all__ = [
 register_check("bool | Callable[[dict[str, Any]], None]", _check_progress)  # a round's record
 
 
-def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
-            settings: Mapping[str, Any]) -> RunConfig:
+def config_from(config: RunConfig | Mapping[str, Any] | str | Path | None,
+                settings: Mapping[str, Any]) -> RunConfig:
     """A RunConfig from a RunConfig, a mapping, a TOML / config.json path or nothing,
-    with ``settings`` (RunConfig field names) overriding it."""
+    with ``settings`` (RunConfig field names) overriding it; the settings of ``train`` and
+    of the jobs that take a run's settings (``audit_dp``)."""
     from privfedcal.experiment import check_calibration_params, check_method
     from privfedcal.settings.catalogue import CALIBRATION_SETTINGS, METHOD_SETTINGS
     from privfedcal.settings.run_config import load_toml
@@ -69,7 +70,7 @@ def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
 
 def _plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` with each value of a known setting (the hyperparameters' tables
-    included) made plain and of its type (``_coerce``); the rest is judged by
+    included) made plain and of its type (``coerce``); the rest is judged by
     ``RunConfig.from_dict``."""
     from privfedcal.settings.catalogue import all_settings
 
@@ -77,9 +78,9 @@ def _plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(settings)
     for k, v in out.items():
         if kinds.get(k) is dict and isinstance(v, Mapping):
-            out[k] = {n: _coerce(x, kinds.get(n), n) for n, x in v.items()}
+            out[k] = {n: coerce(x, kinds.get(n), n) for n, x in v.items()}
         elif k in kinds and kinds[k] is not dict:
-            out[k] = _coerce(v, kinds[k], k)
+            out[k] = coerce(v, kinds[k], k)
     return out
 
 
@@ -111,7 +112,7 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
     from privfedcal.api.log import run_simulator
     from privfedcal.experiment import build_simulator
 
-    cfg = _config(config, settings)
+    cfg = config_from(config, settings)
     scratch = None
     if out is not None or cfg.out:
         run_dir = Path(out) if out is not None else Path(str(cfg.out))
@@ -149,12 +150,12 @@ def _run_name(cfg: RunConfig) -> str:
 def resume_simulator(run_dir: str | Path, rounds: int | None = None,
                      threads: int | None = None) -> Simulator:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
-    one extended to ``rounds``, ready to ``run()`` (see ``_resume_simulator``)."""
-    return _resume_simulator(Path(run_dir), rounds, threads)
+    one extended to ``rounds``, ready to ``run()`` (see ``resume_simulator_for_cli``)."""
+    return resume_simulator_for_cli(Path(run_dir), rounds, threads)
 
 
-def _resume_simulator(run_dir: Path, rounds: int | None = None,
-                      threads: int | None = None) -> Simulator:
+def resume_simulator_for_cli(run_dir: Path, rounds: int | None = None,
+                             threads: int | None = None) -> Simulator:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
     one extended to ``rounds``, ready to ``run()`` (``privfedcal train --resume`` runs it;
     its messages name the CLI's flags).
@@ -215,7 +216,7 @@ def resume(run: Run | str | Path, rounds: int | None = None,
 
     path = run.path if isinstance(run, Run) else Path(run)
     scratch = run.scratch if isinstance(run, Run) else None
-    sim = _resume_simulator(path, rounds=rounds)
+    sim = resume_simulator_for_cli(path, rounds=rounds)
     _plot(path, run_simulator(sim, progress, _where(path, scratch)))
     return Run(path, scratch)
 

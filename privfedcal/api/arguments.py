@@ -140,7 +140,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> Any:
+def coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> Any:
     """``value`` as a plain ``kind`` (int, float, bool or str; other kinds: only made
     plain). An int never from a bool or from a float with a fraction; None only where
     ``optional`` (a setting's None is judged by its own check)."""
@@ -171,7 +171,7 @@ def _as_ints(value: Any, name: str, optional: bool) -> list[int] | None:
         return None
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise UsageError(f"{name} must be a list of integers, got {value!r}")
-    return [_coerce(v, int, f"{name}[{i}]", False) for i, v in enumerate(value)]
+    return [coerce(v, int, f"{name}[{i}]", False) for i, v in enumerate(value)]
 
 
 def check_that(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bool], Any]:
@@ -186,9 +186,9 @@ def check_that(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bo
 #: ``| None``); an annotation missing here fails at import, so none goes unchecked. A module
 #: of the API with a type of its own adds its check with ``register_check``.
 _CHECKS: dict[str, Callable[[Any, str, bool], Any]] = {
-    "int": lambda v, n, o: _coerce(v, int, n, o),
-    "float": lambda v, n, o: _coerce(v, float, n, o),
-    "str": lambda v, n, o: _coerce(v, str, n, o),
+    "int": lambda v, n, o: coerce(v, int, n, o),
+    "float": lambda v, n, o: coerce(v, float, n, o),
+    "str": lambda v, n, o: coerce(v, str, n, o),
     "str | Path": _as_path,
     "Iterable[int]": _as_ints,
     "RunConfig | Mapping[str, Any] | str | Path": check_that(
@@ -224,7 +224,8 @@ def python_surface(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` as Python callers see it: arguments checked and made plain by their
     annotations (``_CHECKS``), a wrong call a ``UsageError``, and the message of a usage,
     budget or divergence error in keywords (``python_message``). The CLI calls the
-    unwrapped functions (``api._resume_simulator``), whose messages keep its flags."""
+    functions' halves for it (``api.resume_simulator_for_cli``, ``jobs.compare_for_cli``),
+    whose messages keep its flags."""
     sig = inspect.signature(func)
     checks = {name: (_CHECKS[str(p.annotation).removesuffix(" | None")],
                      str(p.annotation).endswith("| None"))
@@ -253,7 +254,7 @@ def options_of(cls: type, given: Mapping[str, Any], what: str,
     """``given`` checked as keyword arguments of the dataclass ``cls`` (less the names
     ``taken`` by the function itself): an unknown name is a UsageError listing the valid
     ones, each value plain and of its field's type."""
-    from privfedcal.settings.descriptions import _kind
+    from privfedcal.settings.descriptions import field_kind
 
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name not in set(taken)]
@@ -262,6 +263,6 @@ def options_of(cls: type, given: Mapping[str, Any], what: str,
         raise UsageError(f"unknown {what} {', '.join(unknown)}; valid names: {', '.join(names)}")
     out = {}
     for k, v in given.items():
-        kind, optional = _kind(hints[k])
-        out[k] = _coerce(v, kind, k, optional)
+        kind, optional = field_kind(hints[k])
+        out[k] = coerce(v, kind, k, optional)
     return out

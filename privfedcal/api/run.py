@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.arguments import _as_path, _coerce, _plain, python_surface, register_check
+from privfedcal.api.arguments import _as_path, _plain, coerce, python_surface, register_check
 from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
 from privfedcal.settings.run_config import RunConfig
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["Run", "Scratch"]
 
 
-register_check("bool", lambda v, n, o: _coerce(v, bool, n, o))
+register_check("bool", lambda v, n, o: coerce(v, bool, n, o))
 
 
 def _check_progress(value: Any, name: str, optional: bool) -> Any:

@@ -127,7 +127,7 @@ def run_audit(flags: dict[str, Any]) -> None:
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
     # no line before the job's checks pass: its first stage (no description) is the start
     with Reporter("", total=len(config.settings()), quiet=quiet, announce=False) as bar:
-        rows = jobs._audit(config, out_dir, overwrite=overwrite, progress=lambda s: bar.update(
+        rows = jobs.audit_for_cli(config, out_dir, overwrite=overwrite, progress=lambda s: bar.update(
             description=f"audit {s.description}".strip(), completed=s.done,
             total=s.total)).rows
     table = Table(title=f"privfedcal audit: {out_dir}")
