@@ -83,6 +83,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
                     classes: Iterable[int] | None,
                     on_progress: Callable[[Progress], None]) -> list[AttackRecord]:
     """The records of ``attack``'s ``kind`` on ``view`` (a loaded server view)."""
+    from privfedcal.api.attack_jobs import joint_plan
     from privfedcal.attacks.reconstruction.runner import execute
     from privfedcal.attacks.reconstruction.uploads import infer_class_sets
     from privfedcal.attacks.release_attacks import release_attack
@@ -98,9 +99,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
     cls = None if classes is None else list(classes)
     if attack.plan is None:
         raise UsageError(f"attack {kind!r} has neither a planner nor a run")
-    plan = attack.plan(view, opts, ids, cls)
-    if not plan.jobs:
-        raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
+    plan = joint_plan([attack], {kind: opts}, view, ids, cls)  # refuses an empty plan
     done = execute(plan, lambda job: None, on_progress=on_progress)
     # typed by their writers (tests/package/test_results.py checks them against the types)
     return cast("list[AttackRecord]", [r.record for r in done])
