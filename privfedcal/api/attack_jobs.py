@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from privfedcal.federation.simulator import Simulator
 
 #: the quick run trained when no run folder is given (digits; a few seconds on a CPU)
-QUICK_RUN = dict(dataset="digits", clients=5, alpha=0.3, rounds=5, local_epochs=1, threads=1)
+QUICK_RUN: dict[str, Any] = dict(dataset="digits", clients=5, alpha=0.3, rounds=5, local_epochs=1, threads=1)
 
 INVERT_FILES = ("attack.json", "reconstructions.png")
 CLASSES_FILES = ("attack.json", "classes.png")
@@ -82,11 +82,10 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
         return run_dir
     quick = {**QUICK_RUN, "threads": threads or QUICK_RUN["threads"]}
     # ccvr and creff are methods of their own (FedAvg then the calibrator)
-    how = {"method": method} if method in METHOD_ALIASES else {"method": "fedavg",
-                                                                 "calibrate": calibrator}
+    how: dict[str, Any] = ({"method": method} if method in METHOD_ALIASES
+                           else {"method": "fedavg", "calibrate": calibrator})
     cfg = RunConfig(seed=seed, device=device, out=str(run_dir),
-                    calibration_params=audit_params(calibrator), **how,
-                    **quick)  # type: ignore[arg-type]
+                    calibration_params=audit_params(calibrator), **how, **quick)
     summary = shown.train(build_simulator(cfg, run_dir))
     shown.say(f"no --run given: trained a quick {method} run on digits into {run_dir} "
               f"(accuracy {summary['accuracy']:.4f})")

@@ -166,7 +166,9 @@ def _invert_options(
 
 def invert_command() -> Any:
     """``attack invert``: a flag per registered attack with a planner (its ``summary`` the
-    help), then the options of every one of them (their options types' CLI fields)."""
+    help), then the options of every one of them (their options types' CLI fields).
+    Written out in ``cli/command_signatures.py`` (``attack_invert``; kept in step by its
+    test)."""
     from privfedcal.attacks.attack_options import merged_flags
 
     attacks = _offered()
@@ -233,7 +235,8 @@ def _classes_options(
 
 def classes_command() -> Any:
     """``attack classes``: its own options, then ``ClassesOptions``' CLI fields as flags
-    (``--false-positive-rate``)."""
+    (``--false-positive-rate``). Written out in ``cli/command_signatures.py``
+    (``attack_classes``)."""
     from privfedcal.attacks.attack_options import option_flags
     from privfedcal.attacks.reconstruction.uploads import ClassesOptions
 

@@ -54,7 +54,8 @@ def _run_attack_options(
 def run_attack_command(attack: Any) -> Any:
     """``attack <name>`` for a registered attack on the run as a whole (``disaggregate``):
     its options type's CLI fields are its flags; it writes attack.json (and its figure)
-    into RUN/attack-<name>/ and prints its table, or a count of its records."""
+    into RUN/attack-<name>/ and prints its table, or a count of its records. Written out
+    for ``disaggregate`` in ``cli/command_signatures.py``."""
     from privfedcal.attacks.attack_options import option_flags
 
     def command(**flags: Any) -> None:

@@ -92,7 +92,8 @@ def _audit_options(
 
 def audit_command() -> Any:
     """The audit's callback: its own options, then the inversion options' flags, built from
-    ``InversionOptions``' fields with the audit's defaults (``inversion_options.AUDIT_DEFAULTS``)."""
+    ``InversionOptions``' fields with the audit's defaults (``inversion_options.AUDIT_DEFAULTS``).
+    Written out in ``cli/command_signatures.py`` (``audit``)."""
     from privfedcal.attacks.reconstruction.inversion_options import audit_flags
 
     def audit(**flags: Any) -> None:
