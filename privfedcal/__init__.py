@@ -2,12 +2,13 @@
 
 The public Python API (``docs/api.md``) is importable from here: ``privfedcal.train``,
 ``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.compare``,
-``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api/__init__.py`` (training
-and resuming runs), ``api/run.py`` (``Run``), ``api/attacking.py`` (``attack``),
-``api/ownloop.py`` (CCVR's halves for a loop of one's own) and ``privfedcal/jobs/`` (the other jobs of the CLI:
-compare, analyze, audit, audit_dp, partition, write_report), and are loaded on first use,
-so that ``import privfedcal`` stays cheap for the modules of the package that
-only need ``__version__``. The typed results are in ``privfedcal.results``.
+``privfedcal.RunConfig``, ... (``__all__``). They live in the package ``privfedcal/api/``:
+``__init__.py`` (training and resuming runs), ``run.py`` (``Run``), ``attacking.py``
+(``attack``), ``ownloop.py`` (CCVR's halves for a loop of one's own), and in
+``privfedcal/jobs/`` (the other jobs of the CLI: compare, analyze, audit, audit_dp,
+partition, write_report, and their progress record ``JobStep``). They are loaded on first
+use, so that ``import privfedcal`` stays cheap for the modules of the package that only
+need ``__version__``. The typed results are in ``privfedcal.results``.
 """
 
 from __future__ import annotations

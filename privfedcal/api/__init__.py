@@ -1,16 +1,20 @@
 """privfedcal's Python API: run experiments, read their results, attack what the server saw,
 and use CCVR's calibration with its protection from a federated loop of one's own.
-``train``, ``resume`` and ``load_run`` are here; ``Run`` is in ``api_run.py``, ``attack``
-in ``api_attack.py``, CCVR's halves in ``ownloop.py``.
+``train``, ``resume`` and ``load_run`` are here; ``Run`` is in ``run.py``, ``attack`` in
+``attacking.py``, CCVR's halves in ``ownloop.py``, the logger and progress bars in
+``log.py``, the argument checks in ``arguments.py``, and the jobs of ``privfedcal attack``
+as the command runs them in ``attack_jobs.py``.
 
-Every name here is re-exported by ``privfedcal`` (``privfedcal.__all__``); ``docs/api.md``
-is the guide, with doctested examples. The functions run the same code as the CLI
-(``privfedcal train`` / ``attack``) and write the same run folders, but ``train`` without
-``out`` keeps its run in a temporary folder until ``Run.save``; progress shows as a bar
-when interactive and goes to the ``privfedcal`` logger (``api_log.py``). Errors a user can
+Every name of ``__all__`` is re-exported by ``privfedcal`` (``privfedcal.__all__``);
+``docs/api.md`` is the guide, with doctested examples. The functions run the same code as
+the CLI (``privfedcal train`` / ``attack``) and write the same run folders, but ``train``
+without ``out`` keeps its run in a temporary folder until ``Run.save``; progress shows as a
+bar when interactive and goes to the ``privfedcal`` logger (``log.py``). Errors a user can
 fix raise ``privfedcal.UsageError`` with one line (the CLI prints it and exits 2), which
 names the keyword (``dp_eps``) where the CLI's names the flag (``--dp-eps``;
-``pysurface.py``). Numbers may be numpy scalars wherever Python numbers are taken.
+``arguments.py``). The halves the CLI calls after parsing its flags are public too and
+named for it (``resume_simulator_for_cli``), their messages in flags. Numbers may be numpy
+scalars wherever Python numbers are taken.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
     ``progress``: None (a bar when stderr is a terminal or in a notebook), True (a bar),
     False (none), or a callable called with each round's record instead of the bar. The
     ``privfedcal`` logger receives a line at the start, per evaluated round and at the end
-    (``api_log.py``). Raises ``Diverged`` when the loss or model stops being finite (a
+    (``api/log.py``). Raises ``Diverged`` when the loss or model stops being finite (a
     folder given as ``out`` keeps what was written), ``UsageError`` on bad settings,
     ``PrivacyBudgetError`` when the budget cannot be met."""
     from privfedcal.api.log import run_simulator
