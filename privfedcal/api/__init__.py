@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from privfedcal.api.arguments import coerce, python_surface, register_check
 from privfedcal.api.attacking import attack, attack_kinds  # noqa: F401  (re-exported)
 from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
-from privfedcal.api.run import Run, Scratch, _check_progress, _make_room
+from privfedcal.api.run import Run, Scratch, check_progress, make_room
 from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
 from privfedcal.settings.run_config import RunConfig
@@ -41,7 +41,7 @@ __all__ = [
     "load_run", "privatize_statistics", "resume", "resume_simulator", "train",
 ]
 
-register_check("bool | Callable[[dict[str, Any]], None]", _check_progress)  # a round's record
+register_check("bool | Callable[[dict[str, Any]], None]", check_progress)  # a round's record
 
 
 def config_from(config: RunConfig | Mapping[str, Any] | str | Path | None,
@@ -120,7 +120,7 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
     scratch = None
     if out is not None or cfg.out:
         run_dir = Path(out) if out is not None else Path(str(cfg.out))
-        _make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
+        make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
         check_writable(run_dir, flag="out")  # before the data are loaded and the model built
         cfg = cfg.replace(out=str(run_dir))
     else:  # in memory: config.json records no out until the run is saved

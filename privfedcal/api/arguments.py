@@ -133,7 +133,7 @@ def python_message(text: str, spell: Callable[[str], str] | None = None) -> str:
     return "".join(out) + text[pos:]
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A numpy scalar or a 0-d tensor as the Python value it holds."""
     if isinstance(value, np.generic) or (isinstance(value, Tensor) and value.ndim == 0):
         return value.item()
@@ -144,7 +144,7 @@ def coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> A
     """``value`` as a plain ``kind`` (int, float, bool or str; other kinds: only made
     plain). An int never from a bool or from a float with a fraction; None only where
     ``optional`` (a setting's None is judged by its own check)."""
-    value = _plain(value)
+    value = plain_value(value)
     if value is None and optional or kind not in _KIND_WORDS:
         return value
     if kind is int and isinstance(value, float) and value.is_integer():
@@ -158,7 +158,8 @@ def coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> A
     return float(value) if kind is float else value
 
 
-def _as_path(value: Any, name: str, optional: bool) -> Path | None:
+def as_path(value: Any, name: str, optional: bool) -> Path | None:
+    """A path argument (a str or a ``PathLike``) as a ``Path``; None only where ``optional``."""
     if value is None and optional:
         return None
     if isinstance(value, (str, os.PathLike)):
@@ -189,7 +190,7 @@ _CHECKS: dict[str, Callable[[Any, str, bool], Any]] = {
     "int": lambda v, n, o: coerce(v, int, n, o),
     "float": lambda v, n, o: coerce(v, float, n, o),
     "str": lambda v, n, o: coerce(v, str, n, o),
-    "str | Path": _as_path,
+    "str | Path": as_path,
     "Iterable[int]": _as_ints,
     "RunConfig | Mapping[str, Any] | str | Path": check_that(
         lambda v: isinstance(v, (RunConfig, Mapping, str, os.PathLike)),

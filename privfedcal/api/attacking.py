@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from privfedcal.api.arguments import options_of, python_surface, register_check
-from privfedcal.api.run import Run, _check_progress
+from privfedcal.api.run import Run, check_progress
 from privfedcal.errors import UsageError
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["attack", "attack_kinds"]
 
-register_check("bool | Callable[[Progress], None]", _check_progress)  # an attack's progress
+register_check("bool | Callable[[Progress], None]", check_progress)  # an attack's progress
 
 
 def attack_kinds() -> tuple[str, ...]:
