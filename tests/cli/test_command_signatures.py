@@ -101,7 +101,7 @@ def _built_in_commands() -> dict[str, Any]:
     try:
         return {"attack_invert": invert_command(), "attack_classes": classes_command(),
                 "attack_disaggregate": run_attack_command(
-                    release_attacks.RELEASE_ATTACKS.get("disaggregate")),
+                    release_attacks.release_attack("disaggregate")),
                 "audit": audit_command()}
     finally:
         release_attacks.registered = every
