@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from privfedcal.federation.simulator import Simulator
 
 #: the quick run trained when no run folder is given (digits; a few seconds on a CPU)
-QUICK_RUN: dict[str, Any] = dict(dataset="digits", clients=5, alpha=0.3, rounds=5, local_epochs=1, threads=1)
+QUICK_RUN: dict[str, Any] = dict(dataset="digits", clients=5, alpha=0.3, rounds=5,
+                                 local_epochs=1, threads=1)
 
 INVERT_FILES = ("attack.json", "reconstructions.png")
 CLASSES_FILES = ("attack.json", "classes.png")

@@ -128,9 +128,10 @@ def run_audit(flags: dict[str, Any]) -> None:
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
     # no line before the job's checks pass: its first stage (no description) is the start
     with Reporter("", total=len(config.settings()), quiet=quiet, announce=False) as bar:
-        rows = jobs.audit_for_cli(config, out_dir, overwrite=overwrite, progress=lambda s: bar.update(
-            description=f"audit {s.description}".strip(), completed=s.done,
-            total=s.total)).rows
+        rows = jobs.audit_for_cli(config, out_dir, overwrite=overwrite,
+                                  progress=lambda s: bar.update(
+                                      description=f"audit {s.description}".strip(),
+                                      completed=s.done, total=s.total)).rows
     table = Table(title=f"privfedcal audit: {out_dir}")
     for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
                 "prior max", "PSNR", "prior", "SSIM", "class inf", "disagg", "finest",

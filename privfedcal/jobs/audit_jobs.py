@@ -67,7 +67,7 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
 
 
 def audit_for_cli(config: AuditConfig, out: Path | None, *, overwrite: bool = False,
-           progress: Callable[[JobStep], None] | None = None) -> Audit:
+                  progress: Callable[[JobStep], None] | None = None) -> Audit:
     """``privfedcal audit``: train and attack every setting of ``config``. With ``out``,
     the runs go to ``out/runs`` and ``audit.csv`` and ``audit.png`` into ``out`` (an earlier
     audit there is kept unless ``overwrite``); without, the runs are trained in a temporary
@@ -141,16 +141,16 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
         **{k: v for k, v in given.items() if v is not None})
     with Watch(progress, "audit") as watch:
         return audit_for_cli(config, None if out is None else Path(out), overwrite=overwrite,
-                      progress=watch)
+                             progress=watch)
 
 
 # ---- audit dp: the distinguishing games -------------------------------------------------------
 
 def audit_dp_for_cli(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
-              budget_s: float = 120.0, confidence: float = 0.95,
-              channels: tuple[str, ...] | None = None, one_run: bool = True,
-              progress: Callable[[JobStep], None] | None = None,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> DPAudit:
+                     budget_s: float = 120.0, confidence: float = 0.95,
+                     channels: tuple[str, ...] | None = None, one_run: bool = True,
+                     progress: Callable[[JobStep], None] | None = None,
+                     on_row: Callable[[dict[str, Any]], None] | None = None) -> DPAudit:
     """``privfedcal audit dp`` of the configuration ``cfg``: each channel's game (and, with
     ``one_run``, the one-run audits) in this process. With ``out``, ``dp_audit.csv`` is
     rewritten after each row (an interrupted audit keeps the rows it has) and
@@ -254,5 +254,5 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     names = None if channels is None else parse_channels(",".join(as_tuple(channels)))
     with Watch(progress, "audit dp") as watch:
         return audit_dp_for_cli(cfg, None if out is None else Path(out), trials=trials,
-                         budget_s=budget_s, confidence=confidence, channels=names,
-                         one_run=one_run, progress=watch)
+                                budget_s=budget_s, confidence=confidence, channels=names,
+                                one_run=one_run, progress=watch)

@@ -44,8 +44,8 @@ class Partition:
 
 
 def partition_for_cli(config: RunConfig | Mapping[str, Any] | str | Path | None,
-               settings: Mapping[str, Any], out: Path | None = None,
-               overwrite: bool = False) -> Partition:
+                      settings: Mapping[str, Any], out: Path | None = None,
+                      overwrite: bool = False) -> Partition:
     """``privfedcal partition``: the partition ``train`` draws for the same settings (the
     ``PARTITION_KEYS`` of ``config``, ``settings`` over them). With ``out``, the heatmap and
     ``partition.json`` are written there (an earlier partition is kept unless ``overwrite``;

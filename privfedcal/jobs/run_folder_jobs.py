@@ -34,7 +34,8 @@ class Comparison:
 
 # ---- compare ----------------------------------------------------------------------------------
 
-def compare_for_cli(runs: list[Path], out: Path | None = None, overwrite: bool = False) -> Comparison:
+def compare_for_cli(runs: list[Path], out: Path | None = None,
+                    overwrite: bool = False) -> Comparison:
     """``privfedcal compare``: the runs' rows, written to ``out`` when given (an earlier
     comparison there is kept unless ``overwrite``; both files or neither)."""
     from privfedcal.report import comparison as comparing
@@ -74,8 +75,8 @@ def compare(runs: Iterable[Run | str | Path], *, out: str | Path | None = None,
 # ---- analyze ----------------------------------------------------------------------------------
 
 def analyze_for_cli(run_dir: Path, *, samples: int = 500, projections: int = 256,
-             max_clients: int | None = None, device: str | None = None, write: bool = True,
-             progress: Callable[[JobStep], None] | None = None) -> dict[str, Any]:
+                    max_clients: int | None = None, device: str | None = None, write: bool = True,
+                    progress: Callable[[JobStep], None] | None = None) -> dict[str, Any]:
     """``privfedcal analyze``: ``analysis.json``'s dict; with ``write``, it and the PNGs are
     written into the run folder."""
     from privfedcal.analysis.run_analysis import AnalysisOptions, analyze_run
@@ -107,7 +108,7 @@ def analyze(run: Run | str | Path, *, samples: int = 500, projections: int = 256
     (True) or never (False), or a callable given a ``JobStep`` per client."""
     with Watch(progress, "analyze") as watch:
         return analyze_for_cli(run_path(run), samples=samples, projections=projections,
-                        max_clients=max_clients, device=device, write=write, progress=watch)
+                               max_clients=max_clients, device=device, write=write, progress=watch)
 
 
 

@@ -83,7 +83,8 @@ def _function(name: str, func: Any) -> str:
             lines.append("    *,")
             keyword = True
         lines.append(f"    {_parameter(p)},")
-    doc = inspect.cleandoc(func.__doc__ or "").replace('"""', "'''").replace("\n", "\n    ").replace("\n    \n", "\n\n")
+    doc = inspect.cleandoc(func.__doc__ or "").replace('"""', "'''")
+    doc = doc.replace("\n", "\n    ").replace("\n    \n", "\n\n")  # indented as a docstring
     lines += [") -> None:", f'    """{doc}"""']
     return "\n".join(lines)
 
