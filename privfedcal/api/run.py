@@ -1,6 +1,6 @@
 """A run folder as the Python API hands it out (``Run``: read lazily, saved on request) and
 the temporary folder an in-memory run lives in (``Scratch``). ``train`` and ``resume``
-(``api.py``) make them; ``privfedcal.api`` re-exports ``Run``.
+(``api/__init__.py``) make them; ``privfedcal.api`` re-exports ``Run``.
 
 The keyword checks that the API's modules share (``bool``, ``progress``) are registered
 here, in the module they all import first."""
