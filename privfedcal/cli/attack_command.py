@@ -122,7 +122,7 @@ def show_progress(progress: Reporter, kind: str, p) -> None:
                          f"ETA {bound}{clock(p.eta)}")
 
 
-class Shown:
+class ConsoleShown:
     """What ``privfedcal attack`` shows while its job runs (``api.attack_jobs.Shown``): lines
     on the console, the quick run's rounds as ``train`` shows them, and a bar (or lines on
     stderr) over the inversions' steps, or over the inference of the class sets."""
@@ -199,7 +199,7 @@ def run_invert(attacks: list[Any], offered: dict[str, Any], flags: dict[str, Any
     done = invert_for_cli(chosen, opts, run=run, out=flags["out"], clients=clients,
                           classes=classes, device=flags["device"], threads=flags["threads"],
                           seed=flags.get("seed") or 0, resume=flags["resume"],
-                          overwrite=flags["overwrite"], shown=Shown(flags["quiet"]))
+                          overwrite=flags["overwrite"], shown=ConsoleShown(flags["quiet"]))
     print_table(records_table(done.records, f"privfedcal attack invert --{done.kind}: {done.run}"))
     print_notes(done.notes)
     console.print(f"wrote attack.json and reconstructions.png into {done.out_dir}")
@@ -262,7 +262,7 @@ def run_classes(flags: dict[str, Any]) -> None:
     run = run_folder(flags["run_dir"], flags["run"], "attack classes", required=False)
     done = classes_for_cli(opts, run=run, out=flags["out"], seed=flags["seed"],
                            device=flags["device"], threads=flags["threads"],
-                           overwrite=flags["overwrite"], shown=Shown(flags["quiet"]))
+                           overwrite=flags["overwrite"], shown=ConsoleShown(flags["quiet"]))
     print_table(classes_table(done.records, f"privfedcal attack classes: {done.run}"))
     print_notes(done.notes)
     console.print(f"wrote attack.json and classes.png into {done.out_dir}")
