@@ -79,7 +79,8 @@ def main() -> None:
         wall, cpu = [], []
         for r in range(1, rounds + 1):
             t, c = time.perf_counter(), time.process_time()
-            udp.receive(trainer, [None] * args.clients, glob, selected, r, transcript, {}, None)
+            udp.receive_round(trainer, [None] * args.clients, glob, selected, r, transcript, {},
+                              None)
             wall.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         transcript.close()

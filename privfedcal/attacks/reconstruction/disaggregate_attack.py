@@ -45,7 +45,7 @@ from privfedcal.attacks.release_attacks import ReleaseAttack, register
 from privfedcal.attacks.view import RunView, release_spec
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
-from privfedcal.privacy.uplink import UPDATE_WEIGHT
+from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
 
 NAME = TARGET  # the attack, and the target of its records
 #: estimates stored in a record when a value has at most this many entries
