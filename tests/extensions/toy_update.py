@@ -24,7 +24,7 @@ scaled states. It protects nothing (the factor is public): a toy.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
