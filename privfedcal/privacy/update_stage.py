@@ -89,7 +89,7 @@ class UpdateStage:
     def receive(self, rnd: UpdateRound, average: Callable[..., State] | None) -> Received:
         """A stage that ``takes`` the round: train it and average it (through ``average``,
         the wire's as the uplink runs it, where the run has a wire: None in the clear).
-        The other stages' halves do not run then."""
+        The uplink refuses another stage with halves beside it (they would not run)."""
         raise NotImplementedError(f"update stage {self.name!r} does not receive a round")
 
     def average(self, sent: State, states: list[State], weights: list[float],
@@ -107,6 +107,12 @@ class UpdateStage:
         return [], []
 
     # run-level properties and hooks
+    @property
+    def has_halves(self) -> bool:
+        """Whether this stage transforms updates (overrides ``client`` or ``server``)."""
+        kind = type(self)
+        return kind.client is not UpdateStage.client or kind.server is not UpdateStage.server
+
     @property
     def noises_updates(self) -> bool:
         """Whether this stage adds DP noise to the model updates (they are DP releases)."""

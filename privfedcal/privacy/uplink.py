@@ -93,6 +93,11 @@ class Uplink:
             raise UsageError("the uplink has one wire, its last stage")
         if sum(s.wire for s in self.update_stages) > 1:
             raise UsageError("the model updates have at most one wire")
+        taker = next((s for s in self.update_stages if s.takes), None)
+        halves = [s.name for s in self.update_stages if s is not taker and s.has_halves]
+        if taker is not None and halves:
+            raise UsageError(f"update stage {taker.name!r} receives the round itself: the "
+                             f"halves of {', '.join(halves)} would not run beside it")
 
     def find(self, kind: type[S]) -> S | None:
         """The stage of type ``kind`` (of the uploads or of the updates), if the uplink

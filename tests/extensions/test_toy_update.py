@@ -99,3 +99,13 @@ def test_its_state_travels_under_the_stages_key(tiny_cfg):
     fresh = execute_plan(_plan(tiny_cfg))
     fresh.load_state_dict(state)
     assert fresh.find(ToyUpdateStage).state_dict() == {"scaled": 5, "rounds": 1, "restored": 1}
+
+
+def test_refused_beside_a_stage_that_takes_the_round(tiny_cfg):
+    """DP-FedAvg receives the round itself (clip, sum, noise): the toy's halves would not
+    run, so the uplink is refused rather than run without them."""
+    from privfedcal.errors import UsageError
+
+    with pytest.raises(UsageError, match="'dp-fedavg' receives the round itself: the halves "
+                                         f"of {NAME} would not run"):
+        execute_plan(_plan(tiny_cfg, dp_updates=True, dp_eps=8.0))
