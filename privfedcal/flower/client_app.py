@@ -12,7 +12,7 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
 * ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
   metrics {num-examples, train-loss} (no train-loss under --dp-train or --dp-updates;
   under --dp-updates ``local`` is the global state moved by the node's clipped update,
-  ``clipped_update``). The method's
+  ``sent_update``: the update stages' client halves). The method's
   per-client state (MOON's previous model) stays on the node, in
   ``context.state["privfedcal.client-state"]``.
 * ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data;

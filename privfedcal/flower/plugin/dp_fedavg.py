@@ -27,7 +27,7 @@ What each side does, and why it holds:
   the guarantee holds against everyone who sees the models, not against the server, which
   sees each clipped update (as Flower's own DP wrappers; docs/flower.md);
 * the charges: before a round the ledger's budget check and each node's planned count
-  (``UserDP.open``), after it the release recorded (``UserDP.close``), in a
+  (``UserDP.admit_round``), after it the release recorded (``UserDP.charge_round``), in a
   ``DPAccounting`` planned exactly as the calibration's. ``calibrate(..., updates=...)``
   takes this ledger over, so summary.json's one ``epsilon_spent`` covers the rounds and
   the calibration release together (``privacy.user_dp`` gives the rounds' own).
