@@ -39,9 +39,9 @@ from privfedcal.settings.descriptions import (
     FlowerOptions,
     Setting,
     _hyper,
-    _kind,
     calibration_settings,
     check_value,
+    field_kind,
     render,
     setting,
     settings_of,
@@ -61,7 +61,7 @@ def method_settings() -> tuple[Setting, ...]:
         params = ALGORITHMS.get(method).Params
         hints = typing.get_type_hints(params)
         for f in dataclasses.fields(params):
-            kind, optional = _kind(hints[f.name])
+            kind, optional = field_kind(hints[f.name])
             uses.setdefault(f.name, []).append((method, f, kind, optional))
     out = []
     for name, fields in uses.items():
