@@ -29,6 +29,7 @@ from privfedcal.report.output_folder import all_or_nothing, check_fresh
 
 if TYPE_CHECKING:
     from privfedcal.attacks.reconstruction.progress import Progress
+    from privfedcal.attacks.reconstruction.scoring import Attacked
     from privfedcal.federation.simulator import Simulator
 
 #: the quick run trained when no run folder is given (digits; a few seconds on a CPU)
@@ -93,8 +94,9 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
     return run_dir
 
 
-def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict, keys: list[str],
-                    *, resume: bool, overwrite: bool) -> dict | None:
+def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict[str, Any],
+                    keys: list[str], *, resume: bool, overwrite: bool
+                    ) -> dict[int, Attacked] | None:
     """The finished targets of a partial attack in ``out_dir`` with ``resume`` (checked
     against ``settings`` and the plan's ``keys``); None otherwise, after refusing to
     replace earlier results without ``overwrite``."""
@@ -114,8 +116,8 @@ def earlier_targets(out_dir: Path, files: tuple[str, ...], settings: dict, keys:
     return None
 
 
-def keep_partial(out_dir: Path, files: tuple[str, ...], settings: dict, keys: list[str],
-                 stop: Any) -> Interrupted:
+def keep_partial(out_dir: Path, files: tuple[str, ...], settings: dict[str, Any],
+                 keys: list[str], stop: Any) -> Interrupted:
     """Write the targets an interrupted attack finished (a partial attack.json, all or
     nothing) and say how to finish it."""
     from privfedcal.attacks.reconstruction.resume import PARTIAL_IMAGES, write_partial
