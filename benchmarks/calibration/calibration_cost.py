@@ -88,8 +88,8 @@ def simulator(cfg: RunConfig, run_dir: Path) -> TimedSimulator:
 def posthoc_context(sim: Simulator) -> RoundContext:
     """The context ``Simulator.finish`` hands a post-hoc calibrator."""
     cfg = sim.loop
-    return RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
-                        list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
+    return RoundContext(sim, cfg.training.rounds, sim.global_state, sim.global_state,
+                        list(range(cfg.data.clients)), make_generator(cfg.training.seed, cfg.training.rounds, 0, 5))
 
 
 def profile(fn, top: int = 25) -> None:
@@ -124,7 +124,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         npz = make_npz(tmp / "data.npz", args.images)
-        base = RunConfig(dataset=f"npz:{npz}", model="cnn", clients=args.clients,
+        base = RunConfig.of(dataset=f"npz:{npz}", model="cnn", clients=args.clients,
                          partition=args.partition, alpha=0.5, rounds=args.rounds,
                          local_epochs=args.local_epochs, device="cpu", threads=args.threads,
                          eval_every=10**6, transcript=False, augment=False,

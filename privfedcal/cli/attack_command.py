@@ -126,7 +126,7 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
     # ccvr and creff are methods of their own (FedAvg then the calibrator)
     how = {"method": method} if method in METHOD_ALIASES else {"method": "fedavg",
                                                                  "calibrate": calibrator}
-    cfg = RunConfig(seed=seed, device=device, out=str(run_dir),
+    cfg = RunConfig.of(seed=seed, device=device, out=str(run_dir),
                     calibration_params=audit_params(calibrator), **how,
                     **quick)  # type: ignore[arg-type]
     summary = run_with_progress(build_simulator(cfg, run_dir), quiet=quiet)

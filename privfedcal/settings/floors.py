@@ -1,29 +1,32 @@
-"""Narrow, typed options: what each layer below the API needs of a run.
+"""What each floor below the API receives of a run: its section of the settings, with
+the few public facts of other sections it also needs.
 
-``RunConfig`` (config.py) is every setting of a run, as the user gives them. Below the
-CLI and the API each layer takes only its part, as a frozen dataclass built once from the
-resolved ``RunConfig`` (``run_options``) and passed down:
+``RunConfig`` (privfedcal/settings/run_config.py) is every setting of a run, in sections
+(privfedcal/settings/sections.py). Below the CLI and the API each floor takes only its part,
+built once from the resolved ``RunConfig`` (``run_options``) and passed down:
 
-- ``DataOptions``: the dataset and how it is split among the clients (data/, federation/setup.py);
+- ``DataOptions``: the data section and the seeds that draw the partition (data/,
+  federation/setup.py);
 - ``LocalSpec``: how a client trains: the local method, its hyperparameters and the
-  optimiser (federation/local.py, workers.py, vectorised.py);
-- ``EngineOptions``: where and how the run computes: device, processes, threads, batching;
-- ``PrivacyOptions``: the protections and the public protocol they are planned over (the
+  optimiser, the planned DP-SGD and precision (federation/local.py, workers.py, vectorised.py);
+- ``EngineSettings``: the engine section itself: device, processes, threads, batching;
+- ``PrivacyOptions``: the privacy section and the public protocol it is planned over (the
   privacy planner, privfedcal/privacy/planner.py, and privacy/);
 - ``LoopOptions``: what the round loop runs and records (federation/simulator.py).
 
-Each field keeps its ``RunConfig`` name and meaning (its help text is there), so a setting
-reads the same at every floor.
+``DataOptions`` and ``PrivacyOptions`` extend their section (its settings, defaults and
+rules are declared there, once); every field keeps its setting's name and meaning, so a
+setting reads the same at every floor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.sections import DataSettings, EngineSettings, PrivacySettings
 
 if TYPE_CHECKING:
     from privfedcal.settings.run_config import RunConfig
@@ -34,32 +37,24 @@ if TYPE_CHECKING:
 OPTIMIZERS = ("sgd",)
 
 
-def _pick(cls: type, cfg: RunConfig, **extra: Any) -> Any:
-    """``cls`` with each field read from ``cfg`` by name, ``extra`` over them."""
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in extra]
-    return cls(**{n: getattr(cfg, n) for n in names}, **extra)
+def values(section: Any) -> dict[str, Any]:
+    """A section's settings by name (shallow: tables stay the section's own)."""
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
-@dataclass(frozen=True)
-class DataOptions:
-    """The dataset and its split among the clients. ``data_seed`` draws the partition and
-    is the clients' secret under a protection (federation/setup.py ``resolve_data_seed``)."""
+@dataclass(frozen=True, kw_only=True)
+class DataOptions(DataSettings):
+    """The data section, with the seeds of the partition: ``data_seed`` draws it and is the
+    clients' secret under a protection (federation/setup.py ``resolve_data_seed``); ``seed``
+    draws it when none is given and the partition is public."""
 
-    dataset: str
-    data_root: str | None
-    download: bool
-    partition: str
-    clients: int
-    alpha: float
-    imbalance_factor: float
-    shards_per_client: int
-    min_size: int
-    seed: int
-    data_seed: int | None
+    seed: int = 0
+    data_seed: int | None = None
 
     @classmethod
     def of(cls, cfg: RunConfig) -> DataOptions:
-        return _pick(cls, cfg)
+        return cls(**values(cfg.data), seed=cfg.training.seed,
+                   data_seed=cfg.training.data_seed)
 
 
 @dataclass(frozen=True)
@@ -93,91 +88,51 @@ class LocalSpec:
     @classmethod
     def of(cls, cfg: RunConfig) -> LocalSpec:
         """From a ``RunConfig`` whose per-model defaults are resolved
-        (``config.resolve_training_defaults``)."""
-        unresolved = [n for n in ("local_epochs", "batch_size", "lr", "momentum",
-                                  "weight_decay", "augment") if getattr(cfg, n) is None]
+        (``run_config.resolve_training_defaults``)."""
+        t = cfg.training
+        recipe = {"local_epochs": t.local_epochs, "batch_size": t.batch_size, "lr": t.lr,
+                  "momentum": t.momentum, "weight_decay": t.weight_decay,
+                  "augment": cfg.data.augment}
+        unresolved = [n for n, v in recipe.items() if v is None]
         if unresolved:
             raise ValueError(f"resolve {', '.join(unresolved)} first "
-                             "(config.resolve_training_defaults)")
-        return _pick(cls, cfg, method=cfg.local_method, method_params=dict(cfg.method_params),
-                     optimizer="sgd", dp_sgd=None, mixed_precision=False)
+                             "(run_config.resolve_training_defaults)")
+        return cls(**recipe, seed=t.seed, method=cfg.local_method,
+                   method_params=dict(cfg.method_params), dp_train=cfg.privacy.dp_train)
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    """Where and how the run computes; none of it changes the numbers beyond float rounding
-    (docs/usage.md, "Speed")."""
+@dataclass(frozen=True, kw_only=True)
+class PrivacyOptions(PrivacySettings):
+    """What the privacy planner needs of a run: the privacy section (its protections,
+    declared and checked there) and the public protocol they are planned over (clients,
+    rounds, participation, the public seed: what ``cohorts.select_clients`` draws the
+    rounds' clients from), what runs (for messages and the DP-SGD check), DP-SGD's public
+    schedule (the resolved local epochs and batch size) and the calibrator's parameters its
+    release schedule depends on."""
 
-    device: str
-    workers: int
-    threads: int | None
-    client_batch: int
-    precision: str
-    deterministic: bool
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> EngineOptions:
-        return _pick(cls, cfg)
-
-
-@dataclass(frozen=True)
-class PrivacyOptions:
-    """What the privacy planner needs of a run: its protections (``RunConfig``'s
-    "Privacy" settings, same names and meanings) and the public protocol they are planned
-    over (clients, rounds, participation, the public seed: what ``cohorts.select_clients``
-    draws the rounds' clients from), what runs (for messages and the DP-SGD check),
-    DP-SGD's public schedule (the resolved local epochs and batch size) and the
-    calibrator's parameters its release schedule depends on."""
-
-    # the protections
-    dp_eps: float
-    dp_delta: float | None
-    dp_clip: float | None
-    dp_grad_clip: float | None
-    accountant: str
-    dp_train: bool
-    dp_train_share: float
-    dp_nominal_size: int | None
-    dp_updates: bool
-    dp_update_clip: float | None
-    dp_updates_share: float
-    dp_adaptive_clip: bool
-    dp_clip_quantile: float
-    secagg: bool
-    hide_counts: bool
-    insecure_seeded_noise: bool
-    secagg_updates: bool
-    secagg_min_clients: int
-    secagg_key_holder: int | None
-    stages: str  # opt-in stages by registered name, comma-separated
     # the public protocol
-    clients: int
-    rounds: int
-    participation: float
-    seed: int
+    clients: int = 10
+    rounds: int = 30
+    participation: float = 1.0
+    seed: int = 0
     # what runs, and DP-SGD's public schedule
-    method: str
-    local_method: str
-    calibrator: str
-    local_epochs: int | None
-    batch_size: int | None
+    method: str = "fedavg"
+    local_method: str = "fedavg"
+    calibrator: str = "none"
+    local_epochs: int | None = None
+    batch_size: int | None = None
     #: the calibrator's parameters (``--calibration-params``): its release schedule and its
     #: advice under DP read them (``Calibrator.release_rounds``, ``privacy_hints``)
     calibration_params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    @property
-    def dp_enabled(self) -> bool:
-        return math.isfinite(self.dp_eps)
-
-    @property
-    def secure(self) -> bool:
-        """Whether some uploads are summed under CKKS secure aggregation."""
-        return self.secagg or self.secagg_updates
-
     @classmethod
     def of(cls, cfg: RunConfig) -> PrivacyOptions:
-        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator,
-                     calibration_params=dict(cfg.calibration_params))
+        t = cfg.training
+        return cls(**values(cfg.privacy), clients=cfg.data.clients, rounds=t.rounds,
+                   participation=t.participation, seed=t.seed, method=cfg.method,
+                   local_method=cfg.local_method, calibrator=cfg.calibrator,
+                   local_epochs=t.local_epochs, batch_size=t.batch_size,
+                   calibration_params=dict(cfg.calibration_params))
 
 
 @dataclass(frozen=True)
@@ -198,7 +153,10 @@ class LoopOptions:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> LoopOptions:
-        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator)
+        t = cfg.training
+        return cls(method=cfg.method, local_method=cfg.local_method, calibrator=cfg.calibrator,
+                   dataset=cfg.data.dataset, clients=cfg.data.clients, rounds=t.rounds,
+                   eval_every=t.eval_every, seed=t.seed, transcript=cfg.output.transcript)
 
 
 class RunOptions(NamedTuple):
@@ -206,12 +164,12 @@ class RunOptions(NamedTuple):
 
     data: DataOptions
     training: LocalSpec
-    engine: EngineOptions
+    engine: EngineSettings
     privacy: PrivacyOptions
     loop: LoopOptions
 
 
 def run_options(cfg: RunConfig) -> RunOptions:
-    """Every narrow option of ``cfg`` (resolved: ``config.resolve_training_defaults``)."""
-    return RunOptions(DataOptions.of(cfg), LocalSpec.of(cfg), EngineOptions.of(cfg),
+    """Every narrow option of ``cfg`` (resolved: ``run_config.resolve_training_defaults``)."""
+    return RunOptions(DataOptions.of(cfg), LocalSpec.of(cfg), cfg.engine,
                       PrivacyOptions.of(cfg), LoopOptions.of(cfg))
