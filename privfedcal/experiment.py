@@ -104,8 +104,8 @@ def calibration_choice(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
     # the calibrator's privacy policy reads the run's privacy options, not the whole config
-    options = calibrator_class(cfg).privacy_options(PrivacyOptions.of(cfg),
-                                                    {**cfg.calibration_params, "seed": cfg.training.seed})
+    given = {**cfg.calibration_params, "seed": cfg.training.seed}
+    options = calibrator_class(cfg).privacy_options(PrivacyOptions.of(cfg), given)
     return spec, options
 
 

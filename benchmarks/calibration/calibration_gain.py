@@ -88,8 +88,8 @@ def posthoc(sim: Simulator, calibrate: str, cfg: RunConfig) -> dict[str, Any]:
     options of ``cfg`` (the benchmark's); test accuracy."""
     cfg = config_of(sim.exp).replace(calibration_params=cfg.calibration_params)
     calibrator = build_calibrator(cfg.replace(calibrate=calibrate), sim.exp)
-    ctx = RoundContext(sim, cfg.training.rounds, sim.global_state, sim.global_state,
-                       list(range(cfg.data.clients)), make_generator(cfg.training.seed, cfg.training.rounds, 0, 5))
+    ctx = RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
+                       list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
     t0 = time.perf_counter()
     calibrator.after_training(ctx)
     seconds = time.perf_counter() - t0
@@ -150,10 +150,10 @@ def diagnose_heads(sim: Simulator) -> dict[str, float]:
     from privfedcal.calibration.retrain import fresh_head, retrain_classifier, retrain_head_of
 
     cfg, creff = sim.loop, sim.calibrator
-    ctx = RoundContext(sim, cfg.training.rounds, sim.global_state, sim.global_state,
-                       list(range(cfg.data.clients)), make_generator(cfg.training.seed, cfg.training.rounds, 0, 5))
+    ctx = RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
+                       list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
     c, p = creff.num_classes, creff.params
-    payload = ctx.collect(StatsTask(c), list(range(cfg.data.clients)), sim.global_state, "diagnosis")
+    payload = ctx.collect(StatsTask(c), list(range(cfg.clients)), sim.global_state, "diagnosis")
     stats = ClassStats.from_payload(payload)
     virtual = sample_virtual_features(stats, virtual_counts(stats.count, 100), ctx.generator)
     m = p.features_per_class

@@ -205,7 +205,8 @@ def client_cka(run: RunState, options: AnalysisOptions,
                on_client: Callable[[int], None] | None = None) -> tuple[CKAResult, dict[str, Any]]:
     """Retrain each client one round from ``checkpoint/global`` and compare them per layer."""
     exp, cfg = run.exp, run.cfg
-    k = cfg.data.clients if options.max_clients is None else min(cfg.data.clients, options.max_clients)
+    clients = cfg.data.clients
+    k = clients if options.max_clients is None else min(clients, options.max_clients)
     if k < 2:
         raise UsageError("CKA between clients needs a run with at least 2 clients")
     x_test = exp.data.x_test

@@ -178,8 +178,8 @@ def _resume_simulator(run_dir: Path, rounds: int | None = None,
                              f">= {done}")
         if cfg.privacy.dp_enabled or cfg.privacy.dp_train:
             raise UsageError(f"--rounds cannot change a DP run: the noise of its releases was "
-                             f"calibrated for {cfg.training.rounds} rounds under --dp-eps; start a new "
-                             "run with the rounds you want")
+                             f"calibrated for {cfg.training.rounds} rounds under --dp-eps; start "
+                             "a new run with the rounds you want")
         cfg = cfg.replace(rounds=rounds)
     if previous is not None and done >= cfg.training.rounds:
         raise UsageError(f"{run_dir} is already complete (see summary.json); extend it "

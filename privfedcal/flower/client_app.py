@@ -276,7 +276,8 @@ def train(msg: Message, context: Context) -> Message:
     kept = context.state.array_records.get(CLIENT_STATE)
     client_state = record_to_state(kept, exp.device) if kept is not None else None
     # under --dp-train local training is a release: the node's own ledger (node_ledger.py)
-    with node_release(context, rt.uplink, DPSGD_RELEASE) if rt.cfg.privacy.dp_train else nullcontext():
+    released = rt.cfg.privacy.dp_train
+    with node_release(context, rt.uplink, DPSGD_RELEASE) if released else nullcontext():
         state, new_client_state, loss = train_client(
             exp.model, exp.algo, global_state, client_state, exp.data.x_train,
             exp.data.y_train, rt.idx, exp.spec, round_, rt.partition)

@@ -112,8 +112,8 @@ def parse_run_config(user_config: Mapping[str, Any]) -> tuple[RunConfig, FlowerO
         # besides its own (cohorts.secure_minimum); the server and every node derive it alike
         cfg = cfg.replace(secagg_key_holder=opts.key_holder)
     elif cfg.privacy.secagg and cfg.privacy.secagg_key_holder != opts.key_holder:
-        raise UsageError(f"run config: secagg-key-holder {cfg.privacy.secagg_key_holder} differs from "
-                         f"flower.key-holder {opts.key_holder}")
+        raise UsageError(f"run config: secagg-key-holder {cfg.privacy.secagg_key_holder} "
+                         f"differs from flower.key-holder {opts.key_holder}")
     return cfg, opts
 
 

@@ -48,7 +48,8 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
                          "it to every SuperNode instead (--node-config 'data-seed=S', "
                          "docs/flower.md)")
     cfg = cfg.replace(workers=1, client_batch=1)  # the nodes train; each its one client
-    run_dir = Path(cfg.output.out) if cfg.output.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
+    run_dir = (Path(cfg.output.out) if cfg.output.out
+               else Path("runs") / f"flower-{cfg.method}-{context.run_id}")
     exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
     link = GridLink(grid, exp.loop.clients, options)
     return FlowerSimulator(exp, run_dir, link, calibrator=calibrator, uplink=uplink,

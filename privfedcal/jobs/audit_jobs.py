@@ -213,12 +213,14 @@ def _one_run_audits(cfg: RunConfig, channels: list[str], *, confidence: float,
 
         done(audit_one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
                            budget_s=budget_s,
-                           progress=stage(f"{calibration[0]} (one run), clients", cfg.data.clients)))
+                           progress=stage(f"{calibration[0]} (one run), clients",
+                                          cfg.data.clients)))
     if cfg.privacy.dp_train:
         from privfedcal.attacks.distinguishing.one_run_training import one_run_training
 
         done(one_run_training(cfg, per_client=200, confidence=confidence, budget_s=budget_s,
-                              progress=stage("dp-sgd (one run), training rounds", cfg.training.rounds)))
+                              progress=stage("dp-sgd (one run), training rounds",
+                                             cfg.training.rounds)))
 
 
 @job

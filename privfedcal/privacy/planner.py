@@ -1,9 +1,9 @@
 """The protection planner: a pure function from a run's privacy options to its plan.
 
 ``protection_inputs`` gathers, once, at the top, what the planner reads: the run's
-``PrivacyOptions`` (privfedcal/settings/floors.py, the experiment's ``exp.privacy``), the releases its
-calibrator declares with the rounds it makes them in, and the federation's public number of
-training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
+``PrivacyOptions`` (privfedcal/settings/floors.py, the experiment's ``exp.privacy``), the
+releases its calibrator declares with the rounds it makes them in, and the federation's
+public number of training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
 into a ``ProtectionPlan``: the DP noise of every release, the CKKS set-up, DP-SGD's
 schedule, DP-FedAvg's clip and every registered stage's set-up, after the whole-run checks
 (the combination of flags, the budget, the secure-aggregation schedule). It reads nothing
@@ -191,7 +191,7 @@ def check_secure_aggregation(inputs: ProtectionInputs) -> None:
         raise UsageError(f"--secagg protects calibration uploads, and {p.method} with "
                          f"--calibrate {p.calibrator} uploads none: use --secagg-updates "
                          "to hide the model updates")
-    if not (p.secagg or p.secagg_updates):
+    if not p.secure:
         return
     need = secure_minimum(p)
     minimum = f"--secagg-min-clients {p.secagg_min_clients}" + (

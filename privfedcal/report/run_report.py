@@ -94,9 +94,10 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
 
         cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "versions"})
         data = load_dataset(cfg.data.dataset, cfg.data.data_root, download=False)
-        spec = PartitionSpec(scheme=cfg.data.partition, num_clients=cfg.data.clients, alpha=cfg.data.alpha,
-                             imbalance_factor=cfg.data.imbalance_factor,
-                             shards_per_client=cfg.data.shards_per_client, min_size=cfg.data.min_size)
+        d = cfg.data
+        spec = PartitionSpec(scheme=d.partition, num_clients=d.clients, alpha=d.alpha,
+                             imbalance_factor=d.imbalance_factor,
+                             shards_per_client=d.shards_per_client, min_size=d.min_size)
         parts = partition_dataset(data, spec, int(data_seed))
         return (class_counts(data.y_train.cpu().numpy(), parts, data.num_classes).tolist(),
                 list(data.classes))

@@ -169,6 +169,20 @@ class RunConfig:
         return RunConfig.of(**{**self.flat(), **changes})
 
 
+def _flat_reader(section: str, name: str) -> property:
+    return property(lambda cfg: getattr(getattr(cfg, section), name),
+                    doc=f"``{section}.{name}``, read by its flat name.")
+
+
+# The Python API's users read a run's settings by their flat names (``run.config.rounds``,
+# docs/api.md), as they give them: each section setting is also a read-only attribute of
+# ``RunConfig``. Added after the class, so type checkers see only the sections: the package
+# itself reads ``cfg.training.rounds``.
+for _s in settings_of(RunConfig, "run"):
+    if _s.section:
+        setattr(RunConfig, _s.name, _flat_reader(_s.section, _s.name))
+
+
 @functools.cache
 def _section_of_name() -> dict[str, str]:
     """Each flat setting name -> the ``RunConfig`` section attribute holding it ("": a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -353,18 +354,18 @@ def test_privacy_policy_sample_weighting_under_dp_unless_given():
     from privfedcal.calibration.creff import CReFF
     from privfedcal.settings.run_config import RunConfig
 
-    dp = RunConfig.of(method="creff", dp_eps=8.0)
+    dp = PrivacyOptions.of(RunConfig.of(method="creff", dp_eps=8.0))
     schedule = {"rounds": 30, "creff_client_draws": DP_CLIENT_DRAWS}
     assert CReFF.privacy_options(dp, {"seed": 0}) == {"seed": 0, "creff_weighting": "sample",
                                                       **schedule}
     assert "uses sample weighting" in CReFF.privacy_hints(dp)[0]
-    given = dp.replace(calibration_params={"creff_weighting": "client"})
+    given = dataclasses.replace(dp, calibration_params={"creff_weighting": "client"})
     assert CReFF.privacy_options(given, {"creff_weighting": "client"}) == {
         "creff_weighting": "client", **schedule}
     assert "far more accurate" in CReFF.privacy_hints(given)[0]
-    sample = dp.replace(calibration_params={"creff_weighting": "sample"})
+    sample = dataclasses.replace(dp, calibration_params={"creff_weighting": "sample"})
     assert CReFF.privacy_hints(sample) == []
-    plain = RunConfig.of(method="creff")
+    plain = PrivacyOptions.of(RunConfig.of(method="creff"))
     assert CReFF.privacy_options(plain, {}) == {"rounds": 30}
     assert CReFF.privacy_hints(plain) == []
 

@@ -93,7 +93,7 @@ def test_hidden_counts_are_not_determined_by_the_server_view(tmp_path):
         assert not np.array_equal(_counts(cfg, cfg.training.seed), held)  # the seed does not redraw it
         assert read_run_config(run).training.data_seed not in (None, cfg.training.seed)
         texts = [p.read_text() for p in (run / "server").rglob("*.json")]
-        assert not any(str(read_run_config(run).data_seed) in t for t in texts)
+        assert not any(str(read_run_config(run).training.data_seed) in t for t in texts)
         for row in held:
             assert not any(json.dumps(row.tolist()) in t for t in texts)
         index = json.loads((run / "server" / "transcript" / "index.json").read_text())

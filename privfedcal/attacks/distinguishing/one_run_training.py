@@ -120,8 +120,9 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     claim = float(privacy.get("epsilon_spent", float("nan")))
     delta = float(privacy.get("delta", 0.0))
     eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
-    rounds = (f"the whole run of {cfg.training.rounds} round(s)" if trained == cfg.training.rounds else
-              f"{trained} of the run's {cfg.training.rounds} rounds (time budget)")
+    planned = cfg.training.rounds
+    rounds = (f"the whole run of {planned} round(s)" if trained == planned else
+              f"{trained} of the run's {planned} rounds (time budget)")
     return {"channel": "dp-sgd (one run)", "claimed_eps": claim, "delta": delta,
             "eps_lower": eps, "confidence": confidence, "trials": 1,
             "canary": (f"{m} canaries ({cfg.data.clients} clients x {per_client}: random inputs "
@@ -158,8 +159,8 @@ def _train(exp: Any, calibrator: Any, uplink: Any, t0: float, budget_s: float | 
         nonlocal trained
         trained = record["round"]
         if progress is not None:
-            progress(trained, cfg.training.rounds)
-        if trained < cfg.training.rounds and budget_spent(t0, budget_s):
+            progress(trained, cfg.rounds)
+        if trained < cfg.rounds and budget_spent(t0, budget_s):
             raise _BudgetSpent
 
     with tempfile.TemporaryDirectory() as tmp:

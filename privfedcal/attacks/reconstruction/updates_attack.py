@@ -79,7 +79,8 @@ def _update_job(view: RunView, opts: UpdatesOptions, rel: Release, client: int) 
             grads = torch.autograd.grad(loss, [p for _, p in named])
         finally:
             view.load_state(rel.state)  # undo running-statistics updates; back to eval mode
-        update = {n: -view.cfg.training.lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
+        lr = view.cfg.training.lr
+        update = {n: -lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
         res = invert_update(model, update, batch_size=int(pick.numel()), kind="update",
                             image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
                             generator=make_generator(opts.seed, client, rel.round, 65),
@@ -103,10 +104,11 @@ def _recorded_update_job(view: RunView, opts: UpdatesOptions, round_: int,
     simulated with the recorded recipe; ``model_updates.invert_model_update``)."""
     client = int(entry["client"])
     cfg = view.cfg
-    recipe = LocalRecipe(epochs=int(entry.get("local_epochs", cfg.training.local_epochs)),
-                         batch_size=int(entry.get("batch_size", cfg.training.batch_size)),
-                         lr=float(entry.get("lr", cfg.training.lr)), momentum=float(cfg.training.momentum),
-                         weight_decay=float(cfg.training.weight_decay))
+    t = cfg.training
+    recipe = LocalRecipe(epochs=int(entry.get("local_epochs", t.local_epochs)),
+                         batch_size=int(entry.get("batch_size", t.batch_size)),
+                         lr=float(entry.get("lr", t.lr)), momentum=float(t.momentum),
+                         weight_decay=float(t.weight_decay))
     weight = entry.get("weight")
     truth = view.client_indices(client)
     # Under --dp-train the server averages with uniform public weights (1 per client): the

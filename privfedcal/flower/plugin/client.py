@@ -222,8 +222,8 @@ class CalibrationClient:
             n = settings.examples or self.size(context)
             # with dp-clip = "auto", the search's noise in the run's one plan, as the server's
             preset = settings.auto_clip.preset() if settings.auto_clip is not None else None
-            uplink = execute_plan(plan_for_run(PrivacyOptions.of(settings.cfg), calibrator_class(settings.cfg), n,
-                                               preset))
+            uplink = execute_plan(plan_for_run(PrivacyOptions.of(settings.cfg),
+                                               calibrator_class(settings.cfg), n, preset))
             self._runs = {key: uplink}
         return NodeRun(settings, self._runs[key], partition)
 

@@ -156,7 +156,8 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
     if cfg.privacy.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")
     inputs = protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg))
-    return AutoClip.plan(float(cfg.privacy.dp_eps), float(cfg.privacy.dp_delta), cfg.privacy.accountant,
+    p = cfg.privacy
+    return AutoClip.plan(float(p.dp_eps), float(p.dp_delta), p.accountant,
                          with_update_release(inputs, release_plans(inputs)))
 
 

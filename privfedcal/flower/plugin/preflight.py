@@ -212,7 +212,8 @@ def _plan(settings: PluginSettings, examples: int) -> None:
     preset = None
     if settings.auto_clip is not None:  # any clip: the search chooses it later
         cfg, preset = cfg.replace(dp_clip=1.0), settings.auto_clip.preset()
-    plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg), settings.examples or max(examples, 1), preset)
+    plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg),
+                 settings.examples or max(examples, 1), preset)
 
 
 def _node_problem(node: int, reply: Message | None, want: str) -> str | None:
