@@ -94,6 +94,7 @@ def test_uniform_dp_sgd_weight_is_not_taken_for_a_sample_count(ccvr_view, tmp_pa
     n = int(ccvr_view.truth_exp.parts[0].numel())
     for dp_train, want_n in ((False, 1), (True, n)):
         config["dp_train"] = dp_train
+        config["dp_eps"] = 8.0 if dp_train else None  # DP-SGD spends a budget
         (run / "server" / "config.json").write_text(json.dumps(config))
         (job,) = plan_updates(load_run(run, exp=ccvr_view.truth_exp), UpdatesOptions(steps=2)).jobs
         assert job.base["n"] == want_n and job.base["dp"] is dp_train
