@@ -1,23 +1,23 @@
 """The one description of every setting a run takes.
 
-A setting is declared once, as a field of :class:`privfedcal.settings.run_config.RunConfig` (or of
-:class:`FlowerOptions`) made by :func:`setting` (``privfedcal/settings/descriptions.py``, below the
-config), as a field of a method's ``Params`` made by ``algorithms.base.hyper`` (the flags of
+A setting is declared once, as a field of one of ``RunConfig``'s sections
+(privfedcal/settings/sections.py) or of ``RunConfig`` itself (or of :class:`FlowerOptions`)
+made by :func:`setting` (``privfedcal/settings/descriptions.py``, below the config), as a
+field of a method's ``Params`` made by ``algorithms.algorithm.hyper`` (the flags of
 ``METHOD_SETTINGS`` are derived from every registered method's), or as a field of a
 calibrator's ``Params`` made by ``descriptions.calibration_option`` (``CALIBRATION_SETTINGS``,
-likewise). Its name, type, default,
-help text, help group and flag spelling live there, and everything else is derived from
-:func:`all_settings`:
+likewise). Its name, type, default, help text, help group and flag spelling live there, and
+everything else is derived from :func:`all_settings`:
 
 - ``privfedcal train`` / ``privfedcal partition`` options (``cli/train_command.py`` builds the
   command's signature from them);
-- settings files: TOML keys and types (:func:`check_value`, ``config.load_toml``);
+- settings files: TOML keys and types (:func:`check_value`, ``run_config.load_toml``);
 - the Flower run config (:func:`flower_key`, :func:`flower_defaults`; ``flower/records.py``
   and ``examples/flower/pyproject.toml``, whose values a test compares);
 - the tables of docs/usage.md and docs/flower.md (``python -m privfedcal.settings.catalogue --write``
   rewrites them, ``--check`` fails when they differ; a test runs the check).
 
-Adding a setting: one ``setting(...)`` field on ``RunConfig`` (or a ``hyper`` /
+Adding a setting: one ``setting(...)`` field on the section it belongs to (or a ``hyper`` /
 ``calibration_option`` field of a method's / calibrator's ``Params``), then ``python -m
 privfedcal.settings.catalogue --write`` and the new key with its default in
 ``examples/flower/pyproject.toml`` (``tests/flower/test_example.py`` names what is missing).

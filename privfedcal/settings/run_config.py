@@ -180,6 +180,9 @@ def _flat_reader(section: str, name: str) -> property:
 # itself reads ``cfg.training.rounds``.
 for _s in settings_of(RunConfig, "run"):
     if _s.section:
+        if hasattr(RunConfig, _s.name):
+            raise TypeError(f"setting {_s.name!r} of section {_s.section} would hide "
+                            f"RunConfig.{_s.name}")
         setattr(RunConfig, _s.name, _flat_reader(_s.section, _s.name))
 
 
