@@ -122,11 +122,11 @@ def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = N
                log: tuple[str, ...] = (), report_html: bool = False,
                quiet: bool = False) -> dict[str, Any]:
     """Continue an interrupted run, or extend a finished one to ``rounds``
-    (``privfedcal.api._resume_simulator`` checks and builds it; the API's wrapped
+    (``privfedcal.api.resume_simulator_for_cli`` checks and builds it; the API's wrapped
     ``resume_simulator`` would speak in keywords)."""
-    from privfedcal.api import _resume_simulator
+    from privfedcal.api import resume_simulator_for_cli
 
-    sim = _resume_simulator(run_dir, rounds=rounds, threads=threads)
+    sim = resume_simulator_for_cli(run_dir, rounds=rounds, threads=threads)
     sim.log.enable(log)
     try:
         summary = run_with_progress(sim, quiet=quiet)

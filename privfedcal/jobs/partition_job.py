@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.arguments import _coerce
+from privfedcal.api.arguments import coerce
 from privfedcal.errors import UsageError
 from privfedcal.jobs.job_surface import job
 from privfedcal.report.output_folder import all_or_nothing, check_fresh
@@ -43,9 +43,9 @@ class Partition:
         return [int(n) for n in self.counts.sum(axis=1)]
 
 
-def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
-               settings: Mapping[str, Any], out: Path | None = None,
-               overwrite: bool = False) -> Partition:
+def partition_for_cli(config: RunConfig | Mapping[str, Any] | str | Path | None,
+                      settings: Mapping[str, Any], out: Path | None = None,
+                      overwrite: bool = False) -> Partition:
     """``privfedcal partition``: the partition ``train`` draws for the same settings (the
     ``PARTITION_KEYS`` of ``config``, ``settings`` over them). With ``out``, the heatmap and
     ``partition.json`` are written there (an earlier partition is kept unless ``overwrite``;
@@ -119,5 +119,5 @@ def partition(config: RunConfig | Mapping[str, Any] | str | Path | None = None, 
         raise UsageError(f"partition takes no setting {', '.join(unknown)}; it takes: "
                          f"{', '.join(PARTITION_KEYS)}")
     kinds = {s.name: s.type for s in settings_of(RunConfig, "run")}
-    plain = {k: _coerce(v, kinds.get(k), k) for k, v in settings.items()}
-    return _partition(config, plain, None if out is None else Path(out), overwrite)
+    plain = {k: coerce(v, kinds.get(k), k) for k, v in settings.items()}
+    return partition_for_cli(config, plain, None if out is None else Path(out), overwrite)

@@ -41,9 +41,9 @@ from privfedcal.settings.descriptions import (
     FlowerOptions,
     Setting,
     _hyper,
-    _kind,
     calibration_settings,
     check_value,
+    field_kind,
     render,
     setting,
     settings_of,
@@ -59,7 +59,7 @@ def _method_params() -> list[tuple[str, Any, type]]:
     for method in ALGORITHMS.names():
         params = ALGORITHMS.get(method).Params
         hints = typing.get_type_hints(params)
-        out += [(method, f, _kind(hints[f.name])[0]) for f in dataclasses.fields(params)]
+        out += [(method, f, field_kind(hints[f.name])[0]) for f in dataclasses.fields(params)]
     return out
 
 

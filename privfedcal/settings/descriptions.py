@@ -110,8 +110,9 @@ def refuse_bad_choices(section: Any, declared: type) -> None:
                    for s in settings_of(declared, "run") if s.choices])
 
 
-def _kind(annotation: Any) -> tuple[type, bool]:
-    """(base type, optional) of a field annotation such as ``int | None``."""
+def field_kind(annotation: Any) -> tuple[type, bool]:
+    """(base type, optional) of a field annotation such as ``int | None``: how settings and
+    the API's keyword options (``api.arguments.options_of``) check a value."""
     optional = False
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -139,7 +140,7 @@ def settings_of(cls: type, scope: str) -> tuple[Setting, ...]:
                     for s in settings_of(f.metadata["section"], scope)]
             continue
         meta = f.metadata["setting"]
-        kind, optional = _kind(hints[f.name])
+        kind, optional = field_kind(hints[f.name])
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         out.append(Setting(f.name, kind, default, scope=scope, optional=optional, **meta))
     return tuple(out)
@@ -172,7 +173,7 @@ def calibration_options(params: type) -> tuple[Setting, ...]:
     for f in dataclasses.fields(params):
         meta = f.metadata.get("calibration_option")
         if meta is not None:
-            kind, _ = _kind(hints[f.name])
+            kind, _ = field_kind(hints[f.name])
             out.append(_hyper(meta["flag"] or f.name, kind, meta["help"], scope="calibration"))
     return tuple(out)
 
