@@ -111,9 +111,9 @@ def test_a_methods_hyperparameter_has_its_own_flag_and_keeps_its_short_one():
         run("--method", "moon", "--fedprox-mu", "0.1")
     with pytest.raises(UsageError, match="--fedprox-mu and --mu set the same"):
         run("--method", "fedprox", "--mu", "0.1", "--fedprox-mu", "0.2")
-    from privfedcal.api import _config
+    from privfedcal.api import config_from
 
-    assert _config(None, {"method": "feduv", "feduv_lam": 0.5}).method_params == {"lam": 0.5}
+    assert config_from(None, {"method": "feduv", "feduv_lam": 0.5}).method_params == {"lam": 0.5}
 
 
 def test_every_partition_flag_parses():
