@@ -50,7 +50,7 @@ def config_from(config: RunConfig | Mapping[str, Any] | str | Path | None,
     with ``settings`` (RunConfig field names) overriding it; the settings of ``train`` and
     of the jobs that take a run's settings (``audit_dp``)."""
     from privfedcal.experiment import check_calibration_params, check_method
-    from privfedcal.settings.catalogue import CALIBRATION_SETTINGS, METHOD_SETTINGS
+    from privfedcal.settings.catalogue import place_hyperparameters
     from privfedcal.settings.run_config import load_toml
 
     if isinstance(config, RunConfig):
@@ -61,12 +61,7 @@ def config_from(config: RunConfig | Mapping[str, Any] | str | Path | None,
         base = dict(config or {})
     merged = {**_plain_settings(base), **_plain_settings(settings)}
     # a method hyperparameter or calibrator option by its own name, as its flag on the CLI
-    for key, table in (("method_params", METHOD_SETTINGS),
-                       ("calibration_params", CALIBRATION_SETTINGS)):
-        named = [s.name for s in table if s.name in merged]
-        if named and isinstance(merged.get(key, {}), Mapping):
-            merged[key] = {**merged.get(key, {}), **{n: merged.pop(n) for n in named}}
-    cfg = RunConfig.from_dict(merged)
+    cfg = RunConfig.from_dict(place_hyperparameters(merged))
     check_method(cfg.method)
     check_calibration_params(cfg)
     return cfg
@@ -118,8 +113,8 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
 
     cfg = config_from(config, settings)
     scratch = None
-    if out is not None or cfg.out:
-        run_dir = Path(out) if out is not None else Path(str(cfg.out))
+    if out is not None or cfg.output.out:
+        run_dir = Path(out) if out is not None else Path(str(cfg.output.out))
         make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
         check_writable(run_dir, flag="out")  # before the data are loaded and the model built
         cfg = cfg.replace(out=str(run_dir))
@@ -147,7 +142,7 @@ def _run_name(cfg: RunConfig) -> str:
     """An in-memory run's folder name, as the CLI names its runs (``ccvr-digits-<time>``)."""
     import time
 
-    return f"{cfg.method}-{cfg.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{cfg.method}-{cfg.data.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 @python_surface
@@ -182,29 +177,29 @@ def resume_simulator_for_cli(run_dir: Path, rounds: int | None = None,
         raise UsageError(f"{run_dir} diverged at round {d.get('round')}; resuming would "
                          "diverge again: start a new run with a lower --lr")
     done = checkpoint_round(run_dir)
-    if rounds is not None and rounds != cfg.rounds:
+    if rounds is not None and rounds != cfg.training.rounds:
         if rounds < done:
             raise UsageError(f"{run_dir} has already trained {done} rounds; --rounds must be "
                              f">= {done}")
-        if cfg.dp_enabled or cfg.dp_train:
+        if cfg.privacy.dp_enabled or cfg.privacy.dp_train:
             raise UsageError(f"--rounds cannot change a DP run: the noise of its releases was "
-                             f"calibrated for {cfg.rounds} rounds under --dp-eps; start a new "
-                             "run with the rounds you want")
+                             f"calibrated for {cfg.training.rounds} rounds under --dp-eps; start "
+                             "a new run with the rounds you want")
         cfg = cfg.replace(rounds=rounds)
-    if previous is not None and done >= cfg.rounds:
+    if previous is not None and done >= cfg.training.rounds:
         raise UsageError(f"{run_dir} is already complete (see summary.json); extend it "
-                         f"with --rounds N > {cfg.rounds}")
+                         f"with --rounds N > {cfg.training.rounds}")
     if threads is not None:
         cfg = cfg.replace(threads=threads)
     sim = build_simulator(cfg, run_dir)
     if (run_dir / "checkpoint").exists():
         sim.restore()
     if previous is not None:
-        note = f"extended from {done} to {cfg.rounds} rounds"
+        note = f"extended from {done} to {cfg.training.rounds} rounds"
         if type(sim.calibrator).after_training is not Calibrator.after_training:
             note += (f"; {cfg.calibrator}'s post-hoc step had already run on round {done}'s "
                      "model (its uploads, if any, stay in the transcript) and ran again on "
-                     f"round {cfg.rounds}'s")
+                     f"round {cfg.training.rounds}'s")
         sim.notes.append(note)
     return sim
 

@@ -86,8 +86,8 @@ def quick_run(calibrator: str, run_dir: Path | None, *, seed: int, device: str,
     # ccvr and creff are methods of their own (FedAvg then the calibrator)
     how: dict[str, Any] = ({"method": method} if method in METHOD_ALIASES
                            else {"method": "fedavg", "calibrate": calibrator})
-    cfg = RunConfig(seed=seed, device=device, out=str(run_dir),
-                    calibration_params=audit_params(calibrator), **how, **quick)
+    cfg = RunConfig.of(seed=seed, device=device, out=str(run_dir),
+                       calibration_params=audit_params(calibrator), **how, **quick)
     summary = shown.train(build_simulator(cfg, run_dir))
     shown.say(f"no --run given: trained a quick {method} run on digits into {run_dir} "
               f"(accuracy {summary['accuracy']:.4f})")

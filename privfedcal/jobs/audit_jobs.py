@@ -58,7 +58,7 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
         raise UsageError("--methods needs at least one method (ccvr, creff)")
     for m in out:
         check_method(m)
-    idle = [m for m in out if RunConfig(method=m).calibrator not in ATTACKED_CALIBRATORS]
+    idle = [m for m in out if RunConfig.of(method=m).calibrator not in ATTACKED_CALIBRATORS]
     if idle:
         raise UsageError(f"--methods: {', '.join(idle)} upload(s) no calibration payload, so "
                          "the audit has nothing to attack; methods that upload one: "
@@ -169,8 +169,8 @@ def audit_dp_for_cli(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_00
     if not (math.isfinite(budget_s) and budget_s > 0):
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
     check_game(trials, confidence)
-    if cfg.threads:  # the games run in this process: the run's threads hold for them too
-        torch.set_num_threads(cfg.threads)
+    if cfg.engine.threads:  # the games run in this process: the run's threads hold for them too
+        torch.set_num_threads(cfg.engine.threads)
     if out is not None:
         check_writable(out)  # before the games run
     # built before any progress: a configuration without a channel is refused at once
@@ -213,12 +213,14 @@ def _one_run_audits(cfg: RunConfig, channels: list[str], *, confidence: float,
 
         done(audit_one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
                            budget_s=budget_s,
-                           progress=stage(f"{calibration[0]} (one run), clients", cfg.clients)))
-    if cfg.dp_train:
+                           progress=stage(f"{calibration[0]} (one run), clients",
+                                          cfg.data.clients)))
+    if cfg.privacy.dp_train:
         from privfedcal.attacks.distinguishing.one_run_training import one_run_training
 
         done(one_run_training(cfg, per_client=200, confidence=confidence, budget_s=budget_s,
-                              progress=stage("dp-sgd (one run), training rounds", cfg.rounds)))
+                              progress=stage("dp-sgd (one run), training rounds",
+                                             cfg.training.rounds)))
 
 
 @job

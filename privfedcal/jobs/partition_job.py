@@ -69,13 +69,13 @@ def partition_for_cli(config: RunConfig | Mapping[str, Any] | str | Path | None,
     merged = {k: v for k, v in base.items() if k in PARTITION_KEYS}
     cfg = RunConfig.from_dict({**merged, **{k: v for k, v in settings.items() if v is not None}})
     spec = partitioning.PartitionSpec(
-        scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-        imbalance_factor=cfg.imbalance_factor, shards_per_client=cfg.shards_per_client,
-        min_size=cfg.min_size)
+        scheme=cfg.data.partition, num_clients=cfg.data.clients, alpha=cfg.data.alpha,
+        imbalance_factor=cfg.data.imbalance_factor, shards_per_client=cfg.data.shards_per_client,
+        min_size=cfg.data.min_size)
     # drawn from --data-seed (a run's config.json records it), else --seed, as a run
     # without a protection draws it
-    seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
+    seed = cfg.training.seed if cfg.training.data_seed is None else cfg.training.data_seed
+    data = load_dataset(cfg.data.dataset, cfg.data.data_root, download=cfg.data.download)
     # with the data's domain or user ids (the domains and natural schemes read them)
     parts = partitioning.partition_dataset(data, spec, seed)
     counts = partitioning.class_counts(data.y_train.numpy(), parts, data.num_classes)

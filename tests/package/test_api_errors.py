@@ -108,13 +108,13 @@ def test_numpy_scalars_are_taken_as_python_numbers():
                                  secagg=np.bool_(True), clients=np.int32(4),
                                  participation=np.float32(1.0), mu=np.float64(0.1),
                                  virtual_per_class=np.int64(50), lr=torch.tensor(0.05)))
-    assert (cfg.rounds, cfg.dp_eps, cfg.secagg, cfg.clients) == (3, 8.0, True, 4)
-    assert [type(v) for v in (cfg.rounds, cfg.dp_eps, cfg.secagg, cfg.lr)] == \
+    assert (cfg.training.rounds, cfg.privacy.dp_eps, cfg.privacy.secagg, cfg.data.clients) == (3, 8.0, True, 4)
+    assert [type(v) for v in (cfg.training.rounds, cfg.privacy.dp_eps, cfg.privacy.secagg, cfg.training.lr)] == \
         [int, float, bool, float]
     assert cfg.method_params == {"mu": 0.1} and type(cfg.method_params["mu"]) is float
     assert cfg.calibration_params == {"virtual_per_class": 50}
-    assert api.config_from({"rounds": np.int16(2)}, {}).rounds == 2
-    assert api.config_from(None, {"rounds": 4.0}).rounds == 4
+    assert api.config_from({"rounds": np.int16(2)}, {}).training.rounds == 2
+    assert api.config_from(None, {"rounds": 4.0}).training.rounds == 4
 
 
 @pytest.mark.parametrize("value", [True, np.bool_(True), 2.5, np.float64(2.5), "3",

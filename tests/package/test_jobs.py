@@ -269,7 +269,7 @@ def test_each_cli_command_calls_its_job(name, tmp_path, capsys, monkeypatch):
         assert (got["config"].eps, got["config"].secagg, got["config"].methods,
                 got["config"].rounds) == ((1.0, math.inf), (False,), ("ccvr",), 1)
     if name == "audit_dp":
-        assert (got["cfg"].method, got["cfg"].dp_eps) == ("ccvr", 1.0)
+        assert (got["cfg"].method, got["cfg"].privacy.dp_eps) == ("ccvr", 1.0)
     if name == "partition":
         assert got["settings"]["clients"] == 4
 
