@@ -130,11 +130,10 @@ def path_exists(cited: str, citing: Path) -> bool:
 
 @functools.cache
 def setting_names() -> frozenset[str]:
-    import dataclasses
+    """The names of every setting (a Flower run config's ``privfedcal.<name>`` keys)."""
+    from privfedcal.settings.catalogue import all_settings
 
-    from privfedcal.settings.run_config import RunConfig
-
-    return frozenset(f.name for f in dataclasses.fields(RunConfig))
+    return frozenset(s.name for s in all_settings())
 
 
 @functools.cache
