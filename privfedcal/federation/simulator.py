@@ -282,8 +282,9 @@ class Simulator:
 
             def consume(state: State) -> None:
                 i = running.count
+                # the trainer drops a state it hands to consume: the record keeps it as is
                 record_model_updates(self.transcript, round_, [selected[i]], [state],
-                                     [weights[i]], recipe)
+                                     [weights[i]], recipe, copy=False)
                 running.add(state)
 
             results = trainer.train(self.global_state, jobs, round_, consume=consume)
@@ -352,6 +353,7 @@ class Simulator:
         weights = self.uplink.update_weights(self.client_sizes(selected))
         results, averaged, sent_bytes, checked = self.receive_updates(
             trainer, jobs, selected, weights, round_)
+        self.transcript.seal()  # the round's record written while the round goes on
         # every selected client is charged (DP-SGD), whether its update arrived or not
         self.uplink.after_local_training(selected)
         selected = self.replied(selected)  # under Flower, lost clients leave the round

@@ -15,7 +15,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import privfedcal
 import privfedcal.federation.simulator as simulator
@@ -23,6 +22,7 @@ from privfedcal.experiment import build_simulator
 from privfedcal.federation.runfolder import transcript_dir
 from privfedcal.privacy.release_journal import ReleaseJournal
 from privfedcal.privacy.transcript import Transcript
+from privfedcal.privacy.transcript_files import read_entry
 from privfedcal.privacy.uplink import Uplink
 
 
@@ -65,7 +65,7 @@ def index(run_dir):
 
 def same_tensors(run_dir, entries):
     """Whether every entry of ``entries`` holds the same tensors as the first."""
-    loaded = [load_file(str(transcript_dir(run_dir) / e["file"])) for e in entries]
+    loaded = [read_entry(transcript_dir(run_dir), e) for e in entries]
     return all(set(x) == set(loaded[0]) and all(torch.equal(x[k], loaded[0][k]) for k in x)
                for x in loaded[1:])
 
