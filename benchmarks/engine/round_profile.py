@@ -8,8 +8,8 @@ the timed rounds, so that the parts add up to the round):
 
 * local training steps: ``train_client`` less the copy of the trained state;
 * client state copy: ``clone_state`` of each trained client;
-* transcript record: ``Transcript.record`` on the round's thread (the private copy of each
-  update and its hand-over to the writer thread);
+* transcript record: ``Transcript.record`` and ``Transcript.seal`` on the round's thread
+  (each record added to the round's batch, the batch handed to the writer thread);
 * aggregation: ``RunningAverage.add`` / ``result`` (the weighted running sum);
 * evaluation: ``Simulator.evaluate`` on the test set;
 * transcript wait: ``Transcript.flush`` before the checkpoint (waiting for the writer
@@ -22,7 +22,7 @@ the timed rounds, so that the parts add up to the round):
 * other: the rest of the round (client selection, the uplink's bookkeeping, the server
   update, the divergence checks, Python between them).
 
-The writer thread's own time (``save_file`` of the transcript's files, wall and CPU) runs
+The writer thread's own time (``write_records``: the transcript's files, wall and CPU) runs
 beside the round and is printed apart; on a machine with a spare core it is off the
 critical path, on a busy one it competes with the round. ``--cprofile N`` also prints the N
 functions with the most own time under cProfile (main thread only, in a second run: the
@@ -106,12 +106,14 @@ def instrument(split: Split) -> None:
     import privfedcal.federation.simulator as simulator
     import privfedcal.federation.workers as workers
     import privfedcal.privacy.transcript as transcript
+    import privfedcal.privacy.transcript_files as transcript_files
     from privfedcal.federation.aggregate import RunningAverage
     from privfedcal.federation.runlog import RunLogger
 
     split.wrap(workers, "train_client", "train_client")
     split.wrap(local, "clone_state", "clone_state")
     split.wrap(transcript.Transcript, "record", "record")
+    split.wrap(transcript.Transcript, "seal", "record")
     split.wrap(RunningAverage, "add", "aggregate")
     split.wrap(RunningAverage, "result", "aggregate")
     split.wrap(simulator.Simulator, "evaluate", "evaluate")
@@ -119,7 +121,7 @@ def instrument(split: Split) -> None:
     split.wrap(simulator.Simulator, "save", "save")
     split.wrap(RunLogger, "round", "logs")
     split.wrap(simulator.Simulator, "keep_round", "keep_round")
-    split.wrap_writer(transcript, "save_file")
+    split.wrap_writer(transcript_files, "write_records")
     line = run_progress.progress_line
 
     def ticking_line(rec, total):

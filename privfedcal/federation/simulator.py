@@ -23,7 +23,11 @@ from torch import Tensor
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
 from privfedcal.federation.aggregate import RunningAverage
-from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
+from privfedcal.federation.checkpoint import (
+    load_checkpoint,
+    save_checkpoint,
+    wait_for_removals,
+)
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.journaled_training import JournaledTrainer
 from privfedcal.federation.local import (
@@ -249,6 +253,13 @@ class Simulator:
             if not abort:
                 raise
             log.warning("transcript not fully written: %s", exc)
+        try:  # the replaced checkpoint's folder and the pruned journal, removed on threads
+            wait_for_removals()
+            self.journal.settle()
+        except OSError as exc:
+            if not abort:
+                raise
+            log.warning("the replaced checkpoint was not removed: %s", exc)
 
     def _trainer(self) -> Trainer:
         """The run's trainer; a subclass returns another (``FlowerSimulator``: the nodes)."""
@@ -558,7 +569,7 @@ class Simulator:
         self.transcript.flush()  # the round's record is on disk before its checkpoint
         if calibrator_state is None:
             calibrator_state = self._round_calibrator = self.calibrator.state_dict()
-        save_checkpoint(self.run_dir / "checkpoint", {
+        save_checkpoint(self.run_dir / "checkpoint", background=True, payload={
             "round": round_,
             "elapsed": self.elapsed,
             "global": self.global_state,
@@ -572,7 +583,8 @@ class Simulator:
             "transcript": self.transcript.state_dict(),  # entries kept in memory only
             "post_training": post_training,
         })
-        self.journal.prune_through(round_)  # releases of checkpointed rounds: never redone
+        # releases of checkpointed rounds: never redone
+        self.journal.prune_through(round_, background=True)
 
     def restore(self) -> None:
         ck = load_checkpoint(self.run_dir / "checkpoint", self.exp.device)

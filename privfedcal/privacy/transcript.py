@@ -59,6 +59,9 @@ class Transcript:
         # index is rewritten from these strings; re-encoding the whole growing index on every
         # record made the default digits run spend a fifth of its time in json.
         self._encoded: list[str] = []
+        #: (entries, bytes) of ``index.json`` as this process last wrote it: a later flush
+        #: appends the new entries in place of the closing bracket
+        self._on_disk: tuple[int, int] | None = None
         #: which attempt at the rounds after the last checkpoint this process records: 0
         #: in a run never stopped; after a resume that finds releases of those rounds on
         #: record, one more than theirs (``resume_after``), written into every entry
@@ -166,11 +169,28 @@ class Transcript:
             self.seal()
             if self._writer is not None:
                 self._writer.wait()
-            text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
-            (self.directory / "index.json").write_text(text)
+            self._write_index(self.directory / "index.json")
             self._take_epoch()
             for path in [self.directory / "index.json", self.directory]:
                 os.utime(path, ns=(self._epoch, self._epoch))
+
+    def _write_index(self, path: Path) -> None:
+        """``index.json`` as the whole list of entries, one per line. Entries are only ever
+        added, so when the file is as this process last wrote it, the new ones are written
+        over its closing bracket: the same bytes as a rewrite, without truncating the file
+        (on ext4, truncating and rewriting a file waits for its blocks to be allocated, the
+        costliest step of a round's record)."""
+        done, size = self._on_disk or (0, -1)
+        if 0 < done <= len(self._encoded) and path.is_file() and path.stat().st_size == size:
+            tail = "".join(",\n" + e for e in self._encoded[done:]) + "\n]\n"
+            with open(path, "r+b") as f:
+                f.seek(size - 3)  # the closing "\n]\n"
+                f.write(tail.encode())
+            self._on_disk = (len(self._encoded), size - 3 + len(tail))
+            return
+        text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
+        path.write_bytes(text.encode())
+        self._on_disk = (len(self._encoded), len(text))
 
     def _take_epoch(self) -> None:
         """Read the view's one time once per process; a resumed run's folder may hold files

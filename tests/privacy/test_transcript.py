@@ -199,3 +199,19 @@ def test_a_failed_write_is_raised_by_the_next_flush_and_the_index_is_not_rewritt
     with pytest.raises(IsADirectoryError):
         tr.flush()
     assert len(json.loads((d / "index.json").read_text())) == 1
+
+
+def test_a_flush_appends_to_the_index_it_wrote_and_rewrites_one_changed_since(tmp_path):
+    """Later flushes write only the new entries over the closing bracket: the file is byte
+    for byte the full rewrite; a file changed by someone else is written whole again."""
+    d = tmp_path / "t"
+    tr = Transcript(d)
+    for r in (1, 2, 3):
+        tr.record(round_=r, label="x", view="ciphertext", client=r, bytes=r)
+        tr.flush()
+        whole = "[\n" + ",\n".join(json.dumps(e) for e in tr.entries) + "\n]\n"
+        assert (d / "index.json").read_text() == whole
+    (d / "index.json").write_text("[]\n")  # not what this process wrote: rewritten whole
+    tr.record(round_=4, label="x", view="ciphertext", client=4, bytes=4)
+    tr.flush()
+    assert json.loads((d / "index.json").read_text()) == tr.entries
