@@ -569,7 +569,7 @@ class Simulator:
         self.transcript.flush()  # the round's record is on disk before its checkpoint
         if calibrator_state is None:
             calibrator_state = self._round_calibrator = self.calibrator.state_dict()
-        save_checkpoint(self.run_dir / "checkpoint", background=True, payload={
+        save_checkpoint(self.run_dir / "checkpoint", {
             "round": round_,
             "elapsed": self.elapsed,
             "global": self.global_state,
@@ -582,7 +582,7 @@ class Simulator:
             "update_bytes": self.update_bytes,
             "transcript": self.transcript.state_dict(),  # entries kept in memory only
             "post_training": post_training,
-        })
+        }, background=True)
         # releases of checkpointed rounds: never redone
         self.journal.prune_through(round_, background=True)
 

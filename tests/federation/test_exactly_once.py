@@ -46,7 +46,7 @@ def stop_at(m, owner, name, n, *, after=False, when=lambda *a, **kw: True):
 
 
 def at_checkpoint(round_):
-    return lambda directory, payload: (directory.name == "checkpoint"
+    return lambda directory, payload, **_: (directory.name == "checkpoint"
                                        and payload["round"] == round_)
 
 
@@ -144,7 +144,7 @@ def test_ccvr_stopped_after_its_release_before_its_checkpoint_releases_it_once(
     cfg = tiny_cfg(method="ccvr", dp_eps=8.0, transcript=True)
     summary = stopped_and_resumed(
         cfg, run, monkeypatch, simulator, "save_checkpoint", 1,
-        {"when": lambda d, p: d.name == "checkpoint" and p.get("post_training")})
+        {"when": lambda d, p, **_: d.name == "checkpoint" and p.get("post_training")})
     assert_charged(summary)
     uploads = [e for e in index(run) if e["label"] == "ccvr-stats"
                and e["view"] == "plain-upload"]
