@@ -18,15 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from privfedcal.errors import UsageError
+from privfedcal.privacy.transcript_files import write_tensors
 
 _TENSOR = "__tensor__"
 
 
+#: values that hold no tensor, checked first: a checkpoint is mostly the run's history
+_LEAVES = frozenset({int, float, str, bool, type(None)})
+
+
 def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
     """Move tensors of a nested dict/list structure into ``tensors``; return the skeleton."""
+    if type(obj) in _LEAVES:
+        return obj
     if isinstance(obj, torch.Tensor):
         key = prefix or "_"
         tensors[key] = obj.detach().cpu().contiguous()
@@ -34,6 +41,8 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any
     if isinstance(obj, dict):
         return {str(k): flatten(v, tensors, f"{prefix}/{k}") for k, v in obj.items()}
     if isinstance(obj, list | tuple):
+        if all(type(v) in _LEAVES for v in obj):
+            return list(obj)
         return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
     return obj
 
@@ -116,8 +125,7 @@ def save_checkpoint(directory: Path, payload: dict[str, Any], *,
     tmp.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}
     skel = flatten(payload, tensors)
-    # safetensors refuses shared storage; clone makes every entry its own buffer
-    save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "state.safetensors"))
+    write_tensors(str(tmp / "state.safetensors"), tensors)
     (tmp / "meta.json").write_text(json.dumps(skel))
     with interrupts_deferred():
         if directory.exists():

@@ -46,17 +46,23 @@ def nbytes(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def write_records(path: str, records: Records) -> None:
-    """One safetensors file holding every record's tensors under ``<key>/<name>``. The
-    tensors' memory is written as it is (the caller's private, contiguous CPU copies), with
-    no serialised copy in between."""
-    flat = {f"{key}/{name}": t for key, tensors in records for name, t in tensors.items()}
-    if any(t.dtype not in _DTYPES for t in flat.values()):
-        save_file({k: t.clone() for k, t in flat.items()}, path)
+    """One safetensors file holding every record's tensors under ``<key>/<name>``."""
+    write_tensors(path, {f"{key}/{name}": t for key, tensors in records
+                         for name, t in tensors.items()})
+
+
+def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    """A safetensors file of ``tensors`` (contiguous, on the CPU), their memory written as
+    it is: no serialised copy in between, and tensors that share memory need no copy of
+    their own (safetensors' ``save_file`` refuses them)."""
+    if any(t.dtype not in _DTYPES for t in tensors.values()):
+        save_file({k: t.clone() for k, t in tensors.items()}, path)
         return
     header: dict[str, Any] = {}
     chunks = []
     offset = 0
-    for name, t in flat.items():
+    # the widest elements first: every tensor starts aligned to its element size
+    for name, t in sorted(tensors.items(), key=lambda kv: -kv[1].element_size()):
         data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
         header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + data.nbytes]}
@@ -167,4 +173,4 @@ def read_entries(directory: Path, entries: Iterable[dict[str, Any]]) -> None:
 
 
 __all__ = ["BATCH_BYTES", "MAX_PENDING_BYTES", "Writer", "read_entries", "read_entry",
-           "write_records"]
+           "write_records", "write_tensors"]

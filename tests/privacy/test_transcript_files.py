@@ -27,6 +27,10 @@ def test_a_batch_is_a_safetensors_file_of_every_dtype_shape_and_size(tmp_path):
     assert loaded.keys() == expected.keys()
     for k, t in expected.items():
         assert loaded[k].dtype == t.dtype and torch.equal(loaded[k], t)
+    raw = (tmp_path / "b.safetensors").read_bytes()  # every tensor aligned to its elements
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert all(header[k]["data_offsets"][0] % t.element_size() == 0
+               for k, t in expected.items())
 
 
 def test_a_dtype_outside_the_table_is_written_by_safetensors(tmp_path):
