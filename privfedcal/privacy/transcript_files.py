@@ -33,10 +33,13 @@ MAX_PENDING_BYTES = 256 * 2**20
 #: next ``seal``: a release over many clients is written in several files, not held whole
 BATCH_BYTES = 64 * 2**20
 
-#: safetensors' dtype names; a dtype outside the table is written by safetensors itself
-_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
-           torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
-           torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+#: safetensors' dtype names, in the order its writer lays tensors out (then by name), so
+#: that a file is byte for byte the one ``save_file`` writes; a dtype outside the table is
+#: written by safetensors itself
+_DTYPES = {torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.int32: "I32",
+           torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16", torch.int8: "I8",
+           torch.uint8: "U8", torch.bool: "BOOL"}
+_RANK = {dtype: i for i, dtype in enumerate(_DTYPES)}
 
 Records = list[tuple[str, dict[str, torch.Tensor]]]
 
@@ -52,17 +55,18 @@ def write_records(path: str, records: Records) -> None:
 
 
 def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
-    """A safetensors file of ``tensors`` (contiguous, on the CPU), their memory written as
-    it is: no serialised copy in between, and tensors that share memory need no copy of
-    their own (safetensors' ``save_file`` refuses them)."""
+    """The safetensors file ``save_file`` writes of ``tensors`` (contiguous, on the CPU),
+    their memory written as it is: no serialised copy in between, and tensors that share
+    memory need no copy of their own (``save_file`` refuses them)."""
     if any(t.dtype not in _DTYPES for t in tensors.values()):
         save_file({k: t.clone() for k, t in tensors.items()}, path)
         return
     header: dict[str, Any] = {}
     chunks = []
     offset = 0
-    # the widest elements first: every tensor starts aligned to its element size
-    for name, t in sorted(tensors.items(), key=lambda kv: -kv[1].element_size()):
+    # the widest elements first (every tensor starts aligned to its element size), as
+    # safetensors orders them
+    for name, t in sorted(tensors.items(), key=lambda kv: (_RANK[kv[1].dtype], kv[0])):
         data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
         header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + data.nbytes]}

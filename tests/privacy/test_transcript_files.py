@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from privfedcal.privacy import transcript_files as module
 from privfedcal.privacy.transcript import Transcript, load_transcript
 from privfedcal.privacy.transcript_epsilon import file_loader
-from privfedcal.privacy.transcript_files import read_entry, write_records
+from privfedcal.privacy.transcript_files import read_entry, write_records, write_tensors
 
 
 def test_a_batch_is_a_safetensors_file_of_every_dtype_shape_and_size(tmp_path):
@@ -31,6 +31,17 @@ def test_a_batch_is_a_safetensors_file_of_every_dtype_shape_and_size(tmp_path):
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     assert all(header[k]["data_offsets"][0] % t.element_size() == 0
                for k, t in expected.items())
+
+
+def test_a_file_is_byte_for_byte_the_one_safetensors_writes(tmp_path):
+    dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+    tensors = {f"{'zyx'[i % 3]}.{i}": (torch.randn(i % 4 + 1, 3) * 9).to(d)
+               for i, d in enumerate(dtypes * 2)}
+    write_tensors(str(tmp_path / "ours.safetensors"), tensors)
+    save_file(tensors, str(tmp_path / "theirs.safetensors"))
+    assert ((tmp_path / "ours.safetensors").read_bytes()
+            == (tmp_path / "theirs.safetensors").read_bytes())
 
 
 def test_a_dtype_outside_the_table_is_written_by_safetensors(tmp_path):
