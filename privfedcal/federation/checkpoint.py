@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from privfedcal.errors import UsageError
+from privfedcal.privacy.removals import pending, remove_later, wait_for_removals
 from privfedcal.privacy.transcript_files import write_tensors
 
 _TENSOR = "__tensor__"
@@ -77,49 +78,16 @@ def interrupts_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class _Removal:
-    """The replaced checkpoint's folder removed on a thread: on ext4 removing a folder waits
-    for the disk (about 3 ms here), which a round need not wait for. Not a daemon thread, so
-    the interpreter waits for it at exit; an error is raised by the next ``wait``."""
-
-    def __init__(self, path: Path) -> None:
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._remove, args=(path,),
-                                       name="privfedcal-checkpoint-removal")
-        self.thread.start()
-
-    def _remove(self, path: Path) -> None:
-        try:
-            shutil.rmtree(path)
-        except BaseException as exc:  # raised in the saving thread
-            self.error = exc
-
-    def wait(self) -> None:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-
-
-_removals: dict[Path, _Removal] = {}
-
-
-def wait_for_removals() -> None:
-    """Block until every replaced checkpoint's folder is gone (the run folder then holds
-    exactly what a synchronous save leaves)."""
-    while _removals:
-        _removals.popitem()[1].wait()
-
-
 def save_checkpoint(directory: Path, payload: dict[str, Any], *,
                     background: bool = False) -> None:
     """Write atomically: a half-written checkpoint never replaces a good one, and Ctrl-C
     during the swap waits for it to finish. ``background``: the replaced checkpoint is
-    removed on a thread (``wait_for_removals``; the next save of ``directory`` waits for
-    it first)."""
+    removed on a thread (privacy/removals.py; the next save of ``directory`` waits for it
+    first)."""
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
-    if old in _removals:
-        _removals.pop(old).wait()
+    if pending(old):
+        wait_for_removals()
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -135,7 +103,7 @@ def save_checkpoint(directory: Path, payload: dict[str, Any], *,
         os.replace(tmp, directory)
     if old.exists():
         if background:
-            _removals[old] = _Removal(old)
+            remove_later([old])
         else:
             shutil.rmtree(old)
 

@@ -23,11 +23,7 @@ from torch import Tensor
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
 from privfedcal.federation.aggregate import RunningAverage
-from privfedcal.federation.checkpoint import (
-    load_checkpoint,
-    save_checkpoint,
-    wait_for_removals,
-)
+from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.journaled_training import JournaledTrainer
 from privfedcal.federation.local import (
@@ -54,6 +50,7 @@ from privfedcal.privacy.cohorts import (
 )
 from privfedcal.privacy.release_journal import JOURNAL_DIR, ReleaseJournal, charge_of
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.removals import wait_for_removals
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import (
     Transcript,
@@ -253,9 +250,8 @@ class Simulator:
             if not abort:
                 raise
             log.warning("transcript not fully written: %s", exc)
-        try:  # the replaced checkpoint's folder and the pruned journal, removed on threads
+        try:  # the replaced checkpoint's folder and the pruned journal, removed on a thread
             wait_for_removals()
-            self.journal.settle()
         except OSError as exc:
             if not abort:
                 raise

@@ -29,13 +29,14 @@ import hashlib
 import json
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from privfedcal.privacy.removals import remove_later
 
 #: the journal's folder in a run folder (beside ``checkpoint/``: the experimenter's side)
 JOURNAL_DIR = "journal"
@@ -65,8 +66,6 @@ class ReleaseJournal:
         self.directory = directory
         self._memory: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self.reused = 0  # releases re-sent from the journal in this process
-        self._pruning: threading.Thread | None = None
-        self._prune_error: BaseException | None = None
 
     @staticmethod
     def _name(round_: int, label: str, party: int | str) -> str:
@@ -130,43 +129,21 @@ class ReleaseJournal:
         """Forget the releases of rounds ``<= round_`` (a checkpoint of ``round_`` is on
         disk: they are never redone). ``background``: the files, listed now, are removed on
         a thread (removing a file fsynced moments ago waits for the disk, about 3 ms here;
-        ``settle`` waits for it): a release journaled later is never among them, and a stop
+        privacy/removals.py): a release journaled later is never among them, and a stop
         before they are gone leaves releases of checkpointed rounds, which are never asked
         for again."""
         if self.directory is None:
             for name in [n for n in self._memory if _round_of(n) <= round_]:
                 del self._memory[name]
             return
-        self.settle()
         if not self.directory.is_dir():
             return
         paths = [p for p in self.directory.glob("r*.safetensors*") if _round_of(p.name) <= round_]
-        if not background:
-            _unlink(paths)
-        elif paths:
-            self._pruning = threading.Thread(target=self._prune, args=(paths,),
-                                             name="privfedcal-journal-prune")
-            self._pruning.start()
-
-    def _prune(self, paths: list[Path]) -> None:
-        try:
-            _unlink(paths)
-        except BaseException as exc:  # raised by the next settle, in the saving thread
-            self._prune_error = exc
-
-    def settle(self) -> None:
-        """Wait for a pruning on its thread; raise its error."""
-        if self._pruning is not None:
-            self._pruning.join()
-            self._pruning = None
-        if self._prune_error is not None:
-            exc, self._prune_error = self._prune_error, None
-            raise exc
-
-
-def _unlink(paths: list[Path]) -> None:
-    for path in paths:
-        path.unlink(missing_ok=True)
+        if background:
+            remove_later(paths)
+            return
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
 def _round_of(name: str) -> int:

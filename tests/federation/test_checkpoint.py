@@ -14,8 +14,8 @@ from privfedcal.federation.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     unflatten,
-    wait_for_removals,
 )
+from privfedcal.privacy.removals import wait_for_removals
 
 
 def test_flatten_moves_tensors_to_path_keys_and_leaves_a_json_skeleton():
