@@ -13,7 +13,7 @@ the timed rounds, so that the parts add up to the round):
 * aggregation: ``RunningAverage.add`` / ``result`` (the weighted running sum);
 * evaluation: ``Simulator.evaluate`` on the test set;
 * transcript wait: ``Transcript.flush`` before the checkpoint (waiting for the writer
-  thread's pending files, then rewriting the index);
+  thread's pending files, then writing the index's new entries);
 * checkpoint: the rest of ``Simulator.save`` (the calibrator's state, the safetensors file and
   its atomic swap);
 * logs: ``RunLogger.round`` (metrics.csv, clients.jsonl);
@@ -21,6 +21,9 @@ the timed rounds, so that the parts add up to the round):
 * progress line: the CLI's per-round line on stderr;
 * other: the rest of the round (client selection, the uplink's bookkeeping, the server
   update, the divergence checks, Python between them).
+
+Beside each part's wall time, the main thread's CPU time in it (``time.thread_time``): the
+work itself, which a busy machine stretches less than the wall time.
 
 The writer thread's own time (``write_records``: the transcript's files, wall and CPU) runs
 beside the round and is printed apart; on a machine with a spare core it is off the
