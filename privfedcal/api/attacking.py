@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from privfedcal.api.arguments import options_of, python_surface, register_check
-from privfedcal.api.run import Run, _check_progress
+from privfedcal.api.run import Run, check_progress
 from privfedcal.errors import UsageError
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["attack", "attack_kinds"]
 
-register_check("bool | Callable[[Progress], None]", _check_progress)  # an attack's progress
+register_check("bool | Callable[[Progress], None]", check_progress)  # an attack's progress
 
 
 def attack_kinds() -> tuple[str, ...]:
@@ -58,13 +58,13 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     from privfedcal.api.log import AttackWatch
     from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
     from privfedcal.attacks.reconstruction.uploads import ClassesOptions
-    from privfedcal.attacks.release_attacks import RELEASE_ATTACKS
+    from privfedcal.attacks.release_attacks import release_attack
     from privfedcal.attacks.view import load_run as load_view
 
     kinds = attack_kinds()
     if kind not in kinds:
         raise UsageError(f"attack kind must be one of {', '.join(kinds)}, got {kind!r}")
-    kind_options = ClassesOptions if kind == "classes" else RELEASE_ATTACKS.get(kind).options
+    kind_options = ClassesOptions if kind == "classes" else release_attack(kind).options
     fields = {f.name for f in dataclasses.fields(kind_options)}
     base = {"steps": DEFAULT_MAX_STEPS if steps is None else steps, "restarts": restarts,
             "seed": seed}  # the options type checks them
@@ -83,6 +83,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
                     classes: Iterable[int] | None,
                     on_progress: Callable[[Progress], None]) -> list[AttackRecord]:
     """The records of ``attack``'s ``kind`` on ``view`` (a loaded server view)."""
+    from privfedcal.api.attack_jobs import joint_plan
     from privfedcal.attacks.reconstruction.runner import execute
     from privfedcal.attacks.reconstruction.uploads import infer_class_sets
     from privfedcal.attacks.release_attacks import release_attack
@@ -98,9 +99,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
     cls = None if classes is None else list(classes)
     if attack.plan is None:
         raise UsageError(f"attack {kind!r} has neither a planner nor a run")
-    plan = attack.plan(view, opts, ids, cls)
-    if not plan.jobs:
-        raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
+    plan = joint_plan([attack], {kind: opts}, view, ids, cls)  # refuses an empty plan
     done = execute(plan, lambda job: None, on_progress=on_progress)
     # typed by their writers (tests/package/test_results.py checks them against the types)
     return cast("list[AttackRecord]", [r.record for r in done])

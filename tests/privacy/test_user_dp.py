@@ -28,6 +28,7 @@ from privfedcal.privacy.user_dp import (
     release_plan,
     update_norm,
 )
+from privfedcal.settings.floors import PrivacyOptions
 
 
 class StatesTrainer:
@@ -65,8 +66,8 @@ def model_states(n, scale=10.0, seed=0, shape=(50, 40)):
 
 
 def one_round(udp, glob, states, round_=1, secure=None):
-    return udp.receive(StatesTrainer(states), [None] * len(states), glob,
-                       list(range(len(states))), round_, Transcript(None), {}, secure)
+    return udp.receive_round(StatesTrainer(states), [None] * len(states), glob,
+                             list(range(len(states))), round_, Transcript(None), {}, secure)
 
 
 # ---- the clip -------------------------------------------------------------------------------
@@ -281,17 +282,17 @@ def test_plan_uses_q1_over_the_most_rounds_a_client_takes_part_in(tiny_cfg):
 
     cfg = tiny_cfg(clients=10, rounds=20, dp_updates=True, dp_eps=8.0, dp_delta=1e-5)
     _, _, up = build_parts(cfg)
-    dp = up.user_dp.dp
-    assert dp.rates == {USER_DP_RELEASE: 1.0} and up.user_dp.denominator == 10
+    dp = up.find(UserDP).dp
+    assert dp.rates == {USER_DP_RELEASE: 1.0} and up.find(UserDP).denominator == 10
     assert dp.planned == [{"name": USER_DP_RELEASE, "sample_rate": 1.0, "steps": 20}]
     assert dp.sigmas[USER_DP_RELEASE] == pytest.approx(2.852, abs=1e-3)
     half = tiny_cfg(clients=10, rounds=20, participation=0.5, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-5)
     _, _, up = build_parts(half)
-    steps = max(participation_counts(half).values())
-    assert up.user_dp.denominator == 5 and up.user_dp.dp.planned[0]["steps"] == steps
+    steps = max(participation_counts(PrivacyOptions.of(half)).values())
+    assert up.find(UserDP).denominator == 5 and up.find(UserDP).dp.planned[0]["steps"] == steps
     (z,) = plan_noise(8.0, 1e-5, [release_plan(steps, None)], "rdp")
-    assert up.user_dp.dp.sigmas[USER_DP_RELEASE] == pytest.approx(z)
+    assert up.find(UserDP).dp.sigmas[USER_DP_RELEASE] == pytest.approx(z)
 
 
 def test_budget_is_split_with_the_calibration_release(tiny_cfg):
@@ -301,7 +302,7 @@ def test_budget_is_split_with_the_calibration_release(tiny_cfg):
     cfg = tiny_cfg(method="ccvr", rounds=5, dp_updates=True, dp_eps=8.0, dp_delta=1e-5,
                    dp_updates_share=0.75)
     _, _, up = build_parts(cfg)
-    dp = up.user_dp.dp
+    dp = up.find(UserDP).dp
     z = dp.sigmas[USER_DP_RELEASE]
     assert compute_epsilon([(z, 1.0, 5)], "rdp", 1e-5) == pytest.approx(6.0, rel=2e-3)
     total = compute_epsilon([(s, 1.0, p["steps"]) for s, p in
@@ -468,17 +469,17 @@ def test_schedule_holds_with_thousands_of_clients():
     from privfedcal.privacy.planner import build_uplink, participation_counts
     from privfedcal.settings.run_config import RunConfig
 
-    cfg = RunConfig(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
+    cfg = RunConfig.of(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-6)
-    udp = build_uplink(cfg, SimpleNamespace(num_examples=100_000), Calibrator()).user_dp
-    steps = max(participation_counts(cfg).values())
+    udp = build_uplink(cfg, SimpleNamespace(num_examples=100_000), Calibrator()).find(UserDP)
+    steps = max(participation_counts(PrivacyOptions.of(cfg)).values())
     assert udp.denominator == 100 and udp.dp.planned[0]["steps"] == steps > 1
     (z,) = plan_noise(8.0, 1e-6, [release_plan(steps, None)], "rdp")
     assert udp.noise_multiplier == pytest.approx(z)
-    for r in range(1, cfg.rounds + 1):
-        chosen = select_clients(cfg, r)
-        udp.open(chosen)
-        udp.close(chosen)
+    for r in range(1, cfg.training.rounds + 1):
+        chosen = select_clients(PrivacyOptions.of(cfg), r)
+        udp.admit_round(chosen)
+        udp.charge_round(chosen)
     assert 7.9 <= udp.user_epsilon() <= 8.0
     worst = max(udp.dp.ledgers.values(), key=lambda g: g.made[USER_DP_RELEASE])
     assert worst.made[USER_DP_RELEASE] == steps
@@ -492,7 +493,7 @@ def test_resume_keeps_the_clip_the_ledgers_and_the_accountants(tmp_path, tiny_cf
     sim.run()
     again = build_simulator(cfg, tmp_path / "r")
     again.restore()  # the last round's checkpoint
-    a, b = sim.uplink.user_dp, again.uplink.user_dp
+    a, b = sim.uplink.find(UserDP), again.uplink.find(UserDP)
     assert b.clip == a.clip != 1.0
     assert {c: g.made for c, g in b.dp.ledgers.items()} == {c: g.made for c, g in
                                                            a.dp.ledgers.items()}
@@ -515,9 +516,9 @@ def test_distributed_share_follows_the_rounds_public_selection():
     from privfedcal.privacy.cohorts import select_clients
     from privfedcal.settings.run_config import RunConfig
 
-    cfg = RunConfig(clients=7, participation=0.5, rounds=6, secagg_updates=True,
+    cfg = RunConfig.of(clients=7, participation=0.5, rounds=6, secagg_updates=True,
                     dp_updates=True, dp_eps=8.0)
-    sizes = {len(select_clients(cfg, r)) for r in range(1, 7)}
+    sizes = {len(select_clients(PrivacyOptions.of(cfg), r)) for r in range(1, 7)}
     assert sizes == {4, 5}  # the selection this test is about
     udp = UserDP(stage(), 1.0, denominator=4, distributed=True)
     assert udp.client_share(5) == 0.25 and udp.client_share() == 1 / 3

@@ -1,4 +1,4 @@
-"""The attack on CReFF's class gradients (``ReleaseSpec(attack="gradients")`` in
+"""The attack on CReFF's class gradients (the release ``CREFF_RELEASE`` of
 calibration/creff.py): ``attack invert --gradients``, and the release's channel in
 ``audit dp``.
 
@@ -47,6 +47,7 @@ from privfedcal.attacks.reconstruction.scoring import Attacked, score
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import Release, RunView
+from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.errors import UsageError
 from privfedcal.seeding import make_generator
 
@@ -127,7 +128,7 @@ def differentiated_inputs(view: RunView, rel: Release) -> Callable[[Tensor], Ten
         return None
     # the seed of the round's generator, as the simulator's RoundContext draws it
     # (federation/simulator.py: make_generator(seed, round, 0, 4))
-    seed = task_seed(derive_seed(view.cfg.seed, rel.round, 0, 4))
+    seed = task_seed(derive_seed(view.cfg.training.seed, rel.round, 0, 4))
     d = view.truth_exp.data
     task = GradTask(torch.zeros(d.num_classes, 1), None, d.num_classes, seed=seed,
                     dsa=params.dsa, dsa_groups=params.client_draws or 10)
@@ -343,7 +344,7 @@ def task(cfg, exp, calibrator):
     cap = None if p.client_draws is None else p.client_draws * p.draw_size
     return GradTask(head.weight.detach().double().cpu(),
                     None if head.bias is None else head.bias.detach().double().cpu(),
-                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.seed)
+                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.training.seed)
 
 
 def keep(key: str, c: int) -> tuple:
@@ -353,12 +354,24 @@ def keep(key: str, c: int) -> tuple:
     return (slice(c, c + 1), slice(None), [0, -1]) if key == "grad" else (slice(c, c + 1),)
 
 
-register(ReleaseAttack(NAME, plan_gradients, task=task, clip="class-gradient", keep=keep,
-                       canary_keys=("grad",), options=GradientsOptions,
-                       summary="Invert CReFF class gradients.",
-                       targets=("class-gradient", "class-gradient-rounds"),
-                       # gradient matching and head retraining shortened for the sweep
-                       audit_params={"match_steps": 50, "retrain_steps": 100}))
+class GradientsAttack(ReleaseAttack):
+    """The inversion of CReFF's class gradients."""
 
-__all__ = ["NAME", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
+    name = NAME
+    labels = (CREFF_RELEASE,)
+    clip = "class-gradient"
+    canary_keys = ("grad",)
+    options = GradientsOptions
+    summary = "Invert CReFF class gradients."
+    targets = ("class-gradient", "class-gradient-rounds")
+    # gradient matching and head retraining shortened for the sweep
+    audit_params = {"match_steps": 50, "retrain_steps": 100}
+    plan = staticmethod(plan_gradients)
+    task = staticmethod(task)
+    keep = staticmethod(keep)
+
+
+register(GradientsAttack())
+
+__all__ = ["NAME", "GradientsAttack", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
            "recovered_cosine", "task"]

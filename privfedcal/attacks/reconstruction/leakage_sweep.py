@@ -47,8 +47,8 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
 
 
 def __getattr__(name: str) -> object:
-    """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (their
-    ``ReleaseSpec.attack``), read from the registries when asked (PEP 562), so that one
+    """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (the labels
+    each attack names), read from the registries when asked (PEP 562), so that one
     registered after this module's import is audited too."""
     if name == "ATTACKED_CALIBRATORS":
         return attacked_calibrators()
@@ -159,7 +159,7 @@ def _train(setting: Setting, config: AuditConfig, run_dir: Path) -> tuple[Any, d
     from privfedcal.settings.run_config import RunConfig
 
     try:
-        cfg = RunConfig(method=setting.method, dataset=config.dataset, clients=config.clients,
+        cfg = RunConfig.of(method=setting.method, dataset=config.dataset, clients=config.clients,
                         alpha=config.alpha, rounds=config.rounds,
                         participation=config.participation,
                         local_epochs=config.local_epochs, seed=config.seed,

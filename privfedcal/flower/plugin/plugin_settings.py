@@ -2,8 +2,9 @@
 side reads them.
 
 Both sides build privfedcal's own ``RunConfig`` and ``FlowerOptions`` from the same settings
-(``parse_run_config``, with its checks), so the planner (``protection.plan_protection``) gives
-the server and each node the same releases, noise, ledger limits and CKKS set-up. Sources,
+(``parse_run_config``, with its checks), so the planner (``privacy/planner.py``
+``plan_protection``) gives the server and each node the same releases, noise, ledger limits
+and CKKS set-up. Sources,
 each overriding the one before:
 
 1. keyword arguments (``CalibrationClient(..., dp_eps=8)``, ``calibrate(..., dp_eps=8)``);
@@ -151,11 +152,13 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
     (clip.py), from the releases ``cfg`` declares: the same on the server and every node."""
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.planner import protection_inputs, release_plans
+    from privfedcal.settings.floors import PrivacyOptions
 
-    if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
+    if cfg.privacy.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")
-    inputs = protection_inputs(cfg, calibrator_class(cfg))
-    return AutoClip.plan(float(cfg.dp_eps), float(cfg.dp_delta), cfg.accountant,
+    inputs = protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg))
+    p = cfg.privacy
+    return AutoClip.plan(float(p.dp_eps), float(p.dp_delta), p.accountant,
                          with_update_release(inputs, release_plans(inputs)))
 
 

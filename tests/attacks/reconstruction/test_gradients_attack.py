@@ -6,6 +6,8 @@ are tested end to end in test_runner.py.)"""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -17,10 +19,10 @@ from privfedcal.calibration.creff import CREFF_RELEASE, CReFF, CReFFParams, Grad
 from privfedcal.privacy.bound import NoBound
 
 
-def test_registered_under_the_name_creff_declares():
+def test_targets_the_release_creff_declares():
     assert release_for("gradients").label == CREFF_RELEASE
     (spec,) = CReFF.releases
-    attack = release_attack(spec.attack)
+    attack = release_attack("gradients")
     assert attack.plan is gradients_attack.plan_gradients and attack.clip == "class-gradient"
     assert set(attack.canary_keys) <= set(spec.keys)
 
@@ -31,7 +33,7 @@ def test_task_has_the_run_options_and_the_initial_head():
     cal = CReFF(params, num_classes=4, feature_dim=3)
     data = type("D", (), {"num_classes": 4})()
     exp = type("Exp", (), {"data": data, "model": type("M", (), {"classifier": head})()})()
-    cfg = type("Cfg", (), {"seed": 9})()
+    cfg = SimpleNamespace(training=SimpleNamespace(seed=9))
     task = gradients_attack.task(cfg, exp, cal)
     assert torch.equal(task.weight, head.weight.detach().double())
     assert torch.equal(task.bias, head.bias.detach().double())
