@@ -39,12 +39,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from privfedcal.algorithms.algorithm import Algorithm, State
-from privfedcal.errors import UsageError
 from privfedcal.federation.local import LocalResult, LocalSpec, autocast_for
 from privfedcal.federation.vector_losses import VectorLoss, vector_loss_of
 from privfedcal.federation.workers import TrainJob
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 #: module types whose training-mode forward the vectorised trainer cannot reproduce
 _REFUSED_MODULES = (nn.modules.batchnorm._BatchNorm, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
@@ -57,15 +57,17 @@ def check_vectorisable(model: nn.Module, algo: Algorithm) -> VectorLoss:
     does."""
     loss = vector_loss_of(algo)
     if loss is None:
-        raise UsageError(f"--client-batch > 1: method {algo.name!r} declares no vectorised "
-                         "loss (a vector_loss on its class, privfedcal/algorithms/"
-                         "vector_loss.py); it trains with --client-batch 1")
+        raise SettingError("{client_batch} > 1: method {method!r} declares no vectorised "
+                           "loss (a vector_loss on its class, privfedcal/algorithms/"
+                           "vector_loss.py); it trains with {client_batch=}",
+                           method=algo.name, client_batch=1)
     for name, module in model.named_modules():
         if isinstance(module, _REFUSED_MODULES):
             kind = "BatchNorm" if isinstance(module, nn.modules.batchnorm._BatchNorm) else "Dropout"
-            raise UsageError(f"--client-batch > 1 cannot train a model with {kind} ({name}: "
-                             f"{type(module).__name__}); use --client-batch 1 or a model "
-                             "without it (mlp, digits-cnn, cnn)")
+            raise SettingError("{client_batch} > 1 cannot train a model with {kind} ({name}: "
+                               "{module}); use {client_batch=} or a model without it (mlp, "
+                               "digits-cnn, cnn)", kind=kind, name=name,
+                               module=type(module).__name__, client_batch=1)
     return loss
 
 
@@ -237,8 +239,8 @@ class VectorisedTrainer:
                  spec: LocalSpec, client_batch: int) -> None:
         loss = check_vectorisable(model, algo)
         if spec.dp_sgd is not None:
-            raise UsageError("--client-batch > 1 cannot train with --dp-train (DP-SGD trains "
-                             "clients one at a time); use --client-batch 1")
+            raise SettingError("{client_batch} > 1 cannot train with {dp_train} (DP-SGD trains "
+                               "clients one at a time); use {client_batch=}", client_batch=1)
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
         self.client_batch = client_batch
         self.loss: VectorLoss = loss
