@@ -155,7 +155,7 @@ def register_check(annotation: str, check: Callable[[Any, str, bool], Any]) -> N
     _CHECKS[annotation] = check
 
 
-def _speak_python(exc: BaseException) -> None:
+def speak_python(exc: BaseException) -> None:
     """``exc``'s message (and a divergence's hint) written in keywords, in place: each
     ``SettingText`` in it rendered for Python (privfedcal/settings/messages.py)."""
     flag_keywords()  # every setting and attack option has declared its spelling
@@ -170,7 +170,7 @@ def _speak_python(exc: BaseException) -> None:
 def python_surface(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` as Python callers see it: arguments checked and made plain by their
     annotations (``_CHECKS``), a wrong call a ``UsageError``, and the message of a usage,
-    budget or divergence error rendered in keywords (``_speak_python``). The CLI calls the
+    budget or divergence error rendered in keywords (``speak_python``). The CLI calls the
     functions' halves for it (``api.resume_simulator_for_cli``, ``jobs.compare_for_cli``),
     whose messages keep its flags."""
     sig = inspect.signature(func)
@@ -191,7 +191,7 @@ def python_surface(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*bound.args, **bound.kwargs)
         except (UsageError, PrivacyBudgetError, Diverged) as exc:
-            _speak_python(exc)
+            speak_python(exc)
             raise
     return call
 

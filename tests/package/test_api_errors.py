@@ -302,7 +302,7 @@ def test_a_divergence_hint_names_keywords():
 
     exc = Diverged(3, "the loss is not finite", hint=SettingText("lower {lr}"))
     assert str(exc) == "diverged at round 3: the loss is not finite; lower --lr"
-    pysurface._speak_python(exc)
+    pysurface.speak_python(exc)
     assert exc.hint == "lower lr" and str(exc) == "diverged at round 3: the loss is not finite; lower lr"
 
 
