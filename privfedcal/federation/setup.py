@@ -58,13 +58,14 @@ def build_model_and_algo(model_name: str, training: LocalSpec, num_classes: int,
     from privfedcal.models import create_model
 
     algo = create_algorithm(training.method, num_classes=num_classes, **training.method_params)
+    seed = training.training.seed
     model = create_model(model_name, num_classes=num_classes, in_channels=in_channels,
-                         image_size=image_size, generator=make_generator(training.seed, 0, 0, 7))
+                         image_size=image_size, generator=make_generator(seed, 0, 0, 7))
     if training.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
         from privfedcal.privacy.dpsgd import prepare_model
 
         model = prepare_model(model)
-    algo.configure_model(model, make_generator(training.seed, 0, 0, 8))
+    algo.configure_model(model, make_generator(seed, 0, 0, 8))
     return model, algo
 
 

@@ -145,7 +145,7 @@ class Simulator:
     def lr(self) -> float | None:
         """The local learning rate, which the divergence guard's advice names (None: a
         server that trains no client, the Flower plugin's)."""
-        return self.exp.spec.lr if self.exp.spec is not None else None
+        return self.exp.spec.training.lr if self.exp.spec is not None else None
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:

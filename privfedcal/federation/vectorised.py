@@ -170,12 +170,12 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
                  ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
     """One client's batches as ``train_client`` forms them: per epoch a permutation of its
     ``n`` samples (then the augmentation draws, from the same generator in the same order),
-    cut into batches of ``spec.batch_size``; a last batch of one sample is skipped when
+    cut into batches of ``spec.training.batch_size``; a last batch of one sample is skipped when
     ``n >= 2``. Returns positions (S, width) into the client's samples, weights (S, width)
     and the draws laid out the same way; padding rows point at position 0 with weight 0."""
     from privfedcal.data.augment import draw_augmentation
 
-    bs = spec.batch_size
+    bs = spec.training.batch_size
     nb = math.ceil(n / bs)
     # train_client skips a batch of one sample when n >= 2: with batch size 1 every batch,
     # else at most the last one
@@ -186,7 +186,7 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
     ok = grid < n
     safe = torch.where(ok, grid, torch.zeros_like(grid))
     orders, offs, flips = [], [], []
-    for _ in range(spec.local_epochs):
+    for _ in range(spec.training.local_epochs):
         orders.append(torch.randperm(n, generator=g))
         if spec.augment:
             offsets, flipped = draw_augmentation(n, g)
@@ -203,8 +203,9 @@ def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list
     from torch.nn.utils.rnn import pad_sequence
 
     sizes = [int(j.idx.numel()) for j in jobs]
-    width = max(1, min(spec.batch_size, max(sizes)))
-    per_client = [client_steps(n, spec, make_generator(spec.seed, round_, j.client, 1), width)
+    width = max(1, min(spec.training.batch_size, max(sizes)))
+    seed = spec.training.seed
+    per_client = [client_steps(n, spec, make_generator(seed, round_, j.client, 1), width)
                   for n, j in zip(sizes, jobs, strict=True)]
     order = sorted(range(len(jobs)), key=lambda i: -per_client[i][0].shape[0])
     steps = [per_client[i][0].shape[0] for i in order]
@@ -274,8 +275,8 @@ class VectorisedTrainer:
                  if n not in trainable}
         stacked = [stack_clients(global_state[n].detach().to(device), k_all) for n in trainable]
         anchor = {f"model.{n}": global_state[n].detach().to(device) for n in trainable}
-        opt = StackedSGD(stacked, lr=spec.lr, momentum=spec.momentum,
-                         weight_decay=spec.weight_decay)
+        opt = StackedSGD(stacked, lr=spec.training.lr, momentum=spec.training.momentum,
+                         weight_decay=spec.training.weight_decay)
         extra = self.loss.prepare(self, global_state, [jobs[i].client_state for i in order])
         names = [f"model.{n}" for n in trainable]
         view, algo, loss_fn = self.view, self.algo, self.loss
