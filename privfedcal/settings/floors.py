@@ -13,7 +13,8 @@ built once from the resolved ``RunConfig`` (``run_options``) and passed down:
 - ``EngineSettings``: the engine section itself: device, processes, threads, batching;
 - ``PrivacyOptions``: the privacy section and the public protocol it is planned over (the
   privacy planner, privfedcal/privacy/planner.py, and privacy/);
-- ``LoopOptions``: what the round loop runs and records (federation/simulator.py).
+- ``LoopOptions``: what the round loop runs and records: the names of what runs and the
+  data, training and output sections themselves (federation/simulator.py).
 
 ``DataOptions`` and ``PrivacyOptions`` extend their section (its settings, defaults and
 rules are declared there, once); every field keeps its setting's name and meaning, so a
@@ -30,6 +31,7 @@ from privfedcal.errors import UsageError
 from privfedcal.settings.sections import (
     DataSettings,
     EngineSettings,
+    OutputSettings,
     PrivacySettings,
     TrainingSettings,
 )
@@ -140,26 +142,22 @@ class PrivacyOptions(PrivacySettings):
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """What the round loop runs and records: the rounds and how often it evaluates, the
-    public seed of its per-round draws, whether it records the server's view, and the names
-    of what runs (for summary.json and its messages)."""
+    """What the round loop runs and records: the names of what runs (for summary.json and
+    its messages) and the sections it reads: the data section (the dataset, the number of
+    clients), the training section (the rounds, how often it evaluates, the public seed of
+    its per-round draws) and the output section (whether it records the server's view)."""
 
     method: str
     local_method: str
     calibrator: str
-    dataset: str
-    clients: int
-    rounds: int
-    eval_every: int
-    seed: int
-    transcript: bool
+    data: DataSettings
+    training: TrainingSettings
+    output: OutputSettings
 
     @classmethod
     def of(cls, cfg: RunConfig) -> LoopOptions:
-        t = cfg.training
         return cls(method=cfg.method, local_method=cfg.local_method, calibrator=cfg.calibrator,
-                   dataset=cfg.data.dataset, clients=cfg.data.clients, rounds=t.rounds,
-                   eval_every=t.eval_every, seed=t.seed, transcript=cfg.output.transcript)
+                   data=cfg.data, training=cfg.training, output=cfg.output)
 
 
 class RunOptions(NamedTuple):

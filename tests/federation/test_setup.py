@@ -66,7 +66,7 @@ def test_the_experiment_carries_the_narrow_options_of_its_resolved_config(experi
     e = experiment
     opts = run_options(config_of(e))
     assert e.data_options == opts.data and e.engine == opts.engine and e.privacy == opts.privacy
-    assert e.loop == opts.loop and e.loop.rounds == 2 and not e.loop.transcript
+    assert e.loop == opts.loop and e.loop.training.rounds == 2 and not e.loop.output.transcript
     assert e.spec == opts.training  # mixed precision off on a CPU
     assert e.spec.method == "fedavg" and e.spec.training.lr == 0.05
     assert e.spec.training.local_epochs == 2

@@ -67,8 +67,10 @@ def test_values_are_copied_and_derived_from_the_resolved_config():
     assert opts.engine.client_batch == 2 and opts.data.clients == 7 and opts.data.seed == 5
     assert (opts.loop.method, opts.loop.local_method, opts.loop.calibrator) == (
         "ccvr", "fedavg", "ccvr")
-    assert (opts.loop.clients, opts.loop.rounds, opts.loop.seed, opts.loop.eval_every,
-            opts.loop.transcript) == (7, cfg.training.rounds, 5, cfg.training.eval_every, cfg.output.transcript)
+    loop = opts.loop
+    assert (loop.data.clients, loop.training.rounds, loop.training.seed, loop.training.eval_every,
+            loop.output.transcript) == (7, cfg.training.rounds, 5, cfg.training.eval_every,
+                                        cfg.output.transcript)
     assert opts.engine is cfg.engine
     assert not PrivacyOptions.of(RunConfig()).dp_enabled
     params = {"creff_release_last": 3}
