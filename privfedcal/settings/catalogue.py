@@ -42,13 +42,12 @@ from privfedcal.settings.descriptions import (
     _hyper,
     calibration_settings,
     check_value,
-    declare,
     field_kind,
     render,
     setting,
     settings_of,
 )
-from privfedcal.settings.messages import SettingError, SettingText
+from privfedcal.settings.messages import SettingError, SettingText, declare_spelling
 from privfedcal.settings.run_config import RunConfig
 
 
@@ -262,7 +261,11 @@ def main(argv: list[str]) -> int:
 
 
 for _declared in all_settings():  # how messages spell each (settings/messages.py)
-    declare(_declared)
+    declare_spelling(_declared.name, _declared.type,
+                     _declared.param_decls[0] if _declared.param_decls else None,
+                     flower=(f"{FLOWER_PREFIX['method']}{METHOD_OWNERS[_declared.name][1]}"
+                             if _declared.name in METHOD_OWNERS else flower_key(_declared)
+                             ).replace("_", "-"))
 
 __all__ = ["CALIBRATION_SETTINGS", "GROUPS", "METHOD_OWNERS", "METHOD_SETTINGS", "PER_MODEL",
            "SCOPES", "place_hyperparameters",

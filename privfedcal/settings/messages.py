@@ -42,13 +42,15 @@ _FORMATTER = string.Formatter()
 
 @dataclass(frozen=True)
 class Spelling:
-    """How one setting is written: its name, type and the flags that turn a boolean on and
-    off (``--hide-counts`` / ``--show-counts``)."""
+    """How one setting is written: its name, type, the flags that turn a boolean on and
+    off (``--hide-counts`` / ``--show-counts``) and its key in Flower's run config
+    (``method-params.mu``)."""
 
     name: str
     type: type
     on: str
     off: str
+    flower: str
 
 
 #: every declared setting's spelling, by name (:func:`declare_spelling`)
@@ -56,25 +58,23 @@ SPELLINGS: dict[str, Spelling] = {}
 
 
 def declare_spelling(name: str, kind: type, decls: str | None = None,
-                     replace: bool = True) -> None:
+                     replace: bool = True, flower: str | None = None) -> None:
     """Record how the setting ``name`` is spelled: ``decls`` is its typer declaration
-    (``--hide-counts/--show-counts``; None: ``--name``, and ``--no-name`` for a boolean).
-    ``replace`` False keeps an earlier declaration (a run setting's spelling wins over an
-    attack option of the same name)."""
+    (``--hide-counts/--show-counts``; None: ``--name``, and ``--no-name`` for a boolean),
+    ``flower`` its run-config key (None: the name with hyphens). ``replace`` False keeps an
+    earlier declaration (a run setting's spelling wins over an attack option of the same
+    name)."""
     if not replace and name in SPELLINGS:
         return
     on, _, off = (decls or "--" + name.replace("_", "-")).partition("/")
-    SPELLINGS[name] = Spelling(name, kind, on, off or "--no-" + on[2:])
+    SPELLINGS[name] = Spelling(name, kind, on, off or "--no-" + on[2:],
+                               flower or name.replace("_", "-"))
 
 
 def _spelling(name: str) -> Spelling:
-    return SPELLINGS.get(name) or Spelling(name, object, "--" + name.replace("_", "-"),
-                                           "--no-" + name.replace("_", "-"))
-
-
-def _keyword(name: str, reader: str) -> str:
-    """The setting's name as ``reader`` writes it when no spelling is passed."""
-    return name if reader == "python" else name.replace("_", "-")
+    hyphens = name.replace("_", "-")
+    return SPELLINGS.get(name) or Spelling(name, object, "--" + hyphens, "--no-" + hyphens,
+                                           hyphens)
 
 
 def _setting(name: str, spec: str, conversion: str | None, value: Any, has_value: bool,
@@ -92,7 +92,7 @@ def _setting(name: str, spec: str, conversion: str | None, value: Any, has_value
         if boolean:
             return s.on if value is not False else s.off
         return f"{s.on} {shown}" if has_value else s.on
-    word = spell(name) if spell else _keyword(name, reader)
+    word = spell(name) if spell else name if reader == "python" else s.flower
     if spec == "name" or not (has_value or boolean):
         return word
     if boolean:

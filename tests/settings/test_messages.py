@@ -97,7 +97,8 @@ def test_one_template_three_readers():
     assert SettingText("{hide_counts} needs {secagg}").render("python") == \
         "hide_counts=True needs secagg=True"
     assert SettingText("{fedprox_mu} and {virtual_per_class:name}").render("flower") == \
-        "fedprox-mu and virtual-per-class"
+        "method-params.mu and calibration-params.virtual-per-class"
+    assert SettingText("{round_timeout}").render("flower") == "flower.round-timeout"
     with pytest.raises(ValueError, match="reader must be one of"):
         text.render("yaml")
 
