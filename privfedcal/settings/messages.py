@@ -5,7 +5,8 @@ template's fields are setting names, and the message is written when it is read,
 words of whoever reads it. ``str(err)`` is the CLI's form (``--hide-counts needs --secagg``);
 ``err.render("python")`` names keywords (``hide_counts=True needs secagg=True``) and
 ``err.render("flower")`` the Flower run config's keys (``hide-counts=True needs
-secagg=True``; the plugin passes its own spelling, ``privfedcal.hide-counts``).
+secagg=True``, ``method-params.mu``; the plugin passes its own spelling,
+``privfedcal.hide-counts``).
 
 Fields of a template:
 
@@ -18,13 +19,15 @@ Fields of a template:
   ``hide_counts=False``);
 - ``{match_steps:name}``: the setting's name alone, as messages list several
   (``match-steps`` / ``match_steps``);
-- any other field is plain text given as a keyword (a name not also given as ``{name=}``) (``got {got!r}``), formatted as
-  ``str.format`` does; a value with a ``render`` method (another ``SettingText``) is written
-  for the same reader.
+- any other field is plain text given as a keyword (``got {got!r}``; a name not also
+  given as ``{name=}``), formatted as ``str.format`` does; a value with a ``render`` method
+  (another ``SettingText``) is written for the same reader.
 
-How a setting is spelled (its type, the flag that turns a boolean off) comes from its
-declaration: the settings catalogue (privfedcal/settings/catalogue.py) and the attacks'
-options declare theirs with :func:`declare_spelling` when they are imported.
+How a setting is spelled (its type, the flag that turns a boolean off, its run-config key)
+comes from its declaration, recorded with :func:`declare_spelling`: by ``settings_of`` for
+the sections' settings, by the settings catalogue (privfedcal/settings/catalogue.py) for
+every setting when it is imported, and by ``api.arguments.flag_keywords`` for the attacks'
+options.
 """
 
 from __future__ import annotations

@@ -160,8 +160,8 @@ def _train(exp: Any, calibrator: Any, uplink: Any, t0: float, budget_s: float | 
         nonlocal trained
         trained = record["round"]
         if progress is not None:
-            progress(trained, cfg.rounds)
-        if trained < cfg.rounds and budget_spent(t0, budget_s):
+            progress(trained, cfg.training.rounds)
+        if trained < cfg.training.rounds and budget_spent(t0, budget_s):
             raise _BudgetSpent
 
     with tempfile.TemporaryDirectory() as tmp:
