@@ -1,7 +1,7 @@
 """Components found by name, declared in one explicit table per kind (Opacus' idiom).
 
-Every kind of component the tool finds by name (methods, calibrators, models, datasets,
-payload tasks, protection stages, release attacks) has one ``Registry``. Its built-ins are
+A kind of component the tool finds by name (methods, calibrators, models, datasets, Flower
+payload tasks) has one ``Registry``. Its built-ins are
 written out in the ``built_in`` mapping where the registry is created, so a reader sees every
 name in one place; extensions add theirs from their own file with ``register``::
 
