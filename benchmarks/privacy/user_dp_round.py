@@ -1,8 +1,9 @@
-"""The DP-FedAvg work of one round, apart from training: ``UserDP.receive`` on fixed updates.
+"""The DP-FedAvg work of one round, apart from training: ``UserDP.receive_round`` on fixed
+updates.
 
 A stand-in trainer hands ``--clients`` fixed model states of the digits MLP's shape (64-256-
-128-10, 50,826 floats) to ``UserDP.receive`` as a trained client's would arrive: each update
-is taken (difference, norm, clip, the state the server's transcript records, the running
+128-10, 50,826 floats) to ``UserDP.receive_round`` as a trained client's would arrive: each
+update is taken (difference, norm, clip, the state the server's transcript records, the running
 sum), then the server's noise, the new global state and the ledgers' and accountant's charge.
 Central noise, clip 0.05 (every update clipped), one thread. Prints wall and CPU
 milliseconds per round (min / median over ``--rounds`` after ``--warmup``); ``--transcript``
@@ -79,13 +80,14 @@ def main() -> None:
         wall, cpu = [], []
         for r in range(1, rounds + 1):
             t, c = time.perf_counter(), time.process_time()
-            udp.receive(trainer, [None] * args.clients, glob, selected, r, transcript, {}, None)
+            udp.receive_round(trainer, [None] * args.clients, glob, selected, r, transcript, {},
+                              None)
             wall.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         transcript.close()
     wall_ms = [1e3 * x for x in wall[args.warmup:]]
     cpu_ms = [1e3 * x for x in cpu[args.warmup:]]
-    print(f"UserDP.receive, {args.clients} MLP updates per round"
+    print(f"UserDP.receive_round, {args.clients} MLP updates per round"
           f"{', transcript written' if args.transcript else ''}: wall "
           f"{harness.min_median(wall_ms, 'ms', 2)}; CPU {harness.min_median(cpu_ms, 'ms', 2)}")
     harness.finish(args, {"wall_ms": harness.stats(wall_ms), "cpu_ms": harness.stats(cpu_ms)})

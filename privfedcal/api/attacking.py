@@ -58,13 +58,13 @@ def attack(run: Run | str | Path, kind: str, *, steps: int | None = None, restar
     from privfedcal.api.log import AttackWatch
     from privfedcal.attacks.reconstruction.feature_inversion import DEFAULT_MAX_STEPS
     from privfedcal.attacks.reconstruction.uploads import ClassesOptions
-    from privfedcal.attacks.release_attacks import RELEASE_ATTACKS
+    from privfedcal.attacks.release_attacks import release_attack
     from privfedcal.attacks.view import load_run as load_view
 
     kinds = attack_kinds()
     if kind not in kinds:
         raise UsageError(f"attack kind must be one of {', '.join(kinds)}, got {kind!r}")
-    kind_options = ClassesOptions if kind == "classes" else RELEASE_ATTACKS.get(kind).options
+    kind_options = ClassesOptions if kind == "classes" else release_attack(kind).options
     fields = {f.name for f in dataclasses.fields(kind_options)}
     base = {"steps": DEFAULT_MAX_STEPS if steps is None else steps, "restarts": restarts,
             "seed": seed}  # the options type checks them

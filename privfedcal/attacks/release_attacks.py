@@ -1,27 +1,27 @@
-"""Which attack targets which release: the registry behind ``ReleaseSpec.attack``.
+"""Which attack targets which release: attacks name the release labels they target.
 
 A calibrator declares each of its releases once (``privacy/releases.py`` ``ReleaseSpec``:
-label, payload task, sensitivities, and ``attack``, the name of the attack that targets
-it). The attack's own file registers a ``ReleaseAttack`` under that name: the planner
-``attack invert --<name>`` and the audit run, its options type (the flags), its section of
-the run report, and what the privacy audit (``audit dp``) needs to build the release's
-channel. The attacks privfedcal ships are listed in ``BUILT_IN`` (imported on first use);
-any other module registers its attack when imported. The code that drives attacks (CLI,
-``privfedcal.attack``, ``audit``, ``audit dp``, the report) looks releases and attacks up
-here and names no release itself, so a new release is its calibrator's declaration plus one
-attack file.
+label, payload task, sensitivities). An attack is a ``ReleaseAttack`` subclass in its own
+file that names the labels of the releases it targets (``labels``) and registers itself:
+the planner ``attack invert --<name>`` and the audit run, its options type (the flags), its
+section of the run report, and what the privacy audit (``audit dp``) needs to build the
+release's channel. The runner finds the attacks of a release by its label
+(``attacks_on``), so a second attack on a release is one more file and touches neither the
+calibrator nor the first attack. The attacks privfedcal ships are listed in ``BUILT_IN``
+(imported on first use); any other module registers its attack when imported. The code that
+drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``, the report) looks
+releases and attacks up here and names no release itself.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from privfedcal.attacks.attack_options import NoOptions
 from privfedcal.errors import UsageError
-from privfedcal.registry import Registry
 
 #: the attacks privfedcal ships, by name: the module that registers each (imported on first
 #: use, so that importing this registry stays cheap), in the order the CLI offers them
@@ -45,9 +45,9 @@ class ReportTable:
     table_id: str | None = None
 
 
-@dataclass(frozen=True)
 class ReleaseAttack:
-    """What ``attacks/`` does with one kind of release.
+    """What ``attacks/`` does with the releases of some labels. A subclass sets ``name``
+    and ``labels`` and defines the hooks it has (a hook it lacks stays None).
 
     ``plan(view, opts, clients, classes)`` builds the inversion jobs (``runner.Plan``) from
     a run's transcript. For the privacy audit: ``task(cfg, exp, calibrator)`` is the
@@ -68,47 +68,67 @@ class ReleaseAttack:
     to what the attack needs (the attack reads only the uploads).
 
     An attack on the run as a whole rather than on one release (``disaggregate_attack.py``:
-    every secure sum of the run together) has no ``plan`` and gives ``run(view, opts)``
-    instead, returning its records and notes; ``audit_columns(records)`` gives its cells of
-    the audit's row; ``console(records, title)`` the table and lines ``attack <name>``
-    prints, ``figure`` the PNG it writes beside attack.json (file name, ``plot(records,
-    path)``). ``run_attacks`` lists them. ``report(records)`` gives the attack's section of
-    the run report (``ReportTable``), on the records of its ``targets``."""
+    every secure sum of the run together) targets no label, has no ``plan`` and defines
+    ``run(view, opts)`` instead, returning its records and notes; ``audit_columns(records)``
+    gives its cells of the audit's row; ``console(records, title)`` the table and lines
+    ``attack <name>`` prints, ``figure`` the PNG it writes beside attack.json (file name,
+    ``plot(records, path)``). ``run_attacks`` lists them. ``report(records)`` gives the
+    attack's section of the run report (``ReportTable``), on the records of its
+    ``targets``."""
 
-    name: str
-    plan: Callable[..., Any] | None
+    name: ClassVar[str] = ""
+    #: the labels of the releases it targets (``ReleaseSpec.label``)
+    labels: ClassVar[tuple[str, ...]] = ()
+    clip: ClassVar[str] = "feature"
+    canary_keys: ClassVar[tuple[str, ...]] = ()
+    targets: ClassVar[tuple[str, ...]] = ()
+    audit_params: ClassVar[Mapping[str, Any]] = {}
+    options: ClassVar[type] = NoOptions
+    summary: ClassVar[str] = ""
+    joins: ClassVar[tuple[str, ...]] = ()
+    figure: ClassVar[tuple[str, Callable[..., Any]] | None] = None
+    # the hooks: a subclass defines those it has as methods
+    plan: Callable[..., Any] | None = None
     task: Callable[..., Any] | None = None
-    clip: str = "feature"
     keep: Callable[[str, int], Any] | None = None
-    canary_keys: tuple[str, ...] = ()
-    targets: tuple[str, ...] = ()
-    audit_params: Mapping[str, Any] = field(default_factory=dict)
     run: Callable[..., Any] | None = None
     audit_columns: Callable[..., Mapping[str, Any]] | None = None
-    options: type = NoOptions
-    summary: str = ""
-    joins: tuple[str, ...] = ()
     report: Callable[[list[dict[str, Any]]], ReportTable | None] | None = None
     console: Callable[..., tuple[Any, list[str]]] | None = None
-    figure: tuple[str, Callable[..., Any]] | None = None
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if not cls.name.isidentifier():
+            raise ValueError(f"{cls.__qualname__}: an attack's name is a plain name (its "
+                             f"flag --<name>), got {cls.name!r}")
+        if cls.plan is None and cls.run is None:
+            raise ValueError(f"attack {cls.name!r}: define plan (on its releases) or run "
+                             "(on the run as a whole)")
+        if isinstance(cls.labels, str):
+            raise ValueError(f"attack {cls.name!r}: labels is a tuple of release labels")
+
+    def __repr__(self) -> str:
+        return f"<attack {self.name} on {', '.join(self.labels) or 'the whole run'}>"
 
 
-RELEASE_ATTACKS: Registry[ReleaseAttack] = Registry("release attack")
-_ORDER: list[str] = []  # registration order: BUILT_IN's, then any other
+#: name -> the registered attack, in registration order
+RELEASE_ATTACKS: dict[str, ReleaseAttack] = {}
 _found = False
 
 
 def register(attack: ReleaseAttack) -> ReleaseAttack:
-    RELEASE_ATTACKS.register(attack.name)(attack)
-    _ORDER.append(attack.name)
+    """Add ``attack`` (an instance of a ``ReleaseAttack`` subclass); a taken name is
+    refused."""
+    if attack.name in RELEASE_ATTACKS:
+        raise ValueError(f"release attack {attack.name!r} registered twice")
+    RELEASE_ATTACKS[attack.name] = attack
     return attack
 
 
 def unregister(name: str) -> None:
     """Take a registered attack out again (a test's or an extension's)."""
-    RELEASE_ATTACKS.get(name)  # an unknown name raises, listing the valid ones
-    RELEASE_ATTACKS._items.pop(name)
-    _ORDER.remove(name)
+    release_attack(name)  # an unknown name raises, listing the valid ones
+    del RELEASE_ATTACKS[name]
 
 
 def _discover() -> None:
@@ -126,8 +146,14 @@ def registered() -> list[ReleaseAttack]:
     """Every registered attack: ``BUILT_IN``'s in its order, then the others in the order
     they registered."""
     _discover()
-    names = dict.fromkeys([*BUILT_IN, *_ORDER])
-    return [RELEASE_ATTACKS.get(n) for n in names if n in RELEASE_ATTACKS]
+    names = dict.fromkeys([*BUILT_IN, *RELEASE_ATTACKS])
+    return [RELEASE_ATTACKS[n] for n in names if n in RELEASE_ATTACKS]
+
+
+def attacks_on(label: str) -> list[ReleaseAttack]:
+    """The registered attacks that target the release labelled ``label``, in registration
+    order."""
+    return [a for a in registered() if label in a.labels]
 
 
 def plan_attacks() -> list[ReleaseAttack]:
@@ -163,17 +189,21 @@ def calibrator_of(attack: ReleaseAttack) -> str | None:
     import privfedcal.calibration  # noqa: F401
     from privfedcal.federation.hooks import CALIBRATORS
 
-    for name in (attack.name, *attack.joins):
-        for calibrator in CALIBRATORS.names():
-            if any(r.attack == name for r in getattr(CALIBRATORS.get(calibrator), "releases", ())):
-                return calibrator
+    labels = {label for a in (attack, *(release_attack(n) for n in attack.joins))
+              for label in a.labels}
+    for calibrator in CALIBRATORS.names():
+        if any(r.label in labels for r in getattr(CALIBRATORS.get(calibrator), "releases", ())):
+            return calibrator
     return None
 
 
 def release_attack(name: str) -> ReleaseAttack:
-    """The attack registered under ``name`` (a ``ReleaseSpec.attack``)."""
+    """The attack registered under ``name``; an unknown name lists the registered ones."""
     _discover()
-    return RELEASE_ATTACKS.get(name)
+    if name not in RELEASE_ATTACKS:
+        raise UsageError(f"unknown release attack {name!r}; valid choices: "
+                         f"{', '.join(sorted(RELEASE_ATTACKS))}")
+    return RELEASE_ATTACKS[name]
 
 
 def declared_releases() -> list[Any]:
@@ -187,12 +217,20 @@ def declared_releases() -> list[Any]:
 
 
 def release_for(attack: str) -> Any:
-    """The declaration (``ReleaseSpec``) of the release ``attack`` targets."""
-    found = [r for r in declared_releases() if r.attack == attack]
+    """The declaration (``ReleaseSpec``) of the first declared release the attack named
+    ``attack`` targets."""
+    labels = release_attack(attack).labels
+    found = [r for r in declared_releases() if r.label in labels]
     if not found:
-        names = sorted({r.attack for r in declared_releases() if r.attack})
+        names = sorted({a.name for r in declared_releases() for a in attacks_on(r.label)})
         raise UsageError(f"no release is attacked by {attack!r} (attacks: {', '.join(names)})")
     return found[0]
+
+
+def attack_names() -> dict[str, list[str]]:
+    """Release label -> the names of the registered attacks on it (the client fields
+    table's "read by" column)."""
+    return {r.label: [a.name for a in attacks_on(r.label)] for r in declared_releases()}
 
 
 def attacked_calibrators() -> tuple[str, ...]:
@@ -200,27 +238,24 @@ def attacked_calibrators() -> tuple[str, ...]:
     import privfedcal.calibration  # noqa: F401
     from privfedcal.federation.hooks import CALIBRATORS
 
-    _discover()
     return tuple(n for n in CALIBRATORS.names()
-                 if any(r.attack in RELEASE_ATTACKS
+                 if any(attacks_on(r.label)
                         for r in getattr(CALIBRATORS.get(n), "releases", ())))
 
 
 def attacks_of(calibrator: Any) -> list[tuple[Any, ReleaseAttack]]:
-    """``(release, attack)`` for each release of ``calibrator`` (class or object) that a
-    registered attack targets, in its declaration order."""
-    _discover()
-    return [(r, RELEASE_ATTACKS.get(r.attack)) for r in getattr(calibrator, "releases", ())
-            if r.attack in RELEASE_ATTACKS]
+    """``(release, attack)`` for each release of ``calibrator`` (class or object) and each
+    registered attack on it, in declaration order, then registration order."""
+    return [(r, a) for r in getattr(calibrator, "releases", ()) for a in attacks_on(r.label)]
 
 
 def target_order() -> tuple[str, ...]:
     """Every record target the registered attacks write, in report order: the attacks in
-    the order of the releases they target (``declared_releases``), then any other by name."""
-    _discover()
-    first = [r.attack for r in declared_releases() if r.attack in RELEASE_ATTACKS]
+    the order of the releases they target (``declared_releases``), then any other by
+    registration."""
+    first = [a.name for r in declared_releases() for a in attacks_on(r.label)]
     names = list(dict.fromkeys(first)) + [a.name for a in registered() if a.name not in first]
-    return tuple(dict.fromkeys(t for n in names for t in RELEASE_ATTACKS.get(n).targets))
+    return tuple(dict.fromkeys(t for n in names for t in RELEASE_ATTACKS[n].targets))
 
 
 def run_attacks() -> list[ReleaseAttack]:
@@ -241,7 +276,8 @@ def audit_params(calibrator: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["BUILT_IN", "RELEASE_ATTACKS", "ReleaseAttack", "ReportTable", "attacked_calibrators",
-           "attacks_of", "audit_params", "calibrator_of", "check_combination",
-           "declared_releases", "plan_attacks", "register", "registered", "release_attack",
-           "release_for", "run_attacks", "target_order", "unregister"]
+__all__ = ["BUILT_IN", "RELEASE_ATTACKS", "ReleaseAttack", "ReportTable", "attack_names",
+           "attacked_calibrators", "attacks_of", "attacks_on", "audit_params",
+           "calibrator_of", "check_combination", "declared_releases", "plan_attacks",
+           "register", "registered", "release_attack", "release_for", "run_attacks",
+           "target_order", "unregister"]

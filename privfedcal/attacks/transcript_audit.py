@@ -21,7 +21,6 @@ def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
     its plan rebuilt from the public config; None for a run without DP."""
     from privfedcal.experiment import build_parts
     from privfedcal.federation.runfolder import TRANSCRIPT_DIR, server_view
-    from privfedcal.privacy.stages import NoiseStage
     from privfedcal.privacy.transcript_epsilon import (
         PublicPlan,
         file_loader,
@@ -39,8 +38,7 @@ def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
                          "the releases the server holds cannot be counted")
     _exp, _calibrator, uplink = build_parts(cfg.replace(device="cpu", workers=1),
                                             server=True)
-    noise = uplink.find(NoiseStage)
-    dp = noise.dp if noise is not None else getattr(uplink.user_dp, "dp", None)
+    dp = uplink.accounting
     if dp is None:
         return None
     return transcript_epsilons(json.loads(index.read_text()), PublicPlan.of(dp),

@@ -170,7 +170,7 @@ class CCVR(PosthocCalibrator):
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CCVR_RELEASE, sensitivity={"count": "1", "sum": "R", "outer": "R^2"},
         magnitude={"count": "N", "sum": "R*N", "outer": "R^2*N"}, participants="all",
-        task=StatsTask, attack="stats", symmetric=frozenset({"outer"}),
+        task=StatsTask, symmetric=frozenset({"outer"}),
         holds={"count": "per-class counts (C,)", "sum": "per-class feature sums (C, d)",
                "outer": "per-class sums of z z^T (C, d, d)"}),)
 

@@ -373,7 +373,7 @@ class CReFF(Calibrator):
     releases: ClassVar[tuple[ReleaseSpec, ...]] = (ReleaseSpec(
         CREFF_RELEASE, sensitivity={"grad": "G", "count": "1", "holders": "1"},
         magnitude={"grad": "G*N", "count": "N", "holders": "K"}, participants="selected",
-        task=GradTask, attack="gradients",
+        task=GradTask,
         holds={"grad": "per-class classifier gradients (C, C, d+1)",
                "count": "per-class counts (C,), with --creff-weighting sample",
                "holders": "which classes the client holds (C,) of 0/1, with client "

@@ -65,14 +65,14 @@ class AttackGroup(TyperGroup):
         return ["invert", "classes", *(a.name for a in run_attacks())]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        from privfedcal.attacks.release_attacks import RELEASE_ATTACKS, run_attacks
+        from privfedcal.attacks.release_attacks import release_attack, run_attacks
 
         if name == "invert":
             return _click(name, invert_command())
         if name == "classes":
             return _click(name, classes_command())
         if name in {a.name for a in run_attacks()}:
-            return _click(name, run_attack_command(RELEASE_ATTACKS.get(name)))
+            return _click(name, run_attack_command(release_attack(name)))
         return super().get_command(ctx, name)
 
 

@@ -59,6 +59,7 @@ from privfedcal.privacy.transcript import (
     sent_tensors,
 )
 from privfedcal.privacy.transcript_epsilon import PublicPlan, file_loader, transcript_epsilons
+from privfedcal.privacy.update_stage import UpdateRound
 from privfedcal.seeding import make_generator
 
 log = logging.getLogger("privfedcal.simulator")
@@ -265,38 +266,30 @@ class Simulator:
 
     def receive_updates(self, trainer: Trainer, jobs: list[TrainJob], selected: list[int],
                         weights: list[float], round_: int) -> tuple[list, State, int, list]:
-        """Train the round's clients and obtain the weighted average as the server does.
+        """Train the round's clients and obtain the weighted average as the server does,
+        through the uplink's update stages (privacy/update_stage.py; in the clear without
+        one: ``receive_in_clear``). Returns (results, average, update bytes, results for
+        the divergence check)."""
+        return self.uplink.receive_updates(UpdateRound(
+            self.journaled(trainer), jobs, self.global_state, selected, weights, round_,
+            self.transcript, self.uplink.recipe(self.exp.spec), self.receive_in_clear))
 
-        Updates in the clear are recorded and averaged as they arrive (job order), so no
-        list of every client's state is held; under --secagg-updates the uplink sums the
-        encrypted updates. Returns (results, average, update bytes, results for the
-        divergence check)."""
-        recipe = self.uplink.recipe(self.exp.spec)
-        trainer = self.journaled(trainer)
-        if self.uplink.user_dp is not None:  # --dp-updates: clipped and noised (user_dp.py)
-            return self.uplink.user_dp.receive(
-                trainer, jobs, self.global_state, selected, round_, self.transcript, recipe,
-                self.uplink.average_updates if self.uplink.updates is not None else None)
-        if self.uplink.updates is None:  # in the clear: each update recorded, then averaged
-            running = RunningAverage(weights)
+    def receive_in_clear(self, rnd: UpdateRound) -> tuple[list, State, int, list]:
+        """Updates in the clear: each sent through the update stages' client halves,
+        recorded and averaged as it arrives (job order), so no list of every client's state
+        is held."""
+        running = RunningAverage(rnd.weights)
 
-            def consume(state: State) -> None:
-                i = running.count
-                record_model_updates(self.transcript, round_, [selected[i]], [state],
-                                     [weights[i]], recipe)
-                running.add(state)
+        def consume(state: State) -> None:
+            i = running.count
+            state = self.uplink.update_client(state, rnd.at(rnd.selected[i]))
+            record_model_updates(rnd.transcript, rnd.round_, [rnd.selected[i]], [state],
+                                 [rnd.weights[i]], rnd.recipe)
+            running.add(state)
 
-            results = trainer.train(self.global_state, jobs, round_, consume=consume)
-            checked = [r._replace(state=running.nonfinite_marker(i))
-                       for i, r in enumerate(results)]
-            return results, running.result(), running.bytes, checked
-        results = trainer.train(self.global_state, jobs, round_)
-        sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())
-                         for r in results)
-        averaged = self.uplink.average_updates(
-            self.global_state, [r.state for r in results], weights, selected, round_=round_,
-            transcript=self.transcript)
-        return results, averaged, sent_bytes, results
+        results = rnd.trainer.train(rnd.global_state, rnd.jobs, rnd.round_, consume=consume)
+        checked = [r._replace(state=running.nonfinite_marker(i)) for i, r in enumerate(results)]
+        return results, running.result(), running.bytes, checked
 
     def journaled(self, trainer: Trainer) -> Trainer:
         """``trainer`` with its clients' DP-SGD updates journaled and re-sent in a redone
@@ -357,7 +350,7 @@ class Simulator:
         selected = self.replied(selected)  # under Flower, lost clients leave the round
         self.update_bytes += sent_bytes
         divergence.check_local(checked, selected, averaged, round_, self.lr,
-                               secure=self.uplink.updates is not None)
+                               secure=self.uplink.hides_updates)
         return selected, results, averaged
 
     def apply_round(self, averaged: State, selected: list[int], results: list,
@@ -491,8 +484,7 @@ class Simulator:
         """Each client's epsilon recomputed from the server's record and the public plan
         alone (privacy/transcript_epsilon.py), for the summary beside the claim; None
         without DP. A claim below it is logged and noted."""
-        noise = self.uplink.find(NoiseStage)
-        dp = noise.dp if noise is not None else getattr(self.uplink.user_dp, "dp", None)
+        dp = self.uplink.accounting
         if dp is None:
             return None
         self.transcript.flush()  # its files are read back to tell repeated values apart

@@ -12,7 +12,7 @@ Messages (content keys; replies carry ``meta`` = {partition-id} and ``metrics``)
 * ``train``: ``global`` (ArrayRecord), ``config`` {round} -> ``local`` (ArrayRecord),
   metrics {num-examples, train-loss} (no train-loss under --dp-train or --dp-updates;
   under --dp-updates ``local`` is the global state moved by the node's clipped update,
-  ``clipped_update``). The method's
+  ``sent_update``: the update stages' client halves). The method's
   per-client state (MOON's previous model) stays on the node, in
   ``context.state["privfedcal.client-state"]``.
 * ``evaluate``: ``global`` -> metrics {num-examples, loss, accuracy} on the local data;
@@ -67,6 +67,7 @@ from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, key
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.update_stage import UpdateRound
 from privfedcal.settings.descriptions import HOLD_CAP
 from privfedcal.settings.run_config import RunConfig
 from privfedcal.settings.sections import PrivacyOptions
@@ -253,18 +254,13 @@ def _reply(msg: Message, rt: ClientRuntime, **records: Any) -> Message:
     return Message(content, reply_to=msg)
 
 
-def clipped_update(user_dp: Any, global_state: dict[str, torch.Tensor],
-                   state: dict[str, torch.Tensor], round_: int,
-                   client: int) -> dict[str, torch.Tensor]:
-    """``--dp-updates`` on the node: the global state moved by the node's update clipped to
-    the plan's clip (``UserDP.client_update``; integer buffers keep the global values). The
-    server clips again and adds the noise to the sum (central noise, privacy/user_dp.py), so
-    a node that skips its clip still cannot move the sum by more than the clip."""
-    delta, _ = user_dp.client_update(global_state, state, round_, client)
-    out = dict(global_state)
-    for key, value in delta.items():
-        out[key] = (global_state[key].double() + value).to(state[key].dtype)
-    return out
+def sent_update(uplink: Any, global_state: dict[str, torch.Tensor],
+                state: dict[str, torch.Tensor], round_: int,
+                client: int) -> dict[str, torch.Tensor]:
+    """The node's trained ``state`` as it leaves the node: the uplink's update stages'
+    client halves (``--dp-updates``: clipped to the plan's clip, privacy/update_stage.py)."""
+    rnd = UpdateRound(None, [], global_state, [client], [], round_, None, client=client)
+    return uplink.update_client(state, rnd)
 
 
 @app.train()
@@ -282,9 +278,9 @@ def train(msg: Message, context: Context) -> Message:
             exp.data.y_train, rt.idx, exp.spec, round_, rt.partition)
     if new_client_state is not None:
         context.state[CLIENT_STATE] = state_to_record(new_client_state)
-    if rt.uplink.user_dp is not None:  # --dp-updates: DP-FedAvg, the node clips
-        state, loss = clipped_update(rt.uplink.user_dp, global_state, state, round_,
-                                     rt.partition), None
+    state = sent_update(rt.uplink, global_state, state, round_, rt.partition)
+    if rt.uplink.hides_loss:  # e.g. --dp-updates: the loss is private, it stays here
+        loss = None
     metrics = {"num-examples": _reported_size(rt)}
     if loss is not None:  # None under DP: the loss is private and stays on the node
         metrics["train-loss"] = float(loss)

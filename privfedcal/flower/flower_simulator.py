@@ -48,6 +48,7 @@ from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.cohorts import secure_minimum
 from privfedcal.privacy.secagg_stage import EncryptStage
 from privfedcal.privacy.transcript import record_model_updates, sent_tensors
+from privfedcal.privacy.update_stage import UpdateRound
 
 log = logging.getLogger("privfedcal.flower")
 
@@ -147,19 +148,18 @@ class FlowerSimulator(Simulator):
 
     def receive_updates(self, trainer: Any, jobs: list[TrainJob], selected: list[int],
                         weights: list[float], round_: int) -> tuple[list, State, int, list]:
-        """``Simulator.receive_updates`` for the clients whose nodes replied: a lost
+        """``Simulator.receive_updates`` for the clients whose nodes replied (a stage that
+        takes the round, DP-FedAvg, has every node of the round reply: ``__init__``)."""
+        self._arrived = selected
+        return super().receive_updates(trainer, jobs, selected, weights, round_)
+
+    def receive_in_clear(self, rnd: UpdateRound) -> tuple[list, State, int, list]:
+        """The updates the nodes sent (their client halves ran on the nodes): a lost
         client's update is missing, so the average is re-weighted over the others (their
-        reported sizes, or uniform under --dp-train) and the loss is noted. Under
-        --dp-updates DP-FedAvg (privacy/user_dp.py) receives them as in the simulator: the
-        nodes have clipped their updates, the server clips again, sums, adds the noise and
-        charges the run's ledger; every node of the round replies (``__init__``)."""
-        if self.uplink.user_dp is not None:
-            self._arrived = selected
-            return self.uplink.user_dp.receive(trainer, jobs, self.global_state, selected,
-                                               round_, self.transcript,
-                                               self.uplink.recipe(self.exp.spec), None)
-        results = trainer.train(self.global_state, jobs, round_)
-        arrived = list(trainer.arrived)
+        reported sizes, or uniform under --dp-train) and the loss is noted."""
+        results = rnd.trainer.train(rnd.global_state, rnd.jobs, rnd.round_)
+        arrived, selected, round_, weights = (list(rnd.trainer.arrived), rnd.selected,
+                                              rnd.round_, rnd.weights)
         self._arrived = arrived
         if arrived != selected:
             lost = [c for c in selected if c not in arrived]
@@ -168,10 +168,9 @@ class FlowerSimulator(Simulator):
             log.warning("round %d: client(s) %s lost, going on with %d of %d", round_, lost,
                         len(arrived), len(selected))
             weights = self.uplink.update_weights(self.client_sizes(arrived))
-        recipe = self.uplink.recipe(self.exp.spec)
         running = RunningAverage(weights)
         for client, r, w in zip(arrived, results, weights, strict=True):
-            record_model_updates(self.transcript, round_, [client], [r.state], [w], recipe)
+            record_model_updates(rnd.transcript, round_, [client], [r.state], [w], rnd.recipe)
             running.add(r.state)
         return results, running.result(), running.bytes, results
 

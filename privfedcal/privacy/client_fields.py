@@ -20,7 +20,7 @@ check every value).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from privfedcal.privacy.error_codes import CODES, MEANING, ErrorCode
@@ -217,11 +217,15 @@ _SENDERS = {"all": "after training, every client", "selected": "each round, its 
 _PAYLOAD_AFTER = "query.payload/meta/partition-id"
 
 
-def payload_fields(releases: Sequence[ReleaseSpec]) -> tuple[ClientField, ...]:
+def payload_fields(releases: Sequence[ReleaseSpec],
+                   attacks: Mapping[str, Sequence[str]] | None = None
+                   ) -> tuple[ClientField, ...]:
     """One field per payload key of the declared ``releases``, in order of first
     declaration; releases that share a key share its row. Every declared key has an L2
     sensitivity (``ReleaseSpec`` refuses a key without one), so each is DP-noised with
-    --dp-eps and charged; without DP it is what the attacks read."""
+    --dp-eps and charged; without DP it is what the attacks read (``attacks``: release
+    label -> the names of the attacks on it)."""
+    attacks = attacks or {}
     by_key: dict[str, list[ReleaseSpec]] = {}
     for r in releases:
         for k in r.keys:
@@ -232,7 +236,8 @@ def payload_fields(releases: Sequence[ReleaseSpec]) -> tuple[ClientField, ...]:
         if missing:
             raise ValueError(f"release(s) {', '.join(missing)} do not say what payload key "
                              f"{key!r} holds (ReleaseSpec.holds)")
-        attacks = dict.fromkeys(f"`attack invert --{r.attack}`" for r in rs if r.attack)
+        readers = dict.fromkeys(f"`attack invert --{a}`" for r in rs
+                                for a in attacks.get(r.label, ()))
         fields.append(ClientField(
             "query.payload", "payload", key,
             "; ".join(f"{r.label}: {r.holds[key]}" for r in rs),
@@ -242,33 +247,36 @@ def payload_fields(releases: Sequence[ReleaseSpec]) -> tuple[ClientField, ...]:
             + ", ".join(f"{r.sensitivity[key]}" if len(rs) == 1 else
                         f"{r.label} {r.sensitivity[key]}" for r in rs) + ")",
             "charged with --dp-eps; without DP unprotected (read by "
-            + ", ".join(["`attack classes`", *attacks]) + ")"))
+            + ", ".join(["`attack classes`", *readers]) + ")"))
     return tuple(fields)
 
 
-def client_fields(releases: Sequence[ReleaseSpec]) -> tuple[ClientField, ...]:
+def client_fields(releases: Sequence[ReleaseSpec],
+                  attacks: Mapping[str, Sequence[str]] | None = None
+                  ) -> tuple[ClientField, ...]:
     """Every field a client may send: the fixed ones and the declared releases' payload
     keys (after the payload message's own meta field)."""
     at = [f.name for f in FIXED_FIELDS].index(_PAYLOAD_AFTER) + 1
-    return FIXED_FIELDS[:at] + payload_fields(releases) + FIXED_FIELDS[at:]
+    return FIXED_FIELDS[:at] + payload_fields(releases, attacks) + FIXED_FIELDS[at:]
 
 
-def declared(message: str, record: str, key: str,
-             releases: Sequence[ReleaseSpec]) -> ClientField | None:
+def declared(message: str, record: str, key: str, releases: Sequence[ReleaseSpec],
+             attacks: Mapping[str, Sequence[str]] | None = None) -> ClientField | None:
     """The declaration of ``message/record/key`` (``*`` declarations match any key) among
     the fixed fields and the payload keys of ``releases``."""
-    for f in client_fields(releases):
+    for f in client_fields(releases, attacks):
         if f.message in (message, "*") and f.record == record and f.key in (key, "*"):
             return f
     return None
 
 
-def markdown_table(releases: Sequence[ReleaseSpec]) -> str:
-    """The table of ``docs/threat-model.md``."""
+def markdown_table(releases: Sequence[ReleaseSpec],
+                   attacks: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The table of ``docs/threat-model.md`` (``attacks``: as ``payload_fields``)."""
     rows = ["| field | holds | sent when | protection | budget |",
             "| --- | --- | --- | --- | --- |"]
     rows += [f"| `{f.name}` | {f.holds} | {f.flag} | {f.protection} | {f.budget} |"
-             for f in client_fields(releases)]
+             for f in client_fields(releases, attacks)]
     return "\n".join(rows)
 
 

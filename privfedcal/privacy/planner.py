@@ -42,7 +42,7 @@ from privfedcal.privacy.cohorts import (
 )
 from privfedcal.privacy.dp import default_delta
 from privfedcal.privacy.dp_accounting import ASSUMPTIONS, DPAccounting
-from privfedcal.privacy.executor import execute_plan, live_user_dp, training_spec
+from privfedcal.privacy.executor import execute_plan, training_spec
 from privfedcal.privacy.plan import (
     CKKSPlan,
     NoisePlan,
@@ -53,8 +53,9 @@ from privfedcal.privacy.plan import (
     UserDPPlan,
 )
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
 from privfedcal.privacy.stage_registry import plan_stages
-from privfedcal.privacy.uplink import UPDATE_WEIGHT, Uplink
+from privfedcal.privacy.uplink import Uplink
 from privfedcal.settings.sections import PrivacyOptions
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
@@ -336,7 +337,9 @@ def user_dp_plan(privacy: Any) -> UserDPPlan:
 
 def user_dp_of(privacy: Any, dp: DPAccounting) -> Any:
     """The live DP-FedAvg of ``privacy`` charged to ``dp`` (the run's noise plan)."""
-    return live_user_dp(user_dp_plan(privacy), dp)
+    from privfedcal.privacy.user_dp import UserDP
+
+    return UserDP.of(user_dp_plan(privacy), dp)
 
 
 def plan_protection(inputs: ProtectionInputs) -> ProtectionPlan:

@@ -4,9 +4,7 @@ A ``ReleaseSpec`` is the one declaration of a release: its label (its name in th
 transcript, the accountant, ``summary.json``, the reports and ``audit dp``'s channels), the
 payload keys it may carry, each key's L2 sensitivity to one example and the bound on each
 key's aggregate entries (for CKKS parameters), who is asked for it and how often, the
-payload task a client runs for it, and the name of the attack that targets it (the
-planner ``attacks/`` registers under that name: ``attack invert --<name>``, the privacy
-audit's channel), what each payload key holds (its row in docs/threat-model.md's table
+payload task a client runs for it, what each payload key holds (its row in docs/threat-model.md's table
 of client fields, ``privacy/client_fields.py``), how the noise budget is split between the
 keys, and which keys are symmetric matrices (packed as their upper triangle under CKKS,
 their noise symmetrised). The DP noise (``dp_accounting.py``), the CKKS bounds and layout
@@ -48,10 +46,6 @@ class ReleaseSpec:
     #: ``compute(model, x, y, bound)``); under Flower it travels by this release's label
     #: (flower/tasks.py builds its registry from the calibrators' declarations)
     task: type | None = None
-    #: the attack that targets this release: the name ``attacks/`` registers its planner
-    #: under (``attacks/release_attacks.py``; also the ``attack invert --<name>`` flag);
-    #: None: no attack is written for it yet
-    attack: str | None = None
     #: payload key -> what it carries, with its shape (the "holds" column of the client
     #: fields' table; a release that reaches a client must describe every key)
     holds: Mapping[str, str] = field(default_factory=dict)
@@ -69,9 +63,6 @@ class ReleaseSpec:
         if self.participants not in PARTICIPANTS:
             raise ValueError(f"release {self.label!r}: participants must be one of "
                              f"{PARTICIPANTS}")
-        if self.attack is not None and not self.attack.isidentifier():
-            raise ValueError(f"release {self.label!r}: attack must be a plain name, got "
-                             f"{self.attack!r}")
         unknown = set(self.holds) - set(self.sensitivity)
         if unknown:
             raise ValueError(f"release {self.label!r}: holds describes undeclared payload "

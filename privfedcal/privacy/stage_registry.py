@@ -4,7 +4,10 @@ As Opacus's accountants are found by name in one dict (``accountants/registry.py
 ``STAGES`` maps a stage's name to its ``StageEntry``: a pure ``setup`` that reads the run's
 ``ProtectionPlan`` (privacy/plan.py) and returns the stage's own part of the plan (a frozen
 value; None where the run does not use the stage), a ``build`` that turns that set-up into
-the live ``Stage`` (privacy/stages.py), and its place among the other stages by name. Exactly one wire (``wire=True``) is planned per run, and it comes last. The
+the live stage, and its place among the other stages by name. A stage protects either the
+calibration uploads (a ``Stage``, privacy/stages.py) or the model updates (``updates=True``:
+an ``UpdateStage``, privacy/update_stage.py). Exactly one wire (``wire=True``) of the
+uploads is planned per run, and at most one of the updates; each comes last. The
 built-in entries are listed here; a stage in its own file calls ``register_stage`` there
 (tests/extensions/toy_stage.py does), and a stage marked ``opt_in`` runs only where the
 run names it (the ``stages`` privacy option, ``--stages``).
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.plan import ProtectionPlan
     from privfedcal.privacy.stages import Stage
+    from privfedcal.privacy.update_stage import UpdateStage
 
 
 @dataclass
@@ -42,15 +46,17 @@ class Shared:
 @dataclass(frozen=True)
 class StageEntry:
     """One registered stage: ``setup(plan)`` is pure (same plan, same set-up) and returns the
-    stage's part of the plan or None; ``build(setup, shared)`` makes the live stage."""
+    stage's part of the plan or None; ``build(setup, shared)`` makes the live stage, a
+    ``Stage`` of the uploads or (``updates``) an ``UpdateStage`` of the model updates."""
 
     name: str
     setup: Callable[[ProtectionPlan], Any]
-    build: Callable[[Any, Shared], Stage]
+    build: Callable[[Any, Shared], Stage | UpdateStage]
     after: tuple[str, ...] = ()
     before: tuple[str, ...] = ()
     wire: bool = False
     opt_in: bool = False
+    updates: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", tuple(self.after))
@@ -121,7 +127,7 @@ def client_order(names: Iterable[str] | None = None) -> list[str]:
 def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
     """``plan`` with every registered stage's set-up (``StageEntry.setup``) in client order:
     the stages it switches on, opt-in ones only where the options name them. Exactly one
-    wire, last."""
+    wire of the uploads, at most one of the updates."""
     named = set(plan.inputs.stages)
     unknown = named - set(opt_in_stages())
     if unknown:
@@ -135,14 +141,16 @@ def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
         setup = entry.setup(plan)
         if setup is not None:
             chosen.append((name, setup))
-    wires = [n for n, _ in chosen if STAGES[n].wire]
-    if len(wires) != 1:
-        raise RuntimeError(f"a run's stages must end in exactly one wire; planned "
-                           f"{[n for n, _ in chosen]}")
+    wires = [n for n, _ in chosen if STAGES[n].wire and not STAGES[n].updates]
+    update_wires = [n for n, _ in chosen if STAGES[n].wire and STAGES[n].updates]
+    if len(wires) != 1 or len(update_wires) > 1:
+        raise RuntimeError(f"a run's stages must end in exactly one wire, and the model "
+                           f"updates' in at most one; planned {[n for n, _ in chosen]}")
     return dataclasses.replace(plan, stages=tuple(chosen))
 
 
-# ---- the built-in stages: bound -> noise -> one wire (in the clear, or CKKS) ---------------
+# ---- the built-in stages: bound -> noise -> one wire (in the clear, or CKKS); of the model
+# updates: DP-FedAvg -> their CKKS sum where planned --------------------------------------
 def _bound_setup(plan: ProtectionPlan) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(plan.clips.items()))  # () without a bound: the identity
 
@@ -182,11 +190,26 @@ def _encrypt_build(setup: Any, shared: Shared) -> Stage:
     return EncryptStage(CKKSSettings.from_plan(setup, dp=shared.dp))
 
 
+def _user_dp_build(setup: Any, shared: Shared) -> UpdateStage:
+    from privfedcal.privacy.user_dp import UserDP
+
+    return UserDP.of(setup, shared.dp)
+
+
+def _secagg_updates_build(setup: Any, shared: Shared) -> UpdateStage:
+    from privfedcal.privacy.secagg_updates import SecureUpdates
+
+    return SecureUpdates.of(setup)
+
+
 for _entry in (
     StageEntry("bound", _bound_setup, _bound_build),
     StageEntry("noise", _noise_setup, _noise_build, after=("bound",)),
     StageEntry("clear", lambda plan: () if plan.ckks is None else None, _clear_build,
                wire=True),
     StageEntry("encrypt", lambda plan: plan.ckks, _encrypt_build, wire=True),
+    StageEntry("dp-fedavg", lambda plan: plan.user_dp, _user_dp_build, updates=True),
+    StageEntry("secagg-updates", lambda plan: plan.updates, _secagg_updates_build,
+               after=("dp-fedavg",), wire=True, updates=True),
 ):
     register_stage(_entry)

@@ -10,6 +10,11 @@ but each role only touches what it would hold in a deployment: the server's aggr
 the public context alone, and the transcript records the server's view. Under Flower the
 same stages run on the nodes and the server (flower/stage_messages.py).
 
+The model updates go through the update stages the same way (privacy/update_stage.py:
+client halves in order, server halves in reverse, at most one wire that sums them, state,
+journal and summary through the same hooks): DP-FedAvg (privacy/user_dp.py), their CKKS
+sum (privacy/secagg_updates.py), or an extension's, each registered in the stage registry.
+
 Guarantees are never weakened silently: a release that would exceed any participant's budget
 stops the run (``PrivacyBudgetError``) before anything is released; a client whose own
 ledger refuses the release (``BudgetRefused``, privacy/client_ledger.py) sends nothing, and
@@ -24,10 +29,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -37,7 +41,6 @@ from privfedcal.privacy.noise import INSECURE_STATEMENT
 from privfedcal.privacy.reasons import Reason, reason_of
 from privfedcal.privacy.reasons import record as reason_record
 from privfedcal.privacy.release_journal import ReleaseJournal, charge_of, contributors_party
-from privfedcal.privacy.releases import UPDATE_RELEASE
 from privfedcal.privacy.stages import (
     MIN_SECAGG_CLIENTS,
     BoundStage,
@@ -51,14 +54,14 @@ from privfedcal.privacy.stages import (
     validate_upload,
 )
 from privfedcal.privacy.transcript import Transcript
+from privfedcal.privacy.update_stage import Received, State, UpdateRound, UpdateStage
+
+if TYPE_CHECKING:
+    from privfedcal.privacy.dp_accounting import DPAccounting
 
 log = logging.getLogger("privfedcal.uplink")
 
-#: the extra entry of a securely aggregated model update: the client's FedAvg weight w_k,
-#: summed with the weighted states so that the server can divide by the weight sum
-UPDATE_WEIGHT = "__weight"
-
-S = TypeVar("S", bound=Stage)
+S = TypeVar("S", bound=Stage | UpdateStage)
 
 
 def default_stages() -> list[Stage]:
@@ -72,9 +75,8 @@ class Uplink:
 
     stages: list[Stage] = field(default_factory=default_stages)
     seeded_noise: bool = False  # --insecure-seeded-noise: noise from the public seed
-    updates: Uplink | None = None  # --secagg-updates: the model updates' encrypted uplink
-    user_dp: Any = None  # --dp-updates: DP-FedAvg of the model updates (privacy/user_dp.py)
-    update_seconds: list[float] = field(default_factory=list)  # its wall time per round
+    #: the protections of the model updates, in client order (privacy/update_stage.py)
+    update_stages: list[UpdateStage] = field(default_factory=list)
     hide_counts: bool = False
     hints: list[str] = field(default_factory=list)  # advice printed with the run's notes
     rejected: list[dict] = field(default_factory=list)
@@ -89,10 +91,29 @@ class Uplink:
                              "EncryptStage)")
         if any(isinstance(s, Wire) for s in self.stages[:-1]):
             raise UsageError("the uplink has one wire, its last stage")
+        if sum(s.wire for s in self.update_stages) > 1:
+            raise UsageError("the model updates have at most one wire")
+        taker = next((s for s in self.update_stages if s.takes), None)
+        halves = [s.name for s in self.update_stages if s is not taker and s.has_halves]
+        if taker is not None and halves:
+            raise UsageError(f"update stage {taker.name!r} receives the round itself: the "
+                             f"halves of {', '.join(halves)} would not run beside it")
 
     def find(self, kind: type[S]) -> S | None:
-        """The stage of type ``kind``, if the uplink has one."""
-        return next((s for s in self.stages if isinstance(s, kind)), None)
+        """The stage of type ``kind`` (of the uploads or of the updates), if the uplink
+        has one."""
+        return next((s for s in [*self.stages, *self.update_stages]
+                     if isinstance(s, kind)), None)
+
+    @property
+    def accounting(self) -> DPAccounting | None:
+        """The run's ``DPAccounting`` (its noise plan, accountants and ledgers): the noise
+        stage's, else an update stage's; None without DP."""
+        noise = self.find(NoiseStage)
+        if noise is not None:
+            return noise.dp
+        return next((s.accounting for s in self.update_stages
+                     if s.accounting is not None), None)
 
     @property
     def bound(self) -> Bound:
@@ -122,16 +143,15 @@ class Uplink:
 
     def attach_journal(self, journal: ReleaseJournal) -> None:
         """Keep ``journal`` for every DP release of this run: the noised calibration uploads
-        and the key holder's sums of them, DP-FedAvg's updates, and the model updates' wire
-        where DP-SGD or DP-FedAvg noises them."""
+        and the key holder's sums of them, and each update stage's own (told whether a
+        stage noises the model updates: DP-SGD's noise stage, or an update stage)."""
         noise = self.find(NoiseStage)
         if noise is not None:
             self.journal = journal
-        if self.user_dp is not None:
-            self.user_dp.journal = journal
-        if self.updates is not None and (self.user_dp is not None or (
-                noise is not None and noise.dp.covers_updates)):
-            self.updates.journal = journal
+        noised = ((noise is not None and noise.dp.covers_updates)
+                  or any(s.noises_updates for s in self.update_stages))
+        for stage in self.update_stages:
+            stage.attach_journal(journal, noised)
 
     def client_side(self, payload: Payload, rel: Release) -> Any:
         """One client's upload: the client halves in order (``rel.client`` is the client).
@@ -254,14 +274,14 @@ class Uplink:
             self.raise_skipped(round_, label, Reason.NO_VALID_UPLOAD)
         return valid
 
-    # ---- model updates --------------------------------------------------------------------
+    # ---- model updates: the update stages (privacy/update_stage.py) -------------------------
     def update_weights(self, sizes: list[float]) -> list[float]:
         """FedAvg weights of a round: client sizes n_k, except where the sizes are private
         data: uniform (public nominal) weights, so no size leaves a client. Sizes are
         private under --dp-train, and under --hide-counts with updates in the clear (a
         size is the total of the client's hidden class counts: with a cohort's determined
-        sums it splits them, ``count_splits.py``); under --secagg-updates they travel
-        inside the encrypted sum."""
+        sums it splits them, ``count_splits.py``); where an update stage sums the updates
+        (its wire) they travel inside the sum."""
         if self.nominal_weights:
             return [1.0] * len(sizes)
         return list(sizes)
@@ -270,41 +290,79 @@ class Uplink:
     def nominal_weights(self) -> bool:
         """Whether model updates are averaged with uniform public weights."""
         return (any(s.uniform_weights for s in self.stages)
-                or (self.hide_counts and self.updates is None))
+                or (self.hide_counts and not self.hides_updates))
 
-    def average_updates(self, sent: Payload, states: list[Payload], weights: list[float],
-                        clients: list[int], *, round_: int, transcript: Transcript) -> Payload:
-        """Under --secagg-updates: the round's weighted average of the model updates as the
-        server obtains it, from the CKKS sum of ``w_k * state_k`` and ``w_k`` (ciphertext
-        sizes and the aggregate recorded); an aggregate that fails the key holder's check
-        leaves the global state as it was. (In the clear the simulator averages the updates
-        itself, ``federation/aggregate.py``.)"""
-        if self.updates is None:
-            raise RuntimeError("average_updates is the secure path: this uplink has no "
-                               "--secagg-updates")
-        t0 = time.perf_counter()
-        keys = [k for k, v in sent.items() if v.is_floating_point()]
-        uploads = [(int(c), {UPDATE_WEIGHT: torch.tensor([float(w)], dtype=torch.float64),
-                             **{k: st[k].detach().double().cpu() * float(w) for k in keys}})
-                   for c, st, w in zip(clients, states, weights, strict=True)]
+    @property
+    def hides_updates(self) -> bool:
+        """Whether the server sees the model updates only summed (an update wire)."""
+        return self.update_wire is not None
+
+    @property
+    def update_wire(self) -> UpdateStage | None:
+        return next((s for s in self.update_stages if s.wire), None)
+
+    @property
+    def hides_loss(self) -> bool:
+        """Whether a client's training loss stays on the client (an update stage says so)."""
+        return any(s.hides_loss for s in self.update_stages)
+
+    def update_client(self, state: State, rnd: UpdateRound) -> State:
+        """Client ``rnd.client``: the update stages' client halves in order on its state."""
+        for stage in self.update_stages:
+            state = stage.client(state, rnd)
+        return state
+
+    def update_server(self, average: State, rnd: UpdateRound) -> State:
+        """Server: the update stages' server halves in reverse order on the average."""
+        for stage in reversed(self.update_stages):
+            average = stage.server(average, rnd)
+        return average
+
+    def receive_updates(self, rnd: UpdateRound) -> Received:
+        """The round's model updates through the update stages: every ``open``; then the
+        stage that takes the round receives it, or the updates are trained, put through
+        the client halves and summed by the wire, or (no wire) received in the clear by
+        ``rnd.clear``; the server halves on the average; every ``close``."""
+        for stage in self.update_stages:
+            stage.open(rnd)
+        taker = next((s for s in self.update_stages if s.takes), None)
+        if taker is not None:
+            results, average, sent_bytes, checked = taker.receive(
+                rnd, self.average_updates if self.hides_updates else None)
+        elif self.update_wire is not None:
+            results = rnd.trainer.train(rnd.global_state, rnd.jobs, rnd.round_)
+            sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())
+                             for r in results)
+            states = [self.update_client(r.state, rnd.at(c))
+                      for c, r in zip(rnd.selected, results, strict=True)]
+            average = self.average_updates(rnd.global_state, states, rnd.weights,
+                                           rnd.selected, round_=rnd.round_,
+                                           transcript=rnd.transcript)
+            checked = results
+        else:
+            assert rnd.clear is not None, "updates in the clear need the simulator's receipt"
+            results, average, sent_bytes, checked = rnd.clear(rnd)
+        if taker is None:
+            average = self.update_server(average, rnd)
+        for stage in self.update_stages:
+            stage.close(rnd)
+        return results, average, sent_bytes, checked
+
+    def average_updates(self, sent: State, states: list[State], weights: list[float],
+                        clients: list[int], *, round_: int, transcript: Transcript) -> State:
+        """The round's weighted average as the update wire gives it to the server (its
+        rejected uploads and skipped sums moved into this uplink's lists)."""
+        wire = self.update_wire
+        if wire is None:
+            raise RuntimeError("this uplink has no wire of the model updates: the simulator "
+                               "averages updates in the clear itself")
         try:
-            total = self.updates.aggregate(uploads, round_=round_, label=UPDATE_RELEASE,
-                                           transcript=transcript)
-            weight = float(total.pop(UPDATE_WEIGHT)[0])
-            if not weight > 0:
-                self.updates.raise_skipped(round_, UPDATE_RELEASE, Reason.WEIGHT_NOT_POSITIVE,
-                                           f"decrypted weight sum {weight:g}")
-        except ReleaseSkipped:  # recorded by the updates' uplink; the global state stays
-            return dict(sent)
+            return wire.average(sent, states, weights, clients, round_=round_,
+                                transcript=transcript)
         finally:  # its records are the run's: every uplink's rejections listed together
-            self.rejected += self.updates.rejected
-            self.skipped += self.updates.skipped
-            self.updates.rejected, self.updates.skipped = [], []
-        out = {k: v.clone() for k, v in sent.items()}  # integer buffers: the global ones
-        for k in keys:
-            out[k] = (total[k] / weight).to(sent[k].dtype).to(sent[k].device)
-        self.update_seconds.append(time.perf_counter() - t0)
-        return out
+            rejected, skipped = wire.records()
+            self.rejected += rejected
+            self.skipped += skipped
 
     @staticmethod
     def recipe(spec) -> dict[str, Any]:
@@ -324,26 +382,28 @@ class Uplink:
 
     # ---- resume -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs: every stage's own state by its name (the noise
-        stage's accountants and ledgers, the encrypt stage's record, an extension's own),
-        DP-FedAvg's clip, the model updates' wire, the rejected and skipped releases."""
+        """Everything a resumed run needs: every stage's own state by its name, the update
+        stages' as the uploads' (the noise stage's accountants and ledgers, the encrypt
+        stage's record, DP-FedAvg's clip, an extension's own), the rejected and skipped
+        releases."""
         stages: dict[str, Any] = {}
-        for stage in self.stages:
+        for stage in [*self.stages, *self.update_stages]:
             state = stage.state_dict()
             if state:
                 if stage.name in stages:
                     raise RuntimeError(f"two stages named {stage.name!r} hold state")
                 stages[stage.name] = state
-        return {"stages": stages,
-                "user_dp": self.user_dp.state_dict() if self.user_dp is not None else None,
-                "updates": self.updates.state_dict() if self.updates is not None else None,
-                "rejected": self.rejected, "skipped": self.skipped}
+        return {"stages": stages, "rejected": self.rejected, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         stages = dict(state.get("stages") or {})
         if "stages" not in state and state.get("dp") is not None:
             stages = {NoiseStage.name: state["dp"]}  # saved when only the noise stage's was
-        own = {stage.name: stage for stage in self.stages}
+        for stage in self.update_stages:  # a checkpoint keeping it at its own top-level key
+            held = state.get(stage.top_level_key) if stage.top_level_key else None
+            if held is not None and stage.name not in stages:
+                stages[stage.name] = held
+        own = {stage.name: stage for stage in [*self.stages, *self.update_stages]}
         foreign = sorted(name for name, st in stages.items() if st and name not in own)
         if foreign:
             raise UsageError(f"the checkpoint holds the state of stage(s) {', '.join(foreign)}, "
@@ -351,43 +411,34 @@ class Uplink:
         for name, st in stages.items():
             if st:
                 own[name].load_state_dict(st)
-        if self.user_dp is not None and state.get("user_dp") is not None:
-            self.user_dp.load_state_dict(state["user_dp"])  # the adaptive clip's value
-        if self.updates is not None and state.get("updates") is not None:
-            self.updates.load_state_dict(state["updates"])
         self.rejected = list(state.get("rejected", []))
         self.skipped = list(state.get("skipped", []))
 
     def summary(self) -> dict[str, Any]:
         """What the run's protection was, for ``summary.json``: each stage's own summary
-        (``Stage.summary``), the model updates' secure sum, and a plain statement where no
-        stage gives DP."""
+        (``Stage.summary``), the update stages' in server order (a ``statement`` of theirs
+        appended to the run's), and a plain statement where no stage gives DP."""
         out: dict[str, Any] = {}
         for stage in self.stages:
             out.update(stage.summary())
-        if self.updates is not None:
-            n = len(self.update_seconds)
-            out["secagg_updates"] = {
-                "model_updates": "CKKS sums of weighted updates and weights; the server sees "
-                                 "the aggregate and the summed weight only",
-                **self.updates.wire.summary().get("secagg", {}), "rounds": n,
-                "mean_seconds_per_round": round(sum(self.update_seconds) / n, 4) if n else None}
-        if self.user_dp is not None:  # the sample-level statement, then the user-level one
-            user = self.user_dp.summary()
-            out["statement"] = f"{out.get('statement', '')}. {user['user_dp']['statement']}"
-            out.update(user_dp=user["user_dp"])
+        for update in reversed(self.update_stages):  # the wire's sum first
+            part = dict(update.summary())
+            extra = part.pop("statement", None)
+            if extra is not None:
+                out["statement"] = f"{out.get('statement', '')}. {extra}"
+            out.update(part)
         if not out:
             return {}
         dp, encrypted = "epsilon_spent" in out, "secagg" in out
         if encrypted and not dp:
             out["statement"] = ("no differential privacy: the server saw only the sum "
                                 "of the calibration uploads (CKKS secure aggregation); model "
-                                "updates " + ("only as their CKKS sum" if self.updates
-                                              is not None else "travel in the clear"))
-            if self.hide_counts and self.updates is None:
+                                "updates " + ("only as their CKKS sum" if self.hides_updates
+                                              else "travel in the clear"))
+            if self.hide_counts and not self.hides_updates:
                 out["statement"] += (", averaged with uniform weights: no client size "
                                      "reaches the server")
-        elif self.updates is not None and not dp:
+        elif self.hides_updates and not dp:
             out["statement"] = ("no differential privacy: the server saw the model updates "
                                 "only as their CKKS sum; calibration uploads in the clear")
         out["hide_counts"] = self.hide_counts
@@ -405,5 +456,5 @@ def _senders(rel: Release, start: int) -> list[int]:
             and e["round"] == rel.round_]
 
 
-__all__ = ["MIN_SECAGG_CLIENTS", "UPDATE_WEIGHT", "Uplink", "payload_bytes", "symmetrise",
+__all__ = ["MIN_SECAGG_CLIENTS", "Uplink", "payload_bytes", "symmetrise",
            "validate_upload"]

@@ -64,10 +64,12 @@ from privfedcal.privacy.noise import noise_generator
 from privfedcal.privacy.release_journal import SERVER, ReleaseJournal, charge_of
 from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript, record_model_updates
+from privfedcal.privacy.update_stage import UpdateRound, UpdateStage
 from privfedcal.tensors import nonfinite_key
 
 if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
+    from privfedcal.privacy.plan import UserDPPlan
 
 State = dict[str, Tensor]
 
@@ -188,9 +190,12 @@ def release_plan(steps: int, share: float | None) -> ReleasePlan:
 
 
 @dataclass
-class UserDP:
+class UserDP(UpdateStage):
     """DP-FedAvg's clipping, noise and charge for one run; ``dp`` holds the noise plan and
-    the per-client accountants and ledgers (privacy/dp_accounting.py)."""
+    the per-client accountants and ledgers (privacy/dp_accounting.py). An update stage
+    (privacy/update_stage.py) that takes the round: it clips each update as it arrives,
+    sums them (through the updates' wire where there is one), noises the sum and divides it
+    by the public denominator."""
 
     dp: DPAccounting
     clip: float
@@ -203,6 +208,18 @@ class UserDP:
     #: after a stop re-sends the noised updates, sums and counts it sent, never fresh draws
     journal: ReleaseJournal | None = None
     label = USER_DP_RELEASE
+    name = "dp-fedavg"
+    takes = True
+    top_level_key = "user_dp"
+
+    @classmethod
+    def of(cls, p: UserDPPlan, dp: DPAccounting | None) -> UserDP:
+        """DP-FedAvg of plan ``p`` (the planner's ``user_dp_plan``), charged to ``dp``."""
+        assert dp is not None, "DP-FedAvg is planned with a noise plan"
+        return cls(dp, p.clip, denominator=p.denominator, distributed=p.distributed,
+                   seed=p.seed, seeded=p.seeded,
+                   adaptive=None if p.adaptive_quantile is None
+                   else AdaptiveClip(p.adaptive_quantile))
 
     def __post_init__(self) -> None:
         self.initial_clip = self.clip
@@ -248,13 +265,46 @@ class UserDP:
             return 0.0
         return distributed_share(self.denominator if participants is None else participants)
 
+    # ---- the update stage's hooks ----------------------------------------------------------
+    @property
+    def noises_updates(self) -> bool:
+        return True
+
+    @property
+    def hides_loss(self) -> bool:
+        """No training loss leaves a client: it is data-dependent and outside the budget."""
+        return True
+
+    @property
+    def accounting(self) -> DPAccounting:
+        return self.dp
+
+    def attach_journal(self, journal: ReleaseJournal, noised: bool) -> None:
+        self.journal = journal
+
+    def client(self, state: State, rnd: UpdateRound) -> State:
+        """A node's half (the Flower apps): the global state moved by the node's update
+        clipped to the clip (integer buffers keep the global values). The server clips
+        again and adds the noise to the sum (central noise), so a node that skips its clip
+        still cannot move the sum by more than the clip."""
+        delta, _ = self.client_update(rnd.global_state, state, rnd.round_, rnd.client)
+        out = dict(rnd.global_state)
+        for key, value in delta.items():
+            out[key] = (rnd.global_state[key].double() + value).to(state[key].dtype)
+        return out
+
+    def receive(self, rnd: UpdateRound, average: Callable[..., State] | None
+                ) -> tuple[list, State, int, list]:
+        return self.receive_round(rnd.trainer, rnd.jobs, rnd.global_state, rnd.selected,
+                                  rnd.round_, rnd.transcript, rnd.recipe, average)
+
     # ---- one round -----------------------------------------------------------------------
-    def open(self, clients: list[int]) -> None:
+    def admit_round(self, clients: list[int]) -> None:
         """Before training: the server's budget check, then each client's own ledger."""
         self.dp.check(self.label, clients)
         self.dp.admit(self.label, clients)
 
-    def close(self, clients: list[int]) -> None:
+    def charge_round(self, clients: list[int]) -> None:
         self.dp.record(self.label, clients)
 
     def client_update(self, global_state: State, state: State, round_: int, client: int,
@@ -333,15 +383,16 @@ class UserDP:
             out[k] = v.to(global_state[k].dtype, copy=True)
         return out
 
-    def receive(self, trainer: Any, jobs: list, global_state: State, selected: list[int],
-                round_: int, transcript: Transcript, recipe: dict[str, Any],
-                secure_average: Callable[..., State] | None) -> tuple[list, State, int, list]:
-        """``Simulator.receive_updates`` under DP-FedAvg: returns (results, new global
-        state, bytes uploaded, results for the divergence check). No training loss leaves a
-        client (it is data-dependent); a non-finite local model is reported by the
-        divergence check and not summed. ``secure_average`` is the uplink's CKKS average
+    def receive_round(self, trainer: Any, jobs: list, global_state: State,
+                      selected: list[int], round_: int, transcript: Transcript,
+                      recipe: dict[str, Any], secure_average: Callable[..., State] | None
+                      ) -> tuple[list, State, int, list]:
+        """One round under DP-FedAvg: returns (results, new global state, bytes uploaded,
+        results for the divergence check). No training loss leaves a client (it is
+        data-dependent); a non-finite local model is reported by the divergence check and
+        not summed. ``secure_average`` is the updates' wire's average
         (``Uplink.average_updates``) under --secagg-updates, else None."""
-        self.open(selected)
+        self.admit_round(selected)
         layout = UpdateLayout(global_state)
         # float64, as every update below
         uploads = _RoundUploads(self, layout, layout.flatten(global_state), selected, round_)
@@ -351,7 +402,7 @@ class UserDP:
         else:
             results, new = self._sum_securely(trainer, jobs, global_state, uploads,
                                               transcript, secure_average)
-        self.close(selected)
+        self.charge_round(selected)
         self.adapt(uploads.within, round_)
         results = [r._replace(loss=None) for r in results]
         checked = [r._replace(state=m) for r, m in zip(results, uploads.markers, strict=True)]
@@ -459,7 +510,7 @@ class UserDP:
                      f"{clip}, noise multiplier "
                      f"{self.noise_multiplier:.4g}, {where}; holds against {against}; no "
                      "amplification by client sampling")
-        return {"user_dp": {"epsilon_spent": eps, "delta": self.dp.delta,
+        return {"statement": statement, "user_dp": {"epsilon_spent": eps, "delta": self.dp.delta,
                             "noise_multiplier": self.noise_multiplier,
                             "update_clip": self.clip, "noise_std_of_sum": self.std,
                             "denominator": self.denominator, "sample_rate": 1.0,

@@ -1,7 +1,8 @@
-"""Each release is declared once: the calibrator's ``ReleaseSpec`` names the attack, the
-attack's own file registers under that name, and everything else (the class-set inference,
-the privacy audit's channels and fields, the audit sweep's list of attacked calibrators)
-follows from the two. A new release with its attack is picked up without another edit."""
+"""Each release is declared once, by its calibrator's ``ReleaseSpec``; an attack is a
+``ReleaseAttack`` in its own file that names the labels of the releases it targets, and
+everything else (the class-set inference, the privacy audit's channels and fields, the
+audit sweep's list of attacked calibrators) follows from the two. A new release with its
+attack, or a second attack on a release, is picked up without another edit."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from privfedcal.attacks import release_attacks
 from privfedcal.attacks.attack_options import attack_option
 from privfedcal.attacks.distinguishing.channels import CHANNEL_FIELDS, CHANNELS
 from privfedcal.attacks.release_attacks import (
-    RELEASE_ATTACKS,
     ReleaseAttack,
     attacked_calibrators,
     attacks_of,
+    attacks_on,
     audit_params,
     declared_releases,
     release_attack,
@@ -33,18 +34,19 @@ from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE, ReleaseSpec
 
 
-def test_every_declared_attack_is_registered_and_found_by_name():
-    named = [r for r in declared_releases() if r.attack is not None]
-    assert {r.label: r.attack for r in named} == {"ccvr-stats": "stats",
-                                                  "creff-grad": "gradients"}
-    for r in named:
-        assert release_attack(r.attack).name == r.attack
-        assert release_for(r.attack) is r
+def test_every_attacked_release_is_found_by_its_label():
+    attacked = {r.label: [a.name for a in attacks_on(r.label)] for r in declared_releases()
+                if attacks_on(r.label)}
+    assert attacked == {"ccvr-stats": ["stats"], "creff-grad": ["gradients"]}
+    for r in declared_releases():
+        for a in attacks_on(r.label):
+            assert release_attack(a.name) is a and isinstance(a, ReleaseAttack)
+            assert release_for(a.name) is r
     assert attacked_calibrators() == ("ccvr", "creff")
     with pytest.raises(UsageError, match="unknown release attack 'nope'"):
         release_attack("nope")
-    with pytest.raises(UsageError, match="no release is attacked by 'nope'"):
-        release_for("nope")
+    with pytest.raises(UsageError, match="no release is attacked by 'disaggregate'"):
+        release_for("disaggregate")  # on the run as a whole
 
 
 def test_audit_channels_come_from_the_declarations():
@@ -59,26 +61,79 @@ def test_audit_channels_come_from_the_declarations():
                                             "query.payload/payload/holders")
 
 
+def _noop_plan(*args, **kw):
+    return None
+
+
+def _scratch_registry(monkeypatch) -> None:
+    """A copy of the registry (the built-in attacks found first) for a test to add to."""
+    monkeypatch.setattr(release_attacks, "RELEASE_ATTACKS",
+                        {a.name: a for a in release_attacks.registered()})
+
+
 def test_a_new_release_and_its_attack_plug_in(monkeypatch):
-    spec = ReleaseSpec("toy-sums", sensitivity={"s": "R"}, magnitude={"s": "R*N"},
-                       attack="toy")
+    spec = ReleaseSpec("toy-sums", sensitivity={"s": "R"}, magnitude={"s": "R*N"})
     calibrator = type("Toy", (), {"releases": (spec,)})
     assert attacks_of(calibrator) == []  # declared, but nothing attacks it yet
-    monkeypatch.setattr(RELEASE_ATTACKS, "_items", dict(RELEASE_ATTACKS._items))
-    attack = release_attacks.register(ReleaseAttack("toy", plan=lambda *a, **k: None))
+    _scratch_registry(monkeypatch)
+
+    class Toy(ReleaseAttack):
+        name, labels, plan = "toy", ("toy-sums",), staticmethod(_noop_plan)
+
+    class Toy2(ReleaseAttack):  # on no calibrator's release
+        name, plan = "toy2", staticmethod(_noop_plan)
+        targets = ("toy-target", "class-mean")
+
+    attack = release_attacks.register(Toy())
     assert attacks_of(calibrator) == [(spec, attack)]
     # an attack on no calibrator's release reports its targets after the declared ones'
-    release_attacks.register(ReleaseAttack("toy2", plan=lambda *a, **k: None,
-                                           targets=("toy-target", "class-mean")))
+    release_attacks.register(Toy2())
     assert target_order()[-1] == "toy-target"
     assert target_order().count("class-mean") == 1
     with pytest.raises(ValueError, match="registered twice"):
-        release_attacks.register(ReleaseAttack("toy", plan=lambda *a, **k: None))
+        release_attacks.register(Toy())
+    release_attacks.unregister("toy")
+    assert attacks_of(calibrator) == [] and "toy" not in release_attacks.RELEASE_ATTACKS
 
 
-def test_the_attack_name_is_a_plain_name():
+def test_a_second_attack_on_a_release_is_one_more_file(monkeypatch, tmp_path):
+    """A second attack on CCVR's release, written in a file of its own that names the
+    release's label, is found beside the first: the calibrator and the first attack are
+    untouched."""
+    import importlib.util
+
+    _scratch_registry(monkeypatch)
+    path = tmp_path / "second_stats_attack.py"
+    path.write_text(
+        "from privfedcal.attacks.release_attacks import ReleaseAttack, register\n\n\n"
+        "def plan_means(view, opts, clients=None, classes=None):\n"
+        "    return None\n\n\n"
+        "class MeansAttack(ReleaseAttack):\n"
+        "    name = 'means'\n"
+        "    labels = ('ccvr-stats',)\n"
+        "    targets = ('class-mean',)\n"
+        "    plan = staticmethod(plan_means)\n\n\n"
+        "ATTACK = register(MeansAttack())\n")
+    spec = importlib.util.spec_from_file_location("second_stats_attack", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from privfedcal.calibration.ccvr import CCVR
+
+    assert [a.name for a in attacks_on("ccvr-stats")] == ["stats", "means"]
+    assert [a.name for _, a in attacks_of(CCVR)] == ["stats", "means"]
+    assert release_for("means") is CCVR.releases[0]
+    assert release_attacks.calibrator_of(module.ATTACK) == "ccvr"
+    assert release_attacks.attack_names()["ccvr-stats"] == ["stats", "means"]
+    from privfedcal.attacks.fields_table import declared
+
+    assert "`attack invert --means`" in declared("query.payload", "payload", "sum").budget
+
+
+def test_an_attack_is_a_plain_name_with_a_plan_or_a_run():
     with pytest.raises(ValueError, match="plain name"):
-        ReleaseSpec("x", sensitivity={"s": "R"}, magnitude={"s": "R"}, attack="--stats")
+        type("Bad", (ReleaseAttack,), {"name": "--stats", "plan": staticmethod(_noop_plan)})
+    with pytest.raises(ValueError, match="define plan"):
+        type("Bad", (ReleaseAttack,), {"name": "bad"})
 
 
 def test_report_order_and_audit_options_come_from_the_attacks():
@@ -149,11 +204,13 @@ def test_a_registered_attack_is_a_command_an_api_kind_and_a_report_section(tiny_
     build_simulator(tiny_cfg(method="ccvr", rounds=1, transcript=True, out=str(run)), run).run()
     with pytest.raises(UsageError, match="attack kind must be one of"):
         privfedcal.attack(run, "norms")
-    monkeypatch.setattr(RELEASE_ATTACKS, "_items", dict(RELEASE_ATTACKS._items))
-    monkeypatch.setattr(release_attacks, "_ORDER", list(release_attacks._ORDER))
-    release_attacks.register(ReleaseAttack(
-        "norms", plan=None, run=_norms, options=NormOptions, targets=("upload-norm",),
-        summary="Upload norms.", report=_norm_section))
+    _scratch_registry(monkeypatch)
+
+    class Norms(ReleaseAttack):
+        name, options, targets, summary = "norms", NormOptions, ("upload-norm",), "Upload norms."
+        run, report = staticmethod(_norms), staticmethod(_norm_section)
+
+    release_attacks.register(Norms())
     records = privfedcal.attack(run, "norms", scale=2.0)
     plain, _ = _norms(load_run(run), NormOptions())
     assert records and len(records) == len(plain)

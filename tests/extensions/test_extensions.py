@@ -1,6 +1,6 @@
 """Extensions are one file each: a toy local method, a toy calibrator with payload keys no
-other file names, a toy protection stage with its own set-up and resume state, and a toy
-attack, each defined in one file of this folder, run through ``privfedcal.train``,
+other file names, a toy protection stage with its own set-up and resume state, a toy
+protection of the model updates (its own test: test_toy_update.py), and a toy attack, each defined in one file of this folder, run through ``privfedcal.train``,
 ``privfedcal.attack``, ``privfedcal.audit_dp`` and the report with nothing else changed.
 
 The toys are imported in a child process: they register themselves in the package's
@@ -24,7 +24,7 @@ import privfedcal
 HERE = Path(__file__).resolve().parent
 PACKAGE = Path(privfedcal.__file__).resolve().parent
 #: each toy's file and who writes it
-TOYS = ("toy_method", "toy_calibrator", "toy_stage", "toy_attack")
+TOYS = ("toy_method", "toy_calibrator", "toy_stage", "toy_update", "toy_attack")
 
 
 def _present(name: str) -> bool:

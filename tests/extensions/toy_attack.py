@@ -1,7 +1,7 @@
 """A toy attack in one file: its options type, its registration and its report section.
 
-It targets the toy calibrator's release (``toy_calibrator.py`` declares
-``ReleaseSpec(..., attack="toy_attack")``) and inverts, for every client and class an upload
+It targets the toy calibrator's release (``labels``: the label ``toy_calibrator.py``
+declares) and inverts, for every client and class an upload
 shows, the class's mean feature (the feature sums over the counts) into one image. Which
 payload key holds the sums and which the counts it reads from the release's declaration
 (the key of sensitivity ``R`` and the key of sensitivity ``1``), so it names no key itself.
@@ -42,6 +42,8 @@ from privfedcal.errors import UsageError
 
 NAME = "toy_attack"
 TARGET = "toy-class-mean"
+#: the label of the release it targets (toy_calibrator.py's declaration)
+TOY_RELEASE = "toy-moments"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,19 @@ def section(records: list[dict[str, Any]]) -> ReportTable:
         notes=("Toy attack: each attacked class's mean feature inverted into one image.",))
 
 
-register(ReleaseAttack(NAME, plan_toy, task=task, clip="feature", keep=keep,
-                       options=ToyAttackOptions, targets=(TARGET,), report=section,
-                       summary="Invert the toy release's class means (a toy attack)."))
+class ToyAttack(ReleaseAttack):
+    """The toy attack on the toy calibrator's release."""
+
+    name = NAME
+    labels = (TOY_RELEASE,)
+    clip = "feature"
+    options = ToyAttackOptions
+    targets = (TARGET,)
+    summary = "Invert the toy release's class means (a toy attack)."
+    plan = staticmethod(plan_toy)
+    task = staticmethod(task)
+    keep = staticmethod(keep)
+    report = staticmethod(section)
+
+
+register(ToyAttack())

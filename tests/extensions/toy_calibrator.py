@@ -7,8 +7,8 @@ tallies (post-hoc logit adjustment, Menon et al., ICLR 2021), and reports the me
 feature norm per class from the summed moments.
 
 Its one release is declared below and nowhere else: the payload keys, their sensitivities
-and CKKS bounds, what they hold, and the attack that targets it ("toy_attack",
-tests/extensions/toy_attack.py). No file of the package names these keys or this label
+and CKKS bounds and what they hold (the attack that targets it names its label in its own
+file, tests/extensions/toy_attack.py). No file of the package names these keys or this label
 (tests/extensions/test_extensions.py checks it), so the DP noise, secure aggregation, the
 transcript, the attacker's noise model and the report all read this declaration.
 """
@@ -53,7 +53,7 @@ TOY_SPEC = ReleaseSpec(
     TOY_RELEASE,
     sensitivity={MOMENT: "R", TALLY: "1"},     # one example: one row of norm <= R, one count
     magnitude={MOMENT: "R*N", TALLY: "N"},
-    participants="all", task=ToyTask, attack="toy_attack",
+    participants="all", task=ToyTask,
     holds={MOMENT: "per-class sums of clipped features (C, d)",
            TALLY: "per-class example counts (C,)"})
 

@@ -87,11 +87,11 @@ def test_the_server_clips_sums_noises_and_divides_by_the_nodes_asked():
     from privfedcal.flower.plugin.dp_fedavg import plan_updates, private_average
     from privfedcal.flower.plugin.plugin_settings import gather, resolve
     from privfedcal.privacy.noise import noise_generator
-    from privfedcal.privacy.user_dp import gaussian_vector
+    from privfedcal.privacy.user_dp import UserDP, gaussian_vector
 
     s = resolve(gather({"dp_eps": 8.0, "dp_clip": 1.0, "dp_updates": True, "rounds": 2}, {}),
                 clients=3)
-    user_dp = plan_updates(s, 300).user_dp
+    user_dp = plan_updates(s, 300).find(UserDP)
     user_dp.seeded = True  # the draws reproducible here; a run draws from OS entropy
     glob = {"w": torch.zeros(4), "b": torch.ones(2)}
     far = {"w": torch.tensor([10.0, 0, 0, 0]), "b": torch.ones(2)}        # norm 10: clipped

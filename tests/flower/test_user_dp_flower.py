@@ -12,7 +12,7 @@ pytest.importorskip("flwr")
 
 from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.records import record_to_state  # noqa: E402
-from privfedcal.privacy.user_dp import model_delta, update_norm  # noqa: E402
+from privfedcal.privacy.user_dp import UserDP, model_delta, update_norm  # noqa: E402
 
 #: central DP-FedAvg with feature DP on the calibration release, both in one budget
 USER_DP = {"method": "fedavg", "dp_updates": True, "dp_eps": 8.0, "dp_update_clip": 0.5,
@@ -22,7 +22,7 @@ USER_DP = {"method": "fedavg", "dp_updates": True, "dp_eps": 8.0, "dp_update_cli
 def _charges(sim) -> dict[int, list]:
     """Each client's accountant history (noise multiplier, rate, steps, label)."""
     return {c: acc.state_dict()["history"]
-            for c, acc in sim.uplink.user_dp.dp.per_client.items() if c >= 0}
+            for c, acc in sim.uplink.find(UserDP).dp.per_client.items() if c >= 0}
 
 
 @pytest.mark.flower
@@ -66,18 +66,17 @@ def test_a_node_sends_its_update_clipped(flower_cfg):
     """What the server receives from a node is within the clip of the global state."""
     from flwr.app import Context, RecordDict
 
-    from privfedcal.flower.client_app import client_runtime, clipped_update
+    from privfedcal.flower.client_app import client_runtime, sent_update
     from privfedcal.flower.records import to_run_config
-    from privfedcal.privacy.user_dp import model_delta, update_norm
 
     cfg = flower_cfg(**USER_DP)
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2,
                                                     "data-seed": 0},
                   state=RecordDict(), run_config=to_run_config(cfg.replace(data_seed=None)))
-    user_dp = client_runtime(ctx).uplink.user_dp
+    uplink = client_runtime(ctx).uplink
     glob = {k: v.clone() for k, v in client_runtime(ctx).exp.model.state_dict().items()}
     far = {k: v + 3.0 if v.is_floating_point() else v for k, v in glob.items()}
-    sent = clipped_update(user_dp, glob, far, 1, 0)
+    sent = sent_update(uplink, glob, far, 1, 0)
     assert update_norm(model_delta(sent, glob)) == pytest.approx(0.5, rel=1e-5)
     assert sent.keys() == glob.keys()
 

@@ -88,10 +88,10 @@ def test_payload_rows_come_from_the_declared_releases():
     that does not say what a key holds cannot be tabled; without releases no payload key is
     declared."""
     a = ReleaseSpec("probe-a", {"s": "R", "n": "1"}, {"s": "R*N", "n": "N"}, "all",
-                    attack="stats", holds={"s": "sums (C, d)", "n": "counts (C,)"})
+                    holds={"s": "sums (C, d)", "n": "counts (C,)"})
     b = ReleaseSpec("probe-b", {"n": "1"}, {"n": "N"}, "selected",
                     holds={"n": "counts (C,), sometimes"})
-    s, n = payload_fields([a, b])
+    s, n = payload_fields([a, b], {"probe-a": ["stats"]})
     assert [f.name for f in (s, n)] == ["query.payload/payload/s", "query.payload/payload/n"]
     assert n.holds == "probe-a: counts (C,); probe-b: counts (C,), sometimes"
     assert n.flag == ("probe-a (after training, every client) / probe-b (each round, its "
@@ -100,7 +100,7 @@ def test_payload_rows_come_from_the_declared_releases():
     assert n.protection == "DP with --dp-eps (L2 sensitivity probe-a 1, probe-b 1)"
     assert s.budget.startswith("charged with --dp-eps") and "`attack invert --stats`" in s.budget
     assert "invert" not in payload_fields([b])[0].budget
-    assert fields.declared("query.payload", "payload", "s", [a]) == s
+    assert fields.declared("query.payload", "payload", "s", [a], {"probe-a": ["stats"]}) == s
     assert fields.declared("query.payload", "payload", "s", [b]) is None
     assert fields.declared("query.payload", "payload", "s", []) is None
     with pytest.raises(ValueError, match="do not say what payload key 's' holds"):

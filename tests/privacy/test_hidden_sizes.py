@@ -14,6 +14,7 @@ from privfedcal.attacks.reconstruction.disaggregate_attack import (
 )
 from privfedcal.attacks.reconstruction.runner import load_run
 from privfedcal.cli.main import main
+from privfedcal.privacy.secagg_updates import SecureUpdates
 from privfedcal.privacy.uplink import Uplink
 
 RUN = ["train", "--method", "creff", "--creff-weighting", "sample", "--clients", "4",
@@ -24,7 +25,9 @@ RUN = ["train", "--method", "creff", "--creff-weighting", "sample", "--clients",
 
 def test_hidden_counts_weigh_clear_updates_uniformly_and_encrypted_ones_by_size():
     assert Uplink(hide_counts=True).update_weights([3.0, 5.0]) == [1.0, 1.0]
-    assert Uplink(hide_counts=True, updates=Uplink()).update_weights([3.0, 5.0]) == [3.0, 5.0]
+    wire = SecureUpdates(Uplink())
+    assert Uplink(hide_counts=True, update_stages=[wire]).update_weights([3.0, 5.0]) == [3.0,
+                                                                                      5.0]
     assert Uplink().update_weights([3.0, 5.0]) == [3.0, 5.0]
 
 

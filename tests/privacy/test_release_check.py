@@ -143,13 +143,13 @@ def test_dp_fedavg_scales_a_secure_sum_by_its_contributors(tmp_path, tiny_cfg):
     from privfedcal.experiment import build_simulator
     from privfedcal.federation.local import LocalResult
     from privfedcal.privacy.cohorts import cohort_plan
-    from privfedcal.privacy.user_dp import UpdateLayout, vector_norm
+    from privfedcal.privacy.user_dp import UpdateLayout, UserDP, vector_norm
 
     cfg = tiny_cfg(rounds=2, secagg_updates=True, dp_updates=True, dp_eps=8.0,
                    insecure_seeded_noise=True)
     sim = build_simulator(cfg, tmp_path / "run")
     (a, b), (c, d) = cohort_plan(sim.exp.privacy).cohorts
-    udp, glob = sim.uplink.user_dp, sim.global_state
+    udp, glob = sim.uplink.find(UserDP), sim.global_state
     layout = UpdateLayout(glob)
     base = layout.flatten(glob)
     g = torch.Generator().manual_seed(3)
@@ -167,7 +167,8 @@ def test_dp_fedavg_scales_a_secure_sum_by_its_contributors(tmp_path, tiny_cfg):
                                           [a, b, c, c], **kw)
 
     tr = Transcript(None)
-    _, new, _, _ = udp.receive(Trainer(), [None] * 4, glob, selected, 1, tr, {}, twice)
+    _, new, _, _ = udp.receive_round(Trainer(), [None] * 4, glob, selected, 1, tr, {},
+                                     twice)
     shares = []
     for k in (a, b):  # each client's upload, redrawn from the seeded noise
         delta = layout.flatten(states[k]).sub_(base)
@@ -183,7 +184,7 @@ def test_dp_fedavg_scales_a_secure_sum_by_its_contributors(tmp_path, tiny_cfg):
     assert float((got - want).abs().max()) < 0.05 * float(want.abs().max())
 
     before = {k: v.clone() for k, v in glob.items()}
-    _, new, _, _ = udp.receive(Trainer(), [None] * 4, glob, selected, 2, tr, {},
+    _, new, _, _ = udp.receive_round(Trainer(), [None] * 4, glob, selected, 2, tr, {},
                                lambda gs, sent, w, clients, **kw: sim.uplink.average_updates(
                                    gs, sent, w, [a, a, c, c], **kw))  # nothing whole
     assert all(torch.equal(new[k], before[k]) for k in before)

@@ -99,7 +99,7 @@ def test_a_model_update_that_does_not_fit_ckks_is_listed_with_the_rejections(tmp
     # the rest of client 1's cohort goes with it (privfedcal/privacy/cohorts.py)
     assert all(reason == Reason.COHORT_INCOMPLETE.value for _, _, reason in got[1:])
     only_codes(up.rejected + up.skipped)
-    assert up.updates.rejected == []  # moved, not copied: listed once
+    assert up.update_wire.uplink.rejected == []  # moved, not copied: listed once
 
 
 def _results(bad: int) -> list[LocalResult]:

@@ -1,7 +1,7 @@
 """--secagg-updates: model updates aggregated as CKKS sums; the server sees the aggregate and
 the summed weight only, and the result equals the plaintext weighted average (up to the key
 holder's flooding). The updates go through the same uplink as the calibration releases
-(privfedcal/privacy/planner.py ``updates_plan``, privacy/executor.py ``updates_uplink``: the encrypt wire, fresh keys, the key holder's
+(privfedcal/privacy/planner.py ``updates_plan``, privacy/secagg_updates.py ``SecureUpdates``: the encrypt wire, fresh keys, the key holder's
 minimum)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from privfedcal.experiment import build_simulator
+from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT, SecureUpdates
 from privfedcal.privacy.transcript import load_transcript
-from privfedcal.privacy.uplink import UPDATE_WEIGHT
 
 
 def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
@@ -47,7 +47,6 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
     from privfedcal.errors import ReleaseSkipped
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.cohorts import cohort_plan
-    from privfedcal.privacy.executor import updates_uplink
     from privfedcal.privacy.planner import protection_inputs, updates_plan
     from privfedcal.privacy.releases import UPDATE_RELEASE
     from privfedcal.privacy.transcript import Transcript
@@ -70,5 +69,5 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
     k = next(k for k, v in sent.items() if v.is_floating_point())
     torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
     opts = protection_inputs(cfg, calibrator_class(cfg), sim.exp.num_examples)
-    assert isinstance(updates_uplink(updates_plan(opts)).wire.summary(), dict)
+    assert isinstance(SecureUpdates.of(updates_plan(opts)).uplink.wire.summary(), dict)
     assert ReleaseSkipped  # the error the uplink turns into a kept global state

@@ -65,8 +65,8 @@ def model_states(n, scale=10.0, seed=0, shape=(50, 40)):
 
 
 def one_round(udp, glob, states, round_=1, secure=None):
-    return udp.receive(StatesTrainer(states), [None] * len(states), glob,
-                       list(range(len(states))), round_, Transcript(None), {}, secure)
+    return udp.receive_round(StatesTrainer(states), [None] * len(states), glob,
+                             list(range(len(states))), round_, Transcript(None), {}, secure)
 
 
 # ---- the clip -------------------------------------------------------------------------------
@@ -281,17 +281,17 @@ def test_plan_uses_q1_over_the_most_rounds_a_client_takes_part_in(tiny_cfg):
 
     cfg = tiny_cfg(clients=10, rounds=20, dp_updates=True, dp_eps=8.0, dp_delta=1e-5)
     _, _, up = build_parts(cfg)
-    dp = up.user_dp.dp
-    assert dp.rates == {USER_DP_RELEASE: 1.0} and up.user_dp.denominator == 10
+    dp = up.find(UserDP).dp
+    assert dp.rates == {USER_DP_RELEASE: 1.0} and up.find(UserDP).denominator == 10
     assert dp.planned == [{"name": USER_DP_RELEASE, "sample_rate": 1.0, "steps": 20}]
     assert dp.sigmas[USER_DP_RELEASE] == pytest.approx(2.852, abs=1e-3)
     half = tiny_cfg(clients=10, rounds=20, participation=0.5, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-5)
     _, _, up = build_parts(half)
     steps = max(participation_counts(half).values())
-    assert up.user_dp.denominator == 5 and up.user_dp.dp.planned[0]["steps"] == steps
+    assert up.find(UserDP).denominator == 5 and up.find(UserDP).dp.planned[0]["steps"] == steps
     (z,) = plan_noise(8.0, 1e-5, [release_plan(steps, None)], "rdp")
-    assert up.user_dp.dp.sigmas[USER_DP_RELEASE] == pytest.approx(z)
+    assert up.find(UserDP).dp.sigmas[USER_DP_RELEASE] == pytest.approx(z)
 
 
 def test_budget_is_split_with_the_calibration_release(tiny_cfg):
@@ -301,7 +301,7 @@ def test_budget_is_split_with_the_calibration_release(tiny_cfg):
     cfg = tiny_cfg(method="ccvr", rounds=5, dp_updates=True, dp_eps=8.0, dp_delta=1e-5,
                    dp_updates_share=0.75)
     _, _, up = build_parts(cfg)
-    dp = up.user_dp.dp
+    dp = up.find(UserDP).dp
     z = dp.sigmas[USER_DP_RELEASE]
     assert compute_epsilon([(z, 1.0, 5)], "rdp", 1e-5) == pytest.approx(6.0, rel=2e-3)
     total = compute_epsilon([(s, 1.0, p["steps"]) for s, p in
@@ -470,15 +470,15 @@ def test_schedule_holds_with_thousands_of_clients():
 
     cfg = RunConfig(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-6)
-    udp = build_uplink(cfg, SimpleNamespace(num_examples=100_000), Calibrator()).user_dp
+    udp = build_uplink(cfg, SimpleNamespace(num_examples=100_000), Calibrator()).find(UserDP)
     steps = max(participation_counts(cfg).values())
     assert udp.denominator == 100 and udp.dp.planned[0]["steps"] == steps > 1
     (z,) = plan_noise(8.0, 1e-6, [release_plan(steps, None)], "rdp")
     assert udp.noise_multiplier == pytest.approx(z)
     for r in range(1, cfg.rounds + 1):
         chosen = select_clients(cfg, r)
-        udp.open(chosen)
-        udp.close(chosen)
+        udp.admit_round(chosen)
+        udp.charge_round(chosen)
     assert 7.9 <= udp.user_epsilon() <= 8.0
     worst = max(udp.dp.ledgers.values(), key=lambda g: g.made[USER_DP_RELEASE])
     assert worst.made[USER_DP_RELEASE] == steps
@@ -492,7 +492,7 @@ def test_resume_keeps_the_clip_the_ledgers_and_the_accountants(tmp_path, tiny_cf
     sim.run()
     again = build_simulator(cfg, tmp_path / "r")
     again.restore()  # the last round's checkpoint
-    a, b = sim.uplink.user_dp, again.uplink.user_dp
+    a, b = sim.uplink.find(UserDP), again.uplink.find(UserDP)
     assert b.clip == a.clip != 1.0
     assert {c: g.made for c, g in b.dp.ledgers.items()} == {c: g.made for c, g in
                                                            a.dp.ledgers.items()}

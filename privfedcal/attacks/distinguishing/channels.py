@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.attacks.distinguishing.games import Channel, Stats, Views
-from privfedcal.attacks.release_attacks import declared_releases, release_attack
+from privfedcal.attacks.release_attacks import attacks_on, declared_releases
 from privfedcal.errors import UsageError
 from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
@@ -57,7 +57,7 @@ def channel_fields() -> dict[str, tuple[str, ...]]:
     DP-FedAvg's update and the Flower plugin's clip search."""
     return {
         **{r.label: tuple(f"query.payload/payload/{k}" for k in r.keys)
-           for r in declared_releases() if r.attack is not None},
+           for r in declared_releases() if attacks_on(r.label)},
         DPSGD_RELEASE: ("train/local/*", "train/metrics/train-loss"),
         USER_DP_RELEASE: ("train/local/*",),  # --dp-updates (user_dp_channel.py)
         # the Flower plugin's dp-clip = "auto" search (clip_channel.py)
@@ -274,8 +274,9 @@ def _release(spec, cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
     once, or in every round the most selected client takes part in."""
     from privfedcal.privacy.planner import participation_counts
 
-    attack = release_attack(spec.attack)
-    if attack.task is None or attack.keep is None:
+    attack = next((a for a in attacks_on(spec.label)
+                   if a.task is not None and a.keep is not None), None)
+    if attack is None:
         raise UsageError(f"the attack on {spec.label!r} declares no audit channel")
     steps = 1 if spec.participants == "all" else max(participation_counts(
         exp.privacy, calibrator.release_rounds(exp.privacy, spec)).values(),

@@ -45,7 +45,7 @@ from privfedcal.attacks.release_attacks import ReleaseAttack, register
 from privfedcal.attacks.view import RunView, release_spec
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
-from privfedcal.privacy.uplink import UPDATE_WEIGHT
+from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
 
 NAME = TARGET  # the attack, and the target of its records
 #: estimates stored in a record when a value has at most this many entries
@@ -405,10 +405,20 @@ def audit_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "finest_group": min(sizes) if sizes else None}
 
 
-register(ReleaseAttack(NAME, plan=None, run=disaggregate_run, targets=(TARGET,),
-                       audit_columns=audit_columns, options=DisaggregateOptions,
-                       summary="Difference the run's secure sums over changing participant "
-                               "sets into per-client values (Lam et al., ICML 2021); say which "
-                               "clients and groups they determine.",
-                       console=console, figure=("disaggregation.png", plot),
-                       report=section))
+class DisaggregateAttack(ReleaseAttack):
+    """Disaggregation of the run's secure sums, on the run as a whole (no one label)."""
+
+    name = NAME
+    targets = (TARGET,)
+    options = DisaggregateOptions
+    summary = ("Difference the run's secure sums over changing participant sets into "
+               "per-client values (Lam et al., ICML 2021); say which clients and groups they "
+               "determine.")
+    figure = ("disaggregation.png", plot)
+    run = staticmethod(disaggregate_run)
+    audit_columns = staticmethod(audit_columns)
+    console = staticmethod(console)
+    report = staticmethod(section)
+
+
+register(DisaggregateAttack())

@@ -1,4 +1,4 @@
-"""The attack on CReFF's class gradients (``ReleaseSpec(attack="gradients")`` in
+"""The attack on CReFF's class gradients (the release ``CREFF_RELEASE`` of
 calibration/creff.py): ``attack invert --gradients``, and the release's channel in
 ``audit dp``.
 
@@ -47,6 +47,7 @@ from privfedcal.attacks.reconstruction.scoring import Attacked, score
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import Release, RunView
+from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.errors import UsageError
 from privfedcal.seeding import make_generator
 
@@ -353,12 +354,24 @@ def keep(key: str, c: int) -> tuple:
     return (slice(c, c + 1), slice(None), [0, -1]) if key == "grad" else (slice(c, c + 1),)
 
 
-register(ReleaseAttack(NAME, plan_gradients, task=task, clip="class-gradient", keep=keep,
-                       canary_keys=("grad",), options=GradientsOptions,
-                       summary="Invert CReFF class gradients.",
-                       targets=("class-gradient", "class-gradient-rounds"),
-                       # gradient matching and head retraining shortened for the sweep
-                       audit_params={"match_steps": 50, "retrain_steps": 100}))
+class GradientsAttack(ReleaseAttack):
+    """The inversion of CReFF's class gradients."""
 
-__all__ = ["NAME", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
+    name = NAME
+    labels = (CREFF_RELEASE,)
+    clip = "class-gradient"
+    canary_keys = ("grad",)
+    options = GradientsOptions
+    summary = "Invert CReFF class gradients."
+    targets = ("class-gradient", "class-gradient-rounds")
+    # gradient matching and head retraining shortened for the sweep
+    audit_params = {"match_steps": 50, "retrain_steps": 100}
+    plan = staticmethod(plan_gradients)
+    task = staticmethod(task)
+    keep = staticmethod(keep)
+
+
+register(GradientsAttack())
+
+__all__ = ["NAME", "GradientsAttack", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
            "recovered_cosine", "task"]

@@ -47,8 +47,8 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
 
 
 def __getattr__(name: str) -> object:
-    """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (their
-    ``ReleaseSpec.attack``), read from the registries when asked (PEP 562), so that one
+    """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (the labels
+    each attack names), read from the registries when asked (PEP 562), so that one
     registered after this module's import is audited too."""
     if name == "ATTACKED_CALIBRATORS":
         return attacked_calibrators()

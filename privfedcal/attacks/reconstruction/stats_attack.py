@@ -1,4 +1,4 @@
-"""The attack on CCVR's class statistics (``ReleaseSpec(attack="stats")`` in
+"""The attack on CCVR's class statistics (the release ``CCVR_RELEASE`` of
 calibration/ccvr.py): ``attack invert --stats``, and the release's channel in ``audit dp``.
 
 From each attacked upload (or the aggregate under secure aggregation) and each class it
@@ -26,6 +26,7 @@ from privfedcal.attacks.reconstruction.runner import (
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import RunView, UploadedFeatures
+from privfedcal.calibration.ccvr import CCVR_RELEASE
 from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
@@ -132,9 +133,21 @@ def keep(key: str, c: int) -> tuple:
             "outer": (slice(c, c + 1), slice(0, 1), slice(0, 1))}[key]
 
 
-register(ReleaseAttack(NAME, plan_stats, task=task, clip="feature", keep=keep,
-                       canary_keys=("sum", "outer"), options=StatsOptions,
-                       summary="Invert CCVR class statistics (and means).",
-                       targets=("raw-feature", "class-mean", "class-stats")))
+class StatsAttack(ReleaseAttack):
+    """The inversion of CCVR's class statistics."""
 
-__all__ = ["NAME", "StatsOptions", "keep", "plan_stats", "task", "uploaded_extractor"]
+    name = NAME
+    labels = (CCVR_RELEASE,)
+    clip = "feature"
+    canary_keys = ("sum", "outer")
+    options = StatsOptions
+    summary = "Invert CCVR class statistics (and means)."
+    targets = ("raw-feature", "class-mean", "class-stats")
+    plan = staticmethod(plan_stats)
+    task = staticmethod(task)
+    keep = staticmethod(keep)
+
+
+register(StatsAttack())
+
+__all__ = ["NAME", "StatsAttack", "StatsOptions", "keep", "plan_stats", "task", "uploaded_extractor"]

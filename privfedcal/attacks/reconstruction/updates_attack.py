@@ -252,10 +252,20 @@ def plan_model_updates(view: RunView, opts: UpdatesOptions,
     return plan
 
 
-register(ReleaseAttack(NAME, plan_model_updates, options=UpdatesOptions, joins=JOINS,
-                       summary="Invert the recorded per-client model updates (a simulated one "
-                               "if the transcript has none); alone or with --gradients.",
-                       targets=("model-update",)))
+class UpdatesAttack(ReleaseAttack):
+    """The inversion of the recorded per-client model updates."""
 
-__all__ = ["JOINS", "NAME", "UpdatesOptions", "add_updates", "plan_model_updates",
+    name = NAME
+    labels = (UPDATE_RELEASE,)
+    options = UpdatesOptions
+    joins = JOINS
+    summary = ("Invert the recorded per-client model updates (a simulated one if the "
+               "transcript has none); alone or with --gradients.")
+    targets = ("model-update",)
+    plan = staticmethod(plan_model_updates)
+
+
+register(UpdatesAttack())
+
+__all__ = ["JOINS", "NAME", "UpdatesAttack", "UpdatesOptions", "add_updates", "plan_model_updates",
            "plan_updates", "updates_aggregated"]

@@ -27,7 +27,7 @@ What each side does, and why it holds:
   the guarantee holds against everyone who sees the models, not against the server, which
   sees each clipped update (as Flower's own DP wrappers; docs/flower.md);
 * the charges: before a round the ledger's budget check and each node's planned count
-  (``UserDP.open``), after it the release recorded (``UserDP.close``), in a
+  (``UserDP.admit_round``), after it the release recorded (``UserDP.charge_round``), in a
   ``DPAccounting`` planned exactly as the calibration's. ``calibrate(..., updates=...)``
   takes this ledger over, so summary.json's one ``epsilon_spent`` covers the rounds and
   the calibration release together (``privacy.user_dp`` gives the rounds' own).
@@ -57,7 +57,7 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from privfedcal.errors import UsageError
 from privfedcal.flower.link import GridLink
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
-from privfedcal.privacy.user_dp import UpdateLayout, vector_norm
+from privfedcal.privacy.user_dp import UpdateLayout, UserDP, vector_norm
 
 __all__ = ["PrivateUpdates", "private_average"]
 
@@ -117,7 +117,8 @@ class PrivateUpdates(Strategy):
 
     @property
     def user_dp(self) -> Any:
-        return None if self.uplink is None else self.uplink.user_dp
+        """The uplink's DP-FedAvg stage (privacy/user_dp.py), once planned."""
+        return None if self.uplink is None else self.uplink.find(UserDP)
 
     def _plan(self, grid: Grid) -> None:
         """The settings, each node's partition (``query.hello``, its settings checked)
@@ -152,7 +153,7 @@ class PrivateUpdates(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """The strategy's train messages with the clip for ``fixedclipping_mod``, after the
-        budget check and each node's count (``UserDP.open``)."""
+        budget check and each node's count (``UserDP.admit_round``)."""
         config[KEY_CLIPPING_NORM] = self.user_dp.clip
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         clients = sorted(self.client_of[m.metadata.dst_node_id] for m in messages)
@@ -162,7 +163,7 @@ class PrivateUpdates(Strategy):
                              f"{self.user_dp.denominator}: match privfedcal.participation "
                              "to the strategy's fraction_train")
         if messages:
-            self.user_dp.open(clients)
+            self.user_dp.admit_round(clients)
             self._sent[server_round] = (arrays, clients)
         return messages
 
@@ -173,7 +174,7 @@ class PrivateUpdates(Strategy):
         unreleased (they are the nodes' own numbers)."""
         sent, clients = self._sent.pop(server_round)
         replies = list(replies)
-        self.user_dp.close(clients)  # asked: charged, whatever comes back
+        self.user_dp.charge_round(clients)  # asked: charged, whatever comes back
         got = sorted(self.client_of.get(r.metadata.src_node_id, -1) for r in replies
                      if not r.has_error())
         if got != clients:

@@ -2,8 +2,9 @@
 side reads them.
 
 Both sides build privfedcal's own ``RunConfig`` and ``FlowerOptions`` from the same settings
-(``parse_run_config``, with its checks), so the planner (``protection.plan_protection``) gives
-the server and each node the same releases, noise, ledger limits and CKKS set-up. Sources,
+(``parse_run_config``, with its checks), so the planner (``privacy/planner.py``
+``plan_protection``) gives the server and each node the same releases, noise, ledger limits
+and CKKS set-up. Sources,
 each overriding the one before:
 
 1. keyword arguments (``CalibrationClient(..., dp_eps=8)``, ``calibrate(..., dp_eps=8)``);

@@ -16,7 +16,7 @@ What is shared with privfedcal's own ServerApp, unchanged:
   ``finish`` (the calibrator's post-hoc step, the evaluation, summary.json with
   ``privacy`` and its ``whole_run`` check of the secure sums, the notes);
 * ``GridLink`` (``flower/link.py``): every exchange, deadlines, error replies kept as codes;
-* the planner (``protection.plan_protection``): the releases the calibrator declares
+* the planner (``privacy/planner.py`` ``plan_protection``): the releases the calibrator declares
   (``ReleaseSpec``), the noise plan, accountant and budget ledger (``DPAccounting``), CKKS
   set-up, hidden counts, cohorts and minimum contributors, all from privfedcal's
   ``RunConfig`` built from the plugin's settings (``plugin_settings.py``), as every node builds it;

@@ -43,10 +43,11 @@ def test_claim_is_opacus_epsilon_of_one_round():
     from opacus.accountants import RDPAccountant
 
     from privfedcal.experiment import build_parts
+    from privfedcal.privacy.user_dp import UserDP
 
     ch = channel(rounds=4, dp_eps=4.0)  # the plan: 4 rounds at q = 1; the channel: one
-    sigma = build_parts(RunConfig(**{**BASE, "rounds": 4, "dp_eps": 4.0}))[2].user_dp \
-        .noise_multiplier
+    uplink = build_parts(RunConfig(**{**BASE, "rounds": 4, "dp_eps": 4.0}))[2]
+    sigma = uplink.find(UserDP).noise_multiplier
     acc = RDPAccountant()
     acc.step(noise_multiplier=sigma, sample_rate=1.0)
     with warnings.catch_warnings():

@@ -17,10 +17,10 @@ from privfedcal.calibration.creff import CREFF_RELEASE, CReFF, CReFFParams, Grad
 from privfedcal.privacy.bound import NoBound
 
 
-def test_registered_under_the_name_creff_declares():
+def test_targets_the_release_creff_declares():
     assert release_for("gradients").label == CREFF_RELEASE
     (spec,) = CReFF.releases
-    attack = release_attack(spec.attack)
+    attack = release_attack("gradients")
     assert attack.plan is gradients_attack.plan_gradients and attack.clip == "class-gradient"
     assert set(attack.canary_keys) <= set(spec.keys)
 

@@ -14,10 +14,10 @@ from privfedcal.calibration.ccvr import CCVR, CCVR_RELEASE, CCVRParams, StatsTas
 from privfedcal.privacy.bound import NoBound
 
 
-def test_registered_under_the_name_ccvr_declares():
+def test_targets_the_release_ccvr_declares():
     assert release_for("stats").label == CCVR_RELEASE
     (spec,) = CCVR.releases
-    attack = release_attack(spec.attack)
+    attack = release_attack("stats")
     assert attack.plan is stats_attack.plan_stats and attack.clip == "feature"
     assert set(attack.canary_keys) <= set(spec.keys)
 
