@@ -2,12 +2,13 @@
 
 The public Python API (``docs/api.md``) is importable from here: ``privfedcal.train``,
 ``privfedcal.load_run``, ``privfedcal.attack``, ``privfedcal.compare``,
-``privfedcal.RunConfig``, ... (``__all__``). They live in ``privfedcal/api/__init__.py`` (training
-and resuming runs), ``api_run.py`` (``Run``), ``api_attack.py`` (``attack``), ``ownloop.py``
-(CCVR's halves for a loop of one's own) and ``privfedcal/jobs/`` (the other jobs of the CLI:
-compare, analyze, audit, audit_dp, partition, write_report), and are loaded on first use,
-so that ``import privfedcal`` stays cheap for the modules of the package that
-only need ``__version__``. The typed results are in ``privfedcal.results``.
+``privfedcal.RunConfig``, ... (``__all__``). They live in the package ``privfedcal/api/``:
+``__init__.py`` (training and resuming runs), ``run.py`` (``Run``), ``attacking.py``
+(``attack``), ``ownloop.py`` (CCVR's halves for a loop of one's own), and in
+``privfedcal/jobs/`` (the other jobs of the CLI: compare, analyze, audit, audit_dp,
+partition, write_report, and their progress record ``JobStep``). They are loaded on first
+use, so that ``import privfedcal`` stays cheap for the modules of the package that only
+need ``__version__``. The typed results are in ``privfedcal.results``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _HOMES: dict[str, str] = {
                      "train"), "privfedcal.api"),
     "Run": "privfedcal.api.run",
     "attack": "privfedcal.api.attacking",
-    **dict.fromkeys(("Audit", "Comparison", "DPAudit", "Partition", "Stage", "analyze",
+    **dict.fromkeys(("Audit", "Comparison", "DPAudit", "JobStep", "Partition", "analyze",
                      "audit", "audit_dp", "compare", "partition", "write_report"),
                     "privfedcal.jobs"),
 }
@@ -49,8 +50,8 @@ if TYPE_CHECKING:  # the names as a type checker sees them
         Audit,
         Comparison,
         DPAudit,
+        JobStep,
         Partition,
-        Stage,
         analyze,
         audit,
         audit_dp,
@@ -61,7 +62,15 @@ if TYPE_CHECKING:  # the names as a type checker sees them
 
 
 def __getattr__(name: str) -> Any:
-    """PEP 562: the API's names, imported from their module on first access."""
+    """PEP 562: the API's names, imported from their module on first access. ``Stage`` is a
+    deprecated alias of ``JobStep`` (a ``DeprecationWarning``; not in ``__all__``), kept
+    because docs/api.md named it; the pipeline's stages are ``privacy.stages.Stage``."""
+    if name == "Stage":
+        import warnings
+
+        warnings.warn("privfedcal.Stage is deprecated: the jobs' progress record is "
+                      "privfedcal.JobStep", DeprecationWarning, stacklevel=2)
+        return __getattr__("JobStep")
     if name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name]), name)
         globals()[name] = value

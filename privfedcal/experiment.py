@@ -97,15 +97,15 @@ def calibration_choice(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
     defaults that depend on the run's protection filled in: from the settings alone, so the
     top of a run decides them before the experiment is built."""
     from privfedcal.federation.hooks import CalibrationSpec
-    from privfedcal.settings.sections import PrivacyOptions
+    from privfedcal.settings.floors import PrivacyOptions
 
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
         raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
     # the calibrator's privacy policy reads the run's privacy options, not the whole config
-    options = calibrator_class(cfg).privacy_options(PrivacyOptions.of(cfg),
-                                                    {**cfg.calibration_params, "seed": cfg.seed})
+    given = {**cfg.calibration_params, "seed": cfg.training.seed}
+    options = calibrator_class(cfg).privacy_options(PrivacyOptions.of(cfg), given)
     return spec, options
 
 
@@ -129,9 +129,9 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     partition drawn from the data seed (``setup.resolve_data_seed``: ``--data-seed``, else
     secret under a protection, else ``--seed``; ``config_of(exp).data_seed`` holds it)."""
     from privfedcal.federation import setup
-    from privfedcal.settings.sections import DataOptions, EngineOptions, PrivacyOptions
+    from privfedcal.settings.floors import DataOptions, PrivacyOptions
 
-    setup.start(EngineOptions.of(cfg))
+    setup.start(cfg.engine)
     cfg = cfg.replace(data_seed=setup.resolve_data_seed(DataOptions.of(cfg),
                                                         PrivacyOptions.of(cfg)))
     data_options = DataOptions.of(cfg)
@@ -147,9 +147,9 @@ def build_server_experiment(cfg: RunConfig) -> Experiment:
     drawn. The dataset is read once for its test split and public metadata, and its
     training split is dropped before anything else runs."""
     from privfedcal.federation import setup
-    from privfedcal.settings.sections import DataOptions, EngineOptions
+    from privfedcal.settings.floors import DataOptions
 
-    setup.start(EngineOptions.of(cfg))
+    setup.start(cfg.engine)
     data_options = DataOptions.of(cfg)
     data = setup.load_data(data_options)
     held = setup.held_examples(data.y_train.numpy(), data_options)
@@ -161,8 +161,8 @@ def _assemble(cfg: RunConfig, data: Any, parts_np: Any, counts: Any, held: int) 
     options built from them once, and the experiment assembled from those."""
     from privfedcal.data.datasets import default_model_for
     from privfedcal.federation.setup import assemble
+    from privfedcal.settings.floors import run_options
     from privfedcal.settings.run_config import resolve_training_defaults
-    from privfedcal.settings.sections import run_options
 
     cfg = resolve_training_defaults(cfg, model=default_model_for(data), augment=data.augment)
     return assemble(run_options(cfg), data, parts_np, counts, held, record=cfg.to_dict())

@@ -23,6 +23,6 @@ def tiny_cfg():
                     batch_size=32, device="cpu", threads=1, seed=0, data_seed=0,
                     transcript=False)
         base.update(kw)
-        return RunConfig(**base)
+        return RunConfig.of(**base)
 
     return make

@@ -86,7 +86,7 @@ def run_oracle(src: Path, dst: Path, *, data: str | None = None, device: str | N
                                "out": str(dst), "workers": 1})
     sim = build_simulator(cfg, dst)
     ck = load_checkpoint(src / "checkpoint", sim.exp.device)
-    sim.global_state, sim.start_round = ck["global"], cfg.rounds + 1
+    sim.global_state, sim.start_round = ck["global"], cfg.training.rounds + 1
     summary = sim.finish()
     print(f"[done] {dst.name}: oracle accuracy {summary['accuracy']:.4f}", flush=True)
 

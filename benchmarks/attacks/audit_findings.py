@@ -326,10 +326,10 @@ def run_findings(args) -> tuple[list[dict], list[dict]]:
             # recipe on fewer images, where a CPU can run the attack to convergence
             g = make_generator(args.seed, client, args.update_n, 78)
             idx = idx[torch.randperm(idx.numel(), generator=g)[:args.update_n]]
-        recipe = LocalRecipe(cfg.local_epochs, cfg.batch_size, cfg.lr, cfg.momentum,
-                             cfg.weight_decay)
-        g = make_generator(cfg.seed, rel.round, client, 1)
-        order = [torch.randperm(idx.numel(), generator=g) for _ in range(cfg.local_epochs)]
+        recipe = LocalRecipe(cfg.training.local_epochs, cfg.training.batch_size, cfg.training.lr, cfg.training.momentum,
+                             cfg.training.weight_decay)
+        g = make_generator(cfg.training.seed, rel.round, client, 1)
+        order = [torch.randperm(idx.numel(), generator=g) for _ in range(cfg.training.local_epochs)]
         start = dict(rel.state)
         after = {**start, **{k: v.detach() for k, v in simulate_local_training(
             model, start, d.x_train[idx], d.y_train[idx], recipe, order=order).items()}}

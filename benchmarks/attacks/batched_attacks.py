@@ -39,7 +39,7 @@ from privfedcal.attacks.reconstruction.runner import execute, load_run
 from privfedcal.attacks.reconstruction.stats_attack import StatsOptions, plan_stats
 
 QUICK = dict(dataset="digits", clients=5, alpha=0.3, local_epochs=1, threads=1)
-QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as cli/attack_command.py's quick run
+QUICK_CREFF = dict(match_steps=50, retrain_steps=100)  # as api/attack_jobs.py's quick run
 
 
 def ensure_run(root: Path, method: str, rounds: int, seed: int) -> Path:

@@ -124,7 +124,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         npz = make_npz(tmp / "data.npz", args.images)
-        base = RunConfig(dataset=f"npz:{npz}", model="cnn", clients=args.clients,
+        base = RunConfig.of(dataset=f"npz:{npz}", model="cnn", clients=args.clients,
                          partition=args.partition, alpha=0.5, rounds=args.rounds,
                          local_epochs=args.local_epochs, device="cpu", threads=args.threads,
                          eval_every=10**6, transcript=False, augment=False,

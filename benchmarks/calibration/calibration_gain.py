@@ -67,7 +67,7 @@ def run_config(args: argparse.Namespace, **kw: Any) -> RunConfig:
     if params:
         base["calibration_params"] = params
     base.update(kw)
-    return RunConfig(**base)
+    return RunConfig.of(**base)
 
 
 def parse_value(text: str) -> Any:
@@ -88,8 +88,9 @@ def posthoc(sim: Simulator, calibrate: str, cfg: RunConfig) -> dict[str, Any]:
     options of ``cfg`` (the benchmark's); test accuracy."""
     cfg = config_of(sim.exp).replace(calibration_params=cfg.calibration_params)
     calibrator = build_calibrator(cfg.replace(calibrate=calibrate), sim.exp)
-    ctx = RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
-                       list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
+    t = cfg.training
+    ctx = RoundContext(sim, t.rounds, sim.global_state, sim.global_state,
+                       list(range(cfg.data.clients)), make_generator(t.seed, t.rounds, 0, 5))
     t0 = time.perf_counter()
     calibrator.after_training(ctx)
     seconds = time.perf_counter() - t0

@@ -59,7 +59,7 @@ def bare_loop(x: torch.Tensor, y: torch.Tensor, clients: int, batch: int, rounds
 
 def engine(npz: Path, workers: int, threads: int, rounds: int, batch: int, clients: int,
            out: Path) -> list[float]:
-    cfg = RunConfig(dataset=f"npz:{npz}", model="cnn", clients=clients, partition="iid",
+    cfg = RunConfig.of(dataset=f"npz:{npz}", model="cnn", clients=clients, partition="iid",
                     rounds=rounds, local_epochs=1, batch_size=batch, lr=0.01, device="cpu",
                     workers=workers, threads=threads, eval_every=10_000, transcript=False,
                     augment=False)

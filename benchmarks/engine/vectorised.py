@@ -81,10 +81,10 @@ def bare_loop(exp, jobs: list[TrainJob]) -> None:
 def bench(name: str, cfg: RunConfig, repeats: int) -> dict:
     exp = build_experiment(cfg)
     global_state = clone_state(exp.model)
-    jobs = [TrainJob(c, exp.parts[c], None) for c in range(cfg.clients)]
+    jobs = [TrainJob(c, exp.parts[c], None) for c in range(cfg.data.clients)]
     seq = InProcessTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train, exp.spec)
     vec = VectorisedTrainer(exp.model, exp.algo, exp.data.x_train, exp.data.y_train, exp.spec,
-                            cfg.clients)
+                            cfg.data.clients)
     engines = {"sequential": lambda: seq.train(global_state, jobs, 1),
                "vectorised": lambda: vec.train(global_state, jobs, 1),
                "bare loop": lambda: bare_loop(exp, jobs)}
@@ -100,7 +100,7 @@ def bench(name: str, cfg: RunConfig, repeats: int) -> dict:
             cpus[key].append(cpu)
             peaks[key] = max(peaks[key], peak)
     sizes = [int(p.numel()) for p in exp.parts]
-    print(f"== {name}: {cfg.clients} clients ({min(sizes)}-{max(sizes)} samples), model "
+    print(f"== {name}: {cfg.data.clients} clients ({min(sizes)}-{max(sizes)} samples), model "
           f"{exp.model_name}, batch {exp.spec.batch_size}, {exp.spec.local_epochs} local "
           f"epoch(s), {torch.get_num_threads()} thread(s)")
     for key in engines:
@@ -125,14 +125,14 @@ def main() -> None:
     base = dict(device="cpu", threads=args.threads, seed=0, data_seed=0, transcript=False,
                 rounds=1)
     results = {
-        "digits MLP, 10 clients": bench("digits MLP", RunConfig(dataset="digits", clients=10,
+        "digits MLP, 10 clients": bench("digits MLP", RunConfig.of(dataset="digits", clients=10,
                                                                 **base), args.repeats),
-        "digits MLP, 100 clients": bench("digits MLP", RunConfig(
+        "digits MLP, 100 clients": bench("digits MLP", RunConfig.of(
             dataset="digits", clients=100, alpha=1.0, min_size=5, **base), args.repeats)}
     with tempfile.TemporaryDirectory() as tmp:
         npz = make_npz(Path(tmp) / "cifar_like.npz", args.cnn_images)
         results["CIFAR-shaped CNN, 10 clients"] = bench(
-            "CIFAR-shaped CNN", RunConfig(dataset=f"npz:{npz}", model="cnn", clients=10,
+            "CIFAR-shaped CNN", RunConfig.of(dataset=f"npz:{npz}", model="cnn", clients=10,
                                           partition="iid", local_epochs=1, batch_size=64,
                                           **base), args.repeats)
     harness.finish(args, results)

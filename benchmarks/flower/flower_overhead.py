@@ -73,7 +73,7 @@ def run_loopback(cfg: RunConfig, out: Path) -> float:
     from privfedcal.flower.server_app import run_server
 
     run_config = to_run_config(cfg.replace(out=str(out)))
-    grid = InProcessGrid(client_app, run_config, cfg.clients)
+    grid = InProcessGrid(client_app, run_config, cfg.data.clients)
     sim, _ = run_server(grid, Context(run_id=1, node_id=1, node_config={},
                                       state=RecordDict(), run_config=run_config))
     return per_round(sim.history)
@@ -129,7 +129,7 @@ def run_deployment(cfg: RunConfig, out: Path, warm: bool = False,
         overrides["flower.hold"] = hold
     work = out.parent / "deployment"
     kind = patched_node_deployment(LocalDeployment) if short_idle else LocalDeployment
-    dep = kind(cfg.clients, work, warm=warm)
+    dep = kind(cfg.data.clients, work, warm=warm)
     dep.env[TIMING_ENV] = "1"  # each handler's seconds, in the SuperNodes' logs
     with dep:
         done = dep.run(EXAMPLE, overrides, timeout=3600)
@@ -200,9 +200,9 @@ lap("+ import privfedcal.flower.client_app")
 from flwr.app import Context, RecordDict
 from privfedcal.flower.records import to_run_config
 from privfedcal.settings.run_config import RunConfig
-cfg = RunConfig(**eval(sys.argv[1]))
+cfg = RunConfig.of(**eval(sys.argv[1]))
 ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0,
-              "num-partitions": cfg.clients}, state=RecordDict(),
+              "num-partitions": cfg.data.clients}, state=RecordDict(),
               run_config=to_run_config(cfg))
 ca.client_runtime(ctx)
 lap("+ the client's experiment (data, partition, model)")
@@ -271,7 +271,7 @@ def main() -> None:
         if args.images > 0:
             npz = make_npz(tmp_path / "cifar-shaped.npz", args.images)
             data = {"dataset": f"npz:{npz}", "model": "cnn", "augment": False}
-        cfg = RunConfig(method=args.method, clients=args.clients, rounds=args.rounds,
+        cfg = RunConfig.of(method=args.method, clients=args.clients, rounds=args.rounds,
                         local_epochs=args.local_epochs, partition="iid", device="cpu",
                         threads=args.threads, transcript=False, seed=0, **data)
         seconds: dict[str, float] = {}

@@ -61,11 +61,11 @@ def _dpsgd_client(n: int, outlier: bool, trials: int, seed: int) -> dict:
     from privfedcal.privacy.planner import plan_for_run
     from privfedcal.settings.run_config import RunConfig
 
-    cfg = RunConfig(dataset="digits", clients=18, method="fedavg", dp_eps=CLAIMED_EPS,
+    cfg = RunConfig.of(dataset="digits", clients=18, method="fedavg", dp_eps=CLAIMED_EPS,
                     dp_train=True, rounds=1, local_epochs=1, batch_size=32, device="cpu",
                     threads=1, transcript=False, seed=seed)
     exp = build_experiment(cfg)
-    plan = plan_for_run(cfg, calibrator_class(cfg), exp.num_examples)
+    plan = plan_for_run(exp.privacy, calibrator_class(cfg), exp.num_examples)
     exp.spec = training_spec(exp.spec, plan)  # DP-SGD's schedule, as a run's
     x, y = exp.data.x_train, exp.data.y_train.clone()
     model = exp.model
@@ -149,16 +149,16 @@ def collect_partition(trials: int) -> dict:
 
     truth, guess = [], []
     for t in range(2 * trials):
-        cfg = RunConfig(dataset="digits", clients=2, partition="iid", method="ccvr",
+        cfg = RunConfig.of(dataset="digits", clients=2, partition="iid", method="ccvr",
                         secagg=True, hide_counts=True, rounds=1, device="cpu", threads=1,
                         transcript=False, seed=1000 + t)
         exp = build_experiment(cfg)
         truth.append(bool((exp.parts[0] == 0).any()))
         labels = exp.data.y_train.cpu().numpy()
-        spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                             imbalance_factor=cfg.imbalance_factor,
-                             shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
-        redraw = partition_indices(labels, spec, cfg.seed)
+        spec = PartitionSpec(scheme=cfg.data.partition, num_clients=cfg.data.clients, alpha=cfg.data.alpha,
+                             imbalance_factor=cfg.data.imbalance_factor,
+                             shards_per_client=cfg.data.shards_per_client, min_size=cfg.data.min_size)
+        redraw = partition_indices(labels, spec, cfg.training.seed)
         guess.append(float(0 in set(redraw[0].tolist())))
     return {"truth": truth, "guess": guess}
 

@@ -34,7 +34,7 @@ def main() -> None:
     for method in ("ccvr", "creff"):
         for name, eps, faults in cases:
             kw = {} if eps is None else {"dp_eps": eps}
-            cfg = RunConfig(dataset="digits", clients=5, method=method, rounds=3, device="cpu",
+            cfg = RunConfig.of(dataset="digits", clients=5, method=method, rounds=3, device="cpu",
                             threads=1, transcript=False, seed=0, **kw)
             r = one_run(cfg, guesses=a.guesses, faults=faults)
             print(f"{method:6}  {name:13} {r['claimed_eps']:8.3f}  {r['eps_lower']:9.3f}  "

@@ -38,7 +38,7 @@ def main() -> None:
     print("eps_claimed  eps_lower  lower/claimed  trials  seconds  (95%, ccvr-stats, 1 client, "
           "1 round)")
     for eps in (float(e) for e in a.eps.split(",")):
-        cfg = RunConfig(dataset="digits", clients=5, method="ccvr", dp_eps=eps, rounds=1,
+        cfg = RunConfig.of(dataset="digits", clients=5, method="ccvr", dp_eps=eps, rounds=1,
                         device="cpu", threads=a.threads, transcript=False, seed=0)
         (ch,) = build_channels(cfg, ("ccvr-stats",))
         t0 = time.perf_counter()

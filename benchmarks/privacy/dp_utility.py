@@ -37,7 +37,7 @@ def run(method: str, eps: float, seed: int, secagg: bool, out: Path, rounds: int
         weighting: str | None) -> dict:
     torch.set_num_threads(1)
     params = {"creff_weighting": weighting} if weighting else {}
-    cfg = RunConfig(method=method, dp_eps=eps, seed=seed, secagg=secagg, device="cpu",
+    cfg = RunConfig.of(method=method, dp_eps=eps, seed=seed, secagg=secagg, device="cpu",
                     threads=1, transcript=False, rounds=rounds, calibration_params=params)
     return build_simulator(cfg, out).run()
 

@@ -29,12 +29,13 @@ from privfedcal.flower.records import FlowerOptions, to_run_config
 from privfedcal.flower.server_app import run_server
 from privfedcal.privacy.cohorts import select_clients
 from privfedcal.privacy.transcript import load_transcript
+from privfedcal.settings.floors import PrivacyOptions
 from privfedcal.settings.run_config import RunConfig
 
 
 def settings(args: argparse.Namespace) -> RunConfig:
     extra = {} if args.dp_eps is None else {"dp_eps": args.dp_eps}
-    return RunConfig(dataset="digits", clients=args.clients, participation=args.participation,
+    return RunConfig.of(dataset="digits", clients=args.clients, participation=args.participation,
                      rounds=3 if args.participation >= 1 else 4, method="creff", secagg=True,
                      hide_counts=True, transcript=True, alpha=0.5, local_epochs=1,
                      batch_size=32, device="cpu", threads=1, seed=0, data_seed=0,
@@ -45,7 +46,7 @@ def settings(args: argparse.Namespace) -> RunConfig:
 def run_with_lost_node(cfg: RunConfig, victim: int) -> tuple[object, dict, int]:
     """The run over the in-process grid with the victim's train reply an error."""
     keyed = cfg.replace(secagg_key_holder=0)
-    lost = next(r for r in range(2, cfg.rounds + 1) if victim in select_clients(keyed, r))
+    lost = next(r for r in range(2, cfg.training.rounds + 1) if victim in select_clients(PrivacyOptions.of(keyed), r))
     real = module.train_client
 
     def train_client(*args):
@@ -55,10 +56,10 @@ def run_with_lost_node(cfg: RunConfig, victim: int) -> tuple[object, dict, int]:
 
     module.train_client = train_client
     out = Path(tempfile.mkdtemp()) / "run"
-    asked = len(select_clients(keyed, lost))
+    asked = len(select_clients(PrivacyOptions.of(keyed), lost))
     rc = to_run_config(cfg.replace(out=str(out), data_seed=None),
                        FlowerOptions(round_timeout=30, poll_interval=0.05, min_replies=asked - 1))
-    grid = InProcessGrid(module.app, rc, cfg.clients, node_config={"data-seed": 0})
+    grid = InProcessGrid(module.app, rc, cfg.data.clients, node_config={"data-seed": 0})
     try:
         sim, summary = run_server(grid, Context(run_id=1, node_id=1, node_config={},
                                                 state=RecordDict(), run_config=rc))

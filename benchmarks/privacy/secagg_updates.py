@@ -26,7 +26,7 @@ from privfedcal.settings.run_config import RunConfig
 
 
 def run(out: Path, **kw) -> tuple[dict, object]:
-    cfg = RunConfig(dataset="digits", device="cpu", threads=1, transcript=True, data_seed=0,
+    cfg = RunConfig.of(dataset="digits", device="cpu", threads=1, transcript=True, data_seed=0,
                     **kw)  # one partition for both runs (a protected run draws its own otherwise)
     sim = build_simulator(cfg, out)
     return sim.run(), sim

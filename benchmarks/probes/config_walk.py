@@ -1,5 +1,5 @@
 """Where does a run's configuration travel? Every call that receives the ``RunConfig`` (or a
-narrow option built from it, privfedcal/settings/sections.py) between the command line and the
+narrow option built from it, privfedcal/settings/floors.py) between the command line and the
 training loop.
 
 The walk of the settings from the command line (``privfedcal train ...``, run in this process
@@ -15,7 +15,7 @@ package in ``tests/package/test_layering.py``'s ``LAYERS``). Counted:
   order": stays on a higher floor than the stay before them;
 - for the whole ``RunConfig`` alone: its stays, rooms, stays below experiment.py's floor
   (where narrow options should have taken over) and climbs in walk order; calls of
-  privfedcal/settings/sections.py that build narrow options from it, and of config.py, the type's
+  privfedcal/settings/floors.py that build narrow options from it, and of config.py, the type's
   own module (resolving the per-model defaults, the line of resolved settings), are
   counted apart.
 
@@ -43,7 +43,7 @@ from pathlib import Path
 #: options, not the whole RunConfig
 TOP_FLOOR = 4
 #: the types that carry settings, by class name (a type a version lacks is never seen)
-OPTION_TYPES = ("RunConfig", "DataOptions", "LocalSpec", "EngineOptions", "PrivacyOptions",
+OPTION_TYPES = ("RunConfig", "DataOptions", "LocalSpec", "EngineSettings", "PrivacyOptions",
                 "RunOptions")
 
 

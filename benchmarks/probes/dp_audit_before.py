@@ -40,7 +40,7 @@ def collect(trials: dict[str, int]) -> list[dict]:
     torch.set_num_threads(1)
     rows = []
     for name, kw in CONFIGS.items():
-        cfg = RunConfig(**kw, device="cpu", threads=1, transcript=False, seed=0)
+        cfg = RunConfig.of(**kw, device="cpu", threads=1, transcript=False, seed=0)
         (ch,) = build_channels(cfg, (name,))
         rows.append(play(ch, trials[name]))
     return rows

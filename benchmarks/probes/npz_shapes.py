@@ -56,7 +56,7 @@ def step_times(repeats: int, batch: int = 64) -> dict[tuple[int, int], float]:
 
 
 def round_time(path: Path, out: Path, threads: int) -> float:
-    cfg = RunConfig(dataset=f"npz:{path}", rounds=1, local_epochs=1, clients=10, alpha=100.0,
+    cfg = RunConfig.of(dataset=f"npz:{path}", rounds=1, local_epochs=1, clients=10, alpha=100.0,
                     augment=False, threads=threads, out=str(out), eval_every=1000)
     sim = build_simulator(cfg, out)
     t = time.perf_counter()

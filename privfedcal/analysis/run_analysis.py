@@ -205,16 +205,17 @@ def client_cka(run: RunState, options: AnalysisOptions,
                on_client: Callable[[int], None] | None = None) -> tuple[CKAResult, dict[str, Any]]:
     """Retrain each client one round from ``checkpoint/global`` and compare them per layer."""
     exp, cfg = run.exp, run.cfg
-    k = cfg.clients if options.max_clients is None else min(cfg.clients, options.max_clients)
+    clients = cfg.data.clients
+    k = clients if options.max_clients is None else min(clients, options.max_clients)
     if k < 2:
         raise UsageError("CKA between clients needs a run with at least 2 clients")
     x_test = exp.data.x_test
-    pick = probe_indices(x_test.shape[0], options.samples, cfg.seed)
+    pick = probe_indices(x_test.shape[0], options.samples, cfg.training.seed)
     probe, n = x_test[pick.to(x_test.device)], int(pick.numel())
     model = exp.model
     model.load_state_dict(run.global_state)
     layers = cka_layers(model, probe[:2])
-    round_ = cfg.rounds + 1  # the round the engine would run next
+    round_ = cfg.training.rounds + 1  # the round the engine would run next
     feature_sets = []
     for c in range(k):
         state, _, _ = train_client(model, exp.algo, run.global_state, run.client_states.get(c),
@@ -247,7 +248,7 @@ def separability(run: RunState, projections: int) -> dict[str, Any]:
     present = stats.present.nonzero().flatten().tolist()
     mean, cov = stats.mean(), stats.covariance()
     pairs = [(mean[c], cov[c]) for c in present]
-    g = make_generator(cfg.seed, 0, 0, SLICES_PURPOSE)
+    g = make_generator(cfg.training.seed, 0, 0, SLICES_PURPOSE)
     value = mean_sliced_wasserstein(pairs, projections, g)
     return {"mean_sliced_wasserstein": value, "order": 2, "projections": projections,
             "classes": present, "source": "final/model features on all clients' training data"}
@@ -284,12 +285,12 @@ def analyze_run(run_dir: Path, options: AnalysisOptions | None = None, *,
     options = options or AnalysisOptions()
     run = load_run(Path(run_dir), options.device)
     cfg, data = run.cfg, run.exp.data
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    if cfg.engine.threads:
+        torch.set_num_threads(cfg.engine.threads)
     classifier = _classifier_numbers(run)
     if on_start is not None:
-        on_start(cfg.clients if options.max_clients is None
-                 else min(cfg.clients, options.max_clients))
+        on_start(cfg.data.clients if options.max_clients is None
+                 else min(cfg.data.clients, options.max_clients))
     cka, cka_info = client_cka(run, options, on_client)
     sep = separability(run, options.projections)
 
@@ -307,7 +308,7 @@ def analyze_run(run_dir: Path, options: AnalysisOptions | None = None, *,
         "run_dir": str(out),
         "method": cfg.method,
         "calibrator": cfg.calibrator,
-        "dataset": cfg.dataset,
+        "dataset": cfg.data.dataset,
         "model": run.exp.model_name,
         "classifier": classifier,
         "cka": {**cka_info, "mean": cka.mean,

@@ -1,16 +1,20 @@
 """privfedcal's Python API: run experiments, read their results, attack what the server saw,
 and use CCVR's calibration with its protection from a federated loop of one's own.
-``train``, ``resume`` and ``load_run`` are here; ``Run`` is in ``api_run.py``, ``attack``
-in ``api_attack.py``, CCVR's halves in ``ownloop.py``.
+``train``, ``resume`` and ``load_run`` are here; ``Run`` is in ``run.py``, ``attack`` in
+``attacking.py``, CCVR's halves in ``ownloop.py``, the logger and progress bars in
+``log.py``, the argument checks in ``arguments.py``, and the jobs of ``privfedcal attack``
+as the command runs them in ``attack_jobs.py``.
 
-Every name here is re-exported by ``privfedcal`` (``privfedcal.__all__``); ``docs/api.md``
-is the guide, with doctested examples. The functions run the same code as the CLI
-(``privfedcal train`` / ``attack``) and write the same run folders, but ``train`` without
-``out`` keeps its run in a temporary folder until ``Run.save``; progress shows as a bar
-when interactive and goes to the ``privfedcal`` logger (``api_log.py``). Errors a user can
+Every name of ``__all__`` is re-exported by ``privfedcal`` (``privfedcal.__all__``);
+``docs/api.md`` is the guide, with doctested examples. The functions run the same code as
+the CLI (``privfedcal train`` / ``attack``) and write the same run folders, but ``train``
+without ``out`` keeps its run in a temporary folder until ``Run.save``; progress shows as a
+bar when interactive and goes to the ``privfedcal`` logger (``log.py``). Errors a user can
 fix raise ``privfedcal.UsageError`` with one line (the CLI prints it and exits 2), which
 names the keyword (``dp_eps``) where the CLI's names the flag (``--dp-eps``;
-``pysurface.py``). Numbers may be numpy scalars wherever Python numbers are taken.
+``arguments.py``). The halves the CLI calls after parsing its flags are public too and
+named for it (``resume_simulator_for_cli``), their messages in flags. Numbers may be numpy
+scalars wherever Python numbers are taken.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.arguments import _coerce, python_surface, register_check
+from privfedcal.api.arguments import coerce, python_surface, register_check
 from privfedcal.api.attacking import attack, attack_kinds  # noqa: F401  (re-exported)
 from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_statistics
-from privfedcal.api.run import Run, Scratch, _check_progress, _make_room
+from privfedcal.api.run import Run, Scratch, check_progress, make_room
 from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
 from privfedcal.settings.run_config import RunConfig
@@ -37,15 +41,16 @@ __all__ = [
     "load_run", "privatize_statistics", "resume", "resume_simulator", "train",
 ]
 
-register_check("bool | Callable[[dict[str, Any]], None]", _check_progress)  # a round's record
+register_check("bool | Callable[[dict[str, Any]], None]", check_progress)  # a round's record
 
 
-def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
-            settings: Mapping[str, Any]) -> RunConfig:
+def config_from(config: RunConfig | Mapping[str, Any] | str | Path | None,
+                settings: Mapping[str, Any]) -> RunConfig:
     """A RunConfig from a RunConfig, a mapping, a TOML / config.json path or nothing,
-    with ``settings`` (RunConfig field names) overriding it."""
+    with ``settings`` (RunConfig field names) overriding it; the settings of ``train`` and
+    of the jobs that take a run's settings (``audit_dp``)."""
     from privfedcal.experiment import check_calibration_params, check_method
-    from privfedcal.settings.catalogue import CALIBRATION_SETTINGS, METHOD_SETTINGS
+    from privfedcal.settings.catalogue import place_hyperparameters
     from privfedcal.settings.run_config import load_toml
 
     if isinstance(config, RunConfig):
@@ -56,12 +61,7 @@ def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
         base = dict(config or {})
     merged = {**_plain_settings(base), **_plain_settings(settings)}
     # a method hyperparameter or calibrator option by its own name, as its flag on the CLI
-    for key, table in (("method_params", METHOD_SETTINGS),
-                       ("calibration_params", CALIBRATION_SETTINGS)):
-        named = [s.name for s in table if s.name in merged]
-        if named and isinstance(merged.get(key, {}), Mapping):
-            merged[key] = {**merged.get(key, {}), **{n: merged.pop(n) for n in named}}
-    cfg = RunConfig.from_dict(merged)
+    cfg = RunConfig.from_dict(place_hyperparameters(merged))
     check_method(cfg.method)
     check_calibration_params(cfg)
     return cfg
@@ -69,7 +69,7 @@ def _config(config: RunConfig | Mapping[str, Any] | str | Path | None,
 
 def _plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` with each value of a known setting (the hyperparameters' tables
-    included) made plain and of its type (``_coerce``); the rest is judged by
+    included) made plain and of its type (``coerce``); the rest is judged by
     ``RunConfig.from_dict``."""
     from privfedcal.settings.catalogue import all_settings
 
@@ -77,9 +77,9 @@ def _plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(settings)
     for k, v in out.items():
         if kinds.get(k) is dict and isinstance(v, Mapping):
-            out[k] = {n: _coerce(x, kinds.get(n), n) for n, x in v.items()}
+            out[k] = {n: coerce(x, kinds.get(n), n) for n, x in v.items()}
         elif k in kinds and kinds[k] is not dict:
-            out[k] = _coerce(v, kinds[k], k)
+            out[k] = coerce(v, kinds[k], k)
     return out
 
 
@@ -105,17 +105,17 @@ def train(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *,
     ``progress``: None (a bar when stderr is a terminal or in a notebook), True (a bar),
     False (none), or a callable called with each round's record instead of the bar. The
     ``privfedcal`` logger receives a line at the start, per evaluated round and at the end
-    (``api_log.py``). Raises ``Diverged`` when the loss or model stops being finite (a
+    (``api/log.py``). Raises ``Diverged`` when the loss or model stops being finite (a
     folder given as ``out`` keeps what was written), ``UsageError`` on bad settings,
     ``PrivacyBudgetError`` when the budget cannot be met."""
     from privfedcal.api.log import run_simulator
     from privfedcal.experiment import build_simulator
 
-    cfg = _config(config, settings)
+    cfg = config_from(config, settings)
     scratch = None
-    if out is not None or cfg.out:
-        run_dir = Path(out) if out is not None else Path(str(cfg.out))
-        _make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
+    if out is not None or cfg.output.out:
+        run_dir = Path(out) if out is not None else Path(str(cfg.output.out))
+        make_room(run_dir, overwrite, "resume it, pick another out or give overwrite=True")
         check_writable(run_dir, flag="out")  # before the data are loaded and the model built
         cfg = cfg.replace(out=str(run_dir))
     else:  # in memory: config.json records no out until the run is saved
@@ -142,19 +142,19 @@ def _run_name(cfg: RunConfig) -> str:
     """An in-memory run's folder name, as the CLI names its runs (``ccvr-digits-<time>``)."""
     import time
 
-    return f"{cfg.method}-{cfg.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{cfg.method}-{cfg.data.dataset.split(':')[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 @python_surface
 def resume_simulator(run_dir: str | Path, rounds: int | None = None,
                      threads: int | None = None) -> Simulator:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
-    one extended to ``rounds``, ready to ``run()`` (see ``_resume_simulator``)."""
-    return _resume_simulator(Path(run_dir), rounds, threads)
+    one extended to ``rounds``, ready to ``run()`` (see ``resume_simulator_for_cli``)."""
+    return resume_simulator_for_cli(Path(run_dir), rounds, threads)
 
 
-def _resume_simulator(run_dir: Path, rounds: int | None = None,
-                      threads: int | None = None) -> Simulator:
+def resume_simulator_for_cli(run_dir: Path, rounds: int | None = None,
+                             threads: int | None = None) -> Simulator:
     """The simulator of an interrupted run restored from its checkpoint, or of a finished
     one extended to ``rounds``, ready to ``run()`` (``privfedcal train --resume`` runs it;
     its messages name the CLI's flags).
@@ -177,29 +177,29 @@ def _resume_simulator(run_dir: Path, rounds: int | None = None,
         raise UsageError(f"{run_dir} diverged at round {d.get('round')}; resuming would "
                          "diverge again: start a new run with a lower --lr")
     done = checkpoint_round(run_dir)
-    if rounds is not None and rounds != cfg.rounds:
+    if rounds is not None and rounds != cfg.training.rounds:
         if rounds < done:
             raise UsageError(f"{run_dir} has already trained {done} rounds; --rounds must be "
                              f">= {done}")
-        if cfg.dp_enabled or cfg.dp_train:
+        if cfg.privacy.dp_enabled or cfg.privacy.dp_train:
             raise UsageError(f"--rounds cannot change a DP run: the noise of its releases was "
-                             f"calibrated for {cfg.rounds} rounds under --dp-eps; start a new "
-                             "run with the rounds you want")
+                             f"calibrated for {cfg.training.rounds} rounds under --dp-eps; start "
+                             "a new run with the rounds you want")
         cfg = cfg.replace(rounds=rounds)
-    if previous is not None and done >= cfg.rounds:
+    if previous is not None and done >= cfg.training.rounds:
         raise UsageError(f"{run_dir} is already complete (see summary.json); extend it "
-                         f"with --rounds N > {cfg.rounds}")
+                         f"with --rounds N > {cfg.training.rounds}")
     if threads is not None:
         cfg = cfg.replace(threads=threads)
     sim = build_simulator(cfg, run_dir)
     if (run_dir / "checkpoint").exists():
         sim.restore()
     if previous is not None:
-        note = f"extended from {done} to {cfg.rounds} rounds"
+        note = f"extended from {done} to {cfg.training.rounds} rounds"
         if type(sim.calibrator).after_training is not Calibrator.after_training:
             note += (f"; {cfg.calibrator}'s post-hoc step had already run on round {done}'s "
                      "model (its uploads, if any, stay in the transcript) and ran again on "
-                     f"round {cfg.rounds}'s")
+                     f"round {cfg.training.rounds}'s")
         sim.notes.append(note)
     return sim
 
@@ -215,7 +215,7 @@ def resume(run: Run | str | Path, rounds: int | None = None,
 
     path = run.path if isinstance(run, Run) else Path(run)
     scratch = run.scratch if isinstance(run, Run) else None
-    sim = _resume_simulator(path, rounds=rounds)
+    sim = resume_simulator_for_cli(path, rounds=rounds)
     _plot(path, run_simulator(sim, progress, _where(path, scratch)))
     return Run(path, scratch)
 

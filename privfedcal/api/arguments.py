@@ -133,18 +133,18 @@ def python_message(text: str, spell: Callable[[str], str] | None = None) -> str:
     return "".join(out) + text[pos:]
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A numpy scalar or a 0-d tensor as the Python value it holds."""
     if isinstance(value, np.generic) or (isinstance(value, Tensor) and value.ndim == 0):
         return value.item()
     return value
 
 
-def _coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> Any:
+def coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> Any:
     """``value`` as a plain ``kind`` (int, float, bool or str; other kinds: only made
     plain). An int never from a bool or from a float with a fraction; None only where
     ``optional`` (a setting's None is judged by its own check)."""
-    value = _plain(value)
+    value = plain_value(value)
     if value is None and optional or kind not in _KIND_WORDS:
         return value
     if kind is int and isinstance(value, float) and value.is_integer():
@@ -158,7 +158,8 @@ def _coerce(value: Any, kind: type | None, name: str, optional: bool = True) -> 
     return float(value) if kind is float else value
 
 
-def _as_path(value: Any, name: str, optional: bool) -> Path | None:
+def as_path(value: Any, name: str, optional: bool) -> Path | None:
+    """A path argument (a str or a ``PathLike``) as a ``Path``; None only where ``optional``."""
     if value is None and optional:
         return None
     if isinstance(value, (str, os.PathLike)):
@@ -171,7 +172,7 @@ def _as_ints(value: Any, name: str, optional: bool) -> list[int] | None:
         return None
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise UsageError(f"{name} must be a list of integers, got {value!r}")
-    return [_coerce(v, int, f"{name}[{i}]", False) for i, v in enumerate(value)]
+    return [coerce(v, int, f"{name}[{i}]", False) for i, v in enumerate(value)]
 
 
 def check_that(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bool], Any]:
@@ -186,10 +187,10 @@ def check_that(test: Callable[[Any], bool], what: str) -> Callable[[Any, str, bo
 #: ``| None``); an annotation missing here fails at import, so none goes unchecked. A module
 #: of the API with a type of its own adds its check with ``register_check``.
 _CHECKS: dict[str, Callable[[Any, str, bool], Any]] = {
-    "int": lambda v, n, o: _coerce(v, int, n, o),
-    "float": lambda v, n, o: _coerce(v, float, n, o),
-    "str": lambda v, n, o: _coerce(v, str, n, o),
-    "str | Path": _as_path,
+    "int": lambda v, n, o: coerce(v, int, n, o),
+    "float": lambda v, n, o: coerce(v, float, n, o),
+    "str": lambda v, n, o: coerce(v, str, n, o),
+    "str | Path": as_path,
     "Iterable[int]": _as_ints,
     "RunConfig | Mapping[str, Any] | str | Path": check_that(
         lambda v: isinstance(v, (RunConfig, Mapping, str, os.PathLike)),
@@ -224,7 +225,8 @@ def python_surface(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` as Python callers see it: arguments checked and made plain by their
     annotations (``_CHECKS``), a wrong call a ``UsageError``, and the message of a usage,
     budget or divergence error in keywords (``python_message``). The CLI calls the
-    unwrapped functions (``api._resume_simulator``), whose messages keep its flags."""
+    functions' halves for it (``api.resume_simulator_for_cli``, ``jobs.compare_for_cli``),
+    whose messages keep its flags."""
     sig = inspect.signature(func)
     checks = {name: (_CHECKS[str(p.annotation).removesuffix(" | None")],
                      str(p.annotation).endswith("| None"))
@@ -253,7 +255,7 @@ def options_of(cls: type, given: Mapping[str, Any], what: str,
     """``given`` checked as keyword arguments of the dataclass ``cls`` (less the names
     ``taken`` by the function itself): an unknown name is a UsageError listing the valid
     ones, each value plain and of its field's type."""
-    from privfedcal.settings.descriptions import _kind
+    from privfedcal.settings.descriptions import field_kind
 
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.name not in set(taken)]
@@ -262,6 +264,6 @@ def options_of(cls: type, given: Mapping[str, Any], what: str,
         raise UsageError(f"unknown {what} {', '.join(unknown)}; valid names: {', '.join(names)}")
     out = {}
     for k, v in given.items():
-        kind, optional = _kind(hints[k])
-        out[k] = _coerce(v, kind, k, optional)
+        kind, optional = field_kind(hints[k])
+        out[k] = coerce(v, kind, k, optional)
     return out

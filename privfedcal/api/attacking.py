@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from privfedcal.api.arguments import options_of, python_surface, register_check
-from privfedcal.api.run import Run, _check_progress
+from privfedcal.api.run import Run, check_progress
 from privfedcal.errors import UsageError
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["attack", "attack_kinds"]
 
-register_check("bool | Callable[[Progress], None]", _check_progress)  # an attack's progress
+register_check("bool | Callable[[Progress], None]", check_progress)  # an attack's progress
 
 
 def attack_kinds() -> tuple[str, ...]:
@@ -83,6 +83,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
                     classes: Iterable[int] | None,
                     on_progress: Callable[[Progress], None]) -> list[AttackRecord]:
     """The records of ``attack``'s ``kind`` on ``view`` (a loaded server view)."""
+    from privfedcal.api.attack_jobs import joint_plan
     from privfedcal.attacks.reconstruction.runner import execute
     from privfedcal.attacks.reconstruction.uploads import infer_class_sets
     from privfedcal.attacks.release_attacks import release_attack
@@ -98,9 +99,7 @@ def _attack_records(view: Any, kind: str, opts: Any, clients: Iterable[int] | No
     cls = None if classes is None else list(classes)
     if attack.plan is None:
         raise UsageError(f"attack {kind!r} has neither a planner nor a run")
-    plan = attack.plan(view, opts, ids, cls)
-    if not plan.jobs:
-        raise UsageError("nothing to attack" + (": " + "; ".join(plan.notes) if plan.notes else ""))
+    plan = joint_plan([attack], {kind: opts}, view, ids, cls)  # refuses an empty plan
     done = execute(plan, lambda job: None, on_progress=on_progress)
     # typed by their writers (tests/package/test_results.py checks them against the types)
     return cast("list[AttackRecord]", [r.record for r in done])

@@ -1,6 +1,6 @@
 """A run folder as the Python API hands it out (``Run``: read lazily, saved on request) and
 the temporary folder an in-memory run lives in (``Scratch``). ``train`` and ``resume``
-(``api.py``) make them; ``privfedcal.api`` re-exports ``Run``.
+(``api/__init__.py``) make them; ``privfedcal.api`` re-exports ``Run``.
 
 The keyword checks that the API's modules share (``bool``, ``progress``) are registered
 here, in the module they all import first."""
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.arguments import _as_path, _coerce, _plain, python_surface, register_check
+from privfedcal.api.arguments import as_path, coerce, plain_value, python_surface, register_check
 from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
 from privfedcal.settings.run_config import RunConfig
@@ -27,12 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["Run", "Scratch"]
 
 
-register_check("bool", lambda v, n, o: _coerce(v, bool, n, o))
+register_check("bool", lambda v, n, o: coerce(v, bool, n, o))
 
 
-def _check_progress(value: Any, name: str, optional: bool) -> Any:
+def check_progress(value: Any, name: str, optional: bool) -> Any:
     """``progress``: None (a bar when interactive), True, False or a callable."""
-    value = _plain(value)
+    value = plain_value(value)
     if (value is None and optional) or isinstance(value, bool) or callable(value):
         return value
     raise UsageError(f"{name} must be callable, True or False, got {type(value).__name__}")
@@ -160,7 +160,7 @@ class Run:
             return self
         if here in dest.resolve().parents:
             raise UsageError(f"cannot save {self.path} into itself ({dest})")
-        _make_room(dest, overwrite, "pick another path or give overwrite=True")
+        make_room(dest, overwrite, "pick another path or give overwrite=True")
         if dest.is_dir() and any(dest.iterdir()):
             raise UsageError(f"{dest} is not empty and holds no run: save into a new or "
                              "empty folder")
@@ -180,10 +180,10 @@ class Run:
 
 
 register_check("Run | str | Path",
-               lambda v, n, o: v if isinstance(v, Run) else _as_path(v, n, o))
+               lambda v, n, o: v if isinstance(v, Run) else as_path(v, n, o))
 
 
-def _make_room(folder: Path, overwrite: bool, hint: str) -> None:
+def make_room(folder: Path, overwrite: bool, hint: str) -> None:
     """Refuse a ``folder`` that holds a run (its ``checkpoint/`` or ``summary.json``)
     unless ``overwrite``; with ``overwrite``, remove it if it is a run folder (a
     ``config.json`` in a real folder, not a link) and refuse a non-empty folder that is not

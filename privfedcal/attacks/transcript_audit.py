@@ -30,7 +30,7 @@ def run_epsilon(run_dir: Path) -> dict[str, Any] | None:
 
     view = server_view(Path(run_dir))
     cfg = read_run_config(view)
-    if not (cfg.dp_enabled or cfg.dp_train or cfg.dp_updates):
+    if not (cfg.privacy.dp_enabled or cfg.privacy.dp_train or cfg.privacy.dp_updates):
         return None
     index = view / TRANSCRIPT_DIR / "index.json"
     if not index.is_file():

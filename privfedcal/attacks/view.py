@@ -206,7 +206,7 @@ def load_run(run_dir: Path, *, device: str = "cpu", exp: Any = None) -> RunView:
     truth = exp
     if truth is None and (run_dir / CONFIG_FILE).is_file():
         full = read_run_config(run_dir)
-        if full.data_seed is not None:  # the experimenter's config: the partition is known
+        if full.training.data_seed is not None:  # the experimenter's config: the partition is known
             from privfedcal.experiment import build_experiment
 
             truth = build_experiment(full.replace(device=device, workers=1))

@@ -93,7 +93,7 @@ from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.seeding import derive_seed
 from privfedcal.settings.descriptions import calibration_option
-from privfedcal.settings.sections import PrivacyOptions
+from privfedcal.settings.floors import PrivacyOptions
 from privfedcal.tensors import all_finite
 
 WEIGHTINGS = ("client", "sample")

@@ -59,11 +59,11 @@ def analyze(
     # the run is checked while it loads: no line before a usage error
     with Reporter(f"analyze {run_dir}: loading the run", quiet=quiet,
                   announce=False) as progress:
-        result = jobs._analyze(run_dir, samples=samples, projections=projections,
-                               max_clients=max_clients, device=device,
-                               progress=lambda s: progress.update(
-                                   description=f"analyze {run_dir}: {s.description}",
-                                   completed=s.done, total=s.total))
+        result = jobs.analyze_for_cli(run_dir, samples=samples, projections=projections,
+                                      max_clients=max_clients, device=device,
+                                      progress=lambda s: progress.update(
+                                          description=f"analyze {run_dir}: {s.description}",
+                                          completed=s.done, total=s.total))
     print_table(summary_table(result))
     note = result["classifier"].get("note")
     if note:

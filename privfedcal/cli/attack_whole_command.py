@@ -3,7 +3,8 @@
 per-client values): its options type's fields are its flags; it writes ``attack.json`` (and
 the attack's figure) into RUN/attack-<name>/ all or nothing and prints its table
 (``ReleaseAttack.console``) or a count of its records. ``cli/attack_command.py`` builds the
-commands from the registry when click asks for them.
+commands from the registry when click asks for them; the job is
+``api.attack_jobs.whole_for_cli``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from privfedcal.cli.attack_flags import given_options, option_parameters
 from privfedcal.cli.console import console, print_table
 from privfedcal.cli.train_command import command_options
 from privfedcal.errors import UsageError
-from privfedcal.report.output_folder import all_or_nothing, check_fresh
 
 Opt = typer.Option
 
@@ -54,7 +54,8 @@ def _run_attack_options(
 def run_attack_command(attack: Any) -> Any:
     """``attack <name>`` for a registered attack on the run as a whole (``disaggregate``):
     its options type's CLI fields are its flags; it writes attack.json (and its figure)
-    into RUN/attack-<name>/ and prints its table, or a count of its records."""
+    into RUN/attack-<name>/ and prints its table, or a count of its records. Written out
+    for ``disaggregate`` in ``cli/command_signatures.py``."""
     from privfedcal.attacks.attack_options import option_flags
 
     def command(**flags: Any) -> None:
@@ -68,30 +69,22 @@ def run_attack_command(attack: Any) -> Any:
 
 
 def run_whole(attack: Any, flags: dict[str, Any]) -> None:
-    set_threads(flags["threads"])
-    from privfedcal.attacks.reconstruction.scoring import write_records
-    from privfedcal.attacks.view import load_run
+    """``attack <name>`` with the given flags: run it (``api.attack_jobs.whole_for_cli``),
+    print its table (or a count of its records) and notes."""
+    from privfedcal.api.attack_jobs import whole_for_cli
 
+    set_threads(flags["threads"])
     opts = given_options(attack, flags)
     name = attack.name
     run = run_folder(flags["run_dir"], flags["run"], f"attack {name}", required=True)
-    out_dir = flags["out"] or Path(run) / f"attack-{name}"
-    files = ("attack.json", *([attack.figure[0]] if attack.figure else []))
-    check_fresh(out_dir, files, overwrite=flags["overwrite"])
-    view = load_run(run, device=flags["device"])
-    records, notes = attack.run(view, opts)
-    if not records:
-        raise UsageError(f"nothing to {name}: " + "; ".join(notes))
-    with all_or_nothing(out_dir, files) as paths:
-        write_records(records, paths["attack.json"])
-        if attack.figure:
-            attack.figure[1](records, paths[attack.figure[0]])
+    done = whole_for_cli(attack, opts, run=run, out=flags["out"], device=flags["device"],
+                         overwrite=flags["overwrite"])
     if attack.console is not None:
-        table, lines = attack.console(records, f"privfedcal attack {name}: {run}")
+        table, lines = attack.console(done.records, f"privfedcal attack {name}: {run}")
         print_table(table)
         for line in lines:
             console.print(line)
     else:
-        console.print(f"{len(records)} records")
-    print_notes(notes)
-    console.print(f"wrote {' and '.join(files)} into {out_dir}")
+        console.print(f"{len(done.records)} records")
+    print_notes(done.notes)
+    console.print(f"wrote {' and '.join(done.files)} into {done.out_dir}")

@@ -92,7 +92,8 @@ def _audit_options(
 
 def audit_command() -> Any:
     """The audit's callback: its own options, then the inversion options' flags, built from
-    ``InversionOptions``' fields with the audit's defaults (``inversion_options.AUDIT_DEFAULTS``)."""
+    ``InversionOptions``' fields with the audit's defaults (``inversion_options.AUDIT_DEFAULTS``).
+    Written out in ``cli/command_signatures.py`` (``audit``)."""
     from privfedcal.attacks.reconstruction.inversion_options import audit_flags
 
     def audit(**flags: Any) -> None:
@@ -127,9 +128,10 @@ def run_audit(flags: dict[str, Any]) -> None:
     out_dir = out or Path("runs") / f"audit-{time.strftime('%Y%m%d-%H%M%S')}"
     # no line before the job's checks pass: its first stage (no description) is the start
     with Reporter("", total=len(config.settings()), quiet=quiet, announce=False) as bar:
-        rows = jobs._audit(config, out_dir, overwrite=overwrite, progress=lambda s: bar.update(
-            description=f"audit {s.description}".strip(), completed=s.done,
-            total=s.total)).rows
+        rows = jobs.audit_for_cli(config, out_dir, overwrite=overwrite,
+                                  progress=lambda s: bar.update(
+                                      description=f"audit {s.description}".strip(),
+                                      completed=s.done, total=s.total)).rows
     table = Table(title=f"privfedcal audit: {out_dir}")
     for col in ("method", "eps", "secagg", "acc", "max PSNR", "NN@max", "worst",
                 "prior max", "PSNR", "prior", "SSIM", "class inf", "disagg", "finest",

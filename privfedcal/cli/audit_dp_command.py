@@ -84,7 +84,7 @@ def dp(**flags: Any) -> None:
     cfg = audit_config(run, config, flags)
     target = out_dir(run, flags.get("out"))
     with Reporter("audit dp", quiet=quiet, announce=False) as progress:
-        rows = jobs._audit_dp(
+        rows = jobs.audit_dp_for_cli(
             cfg, target, trials=trials, budget_s=budget_s, confidence=confidence,
             channels=names, one_run=whole,
             progress=lambda s: progress.update(description=f"audit dp: {s.description}",

@@ -29,7 +29,7 @@ def compare(
     from privfedcal.cli.args import run_folders
     from privfedcal.report.comparison import display_rows
 
-    result = jobs._compare(run_folders(runs, run), out, overwrite)
+    result = jobs.compare_for_cli(run_folders(runs, run), out, overwrite)
     table = Table(title="privfedcal compare", box=box.SIMPLE_HEAD)
     short = ("method", "dataset", "partition", "rounds", "before", "after", "worst", "eps",
              "bytes", "time s", "differs")

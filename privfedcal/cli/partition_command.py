@@ -41,7 +41,7 @@ def partition(**given: Any) -> None:
     from privfedcal.data.sizes import size_lines
 
     config, out, overwrite = given.pop("config"), given.pop("out"), given.pop("overwrite")
-    result = jobs._partition(config, given, out, overwrite)
+    result = jobs.partition_for_cli(config, given, out, overwrite)
     if len(result.counts) <= _TABLE_MAX_CLIENTS:
         _print_table(result.counts, result.classes, result.title)
     else:  # one row per client no longer reads; partition.json has every count

@@ -21,7 +21,7 @@ def report(
 
     folder = run_folder(folder, run, "report", required=True)
     assert folder is not None
-    print(f"wrote {jobs._write_report(folder, out)}")
+    print(f"wrote {jobs.write_report_for_cli(folder, out)}")
 
 
 def register(app: typer.Typer) -> None:

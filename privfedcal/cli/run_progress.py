@@ -31,11 +31,11 @@ def run_with_progress(sim, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``sim`` to its end under a progress bar, after a line naming its resolved
     settings; returns its summary."""
     cfg = config_of(sim.exp)  # resolved: the model and its optimiser filled in
-    console.print(f"privfedcal: {cfg.method} on {cfg.dataset}, rounds {cfg.rounds}, "
+    console.print(f"privfedcal: {cfg.method} on {cfg.data.dataset}, rounds {cfg.training.rounds}, "
                   f"{resolved_line(cfg)} -> {sim.run_dir}", highlight=False, markup=False)
     for warning in sim.exp.warnings:
         err_console.print(f"privfedcal: warning: {warning}", highlight=False, markup=False)
-    with Reporter(f"{cfg.method} on {cfg.dataset}", total=cfg.rounds, quiet=quiet,
+    with Reporter(f"{cfg.method} on {cfg.data.dataset}", total=cfg.training.rounds, quiet=quiet,
                   transient=False) as progress:
         progress.update(completed=sim.start_round - 1)
 
@@ -43,7 +43,7 @@ def run_with_progress(sim, *, quiet: bool = False) -> dict[str, Any]:
             acc = f"acc {rec['accuracy']:.4f}" if "accuracy" in rec else ""
             progress.update(completed=rec["round"], info=acc)
             if "accuracy" in rec:
-                progress.line(progress_line(rec, cfg.rounds))
+                progress.line(progress_line(rec, cfg.training.rounds))
 
         summary = sim.run(progress=on_round)
     return summary
@@ -122,11 +122,11 @@ def resume_run(run_dir: Path, rounds: int | None = None, threads: int | None = N
                log: tuple[str, ...] = (), report_html: bool = False,
                quiet: bool = False) -> dict[str, Any]:
     """Continue an interrupted run, or extend a finished one to ``rounds``
-    (``privfedcal.api._resume_simulator`` checks and builds it; the API's wrapped
+    (``privfedcal.api.resume_simulator_for_cli`` checks and builds it; the API's wrapped
     ``resume_simulator`` would speak in keywords)."""
-    from privfedcal.api import _resume_simulator
+    from privfedcal.api import resume_simulator_for_cli
 
-    sim = _resume_simulator(run_dir, rounds=rounds, threads=threads)
+    sim = resume_simulator_for_cli(run_dir, rounds=rounds, threads=threads)
     sim.log.enable(log)
     try:
         summary = run_with_progress(sim, quiet=quiet)

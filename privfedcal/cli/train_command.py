@@ -14,21 +14,12 @@ from typer.core import TyperCommand
 from privfedcal.errors import UsageError
 from privfedcal.experiment import check_calibration_params, check_method, method_choices
 from privfedcal.report.output_folder import check_writable
-from privfedcal.settings.catalogue import (
-    CALIBRATION_SETTINGS,
-    METHOD_SETTINGS,
-    Setting,
-    cli_settings,
-)
+from privfedcal.settings.catalogue import Setting, cli_settings, place_hyperparameters
 from privfedcal.settings.run_config import RunConfig, load_toml
 
 Opt = typer.Option
 #: flags ``--resume`` accepts: everything else would change the run
 RESUME_FLAGS = ("rounds", "threads")
-#: CLI flag -> method hyperparameter (Params field); None values keep the method's default
-METHOD_FLAGS = tuple(s.name for s in METHOD_SETTINGS)
-#: CLI flag -> calibrator option
-CALIBRATION_FLAGS = tuple(s.name for s in CALIBRATION_SETTINGS)
 
 
 def setting_options(settings: Iterable[Setting]) -> list[inspect.Parameter]:
@@ -51,27 +42,18 @@ def command_options(func: Callable[..., Any]) -> list[inspect.Parameter]:
 
 
 def resolve_config(config_file: Path | None, flags: dict[str, Any]) -> RunConfig:
-    """The config file first, then every flag the user gave (flags override the file)."""
+    """The config file first, then every flag the user gave (flags override the file; a
+    hyperparameter's flag its entry of the file's table)."""
     merged: dict[str, Any] = load_toml(config_file) if config_file else {}
-    for key in ("method_params", "calibration_params"):
-        merged[key] = dict(merged.get(key, {}))
-    for k in METHOD_FLAGS:
-        if flags.get(k) is not None:
-            merged["method_params"][k] = flags[k]
-    for k in CALIBRATION_FLAGS:
-        if flags.get(k) is not None:
-            merged["calibration_params"][k] = flags[k]
-    for k, v in flags.items():
-        if k not in METHOD_FLAGS and k not in CALIBRATION_FLAGS and v is not None:
-            merged[k] = v
-    cfg = RunConfig.from_dict(merged)
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    cfg = RunConfig.from_dict(place_hyperparameters(merged))
     check_method(cfg.method)
     return cfg
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = cfg.dataset.split(":")[0]
+    name = cfg.data.dataset.split(":")[0]
     return Path("runs") / f"{cfg.method}-{name}-{stamp}"
 
 
@@ -128,7 +110,7 @@ def train(**flags: Any) -> None:
         return
     cfg = resolve_config(config, flags)
     check_calibration_params(cfg)
-    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    run_dir = Path(cfg.output.out) if cfg.output.out else default_run_dir(cfg)
     check_writable(run_dir)  # before the data are loaded and the model built
     if (run_dir / "checkpoint").exists() or (run_dir / "summary.json").exists():
         raise UsageError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")

@@ -19,7 +19,7 @@ from torch import Tensor
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.privacy.bound import Bound, Payload
 from privfedcal.registry import Registry
-from privfedcal.settings.sections import PrivacyOptions
+from privfedcal.settings.floors import PrivacyOptions
 from privfedcal.tensors import State
 
 FeatureTransform = Callable[[Tensor], Tensor]
@@ -78,7 +78,7 @@ class Calibrator:
 
     # ---- the calibrator's privacy policy (read by the planner, privfedcal/privacy/planner.py) --
     # the planner and the experiment pass these hooks the run's ``PrivacyOptions``
-    # (privfedcal/settings/sections.py: rounds, the protections, ``calibration_params``)
+    # (privfedcal/settings/floors.py: rounds, the protections, ``calibration_params``)
     @classmethod
     def privacy_options(cls, privacy: PrivacyOptions, options: dict[str, Any]
                         ) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from torch import Tensor
 from privfedcal.algorithms.algorithm import Algorithm, State, client_context
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import derive_seed, make_generator
-from privfedcal.settings.sections import LocalSpec
+from privfedcal.settings.floors import LocalSpec
 
 
 def autocast_for(device: torch.device, enabled: bool = True):

@@ -3,7 +3,7 @@
 The layers above (``privfedcal/experiment.py``) resolve a ``RunConfig``: the settings left
 None filled per model and dataset once the data is loaded, the data seed once the
 protections are known, and build from it, once, the narrow options this floor and those
-below take (privfedcal/settings/sections.py): the data options, the local-training spec
+below take (privfedcal/settings/floors.py): the data options, the local-training spec
 (``exp.spec``), the engine, privacy and loop options. Nothing here reads the whole config;
 the experiment carries its resolved settings only as the record ``config.json`` holds
 (``exp.record``, written by ``runfolder.write_run_files``).
@@ -32,15 +32,15 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.local import choose_mixed_precision, set_deterministic
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
-from privfedcal.settings.run_config import MODEL_MIN_INPUT
-from privfedcal.settings.sections import (
+from privfedcal.settings.floors import (
     DataOptions,
-    EngineOptions,
     LocalSpec,
     LoopOptions,
     PrivacyOptions,
     RunOptions,
 )
+from privfedcal.settings.run_config import MODEL_MIN_INPUT
+from privfedcal.settings.sections import EngineSettings, PrivacySettings
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,18 +68,16 @@ def build_model_and_algo(model_name: str, training: LocalSpec, num_classes: int,
     return model, algo
 
 
-def partition_is_secret(privacy: PrivacyOptions) -> bool:
+def partition_is_secret(privacy: PrivacySettings) -> bool:
     """Whether the run's protections claim something the server could read off a public
     partition: any DP, secure aggregation or hidden counts. A server that can redraw the
     partition of a public dataset knows every client's examples, so their partition must
     come from a seed it does not hold. ``--insecure-seeded-noise`` declares the run insecure
     against anyone who knows the seed: its partition follows the seed too."""
-    p = privacy
-    protected = p.dp_enabled or p.dp_train or p.secagg or p.secagg_updates or p.hide_counts
-    return protected and not p.insecure_seeded_noise
+    return privacy.protected and not privacy.insecure_seeded_noise
 
 
-def resolve_data_seed(data: DataOptions, privacy: PrivacyOptions) -> int:
+def resolve_data_seed(data: DataOptions, privacy: PrivacySettings) -> int:
     """The seed of the partition: ``--data-seed`` when given; else, under a protection
     (``partition_is_secret``), 63 bits of OS entropy (recorded on the experimenter's side of
     the run folder only, so ``--config RUN/config.json`` redraws the same partition); else
@@ -122,7 +120,7 @@ def held_examples(labels: np.ndarray, data: DataOptions) -> int:
 @dataclass
 class Experiment:
     """One run's data, partition, model and method, with the narrow options every floor
-    below the assembly reads (privfedcal/settings/sections.py)."""
+    below the assembly reads (privfedcal/settings/floors.py)."""
 
     device: torch.device
     data: Any  # privfedcal.data.datasets.Dataset, on device
@@ -135,7 +133,7 @@ class Experiment:
     builder: functools.partial
     spec: LocalSpec
     data_options: DataOptions
-    engine: EngineOptions
+    engine: EngineSettings
     privacy: PrivacyOptions
     loop: LoopOptions
     model_name: str
@@ -176,7 +174,7 @@ def fit_warning(model: str, dataset: str, image_size: int) -> str | None:
             f"chance (the dataset's default model fits)")
 
 
-def start(engine: EngineOptions) -> torch.device:
+def start(engine: EngineSettings) -> torch.device:
     """The run's device (refused at once when unavailable), with ``--deterministic``'s
     kernels set before anything computes."""
     device = resolve_device(engine.device)

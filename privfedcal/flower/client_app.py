@@ -69,8 +69,8 @@ from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.update_stage import UpdateRound
 from privfedcal.settings.descriptions import HOLD_CAP
+from privfedcal.settings.floors import PrivacyOptions
 from privfedcal.settings.run_config import RunConfig
-from privfedcal.settings.sections import PrivacyOptions
 
 CLIENT_STATE = "privfedcal.client-state"
 #: set (to anything but "" or "0") in a SuperNode's environment: each message's handler
@@ -189,7 +189,7 @@ def node_data_seed(context: Context, cfg: RunConfig) -> RunConfig:
                 return cfg.replace(data_seed=int(raw))
             except (TypeError, ValueError):
                 raise UsageError(f"{where}={raw!r} is not an integer") from None
-    if cfg.data_seed is None and partition_is_secret(PrivacyOptions.of(cfg)):
+    if cfg.training.data_seed is None and partition_is_secret(PrivacyOptions.of(cfg)):
         raise UsageError("this run's protections need a partition the server cannot redraw: "
                          "give every SuperNode the same secret --node-config 'data-seed=S' "
                          f"(or {DATA_SEED_ENV}=S in its environment; docs/flower.md)")
@@ -210,7 +210,7 @@ def node_threads(context: Context, cfg: RunConfig) -> int:
         if value < 1:
             raise UsageError(f"node config threads={raw!r} must be an integer >= 1")
         return value
-    return cfg.threads or 1
+    return cfg.engine.threads or 1
 
 
 def client_runtime(context: Context) -> ClientRuntime:
@@ -239,14 +239,14 @@ def client_runtime(context: Context) -> ClientRuntime:
         _EXPERIMENTS[key] = (exp, uplink)
         _BUILD_SECONDS.append(time.perf_counter() - start)
     exp, uplink = _EXPERIMENTS[key]
-    return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.clients))
+    return ClientRuntime(cfg, exp, uplink, node_partition(context, cfg.data.clients))
 
 
 def _reported_size(rt: ClientRuntime) -> int:
     """The client's size as it tells the server: 0 under --dp-train and --hide-counts, where
     sizes are private data and aggregation weights are uniform (privacy/uplink.py
     ``update_weights``; Flower runs have no --secagg-updates)."""
-    return 0 if rt.cfg.dp_train or rt.cfg.hide_counts else int(rt.idx.numel())
+    return 0 if rt.cfg.privacy.dp_train or rt.cfg.privacy.hide_counts else int(rt.idx.numel())
 
 
 def _reply(msg: Message, rt: ClientRuntime, **records: Any) -> Message:
@@ -272,7 +272,8 @@ def train(msg: Message, context: Context) -> Message:
     kept = context.state.array_records.get(CLIENT_STATE)
     client_state = record_to_state(kept, exp.device) if kept is not None else None
     # under --dp-train local training is a release: the node's own ledger (node_ledger.py)
-    with node_release(context, rt.uplink, DPSGD_RELEASE) if rt.cfg.dp_train else nullcontext():
+    released = rt.cfg.privacy.dp_train
+    with node_release(context, rt.uplink, DPSGD_RELEASE) if released else nullcontext():
         state, new_client_state, loss = train_client(
             exp.model, exp.algo, global_state, client_state, exp.data.x_train,
             exp.data.y_train, rt.idx, exp.spec, round_, rt.partition)
@@ -291,7 +292,7 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
-    if rt.cfg.dp_enabled or rt.cfg.dp_train or rt.cfg.dp_updates:
+    if rt.cfg.privacy.dp_enabled or rt.cfg.privacy.dp_train or rt.cfg.privacy.dp_updates:
         # the local loss and accuracy are functions of the client's data outside any budget
         raise Refused("local evaluation is refused under DP: its loss and accuracy on the "
                          "client's data would leave the client uncharged")
@@ -328,7 +329,7 @@ def _key_holder(context: Context) -> ClientRuntime:
     """This node, if the run config names it the key holder (``flower.key-holder``)."""
     rt = client_runtime(context)
     _, options = parse_run_config(context.run_config)
-    if not (rt.cfg.secagg and rt.partition == options.key_holder):
+    if not (rt.cfg.privacy.secagg and rt.partition == options.key_holder):
         raise UsageError(f"client {rt.partition} is not this run's CKKS key holder")
     return rt
 
@@ -358,7 +359,7 @@ def hold(msg: Message, context: Context) -> Message:
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
-    meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.clients,
+    meta = ConfigRecord({"partition-id": rt.partition, "num-partitions": rt.cfg.data.clients,
                          "settings": partition_settings_digest(rt.exp.data_options)})
     return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
         {"num-examples": _reported_size(rt)})}), reply_to=msg)

@@ -107,13 +107,13 @@ def parse_run_config(user_config: Mapping[str, Any]) -> tuple[RunConfig, FlowerO
         raise UsageError(f"run config: unknown Flower option(s) {', '.join(bad_options)}; "
                          f"valid: {valid}")
     cfg, opts = RunConfig.from_dict(flat, where="run config"), FlowerOptions(**options)
-    if cfg.secagg and cfg.secagg_key_holder is None:
+    if cfg.privacy.secagg and cfg.privacy.secagg_key_holder is None:
         # the key holder is a client node here: every sum needs --secagg-min-clients uploads
         # besides its own (cohorts.secure_minimum); the server and every node derive it alike
         cfg = cfg.replace(secagg_key_holder=opts.key_holder)
-    elif cfg.secagg and cfg.secagg_key_holder != opts.key_holder:
-        raise UsageError(f"run config: secagg-key-holder {cfg.secagg_key_holder} differs from "
-                         f"flower.key-holder {opts.key_holder}")
+    elif cfg.privacy.secagg and cfg.privacy.secagg_key_holder != opts.key_holder:
+        raise UsageError(f"run config: secagg-key-holder {cfg.privacy.secagg_key_holder} "
+                         f"differs from flower.key-holder {opts.key_holder}")
     return cfg, opts
 
 

@@ -38,17 +38,18 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     """The ``FlowerSimulator`` for this run (data, model, method, calibrator, uplink)."""
     from privfedcal.experiment import build_parts
     from privfedcal.federation.setup import partition_is_secret
-    from privfedcal.settings.sections import PrivacyOptions
+    from privfedcal.settings.floors import PrivacyOptions
 
     cfg, options = parse_run_config(context.run_config)
-    if cfg.data_seed is not None and partition_is_secret(PrivacyOptions.of(cfg)):
+    if cfg.training.data_seed is not None and partition_is_secret(PrivacyOptions.of(cfg)):
         # the run config is the server's: a data seed in it is a partition the server holds
         raise UsageError("data-seed is in the run config, which the server reads, on a run "
                          "whose protections need a partition the server cannot redraw: give "
                          "it to every SuperNode instead (--node-config 'data-seed=S', "
                          "docs/flower.md)")
     cfg = cfg.replace(workers=1, client_batch=1)  # the nodes train; each its one client
-    run_dir = Path(cfg.out) if cfg.out else Path("runs") / f"flower-{cfg.method}-{context.run_id}"
+    run_dir = (Path(cfg.output.out) if cfg.output.out
+               else Path("runs") / f"flower-{cfg.method}-{context.run_id}")
     exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
     link = GridLink(grid, exp.loop.clients, options)
     return FlowerSimulator(exp, run_dir, link, calibrator=calibrator, uplink=uplink,

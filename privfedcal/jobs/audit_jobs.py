@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from privfedcal.api import Run, _config
+from privfedcal.api import Run, config_from
 from privfedcal.errors import UsageError
-from privfedcal.jobs.job_surface import Stage, Watch, as_tuple, job, report_stage, run_path
+from privfedcal.jobs.job_surface import JobStep, Watch, as_tuple, job, report_step, run_path
 from privfedcal.report.output_folder import all_or_nothing, check_fresh, check_writable
 from privfedcal.results import DPAuditRow
 from privfedcal.settings.run_config import RunConfig
@@ -58,7 +58,7 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
         raise UsageError("--methods needs at least one method (ccvr, creff)")
     for m in out:
         check_method(m)
-    idle = [m for m in out if RunConfig(method=m).calibrator not in ATTACKED_CALIBRATORS]
+    idle = [m for m in out if RunConfig.of(method=m).calibrator not in ATTACKED_CALIBRATORS]
     if idle:
         raise UsageError(f"--methods: {', '.join(idle)} upload(s) no calibration payload, so "
                          "the audit has nothing to attack; methods that upload one: "
@@ -66,8 +66,8 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-def _audit(config: AuditConfig, out: Path | None, *, overwrite: bool = False,
-           progress: Callable[[Stage], None] | None = None) -> Audit:
+def audit_for_cli(config: AuditConfig, out: Path | None, *, overwrite: bool = False,
+                  progress: Callable[[JobStep], None] | None = None) -> Audit:
     """``privfedcal audit``: train and attack every setting of ``config``. With ``out``,
     the runs go to ``out/runs`` and ``audit.csv`` and ``audit.png`` into ``out`` (an earlier
     audit there is kept unless ``overwrite``); without, the runs are trained in a temporary
@@ -83,12 +83,12 @@ def _audit(config: AuditConfig, out: Path | None, *, overwrite: bool = False,
     assert work is not None
     settings = config.settings()
     rows: list[dict[str, Any]] = []
-    stage = Stage("", 0, len(settings))
+    stage = JobStep("", 0, len(settings))
 
     def say(description: str, done: int) -> None:
         nonlocal stage
-        stage = Stage(description, done, len(settings))
-        report_stage(progress, stage)
+        stage = JobStep(description, done, len(settings))
+        report_step(progress, stage)
 
     try:
         say("", 0)  # started: the input is checked
@@ -118,7 +118,7 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
           attack_batch: int | None = None, clients: int = 5, attack_clients: int = 1,
           dataset: str = "digits", seed: int = 0, device: str = "cpu",
           out: str | Path | None = None, overwrite: bool = False,
-          progress: bool | Callable[[Stage], None] | None = None) -> Audit:
+          progress: bool | Callable[[JobStep], None] | None = None) -> Audit:
     """Train and attack every protection setting of a grid, as ``privfedcal audit``: DP
     epsilon (``eps``; ``math.inf``: no DP) x secure aggregation (``secagg``) x ``methods``,
     one row per setting (accuracy, the best reconstruction's PSNR, class inference, what
@@ -128,7 +128,7 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
     ``audit.csv`` and ``audit.png`` written into ``out`` (an earlier audit there is kept
     unless ``overwrite=True``); without, the runs are trained in a temporary folder that is
     removed and nothing is written. ``progress``: a bar over the settings when interactive
-    (None), always (True) or never (False), or a callable given a ``Stage`` per step of each
+    (None), always (True) or never (False), or a callable given a ``JobStep`` per step of each
     setting (``done`` of ``total`` settings)."""
     from privfedcal.attacks.reconstruction.leakage_sweep import AuditConfig
 
@@ -140,17 +140,17 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
         attack_clients=attack_clients, seed=seed, device=device,
         **{k: v for k, v in given.items() if v is not None})
     with Watch(progress, "audit") as watch:
-        return _audit(config, None if out is None else Path(out), overwrite=overwrite,
-                      progress=watch)
+        return audit_for_cli(config, None if out is None else Path(out), overwrite=overwrite,
+                             progress=watch)
 
 
 # ---- audit dp: the distinguishing games -------------------------------------------------------
 
-def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
-              budget_s: float = 120.0, confidence: float = 0.95,
-              channels: tuple[str, ...] | None = None, one_run: bool = True,
-              progress: Callable[[Stage], None] | None = None,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> DPAudit:
+def audit_dp_for_cli(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
+                     budget_s: float = 120.0, confidence: float = 0.95,
+                     channels: tuple[str, ...] | None = None, one_run: bool = True,
+                     progress: Callable[[JobStep], None] | None = None,
+                     on_row: Callable[[dict[str, Any]], None] | None = None) -> DPAudit:
     """``privfedcal audit dp`` of the configuration ``cfg``: each channel's game (and, with
     ``one_run``, the one-run audits) in this process. With ``out``, ``dp_audit.csv`` is
     rewritten after each row (an interrupted audit keeps the rows it has) and
@@ -169,8 +169,8 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
     if not (math.isfinite(budget_s) and budget_s > 0):
         raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
     check_game(trials, confidence)
-    if cfg.threads:  # the games run in this process: the run's threads hold for them too
-        torch.set_num_threads(cfg.threads)
+    if cfg.engine.threads:  # the games run in this process: the run's threads hold for them too
+        torch.set_num_threads(cfg.engine.threads)
     if out is not None:
         check_writable(out)  # before the games run
     # built before any progress: a configuration without a channel is refused at once
@@ -185,8 +185,8 @@ def _audit_dp(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_000,
             on_row(row)
 
     def stage(text: str, total: int) -> Callable[[int, int], None]:
-        report_stage(progress, Stage(text, 0, total))
-        return lambda k, n: report_stage(progress, Stage(text, k, n))
+        report_step(progress, JobStep(text, 0, total))
+        return lambda k, n: report_step(progress, JobStep(text, k, n))
 
     for ch in games:
         done(play(ch, trials, budget_s=budget_s, confidence=confidence,
@@ -213,12 +213,14 @@ def _one_run_audits(cfg: RunConfig, channels: list[str], *, confidence: float,
 
         done(audit_one_run(cfg.replace(out=None, transcript=False), confidence=confidence,
                            budget_s=budget_s,
-                           progress=stage(f"{calibration[0]} (one run), clients", cfg.clients)))
-    if cfg.dp_train:
+                           progress=stage(f"{calibration[0]} (one run), clients",
+                                          cfg.data.clients)))
+    if cfg.privacy.dp_train:
         from privfedcal.attacks.distinguishing.one_run_training import one_run_training
 
         done(one_run_training(cfg, per_client=200, confidence=confidence, budget_s=budget_s,
-                              progress=stage("dp-sgd (one run), training rounds", cfg.rounds)))
+                              progress=stage("dp-sgd (one run), training rounds",
+                                             cfg.training.rounds)))
 
 
 @job
@@ -227,7 +229,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
              budget_s: float = 120.0, confidence: float = 0.95,
              channels: str | Iterable[str] | None = None, one_run: bool = True,
              out: str | Path | None = None,
-             progress: bool | Callable[[Stage], None] | None = None, **settings: Any) -> DPAudit:
+             progress: bool | Callable[[JobStep], None] | None = None, **settings: Any) -> DPAudit:
     """Does the claimed epsilon hold? Empirical lower bounds on epsilon, one per channel, as
     ``privfedcal audit dp`` (docs/privacy/auditing.md). The configuration is ``config`` with
     ``settings`` over it, as ``train`` takes them, or the run folder ``run``'s own (then
@@ -237,7 +239,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
     audits (Steinke et al. 2023). Writes ``dp_audit.csv`` and ``dp_audit.png`` into ``out``
     only when ``out`` is given (``out=run`` puts them in the run's report, as the command
     does by default with ``--run``). ``progress``: a bar over each channel's trials when
-    interactive (None), always (True) or never (False), or a callable given a ``Stage`` per
+    interactive (None), always (True) or never (False), or a callable given a ``JobStep`` per
     batch of trials."""
     from privfedcal.attacks.distinguishing.channels import parse_channels
     from privfedcal.settings.run_config import read_run_config
@@ -250,9 +252,9 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
             raise UsageError(f"run {run_path(run)}: no such run folder")
         cfg = read_run_config(run_path(run))
     else:
-        cfg = _config(config, settings)
+        cfg = config_from(config, settings)
     names = None if channels is None else parse_channels(",".join(as_tuple(channels)))
     with Watch(progress, "audit dp") as watch:
-        return _audit_dp(cfg, None if out is None else Path(out), trials=trials,
-                         budget_s=budget_s, confidence=confidence, channels=names,
-                         one_run=one_run, progress=watch)
+        return audit_dp_for_cli(cfg, None if out is None else Path(out), trials=trials,
+                                budget_s=budget_s, confidence=confidence, channels=names,
+                                one_run=one_run, progress=watch)

@@ -1,5 +1,5 @@
-"""What every job of the Python API shares: its progress (``Stage``, and ``Watch``, which logs
-it and draws a bar), the checks of its arguments by annotation, and its error messages in
+"""What every job of the Python API shares: its progress (``JobStep``, and ``Watch``, which
+logs it and draws a bar), the checks of its arguments by annotation, and its error messages in
 keywords rather than the command's flags (``job``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from privfedcal.api import Run
-from privfedcal.api.arguments import _coerce, python_surface, register_check
+from privfedcal.api.arguments import coerce, python_surface, register_check
 from privfedcal.errors import UsageError
 
 P = ParamSpec("P")
@@ -21,7 +21,7 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Stage:
+class JobStep:
     """Progress of a long job: what it is doing, ``done`` of ``total`` (None: not counted).
     A job that reports its start (``audit``) does so with an empty ``description``, once
     its input is checked."""
@@ -31,22 +31,21 @@ class Stage:
     total: int | None = None
 
 
-
-def report_stage(progress: Callable[[Stage], None] | None, stage: Stage) -> None:
+def report_step(progress: Callable[[JobStep], None] | None, step: JobStep) -> None:
     if progress is not None:
-        progress(stage)
+        progress(step)
 
 
 class Watch:
-    """What a job shows from Python, as ``train`` and ``attack`` do (``api_log.py``): its
-    start, each new stage and its end at INFO on the ``privfedcal`` logger, and a bar when
+    """What a job shows from Python, as ``train`` and ``attack`` do (``api/log.py``): its
+    start, each new step and its end at INFO on the ``privfedcal`` logger, and a bar when
     ``progress`` asks for one (None: when interactive; True: always; False: none), or the
-    caller's callable. The watch is the ``progress`` given to the job's unwrapped half."""
+    caller's callable. The watch is the ``progress`` given to the job's half for the CLI."""
 
-    def __init__(self, progress: bool | Callable[[Stage], None] | None, name: str) -> None:
+    def __init__(self, progress: bool | Callable[[JobStep], None] | None, name: str) -> None:
         self.progress, self.name = progress, name
         self.bar: Any = None
-        self.opened, self.stage = False, ""
+        self.opened, self.doing = False, ""
 
     def __enter__(self) -> Watch:
         from privfedcal.api.log import logger
@@ -62,19 +61,19 @@ class Watch:
         if exc[0] is None:
             logger.info("%s: done", self.name)
 
-    def __call__(self, stage: Stage) -> None:
+    def __call__(self, step: JobStep) -> None:
         from privfedcal.api.log import logger, open_bar
 
         if callable(self.progress):
-            self.progress(stage)
-        if stage.description and stage.description != self.stage:
-            self.stage = stage.description
-            logger.info("%s: %s", self.name, stage.description)
-        if not self.opened and stage.total is not None:  # the total is known from here
-            self.opened, self.bar = True, open_bar(self.progress, self.name, stage.total,
-                                                   stage.done)
-        if self.bar is not None and stage.total is not None:
-            self.bar.update(stage.done, stage.total, stage.description)
+            self.progress(step)
+        if step.description and step.description != self.doing:
+            self.doing = step.description
+            logger.info("%s: %s", self.name, step.description)
+        if not self.opened and step.total is not None:  # the total is known from here
+            self.opened, self.bar = True, open_bar(self.progress, self.name, step.total,
+                                                   step.done)
+        if self.bar is not None and step.total is not None:
+            self.bar.update(step.done, step.total, step.description)
 
 
 
@@ -139,7 +138,7 @@ def _several(kind: type) -> Callable[[Any, str, bool], Any]:
             return None
         if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
             value = [value]
-        return tuple(dict.fromkeys(_coerce(v, kind, f"{name}[{i}]", False)
+        return tuple(dict.fromkeys(coerce(v, kind, f"{name}[{i}]", False)
                                    for i, v in enumerate(value)))
     return check
 
@@ -155,10 +154,10 @@ def as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, Iterable) and not isinstance(value, str) else (value,)
 
 
-register_check("bool", lambda v, n, o: _coerce(v, bool, n, o))
+register_check("bool", lambda v, n, o: coerce(v, bool, n, o))
 register_check("Iterable[Run | str | Path]", _runs)
 register_check("float | Iterable[float]", _several(float))
 register_check("bool | Iterable[bool]", _several(bool))
 register_check("str | Iterable[str]", _several(str))
-register_check("bool | Callable[[Stage], None]", lambda v, n, o: v if isinstance(v, bool)
+register_check("bool | Callable[[JobStep], None]", lambda v, n, o: v if isinstance(v, bool)
                else _callable(v, n, o))

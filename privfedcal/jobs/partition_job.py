@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from privfedcal.api.arguments import _coerce
+from privfedcal.api.arguments import coerce
 from privfedcal.errors import UsageError
 from privfedcal.jobs.job_surface import job
 from privfedcal.report.output_folder import all_or_nothing, check_fresh
@@ -43,9 +43,9 @@ class Partition:
         return [int(n) for n in self.counts.sum(axis=1)]
 
 
-def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
-               settings: Mapping[str, Any], out: Path | None = None,
-               overwrite: bool = False) -> Partition:
+def partition_for_cli(config: RunConfig | Mapping[str, Any] | str | Path | None,
+                      settings: Mapping[str, Any], out: Path | None = None,
+                      overwrite: bool = False) -> Partition:
     """``privfedcal partition``: the partition ``train`` draws for the same settings (the
     ``PARTITION_KEYS`` of ``config``, ``settings`` over them). With ``out``, the heatmap and
     ``partition.json`` are written there (an earlier partition is kept unless ``overwrite``;
@@ -69,13 +69,13 @@ def _partition(config: RunConfig | Mapping[str, Any] | str | Path | None,
     merged = {k: v for k, v in base.items() if k in PARTITION_KEYS}
     cfg = RunConfig.from_dict({**merged, **{k: v for k, v in settings.items() if v is not None}})
     spec = partitioning.PartitionSpec(
-        scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-        imbalance_factor=cfg.imbalance_factor, shards_per_client=cfg.shards_per_client,
-        min_size=cfg.min_size)
+        scheme=cfg.data.partition, num_clients=cfg.data.clients, alpha=cfg.data.alpha,
+        imbalance_factor=cfg.data.imbalance_factor, shards_per_client=cfg.data.shards_per_client,
+        min_size=cfg.data.min_size)
     # drawn from --data-seed (a run's config.json records it), else --seed, as a run
     # without a protection draws it
-    seed = cfg.seed if cfg.data_seed is None else cfg.data_seed
-    data = load_dataset(cfg.dataset, cfg.data_root, download=cfg.download)
+    seed = cfg.training.seed if cfg.training.data_seed is None else cfg.training.data_seed
+    data = load_dataset(cfg.data.dataset, cfg.data.data_root, download=cfg.data.download)
     # with the data's domain or user ids (the domains and natural schemes read them)
     parts = partitioning.partition_dataset(data, spec, seed)
     counts = partitioning.class_counts(data.y_train.numpy(), parts, data.num_classes)
@@ -119,5 +119,5 @@ def partition(config: RunConfig | Mapping[str, Any] | str | Path | None = None, 
         raise UsageError(f"partition takes no setting {', '.join(unknown)}; it takes: "
                          f"{', '.join(PARTITION_KEYS)}")
     kinds = {s.name: s.type for s in settings_of(RunConfig, "run")}
-    plain = {k: _coerce(v, kinds.get(k), k) for k, v in settings.items()}
-    return _partition(config, plain, None if out is None else Path(out), overwrite)
+    plain = {k: coerce(v, kinds.get(k), k) for k, v in settings.items()}
+    return partition_for_cli(config, plain, None if out is None else Path(out), overwrite)

@@ -11,7 +11,7 @@ from typing import Any
 
 from privfedcal.api import Run
 from privfedcal.errors import UsageError
-from privfedcal.jobs.job_surface import Stage, Watch, job, report_stage, run_path
+from privfedcal.jobs.job_surface import JobStep, Watch, job, report_step, run_path
 from privfedcal.report.output_folder import all_or_nothing, check_fresh, check_writable
 
 COMPARE_FILES = ("compare.csv", "compare.html")
@@ -34,7 +34,8 @@ class Comparison:
 
 # ---- compare ----------------------------------------------------------------------------------
 
-def _compare(runs: list[Path], out: Path | None = None, overwrite: bool = False) -> Comparison:
+def compare_for_cli(runs: list[Path], out: Path | None = None,
+                    overwrite: bool = False) -> Comparison:
     """``privfedcal compare``: the runs' rows, written to ``out`` when given (an earlier
     comparison there is kept unless ``overwrite``; both files or neither)."""
     from privfedcal.report import comparison as comparing
@@ -68,14 +69,14 @@ def compare(runs: Iterable[Run | str | Path], *, out: str | Path | None = None,
     paths = list(dict.fromkeys(run_path(r) for r in runs))
     if not paths:
         raise UsageError("compare needs at least one run in runs")
-    return _compare(paths, None if out is None else Path(out), overwrite)
+    return compare_for_cli(paths, None if out is None else Path(out), overwrite)
 
 
 # ---- analyze ----------------------------------------------------------------------------------
 
-def _analyze(run_dir: Path, *, samples: int = 500, projections: int = 256,
-             max_clients: int | None = None, device: str | None = None, write: bool = True,
-             progress: Callable[[Stage], None] | None = None) -> dict[str, Any]:
+def analyze_for_cli(run_dir: Path, *, samples: int = 500, projections: int = 256,
+                    max_clients: int | None = None, device: str | None = None, write: bool = True,
+                    progress: Callable[[JobStep], None] | None = None) -> dict[str, Any]:
     """``privfedcal analyze``: ``analysis.json``'s dict; with ``write``, it and the PNGs are
     written into the run folder."""
     from privfedcal.analysis.run_analysis import AnalysisOptions, analyze_run
@@ -86,11 +87,11 @@ def _analyze(run_dir: Path, *, samples: int = 500, projections: int = 256,
 
     def on_start(k: int) -> None:
         count["total"] = k
-        report_stage(progress, Stage(what, 0, k))
+        report_step(progress, JobStep(what, 0, k))
 
     def on_client(_c: int) -> None:
         count["done"] += 1
-        report_stage(progress, Stage(what, count["done"], count["total"]))
+        report_step(progress, JobStep(what, count["done"], count["total"]))
 
     return analyze_run(run_dir, options, on_start=on_start, on_client=on_client, write=write)
 
@@ -98,16 +99,16 @@ def _analyze(run_dir: Path, *, samples: int = 500, projections: int = 256,
 @job
 def analyze(run: Run | str | Path, *, samples: int = 500, projections: int = 256,
             max_clients: int | None = None, device: str | None = None, write: bool = True,
-            progress: bool | Callable[[Stage], None] | None = None) -> dict[str, Any]:
+            progress: bool | Callable[[JobStep], None] | None = None) -> dict[str, Any]:
     """Classifier norms and singular values before and after calibration, client CKA per
     layer and class separability of a finished run, as ``privfedcal analyze`` (CCVR, Luo et
     al. 2021, figs. 1-3 and 6): the ``analysis.json`` dict. Like the command it writes
     ``analysis.json`` and its PNGs into the run folder; ``write=False`` writes nothing.
     ``progress``: a bar over the clients retrained for CKA when interactive (None), always
-    (True) or never (False), or a callable given a ``Stage`` per client."""
+    (True) or never (False), or a callable given a ``JobStep`` per client."""
     with Watch(progress, "analyze") as watch:
-        return _analyze(run_path(run), samples=samples, projections=projections,
-                        max_clients=max_clients, device=device, write=write, progress=watch)
+        return analyze_for_cli(run_path(run), samples=samples, projections=projections,
+                               max_clients=max_clients, device=device, write=write, progress=watch)
 
 
 
@@ -122,7 +123,7 @@ def page_path(folder: Path, out: Path | None) -> Path:
     return out if out.suffix.lower() in (".html", ".htm") else out / "report.html"
 
 
-def _write_report(folder: Path, out: Path | None = None) -> Path:
+def write_report_for_cli(folder: Path, out: Path | None = None) -> Path:
     """``privfedcal report``: the page of a run folder (summary.json) or of an audit folder
     (audit.csv), written where ``page_path`` says; returns its path."""
     from privfedcal.report.audit_report import build_audit_report
@@ -147,4 +148,4 @@ def write_report(folder: Run | str | Path, *, out: str | Path | None = None) -> 
     as ``privfedcal report``: plots, tables, the privacy ledger; it opens from disk with no
     network. Written, as by the command, to ``FOLDER/report.html``, or to ``out`` (a path
     ending in .html, or a folder that gets ``report.html``); returns the page's path."""
-    return _write_report(run_path(folder), None if out is None else Path(out))
+    return write_report_for_cli(run_path(folder), None if out is None else Path(out))

@@ -151,8 +151,8 @@ def _plan(clients: int, participation: float, secure: bool, minimum: int,
 def select_clients(cfg: Any, round_: int) -> list[int]:
     """The clients of a round: a function of the public config alone (the privacy
     accounting plans each client's participation from it, privfedcal/privacy/planner.py);
-    ``cfg`` is the run's ``PrivacyOptions`` (``exp.privacy``; a ``RunConfig`` has the same
-    fields): ``clients``, ``participation``, ``seed``, and under secure aggregation
+    ``cfg`` is the run's ``PrivacyOptions`` (``exp.privacy``, or ``PrivacyOptions.of(cfg)``):
+    ``clients``, ``participation``, ``seed``, and under secure aggregation
     ``secagg_min_clients`` and ``secagg_key_holder`` (whole cohorts are selected)."""
     return select_cohorts(cohort_plan(cfg), cfg.seed, round_)
 

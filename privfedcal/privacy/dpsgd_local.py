@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from privfedcal.privacy.dpsgd import dpsgd_sample_rate, make_private_training
-from privfedcal.settings.sections import PrivacyOptions
+from privfedcal.settings.floors import PrivacyOptions
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A run's protection as a value: what the planner decided, frozen.
 
 ``ProtectionInputs`` is what the planner (privfedcal/privacy/planner.py ``plan_protection``)
-reads: the run's ``PrivacyOptions`` (privfedcal/settings/sections.py) and the public facts the plan
+reads: the run's ``PrivacyOptions`` (privfedcal/settings/floors.py) and the public facts the plan
 depends on besides them. ``ProtectionPlan`` is what the planner, a pure function of those
 inputs, decided: the per-sample bounds, the DP noise of every release (``NoisePlan``), the
 CKKS set-up of the calibration uploads and of the model updates (``CKKSPlan``), DP-SGD's
@@ -26,7 +26,7 @@ from privfedcal.privacy.releases import ReleaseSpec
 if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.dpsgd_local import DPSGDSpec
-    from privfedcal.settings.sections import PrivacyOptions
+    from privfedcal.settings.floors import PrivacyOptions
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,13 @@ class ProtectionInputs:
     @property
     def stages(self) -> tuple[str, ...]:
         """The opt-in stages the run names (``--stages``)."""
-        return tuple(s.strip() for s in self.privacy.stages.split(",") if s.strip())
+        return self.privacy.stage_names
 
     @property
     def protected(self) -> bool:
         """Whether a built-in protection guards the uplink (otherwise: in the clear, no
         bound, unless an opt-in stage is named)."""
-        p = self.privacy
-        return bool(p.dp_enabled or p.secagg or p.hide_counts or p.dp_train
-                    or p.secagg_updates)
+        return self.privacy.protected
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The protection planner: a pure function from a run's privacy options to its plan.
 
 ``protection_inputs`` gathers, once, at the top, what the planner reads: the run's
-``PrivacyOptions`` (privfedcal/settings/sections.py, the experiment's ``exp.privacy``), the releases its
-calibrator declares with the rounds it makes them in, and the federation's public number of
-training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
+``PrivacyOptions`` (privfedcal/settings/floors.py, the experiment's ``exp.privacy``), the
+releases its calibrator declares with the rounds it makes them in, and the federation's
+public number of training examples (``ProtectionInputs``, privacy/plan.py). ``plan_protection`` turns those
 into a ``ProtectionPlan``: the DP noise of every release, the CKKS set-up, DP-SGD's
 schedule, DP-FedAvg's clip and every registered stage's set-up, after the whole-run checks
 (the combination of flags, the budget, the secure-aggregation schedule). It reads nothing
@@ -56,7 +56,7 @@ from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
 from privfedcal.privacy.stage_registry import plan_stages
 from privfedcal.privacy.uplink import Uplink
-from privfedcal.settings.sections import PrivacyOptions
+from privfedcal.settings.floors import PrivacyOptions
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)
@@ -71,15 +71,14 @@ DP_DEFAULT_GRAD_CLIP = 1.0
 PARAM_BOUND = 100.0
 
 
-def protection_inputs(settings: Any, calibrator: Any, examples: int | None = None,
+def protection_inputs(privacy: PrivacyOptions, calibrator: Any, examples: int | None = None,
                       preset: PresetNoise | None = None) -> ProtectionInputs:
     """What the planner reads, gathered from the top: the run's ``PrivacyOptions``
-    (``settings``: those, e.g. ``exp.privacy``, or a ``RunConfig`` they are read from), the
+    (``privacy``, e.g. ``exp.privacy``; ``PrivacyOptions.of(cfg)`` from a whole config), the
     releases ``calibrator`` (class or object) declares with the rounds it makes them in
     (its ``release_rounds`` reads the options' rounds and calibration parameters),
     ``examples``, the federation's public N (``federation/setup.py`` ``held_examples``),
     and noise planned beside the planner (``preset``: the Flower plugin's clip search)."""
-    privacy = settings if isinstance(settings, PrivacyOptions) else PrivacyOptions.of(settings)
     releases = tuple(
         ReleaseSchedule(r, () if r.participants == "all"
                         else tuple(calibrator.release_rounds(privacy, r)))
@@ -137,13 +136,10 @@ def release_plans(inputs: ProtectionInputs) -> list[ReleasePlan]:
 
 
 def check_flags(inputs: ProtectionInputs) -> None:
-    """Refuse combinations whose guarantee would not hold or would crash later."""
+    """Refuse combinations whose guarantee would not hold or would crash later, given the
+    method and the federation's size (a combination of flags alone is refused by the
+    privacy section, privfedcal/settings/privacy_section.py)."""
     p = inputs.privacy
-    if p.hide_counts and not p.secagg:
-        raise UsageError("--hide-counts needs --secagg: only inside ciphertexts are counts "
-                         "hidden")
-    if p.dp_train and not p.dp_enabled:
-        raise UsageError("--dp-train needs a budget: give --dp-eps")
     if p.dp_train and not ALGORITHMS.get(p.local_method).dp_sgd:
         raise UsageError(f"--dp-train supports methods whose loss is a per-sample mean "
                          f"({', '.join(dpsgd_methods())}); {p.local_method} is not")
@@ -196,7 +192,7 @@ def check_secure_aggregation(inputs: ProtectionInputs) -> None:
         raise UsageError(f"--secagg protects calibration uploads, and {p.method} with "
                          f"--calibrate {p.calibrator} uploads none: use --secagg-updates "
                          "to hide the model updates")
-    if not (p.secagg or p.secagg_updates):
+    if not p.secure:
         return
     need = secure_minimum(p)
     minimum = f"--secagg-min-clients {p.secagg_min_clients}" + (
@@ -324,7 +320,7 @@ def updates_plan(inputs: ProtectionInputs) -> CKKSPlan:
 
 def user_dp_plan(privacy: Any) -> UserDPPlan:
     """``--dp-updates``: DP-FedAvg's clip and public denominator (the clients asked per
-    round); ``privacy``: the run's ``PrivacyOptions`` (a ``RunConfig`` has the same fields)."""
+    round); ``privacy``: the run's ``PrivacyOptions``."""
     from privfedcal.privacy.user_dp import DEFAULT_UPDATE_CLIP
 
     return UserDPPlan(clip=privacy.dp_update_clip or DEFAULT_UPDATE_CLIP,
@@ -375,17 +371,17 @@ def with_preset(preset: PresetNoise, target: float, delta: float, sigmas: dict[s
     return out, [*plans, *(ReleasePlan(label, q, t) for label, _, q, t in preset.extra)]
 
 
-def plan_for_run(settings: Any, calibrator: Any, examples: int,
+def plan_for_run(privacy: PrivacyOptions, calibrator: Any, examples: int,
                  preset: PresetNoise | None = None) -> ProtectionPlan:
-    """``plan_protection`` of a run's ``PrivacyOptions`` (``exp.privacy``; a ``RunConfig``
-    is read into them): its inputs gathered once, here."""
-    return plan_protection(protection_inputs(settings, calibrator, examples, preset))
+    """``plan_protection`` of a run's ``PrivacyOptions`` (``exp.privacy``): its inputs
+    gathered once, here."""
+    return plan_protection(protection_inputs(privacy, calibrator, examples, preset))
 
 
 def build_uplink(cfg: Any, exp: Any, calibrator: Any) -> Uplink:
     """The live uplink of a run's plan, for callers that hold a ``RunConfig`` and run no
     local training (those take the plan's DP-SGD schedule too: ``training_spec``)."""
-    return execute_plan(plan_for_run(cfg, calibrator, exp.num_examples))
+    return execute_plan(plan_for_run(PrivacyOptions.of(cfg), calibrator, exp.num_examples))
 
 
 __all__ = ["ASSUMPTIONS", "DPAccounting", "ProtectionInputs", "ProtectionPlan", "build_uplink",

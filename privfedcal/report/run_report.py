@@ -93,10 +93,11 @@ def _partition_counts(run_dir: Path, config: dict[str, Any]) -> tuple[Any, list[
         from privfedcal.settings.run_config import RunConfig
 
         cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "versions"})
-        data = load_dataset(cfg.dataset, cfg.data_root, download=False)
-        spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                             imbalance_factor=cfg.imbalance_factor,
-                             shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+        data = load_dataset(cfg.data.dataset, cfg.data.data_root, download=False)
+        d = cfg.data
+        spec = PartitionSpec(scheme=d.partition, num_clients=d.clients, alpha=d.alpha,
+                             imbalance_factor=d.imbalance_factor,
+                             shards_per_client=d.shards_per_client, min_size=d.min_size)
         parts = partition_dataset(data, spec, int(data_seed))
         return (class_counts(data.y_train.cpu().numpy(), parts, data.num_classes).tolist(),
                 list(data.classes))

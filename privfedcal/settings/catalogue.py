@@ -1,23 +1,23 @@
 """The one description of every setting a run takes.
 
-A setting is declared once, as a field of :class:`privfedcal.settings.run_config.RunConfig` (or of
-:class:`FlowerOptions`) made by :func:`setting` (``privfedcal/settings/descriptions.py``, below the
-config), as a field of a method's ``Params`` made by ``algorithms.base.hyper`` (the flags of
+A setting is declared once, as a field of one of ``RunConfig``'s sections
+(privfedcal/settings/sections.py) or of ``RunConfig`` itself (or of :class:`FlowerOptions`)
+made by :func:`setting` (``privfedcal/settings/descriptions.py``, below the config), as a
+field of a method's ``Params`` made by ``algorithms.algorithm.hyper`` (the flags of
 ``METHOD_SETTINGS`` are derived from every registered method's), or as a field of a
 calibrator's ``Params`` made by ``descriptions.calibration_option`` (``CALIBRATION_SETTINGS``,
-likewise). Its name, type, default,
-help text, help group and flag spelling live there, and everything else is derived from
-:func:`all_settings`:
+likewise). Its name, type, default, help text, help group and flag spelling live there, and
+everything else is derived from :func:`all_settings`:
 
 - ``privfedcal train`` / ``privfedcal partition`` options (``cli/train_command.py`` builds the
   command's signature from them);
-- settings files: TOML keys and types (:func:`check_value`, ``config.load_toml``);
+- settings files: TOML keys and types (:func:`check_value`, ``run_config.load_toml``);
 - the Flower run config (:func:`flower_key`, :func:`flower_defaults`; ``flower/records.py``
   and ``examples/flower/pyproject.toml``, whose values a test compares);
 - the tables of docs/usage.md and docs/flower.md (``python -m privfedcal.settings.catalogue --write``
   rewrites them, ``--check`` fails when they differ; a test runs the check).
 
-Adding a setting: one ``setting(...)`` field on ``RunConfig`` (or a ``hyper`` /
+Adding a setting: one ``setting(...)`` field on the section it belongs to (or a ``hyper`` /
 ``calibration_option`` field of a method's / calibrator's ``Params``), then ``python -m
 privfedcal.settings.catalogue --write`` and the new key with its default in
 ``examples/flower/pyproject.toml`` (``tests/flower/test_example.py`` names what is missing).
@@ -28,10 +28,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import privfedcal.calibration  # noqa: F401  (each calibrator registers its options)
+from privfedcal.errors import UsageError
 from privfedcal.settings.descriptions import (
     GROUPS,
     PER_MODEL,
@@ -39,9 +41,9 @@ from privfedcal.settings.descriptions import (
     FlowerOptions,
     Setting,
     _hyper,
-    _kind,
     calibration_settings,
     check_value,
+    field_kind,
     render,
     setting,
     settings_of,
@@ -49,36 +51,91 @@ from privfedcal.settings.descriptions import (
 from privfedcal.settings.run_config import RunConfig
 
 
-def method_settings() -> tuple[Setting, ...]:
-    """One ``--flag`` per hyperparameter name of the registered methods (``[method_params]``
-    in a settings file), typed and described by the methods' ``Params`` fields; a name
-    several methods share (``mu``) is one flag whose help lists each method's meaning. None
-    means the method's default; a method refuses a hyperparameter it does not have."""
+def _method_params() -> list[tuple[str, Any, type]]:
+    """(method, Params field, base type) of every registered method's hyperparameters."""
     from privfedcal.algorithms import ALGORITHMS
 
-    uses: dict[str, list[tuple[str, Any, type, bool]]] = {}
+    out = []
     for method in ALGORITHMS.names():
         params = ALGORITHMS.get(method).Params
         hints = typing.get_type_hints(params)
-        for f in dataclasses.fields(params):
-            kind, optional = _kind(hints[f.name])
-            uses.setdefault(f.name, []).append((method, f, kind, optional))
-    out = []
+        out += [(method, f, field_kind(hints[f.name])[0]) for f in dataclasses.fields(params)]
+    return out
+
+
+def namespaced_name(method: str, param: str) -> str:
+    """The setting of ``param`` of ``method`` alone: ``fedprox_mu`` (flag ``--fedprox-mu``)."""
+    return f"{method.replace('-', '_')}_{param}"
+
+
+def method_settings() -> tuple[Setting, ...]:
+    """The hyperparameter flags of the registered methods (``[method_params]`` in a settings
+    file), typed and described by the methods' ``Params`` fields: one per method and name
+    (``--fedprox-mu``, ``--moon-mu``), and one per name (``--mu``) that sets it for whichever
+    method runs, whose help lists each method's meaning. None means the method's default; a
+    method refuses a hyperparameter it does not have."""
+    uses: dict[str, list[tuple[str, Any, type]]] = {}
+    own = []
+    for method, f, kind in _method_params():
+        uses.setdefault(f.name, []).append((method, f, kind))
+        own.append(_hyper(namespaced_name(method, f.name), kind,
+                          f"{method}: {f.metadata.get('help', f.name)} (the method's default "
+                          "if unset).", scope="method"))
+    shared = []
     for name, fields in uses.items():
-        kinds = {kind for _, _, kind, _ in fields}
+        kinds = {kind for _, _, kind in fields}
         if len(kinds) != 1:
             raise TypeError(f"hyperparameter {name!r} has different types in "
                             f"{', '.join(m for m, *_ in fields)}: one flag needs one type")
-        text = "; ".join(f"{m}: {f.metadata.get('help', name)}" for m, f, _, _ in fields)
-        out.append(_hyper(name, kinds.pop(), text + " (the method's default if unset).",
-                          scope="method"))
-    return tuple(out)
+        text = "; ".join(f"{m}: {f.metadata.get('help', name)}" for m, f, _ in fields)
+        shared.append(_hyper(name, kinds.pop(), text + " (the method's default if unset).",
+                             scope="method"))
+    return tuple(shared + own)
+
+
+def method_owners() -> dict[str, tuple[str, str]]:
+    """Each namespaced hyperparameter setting -> (its method, the ``Params`` field)."""
+    return {namespaced_name(m, f.name): (m, f.name) for m, f, _ in _method_params()}
 
 
 METHOD_SETTINGS: tuple[Setting, ...] = method_settings()
+#: the namespaced hyperparameter settings (``fedprox_mu``) -> (method, hyperparameter)
+METHOD_OWNERS: dict[str, tuple[str, str]] = method_owners()
 #: one ``--flag`` per ``calibration_option`` field of the registered calibrators' ``Params``
 #: (``descriptions.register_calibration_options``), in calibrator-name and field order
 CALIBRATION_SETTINGS: tuple[Setting, ...] = calibration_settings()
+
+
+def place_hyperparameters(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` (settings by name: flags, a settings file, API keywords) with each method
+    hyperparameter or calibrator option named on its own moved into its table, over the
+    table's value: ``mu`` and ``fedprox_mu`` into ``method_params["mu"]``,
+    ``virtual_per_class`` into ``calibration_params``. A namespaced name must be one of the
+    run's method (``--fedprox-mu`` with ``--method fedprox``). A table that is no mapping
+    is left for ``RunConfig.from_dict`` to refuse."""
+    from privfedcal.settings.run_config import METHOD_ALIASES
+
+    out = dict(flat)
+    method = str(out.get("method", RunConfig.method))
+    method = METHOD_ALIASES.get(method, (method, ""))[0]
+    for key, table in (("method_params", METHOD_SETTINGS),
+                       ("calibration_params", CALIBRATION_SETTINGS)):
+        named = [s for s in table if s.name in out]
+        if not named or not isinstance(out.get(key, {}), Mapping):
+            continue
+        params, given = dict(out.get(key) or {}), {s.name for s in named}
+        for s in named:
+            value = out.pop(s.name)
+            owner, name = METHOD_OWNERS.get(s.name, (None, s.name))
+            if owner is not None and owner != method:
+                raise UsageError(f"{s.flag_name} is a hyperparameter of --method {owner}, "
+                                 f"not of {method}")
+            if owner is not None and name in given:
+                raise UsageError(f"{s.flag_name} and --{name.replace('_', '-')} set the same "
+                                 "hyperparameter: give one")
+            params[name] = value
+        out[key] = params
+    return out
 
 
 def all_settings() -> tuple[Setting, ...]:
@@ -110,8 +167,8 @@ def flower_value(s: Setting, value: Any) -> Any:
 
 def flower_settings() -> tuple[Setting, ...]:
     """The settings that are keys of the Flower run config (the tables are split into
-    dotted keys)."""
-    return tuple(s for s in all_settings() if s.type is not dict)
+    dotted keys; a method's hyperparameter is ``method-params.<name>``, never namespaced)."""
+    return tuple(s for s in all_settings() if s.type is not dict and s.name not in METHOD_OWNERS)
 
 
 def flower_defaults() -> dict[str, Any]:
@@ -121,6 +178,9 @@ def flower_defaults() -> dict[str, Any]:
 
 # ---- docs tables -------------------------------------------------------------------------
 def _toml_key(s: Setting) -> str:
+    if s.name in METHOD_OWNERS:
+        method, name = METHOD_OWNERS[s.name]
+        return f"`method_params.{name}` (method {method})"
     if s.scope == "method":
         return f"`method_params.{s.name}`"
     if s.scope == "calibration":
@@ -143,7 +203,8 @@ def usage_table() -> str:
                      key=lambda s: GROUPS.index(s.group))
     for s in ordered:
         flag = f"`{s.param_decls[0] if s.param_decls else s.flag_name}`" if s.cli else "-"
-        flower = "(dotted keys below)" if s.type is dict else f"`{flower_key(s)}`"
+        flower = ("(dotted keys below)" if s.type is dict else "-" if s.name in METHOD_OWNERS
+                  else f"`{flower_key(s)}`")
         rows.append(f"| {s.group} | {_cell(flag)} | {_toml_key(s)} | {flower} | "
                     f"{_cell(s.shown_default) or '-'} | {_cell(s.help)} |")
     return "\n".join(rows)
@@ -198,7 +259,8 @@ def main(argv: list[str]) -> int:
     return 2
 
 
-__all__ = ["CALIBRATION_SETTINGS", "GROUPS", "METHOD_SETTINGS", "PER_MODEL", "SCOPES",
+__all__ = ["CALIBRATION_SETTINGS", "GROUPS", "METHOD_OWNERS", "METHOD_SETTINGS", "PER_MODEL",
+           "SCOPES", "place_hyperparameters",
            "FlowerOptions", "Setting", "all_settings", "check_value", "cli_settings",
            "flower_defaults", "flower_key", "flower_settings", "flower_value", "render",
            "setting", "settings_of", "stale_docs", "usage_table"]

@@ -36,7 +36,8 @@ class Setting:
     None is a valid value (unset: resolved later, or the method's/calibrator's default).
     ``flag``: typer's declaration when not the plain ``--name`` (``--name/--no-name`` for
     booleans); ``shown``: the default as help and docs print it when not the value itself
-    ("" shows none); ``cli``: whether ``privfedcal train`` has a flag for it.
+    ("" shows none); ``cli``: whether ``privfedcal train`` has a flag for it; ``section``:
+    the attribute of ``RunConfig`` whose section declares it ("": a field of its own).
     """
 
     name: str
@@ -50,6 +51,7 @@ class Setting:
     shown: str | None = None
     choices: tuple[str, ...] | None = None
     cli: bool = True
+    section: str = ""
 
     def __post_init__(self) -> None:
         assert self.group in GROUPS and self.scope in SCOPES, (self.name, self.group)
@@ -94,8 +96,23 @@ def setting(default: Any, help: str, *, group: str, flag: str | None = None,
     return field(default=default, metadata=meta)
 
 
-def _kind(annotation: Any) -> tuple[type, bool]:
-    """(base type, optional) of a field annotation such as ``int | None``."""
+def refuse_failed(checks: list[tuple[bool, str]]) -> None:
+    """Raise the message of the first check that does not hold."""
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+
+
+def refuse_bad_choices(section: Any, declared: type) -> None:
+    """Each setting ``declared`` with ``choices`` holds one of them in ``section``."""
+    refuse_failed([(getattr(section, s.name) in s.choices,
+                    f"{s.flag_name} must be one of {', '.join(s.choices)}")
+                   for s in settings_of(declared, "run") if s.choices])
+
+
+def field_kind(annotation: Any) -> tuple[type, bool]:
+    """(base type, optional) of a field annotation such as ``int | None``: how settings and
+    the API's keyword options (``api.arguments.options_of``) check a value."""
     optional = False
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -105,14 +122,25 @@ def _kind(annotation: Any) -> tuple[type, bool]:
     return base, optional
 
 
+def section(cls: type) -> Any:
+    """A dataclass field holding the settings section ``cls`` (its defaults by default);
+    :func:`settings_of` lists the section's settings in its place."""
+    return field(default_factory=cls, metadata={"section": cls})
+
+
 @functools.cache
 def settings_of(cls: type, scope: str) -> tuple[Setting, ...]:
-    """The settings declared by ``cls``'s fields, in field order."""
+    """The settings declared by ``cls``'s fields, in field order; a section field
+    (:func:`section`) contributes its section's settings, each knowing its section."""
     hints = typing.get_type_hints(cls)
-    out = []
+    out: list[Setting] = []
     for f in dataclasses.fields(cls):
+        if "section" in f.metadata:
+            out += [dataclasses.replace(s, section=f.name)
+                    for s in settings_of(f.metadata["section"], scope)]
+            continue
         meta = f.metadata["setting"]
-        kind, optional = _kind(hints[f.name])
+        kind, optional = field_kind(hints[f.name])
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         out.append(Setting(f.name, kind, default, scope=scope, optional=optional, **meta))
     return tuple(out)
@@ -145,7 +173,7 @@ def calibration_options(params: type) -> tuple[Setting, ...]:
     for f in dataclasses.fields(params):
         meta = f.metadata.get("calibration_option")
         if meta is not None:
-            kind, _ = _kind(hints[f.name])
+            kind, _ = field_kind(hints[f.name])
             out.append(_hyper(meta["flag"] or f.name, kind, meta["help"], scope="calibration"))
     return tuple(out)
 

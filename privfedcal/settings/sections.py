@@ -1,217 +1,139 @@
-"""Narrow, typed options: what each layer below the API needs of a run.
+"""The sections of a run's settings, each declared once with its defaults, help and rules.
 
-``RunConfig`` (config.py) is every setting of a run, as the user gives them. Below the
-CLI and the API each layer takes only its part, as a frozen dataclass built once from the
-resolved ``RunConfig`` (``run_options``) and passed down:
+A section is a frozen dataclass whose fields are made by ``setting(...)``
+(privfedcal/settings/descriptions.py): the help text, help group, flag spelling and default
+live on the field, and the section's ``__post_init__`` holds the rules that concern its
+settings alone. ``RunConfig`` (privfedcal/settings/run_config.py) holds one of each, beside
+what names the run as a whole (method, model, calibrator and their parameters), and checks
+the few rules that span two sections. Field names are the CLI flags with ``-`` as ``_`` and
+the keys of the flat ``config.json``; a section's fields follow one another in that file.
 
-- ``DataOptions``: the dataset and how it is split among the clients (data/, federation/setup.py);
-- ``LocalSpec``: how a client trains: the local method, its hyperparameters and the
-  optimiser (federation/local.py, workers.py, vectorised.py);
-- ``EngineOptions``: where and how the run computes: device, processes, threads, batching;
-- ``PrivacyOptions``: the protections and the public protocol they are planned over (the
-  privacy planner, privfedcal/privacy/planner.py, and privacy/);
-- ``LoopOptions``: what the round loop runs and records (federation/simulator.py).
-
-Each field keeps its ``RunConfig`` name and meaning (its help text is there), so a setting
-reads the same at every floor.
+- ``DataSettings``: the dataset and how it is split among the clients;
+- ``TrainingSettings``: the rounds, local training's optimiser and the seeds;
+- ``EngineSettings``: where and how the run computes (no effect on the numbers beyond
+  float rounding);
+- ``PrivacySettings``: the protections of the uploads and of the model updates;
+- ``OutputSettings``: the run folder and what it records.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
 
-from privfedcal.errors import UsageError
+from privfedcal.settings.descriptions import (
+    PER_MODEL,
+    refuse_bad_choices,
+    refuse_failed,
+    setting,
+)
+from privfedcal.settings.privacy_section import MAX_EPSILON, PrivacySettings
 
-if TYPE_CHECKING:
-    from privfedcal.settings.run_config import RunConfig
-
-
-#: the optimisers local training implements (federation/local.py ``PlainSGD``,
-#: vectorised.py ``StackedSGD``: SGD with momentum and weight decay)
-OPTIMIZERS = ("sgd",)
-
-
-def _pick(cls: type, cfg: RunConfig, **extra: Any) -> Any:
-    """``cls`` with each field read from ``cfg`` by name, ``extra`` over them."""
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in extra]
-    return cls(**{n: getattr(cfg, n) for n in names}, **extra)
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass(frozen=True)
-class DataOptions:
-    """The dataset and its split among the clients. ``data_seed`` draws the partition and
-    is the clients' secret under a protection (federation/setup.py ``resolve_data_seed``)."""
+class DataSettings:
+    """The dataset and its split among the clients."""
 
-    dataset: str
-    data_root: str | None
-    download: bool
-    partition: str
-    clients: int
-    alpha: float
-    imbalance_factor: float
-    shards_per_client: int
-    min_size: int
-    seed: int
-    data_seed: int | None
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> DataOptions:
-        return _pick(cls, cfg)
-
-
-@dataclass(frozen=True)
-class LocalSpec:
-    """How one client trains: the local method with its hyperparameters, and SGD with
-    momentum and weight decay (``optimizer``: the only one the trainers implement, named so a
-    spec says what it trains with).
-    Picklable: worker processes receive it once. ``dp_train``: local training is DP-SGD
-    (the model gets GroupNorm); ``dp_sgd`` is then the planned ``DPSGDSpec``
-    (privacy/dpsgd_local.py), set by the privacy planner."""
-
-    local_epochs: int
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    augment: bool
-    seed: int
-    method: str = "fedavg"
-    method_params: dict[str, Any] = dataclasses.field(default_factory=dict)
-    optimizer: str = "sgd"
-    dp_train: bool = False
-    dp_sgd: Any = None
-    mixed_precision: bool = False  # bf16 autocast on CUDA (local.choose_mixed_precision)
+    dataset: str = setting("digits", "digits | cifar10 | cifar100 | stl10 | imagefolder:PATH | "
+                           "npz:PATH", group="Data")
+    data_root: str | None = setting(None, "Folder holding the dataset files.", group="Data")
+    download: bool = setting(False, "Download if missing (needs network).", group="Data")
+    augment: bool | None = setting(None, "Random crop + flip.", group="Data",
+                                   shown="the dataset's, see docs/usage.md")
+    clients: int = setting(10, "Number of clients K.", group="Data")
+    partition: str = setting("dirichlet", "iid | dirichlet | longtail | longtail-dirichlet | "
+                             "shards | domains | natural", group="Data")
+    alpha: float = setting(0.1, "Dirichlet concentration (smaller = more skew).", group="Data")
+    imbalance_factor: float = setting(10.0, "Long-tail imbalance factor IF.", group="Data")
+    shards_per_client: int = setting(2, "Shards per client (shards partition).", group="Data")
+    min_size: int = setting(10, "Fewest samples any client may hold.", group="Data")
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
-                             f"{self.optimizer!r}")
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> LocalSpec:
-        """From a ``RunConfig`` whose per-model defaults are resolved
-        (``config.resolve_training_defaults``)."""
-        unresolved = [n for n in ("local_epochs", "batch_size", "lr", "momentum",
-                                  "weight_decay", "augment") if getattr(cfg, n) is None]
-        if unresolved:
-            raise ValueError(f"resolve {', '.join(unresolved)} first "
-                             "(config.resolve_training_defaults)")
-        return _pick(cls, cfg, method=cfg.local_method, method_params=dict(cfg.method_params),
-                     optimizer="sgd", dp_sgd=None, mixed_precision=False)
+        refuse_failed([
+            (self.clients >= 1, "--clients must be >= 1"),
+            (self.alpha > 0, f"--alpha must be > 0 (got {self.alpha})"),
+            (self.imbalance_factor >= 1, "--imbalance-factor must be >= 1"),
+        ])
 
 
 @dataclass(frozen=True)
-class EngineOptions:
+class TrainingSettings:
+    """The rounds, local training (its per-model defaults are None until resolved:
+    ``run_config.resolve_training_defaults``) and the seeds."""
+
+    rounds: int = setting(30, "Communication rounds.", group="Training")
+    local_epochs: int | None = setting(None, "Local epochs E.", group="Training", shown=PER_MODEL)
+    batch_size: int | None = setting(None, "Local batch size.", group="Training", shown=PER_MODEL)
+    lr: float | None = setting(None, "Local SGD learning rate.", group="Training",
+                               shown=PER_MODEL)
+    momentum: float | None = setting(None, "Local SGD momentum.", group="Training",
+                                     shown=PER_MODEL)
+    weight_decay: float | None = setting(None, "Local SGD weight decay.", group="Training",
+                                         shown=PER_MODEL)
+    participation: float = setting(1.0, "Fraction of clients per round.", group="Training")
+    eval_every: int = setting(1, "Evaluate every N rounds.", group="Training")
+    seed: int = setting(0, "Random seed.", group="Training")
+    data_seed: int | None = setting(
+        None, "Seed of the data partition, never sent to the server (docs/threat-model.md).",
+        group="Training", shown="--seed; OS entropy under a protection")
+
+    def __post_init__(self) -> None:
+        refuse_failed([
+            (self.rounds >= 1, "--rounds must be >= 1"),
+            (self.local_epochs is None or self.local_epochs >= 1, "--local-epochs must be >= 1"),
+            (self.batch_size is None or self.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.lr is None or (self.lr > 0 and math.isfinite(self.lr)),
+             "--lr must be a finite number > 0"),
+            (self.momentum is None or 0 <= self.momentum < 1, "--momentum must be in [0, 1)"),
+            (self.weight_decay is None or self.weight_decay >= 0, "--weight-decay must be >= 0"),
+            (0 < self.participation <= 1, "--participation must be in (0, 1]"),
+            (self.eval_every >= 1, "--eval-every must be >= 1"),
+            (self.data_seed is None or self.data_seed >= 0, "--data-seed must be >= 0"),
+        ])
+
+
+@dataclass(frozen=True)
+class EngineSettings:
     """Where and how the run computes; none of it changes the numbers beyond float rounding
     (docs/usage.md, "Speed")."""
 
-    device: str
-    workers: int
-    threads: int | None
-    client_batch: int
-    precision: str
-    deterministic: bool
+    device: str = setting("auto", "auto | cpu | cuda", group="Hardware", choices=DEVICES)
+    workers: int = setting(1, "Worker processes for local training and calibration payloads.",
+                           group="Hardware")
+    threads: int | None = setting(None, "Torch threads per process.", group="Hardware")
+    client_batch: int = setting(1, "Clients trained at once as one batched computation "
+                                "(1: one after the other); same results.", group="Hardware")
+    precision: str = setting("auto", "auto | fp32 | bf16: bf16 autocast on CUDA (auto: for "
+                             "models of 5M+ parameters).", group="Hardware", choices=PRECISIONS)
+    deterministic: bool = setting(False, "Deterministic kernels: reproducible GPU runs "
+                                  "(slower).", group="Hardware")
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> EngineOptions:
-        return _pick(cls, cfg)
-
-
-@dataclass(frozen=True)
-class PrivacyOptions:
-    """What the privacy planner needs of a run: its protections (``RunConfig``'s
-    "Privacy" settings, same names and meanings) and the public protocol they are planned
-    over (clients, rounds, participation, the public seed: what ``cohorts.select_clients``
-    draws the rounds' clients from), what runs (for messages and the DP-SGD check),
-    DP-SGD's public schedule (the resolved local epochs and batch size) and the
-    calibrator's parameters its release schedule depends on."""
-
-    # the protections
-    dp_eps: float
-    dp_delta: float | None
-    dp_clip: float | None
-    dp_grad_clip: float | None
-    accountant: str
-    dp_train: bool
-    dp_train_share: float
-    dp_nominal_size: int | None
-    dp_updates: bool
-    dp_update_clip: float | None
-    dp_updates_share: float
-    dp_adaptive_clip: bool
-    dp_clip_quantile: float
-    secagg: bool
-    hide_counts: bool
-    insecure_seeded_noise: bool
-    secagg_updates: bool
-    secagg_min_clients: int
-    secagg_key_holder: int | None
-    stages: str  # opt-in stages by registered name, comma-separated
-    # the public protocol
-    clients: int
-    rounds: int
-    participation: float
-    seed: int
-    # what runs, and DP-SGD's public schedule
-    method: str
-    local_method: str
-    calibrator: str
-    local_epochs: int | None
-    batch_size: int | None
-    #: the calibrator's parameters (``--calibration-params``): its release schedule and its
-    #: advice under DP read them (``Calibrator.release_rounds``, ``privacy_hints``)
-    calibration_params: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def dp_enabled(self) -> bool:
-        return math.isfinite(self.dp_eps)
-
-    @property
-    def secure(self) -> bool:
-        """Whether some uploads are summed under CKKS secure aggregation."""
-        return self.secagg or self.secagg_updates
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> PrivacyOptions:
-        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator,
-                     calibration_params=dict(cfg.calibration_params))
+    def __post_init__(self) -> None:
+        refuse_failed([
+            (self.workers >= 1, "--workers must be >= 1"),
+            (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
+            (self.client_batch >= 1, "--client-batch must be >= 1"),
+            (self.client_batch == 1 or self.workers == 1,
+             "--client-batch > 1 trains in this process: give --workers 1 (or --client-batch 1)"),
+        ])
+        refuse_bad_choices(self, EngineSettings)
 
 
 @dataclass(frozen=True)
-class LoopOptions:
-    """What the round loop runs and records: the rounds and how often it evaluates, the
-    public seed of its per-round draws, whether it records the server's view, and the names
-    of what runs (for summary.json and its messages)."""
+class OutputSettings:
+    """Where the run is written and what it records."""
 
-    method: str
-    local_method: str
-    calibrator: str
-    dataset: str
-    clients: int
-    rounds: int
-    eval_every: int
-    seed: int
-    transcript: bool
+    out: str | None = setting(None, "Run folder (default runs/<method>-<dataset>-<time>).",
+                              group="Output", shown="")
+    transcript: bool = setting(True, "Record the server's view.", group="Output")
 
-    @classmethod
-    def of(cls, cfg: RunConfig) -> LoopOptions:
-        return _pick(cls, cfg, local_method=cfg.local_method, calibrator=cfg.calibrator)
+#: the sections of ``RunConfig``, by attribute name, in ``config.json``'s order
+SECTIONS: dict[str, type] = {"data": DataSettings, "training": TrainingSettings,
+                             "engine": EngineSettings, "privacy": PrivacySettings,
+                             "output": OutputSettings}
 
-
-class RunOptions(NamedTuple):
-    """The narrow options of one run, built together from its ``RunConfig``."""
-
-    data: DataOptions
-    training: LocalSpec
-    engine: EngineOptions
-    privacy: PrivacyOptions
-    loop: LoopOptions
-
-
-def run_options(cfg: RunConfig) -> RunOptions:
-    """Every narrow option of ``cfg`` (resolved: ``config.resolve_training_defaults``)."""
-    return RunOptions(DataOptions.of(cfg), LocalSpec.of(cfg), EngineOptions.of(cfg),
-                      PrivacyOptions.of(cfg), LoopOptions.of(cfg))
+__all__ = ["DEVICES", "MAX_EPSILON", "PRECISIONS", "SECTIONS", "DataSettings",
+           "EngineSettings", "OutputSettings", "PrivacySettings", "TrainingSettings"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -26,6 +27,7 @@ from privfedcal.calibration.creff import (
 )
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.privacy.bound import NoBound
+from privfedcal.settings.floors import PrivacyOptions
 
 torch.set_num_threads(1)
 
@@ -352,18 +354,18 @@ def test_privacy_policy_sample_weighting_under_dp_unless_given():
     from privfedcal.calibration.creff import CReFF
     from privfedcal.settings.run_config import RunConfig
 
-    dp = RunConfig(method="creff", dp_eps=8.0)
+    dp = PrivacyOptions.of(RunConfig.of(method="creff", dp_eps=8.0))
     schedule = {"rounds": 30, "creff_client_draws": DP_CLIENT_DRAWS}
     assert CReFF.privacy_options(dp, {"seed": 0}) == {"seed": 0, "creff_weighting": "sample",
                                                       **schedule}
     assert "uses sample weighting" in CReFF.privacy_hints(dp)[0]
-    given = dp.replace(calibration_params={"creff_weighting": "client"})
+    given = dataclasses.replace(dp, calibration_params={"creff_weighting": "client"})
     assert CReFF.privacy_options(given, {"creff_weighting": "client"}) == {
         "creff_weighting": "client", **schedule}
     assert "far more accurate" in CReFF.privacy_hints(given)[0]
-    sample = dp.replace(calibration_params={"creff_weighting": "sample"})
+    sample = dataclasses.replace(dp, calibration_params={"creff_weighting": "sample"})
     assert CReFF.privacy_hints(sample) == []
-    plain = RunConfig(method="creff")
+    plain = PrivacyOptions.of(RunConfig.of(method="creff"))
     assert CReFF.privacy_options(plain, {}) == {"rounds": 30}
     assert CReFF.privacy_hints(plain) == []
 
@@ -376,19 +378,19 @@ def test_release_schedule_is_the_last_rounds_of_the_public_config():
     assert release_schedule(30, 10) == tuple(range(21, 31))
     assert release_schedule(30, None) == release_schedule(30, 0) == tuple(range(1, 31))
     assert release_schedule(5, 10) == (1, 2, 3, 4, 5) and release_schedule(0, 3) == ()
-    dp = RunConfig(method="creff", dp_eps=8.0)
-    assert CReFF.release_rounds(dp) == tuple(range(1, 31))
-    assert CReFF.release_rounds(RunConfig(method="creff")) == tuple(range(1, 31))
-    assert CReFF.release_rounds(dp.replace(calibration_params={"creff_release_last": 10})) == \
+    dp = RunConfig.of(method="creff", dp_eps=8.0)
+    assert CReFF.release_rounds(PrivacyOptions.of(dp)) == tuple(range(1, 31))
+    assert CReFF.release_rounds(PrivacyOptions.of(RunConfig.of(method="creff"))) == tuple(range(1, 31))
+    assert CReFF.release_rounds(PrivacyOptions.of(dp.replace(calibration_params={"creff_release_last": 10}))) == \
         tuple(range(21, 31))
     given = dp.replace(calibration_params={"creff_release_last": 4}, rounds=12)
-    assert CReFF.release_rounds(given) == (9, 10, 11, 12)
-    assert CReFF.release_rounds(dp.replace(calibration_params={"creff_release_last": 0})) == \
+    assert CReFF.release_rounds(PrivacyOptions.of(given)) == (9, 10, 11, 12)
+    assert CReFF.release_rounds(PrivacyOptions.of(dp.replace(calibration_params={"creff_release_last": 0}))) == \
         tuple(range(1, 31))
     # nothing private enters: the data seed (the partition) and the noise change nothing
     for other in (given.replace(data_seed=123), given.replace(insecure_seeded_noise=True),
                   given.replace(seed=7)):
-        assert CReFF.release_rounds(other) == CReFF.release_rounds(given)
+        assert CReFF.release_rounds(PrivacyOptions.of(other)) == CReFF.release_rounds(PrivacyOptions.of(given))
     with pytest.raises(UsageError, match="release last"):
         CReFFParams(release_last=-1)
 

@@ -41,7 +41,7 @@ def test_audit_dp_from_train_options(tmp_path, capsys):
 def test_audit_dp_of_a_run_folder_writes_into_it(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    write_config(run, RunConfig(method="creff", dp_eps=2.0, dataset="digits", clients=3,
+    write_config(run, RunConfig.of(method="creff", dp_eps=2.0, dataset="digits", clients=3,
                                 rounds=1, device="cpu").to_dict())
     main(["audit", "dp", "--run", str(run), "--trials", "2000", "--no-one-run"])
     (row,) = rows(run / "dp_audit.csv")

@@ -15,7 +15,7 @@ def test_partition_defaults_are_trains(tmp_path, capsys):
     part = json.loads((out / "partition.json").read_text())
     d = RunConfig()
     assert (part["imbalance_factor"], part["clients"], part["alpha"], part["min_size"]) == \
-        (d.imbalance_factor, d.clients, d.alpha, d.min_size)
+        (d.data.imbalance_factor, d.data.clients, d.data.alpha, d.data.min_size)
 
 
 def test_partition_reads_the_train_config_and_matches_the_run(tmp_path, capsys):

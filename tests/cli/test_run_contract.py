@@ -83,18 +83,18 @@ def test_failure_before_training_leaves_no_folder(tmp_path, capsys, args):
 
 # ---- defaults ------------------------------------------------------------------------------
 def test_defaults_table_resolution():
-    cfg = resolve_training_defaults(RunConfig(dataset="cifar10", model="resnet18"), model="cnn",
+    cfg = resolve_training_defaults(RunConfig.of(dataset="cifar10", model="resnet18"), model="cnn",
                                     augment=True)
-    assert (cfg.lr, cfg.momentum, cfg.weight_decay, cfg.batch_size, cfg.local_epochs) == \
+    assert (cfg.training.lr, cfg.training.momentum, cfg.training.weight_decay, cfg.training.batch_size, cfg.training.local_epochs) == \
         (0.01, 0.9, 1e-5, 64, 10)
-    assert cfg.model == "resnet18" and cfg.augment is True
+    assert cfg.model == "resnet18" and cfg.data.augment is True
     digits = resolve_training_defaults(RunConfig(), model="mlp", augment=False)
-    assert (digits.model, digits.lr, digits.batch_size, digits.local_epochs, digits.augment) \
+    assert (digits.model, digits.training.lr, digits.training.batch_size, digits.training.local_epochs, digits.data.augment) \
         == ("mlp", 0.05, 32, 2, False)
-    given = resolve_training_defaults(RunConfig(lr=0.3, batch_size=8, augment=True),
+    given = resolve_training_defaults(RunConfig.of(lr=0.3, batch_size=8, augment=True),
                                       model="cnn", augment=False)
-    assert (given.lr, given.batch_size, given.augment) == (0.3, 8, True)  # the user's values win
-    assert given.momentum == TRAINING_DEFAULTS["paper"]["momentum"]
+    assert (given.training.lr, given.training.batch_size, given.data.augment) == (0.3, 8, True)  # the user's values win
+    assert given.training.momentum == TRAINING_DEFAULTS["paper"]["momentum"]
 
 
 def test_run_records_resolved_settings_partition_and_bytes(tmp_path, capsys):
@@ -202,7 +202,7 @@ def test_resume_refuses_other_flags_and_fewer_rounds(tmp_path, capsys):
 def test_resume_refuses_new_rounds_under_dp(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    cfg = RunConfig(dp_eps=4.0, rounds=2, out=str(run)).to_dict()
+    cfg = RunConfig.of(dp_eps=4.0, rounds=2, out=str(run)).to_dict()
     (run / "config.json").write_text(json.dumps(cfg))
     assert_usage_error(["train", "--resume", str(run), "--rounds", "5"], capsys, "DP")
 

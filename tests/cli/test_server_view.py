@@ -60,15 +60,15 @@ def test_the_server_view_has_no_training_data(views):
 
     view = load_run(views["ccvr"])
     assert view.truth_exp is None and view.exp.parts is None and view.exp.counts is None
-    assert view.exp.data.x_train.numel() == 0 and view.cfg.data_seed is None
+    assert view.exp.data.x_train.numel() == 0 and view.cfg.training.data_seed is None
 
 
 def _counts(cfg: RunConfig, data_seed: int) -> np.ndarray:
-    data = load_dataset(cfg.dataset)
+    data = load_dataset(cfg.data.dataset)
     labels = data.y_train.numpy()
-    spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                         imbalance_factor=cfg.imbalance_factor,
-                         shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+    spec = PartitionSpec(scheme=cfg.data.partition, num_clients=cfg.data.clients, alpha=cfg.data.alpha,
+                         imbalance_factor=cfg.data.imbalance_factor,
+                         shards_per_client=cfg.data.shards_per_client, min_size=cfg.data.min_size)
     return class_counts(labels, partition_indices(labels, spec, data_seed), data.num_classes)
 
 
@@ -90,10 +90,10 @@ def test_hidden_counts_are_not_determined_by_the_server_view(tmp_path):
     assert not np.array_equal(counts[0], counts[1])
     for run, held in zip(runs, counts, strict=True):
         cfg = read_run_config(run / "server")
-        assert not np.array_equal(_counts(cfg, cfg.seed), held)  # the seed does not redraw it
-        assert read_run_config(run).data_seed not in (None, cfg.seed)
+        assert not np.array_equal(_counts(cfg, cfg.training.seed), held)  # the seed does not redraw it
+        assert read_run_config(run).training.data_seed not in (None, cfg.training.seed)
         texts = [p.read_text() for p in (run / "server").rglob("*.json")]
-        assert not any(str(read_run_config(run).data_seed) in t for t in texts)
+        assert not any(str(read_run_config(run).training.data_seed) in t for t in texts)
         for row in held:
             assert not any(json.dumps(row.tolist()) in t for t in texts)
         index = json.loads((run / "server" / "transcript" / "index.json").read_text())

@@ -41,7 +41,7 @@ def test_config_resolves_with_the_papers_number(path):
     assert "Paper" in text and "privfedcal train --config" in text
     cfg = RunConfig.from_dict(load_toml(path))
     check_calibration_params(cfg)              # every [calibration_params] name is known
-    assert cfg.rounds >= 60 and cfg.local_epochs == 10   # the papers' budgets, not reduced
+    assert cfg.training.rounds >= 60 and cfg.training.local_epochs == 10   # the papers' budgets, not reduced
 
 
 def _toml_value(v):

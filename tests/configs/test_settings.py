@@ -50,7 +50,7 @@ def test_every_runconfig_field_is_described_with_its_default_and_type():
     described = {s.name: s for s in settings_of(RunConfig, "run")}
     default = RunConfig()
     assert list(described) == list(default.to_dict())
-    assert described["imbalance_factor"].default == default.imbalance_factor == 10.0
+    assert described["imbalance_factor"].default == default.data.imbalance_factor == 10.0
     assert (described["rounds"].type, described["rounds"].optional) == (int, False)
     assert (described["lr"].type, described["lr"].optional) == (float, True)
     assert (described["augment"].type, described["augment"].optional) == (bool, True)
@@ -184,7 +184,7 @@ def test_no_flag_gives_runconfig_defaults():
     assert resolve_config(None, flags) == RunConfig()
     cfg = resolve_config(None, {**flags, "mu": 0.5, "tukey": False, "min_size": 3})
     assert cfg.method_params == {"mu": 0.5} and cfg.calibration_params == {"tukey": False}
-    assert cfg.min_size == 3
+    assert cfg.data.min_size == 3
 
 
 def test_min_size_flag_reaches_the_partition(tmp_path, capsys):
@@ -232,7 +232,7 @@ def test_rewrite_replaces_only_the_marked_block():
 
 def test_dp_eps_off_round_trips_as_null():
     cfg = RunConfig.from_dict({"dp_eps": None})
-    assert math.isinf(cfg.dp_eps) and cfg.to_dict()["dp_eps"] is None
+    assert math.isinf(cfg.privacy.dp_eps) and cfg.to_dict()["dp_eps"] is None
 
 
 def test_a_new_methods_hyperparameters_become_flags(monkeypatch):

@@ -267,4 +267,4 @@ def test_longtail_is_creffs_block_draw(k, alpha, imbalance, seed):
 def test_min_size_default_is_ten():
     from privfedcal.settings.run_config import RunConfig
 
-    assert PartitionSpec().min_size == RunConfig().min_size == 10
+    assert PartitionSpec().min_size == RunConfig().data.min_size == 10

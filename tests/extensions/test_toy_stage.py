@@ -13,6 +13,7 @@ from privfedcal.privacy.executor import execute_plan
 from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.stage_registry import client_order
 from privfedcal.privacy.transcript import Transcript
+from privfedcal.settings.floors import PrivacyOptions
 from tests.extensions import toy_stage
 from tests.extensions.toy_stage import NAME, ToyScaleStage
 
@@ -29,7 +30,7 @@ def _plan(tiny_cfg, **kw):
     from privfedcal.experiment import calibrator_class
 
     cfg = tiny_cfg(**{"method": "ccvr", "stages": NAME, **kw})
-    return plan_for_run(cfg, calibrator_class(cfg), 1000)
+    return plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg), 1000)
 
 
 def _uploads():

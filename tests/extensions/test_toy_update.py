@@ -15,6 +15,7 @@ from privfedcal.privacy import stage_registry
 from privfedcal.privacy.executor import execute_plan
 from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.stage_registry import client_order
+from privfedcal.settings.floors import PrivacyOptions
 from tests.extensions import toy_update
 from tests.extensions.toy_update import NAME, ToyUpdateStage
 
@@ -34,7 +35,7 @@ def _plan(tiny_cfg, **kw):
     from privfedcal.experiment import calibrator_class
 
     cfg = tiny_cfg(**{"stages": NAME, **kw})
-    return plan_for_run(cfg, calibrator_class(cfg), 1000)
+    return plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg), 1000)
 
 
 def test_registered_from_its_file_as_an_update_stage():

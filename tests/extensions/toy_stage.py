@@ -10,7 +10,7 @@ so the noise is calibrated to the unscaled sensitivities; the wire always comes 
 
 Switch it on for a run: import this module (importing registers the stage ``toy-scale``),
 then name the stage in the run's ``stages`` setting (``SETTINGS`` below):
-``privfedcal.train(..., stages="toy-scale")``, ``RunConfig(stages="toy-scale")``,
+``privfedcal.train(..., stages="toy-scale")``, ``RunConfig.of(stages="toy-scale")``,
 ``stages = "toy-scale"`` in a settings file, or ``--stages toy-scale`` on the command line
 of a process that imported it. ``evidence(run_dir)`` reads a finished run's folder: whether
 the stage ran in every round and, after ``privfedcal.resume``, whether its state came back

@@ -37,7 +37,7 @@ def check(view: ServerView, observers: tuple[int, ...] = ()) -> list[Violation]:
 def config(settings: dict[str, Any], out: Path):
     from privfedcal.settings.run_config import RunConfig
 
-    return RunConfig(**{**BASE, **settings, "out": str(out)})
+    return RunConfig.of(**{**BASE, **settings, "out": str(out)})
 
 
 def injection(fault: dict[str, Any]):
@@ -110,7 +110,7 @@ def run_simulator(schedule: Schedule, run: Path, out: Outcome) -> list[ServerVie
         done = attempt(out, "resume", lambda: resume(run, progress=False))
         views.append(snapshot(run / "server"))
     if done and schedule.fault.get("kind") == "extend":
-        more = cfg.rounds + int(schedule.fault["more"])
+        more = cfg.training.rounds + int(schedule.fault["more"])
         attempt(out, "extend", lambda: resume(run, rounds=more, progress=False))
         views.append(snapshot(run / "server"))
     return views
@@ -128,11 +128,11 @@ def run_flower(schedule: Schedule, run: Path, out: Outcome, min_replies: int | N
     cfg = config(schedule.settings, run)
     f = schedule.fault
     if min_replies is None:  # one node may be lost from a round
-        min_replies = max(1, int(cfg.clients * cfg.participation) - 1)
+        min_replies = max(1, int(cfg.data.clients * cfg.training.participation) - 1)
     options = FlowerOptions(round_timeout=1.5, poll_interval=0.05, node_wait=2.0,
                             min_replies=min_replies)
     run_config = to_run_config(cfg.replace(data_seed=None), options)
-    grid = lossy_grid(client_app, run_config, cfg.clients, {"data-seed": cfg.data_seed},
+    grid = lossy_grid(client_app, run_config, cfg.data.clients, {"data-seed": cfg.training.data_seed},
                       victim=int(f["victim"]), nth=int(f["nth"]), reply=f["reply"],
                       match=match)
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),

@@ -70,11 +70,11 @@ def true_counts(settings: dict) -> np.ndarray:
     from privfedcal.data.partition import PartitionSpec, class_counts, partition_indices
     from privfedcal.settings.run_config import RunConfig
 
-    cfg = RunConfig(dataset="digits", clients=settings["clients"])
+    cfg = RunConfig.of(dataset="digits", clients=settings["clients"])
     labels = load_dataset("digits").y_train.numpy()
-    spec = PartitionSpec(scheme=cfg.partition, num_clients=cfg.clients, alpha=cfg.alpha,
-                         imbalance_factor=cfg.imbalance_factor,
-                         shards_per_client=cfg.shards_per_client, min_size=cfg.min_size)
+    spec = PartitionSpec(scheme=cfg.data.partition, num_clients=cfg.data.clients, alpha=cfg.data.alpha,
+                         imbalance_factor=cfg.data.imbalance_factor,
+                         shards_per_client=cfg.data.shards_per_client, min_size=cfg.data.min_size)
     return class_counts(labels, partition_indices(labels, spec, settings["data_seed"]), 10)
 
 

@@ -29,7 +29,7 @@ def test_versions():
 
 
 def test_config_round_trip_and_record_keys(tmp_path):
-    cfg = RunConfig(dataset="digits", clients=3, alpha=0.3, seed=5, method="fedprox",
+    cfg = RunConfig.of(dataset="digits", clients=3, alpha=0.3, seed=5, method="fedprox",
                     method_params={"mu": 0.1})
     path = write_config(tmp_path / "run", cfg.to_dict(), flower_run_id="42")
     raw = json.loads(path.read_text())
@@ -45,7 +45,7 @@ def test_run_files_split_the_server_view_from_the_private_part(tmp_path):
     """The data seed and the partition stay out of ``server/``: its config.json is the
     run's without the data seed; the partition goes to ``private/``; a server's experiment
     (no partition, a Flower ServerApp's) writes no ``private/`` at all."""
-    cfg = RunConfig(dataset="digits", data_seed=77)
+    cfg = RunConfig.of(dataset="digits", data_seed=77)
     exp = SimpleNamespace(record=cfg.to_dict(), parts=[torch.arange(3), torch.arange(4)],
                           partition_record=lambda: {"sizes": [3, 4], "counts": [[1, 2], [4, 0]]})
     write_run_files(tmp_path, exp, flower_run_id="9")
@@ -67,9 +67,9 @@ def test_run_files_split_the_server_view_from_the_private_part(tmp_path):
 def test_runs_from_before_the_data_seed_read_back_with_the_seed(tmp_path):
     """A config.json without a data_seed key was partitioned with the seed: resume, the
     report and attacks redraw that partition; its transcript sat at the top."""
-    raw = {k: v for k, v in RunConfig(seed=5).to_dict().items() if k != "data_seed"}
+    raw = {k: v for k, v in RunConfig.of(seed=5).to_dict().items() if k != "data_seed"}
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    assert read_run_config(tmp_path).data_seed == 5
+    assert read_run_config(tmp_path).training.data_seed == 5
     assert server_view(tmp_path) == tmp_path
 
 

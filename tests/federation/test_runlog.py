@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory):
     from privfedcal.settings.run_config import RunConfig
 
     path = tmp_path_factory.mktemp("runlog") / "run"
-    cfg = RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
+    cfg = RunConfig.of(dataset="digits", clients=4, alpha=0.5, rounds=3, local_epochs=1,
                     batch_size=32, device="cpu", threads=1, seed=0, transcript=False,
                     participation=0.5, eval_every=2, out=str(path))
     Simulator(build_experiment(cfg), path).run()
@@ -108,8 +108,8 @@ def test_clients_log_matches_the_round(run_dir):
     from types import SimpleNamespace
 
     from privfedcal.federation.simulator import Simulator
+    from privfedcal.settings.floors import PrivacyOptions
     from privfedcal.settings.run_config import RunConfig
-    from privfedcal.settings.sections import PrivacyOptions
 
     lines = [json.loads(x) for x in (run_dir / "clients.jsonl").read_text().splitlines()]
     rows = read_metrics_csv(run_dir / "metrics.csv")

@@ -31,7 +31,7 @@ def test_fit_warning_names_the_minimum_input():
 def experiment():
     from privfedcal.settings.run_config import RunConfig
 
-    return build_experiment(RunConfig(dataset="digits", clients=4, alpha=0.5, rounds=2,
+    return build_experiment(RunConfig.of(dataset="digits", clients=4, alpha=0.5, rounds=2,
                                       batch_size=32, device="cpu", threads=1, seed=0,
                                       transcript=False))
 
@@ -60,7 +60,7 @@ def test_the_experiment_carries_the_narrow_options_of_its_resolved_config(experi
     import pickle
 
     from privfedcal.experiment import config_of
-    from privfedcal.settings.sections import run_options
+    from privfedcal.settings.floors import run_options
 
     e = experiment
     opts = run_options(config_of(e))
@@ -94,7 +94,7 @@ def test_the_experiments_record_is_its_resolved_config_and_config_json(experimen
     from privfedcal.settings.run_config import read_run_config
 
     cfg = config_of(experiment)
-    assert (cfg.model, cfg.lr, cfg.local_epochs, cfg.data_seed) == ("mlp", 0.05, 2, 0)
+    assert (cfg.model, cfg.training.lr, cfg.training.local_epochs, cfg.training.data_seed) == ("mlp", 0.05, 2, 0)
     Simulator(experiment, tmp_path / "run").close()
     assert read_run_config(tmp_path / "run") == cfg
     assert read_run_config(tmp_path / "run" / "server") == cfg.replace(data_seed=None)

@@ -255,4 +255,4 @@ def test_run_with_a_refused_model_stops_before_training(tiny_cfg):
 ])
 def test_config_refusals(changes, message):
     with pytest.raises(UsageError, match=message):
-        RunConfig(**changes)
+        RunConfig.of(**changes)

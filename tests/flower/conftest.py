@@ -40,8 +40,8 @@ def run_flower(tmp_path):
     def run(cfg, grid=None, options=None):
         run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower"), data_seed=None),
                                    options)
-        nodes = {} if cfg.data_seed is None else {"data-seed": cfg.data_seed}
-        grid = grid or LoopbackGrid(client_app, run_config, cfg.clients, node_config=nodes)
+        nodes = {} if cfg.training.data_seed is None else {"data-seed": cfg.training.data_seed}
+        grid = grid or LoopbackGrid(client_app, run_config, cfg.data.clients, node_config=nodes)
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                       run_config=run_config)
         sim, summary = run_server(grid, ctx)

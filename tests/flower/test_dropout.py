@@ -31,6 +31,7 @@ from privfedcal.flower.client_app import app as client_app  # noqa: E402
 from privfedcal.flower.client_app import error_reply  # noqa: E402
 from privfedcal.flower.link import FlowerRoundError, GridLink  # noqa: E402
 from privfedcal.flower.records import FlowerOptions, record_to_state, to_run_config  # noqa: E402
+from privfedcal.settings.floors import PrivacyOptions
 
 TIMEOUT = 1.5  # flower.round-timeout of these tests: seconds
 RUN_LIMIT = 120  # seconds a whole test run may take before it counts as hung
@@ -100,8 +101,8 @@ def faulty_run(tmp_path):
                                 min_replies=min_replies)
         run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower"), data_seed=None),
                                    options)
-        grid = FaultyGrid(client_app, run_config, cfg.clients,
-                          node_config={"data-seed": cfg.data_seed}, **fault)
+        grid = FaultyGrid(client_app, run_config, cfg.data.clients,
+                          node_config={"data-seed": cfg.training.data_seed}, **fault)
         grids.append(grid)
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                       run_config=run_config)
@@ -252,7 +253,7 @@ def test_secure_sum_goes_on_without_a_lost_uploaders_cohort(flower_cfg, faulty_r
     from privfedcal.privacy.cohorts import cohort_plan
 
     cfg = flower_cfg(method="ccvr", secagg=True, clients=6, rounds=1)
-    assert cohort_plan(cfg.replace(secagg_key_holder=0)).cohorts == ((0, 1, 2), (3, 4, 5))
+    assert cohort_plan(PrivacyOptions.of(cfg.replace(secagg_key_holder=0))).cohorts == ((0, 1, 2), (3, 4, 5))
     sim, summary, grid = faulty_run(cfg, min_replies=5, victim=3, phase=phase,
                                     message="query.payload")
     assert grid.hits == 1

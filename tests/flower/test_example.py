@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -29,18 +28,18 @@ def _flatten(table: dict, prefix: str = "") -> dict:
 def test_example_defaults_are_train_defaults() -> None:
     project = tomllib.loads(EXAMPLE.read_text())
     cfg, _ = parse_run_config(_flatten(project["tool"]["flwr"]["app"]["config"]))
-    default = RunConfig()
-    for f in dataclasses.fields(RunConfig):
-        got, want = getattr(cfg, f.name), getattr(default, f.name)
-        if f.name in ("method_params", "calibration_params"):
+    default = RunConfig().flat()
+    for name, got in cfg.flat().items():
+        want = default[name]
+        if name in ("method_params", "calibration_params"):
             got = {k: v for k, v in got.items() if v is not None}
-        assert got == want, f"example {f.name} = {got!r}, privfedcal train's default {want!r}"
+        assert got == want, f"example {name} = {got!r}, privfedcal train's default {want!r}"
 
 
 def test_example_simulation_has_one_supernode_per_client() -> None:
     project = tomllib.loads(EXAMPLE.read_text())
     sim = project["tool"]["flwr"]["federations"]["local-simulation"]
-    assert sim["options"]["num-supernodes"] == RunConfig().clients
+    assert sim["options"]["num-supernodes"] == RunConfig().data.clients
 
 
 def test_example_declares_exactly_the_described_keys_and_defaults() -> None:

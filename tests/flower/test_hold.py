@@ -106,9 +106,9 @@ def run_with_hold(tmp_path):
     def run(cfg, hold, slow=None, answer_holds=False, hold_cost=0.0):
         run_config = to_run_config(cfg.replace(out=str(tmp_path / f"hold-{hold}"),
                                                data_seed=None), FlowerOptions(hold=hold))
-        grid = OrderGrid(client_app, run_config, cfg.clients, slow=slow,
+        grid = OrderGrid(client_app, run_config, cfg.data.clients, slow=slow,
                          answer_holds=answer_holds, hold_cost=hold_cost,
-                         node_config={"data-seed": cfg.data_seed})
+                         node_config={"data-seed": cfg.training.data_seed})
         ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                       run_config=run_config)
         sim, summary = run_server(grid, ctx)

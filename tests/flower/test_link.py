@@ -18,8 +18,8 @@ FAST = FlowerOptions(round_timeout=0.5, poll_interval=0.05, node_wait=0.3)
 
 
 def _link(cfg, nodes=None, grid_cls=LoopbackGrid):
-    grid = grid_cls(client_app, to_run_config(cfg), nodes or cfg.clients)
-    return grid, GridLink(grid, cfg.clients, FAST)
+    grid = grid_cls(client_app, to_run_config(cfg), nodes or cfg.data.clients)
+    return grid, GridLink(grid, cfg.data.clients, FAST)
 
 
 def test_discovery_maps_partitions_to_nodes(flower_cfg):

@@ -28,6 +28,7 @@ from privfedcal.privacy.releases import DPSGD_RELEASE  # noqa: E402
 from privfedcal.privacy.stages import NoiseStage  # noqa: E402
 from privfedcal.privacy.transcript import load_transcript  # noqa: E402
 from privfedcal.privacy.uplink import Uplink  # noqa: E402
+from privfedcal.settings.floors import PrivacyOptions
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}
@@ -45,13 +46,13 @@ def overselection(flower_cfg, tmp_path):
     for seed in range(20):
         cfg = flower_cfg(method="creff", clients=4, participation=0.5, rounds=4, seed=seed,
                          dp_eps=8.0, transcript=True, calibration_params=CREFF_FAST)
-        counts = participation_counts(cfg)
+        counts = participation_counts(PrivacyOptions.of(cfg))
         t = max(counts.values())
-        if t == cfg.rounds:
+        if t == cfg.training.rounds:
             continue
         sim = build_simulator(cfg.replace(out=str(tmp_path / "plan")), tmp_path / "plan")
         c = next(c for c, n in counts.items() if n == t)
-        free = [r for r in range(1, cfg.rounds + 1) if c not in sim.select_clients(r)]
+        free = [r for r in range(1, cfg.training.rounds + 1) if c not in sim.select_clients(r)]
         return cfg, c, t, free[-1]
     raise AssertionError("no seed gives an over-selectable client")
 
@@ -81,7 +82,7 @@ def test_node_refuses_an_overselection_and_the_release_goes_on(flower_cfg, run_f
     dp = fl.uplink.find(NoiseStage).dp
     acc = RDPAccountant()
     acc.history = [(dp.sigmas[CREFF_RELEASE], 1.0, len(uploads))]
-    assert acc.get_epsilon(delta=dp.delta) <= cfg.dp_eps
+    assert acc.get_epsilon(delta=dp.delta) <= cfg.privacy.dp_eps
 
 
 def test_node_refuses_dp_sgd_training_past_its_planned_rounds(flower_cfg, run_flower,
@@ -95,7 +96,7 @@ def test_node_refuses_dp_sgd_training_past_its_planned_rounds(flower_cfg, run_fl
     fl, _, grid = run_flower(cfg)
     assert made(grid, 0) == made(grid, 1) == {DPSGD_RELEASE: 1}
     monkeypatch.setattr(client_app, "_EXPERIMENTS", {})  # as a new process per message
-    link = GridLink(grid, cfg.clients, FlowerOptions(round_timeout=30))
+    link = GridLink(grid, cfg.data.clients, FlowerOptions(round_timeout=30))
     content = RecordDict({"global": state_to_record(fl.global_state),
                           "config": ConfigRecord({"round": 2})})
     with pytest.raises(FlowerRoundError) as info:

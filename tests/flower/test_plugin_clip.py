@@ -15,6 +15,7 @@ from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.plugin.clip import AutoClip, histogram_total, stage_label  # noqa: E402
 from privfedcal.privacy.accounting import ReleasePlan  # noqa: E402
 from privfedcal.privacy.quantile import ClipSearch, plan_clip_noise  # noqa: E402
+from privfedcal.settings.floors import PrivacyOptions
 
 CCVR = [ReleasePlan("ccvr-stats", 1.0, 1)]
 
@@ -40,7 +41,7 @@ def test_the_search_is_planned_with_the_calibration_by_the_planner(tiny_cfg):
 
     cfg = tiny_cfg(method="ccvr", dp_eps=8.0, dp_delta=1e-5)
     auto = AutoClip.plan(8.0, 1e-5, "rdp", CCVR)
-    plan = plan_for_run(cfg, calibrator_class(cfg), 1000, auto.preset())
+    plan = plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg), 1000, auto.preset())
     assert dict(plan.noise.sigmas) == {
         "ccvr-stats": auto.calibration["ccvr-stats"],
         stage_label(1): auto.stage_sigma(1), stage_label(2): auto.stage_sigma(2)}
@@ -54,7 +55,7 @@ def test_the_search_is_planned_with_the_calibration_by_the_planner(tiny_cfg):
     assert dp.ledger(0).limits == {"ccvr-stats": 1, stage_label(1): 1, stage_label(2): 1}
     other = tiny_cfg(method="ccvr", dp_eps=7.2, dp_delta=1e-5)
     with pytest.raises(UsageError, match="not the run's"):
-        plan_for_run(other, calibrator_class(other), 1000, auto.preset())
+        plan_for_run(PrivacyOptions.of(other), calibrator_class(other), 1000, auto.preset())
 
 
 def test_grids_and_the_clip_a_node_accepts():

@@ -20,7 +20,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_under_dp_the_clip_comes_from_the_search():
     s = resolve(gather({"dp_eps": 8.0}, {}), clients=3)
-    assert s.auto_clip is not None and s.cfg.dp_clip is None
+    assert s.auto_clip is not None and s.cfg.privacy.dp_clip is None
     assert s.flat["dp-clip"] == "auto"  # both sides' digest says so
     # the search's cost: a tenth of the budget, the calibration release the rest (RDP)
     assert s.auto_clip.search_epsilon == pytest.approx(0.8)
@@ -28,14 +28,14 @@ def test_under_dp_the_clip_comes_from_the_search():
 
 def test_a_clip_given_is_used():
     s = resolve(gather({"dp_eps": 8.0, "dp_clip": 2.5}, {}), clients=3)
-    assert s.auto_clip is None and s.cfg.dp_clip == 2.5
+    assert s.auto_clip is None and s.cfg.privacy.dp_clip == 2.5
     run = resolve(gather({}, {"privfedcal.dp-eps": 8.0, "privfedcal.dp-clip": 2.5}), clients=3)
-    assert run.auto_clip is None and run.cfg.dp_clip == 2.5
+    assert run.auto_clip is None and run.cfg.privacy.dp_clip == 2.5
 
 
 def test_without_dp_no_search():
     s = resolve(gather({"secagg": True}, {}), clients=3)
-    assert s.auto_clip is None and not math.isfinite(s.cfg.dp_eps)
+    assert s.auto_clip is None and not math.isfinite(s.cfg.privacy.dp_eps)
 
 
 def test_a_budget_too_small_for_the_search_says_to_give_a_clip():

@@ -18,15 +18,15 @@ def test_node_config_beats_run_config_beats_keywords():
                   {"privfedcal.dp-eps": 4.0, "other-key": 1},
                   {"privfedcal.dp-eps": 1.0, "partition-id": 0})
     s = resolve(flat, clients=3)
-    assert s.cfg.dp_eps == 1.0 and s.cfg.dp_clip == 3.0
-    assert s.options.key_holder == 1 and s.cfg.calibrator == "ccvr" and s.cfg.rounds == 1
-    assert s.cfg.clients == 3 and s.cfg.dp_delta == 1e-5  # no examples: the plugin's delta
+    assert s.cfg.privacy.dp_eps == 1.0 and s.cfg.privacy.dp_clip == 3.0
+    assert s.options.key_holder == 1 and s.cfg.calibrator == "ccvr" and s.cfg.training.rounds == 1
+    assert s.cfg.data.clients == 3 and s.cfg.privacy.dp_delta == 1e-5  # no examples: the plugin's delta
 
 
 def test_delta_follows_the_public_example_count():
     s = resolve(gather({"dp_eps": 1.0, "dp_clip": 2.0, "examples": 50_000}, {}), clients=2)
-    assert s.cfg.dp_delta == pytest.approx(1 / (10 * 50_000))
-    assert not math.isfinite(resolve({}, clients=2).cfg.dp_eps)
+    assert s.cfg.privacy.dp_delta == pytest.approx(1 / (10 * 50_000))
+    assert not math.isfinite(resolve({}, clients=2).cfg.privacy.dp_eps)
 
 
 @pytest.mark.parametrize("kwargs, run_config, match", [
@@ -67,10 +67,10 @@ def test_an_auto_clip_is_planned_with_the_calibration_in_one_budget():
 
     s = resolve(gather({"dp_eps": 8.0, "dp_clip": "auto", "examples": 1000}, {}), clients=3)
     auto = s.auto_clip
-    assert s.cfg.dp_clip is None  # chosen by the search, before the calibration release
+    assert s.cfg.privacy.dp_clip is None  # chosen by the search, before the calibration release
     # the calibration's DPAccounting plans against the whole target, not a remainder
-    assert s.cfg.dp_eps == 8.0 and s.cfg.dp_delta == pytest.approx(1e-5)  # min(1e-5, 1/10N)
-    clip_z, (calibration_z,) = plan_clip_noise(8.0, s.cfg.dp_delta, ClipSearch(),
+    assert s.cfg.privacy.dp_eps == 8.0 and s.cfg.privacy.dp_delta == pytest.approx(1e-5)  # min(1e-5, 1/10N)
+    clip_z, (calibration_z,) = plan_clip_noise(8.0, s.cfg.privacy.dp_delta, ClipSearch(),
                                                [ReleasePlan("ccvr-stats", 1.0, 1)])
     assert auto.sigma == clip_z and auto.calibration == {"ccvr-stats": calibration_z}
     # basic composition (0.1 epsilon and delta / 2 for the search) plans more noise
@@ -80,7 +80,7 @@ def test_an_auto_clip_is_planned_with_the_calibration_in_one_budget():
     acc = RDPAccountant()
     acc.history = [(auto.stage_sigma(1), 1.0, 1), (auto.stage_sigma(2), 1.0, 1),
                    (calibration_z, 1.0, 1)]
-    assert 8.0 * 0.99 < acc.get_epsilon(s.cfg.dp_delta) <= 8.0
+    assert 8.0 * 0.99 < acc.get_epsilon(s.cfg.privacy.dp_delta) <= 8.0
     # the search alone spends its share
     acc.history = [(auto.sigma, 1.0, 1)]
-    assert acc.get_epsilon(s.cfg.dp_delta) == pytest.approx(0.8, rel=1e-2)
+    assert acc.get_epsilon(s.cfg.privacy.dp_delta) == pytest.approx(0.8, rel=1e-2)

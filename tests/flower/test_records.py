@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import tomllib
 from pathlib import Path
@@ -27,6 +26,8 @@ from privfedcal.flower.records import (  # noqa: E402
     state_to_record,
     to_run_config,
 )
+from privfedcal.settings.catalogue import CALIBRATION_SETTINGS  # noqa: E402
+from privfedcal.settings.descriptions import settings_of  # noqa: E402
 from privfedcal.settings.run_config import RunConfig  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower" / "pyproject.toml"
@@ -63,7 +64,7 @@ def test_arrays_are_npy_without_pickle():
 
 
 def test_run_config_round_trip():
-    cfg = RunConfig(method="fedprox", method_params={"mu": 0.05}, clients=3, alpha=0.3,
+    cfg = RunConfig.of(method="fedprox", method_params={"mu": 0.05}, clients=3, alpha=0.3,
                     calibrate="ccvr", calibration_params={"virtual_per_class": 7},
                     dp_eps=4.0, dp_delta=1e-5, threads=None, augment=False)
     opts = FlowerOptions(round_timeout=30.0, poll_interval=0.5, node_wait=9.0)
@@ -75,7 +76,7 @@ def test_run_config_round_trip():
 def test_run_config_spelling_and_unset_values():
     cfg, opts = parse_run_config({"local-epochs": 3, "model": "", "method-params.mu": "",
                                   "method-params.server-lr": 0.5, "flower.poll-interval": 1})
-    assert cfg.local_epochs == 3 and cfg.model is None
+    assert cfg.training.local_epochs == 3 and cfg.model is None
     assert cfg.method_params == {"mu": None, "server_lr": 0.5}
     assert opts.poll_interval == 1 and opts.round_timeout == FlowerOptions().round_timeout
 
@@ -98,13 +99,11 @@ def test_example_app_declares_every_setting():
     config = flatten_dict(raw["tool"]["flwr"]["app"]["config"])
     cfg, opts = parse_run_config(config)
     declared = {k.replace("-", "_") for k in config if "." not in k}
-    fields = {f.name for f in dataclasses.fields(RunConfig)} - {"method_params",
+    fields = {s.name for s in settings_of(RunConfig, "run")} - {"method_params",
                                                                  "calibration_params"}
     assert fields <= declared
     assert {"mu", "tau", "beta", "server_lr", "lam"} <= set(cfg.method_params)
-    from privfedcal.cli.train_command import CALIBRATION_FLAGS
-
-    assert set(CALIBRATION_FLAGS) <= set(cfg.calibration_params)
+    assert {s.name for s in CALIBRATION_SETTINGS} <= set(cfg.calibration_params)
     assert raw["tool"]["flwr"]["app"]["components"] == {
         "serverapp": "privfedcal.flower.server_app:app",
         "clientapp": "privfedcal.flower.client_app:app"}
@@ -151,5 +150,5 @@ def test_run_config_types_are_the_described_ones(bad, message):
 def test_run_config_accepts_either_spelling_and_widens_ints():
     cfg, opts = parse_run_config({"local_epochs": 2, "calibration-params.virtual_per_class": 5,
                                   "alpha": 1, "flower.node-wait": 30})
-    assert cfg.local_epochs == 2 and cfg.calibration_params == {"virtual_per_class": 5}
-    assert type(cfg.alpha) is float and opts.node_wait == 30
+    assert cfg.training.local_epochs == 2 and cfg.calibration_params == {"virtual_per_class": 5}
+    assert type(cfg.data.alpha) is float and opts.node_wait == 30

@@ -21,13 +21,14 @@ pytest.importorskip("tenseal")
 from test_whole_run_flower import CREFF, least_squares  # noqa: E402
 
 from privfedcal.privacy.cohorts import cohort_plan, select_clients  # noqa: E402
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def lost_round(cfg, victim: int) -> int:
     """The first round after round 1 whose selection holds ``victim`` (Flower's key holder
     is client 0: the cohorts are those of ``secagg_key_holder=0``)."""
     keyed = cfg.replace(secagg_key_holder=0)
-    return next(r for r in range(2, cfg.rounds + 1) if victim in select_clients(keyed, r))
+    return next(r for r in range(2, cfg.training.rounds + 1) if victim in select_clients(PrivacyOptions.of(keyed), r))
 
 
 def run_with_lost_node(cfg, victim, run_flower, monkeypatch):
@@ -47,7 +48,7 @@ def run_with_lost_node(cfg, victim, run_flower, monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(module, "train_client", train_client)
-    asked = len(select_clients(cfg.replace(secagg_key_holder=0), lost))
+    asked = len(select_clients(PrivacyOptions.of(cfg.replace(secagg_key_holder=0)), lost))
     options = FlowerOptions(round_timeout=30, poll_interval=0.05, min_replies=asked - 1)
     sim, summary, _ = run_flower(cfg, options=options)
     return sim, summary, lost
@@ -81,7 +82,7 @@ def test_a_node_lost_in_training_takes_its_cohort_out(flower_cfg, run_flower, mo
     cfg = flower_cfg(method="creff", secagg=True, hide_counts=True, clients=6,
                      participation=1.0, rounds=3, transcript=True, **({} if dp is None else {"dp_eps": dp}),
                      calibration_params=CREFF)
-    assert cohort_plan(cfg.replace(secagg_key_holder=0)).cohorts == ((0, 1, 2), (3, 4, 5))
+    assert cohort_plan(PrivacyOptions.of(cfg.replace(secagg_key_holder=0))).cohorts == ((0, 1, 2), (3, 4, 5))
     sim, summary, lost = run_with_lost_node(cfg, 4, run_flower, monkeypatch)
     assert lost == 2
     check_nothing_isolated(sim, summary, 4, lost)

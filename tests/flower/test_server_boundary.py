@@ -26,7 +26,7 @@ def test_the_server_holds_no_training_data_or_partition(flower_cfg, run_flower, 
     assert fl.exp.num_examples == sim.exp.num_examples  # the public size both plan with
     # nor the clients' sizes: under --hide-counts a size would split its cohort's hidden
     # counts, so the nodes report 0 and the updates are averaged uniformly
-    assert fl.sizes == {c: 0 for c in range(cfg.clients)}
+    assert fl.sizes == {c: 0 for c in range(cfg.data.clients)}
     assert all(int(p.numel()) > 0 for p in sim.exp.parts)
     run_dir = fl.run_dir
     assert not (run_dir / "private").exists()
@@ -39,13 +39,13 @@ def test_a_node_with_other_data_settings_is_refused(flower_cfg, run_flower):
     from privfedcal.flower.link import FlowerRoundError
 
     cfg = flower_cfg()
-    other = cfg.replace(alpha=cfg.alpha * 2)
+    other = cfg.replace(alpha=cfg.data.alpha * 2)
     assert partition_settings_digest(other) != partition_settings_digest(cfg)
     from privfedcal.flower.client_app import app as client_app
     from privfedcal.flower.records import to_run_config
 
     # the nodes run alpha x 2, the server's run config says alpha
-    grid = LoopbackGrid(client_app, to_run_config(other.replace(data_seed=None)), cfg.clients,
+    grid = LoopbackGrid(client_app, to_run_config(other.replace(data_seed=None)), cfg.data.clients,
                         node_config={"data-seed": 0})
     with pytest.raises(FlowerRoundError, match="another dataset/partition config"):
         run_flower(cfg, grid=grid)

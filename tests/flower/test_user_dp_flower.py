@@ -56,7 +56,7 @@ def _train_reply(grid, cfg, state):
     from privfedcal.flower.link import GridLink
     from privfedcal.flower.records import FlowerOptions, state_to_record
 
-    link = GridLink(grid, cfg.clients, FlowerOptions(round_timeout=30))
+    link = GridLink(grid, cfg.data.clients, FlowerOptions(round_timeout=30))
     content = RecordDict({"global": state_to_record(state), "config": ConfigRecord({"round": 3})})
     return link.exchange(content, [0], "train", "3")[0].content
 

@@ -76,7 +76,7 @@ def walk(cfg, run_flower, hold=0.0):
     from privfedcal.flower.records import FlowerOptions, to_run_config
 
     options = FlowerOptions(hold=hold)
-    grid = RecordingGrid(client_app, to_run_config(cfg, options), cfg.clients)
+    grid = RecordingGrid(client_app, to_run_config(cfg, options), cfg.data.clients)
     run_flower(cfg, grid, options)
     check(grid)
     return grid.seen
@@ -93,11 +93,11 @@ def test_every_field_a_client_sends_is_declared(flags, flower_cfg, run_flower):
     seen = walk(cfg, run_flower)
     messages = {m for m, _, _, _ in seen}
     assert {"train", "query.payload"} <= messages
-    if cfg.secagg:
+    if cfg.privacy.secagg:
         assert {"query.keygen", "query.decrypt"} <= messages
         # under secure aggregation no payload tensor leaves a client in the clear
         assert not [k for m, r, k, _ in seen if m == "query.payload" and r == "payload"]
-    if cfg.dp_train:
+    if cfg.privacy.dp_train:
         # DP-SGD: no loss, and the size a client reports carries nothing
         assert not [k for m, r, k, _ in seen if k == "train-loss"]
         assert {v for m, r, k, v in seen if k == "num-examples"} == {0}
@@ -145,8 +145,8 @@ def test_local_evaluation_is_refused_under_dp(flower_cfg):
 
     for flags, refused in ((dict(dp_eps=8.0, method="ccvr"), True), (dict(), False)):
         cfg = flower_cfg(rounds=1, **flags)
-        grid = LoopbackGrid(client_app, to_run_config(cfg), cfg.clients)
-        link = GridLink(grid, cfg.clients, FlowerOptions(round_timeout=5))
+        grid = LoopbackGrid(client_app, to_run_config(cfg), cfg.data.clients)
+        link = GridLink(grid, cfg.data.clients, FlowerOptions(round_timeout=5))
         exp = build_experiment(cfg)
         content = RecordDict({"global": state_to_record(exp.model.state_dict())})
         if refused:
@@ -169,7 +169,7 @@ def _train_exchange(grid, cfg, clients=(0,)):
     from privfedcal.flower.link import FlowerRoundError, GridLink
     from privfedcal.flower.records import FlowerOptions, state_to_record
 
-    link = GridLink(grid, cfg.clients, FlowerOptions(round_timeout=5))
+    link = GridLink(grid, cfg.data.clients, FlowerOptions(round_timeout=5))
     content = RecordDict({"global": state_to_record(build_experiment(cfg).model.state_dict()),
                           "config": ConfigRecord({"round": 1})})
     with pytest.raises(FlowerRoundError) as info:
@@ -205,7 +205,7 @@ def test_an_error_reply_carries_its_code_only(make, code, flower_cfg, monkeypatc
 
     monkeypatch.setattr(client_app, "train_client", failing)
     cfg = flower_cfg(rounds=1)
-    grid = RecordingGrid(app, to_run_config(cfg), cfg.clients)
+    grid = RecordingGrid(app, to_run_config(cfg), cfg.data.clients)
     wire = []
     deliver = grid.client_app
 
@@ -233,7 +233,7 @@ def test_unknown_message_and_bad_node_config_are_codes(flower_cfg):
     from privfedcal.flower.records import to_run_config
 
     cfg = flower_cfg(rounds=1)
-    grid = RecordingGrid(app, to_run_config(cfg), cfg.clients)
+    grid = RecordingGrid(app, to_run_config(cfg), cfg.data.clients)
     grid.contexts[NODE_BASE + 1].node_config["num-partitions"] = 5
     grid.send_and_receive([
         Message(RecordDict(), dst_node_id=NODE_BASE, message_type="query.nothing"),
@@ -250,7 +250,7 @@ def test_an_error_reply_has_its_row(flower_cfg, monkeypatch):
     from privfedcal.flower.records import to_run_config
 
     cfg = flower_cfg(rounds=1)
-    grid = RecordingGrid(app, to_run_config(cfg), cfg.clients)
+    grid = RecordingGrid(app, to_run_config(cfg), cfg.data.clients)
     grid.contexts[NODE_BASE].node_config["num-partitions"] = 5
     _train_exchange(grid, cfg)
     check(grid)
@@ -278,7 +278,7 @@ def test_the_walk_fails_on_an_error_text(flower_cfg, monkeypatch):
     monkeypatch.setattr(client_app, "train_client", failing)
     monkeypatch.setattr(client_app, "error_reply", texting)
     cfg = flower_cfg(rounds=1)
-    grid = RecordingGrid(app, to_run_config(cfg), cfg.clients)
+    grid = RecordingGrid(app, to_run_config(cfg), cfg.data.clients)
     message = _train_exchange(grid, cfg)
     assert "3.14159" not in message  # the server keeps Flower's code name, not the text
     with pytest.raises(AssertionError, match="outside the declared vocabulary.*train/error/"

@@ -46,7 +46,7 @@ def test_the_api_is_type_checked():
     done = subprocess.run([sys.executable, "-m", "mypy", "--follow-imports=silent",
                            "--ignore-missing-imports", "--no-incremental",
                            "privfedcal/api/__init__.py", "privfedcal/api/run.py", "privfedcal/api/attacking.py",
-                           "privfedcal/api/log.py", "privfedcal/api/arguments.py",
+                           "privfedcal/api/attack_jobs.py", "privfedcal/api/log.py", "privfedcal/api/arguments.py",
                            "privfedcal/api/ownloop.py", "privfedcal/__init__.py"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr

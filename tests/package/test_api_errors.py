@@ -61,7 +61,7 @@ def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
             assert python_message(f"({s.flag_name[2:]}, x)") == f"({s.name}, x)"
         value = s.default if s.default is not None else SAMPLE.get(s.type, {})
         try:
-            api._config(None, {s.name: value})
+            api.config_from(None, {s.name: value})
         except UsageError as exc:
             message = python_message(str(exc))
             assert "unknown setting" not in message and not FLAG.search(message), message
@@ -104,17 +104,17 @@ def test_values_after_a_flag_join_their_keyword():
 
 # ---- numbers: numpy scalars as Python's, never a bool or a fraction for an int ---------------
 def test_numpy_scalars_are_taken_as_python_numbers():
-    cfg = api._config(None, dict(rounds=np.int64(3), dp_eps=np.float64(8), method="ccvr",
+    cfg = api.config_from(None, dict(rounds=np.int64(3), dp_eps=np.float64(8), method="ccvr",
                                  secagg=np.bool_(True), clients=np.int32(4),
                                  participation=np.float32(1.0), mu=np.float64(0.1),
                                  virtual_per_class=np.int64(50), lr=torch.tensor(0.05)))
-    assert (cfg.rounds, cfg.dp_eps, cfg.secagg, cfg.clients) == (3, 8.0, True, 4)
-    assert [type(v) for v in (cfg.rounds, cfg.dp_eps, cfg.secagg, cfg.lr)] == \
+    assert (cfg.training.rounds, cfg.privacy.dp_eps, cfg.privacy.secagg, cfg.data.clients) == (3, 8.0, True, 4)
+    assert [type(v) for v in (cfg.training.rounds, cfg.privacy.dp_eps, cfg.privacy.secagg, cfg.training.lr)] == \
         [int, float, bool, float]
     assert cfg.method_params == {"mu": 0.1} and type(cfg.method_params["mu"]) is float
     assert cfg.calibration_params == {"virtual_per_class": 50}
-    assert api._config({"rounds": np.int16(2)}, {}).rounds == 2
-    assert api._config(None, {"rounds": 4.0}).rounds == 4
+    assert api.config_from({"rounds": np.int16(2)}, {}).training.rounds == 2
+    assert api.config_from(None, {"rounds": 4.0}).training.rounds == 4
 
 
 @pytest.mark.parametrize("value", [True, np.bool_(True), 2.5, np.float64(2.5), "3",
@@ -196,7 +196,7 @@ def test_resume_speaks_python(tmp_path):
 
 
 def test_the_cli_keeps_its_flags_where_it_calls_the_api(tmp_path, capsys):
-    """``train --resume`` runs the unwrapped ``_resume_simulator``: its user typed flags and
+    """``train --resume`` runs ``api.resume_simulator_for_cli``: its user typed flags and
     reads flags."""
     from privfedcal.cli.main import main
 

@@ -25,7 +25,7 @@ def test_a_run_without_out_stays_in_memory_until_its_last_run_goes(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     run = privfedcal.train(method="ccvr", progress=False, **FAST)
     assert list(tmp_path.iterdir()) == []  # nothing in the working directory
-    assert run.in_memory and run.config.out is None
+    assert run.in_memory and run.config.output.out is None
     assert len(run.metrics) == 2 and 0 < run.accuracy <= 1
     assert run.summary["accuracy"] == run.accuracy
     assert (run.server_view / "transcript").is_dir()

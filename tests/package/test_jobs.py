@@ -103,7 +103,7 @@ def test_analyze_gives_the_final_heads_norms(runs, tmp_path):
     seen = []
     jobs.analyze(ccvr.path, samples=40, projections=8, max_clients=2, progress=seen.append)
     assert json.loads((ccvr.path / "analysis.json").read_text())["cka"]["clients"] == 2
-    assert seen[-1] == jobs.Stage("retraining clients for CKA", 2, 2)
+    assert seen[-1] == jobs.JobStep("retraining clients for CKA", 2, 2)
 
 
 def test_write_report_writes_the_page_where_the_cli_does(runs, tmp_path):
@@ -126,7 +126,7 @@ def test_audit_trains_in_a_folder_it_removes_unless_out(tmp_path, monkeypatch):
     (row,) = result.rows
     assert (row["method"], row["eps"], row["secagg"]) == ("ccvr", math.inf, False)
     assert 0 < row["accuracy"] <= 1 and row["note"] == ""
-    assert seen[0] == jobs.Stage("", 0, 1) and seen[-1].done == 1
+    assert seen[0] == jobs.JobStep("", 0, 1) and seen[-1].done == 1
     kept = jobs.audit(eps=[math.inf], out=tmp_path / "a", **small)
     assert (tmp_path / "a" / "audit.csv").is_file()
     assert (tmp_path / "a" / "runs" / "ccvr-epsinf-secagg-off" / "summary.json").is_file()
@@ -166,7 +166,7 @@ def test_a_job_shows_a_bar_when_interactive_and_logs_its_stages(monkeypatch, cap
     monkeypatch.setattr(api_log, "TerminalBar", FakeBar)
     monkeypatch.setattr(api_log, "in_notebook", lambda: False)
     monkeypatch.setattr(api_log, "interactive", lambda: True)
-    stages = [jobs.Stage("", 0, 2), jobs.Stage("a: training", 0, 2), jobs.Stage("a: done", 1, 2)]
+    stages = [jobs.JobStep("", 0, 2), jobs.JobStep("a: training", 0, 2), jobs.JobStep("a: done", 1, 2)]
     caplog.set_level("INFO", logger="privfedcal")
     with Watch(None, "audit") as watch:
         for st in stages:
@@ -223,7 +223,7 @@ def test_bad_input_names_the_keyword(runs, tmp_path):
 # ---- the CLI is a layer over the jobs ---------------------------------------------------------
 
 def _cli_calls(run: str, out: str) -> dict[str, tuple[list[str], dict]]:
-    """For each job, a command line and the arguments its unwrapped half must receive."""
+    """For each job, a command line and the arguments its half for the CLI must receive."""
     return {
         "compare": (["compare", run, "--out", out, "--overwrite"],
                     {"runs": [Path(run)], "out": Path(out), "overwrite": True}),
@@ -251,14 +251,14 @@ def test_every_job_has_a_cli_command_in_this_test():
 def test_each_cli_command_calls_its_job(name, tmp_path, capsys, monkeypatch):
     run, out = str(tmp_path / "run"), str(tmp_path / "out")
     argv, expected = _cli_calls(run, out)[name]
-    unwrapped = getattr(jobs, f"_{name}")
+    half = getattr(jobs, f"{name}_for_cli")
     calls = []
 
     def recorder(*args, **kwargs):
-        calls.append(inspect.signature(unwrapped).bind(*args, **kwargs).arguments)
+        calls.append(inspect.signature(half).bind(*args, **kwargs).arguments)
         raise UsageError("recorded")
 
-    monkeypatch.setattr(jobs, f"_{name}", recorder)
+    monkeypatch.setattr(jobs, f"{name}_for_cli", recorder)
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and "recorded" in capsys.readouterr().err
@@ -269,6 +269,18 @@ def test_each_cli_command_calls_its_job(name, tmp_path, capsys, monkeypatch):
         assert (got["config"].eps, got["config"].secagg, got["config"].methods,
                 got["config"].rounds) == ((1.0, math.inf), (False,), ("ccvr",), 1)
     if name == "audit_dp":
-        assert (got["cfg"].method, got["cfg"].dp_eps) == ("ccvr", 1.0)
+        assert (got["cfg"].method, got["cfg"].privacy.dp_eps) == ("ccvr", 1.0)
     if name == "partition":
         assert got["settings"]["clients"] == 4
+
+
+def test_the_jobs_progress_record_is_jobstep_and_stage_a_deprecated_alias():
+    """The jobs' progress record is ``privfedcal.JobStep``, a class apart from the uplink's
+    ``privacy.stages.Stage``; ``privfedcal.Stage`` still gives it, with a warning."""
+    import privfedcal
+    from privfedcal.privacy.stages import Stage as PipelineStage
+
+    assert privfedcal.JobStep is jobs.JobStep and privfedcal.JobStep is not PipelineStage
+    assert "Stage" not in privfedcal.__all__
+    with pytest.warns(DeprecationWarning, match="privfedcal.JobStep"):
+        assert privfedcal.Stage is privfedcal.JobStep

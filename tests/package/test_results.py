@@ -105,11 +105,11 @@ def test_a_flower_runs_summary_reads_as_a_summary(tmp_path):
     from privfedcal.flower.records import FlowerOptions, to_run_config
     from privfedcal.flower.server_app import run_server
 
-    cfg = privfedcal.RunConfig(method="ccvr", transcript=False, **{**FAST, "clients": 2,
+    cfg = privfedcal.RunConfig.of(method="ccvr", transcript=False, **{**FAST, "clients": 2,
                                                                    "rounds": 1})
     run_config = to_run_config(cfg.replace(out=str(tmp_path / "flower")),
                                FlowerOptions(hold=0.01))
-    grid = InProcessGrid(client_app, run_config, cfg.clients, node_config={"data-seed": 0})
+    grid = InProcessGrid(client_app, run_config, cfg.data.clients, node_config={"data-seed": 0})
     run_server(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                              run_config=run_config))
     summary = R.summary_from_dict(json.loads((tmp_path / "flower" / "summary.json").read_text()))
@@ -119,7 +119,7 @@ def test_a_flower_runs_summary_reads_as_a_summary(tmp_path):
 def test_the_progress_records_of_evaluated_rounds_are_metrics_rows(tmp_path):
     from privfedcal.experiment import build_simulator
 
-    cfg = privfedcal.RunConfig(method="creff", out=str(tmp_path / "p"), **FAST)
+    cfg = privfedcal.RunConfig.of(method="creff", out=str(tmp_path / "p"), **FAST)
     rows: list[dict] = []
     build_simulator(cfg, tmp_path / "p").run(progress=rows.append)
     assert [r["round"] for r in rows] == [1, 2]

@@ -19,6 +19,7 @@ from privfedcal.privacy.planner import (
     release_plans,
 )
 from privfedcal.privacy.stages import NoiseStage
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def opacus_eps(z, q, steps, delta):
@@ -35,19 +36,19 @@ def stage(z=2.0, target=100.0):
 
 def test_participation_counts_follow_the_public_selection(tiny_cfg):
     cfg = tiny_cfg(clients=10, participation=0.4, rounds=20)
-    counts = participation_counts(cfg)
+    counts = participation_counts(PrivacyOptions.of(cfg))
     manual = dict.fromkeys(range(10), 0)
     for r in range(1, 21):
-        for c in select_clients(cfg, r):
+        for c in select_clients(PrivacyOptions.of(cfg), r):
             manual[c] += 1
     assert counts == manual and sum(counts.values()) == 20 * 4
 
 
 def test_creff_plan_has_no_amplification_from_server_sampling(tiny_cfg):
     cfg = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=20)
-    (plan,) = release_plans(protection_inputs(cfg, calibrator_class(cfg)))
+    (plan,) = release_plans(protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg)))
     assert plan.sample_rate == 1.0
-    assert plan.steps == max(participation_counts(cfg).values())
+    assert plan.steps == max(participation_counts(PrivacyOptions.of(cfg)).values())
 
 
 def test_planned_noise_meets_the_budget_without_amplification(tiny_cfg):
@@ -55,8 +56,8 @@ def test_planned_noise_meets_the_budget_without_amplification(tiny_cfg):
     up = build_uplink(cfg, build_experiment(cfg), calibrator_class(cfg))
     dp = up.find(NoiseStage).dp
     z, delta = dp.sigmas[CREFF_RELEASE], dp.delta
-    assert CReFF.release_rounds(cfg) == tuple(range(1, 21))
-    t_max = max(participation_counts(cfg).values())
+    assert CReFF.release_rounds(PrivacyOptions.of(cfg)) == tuple(range(1, 21))
+    t_max = max(participation_counts(PrivacyOptions.of(cfg)).values())
     assert dp.rates[CREFF_RELEASE] == 1.0
     assert opacus_eps(z, 1.0, t_max, delta) <= 8.0
     assert opacus_eps(z * 0.99, 1.0, t_max, delta) > 8.0  # the smallest such noise (1e-3)
@@ -127,10 +128,10 @@ def test_creff_plan_counts_the_releases_of_its_schedule(tiny_cfg, last):
     params = {} if last is None else {"creff_release_last": last}
     cfg = tiny_cfg(method="creff", clients=10, alpha=0.1, rounds=30, dp_eps=8.0,
                    calibration_params=params)
-    assert cfg.participation == 1.0
+    assert cfg.training.participation == 1.0
     releases = 30 if last is None else last
-    assert len(CReFF.release_rounds(cfg)) == releases
-    (plan,) = release_plans(protection_inputs(cfg, calibrator_class(cfg)))
+    assert len(CReFF.release_rounds(PrivacyOptions.of(cfg))) == releases
+    (plan,) = release_plans(protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg)))
     assert (plan.name, plan.sample_rate, plan.steps) == (CREFF_RELEASE, 1.0, releases)
     dp = build_uplink(cfg, build_experiment(cfg), calibrator_class(cfg)) \
         .find(NoiseStage).dp
@@ -145,12 +146,12 @@ def test_creff_plan_counts_the_releases_of_its_schedule(tiny_cfg, last):
 def test_partial_participation_counts_selections_within_the_release_rounds(tiny_cfg):
     part = tiny_cfg(method="creff", clients=10, participation=0.4, rounds=12, dp_eps=8.0,
                     calibration_params={"creff_release_last": 5})
-    (plan,) = release_plans(protection_inputs(part, calibrator_class(part)))
+    (plan,) = release_plans(protection_inputs(PrivacyOptions.of(part), calibrator_class(part)))
     manual = dict.fromkeys(range(10), 0)
     for r in range(8, 13):
-        for c in select_clients(part, r):
+        for c in select_clients(PrivacyOptions.of(part), r):
             manual[c] += 1
-    assert plan.steps == max(manual.values()) < max(participation_counts(part).values())
+    assert plan.steps == max(manual.values()) < max(participation_counts(PrivacyOptions.of(part)).values())
 
 
 def test_a_run_charges_each_release_of_its_schedule(tiny_cfg, tmp_path):
@@ -166,7 +167,7 @@ def test_a_run_charges_each_release_of_its_schedule(tiny_cfg, tmp_path):
     dp = sim.uplink.find(NoiseStage).dp
     assert [(r["label"], r["steps"]) for r in dp.accountant.releases] == [(CREFF_RELEASE, 2)]
     assert summary["creff_release_rounds"] == [3, 4] and summary["creff_client_draws"] is None
-    for c in range(run.clients):
+    for c in range(run.data.clients):
         assert dp.ledgers[c].made == {CREFF_RELEASE: 2}
         assert summary["privacy"]["per_client_epsilon"][str(c)] == pytest.approx(
             opacus_eps(dp.sigmas[CREFF_RELEASE], 1.0, 2, dp.delta))

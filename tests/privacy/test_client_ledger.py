@@ -16,6 +16,7 @@ from privfedcal.privacy.planner import build_uplink, participation_counts
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import load_transcript
+from privfedcal.settings.floors import PrivacyOptions
 
 #: a CReFF run cut short (its gradient matching and re-training are not under test)
 CREFF_FAST = {"features_per_class": 5, "match_steps": 2, "retrain_steps": 5}
@@ -37,8 +38,8 @@ def test_limits_are_the_counts_the_noise_was_planned_for(tiny_cfg):
     dp = planned_dp(cfg)
     ledger = ClientLedger.planned(dp)
     # CReFF: the most rounds any client is selected in; DP-SGD: every round (its plan)
-    assert ledger.limits == {CREFF_RELEASE: max(participation_counts(cfg).values()),
-                             DPSGD_RELEASE: cfg.rounds}
+    assert ledger.limits == {CREFF_RELEASE: max(participation_counts(PrivacyOptions.of(cfg)).values()),
+                             DPSGD_RELEASE: cfg.training.rounds}
     ccvr = ClientLedger.planned(planned_dp(tiny_cfg(method="ccvr", dp_eps=8.0)))
     assert ccvr.limits == {"ccvr-stats": 1}  # one-shot statistics
 
@@ -59,7 +60,7 @@ def test_ledger_refuses_past_the_plan_and_its_epsilon_stays_within_the_target(ti
     assert isinstance(BudgetRefused("x"), PrivacyBudgetError)  # the CLI's budget exit
     z = dp.sigmas[CREFF_RELEASE]
     assert ledger.epsilon(dp) == pytest.approx(opacus_eps(z, 1.0, limit, dp.delta))
-    assert ledger.epsilon(dp) <= cfg.dp_eps < opacus_eps(z, 1.0, limit + 1, dp.delta)
+    assert ledger.epsilon(dp) <= cfg.privacy.dp_eps < opacus_eps(z, 1.0, limit + 1, dp.delta)
 
 
 def test_admit_counts_for_all_clients_or_none(tiny_cfg):
@@ -92,14 +93,14 @@ def overselection(tiny_cfg, tmp_path):
     for seed in range(20):
         cfg = tiny_cfg(method="creff", clients=4, participation=0.5, rounds=4, seed=seed,
                        dp_eps=8.0, transcript=True, calibration_params=CREFF_FAST)
-        counts = participation_counts(cfg)
+        counts = participation_counts(PrivacyOptions.of(cfg))
         t = max(counts.values())
-        if t == cfg.rounds:
+        if t == cfg.training.rounds:
             continue
         sim = build_simulator(cfg.replace(out=str(tmp_path / "plan")), tmp_path / "plan")
         for c in (c for c, n in counts.items() if n == t):
-            rounds = [r for r in range(1, cfg.rounds + 1) if c in sim.select_clients(r)]
-            for r in range(2, cfg.rounds + 1):
+            rounds = [r for r in range(1, cfg.training.rounds + 1) if c in sim.select_clients(r)]
+            for r in range(2, cfg.training.rounds + 1):
                 if r not in rounds and min(rounds) < r:
                     return cfg, c, t, r, r - 1
     raise AssertionError("no seed gives an over-selectable client")
@@ -147,5 +148,5 @@ def test_simulated_client_refuses_an_overselection(tiny_cfg, tmp_path, monkeypat
     dp = sim.uplink.find(NoiseStage).dp
     assert dp.ledgers[client].made == {CREFF_RELEASE: t}
     z = dp.sigmas[CREFF_RELEASE]
-    assert opacus_eps(z, 1.0, len(uploads), dp.delta) <= cfg.dp_eps
-    assert dp.ledgers[client].epsilon(dp) <= cfg.dp_eps
+    assert opacus_eps(z, 1.0, len(uploads), dp.delta) <= cfg.privacy.dp_eps
+    assert dp.ledgers[client].epsilon(dp) <= cfg.privacy.dp_eps

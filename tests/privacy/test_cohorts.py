@@ -24,13 +24,14 @@ from privfedcal.privacy.cohorts import (
     select_clients,
     whole_cohorts,
 )
+from privfedcal.settings.floors import PrivacyOptions
 from privfedcal.settings.run_config import RunConfig
 
 
 def _cfg(**kw) -> RunConfig:
     base = dict(dataset="digits", clients=10, rounds=6, participation=0.5, seed=0,
                 device="cpu")
-    return RunConfig(**{**base, **kw})
+    return RunConfig.of(**{**base, **kw})
 
 
 def brute_force_isolated(rows, n, m, public_total=True, known=()) -> set[tuple[int, ...]]:
@@ -123,15 +124,15 @@ def test_cohort_size_refuses_rounds_below_the_minimum():
 
 def test_plain_selection_is_unchanged_and_secure_selection_takes_whole_cohorts():
     plain = _cfg(participation=0.3)
-    assert select_clients(plain, 1) == [1, 2, 6]  # the plain draw (tests/federation)
+    assert select_clients(PrivacyOptions.of(plain), 1) == [1, 2, 6]  # the plain draw (tests/federation)
     secure = _cfg(clients=20, participation=0.4, secagg_updates=True, method="fedavg")
-    plan = cohort_plan(secure)
+    plan = cohort_plan(PrivacyOptions.of(secure))
     assert plan.smallest == 2 and plan.per_round == 4
     for r in range(1, 7):
-        chosen = set(select_clients(secure, r))
+        chosen = set(select_clients(PrivacyOptions.of(secure), r))
         assert len(chosen) == 8
         assert all(set(g) <= chosen or not set(g) & chosen for g in plan.cohorts)
-    assert len({tuple(select_clients(secure, r)) for r in range(1, 7)}) > 1
+    assert len({tuple(select_clients(PrivacyOptions.of(secure), r)) for r in range(1, 7)}) > 1
 
 
 def test_planned_schedule_of_secure_runs_isolates_no_client_and_plain_selection_would():
@@ -142,11 +143,11 @@ def test_planned_schedule_of_secure_runs_isolates_no_client_and_plain_selection_
                 _cfg(clients=4, method="fedavg", secagg_updates=True),
                 _cfg(clients=20, participation=0.4, method="creff", secagg=True,
                      hide_counts=True)):
-        rows = secure_schedule(protection_inputs(cfg, calibrator_class(cfg)))
-        check_schedule(rows, cfg.clients, cfg.secagg_min_clients)
+        rows = secure_schedule(protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg)))
+        check_schedule(rows, cfg.data.clients, cfg.privacy.secagg_min_clients)
     # mutation: the same schedule drawn client by client (no cohorts) is refused
     cfg = _cfg(clients=4, method="creff", secagg=True, hide_counts=True)
-    plain = [select_clients(cfg.replace(secagg=False, hide_counts=False), r)
+    plain = [select_clients(PrivacyOptions.of(cfg.replace(secagg=False, hide_counts=False)), r)
              for r in range(1, 7)]
     with pytest.raises(UsageError, match="isolate"):
         check_schedule(plain, 4, 2)

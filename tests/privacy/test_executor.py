@@ -14,11 +14,12 @@ from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.secagg_stage import EncryptStage
 from privfedcal.privacy.stages import BoundStage, ClearWire, NoiseStage
 from privfedcal.privacy.transcript import Transcript
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def _plan(tiny_cfg, **kw):
     cfg = tiny_cfg(method="ccvr", **kw)
-    return plan_for_run(cfg, calibrator_class(cfg), 1000)
+    return plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg), 1000)
 
 
 def _uploads(n=4):
@@ -94,6 +95,6 @@ def test_training_spec_takes_the_planned_dp_sgd_schedule(tiny_cfg):
     spec = LocalSpec(local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, weight_decay=0.0,
                      augment=False, seed=0)
     assert training_spec(spec, _plan(tiny_cfg, dp_eps=8.0)) is spec
-    plan = plan_for_run(tiny_cfg(dp_eps=8.0, dp_train=True), calibrator_class(tiny_cfg()),
+    plan = plan_for_run(PrivacyOptions.of(tiny_cfg(dp_eps=8.0, dp_train=True)), calibrator_class(tiny_cfg()),
                         1000)
     assert training_spec(spec, plan).dp_sgd == plan.dp_sgd is not None

@@ -41,7 +41,7 @@ def attack_counts(out, summary):
     out_counts = {}
     for c, e in uploads(out).items():
         noisy = e["tensors"]["count"]
-        g = noise_generator(cfg.seed, e["round"], c, 101, seeded=True)
+        g = noise_generator(cfg.training.seed, e["round"], c, 101, seeded=True)
         regenerated = std * torch.randn(noisy.shape, generator=g, dtype=noisy.dtype)
         out_counts[c] = noisy - regenerated
     return cfg, out_counts, std

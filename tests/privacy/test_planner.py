@@ -12,11 +12,12 @@ from privfedcal.experiment import calibrator_class
 from privfedcal.privacy.plan import ProtectionInputs
 from privfedcal.privacy.planner import plan_protection, protection_inputs
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def _inputs(tiny_cfg, **kw) -> ProtectionInputs:
     cfg = tiny_cfg(**{"method": "ccvr", **kw})
-    return protection_inputs(cfg, calibrator_class(cfg), 1000)
+    return protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg), 1000)
 
 
 def test_inputs_are_gathered_from_the_run_config_once(tiny_cfg):
@@ -61,15 +62,12 @@ def test_whole_run_checks_refuse_before_any_work(tiny_cfg):
         plan_protection(inputs)
 
 
-def test_the_privacy_options_alone_give_the_run_configs_inputs(tiny_cfg):
+def test_the_privacy_options_alone_give_the_calibrators_inputs(tiny_cfg):
     """The experiment plans from ``exp.privacy``: the calibrator's release schedule and
-    advice read the options' rounds and calibration parameters as they read the config's."""
-    from privfedcal.settings.sections import PrivacyOptions
-
+    advice read the options' rounds and calibration parameters."""
     cfg = tiny_cfg(method="creff", rounds=6, dp_eps=8.0,
                    calibration_params={"creff_release_last": 2, "creff_weighting": "client"})
     calibrator = calibrator_class(cfg)
     narrow = protection_inputs(PrivacyOptions.of(cfg), calibrator, 1000)
-    assert narrow == protection_inputs(cfg, calibrator, 1000)
     assert [s.rounds for s in narrow.releases if s.spec.participants != "all"] == [(5, 6)]
     assert len(narrow.hints) == 1 and "--creff-weighting sample" in narrow.hints[0]

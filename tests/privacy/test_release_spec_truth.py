@@ -73,7 +73,7 @@ def test_the_toy_release_is_noised_bounded_packed_and_modelled_from_its_declarat
     assert dp.stds([SQUARE, TALLY], LABEL) == pytest.approx(want)
 
     # CKKS bounds from the magnitudes (N examples, K clients), with 10 noise stds of room
-    n, k = float(exp.num_examples), float(cfg.clients)
+    n, k = float(exp.num_examples), float(cfg.data.clients)
     assert secagg.bounds == pytest.approx({SQUARE: clip ** 2 * n, TALLY: k})
     assert secagg.max_abs(LABEL, [SQUARE, TALLY]) == pytest.approx(
         max(clip ** 2 * n + NOISE_SIGMAS * want[SQUARE], k + NOISE_SIGMAS * want[TALLY]))

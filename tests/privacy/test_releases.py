@@ -19,6 +19,7 @@ from privfedcal.privacy.planner import (
     release_plans,
 )
 from privfedcal.privacy.releases import ReleaseSpec, evaluate
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def test_symbol_products_by_hand():
@@ -55,10 +56,10 @@ def test_a_new_calibrator_only_declares_its_releases(tiny_cfg):
         cfg = tiny_cfg(calibrate="decl-test", clients=10, participation=0.3, rounds=5)
         probe = calibrator_class(cfg)  # found by name, as every run finds its calibrator
         assert probe is Probe
-        plans = {p.name: p for p in release_plans(protection_inputs(cfg, probe))}
+        plans = {p.name: p for p in release_plans(protection_inputs(PrivacyOptions.of(cfg), probe))}
         assert plans["probe-once"].steps == 1 and plans["probe-once"].sample_rate == 1.0
-        assert plans["probe-rounds"].steps == max(participation_counts(cfg).values())
-        assert planned_participants(protection_inputs(cfg, probe)) == {"probe-once": 10, "probe-rounds": 3}
+        assert plans["probe-rounds"].steps == max(participation_counts(PrivacyOptions.of(cfg)).values())
+        assert planned_participants(protection_inputs(PrivacyOptions.of(cfg), probe)) == {"probe-once": 10, "probe-rounds": 3}
     finally:
         CALIBRATORS._items.pop("decl-test", None)
 

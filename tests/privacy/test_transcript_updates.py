@@ -50,5 +50,5 @@ def test_dp_train_uses_uniform_weights(tmp_path, tiny_cfg):
     cfg = tiny_cfg(transcript=True, dp_eps=8.0, dp_train=True, rounds=1)
     _, entries = run(tmp_path, cfg)
     updates = [e for e in entries if e["label"] == "model-update"]
-    assert len(updates) == cfg.clients
+    assert len(updates) == cfg.data.clients
     assert {e["weight"] for e in updates} == {1.0}

@@ -11,6 +11,7 @@ import torch
 from privfedcal.experiment import build_simulator
 from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT, SecureUpdates
 from privfedcal.privacy.transcript import load_transcript
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
@@ -26,10 +27,10 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
     entries = [e for e in load_transcript(tmp_path / "b" / "server" / "transcript")
                if e["label"] == "model-update"]
     views = [e["view"] for e in entries]
-    assert views.count("ciphertext") == cfg.clients and views.count("aggregate") == 1
+    assert views.count("ciphertext") == cfg.data.clients and views.count("aggregate") == 1
     assert "plain-upload" not in views
     (agg,) = [e for e in entries if e["view"] == "aggregate"]
-    assert agg["clients"] == cfg.clients
+    assert agg["clients"] == cfg.data.clients
     sizes = sum(int(p.numel()) for p in sec.exp.parts)
     weight = float(agg["tensors"][UPDATE_WEIGHT][0])
     assert abs(weight - sizes) < 0.1  # only the sum of the n_k
@@ -38,7 +39,7 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
             torch.testing.assert_close((agg["tensors"][k] / weight).float(), v.cpu())
     privacy = summary["privacy"]["secagg_updates"]
     assert privacy["rounds"] == 1 and privacy["scheme"] == "CKKS (TenSEAL)"
-    assert privacy["min_clients"] == cfg.secagg_min_clients
+    assert privacy["min_clients"] == cfg.privacy.secagg_min_clients
 
 
 def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, tiny_cfg):
@@ -68,6 +69,6 @@ def test_a_sum_below_the_key_holders_minimum_keeps_the_global_state(tmp_path, ti
                              transcript=Transcript(None))
     k = next(k for k, v in sent.items() if v.is_floating_point())
     torch.testing.assert_close(out[k], moved[k], atol=1e-3, rtol=0)
-    opts = protection_inputs(cfg, calibrator_class(cfg), sim.exp.num_examples)
+    opts = protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg), sim.exp.num_examples)
     assert isinstance(SecureUpdates.of(updates_plan(opts)).uplink.wire.summary(), dict)
     assert ReleaseSkipped  # the error the uplink turns into a kept global state

@@ -10,13 +10,14 @@ from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.secagg_updates import SecureUpdates
 from privfedcal.privacy.stage_registry import STAGES
 from privfedcal.privacy.user_dp import UserDP
+from privfedcal.settings.floors import PrivacyOptions
 
 
 def _uplink(tiny_cfg, **kw):
     from privfedcal.experiment import calibrator_class
 
     cfg = tiny_cfg(**kw)
-    return execute_plan(plan_for_run(cfg, calibrator_class(cfg), 1000))
+    return execute_plan(plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg), 1000))
 
 
 def test_the_built_in_update_stages_are_registered_and_planned(tiny_cfg):

@@ -28,6 +28,7 @@ from privfedcal.privacy.user_dp import (
     release_plan,
     update_norm,
 )
+from privfedcal.settings.floors import PrivacyOptions
 
 
 class StatesTrainer:
@@ -288,7 +289,7 @@ def test_plan_uses_q1_over_the_most_rounds_a_client_takes_part_in(tiny_cfg):
     half = tiny_cfg(clients=10, rounds=20, participation=0.5, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-5)
     _, _, up = build_parts(half)
-    steps = max(participation_counts(half).values())
+    steps = max(participation_counts(PrivacyOptions.of(half)).values())
     assert up.find(UserDP).denominator == 5 and up.find(UserDP).dp.planned[0]["steps"] == steps
     (z,) = plan_noise(8.0, 1e-5, [release_plan(steps, None)], "rdp")
     assert up.find(UserDP).dp.sigmas[USER_DP_RELEASE] == pytest.approx(z)
@@ -468,15 +469,15 @@ def test_schedule_holds_with_thousands_of_clients():
     from privfedcal.privacy.planner import build_uplink, participation_counts
     from privfedcal.settings.run_config import RunConfig
 
-    cfg = RunConfig(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
+    cfg = RunConfig.of(clients=2000, participation=0.05, rounds=30, dp_updates=True, dp_eps=8.0,
                     dp_delta=1e-6)
     udp = build_uplink(cfg, SimpleNamespace(num_examples=100_000), Calibrator()).find(UserDP)
-    steps = max(participation_counts(cfg).values())
+    steps = max(participation_counts(PrivacyOptions.of(cfg)).values())
     assert udp.denominator == 100 and udp.dp.planned[0]["steps"] == steps > 1
     (z,) = plan_noise(8.0, 1e-6, [release_plan(steps, None)], "rdp")
     assert udp.noise_multiplier == pytest.approx(z)
-    for r in range(1, cfg.rounds + 1):
-        chosen = select_clients(cfg, r)
+    for r in range(1, cfg.training.rounds + 1):
+        chosen = select_clients(PrivacyOptions.of(cfg), r)
         udp.admit_round(chosen)
         udp.charge_round(chosen)
     assert 7.9 <= udp.user_epsilon() <= 8.0
@@ -515,9 +516,9 @@ def test_distributed_share_follows_the_rounds_public_selection():
     from privfedcal.privacy.cohorts import select_clients
     from privfedcal.settings.run_config import RunConfig
 
-    cfg = RunConfig(clients=7, participation=0.5, rounds=6, secagg_updates=True,
+    cfg = RunConfig.of(clients=7, participation=0.5, rounds=6, secagg_updates=True,
                     dp_updates=True, dp_eps=8.0)
-    sizes = {len(select_clients(cfg, r)) for r in range(1, 7)}
+    sizes = {len(select_clients(PrivacyOptions.of(cfg), r)) for r in range(1, 7)}
     assert sizes == {4, 5}  # the selection this test is about
     udp = UserDP(stage(), 1.0, denominator=4, distributed=True)
     assert udp.client_share(5) == 0.25 and udp.client_share() == 1 / 3

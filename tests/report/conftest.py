@@ -17,7 +17,7 @@ def train_run(path: Path, **overrides) -> Path:
                 batch_size=32, device="cpu", threads=1, seed=0, transcript=False,
                 participation=0.5, eval_every=2, dp_eps=8.0, out=str(path))
     base.update(overrides)
-    cfg = RunConfig(**base)
+    cfg = RunConfig.of(**base)
     build_simulator(cfg, path).run()
     return path
 

@@ -1,110 +1,181 @@
-"""The narrow options (privfedcal/settings/sections.py): each one's fields are the RunConfig settings of
-its name and meaning, the privacy options hold every privacy setting, and a layer given the
-narrow option computes what it computed from the whole config."""
+"""The sections of the settings (privfedcal/settings/sections.py): every flag of ``privfedcal
+train`` and ``privfedcal partition`` parses and lands in its section's field, each section
+checks its own rules, and the flat files users have (a settings TOML, a run's config.json
+written before the sections) load to the same ``RunConfig``."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
+from pathlib import Path
 
 import pytest
+import typer
 
-from privfedcal.federation.setup import (
-    PARTITION_SETTINGS,
-    partition_is_secret,
-    partition_settings_digest,
-)
-from privfedcal.privacy.cohorts import cohort_plan, select_clients
+from privfedcal.cli.main import app
+from privfedcal.cli.train_command import resolve_config
+from privfedcal.errors import UsageError
+from privfedcal.settings.catalogue import METHOD_OWNERS, cli_settings
 from privfedcal.settings.descriptions import settings_of
-from privfedcal.settings.run_config import RunConfig, resolve_training_defaults
-from privfedcal.settings.sections import (
-    DataOptions,
-    EngineOptions,
-    LocalSpec,
-    LoopOptions,
-    PrivacyOptions,
-    run_options,
-)
+from privfedcal.settings.run_config import RunConfig, load_toml, read_run_config
+from privfedcal.settings.sections import SECTIONS, PrivacySettings
 
-#: fields of the narrow options that are derived from RunConfig rather than copied by name
-DERIVED = {"local_method", "calibrator", "optimizer", "dp_sgd", "mixed_precision"}
-
-
-def _resolved(**kw) -> RunConfig:
-    return resolve_training_defaults(RunConfig(**kw), model="mlp", augment=False)
-
-
-def test_every_privacy_setting_is_a_privacy_option():
-    """The planner sees every protection: a new "Privacy" setting must be added here."""
-    privacy = {s.name for s in settings_of(RunConfig, "run") if s.group == "Privacy"}
-    fields = {f.name for f in dataclasses.fields(PrivacyOptions)}
-    assert privacy - fields == set()
-    assert {"clients", "rounds", "participation", "seed"} <= fields
-
-
-@pytest.mark.parametrize("kind", [DataOptions, LocalSpec, EngineOptions, PrivacyOptions,
-                                  LoopOptions])
-def test_fields_are_run_settings_of_the_same_name(kind):
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    own = {f.name for f in dataclasses.fields(kind)} - DERIVED - {"method", "method_params"}
-    assert own <= names, own - names
+DATA = Path(__file__).with_name("data")
+#: a non-default value of each flag that needs one chosen (the others: see ``_value``), and
+#: the flags without which it is refused (the protection it belongs to)
+VALUES = {
+    "method": "fedprox", "model": "cnn", "dataset": "cifar10", "data_root": "/tmp/data",
+    "partition": "iid", "device": "cpu", "precision": "fp32", "calibrate": "ccvr",
+    "accountant": "prv", "stages": "toy", "out": "/tmp/run", "alpha": 0.5,
+    "imbalance_factor": 20.0, "lr": 0.02, "momentum": 0.5, "weight_decay": 0.001,
+    "participation": 0.5, "dp_eps": 8.0, "dp_delta": 1e-6, "dp_clip": 2.0, "dp_grad_clip": 2.0,
+    "dp_train_share": 0.3, "dp_update_clip": 0.5, "dp_updates_share": 0.3,
+    "dp_clip_quantile": 0.3, "secagg_key_holder": 1, "secagg_min_clients": 3,
+    "dp_nominal_size": 50, "client_batch": 2, "virtual_mode": "proportional",
+    "creff_weighting": "client", "creff_dsa": "off",
+}
+DP = ["--dp-eps", "8"]
+NEEDS = {
+    **dict.fromkeys(["dp_delta", "dp_clip", "dp_grad_clip", "accountant", "dp_updates"], DP),
+    **dict.fromkeys(["dp_train", "dp_train_share", "dp_nominal_size"], [*DP, "--dp-train"]),
+    **dict.fromkeys(["dp_update_clip", "dp_updates_share", "dp_adaptive_clip"],
+                    [*DP, "--dp-updates"]),
+    "dp_clip_quantile": [*DP, "--dp-updates", "--dp-adaptive-clip"],
+    **dict.fromkeys(["hide_counts", "secagg_key_holder", "secagg_min_clients"], ["--secagg"]),
+}
+NOT_SETTINGS = ("config", "resume", "report", "log", "quiet")
 
 
-def test_values_are_copied_and_derived_from_the_resolved_config():
-    cfg = _resolved(method="ccvr", clients=7, dp_eps=4.0, dp_clip=3.0, secagg=True,
-                    hide_counts=True, method_params={}, workers=1, client_batch=2, seed=5)
-    opts = run_options(cfg)
-    assert opts.privacy.local_method == "fedavg" and opts.privacy.calibrator == "ccvr"
-    assert opts.privacy.dp_enabled and opts.privacy.secure and opts.privacy.dp_clip == 3.0
-    assert opts.privacy.batch_size == cfg.batch_size == 32  # the "small" family's default
-    assert opts.training.method == "fedavg" and opts.training.lr == pytest.approx(0.05)
-    assert opts.engine.client_batch == 2 and opts.data.clients == 7 and opts.data.seed == 5
-    assert (opts.loop.method, opts.loop.local_method, opts.loop.calibrator) == (
-        "ccvr", "fedavg", "ccvr")
-    assert (opts.loop.clients, opts.loop.rounds, opts.loop.seed, opts.loop.eval_every,
-            opts.loop.transcript) == (7, cfg.rounds, 5, cfg.eval_every, cfg.transcript)
-    assert not PrivacyOptions.of(RunConfig()).dp_enabled
-    params = {"creff_release_last": 3}
-    own = PrivacyOptions.of(RunConfig(method="creff", calibration_params=params))
-    params["creff_release_last"] = 9  # a copy: the options keep the run's value
-    assert own.calibration_params == {"creff_release_last": 3}
-    assert math.isinf(PrivacyOptions.of(RunConfig()).dp_eps)
+def _value(s):
+    if s.name in VALUES:
+        return VALUES[s.name]
+    if s.type is bool:
+        return not s.default
+    if s.type is int:
+        return 3 if s.default is None else s.default + 1
+    if s.type is float:
+        return 0.25
+    raise AssertionError(f"choose a value of --{s.name} in VALUES")
 
 
-def test_local_spec_refuses_unresolved_settings():
-    with pytest.raises(ValueError, match="lr"):
-        LocalSpec.of(RunConfig(local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0,
-                               augment=False))
+def _argv(s, value) -> list[str]:
+    if s.type is bool:
+        on, _, off = (s.param_decls[0] if s.param_decls else s.flag_name).partition("/")
+        return [on if value else off or "--no-" + on[2:]]
+    return [s.flag_name, str(value)]
 
 
-def test_local_spec_names_an_implemented_optimizer():
-    from privfedcal.errors import UsageError
-
-    spec = LocalSpec(local_epochs=1, batch_size=8, lr=0.1, momentum=0.0, weight_decay=0.0,
-                     augment=False, seed=0)
-    assert spec.optimizer == "sgd" and spec.method == "fedavg" and spec.method_params == {}
-    with pytest.raises(UsageError, match="optimizer must be one of sgd, got 'adam'"):
-        dataclasses.replace(spec, optimizer="adam")
+def _parse(command: str, argv: list[str]) -> dict:
+    click_app = typer.main.get_command(app)
+    ctx = click_app.commands[command].make_context(command, list(argv))
+    return {k: v for k, v in ctx.params.items() if k not in NOT_SETTINGS}
 
 
-def test_options_are_frozen():
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        DataOptions.of(RunConfig()).clients = 3  # type: ignore[misc]
+def _read(cfg: RunConfig, s):
+    return getattr(getattr(cfg, s.section) if s.section else cfg, s.name)
 
 
-@pytest.mark.parametrize("kw", [{}, {"secagg": True, "dp_eps": 2.0, "secagg_min_clients": 3,
-                                     "participation": 0.5, "clients": 12}])
-def test_layers_compute_from_the_options_what_they_computed_from_the_config(kw):
-    cfg = _resolved(seed=3, **kw)
-    privacy, data = PrivacyOptions.of(cfg), DataOptions.of(cfg)
-    assert [select_clients(privacy, r) for r in (1, 2, 3)] == [
-        select_clients(cfg, r) for r in (1, 2, 3)]
-    assert cohort_plan(privacy) == cohort_plan(cfg)
-    assert partition_is_secret(privacy) == bool(kw)
-    # the digest of the settings' values as the config holds them, computed here
-    text = json.dumps({k: getattr(cfg, k) for k in PARTITION_SETTINGS}, sort_keys=True)
-    assert partition_settings_digest(data) == hashlib.sha256(text.encode()).hexdigest()[:16]
-    other = DataOptions.of(cfg.replace(alpha=0.3))
-    assert partition_settings_digest(other) != partition_settings_digest(data)
+@pytest.mark.parametrize("s", [s for s in cli_settings() if s.scope == "run"],
+                         ids=lambda s: s.name)
+def test_every_train_flag_lands_in_its_sections_field(s):
+    value = _value(s)
+    cfg = resolve_config(None, _parse("train", NEEDS.get(s.name, []) + _argv(s, value)))
+    assert _read(cfg, s) == value and _read(cfg, s) != s.default
+    assert cfg.to_dict()[s.name] == value  # the flat config.json names it as the flag does
+    holder = cfg if not s.section else getattr(cfg, s.section)
+    assert s.name in {f.name for f in dataclasses.fields(holder)}
+
+
+@pytest.mark.parametrize("s", [s for s in cli_settings() if s.scope != "run"],
+                         ids=lambda s: s.name)
+def test_every_hyperparameter_flag_lands_in_its_table(s):
+    value = _value(s)
+    method, name = METHOD_OWNERS.get(s.name, (None, s.name))
+    given = ["--method", method] if method else []
+    cfg = resolve_config(None, _parse("train", given + _argv(s, value)))
+    table = cfg.method_params if s.scope == "method" else cfg.calibration_params
+    assert table == {name: value}
+
+
+def test_a_methods_hyperparameter_has_its_own_flag_and_keeps_its_short_one():
+    def run(*argv):
+        return resolve_config(None, _parse("train", list(argv))).method_params
+
+    assert run("--method", "fedprox", "--fedprox-mu", "0.1") == {"mu": 0.1}
+    assert run("--method", "moon", "--moon-mu", "2", "--moon-tau", "0.3") == {"mu": 2.0,
+                                                                                "tau": 0.3}
+    assert run("--method", "moon", "--mu", "2") == {"mu": 2.0}  # the chosen method has it
+    with pytest.raises(UsageError, match="--fedprox-mu is a hyperparameter of --method "
+                                         "fedprox, not of moon"):
+        run("--method", "moon", "--fedprox-mu", "0.1")
+    with pytest.raises(UsageError, match="--fedprox-mu and --mu set the same"):
+        run("--method", "fedprox", "--mu", "0.1", "--fedprox-mu", "0.2")
+    from privfedcal.api import config_from
+
+    assert config_from(None, {"method": "feduv", "feduv_lam": 0.5}).method_params == {"lam": 0.5}
+
+
+def test_every_partition_flag_parses():
+    from privfedcal.cli.partition_command import PARTITION_KEYS
+
+    for s in settings_of(RunConfig, "run"):
+        if s.name in PARTITION_KEYS:
+            value = _value(s)
+            assert _parse("partition", _argv(s, value))[s.name] == value
+
+
+def test_sections_hold_every_setting_once():
+    names = [s.name for s in settings_of(RunConfig, "run")]
+    assert len(names) == len(set(names))
+    declared = [f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    assert sorted(s.name for s in settings_of(RunConfig, "run") if s.section) == sorted(declared)
+    assert {s.section for s in settings_of(RunConfig, "run")} == {"", *SECTIONS}
+
+
+def test_of_places_flat_names_and_to_dict_flattens_them():
+    cfg = RunConfig.of(dp_eps=8.0, clients=5, lr=0.1, workers=2, out="x", method="fedprox")
+    assert (cfg.privacy.dp_eps, cfg.data.clients, cfg.training.lr, cfg.engine.workers,
+            cfg.output.out, cfg.method) == (8.0, 5, 0.1, 2, "x", "fedprox")
+    assert RunConfig.of(**RunConfig.of().flat()) == RunConfig() == RunConfig.of()
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(clients=7).data.clients == 7 and cfg.data.clients == 5
+    with pytest.raises(TypeError, match="unknown setting"):
+        RunConfig.of(no_such_setting=1)
+
+
+def test_a_section_checks_its_own_rules():
+    with pytest.raises(UsageError, match="--hide-counts needs --secagg"):
+        PrivacySettings(hide_counts=True)
+    with pytest.raises(UsageError, match="--dp-train needs a budget: give --dp-eps"):
+        PrivacySettings(dp_train=True)
+    with pytest.raises(UsageError, match="--dp-delta belong"):
+        PrivacySettings(dp_delta=1e-6)
+    assert PrivacySettings(secagg=True).protected and not PrivacySettings().protected
+    assert PrivacySettings(stages=" a, b ").stage_names == ("a", "b")
+    with pytest.raises(UsageError, match="--secagg-key-holder 4 is not a client"):
+        RunConfig.of(clients=4, secagg=True, secagg_key_holder=4)  # spans two sections
+
+
+def test_a_run_folders_config_json_from_before_the_sections_loads_the_same():
+    """``data/old_run/config.json``: the config.json of ``privfedcal train --rounds 1`` written
+    before the settings were sections; resume and ``--config`` read it."""
+    path = DATA / "old_run" / "config.json"
+    raw = json.loads(path.read_text())
+    cfg = read_run_config(path.parent)
+    assert cfg.to_dict() == {k: v for k, v in raw.items() if k != "versions"}
+    written = json.dumps({**cfg.to_dict(), "versions": raw["versions"]}, indent=2)
+    assert written == path.read_text()  # the same bytes: same keys, same order
+    again = RunConfig.from_dict(load_toml(path))
+    assert again == cfg.replace(out=None)
+
+
+def test_a_settings_toml_loads_into_the_sections():
+    cfg = RunConfig.from_dict(load_toml(DATA / "settings.toml"))
+    assert (cfg.method, cfg.data.clients, cfg.data.alpha, cfg.training.rounds,
+            cfg.training.local_epochs, cfg.engine.threads, cfg.privacy.dp_eps,
+            cfg.privacy.secagg, cfg.output.transcript) == (
+        "fedprox", 5, 0.5, 3, 1, 1, 8.0, True, False)
+    assert cfg.method_params == {"mu": 0.01}
+    assert cfg.calibration_params == {"virtual_per_class": 20}
+    assert math.isinf(RunConfig().privacy.dp_eps)

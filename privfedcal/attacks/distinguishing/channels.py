@@ -150,8 +150,9 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
 
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     cfg = config_of(exp)  # resolved
-    labels = [r.label for r in calibrator.releases] + ([DPSGD_RELEASE] if cfg.dp_train else [])
-    labels += [USER_DP_RELEASE] if cfg.dp_updates else []
+    labels = [r.label for r in calibrator.releases]
+    labels += [DPSGD_RELEASE] if cfg.privacy.dp_train else []
+    labels += [USER_DP_RELEASE] if cfg.privacy.dp_updates else []
     # the plugin's clip search for this budget and these releases: only when asked, since
     # privfedcal train itself does not run it
     if names is not None and QUANTILE_RELEASE in names and plan is not None \

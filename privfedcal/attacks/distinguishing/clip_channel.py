@@ -36,9 +36,10 @@ def clip_plan(cfg, calibrator, dp) -> tuple[float, float]:
     """(the search's multiplier, delta) as the plugin plans ``cfg``'s budget: the run's
     epsilon and delta (``dp``, its planned noise stage) and calibration releases."""
     from privfedcal.privacy.planner import protection_inputs, release_plans
+    from privfedcal.settings.floors import PrivacyOptions
 
-    z, _ = plan_clip_noise(cfg.dp_eps, dp.delta, ClipSearch(),
-                           release_plans(protection_inputs(cfg, calibrator)), dp.accountant.kind)
+    plans = release_plans(protection_inputs(PrivacyOptions.of(cfg), calibrator))
+    z, _ = plan_clip_noise(cfg.privacy.dp_eps, dp.delta, ClipSearch(), plans, dp.accountant.kind)
     return z, dp.delta
 
 

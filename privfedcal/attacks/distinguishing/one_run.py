@@ -85,16 +85,16 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     axes = dim if axes is None else min(axes, dim)
     c, j, canaries, member = _canaries(classes, dim, axes,
                                        CANARY_SCALE * canary_scale(bound, attack.clip),
-                                       cfg.clients)
+                                       cfg.data.clients)
     var = _variances(plan, keys, label)
     release = noiser(noise, label, faults)
     model = FeatureMap(dim)
     scores, truth, done = [], [], []
-    for k in range(cfg.clients):
+    for k in range(cfg.data.clients):
         if done and budget_spent(t0, budget_s):
             break
         if progress is not None:
-            progress(k, cfg.clients)
+            progress(k, cfg.data.clients)
         if not rounds[k]:
             continue  # never selected: its canaries reach no release
         done.append(k)
@@ -111,12 +111,12 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     steps = max(len(rounds[k]) for k in done)
     eps_claim, delta = claimed(plan, label, steps)
     eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
-    stopped = [k for k in range(cfg.clients) if rounds[k]] != done
+    stopped = [k for k in range(cfg.data.clients) if rounds[k]] != done
     if progress is not None:
-        progress(cfg.clients, cfg.clients)
+        progress(cfg.data.clients, cfg.data.clients)
     return {"channel": f"{label} (one run)", "claimed_eps": eps_claim, "delta": delta,
             "eps_lower": eps, "confidence": confidence, "trials": 1,
-            "canary": _canaries_text(m, len(done), cfg.clients, classes, axes, stopped,
+            "canary": _canaries_text(m, len(done), cfg.data.clients, classes, axes, stopped,
                                      half, right),
             "stopped": BUDGET_STOP if stopped else "",
             "score": "projection", "false_pos": 2 * half - right, "false_neg": 0,

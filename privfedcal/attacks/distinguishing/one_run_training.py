@@ -99,7 +99,7 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     from privfedcal.experiment import build_parts
     from privfedcal.privacy.noise import noise_generator
 
-    if not cfg.dp_train:
+    if not cfg.privacy.dp_train:
         raise UsageError("the one-run audit of training needs --dp-train (DP-SGD): without it "
                          "the model updates carry no guarantee to audit")
     if not 0 < guesses <= 1 or per_client < 1:
@@ -120,15 +120,16 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     claim = float(privacy.get("epsilon_spent", float("nan")))
     delta = float(privacy.get("delta", 0.0))
     eps = one_run_epsilon(m, 2 * half, right, delta, confidence)
-    rounds = (f"the whole run of {cfg.rounds} round(s)" if trained == cfg.rounds else
-              f"{trained} of the run's {cfg.rounds} rounds (time budget)")
+    planned = cfg.training.rounds
+    rounds = (f"the whole run of {planned} round(s)" if trained == planned else
+              f"{trained} of the run's {planned} rounds (time budget)")
     return {"channel": "dp-sgd (one run)", "claimed_eps": claim, "delta": delta,
             "eps_lower": eps, "confidence": confidence, "trials": 1,
-            "canary": (f"{m} canaries ({cfg.clients} clients x {per_client}: random inputs "
+            "canary": (f"{m} canaries ({cfg.data.clients} clients x {per_client}: random inputs "
                        f"x {CANARY_INPUT_SCALE:g}, random labels, each in with a fair coin), "
                        f"{rounds}, scored on the last global model; "
                        f"{2 * half} guesses, {right} right"),
-            "stopped": "" if trained == cfg.rounds else BUDGET_STOP,
+            "stopped": "" if trained == cfg.training.rounds else BUDGET_STOP,
             "score": "loss drop", "false_pos": 2 * half - right, "false_neg": 0,
             "test_trials": 2 * half, "seconds": time.perf_counter() - t0}
 

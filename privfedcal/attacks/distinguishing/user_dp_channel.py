@@ -35,8 +35,9 @@ def user_dp_channel(cfg, noise, faults, claim: tuple[float, float], scale: float
     run's (epsilon, delta) for one round, ``scale`` the canary's size in clips."""
     from privfedcal.privacy import user_dp as mechanism
     from privfedcal.privacy.planner import user_dp_of
+    from privfedcal.settings.floors import PrivacyOptions
 
-    udp = user_dp_of(cfg, noise.dp)
+    udp = user_dp_of(PrivacyOptions.of(cfg), noise.dp)
     clip = udp.clip
     canary = {"w": torch.tensor([scale * clip], dtype=torch.float64)}
     # the clip client_update applies (its noise share is drawn below with the others');

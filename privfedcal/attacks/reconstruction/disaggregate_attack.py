@@ -99,7 +99,7 @@ class Series:
 
 def secure_series(view: RunView) -> tuple[list[Series], list[str]]:
     """Every securely aggregated label of the run, its releases in round order."""
-    k, notes = int(view.cfg.clients), []
+    k, notes = int(view.cfg.data.clients), []
     summed: dict[tuple[int, str], list[int]] = {}
     sent: dict[int, dict] = {}
     for e in view.entries:
@@ -141,12 +141,12 @@ def public_class_totals(cfg: Any) -> np.ndarray | None:
     from privfedcal.data.partition import longtail_counts
 
     try:
-        data = load_dataset(cfg.dataset, cfg.data_root, download=False)
+        data = load_dataset(cfg.data.dataset, cfg.data.data_root, download=False)
     except Exception:  # noqa: BLE001 - a dataset not at hand: no public total
         return None
     sizes = np.bincount(data.y_train.cpu().numpy(), minlength=data.num_classes)
-    if cfg.partition in ("longtail", "longtail-dirichlet"):
-        return longtail_counts(sizes, cfg.imbalance_factor).astype(np.float64)
+    if cfg.data.partition in ("longtail", "longtail-dirichlet"):
+        return longtail_counts(sizes, cfg.data.imbalance_factor).astype(np.float64)
     return sizes.astype(np.float64)
 
 
@@ -173,8 +173,8 @@ def public_total(view: RunView, label: str, key: str, width: int, opts: Disaggre
         return None, None
     cap = view.cfg.calibration_params.get("per_class_cap")
     if key == UPDATE_WEIGHT and width == 1:
-        if view.cfg.dp_train:
-            return np.array([float(view.cfg.clients)]), f"K={view.cfg.clients}"
+        if view.cfg.privacy.dp_train:
+            return np.array([float(view.cfg.data.clients)]), f"K={view.cfg.data.clients}"
         return np.array([float(view.exp.num_examples)]), f"N={view.exp.num_examples}"
     if key_test(label, key) == COUNT and cap is None:
         totals = public_class_totals(view.cfg)
@@ -233,7 +233,7 @@ def secure_sizes(view: RunView, series: Sequence[Series], opts: DisaggregateOpti
     --secagg-updates) determine it alone, with the public total N; none under --dp-train,
     whose weights are all 1."""
     s = next((x for x in series if x.label == UPDATE_RELEASE and UPDATE_WEIGHT in x.sums), None)
-    if s is None or view.cfg.dp_train:
+    if s is None or view.cfg.privacy.dp_train:
         return {}
     a, y = s.matrix, np.stack(s.sums[UPDATE_WEIGHT])
     total, _ = public_total(view, s.label, UPDATE_WEIGHT, 1, opts)
@@ -290,7 +290,7 @@ def truth_of(view: RunView, part: dict[str, Any] | None, label: str, key: str
         return (counts > 0).astype(np.float64)
     if key == UPDATE_WEIGHT:
         sizes = np.asarray(part["sizes"], dtype=np.float64)[:, None]
-        return np.ones_like(sizes) if view.cfg.dp_train else sizes
+        return np.ones_like(sizes) if view.cfg.privacy.dp_train else sizes
     return None
 
 

@@ -128,7 +128,7 @@ def differentiated_inputs(view: RunView, rel: Release) -> Callable[[Tensor], Ten
         return None
     # the seed of the round's generator, as the simulator's RoundContext draws it
     # (federation/simulator.py: make_generator(seed, round, 0, 4))
-    seed = task_seed(derive_seed(view.cfg.seed, rel.round, 0, 4))
+    seed = task_seed(derive_seed(view.cfg.training.seed, rel.round, 0, 4))
     d = view.truth_exp.data
     task = GradTask(torch.zeros(d.num_classes, 1), None, d.num_classes, seed=seed,
                     dsa=params.dsa, dsa_groups=params.client_draws or 10)
@@ -344,7 +344,7 @@ def task(cfg, exp, calibrator):
     cap = None if p.client_draws is None else p.client_draws * p.draw_size
     return GradTask(head.weight.detach().double().cpu(),
                     None if head.bias is None else head.bias.detach().double().cpu(),
-                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.seed)
+                    exp.data.num_classes, p.weighting, p.feature_batch_size, cap, cfg.training.seed)
 
 
 def keep(key: str, c: int) -> tuple:

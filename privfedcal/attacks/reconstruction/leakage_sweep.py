@@ -159,7 +159,7 @@ def _train(setting: Setting, config: AuditConfig, run_dir: Path) -> tuple[Any, d
     from privfedcal.settings.run_config import RunConfig
 
     try:
-        cfg = RunConfig(method=setting.method, dataset=config.dataset, clients=config.clients,
+        cfg = RunConfig.of(method=setting.method, dataset=config.dataset, clients=config.clients,
                         alpha=config.alpha, rounds=config.rounds,
                         participation=config.participation,
                         local_epochs=config.local_epochs, seed=config.seed,

@@ -79,7 +79,8 @@ def _update_job(view: RunView, opts: UpdatesOptions, rel: Release, client: int) 
             grads = torch.autograd.grad(loss, [p for _, p in named])
         finally:
             view.load_state(rel.state)  # undo running-statistics updates; back to eval mode
-        update = {n: -view.cfg.lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
+        lr = view.cfg.training.lr
+        update = {n: -lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
         res = invert_update(model, update, batch_size=int(pick.numel()), kind="update",
                             image_shape=d.x_train.shape[1:], mean=d.mean, std=d.std,
                             generator=make_generator(opts.seed, client, rel.round, 65),
@@ -103,15 +104,16 @@ def _recorded_update_job(view: RunView, opts: UpdatesOptions, round_: int,
     simulated with the recorded recipe; ``model_updates.invert_model_update``)."""
     client = int(entry["client"])
     cfg = view.cfg
-    recipe = LocalRecipe(epochs=int(entry.get("local_epochs", cfg.local_epochs)),
-                         batch_size=int(entry.get("batch_size", cfg.batch_size)),
-                         lr=float(entry.get("lr", cfg.lr)), momentum=float(cfg.momentum),
-                         weight_decay=float(cfg.weight_decay))
+    t = cfg.training
+    recipe = LocalRecipe(epochs=int(entry.get("local_epochs", t.local_epochs)),
+                         batch_size=int(entry.get("batch_size", t.batch_size)),
+                         lr=float(entry.get("lr", t.lr)), momentum=float(t.momentum),
+                         weight_decay=float(t.weight_decay))
     weight = entry.get("weight")
     truth = view.client_indices(client)
     # Under --dp-train the server averages with uniform public weights (1 per client): the
     # weight is no sample count, and inverting one image would under-report the leak.
-    dp_sgd = bool(getattr(cfg, "dp_train", False))
+    dp_sgd = cfg.privacy.dp_train
     n_from_weight = weight is not None and float(weight) >= 1 and not dp_sgd
     if n_from_weight:
         n, how = int(round(float(weight))), "n = aggregation weight"
@@ -229,8 +231,8 @@ def add_updates(view: RunView, opts: UpdatesOptions, clients: Sequence[int] | No
     rel = view.release(near if near is not None else labels[-1], opts.round)
     chosen = list(clients) if clients else [0]  # one client's update by default
     for c in chosen:
-        if not 0 <= c < view.cfg.clients:
-            raise UsageError(f"client {c} out of range 0..{view.cfg.clients - 1}")
+        if not 0 <= c < view.cfg.data.clients:
+            raise UsageError(f"client {c} out of range 0..{view.cfg.data.clients - 1}")
         if not view.scored:
             plan.notes.append("no simulated model update: it needs a client's images (the "
                               "experimenter's side of the run folder)")

@@ -49,11 +49,11 @@ def sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: Pl
             raise UsageError(f"client(s) {missing} uploaded nothing in round {rel.round}; "
                              f"clients with uploads: {', '.join(map(str, seen))}")
         return [(c, rel.uploads[c], "plain-upload") for c in chosen]
-    senders = sorted(rel.ciphertext_bytes) or list(range(view.cfg.clients))
+    senders = sorted(rel.ciphertext_bytes) or list(range(view.cfg.data.clients))
     chosen = list(clients) if clients else senders[:default_clients]
-    bad = [c for c in chosen if not 0 <= c < view.cfg.clients]
+    bad = [c for c in chosen if not 0 <= c < view.cfg.data.clients]
     if bad:
-        raise UsageError(f"client(s) {bad} out of range 0..{view.cfg.clients - 1}")
+        raise UsageError(f"client(s) {bad} out of range 0..{view.cfg.data.clients - 1}")
     plan.notes.append(f"secure aggregation: round {rel.round} has no per-client uploads "
                       f"({len(rel.ciphertext_bytes)} ciphertexts); attacking the aggregate (the "
                       "statistics of the whole federation) and scoring it against the images "

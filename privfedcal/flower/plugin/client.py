@@ -194,9 +194,9 @@ class CalibrationClient:
         parts = nc.get("num-partitions")
         settings = resolve(gather(self.keywords, context.run_config, nc),
                            clients=None if parts is None else int(parts))
-        if not 0 <= partition < settings.cfg.clients:
+        if not 0 <= partition < settings.cfg.data.clients:
             raise UsageError(f"node partition-id={partition} is outside "
-                             f"0..{settings.cfg.clients - 1}")
+                             f"0..{settings.cfg.data.clients - 1}")
         return settings, partition
 
     def node_run(self, context: Context) -> NodeRun:
@@ -205,6 +205,7 @@ class CalibrationClient:
         from privfedcal.experiment import calibrator_class
         from privfedcal.privacy.executor import execute_plan
         from privfedcal.privacy.planner import plan_for_run
+        from privfedcal.settings.floors import PrivacyOptions
 
         settings, partition = self.node_settings(context)
         clip = None
@@ -221,8 +222,8 @@ class CalibrationClient:
             n = settings.examples or self.size(context)
             # with dp-clip = "auto", the search's noise in the run's one plan, as the server's
             preset = settings.auto_clip.preset() if settings.auto_clip is not None else None
-            uplink = execute_plan(plan_for_run(settings.cfg, calibrator_class(settings.cfg), n,
-                                               preset))
+            uplink = execute_plan(plan_for_run(PrivacyOptions.of(settings.cfg),
+                                               calibrator_class(settings.cfg), n, preset))
             self._runs = {key: uplink}
         return NodeRun(settings, self._runs[key], partition)
 
@@ -239,7 +240,7 @@ class CalibrationClient:
 
     def hello(self, msg: Message, context: Context) -> Message:
         settings, partition = self.node_settings(context)
-        meta = ConfigRecord({"partition-id": partition, "num-partitions": settings.cfg.clients,
+        meta = ConfigRecord({"partition-id": partition, "num-partitions": settings.cfg.data.clients,
                              "settings": settings.digest()})
         return Message(RecordDict({"meta": meta, "metrics": MetricRecord(
             {"num-examples": self.size(context)})}), reply_to=msg)
@@ -274,7 +275,7 @@ class CalibrationClient:
 
     def _key_holder(self, context: Context) -> int:
         settings, partition = self.node_settings(context)
-        if not (settings.cfg.secagg and partition == settings.options.key_holder):
+        if not (settings.cfg.privacy.secagg and partition == settings.options.key_holder):
             raise UsageError(f"client {partition} is not this run's CKKS key holder")
         return partition
 

@@ -70,7 +70,7 @@ def plan_updates(s: PluginSettings, examples: int) -> Any:
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.executor import execute_plan
     from privfedcal.privacy.planner import plan_for_run
-    from privfedcal.settings.sections import PrivacyOptions
+    from privfedcal.settings.floors import PrivacyOptions
 
     preset = s.auto_clip.preset() if s.auto_clip is not None else None
     return execute_plan(plan_for_run(PrivacyOptions.of(s.cfg), calibrator_class(s.cfg),
@@ -127,14 +127,14 @@ class PrivateUpdates(Strategy):
 
         nodes = len(list(grid.get_node_ids()))
         s = resolve(gather(self.keywords, self.run_config), clients=nodes or None)
-        if not s.cfg.dp_updates:
+        if not s.cfg.privacy.dp_updates:
             raise UsageError("PrivateUpdates needs privfedcal.dp-updates = true and "
                              "privfedcal.dp-eps in the run config (dp_updates=True, dp_eps= "
                              "as keywords)")
         if s.method != "ccvr":
             raise UsageError("PrivateUpdates runs with method ccvr: privfedcal.rounds is "
                              "then the strategy's rounds (CReFF's rounds are its own)")
-        link = GridLink(grid, s.cfg.clients, s.options)
+        link = GridLink(grid, s.cfg.data.clients, s.options)
         sizes = _hello(link, s)
         self.client_of = {node: client for client, node in link.node_of.items()}
         self.settings = s
@@ -144,7 +144,7 @@ class PrivateUpdates(Strategy):
               *args: Any, **kwargs: Any) -> Any:
         """``Strategy.start``, refused where it would run more rounds than planned."""
         self._plan(grid)
-        planned = self.settings.cfg.rounds  # type: ignore[union-attr]
+        planned = self.settings.cfg.training.rounds  # type: ignore[union-attr]
         if num_rounds > planned:
             raise UsageError(f"num_rounds {num_rounds} is more than privfedcal.rounds "
                              f"{planned}, the rounds DP-FedAvg was planned for")

@@ -152,11 +152,13 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
     (clip.py), from the releases ``cfg`` declares: the same on the server and every node."""
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.planner import protection_inputs, release_plans
+    from privfedcal.settings.floors import PrivacyOptions
 
-    if cfg.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
+    if cfg.privacy.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
         raise UsageError("dp-clip='auto' needs dp-delta")
-    inputs = protection_inputs(cfg, calibrator_class(cfg))
-    return AutoClip.plan(float(cfg.dp_eps), float(cfg.dp_delta), cfg.accountant,
+    inputs = protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg))
+    p = cfg.privacy
+    return AutoClip.plan(float(p.dp_eps), float(p.dp_delta), p.accountant,
                          with_update_release(inputs, release_plans(inputs)))
 
 

@@ -206,12 +206,14 @@ def _plan(settings: PluginSettings, examples: int) -> None:
     holder, budgets), as the server and each node make it at calibration."""
     from privfedcal.experiment import calibrator_class
     from privfedcal.privacy.planner import plan_for_run
+    from privfedcal.settings.floors import PrivacyOptions
 
     cfg = settings.cfg
     preset = None
     if settings.auto_clip is not None:  # any clip: the search chooses it later
         cfg, preset = cfg.replace(dp_clip=1.0), settings.auto_clip.preset()
-    plan_for_run(cfg, calibrator_class(cfg), settings.examples or max(examples, 1), preset)
+    plan_for_run(PrivacyOptions.of(cfg), calibrator_class(cfg),
+                 settings.examples or max(examples, 1), preset)
 
 
 def _node_problem(node: int, reply: Message | None, want: str) -> str | None:
@@ -244,7 +246,7 @@ def _node_problem(node: int, reply: Message | None, want: str) -> str | None:
 
 def _ask_nodes(grid: Grid, s: PluginSettings) -> dict[int, int]:
     """Every node's preflight; their sample counts by partition id."""
-    nodes = GridLink(grid, s.cfg.clients, s.options).wait_for_nodes()
+    nodes = GridLink(grid, s.cfg.data.clients, s.options).wait_for_nodes()
     messages = [Message(RecordDict(), dst_node_id=n, message_type="query.preflight",
                         group_id="preflight") for n in nodes]
     replies = {int(r.metadata.src_node_id): r for r in grid.send_and_receive(
@@ -260,10 +262,10 @@ def _ask_nodes(grid: Grid, s: PluginSettings) -> dict[int, int]:
             raise PreflightError(f"two nodes have partition-id {partition}: give every node "
                                  "its own --node-config partition-id")
         sizes[partition] = int(str(reply_.content["metrics"]["num-examples"]))
-    missing = sorted(set(range(s.cfg.clients)) - set(sizes))
+    missing = sorted(set(range(s.cfg.data.clients)) - set(sizes))
     if missing:
         raise PreflightError(f"no node holds partition-id(s) {missing}: run "
-                             f"{s.cfg.clients} nodes, or set privfedcal.clients")
+                             f"{s.cfg.data.clients} nodes, or set privfedcal.clients")
     return sizes
 
 
@@ -291,7 +293,7 @@ def preflight(grid: Grid, model: nn.Module, context: Context | None = None, *,
             sc._first_batch(test_data, batch_kwargs, adapter)
         finally:
             adapter.net.train(was)
-        _plan(s, s.cfg.clients)  # the nodes' sizes unknown yet: checked again with them
+        _plan(s, s.cfg.data.clients)  # the nodes' sizes unknown yet: checked again with them
         sizes = _ask_nodes(grid, s)
         _plan(s, sum(sizes.values()))
     log.info("privfedcal preflight: %d node(s) ready for %s", len(sizes), s.method)

@@ -169,7 +169,7 @@ def _hello(link: GridLink, settings: PluginSettings) -> dict[int, int]:
             f"client(s) {other} run other privfedcal settings than the server (method, "
             "clients, examples, DP, secure aggregation or calibration options differ): "
             "give every node and the server the same privfedcal.* settings")
-    missing = sorted(set(range(settings.cfg.clients)) - set(sizes))
+    missing = sorted(set(range(settings.cfg.data.clients)) - set(sizes))
     if missing:
         raise FlowerRoundError(f"no node holds partition-id(s) {missing}")
     return sizes
@@ -198,15 +198,15 @@ def _server_side(cfg: RunConfig, adapter: HeadAdapter, test_data: Any, x: Tensor
     from privfedcal.federation.setup import Experiment
     from privfedcal.privacy.executor import execute_plan
     from privfedcal.privacy.planner import plan_for_run
-    from privfedcal.settings.sections import DataOptions, EngineOptions, LoopOptions, PrivacyOptions
+    from privfedcal.settings.floors import DataOptions, LoopOptions, PrivacyOptions
 
-    data = ServerData(cfg.dataset, adapter.num_classes, x[:0],
+    data = ServerData(cfg.data.dataset, adapter.num_classes, x[:0],
                       torch.zeros(0, dtype=torch.long, device=x.device), test_data)
     # the server trains no client: no model builder and no local-training spec
     exp = Experiment(torch.device(device), data, None, None, adapter,  # type: ignore[arg-type]
                      create_algorithm("fedavg", num_classes=adapter.num_classes),
                      None, None,  # type: ignore[arg-type]
-                     DataOptions.of(cfg), EngineOptions.of(cfg), PrivacyOptions.of(cfg),
+                     DataOptions.of(cfg), cfg.engine, PrivacyOptions.of(cfg),
                      LoopOptions.of(cfg), cfg.model or type(adapter.net).__name__,
                      record=cfg.to_dict(), num_examples=n)
     calibrator = build_calibrator(cfg, exp)
@@ -302,7 +302,7 @@ def _calibrate(grid: Grid, model: torch.nn.Module, context: Context | None, test
     adapter.to(device)
     s = _plugin_settings(grid, context, method, settings)
     run_dir = _fresh_run_dir(out, s.method, run_id)
-    link = GridLink(grid, s.cfg.clients, s.options)
+    link = GridLink(grid, s.cfg.data.clients, s.options)
     sizes = _hello(link, s)
     n = s.examples or sum(sizes.values())
     batch_kwargs = {"batch_size": batch_size, "batch_keys": batch_keys, "device": device,

@@ -30,7 +30,7 @@ FAULTS = [Faults(noise_scale=0.25), Faults(clip=False)]
 
 
 def channel(method: str, eps: float, faults: Faults = Faults()):
-    (ch,) = build_channels(RunConfig(method=method, dp_eps=eps, **BASE), faults=faults)
+    (ch,) = build_channels(RunConfig.of(method=method, dp_eps=eps, **BASE), faults=faults)
     return ch
 
 
@@ -65,14 +65,14 @@ def test_claim_is_opacus_epsilon_of_the_channel_alone():
     assert "in each of 2 rounds" in channel("creff", 2.0).canary   # rounds = 2, all chosen
     # --creff-release-last 1: the channel claims the one release the plan charges (counted
     # over every round, its noise planned for one release would claim past the budget)
-    (last,) = build_channels(RunConfig(method="creff", dp_eps=2.0, **{
+    (last,) = build_channels(RunConfig.of(method="creff", dp_eps=2.0, **{
         **BASE, "calibration_params": {"creff_release_last": 1}}))
     assert "in each of 1 rounds" in last.canary
     assert 1.9 < last.claimed_eps <= 2.0 + 1e-9
 
 
 def test_no_dp_has_no_claim_and_a_large_bound():
-    (ch,) = build_channels(RunConfig(method="ccvr", **BASE))
+    (ch,) = build_channels(RunConfig.of(method="ccvr", **BASE))
     row = play(ch, 2_000)
     assert ch.claimed_eps == float("inf") and row["false_pos"] + row["false_neg"] == 0
     assert row["eps_lower"] > 5
@@ -84,9 +84,9 @@ def test_channel_names_are_checked():
     with pytest.raises(UsageError, match="--channels"):
         parse_channels("ccvr")
     with pytest.raises(UsageError, match="releases no dp-sgd"):
-        build_channels(RunConfig(method="ccvr", dp_eps=1.0, **BASE), ("dp-sgd",))
+        build_channels(RunConfig.of(method="ccvr", dp_eps=1.0, **BASE), ("dp-sgd",))
     with pytest.raises(UsageError, match="no channel to audit"):
-        build_channels(RunConfig(method="fedavg", **BASE))
+        build_channels(RunConfig.of(method="fedavg", **BASE))
 
 
 def test_channels_cover_every_charged_field():
@@ -106,7 +106,7 @@ def test_channels_cover_every_charged_field():
 
 @pytest.mark.slow
 def test_dpsgd_update_is_audited_and_clipping_off_is_caught():
-    cfg = RunConfig(dataset="digits", clients=18, method="fedavg", dp_eps=1.0, dp_train=True,
+    cfg = RunConfig.of(dataset="digits", clients=18, method="fedavg", dp_eps=1.0, dp_train=True,
                     rounds=1, batch_size=32, device="cpu", threads=1, transcript=False, seed=0)
     (ok,) = build_channels(cfg)
     (broken,) = build_channels(cfg, faults=Faults(clip=False))
@@ -120,7 +120,7 @@ def test_dpsgd_update_is_audited_and_clipping_off_is_caught():
 def test_dpsgd_game_stops_at_its_budget_with_a_row():
     """A DP-SGD trial is a local training: a budget too small for one chunk stops the game
     after the fewest trials that give a bound (2 per side), and the row says so."""
-    cfg = RunConfig(method="fedavg", dp_eps=4.0, dp_train=True, **BASE)
+    cfg = RunConfig.of(method="fedavg", dp_eps=4.0, dp_train=True, **BASE)
     (ch,) = build_channels(cfg)
     assert ch.chunk > BUDGET_MIN_TRIALS
     row = play(ch, 1_000, budget_s=1e-9)
@@ -131,7 +131,7 @@ def test_dpsgd_game_stops_at_its_budget_with_a_row():
 def test_clipping_off_is_caught_whatever_the_clip_bound():
     # the canary is sized from the bound the sensitivities assume (4 x 100 here), not from
     # the broken release's missing one
-    cfg = RunConfig(method="ccvr", dp_eps=1.0, dp_clip=100.0, **BASE)
+    cfg = RunConfig.of(method="ccvr", dp_eps=1.0, dp_clip=100.0, **BASE)
     (ch,) = build_channels(cfg, faults=Faults(clip=False))
     row = play(ch, 20_000)
     assert row["eps_lower"] > row["claimed_eps"], row

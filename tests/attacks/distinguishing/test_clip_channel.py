@@ -23,7 +23,7 @@ BASE = dict(dataset="digits", clients=5, rounds=1, device="cpu", threads=1, tran
 
 
 def channel(faults: Faults = Faults(), **kw):
-    (ch,) = build_channels(RunConfig(**{**BASE, **kw}), (QUANTILE_RELEASE,), faults=faults)
+    (ch,) = build_channels(RunConfig.of(**{**BASE, **kw}), (QUANTILE_RELEASE,), faults=faults)
     return ch
 
 
@@ -62,6 +62,6 @@ def test_claim_is_opacus_epsilon_of_the_two_stages():
         assert ch.claimed_eps == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
     assert parse_channels("feature-clip") == (QUANTILE_RELEASE,)
     # only when asked, and only for a configuration with a DP calibration release
-    assert [c.name for c in build_channels(RunConfig(**BASE))] == ["ccvr-stats"]
+    assert [c.name for c in build_channels(RunConfig.of(**BASE))] == ["ccvr-stats"]
     with pytest.raises(UsageError, match="releases no feature-clip"):
-        build_channels(RunConfig(**{**BASE, "dp_eps": float("inf")}), (QUANTILE_RELEASE,))
+        build_channels(RunConfig.of(**{**BASE, "dp_eps": float("inf")}), (QUANTILE_RELEASE,))

@@ -10,7 +10,7 @@ from privfedcal.attacks.distinguishing.channels import Faults
 from privfedcal.attacks.distinguishing.one_run_training import add_canaries, one_run_training
 from privfedcal.settings.run_config import RunConfig
 
-CFG = RunConfig(dataset="digits", clients=5, rounds=5, method="fedavg", dp_train=True,
+CFG = RunConfig.of(dataset="digits", clients=5, rounds=5, method="fedavg", dp_train=True,
                 dp_eps=1.0, device="cpu", threads=1)
 
 

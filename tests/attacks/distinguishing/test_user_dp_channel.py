@@ -18,7 +18,7 @@ BASE = dict(dataset="digits", clients=5, rounds=1, device="cpu", threads=1, tran
 
 
 def channel(faults: Faults = Faults(), **kw):
-    (ch,) = build_channels(RunConfig(**{**BASE, **kw}), faults=faults)
+    (ch,) = build_channels(RunConfig.of(**{**BASE, **kw}), faults=faults)
     return ch
 
 
@@ -46,7 +46,7 @@ def test_claim_is_opacus_epsilon_of_one_round():
     from privfedcal.privacy.user_dp import UserDP
 
     ch = channel(rounds=4, dp_eps=4.0)  # the plan: 4 rounds at q = 1; the channel: one
-    uplink = build_parts(RunConfig(**{**BASE, "rounds": 4, "dp_eps": 4.0}))[2]
+    uplink = build_parts(RunConfig.of(**{**BASE, "rounds": 4, "dp_eps": 4.0}))[2]
     sigma = uplink.find(UserDP).noise_multiplier
     acc = RDPAccountant()
     acc.step(noise_multiplier=sigma, sample_rate=1.0)

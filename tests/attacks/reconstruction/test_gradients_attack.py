@@ -6,6 +6,8 @@ are tested end to end in test_runner.py.)"""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -31,7 +33,7 @@ def test_task_has_the_run_options_and_the_initial_head():
     cal = CReFF(params, num_classes=4, feature_dim=3)
     data = type("D", (), {"num_classes": 4})()
     exp = type("Exp", (), {"data": data, "model": type("M", (), {"classifier": head})()})()
-    cfg = type("Cfg", (), {"seed": 9})()
+    cfg = SimpleNamespace(training=SimpleNamespace(seed=9))
     task = gradients_attack.task(cfg, exp, cal)
     assert torch.equal(task.weight, head.weight.detach().double())
     assert torch.equal(task.bias, head.bias.detach().double())

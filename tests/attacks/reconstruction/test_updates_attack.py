@@ -40,7 +40,7 @@ def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Pat
     start = view.release(STATS_LABEL, None).state
     idx = view.truth_exp.parts[0]
     cfg = view.cfg
-    recipe = LocalRecipe(1, cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay)
+    recipe = LocalRecipe(1, cfg.training.batch_size, cfg.training.lr, cfg.training.momentum, cfg.training.weight_decay)
     after = {k: v.detach() for k, v in simulate_local_training(
         view.model, start, view.truth_exp.data.x_train[idx], view.truth_exp.data.y_train[idx],
         recipe).items()}
@@ -52,7 +52,7 @@ def updates_copy(view: RunView, dest: Path, *, weight: bool = True) -> tuple[Pat
     entries.append({"round": 1, "label": "model-update", "view": "plain-upload", "client": 0,
                     "file": "update.safetensors",
                     "weight": float(idx.numel()) if weight else None, "bytes": 1,
-                    "local_epochs": 1, "batch_size": cfg.batch_size, "lr": cfg.lr})
+                    "local_epochs": 1, "batch_size": cfg.training.batch_size, "lr": cfg.training.lr})
     (tdir / "index.json").write_text(json.dumps(entries))
     return dest, after
 
@@ -94,6 +94,7 @@ def test_uniform_dp_sgd_weight_is_not_taken_for_a_sample_count(ccvr_view, tmp_pa
     n = int(ccvr_view.truth_exp.parts[0].numel())
     for dp_train, want_n in ((False, 1), (True, n)):
         config["dp_train"] = dp_train
+        config["dp_eps"] = 8.0 if dp_train else None  # DP-SGD spends a budget
         (run / "server" / "config.json").write_text(json.dumps(config))
         (job,) = plan_updates(load_run(run, exp=ccvr_view.truth_exp), UpdatesOptions(steps=2)).jobs
         assert job.base["n"] == want_n and job.base["dp"] is dp_train

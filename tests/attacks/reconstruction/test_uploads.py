@@ -20,7 +20,7 @@ from privfedcal.errors import UsageError
 
 
 def _view() -> RunView:
-    return RunView(Path("run"), SimpleNamespace(clients=3), {}, None, [])
+    return RunView(Path("run"), SimpleNamespace(data=SimpleNamespace(clients=3)), {}, None, [])
 
 
 def _payload(counts) -> dict[str, torch.Tensor]:
