@@ -66,6 +66,8 @@ def _row_line(row: dict[str, Any]) -> str:
             f"{row['eps_lower']:.3f} (claimed {row['claimed_eps']:.3f})")
 
 
+# Its options, one per declared setting, are assembled when click builds the command (below);
+# cli/command_signatures.py writes them out as a plain signature.
 def dp(**flags: Any) -> None:
     """Empirical lower bounds on epsilon, one per channel, beside the epsilon the run claims."""
     from rich.table import Table

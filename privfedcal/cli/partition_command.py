@@ -35,6 +35,8 @@ def _partition_options(
     """``partition``'s options that are not settings of a run."""
 
 
+# Its options, one per declared setting, are assembled when click builds the command (below);
+# cli/command_signatures.py writes them out as a plain signature.
 def partition(**given: Any) -> None:
     """Partition a training set over clients; print per-client class counts, write a heatmap."""
     from privfedcal import jobs

@@ -88,6 +88,8 @@ def _train_options(
     """``train``'s options that are not settings of the run."""
 
 
+# Its options, one per declared setting, are assembled when click builds the command (below);
+# cli/command_signatures.py writes them out as a plain signature.
 def train(**flags: Any) -> None:
     """Train with a federated method (and a calibrator) and write a run folder."""
     config, resume, report, log, quiet = (flags.pop(k, None) for k in

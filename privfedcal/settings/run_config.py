@@ -17,6 +17,7 @@ augmentation) are resolved per model and dataset by :func:`resolve_training_defa
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -184,6 +185,32 @@ for _s in settings_of(RunConfig, "run"):
             raise TypeError(f"setting {_s.name!r} of section {_s.section} would hide "
                             f"RunConfig.{_s.name}")
         setattr(RunConfig, _s.name, _flat_reader(_s.section, _s.name))
+
+
+_sections_init = RunConfig.__init__
+
+
+def _init(self: RunConfig, *args: Any, **given: Any) -> None:
+    """``RunConfig``'s constructor: sections, or flat setting names (``RunConfig(dp_eps=8)``,
+    as the config took them when it was flat), or both (``dataclasses.replace(cfg,
+    rounds=3)`` passes the sections with a flat name): each flat name lands in its section,
+    over the section given or its defaults."""
+    where = _section_of_name()
+    parts: dict[str, dict[str, Any]] = {}
+    own: dict[str, Any] = {}
+    for name, value in given.items():
+        if where.get(name):
+            parts.setdefault(where[name], {})[name] = value
+        else:
+            own[name] = value
+    for name, values in parts.items():
+        base = own.get(name)
+        own[name] = SECTIONS[name](**values) if base is None else dataclasses.replace(
+            base, **values)
+    _sections_init(self, *args, **own)
+
+
+RunConfig.__init__ = _init  # type: ignore[method-assign]
 
 
 @functools.cache

@@ -179,3 +179,16 @@ def test_a_settings_toml_loads_into_the_sections():
     assert cfg.method_params == {"mu": 0.01}
     assert cfg.calibration_params == {"virtual_per_class": 20}
     assert math.isinf(RunConfig().privacy.dp_eps)
+
+
+def test_the_config_takes_flat_names_as_it_did_when_it_was_flat():
+    """``RunConfig(dp_eps=8)`` and ``dataclasses.replace(cfg, rounds=3)`` keep working: each
+    flat name lands in its section."""
+    cfg = RunConfig(dp_eps=8, clients=5, method="ccvr")
+    assert cfg == RunConfig.of(dp_eps=8, clients=5, method="ccvr")
+    assert (cfg.privacy.dp_eps, cfg.data.clients) == (8, 5)
+    later = dataclasses.replace(cfg, rounds=3)
+    assert (later.training.rounds, later.data.clients, later.privacy.dp_eps) == (3, 5, 8)
+    assert later.to_dict() == cfg.replace(rounds=3).to_dict()
+    with pytest.raises(TypeError, match="bogus"):
+        RunConfig(bogus=1)
