@@ -8,12 +8,12 @@ the timed rounds, so that the parts add up to the round):
 
 * local training steps: ``train_client`` less the copy of the trained state;
 * client state copy: ``clone_state`` of each trained client;
-* transcript record: ``Transcript.record`` on the round's thread (the private copy of each
-  update and its hand-over to the writer thread);
+* transcript record: ``Transcript.record`` and ``Transcript.seal`` on the round's thread
+  (each record added to the round's batch, the batch handed to the writer thread);
 * aggregation: ``RunningAverage.add`` / ``result`` (the weighted running sum);
 * evaluation: ``Simulator.evaluate`` on the test set;
 * transcript wait: ``Transcript.flush`` before the checkpoint (waiting for the writer
-  thread's pending files, then rewriting the index);
+  thread's pending files, then writing the index's new entries);
 * checkpoint: the rest of ``Simulator.save`` (the calibrator's state, the safetensors file and
   its atomic swap);
 * logs: ``RunLogger.round`` (metrics.csv, clients.jsonl);
@@ -22,7 +22,10 @@ the timed rounds, so that the parts add up to the round):
 * other: the rest of the round (client selection, the uplink's bookkeeping, the server
   update, the divergence checks, Python between them).
 
-The writer thread's own time (``save_file`` of the transcript's files, wall and CPU) runs
+Beside each part's wall time, the main thread's CPU time in it (``time.thread_time``): the
+work itself, which a busy machine stretches less than the wall time.
+
+The writer thread's own time (``write_records``: the transcript's files, wall and CPU) runs
 beside the round and is printed apart; on a machine with a spare core it is off the
 critical path, on a busy one it competes with the round. ``--cprofile N`` also prints the N
 functions with the most own time under cProfile (main thread only, in a second run: the
@@ -58,6 +61,7 @@ class Split:
         self.current: dict[str, float] = defaultdict(float)
         self.rounds: list[dict[str, float]] = []
         self.ends: list[float] = []
+        self.cpu_ends: list[float] = []  # the main thread's CPU time at each end
         self.writer = {"wall": 0.0, "cpu": 0.0}
 
     def wrap(self, owner, name: str, key: str) -> None:
@@ -65,11 +69,12 @@ class Split:
         split = self
 
         def timed(*args, **kwargs):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
                 split.current[key] += time.perf_counter() - t
+                split.current[f"{key} cpu"] += time.thread_time() - c
 
         setattr(owner, name, timed)
 
@@ -89,12 +94,14 @@ class Split:
         setattr(owner, name, timed)
 
     def end_round(self) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         if self.ends:
             self.rounds.append({**self.current, "round": now - self.ends[-1],
+                                "round cpu": cpu - self.cpu_ends[-1],
                                 "writer wall": self.writer["wall"],
                                 "writer cpu": self.writer["cpu"]})
         self.ends.append(now)
+        self.cpu_ends.append(cpu)
         self.current = defaultdict(float)
         self.writer.update(wall=0.0, cpu=0.0)
 
@@ -119,7 +126,13 @@ def instrument(split: Split) -> None:
     split.wrap(simulator.Simulator, "save", "save")
     split.wrap(RunLogger, "round", "logs")
     split.wrap(simulator.Simulator, "keep_round", "keep_round")
-    split.wrap_writer(transcript, "save_file")
+    try:  # a batch of records per file
+        import privfedcal.privacy.transcript_files as transcript_files
+
+        split.wrap_writer(transcript_files, "write_records")
+        split.wrap(transcript.Transcript, "seal", "record")
+    except ImportError:  # a file per record (the code before the batches)
+        split.wrap_writer(transcript, "save_file")
     line = run_progress.progress_line
 
     def ticking_line(rec, total):
@@ -143,6 +156,12 @@ def exclusive(r: dict[str, float]) -> dict[str, float]:
         "progress line": g("progress", 0)}
     parts["other"] = r["round"] - sum(parts.values())
     return parts
+
+
+def main_cpu(r: dict[str, float]) -> dict[str, float]:
+    """A round's main-thread CPU timers under the names of its wall timers."""
+    return {**{k[:-4]: v for k, v in r.items() if k.endswith(" cpu") and k != "round cpu"},
+            "round": r["round cpu"]}
 
 
 def run_once(args, profile: bool = False) -> list[dict[str, float]]:
@@ -183,6 +202,7 @@ def main() -> None:
     runs = []
     for _ in range(args.repeats):
         split.ends.clear()
+        split.cpu_ends.clear()
         before = len(split.rounds)
         run_once(args)
         runs.append(split.rounds[before:])
@@ -194,15 +214,21 @@ def main() -> None:
     print(f"round: mean {mean_round * 1e3:.1f} ms, median "
           f"{statistics.median(r['round'] for r in rounds) * 1e3:.1f} ms")
     split_means = {p: statistics.fmean(exclusive(r)[p] for r in rounds) for p in PARTS}
+    cpu_means = {p: statistics.fmean(exclusive(main_cpu(r))[p] for r in rounds) for p in PARTS}
+    mean_cpu = statistics.fmean(r["round cpu"] for r in rounds)
+    print(f"main thread's CPU per round: mean {mean_cpu * 1e3:.1f} ms")
+    print(f"  {'part':>22}   wall ms  share   main-thread CPU ms")
     for p in PARTS:
-        print(f"  {p:>22}: {split_means[p] * 1e3:7.2f} ms  {split_means[p] / mean_round:6.1%}")
+        print(f"  {p:>22}: {split_means[p] * 1e3:7.2f}  {split_means[p] / mean_round:6.1%}"
+              f"   {cpu_means[p] * 1e3:7.2f}")
     writer = {k: statistics.fmean(r[f"writer {k}"] for r in rounds) for k in ("wall", "cpu")}
     print(f"  transcript writer thread (beside the round): wall {writer['wall'] * 1e3:.2f} ms, "
           f"CPU {writer['cpu'] * 1e3:.2f} ms per round")
     if args.cprofile:
         run_once(args, profile=True)
     harness.finish(args, {"round_mean": mean_round, "parts": split_means, "writer": writer,
-                          "rounds": len(rounds)})
+                          "rounds": len(rounds), "round_cpu_mean": mean_cpu,
+                          "parts_cpu": cpu_means})
 
 
 if __name__ == "__main__":

@@ -18,15 +18,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from privfedcal.errors import UsageError
+from privfedcal.privacy.removals import pending, remove_later, wait_for_removals
+from privfedcal.privacy.transcript_files import write_tensors
 
 _TENSOR = "__tensor__"
 
 
+#: values that hold no tensor, checked first: a checkpoint is mostly the run's history
+_LEAVES = frozenset({int, float, str, bool, type(None)})
+
+
 def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
     """Move tensors of a nested dict/list structure into ``tensors``; return the skeleton."""
+    if type(obj) in _LEAVES:
+        return obj
     if isinstance(obj, torch.Tensor):
         key = prefix or "_"
         tensors[key] = obj.detach().cpu().contiguous()
@@ -34,6 +42,8 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any
     if isinstance(obj, dict):
         return {str(k): flatten(v, tensors, f"{prefix}/{k}") for k, v in obj.items()}
     if isinstance(obj, list | tuple):
+        if all(type(v) in _LEAVES for v in obj):
+            return list(obj)
         return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
     return obj
 
@@ -68,19 +78,23 @@ def interrupts_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def save_checkpoint(directory: Path, payload: dict[str, Any]) -> None:
+def save_checkpoint(directory: Path, payload: dict[str, Any], *,
+                    background: bool = False) -> None:
     """Write atomically: a half-written checkpoint never replaces a good one, and Ctrl-C
-    during the swap waits for it to finish."""
+    during the swap waits for it to finish. ``background``: the replaced checkpoint is
+    removed on a thread (privacy/removals.py; the next save of ``directory`` waits for it
+    first)."""
     tmp = directory.with_name(directory.name + ".tmp")
+    old = directory.with_name(directory.name + ".old")
+    if pending(old):
+        wait_for_removals()
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     tensors: dict[str, torch.Tensor] = {}
     skel = flatten(payload, tensors)
-    # safetensors refuses shared storage; clone makes every entry its own buffer
-    save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "state.safetensors"))
+    write_tensors(str(tmp / "state.safetensors"), tensors)
     (tmp / "meta.json").write_text(json.dumps(skel))
-    old = directory.with_name(directory.name + ".old")
     with interrupts_deferred():
         if directory.exists():
             if old.exists():
@@ -88,7 +102,10 @@ def save_checkpoint(directory: Path, payload: dict[str, Any]) -> None:
             os.replace(directory, old)
         os.replace(tmp, directory)
     if old.exists():
-        shutil.rmtree(old)
+        if background:
+            remove_later([old])
+        else:
+            shutil.rmtree(old)
 
 
 def load_checkpoint(directory: Path, device: torch.device | str = "cpu") -> dict[str, Any]:

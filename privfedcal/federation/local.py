@@ -70,9 +70,10 @@ class PlainSGD:
 
     Why not ``torch.optim.SGD`` itself: building any ``torch.optim`` optimizer imports
     ``torch._dynamo`` (seconds of start-up for a command that never compiles) and every
-    ``step``/``zero_grad`` goes through dynamo's disable wrapper. On CPU torch applies the
-    update tensor by tensor, on other devices with ``torch._foreach_*`` kernels (one launch
-    per op for all tensors); this class does the same.
+    ``step``/``zero_grad`` goes through dynamo's disable wrapper. The update is applied with
+    ``torch._foreach_*`` calls (one call per op for all tensors: on a GPU one launch; on a
+    CPU torch runs the same per-tensor kernels as its own CPU update, so the results are
+    bitwise those of ``torch.optim.SGD`` either way, with a fifth of the Python calls).
     """
 
     def __init__(self, params: list[Tensor], *, lr: float, momentum: float = 0.0,
@@ -91,22 +92,7 @@ class PlainSGD:
         if not live:
             return
         params = [self.params[i] for i in live]
-        grads = [p.grad for p in params]
-        if params[0].device.type != "cpu":
-            self._step_foreach(live, params, grads)  # type: ignore[arg-type]
-            return
-        for i, p, g in zip(live, params, grads, strict=True):
-            if self.weight_decay != 0:
-                g = g.add(p, alpha=self.weight_decay)
-            if self.momentum != 0:
-                buf = self.buffers[i]
-                if buf is None:
-                    buf = g.detach().clone()
-                    self.buffers[i] = buf
-                else:
-                    buf.mul_(self.momentum).add_(g, alpha=1.0)
-                g = buf
-            p.add_(g, alpha=-self.lr)
+        self._step_foreach(live, params, [p.grad for p in params])  # type: ignore[misc]
 
     def _step_foreach(self, live: list[int], params: list[Tensor], grads: list[Tensor]) -> None:
         if self.weight_decay != 0:
@@ -161,7 +147,10 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
         return LocalResult(clone_state(model), algo.end_client(model), None)
     device = x_all.device
     fmt = train_memory_format(model, x_all)
-    model.to(memory_format=fmt)  # before the optimiser, whose buffers follow the parameters
+    # a layout change walks every module (~50 us for the MLP): only when there is one
+    relayout = fmt != torch.contiguous_format
+    if relayout:
+        model.to(memory_format=fmt)  # before the optimiser, whose buffers follow the parameters
     params = [p for p in model.parameters() if p.requires_grad]
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     n = int(idx.numel())
@@ -188,7 +177,8 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
             opt.step()
             total += loss.detach().float()
             steps += 1
-    model.to(memory_format=torch.contiguous_format)  # what leaves the client is plain NCHW
+    if relayout:
+        model.to(memory_format=torch.contiguous_format)  # what leaves the client is plain NCHW
     new_client_state = algo.end_client(model)
     return LocalResult(clone_state(model), new_client_state, float(total) / max(steps, 1))
 

@@ -50,6 +50,7 @@ from privfedcal.privacy.cohorts import (
 )
 from privfedcal.privacy.release_journal import JOURNAL_DIR, ReleaseJournal, charge_of
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.removals import wait_for_removals
 from privfedcal.privacy.stages import NoiseStage
 from privfedcal.privacy.transcript import (
     Transcript,
@@ -250,6 +251,12 @@ class Simulator:
             if not abort:
                 raise
             log.warning("transcript not fully written: %s", exc)
+        try:  # the replaced checkpoint's folder and the pruned journal, removed on a thread
+            wait_for_removals()
+        except OSError as exc:
+            if not abort:
+                raise
+            log.warning("the replaced checkpoint was not removed: %s", exc)
 
     def _trainer(self) -> Trainer:
         """The run's trainer; a subclass returns another (``FlowerSimulator``: the nodes)."""
@@ -282,10 +289,12 @@ class Simulator:
 
         def consume(state: State) -> None:
             i = running.count
-            state = self.uplink.update_client(state, rnd.at(rnd.selected[i]))
-            record_model_updates(rnd.transcript, rnd.round_, [rnd.selected[i]], [state],
-                                 [rnd.weights[i]], rnd.recipe)
-            running.add(state)
+            sent = self.uplink.update_client(state, rnd.at(rnd.selected[i]))
+            # the trainer drops a state it hands to consume: unless a stage replaced it, the
+            # record keeps it as is, without a copy
+            record_model_updates(rnd.transcript, rnd.round_, [rnd.selected[i]], [sent],
+                                 [rnd.weights[i]], rnd.recipe, copy=sent is not state)
+            running.add(sent)
 
         results = rnd.trainer.train(rnd.global_state, rnd.jobs, rnd.round_, consume=consume)
         checked = [r._replace(state=running.nonfinite_marker(i)) for i, r in enumerate(results)]
@@ -345,6 +354,7 @@ class Simulator:
         weights = self.uplink.update_weights(self.client_sizes(selected))
         results, averaged, sent_bytes, checked = self.receive_updates(
             trainer, jobs, selected, weights, round_)
+        self.transcript.seal()  # the round's record written while the round goes on
         # every selected client is charged (DP-SGD), whether its update arrived or not
         self.uplink.after_local_training(selected)
         selected = self.replied(selected)  # under Flower, lost clients leave the round
@@ -561,8 +571,9 @@ class Simulator:
             "update_bytes": self.update_bytes,
             "transcript": self.transcript.state_dict(),  # entries kept in memory only
             "post_training": post_training,
-        })
-        self.journal.prune_through(round_)  # releases of checkpointed rounds: never redone
+        }, background=True)
+        # releases of checkpointed rounds: never redone
+        self.journal.prune_through(round_, background=True)
 
     def restore(self) -> None:
         ck = load_checkpoint(self.run_dir / "checkpoint", self.exp.device)

@@ -36,6 +36,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from privfedcal.privacy.removals import remove_later
+
 #: the journal's folder in a run folder (beside ``checkpoint/``: the experimenter's side)
 JOURNAL_DIR = "journal"
 #: the party name of the key holder's decrypted sums and of the server's own noise
@@ -123,18 +125,25 @@ class ReleaseJournal:
                  else [p.name for p in self.directory.glob("r*.safetensors")])
         return sorted({_round_of(n) for n in names if _NAME.match(n)})
 
-    def prune_through(self, round_: int) -> None:
+    def prune_through(self, round_: int, *, background: bool = False) -> None:
         """Forget the releases of rounds ``<= round_`` (a checkpoint of ``round_`` is on
-        disk: they are never redone)."""
+        disk: they are never redone). ``background``: the files, listed now, are removed on
+        a thread (removing a file fsynced moments ago waits for the disk, about 3 ms here;
+        privacy/removals.py): a release journaled later is never among them, and a stop
+        before they are gone leaves releases of checkpointed rounds, which are never asked
+        for again."""
         if self.directory is None:
             for name in [n for n in self._memory if _round_of(n) <= round_]:
                 del self._memory[name]
             return
         if not self.directory.is_dir():
             return
-        for path in self.directory.glob("r*.safetensors*"):
-            if _round_of(path.name) <= round_:
-                path.unlink(missing_ok=True)
+        paths = [p for p in self.directory.glob("r*.safetensors*") if _round_of(p.name) <= round_]
+        if background:
+            remove_later(paths)
+            return
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
 def _round_of(name: str) -> int:

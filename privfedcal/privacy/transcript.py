@@ -5,14 +5,16 @@ sees); protected ones as per-client ciphertext sizes plus the decrypted aggregat
 Model updates are recorded too (``record_round`` / ``record_model_updates``): once per round
 the global state sent and the participants, then every participant's full local state with
 the aggregation weight the server used, its size on the wire and the public local recipe.
-Files: ``transcript/index.json`` (one entry per release) and one safetensors file per entry.
-Disk: (participants + 1) model states per round; for large models and long runs use
-``--no-transcript`` (docs/privacy.md lists the cost).
+Files: ``transcript/index.json`` (one entry per release) and one safetensors file per batch
+of records (a round's global state and updates; an entry names its file and its ``key`` in
+it: privacy/transcript_files.py). Disk: (participants + 1) model states per round; for
+large models and long runs use ``--no-transcript`` (docs/privacy.md lists the cost).
 
-The files are written off the training path: ``record`` copies the tensors and hands them to
-one writer thread, and ``flush`` (the simulator calls it before each checkpoint and at the
-end of a run) waits for the pending files and then rewrites the index, so the index never
-names a file that is not on disk and a checkpoint never precedes its round's record.
+The files are written off the training path: ``record`` keeps a private copy of the tensors
+in the open batch, ``seal`` hands the batch to one writer thread as one file, and ``flush``
+(the simulator calls it before each checkpoint and at the end of a run) seals, waits for the
+pending files and then rewrites the index, so the index never names a file that is not on
+disk and a checkpoint never precedes its round's record.
 
 A file's time is a record too: when a client's update reached the disk says how long it
 trained, which grows with its private size. So ``flush`` sets the times of every file it
@@ -25,89 +27,22 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
-
-#: bytes of tensors handed to the writer and not yet on disk at most: ``put`` waits beyond
-#: it, so a recorder faster than the disk (a calibration release over thousands of
-#: clients) holds a bounded copy of the server's view, not one per client
-MAX_PENDING_BYTES = 256 * 2**20
-
-
-class _Writer:
-    """One daemon thread writing safetensors files in the order they were handed over. An
-    error is kept and raised by the next ``put`` or ``wait``, in the recording thread."""
-
-    def __init__(self, max_pending: int = MAX_PENDING_BYTES, epoch: int | None = None) -> None:
-        self._jobs: queue.Queue[tuple[dict[str, torch.Tensor], str] | None] = queue.Queue()
-        #: the one time (ns) each file gets as soon as it is written (``server_epoch``), so
-        #: that even a process killed before its next flush leaves no per-client time
-        self._epoch = epoch
-        self._error: BaseException | None = None
-        self._max_pending = max_pending
-        self._pending = 0  # bytes queued, not yet written
-        self._room = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="privfedcal-transcript",
-                                        daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                if self._error is None:
-                    save_file(*job)
-                    if self._epoch is not None:
-                        os.utime(job[1], ns=(self._epoch, self._epoch))
-            except BaseException as exc:  # handed to the recording thread
-                self._error = exc
-            finally:
-                if job is not None:
-                    with self._room:
-                        self._pending -= _nbytes(job[0])
-                        self._room.notify_all()
-                self._jobs.task_done()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            exc, self._error = self._error, None
-            raise exc
-
-    def put(self, tensors: dict[str, torch.Tensor], path: str) -> None:
-        """Queue a file; wait first while the queued bytes would pass the bound (a single
-        file larger than the bound waits for an empty queue)."""
-        self._raise()
-        size = _nbytes(tensors)
-        with self._room:
-            self._room.wait_for(lambda: self._pending == 0
-                                or self._pending + size <= self._max_pending)
-            self._pending += size
-        self._jobs.put((tensors, path))
-
-    def wait(self) -> None:
-        """Block until every file handed over is written."""
-        self._jobs.join()
-        self._raise()
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-
-def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return int(sum(v.numel() * v.element_size() for v in tensors.values()))
+from privfedcal.privacy.transcript_files import (
+    BATCH_BYTES,
+    Records,
+    Writer,
+    nbytes,
+    read_entries,
+)
 
 
 class Transcript:
@@ -116,11 +51,17 @@ class Transcript:
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self.entries: list[dict[str, Any]] = []
-        self._writer: _Writer | None = None
+        self._writer: Writer | None = None
+        #: the records not yet handed to the writer: their file's name, its tensors, bytes
+        self._batch: tuple[str, Records] | None = None
+        self._batch_bytes = 0
         # Each entry is encoded once, when recorded (json's C encoder: no indent), and the
         # index is rewritten from these strings; re-encoding the whole growing index on every
         # record made the default digits run spend a fifth of its time in json.
         self._encoded: list[str] = []
+        #: (entries, bytes) of ``index.json`` as this process last wrote it: a later flush
+        #: appends the new entries in place of the closing bracket
+        self._on_disk: tuple[int, int] | None = None
         #: which attempt at the rounds after the last checkpoint this process records: 0
         #: in a run never stopped; after a resume that finds releases of those rounds on
         #: record, one more than theirs (``resume_after``), written into every entry
@@ -133,31 +74,55 @@ class Transcript:
                 self.entries = json.loads(index.read_text())
                 self._encoded = [json.dumps(e) for e in self.entries]
 
-    def _write(self, name: str, tensors: dict[str, torch.Tensor]) -> str | None:
+    def _write(self, round_: int, tensors: dict[str, torch.Tensor], copy: bool
+               ) -> tuple[str, str] | None:
+        """Add a record's tensors to the open batch: (its file, its key in the file)."""
         if self.directory is None:
             return None
-        # a redo never writes over a file of an earlier attempt (one its stop left unlisted)
-        again = f"-a{self.attempt}" if self.attempt else ""
-        fname = f"{len(self.entries):05d}{again}-{name}.safetensors"
+        if self._batch is None:
+            # a redo never writes over a file of an earlier attempt (one its stop left
+            # unlisted)
+            again = f"-a{self.attempt}" if self.attempt else ""
+            self._batch = (f"{len(self.entries):05d}{again}-r{round_}-records.safetensors", [])
+        key = f"{len(self.entries):05d}"
+        # a private copy unless the caller hands the tensors over (``copy=False``): the
+        # caller may change its tensors once record returns
+        own = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        self._batch[1].append((key, {k: v.clone() for k, v in own.items()} if copy else own))
+        self._batch_bytes += nbytes(own)
+        name = self._batch[0]
+        if self._batch_bytes >= BATCH_BYTES:
+            self.seal()
+        return name, key
+
+    def seal(self) -> None:
+        """Hand the records made since the last ``seal`` to the writer thread, as one file
+        (the simulator seals once a round's updates are in, so the file is written while
+        the round goes on; ``flush`` seals too)."""
+        if self._batch is None or self.directory is None:
+            return
+        (name, records), size = self._batch, self._batch_bytes
+        self._batch, self._batch_bytes = None, 0
         self._take_epoch()
         if self._writer is None:
-            self._writer = _Writer(epoch=self._epoch)
-        # a private copy: the caller may change its tensors once record returns
-        self._writer.put({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                         str(self.directory / fname))
-        return fname
+            self._writer = Writer(epoch=self._epoch)
+        self._writer.put(records, str(self.directory / name), size)
 
     def record(self, *, round_: int, label: str, view: str, client: int | None,
-               tensors: dict[str, torch.Tensor] | None = None, **info: Any) -> None:
+               tensors: dict[str, torch.Tensor] | None = None, copy: bool = True,
+               **info: Any) -> None:
         """``view``: "plain-upload" (one client's payload), "aggregate" (what was decrypted or
-        summed), or "ciphertext" (sizes only)."""
+        summed), or "ciphertext" (sizes only). ``copy=False``: ``tensors`` are handed over
+        (the caller never changes them again), kept without a private copy."""
         entry: dict[str, Any] = {"round": round_, "label": label, "view": view,
                                  "client": client, **info}
         if self.attempt:
             entry["attempt"] = self.attempt
         if tensors is not None:
-            tag = f"r{round_}-{label}-{view}" + (f"-c{client}" if client is not None else "")
-            entry["file"] = self._write(tag, tensors)
+            where = self._write(round_, tensors, copy)
+            entry["file"] = None
+            if where is not None:
+                entry["file"], entry["key"] = where
         self.entries.append(entry)
         self._encoded.append(json.dumps(entry))
 
@@ -201,13 +166,31 @@ class Transcript:
         """Wait for the files recorded so far, then rewrite ``index.json``: a JSON array,
         one entry per line."""
         if self.directory is not None:
+            self.seal()
             if self._writer is not None:
                 self._writer.wait()
-            text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
-            (self.directory / "index.json").write_text(text)
+            self._write_index(self.directory / "index.json")
             self._take_epoch()
             for path in [self.directory / "index.json", self.directory]:
                 os.utime(path, ns=(self._epoch, self._epoch))
+
+    def _write_index(self, path: Path) -> None:
+        """``index.json`` as the whole list of entries, one per line. Entries are only ever
+        added, so when the file is as this process last wrote it, the new ones are written
+        over its closing bracket: the same bytes as a rewrite, without truncating the file
+        (on ext4, truncating and rewriting a file waits for its blocks to be allocated, the
+        costliest step of a round's record)."""
+        done, size = self._on_disk or (0, -1)
+        if 0 < done <= len(self._encoded) and path.is_file() and path.stat().st_size == size:
+            tail = "".join(",\n" + e for e in self._encoded[done:]) + "\n]\n"
+            with open(path, "r+b") as f:
+                f.seek(size - 3)  # the closing "\n]\n"
+                f.write(tail.encode())
+            self._on_disk = (len(self._encoded), size - 3 + len(tail))
+            return
+        text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
+        path.write_bytes(text.encode())
+        self._on_disk = (len(self._encoded), len(text))
 
     def _take_epoch(self) -> None:
         """Read the view's one time once per process; a resumed run's folder may hold files
@@ -266,13 +249,14 @@ def sent_tensors(state: dict[str, torch.Tensor], task: Any) -> dict[str, torch.T
 
 def record_model_updates(transcript: Transcript, round_: int, clients: list[int],
                          states: list[dict[str, torch.Tensor]], weights: list[float] | None,
-                         recipe: dict[str, Any]) -> None:
+                         recipe: dict[str, Any], *, copy: bool = True) -> None:
     """Every participant's full local state after training, as the server receives it in
     the clear, with the aggregation weight it used (None if it never saw one) and the public
-    local recipe (``local_epochs``, ``batch_size``, ``lr``) an attacker can simulate."""
+    local recipe (``local_epochs``, ``batch_size``, ``lr``) an attacker can simulate.
+    ``copy=False``: the states are handed over (``Transcript.record``)."""
     for i, (c, st) in enumerate(zip(clients, states, strict=True)):
         transcript.record(round_=round_, label=UPDATE_RELEASE, view="plain-upload",
-                          client=int(c), tensors=st,
+                          client=int(c), tensors=st, copy=copy,
                           weight=None if weights is None else float(weights[i]),
                           bytes=state_bytes(st), **recipe)
 
@@ -298,7 +282,5 @@ def load_transcript(directory: Path) -> list[dict[str, Any]]:
     if not index.is_file():
         raise UsageError(f"no transcript in {directory}")
     entries = json.loads(index.read_text())
-    for e in entries:
-        if e.get("file"):
-            e["tensors"] = load_file(str(directory / e["file"]))
+    read_entries(directory, entries)
     return entries

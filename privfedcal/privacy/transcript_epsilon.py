@@ -35,8 +35,8 @@ import torch
 from privfedcal.privacy.accounting import compute_epsilon
 from privfedcal.privacy.releases import DPSGD_RELEASE, UPDATE_RELEASE, USER_DP_RELEASE
 
-#: tensors of a transcript entry, from its file name (None: not on disk)
-Loader = Callable[[str], Mapping[str, torch.Tensor] | None]
+#: tensors of a transcript entry, from its file and key (None: not on disk)
+Loader = Callable[[Mapping[str, Any]], Mapping[str, torch.Tensor] | None]
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,10 @@ class _Held:
     load: Loader | None
     entries: dict[tuple[int, str, int], list[Mapping[str, Any]]]
     received: int = 0  # release entries received, repeats included
-    known: dict[str, str] = field(default_factory=dict)  # file -> fingerprint
+    known: dict[str, str] = field(default_factory=dict)  # file#key -> fingerprint
 
     def _tensors(self, e: Mapping[str, Any]) -> Mapping[str, torch.Tensor] | None:
-        return self.load(e["file"]) if self.load is not None and e.get("file") else None
+        return self.load(e) if self.load is not None and e.get("file") else None
 
     def add(self, clients: list[int], e: Mapping[str, Any]) -> None:
         labels = self.plan.charged_as(str(e["label"]))
@@ -124,8 +124,8 @@ class _Held:
         return {self.value(e) for e in entries}
 
     def value(self, e: Mapping[str, Any]) -> str:
-        """The fingerprint of ``e``'s value, its file read once."""
-        name = e.get("file")
+        """The fingerprint of ``e``'s value, its tensors read once."""
+        name = f"{e['file']}#{e.get('key')}" if e.get("file") else None
         if name and name in self.known:
             return self.known[name]
         value = _fingerprint(self._tensors(e), e)
@@ -190,14 +190,14 @@ def transcript_epsilons(entries: Iterable[Mapping[str, Any]], plan: PublicPlan,
 
 
 def file_loader(directory: Path | None) -> Loader | None:
-    """Reads an entry's tensors from a transcript folder (safetensors only)."""
+    """Reads an entry's tensors from a transcript folder (safetensors only, either layout:
+    privacy/transcript_files.py)."""
     if directory is None:
         return None
-    from safetensors.torch import load_file
+    from privfedcal.privacy.transcript_files import read_entry
 
-    def load(name: str) -> Mapping[str, torch.Tensor] | None:
-        path = Path(directory) / name
-        return load_file(str(path)) if path.is_file() else None
+    def load(entry: Mapping[str, Any]) -> Mapping[str, torch.Tensor] | None:
+        return read_entry(Path(directory), entry)
 
     return load
 

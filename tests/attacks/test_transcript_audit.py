@@ -6,12 +6,13 @@ import json
 import shutil
 
 import pytest
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from privfedcal.attacks.transcript_audit import run_epsilon
 from privfedcal.errors import UsageError
 from privfedcal.experiment import build_simulator
 from privfedcal.federation.runfolder import server_dir, transcript_dir
+from privfedcal.privacy.transcript_files import read_entry
 
 
 def test_the_server_folder_gives_the_runs_epsilon_and_catches_a_redrawn_release(
@@ -29,10 +30,11 @@ def test_the_server_folder_gives_the_runs_epsilon_and_catches_a_redrawn_release(
     tr = view / "transcript"
     index = json.loads((tr / "index.json").read_text())
     first = next(e for e in index if e["label"] == "ccvr-stats" and e["client"] == 2)
-    again = {k: v + 1.0 for k, v in load_file(str(tr / first["file"])).items()}
-    save_file(again, str(tr / "redrawn.safetensors"))
+    again = {k: v + 1.0 for k, v in read_entry(tr, first).items()}
+    save_file(again, str(tr / "redrawn.safetensors"))  # a file of its own: no key in it
+    redrawn_entry = {k: v for k, v in first.items() if k != "key"}
     (tr / "index.json").write_text(json.dumps(
-        [*index, {**first, "attempt": 1, "file": "redrawn.safetensors"}]))
+        [*index, {**redrawn_entry, "attempt": 1, "file": "redrawn.safetensors"}]))
     redrawn = run_epsilon(view)
     assert redrawn["epsilon"] > summary["privacy"]["epsilon_spent"]
     assert redrawn["per_client"]["0"] == held["per_client"]["0"]

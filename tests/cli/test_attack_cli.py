@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 from cli_helpers import assert_usage_error, run_cli  # noqa: F401
-from safetensors.torch import load_file
 
 from privfedcal.cli.main import main
+from privfedcal.privacy.transcript_files import read_entry
 
 FAST = ["--clients", "3", "--rounds", "1", "--local-epochs", "1", "--device", "cpu",
         "--threads", "1", "--alpha", "0.5", "--dataset", "digits"]
@@ -48,7 +48,7 @@ def first_held_class(run, client):
     index = json.loads((run / "server" / "transcript" / "index.json").read_text())
     (entry,) = [e for e in index if e["view"] == "plain-upload" and e["client"] == client
                 and e["label"] == "ccvr-stats"]
-    count = load_file(str(run / "server" / "transcript" / entry["file"]))["count"]
+    count = read_entry(run / "server" / "transcript", entry)["count"]
     return int(torch.nonzero(count > 0)[0])
 
 

@@ -109,7 +109,7 @@ def least_squares(run: Path, key: str = "count") -> tuple[np.ndarray, np.ndarray
     contributors are its ciphertext entries), with the public total (the class totals, N)
     as one more equation: (estimate per client, whether each client's value is determined,
     i.e. its unit vector is in the row space)."""
-    from safetensors.torch import load_file
+    from privfedcal.privacy.transcript_files import read_entry
 
     server = run / "server"
     index = json.loads((server / "transcript" / "index.json").read_text())
@@ -119,8 +119,8 @@ def least_squares(run: Path, key: str = "count") -> tuple[np.ndarray, np.ndarray
         k = (e["round"], e["label"])
         if e["view"] == "ciphertext":
             senders.setdefault(k, set()).add(e["client"])
-        elif e["view"] == "aggregate" and key in (tensors := load_file(
-                str(server / "transcript" / e["file"]))):
+        elif e["view"] == "aggregate" and key in (tensors := read_entry(
+                server / "transcript", e)):
             rows.append([float(c in senders[k]) for c in range(clients)])
             sums.append(tensors[key].double().numpy())
     partition = json.loads((run / "private" / "partition.json").read_text())

@@ -58,7 +58,7 @@ SUMMARY: dict[str, str] = {
 
 #: transcript/index.json entries: the fields an entry may carry
 INDEX_FIELDS = {"round", "label", "view", "client", "participants", "weight", "bytes",
-                "local_epochs", "batch_size", "lr", "file", "clients",
+                "local_epochs", "batch_size", "lr", "file", "key", "clients",
                 "attempt"}  # which try at a round after a resume: the server saw both
 FILES = re.compile(r"^(config\.json|summary\.json|transcript/index\.json|"
                    r"transcript/\d{5}(-a\d+)?-r\d+-[a-z0-9-]+\.safetensors)$")

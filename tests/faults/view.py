@@ -73,6 +73,19 @@ def _count_vector(arrays: dict[str, Any]) -> list[float] | None:
     return None
 
 
+def _arrays(transcript: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry's tensors: the whole file it names, or, in a file of several records, those
+    under its ``key`` (``<key>/<name>``, the prefix taken off)."""
+    path = transcript / entry["file"]
+    if not path.is_file():
+        return {}
+    arrays = load_file(str(path))
+    if entry.get("key") is None:
+        return arrays
+    prefix = f"{entry['key']}/"
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
 def _releases(entries: list[dict[str, Any]], transcript: Path) -> list[Release]:
     """Aggregates with the senders of the ciphertexts recorded before them for the same
     round and label, and plain uploads with their client."""
@@ -83,8 +96,7 @@ def _releases(entries: list[dict[str, Any]], transcript: Path) -> list[Release]:
         if e["view"] == "ciphertext":
             senders.setdefault(key, []).append(int(e["client"]))
         elif e["view"] in ("aggregate", "plain-upload") and e.get("file"):
-            path = transcript / e["file"]
-            arrays = load_file(str(path)) if path.is_file() else {}
+            arrays = _arrays(transcript, e)
             who = (tuple(sorted(set(senders.pop(key, [])))) if e["view"] == "aggregate"
                    else (int(e["client"]),))
             out.append(Release(key[0], key[1], e["view"], who, _digest(arrays) or e["file"],

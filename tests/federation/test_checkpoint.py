@@ -9,7 +9,13 @@ import torch
 from safetensors.torch import load_file
 
 from privfedcal.errors import UsageError
-from privfedcal.federation.checkpoint import flatten, load_checkpoint, save_checkpoint, unflatten
+from privfedcal.federation.checkpoint import (
+    flatten,
+    load_checkpoint,
+    save_checkpoint,
+    unflatten,
+)
+from privfedcal.privacy.removals import wait_for_removals
 
 
 def test_flatten_moves_tensors_to_path_keys_and_leaves_a_json_skeleton():
@@ -96,3 +102,14 @@ def test_ctrl_c_during_the_swap_waits_for_it(tmp_path, monkeypatch):
     assert len(calls) == 2
     assert load_checkpoint(tmp_path / "checkpoint")["round"] == 2
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_replaced_checkpoint_removed_in_the_background_is_gone_after_the_wait(tmp_path):
+    """``background=True``: the old folder goes on a thread; a save waits for the previous
+    removal, and ``wait_for_removals`` leaves the folder as a synchronous save does."""
+    for r in range(4):
+        save_checkpoint(tmp_path / "ck", {"round": r, "w": torch.full((3,), float(r))},
+                        background=True)
+        assert load_checkpoint(tmp_path / "ck")["round"] == r
+    wait_for_removals()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]

@@ -15,7 +15,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import privfedcal
 import privfedcal.federation.simulator as simulator
@@ -23,6 +22,7 @@ from privfedcal.experiment import build_simulator
 from privfedcal.federation.runfolder import transcript_dir
 from privfedcal.privacy.release_journal import ReleaseJournal
 from privfedcal.privacy.transcript import Transcript
+from privfedcal.privacy.transcript_files import read_entry
 from privfedcal.privacy.uplink import Uplink
 
 
@@ -46,7 +46,7 @@ def stop_at(m, owner, name, n, *, after=False, when=lambda *a, **kw: True):
 
 
 def at_checkpoint(round_):
-    return lambda directory, payload: (directory.name == "checkpoint"
+    return lambda directory, payload, **_: (directory.name == "checkpoint"
                                        and payload["round"] == round_)
 
 
@@ -65,7 +65,7 @@ def index(run_dir):
 
 def same_tensors(run_dir, entries):
     """Whether every entry of ``entries`` holds the same tensors as the first."""
-    loaded = [load_file(str(transcript_dir(run_dir) / e["file"])) for e in entries]
+    loaded = [read_entry(transcript_dir(run_dir), e) for e in entries]
     return all(set(x) == set(loaded[0]) and all(torch.equal(x[k], loaded[0][k]) for k in x)
                for x in loaded[1:])
 
@@ -144,7 +144,7 @@ def test_ccvr_stopped_after_its_release_before_its_checkpoint_releases_it_once(
     cfg = tiny_cfg(method="ccvr", dp_eps=8.0, transcript=True)
     summary = stopped_and_resumed(
         cfg, run, monkeypatch, simulator, "save_checkpoint", 1,
-        {"when": lambda d, p: d.name == "checkpoint" and p.get("post_training")})
+        {"when": lambda d, p, **_: d.name == "checkpoint" and p.get("post_training")})
     assert_charged(summary)
     uploads = [e for e in index(run) if e["label"] == "ccvr-stats"
                and e["view"] == "plain-upload"]

@@ -23,8 +23,9 @@ from privfedcal.privacy.client_fields import (
 from privfedcal.privacy.releases import ReleaseSpec
 from privfedcal.privacy.transcript import load_transcript
 
-#: entry keys the server writes itself: its own bookkeeping or the public config
-BOOKKEEPING = {"round", "label", "view", "client", "file", "tensors", "participants",
+#: entry keys the server writes itself: its own bookkeeping (``file``, ``key``: where the
+#: entry's tensors are) or the public config
+BOOKKEEPING = {"round", "label", "view", "client", "file", "key", "tensors", "participants",
                "clients", "local_epochs", "batch_size", "lr"}
 
 

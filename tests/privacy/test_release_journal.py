@@ -9,6 +9,7 @@ from privfedcal.privacy.release_journal import (
     charge_of,
     contributors_party,
 )
+from privfedcal.privacy.removals import wait_for_removals
 
 
 def test_a_release_is_journaled_then_resent_instead_of_the_fresh_one(tmp_path):
@@ -63,3 +64,14 @@ def test_the_charge_is_the_plans_multiplier_rate_and_steps():
     assert charge_of(Plan, "dpsgd") == {"noise_multiplier": 1.5, "sample_rate": 0.1,
                                         "steps": 20}
     assert charge_of(Plan, "ccvr-stats") is None and charge_of(None, "dpsgd") is None
+
+
+def test_a_pruning_in_the_background_spares_what_is_journaled_after_it(tmp_path):
+    journal = ReleaseJournal(tmp_path / "j")
+    for r in (1, 2):
+        journal.put(r, "ccvr-stats", 0, {"v": torch.full((1,), float(r))})
+    journal.prune_through(2, background=True)
+    journal.put(2, "post", "server", {"v": torch.ones(1)})  # a release made after the prune
+    wait_for_removals()
+    assert journal.rounds() == [2] and journal.get(2, "ccvr-stats", 0) is None
+    assert journal.get(2, "post", "server") is not None

@@ -138,7 +138,7 @@ def test_every_file_of_the_server_view_carries_one_time(tmp_path, tiny_cfg):
                     tmp_path / "run").run()
     view = tmp_path / "run" / "server"
     paths = [view, *view.rglob("*")]
-    assert len([p for p in paths if p.suffix == ".safetensors"]) >= 6
+    assert len([p for p in paths if p.suffix == ".safetensors"]) >= 3  # a file per round
     assert {p.stat().st_mtime_ns for p in paths} == {(view / "config.json").stat().st_mtime_ns}
     for p in view.rglob("*.json"):
         assert _client_timing(json.loads(p.read_text())) == [], p

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.transcript import (
@@ -20,22 +20,26 @@ from privfedcal.privacy.transcript import (
 )
 
 
-def test_record_writes_index_and_one_safetensors_file_per_entry(tmp_path):
+def test_record_writes_index_and_one_safetensors_file_per_batch(tmp_path):
     tr = Transcript(tmp_path / "transcript")
     tr.record(round_=1, label="ccvr-stats", view="plain-upload", client=3,
               tensors={"sum": torch.tensor([1.0, 2.0])}, bytes=8)
     tr.record(round_=1, label="ccvr-stats", view="ciphertext", client=4, bytes=1000)
     tr.record(round_=1, label="ccvr-stats", view="aggregate", client=None,
               tensors={"sum": torch.tensor([3.0, 5.0])}, bytes=16)
-    tr.flush()  # the files are written by a thread; flush waits for them, then the index
+    tr.flush()  # the file is written by a thread; flush waits for it, then the index
     index = json.loads((tmp_path / "transcript" / "index.json").read_text())
+    batch = "00000-r1-records.safetensors"  # the records since the last flush: one file
     assert index == [
         {"round": 1, "label": "ccvr-stats", "view": "plain-upload", "client": 3, "bytes": 8,
-         "file": "00000-r1-ccvr-stats-plain-upload-c3.safetensors"},
+         "file": batch, "key": "00000"},
         {"round": 1, "label": "ccvr-stats", "view": "ciphertext", "client": 4, "bytes": 1000},
         {"round": 1, "label": "ccvr-stats", "view": "aggregate", "client": None, "bytes": 16,
-         "file": "00002-r1-ccvr-stats-aggregate.safetensors"},
+         "file": batch, "key": "00002"},
     ]
+    assert [p.name for p in (tmp_path / "transcript").glob("*.safetensors")] == [batch]
+    # a plain safetensors file: each record's tensors under its key
+    assert set(load_file(str(tmp_path / "transcript" / batch))) == {"00000/sum", "00002/sum"}
     # calibration uploads only: the aggregate is not an upload
     assert tr.uploaded_bytes() == 1008
     loaded = load_transcript(tmp_path / "transcript")
@@ -53,7 +57,7 @@ def test_a_resume_keeps_what_the_server_received_and_tags_the_redo(tmp_path):
     for r in (1, 2, 3):
         tr.record(round_=r, label="creff-grad", view="aggregate", client=None, bytes=r,
                   tensors={"g": torch.full((1,), float(r))})
-    tr.flush()
+        tr.flush()  # a checkpoint a round
     again = Transcript(d)
     assert [e["round"] for e in again.entries] == [1, 2, 3]
     again.resume_after(1)
@@ -82,6 +86,7 @@ def test_files_a_killed_process_left_unlisted_are_never_written_over(tmp_path):
     tr.flush()
     tr.record(round_=2, label="creff-grad", view="aggregate", client=None,
               tensors={"g": torch.full((1,), 2.0)})
+    tr.seal()
     tr._writer.wait()  # the file is on disk; the index is not rewritten (killed)
     again = Transcript(d)
     assert len(again.entries) == 1
@@ -90,9 +95,8 @@ def test_files_a_killed_process_left_unlisted_are_never_written_over(tmp_path):
                  tensors={"g": torch.full((1,), 3.0)})
     again.flush()
     files = sorted(p.name for p in d.glob("*.safetensors"))
-    assert files == ["00000-r1-creff-grad-aggregate.safetensors",
-                     "00001-a1-r2-creff-grad-aggregate.safetensors",
-                     "00001-r2-creff-grad-aggregate.safetensors"]
+    assert files == ["00000-r1-records.safetensors", "00001-a1-r2-records.safetensors",
+                     "00001-r2-records.safetensors"]
     tr._writer.stop()  # the killed process's writer, without its index
 
 
@@ -138,7 +142,8 @@ def test_model_states_and_updates_are_recorded_with_weights_sizes_and_recipe(tmp
     record_model_updates(tr, 3, [0], [state], None, recipe)
     e = tr.entries
     assert e[0] == {"round": 2, "label": "round", "view": "model-state", "client": None,
-                    "participants": [5, 1], "file": "00000-r2-round-model-state.safetensors"}
+                    "participants": [5, 1], "file": "00000-r2-records.safetensors",
+                    "key": "00000"}
     assert [(x["client"], x["weight"], x["bytes"]) for x in e[1:]] == [(5, 0.25, 32),
                                                                        (1, 0.75, 32),
                                                                        (0, None, 32)]
@@ -172,8 +177,8 @@ def test_index_on_disk_always_equals_the_entries_in_memory(tmp_path_factory, ops
 
 
 def test_files_hold_the_tensors_as_they_were_when_recorded(tmp_path):
-    # the writer thread gets a copy: a caller that reuses its tensors after record (as the
-    # simulator's round loop does) cannot change what the transcript holds
+    # the batch keeps a copy: a caller that reuses its tensors after record cannot change
+    # what the transcript holds
     tr = Transcript(tmp_path)
     t = torch.zeros(1000)
     for v in range(5):
@@ -189,42 +194,24 @@ def test_a_failed_write_is_raised_by_the_next_flush_and_the_index_is_not_rewritt
     tr = Transcript(d)
     tr.record(round_=1, label="x", view="plain-upload", client=0, tensors={"a": torch.ones(1)})
     tr.flush()
-    (d / "00001-r1-x-plain-upload-c1.safetensors").mkdir()  # the next file cannot be written
+    (d / "00001-r1-records.safetensors").mkdir()  # the next file cannot be written
     tr.record(round_=1, label="x", view="plain-upload", client=1, tensors={"a": torch.ones(1)})
-    with pytest.raises(SafetensorError):
+    with pytest.raises(IsADirectoryError):
         tr.flush()
     assert len(json.loads((d / "index.json").read_text())) == 1
 
 
-def test_writer_holds_a_bounded_number_of_pending_bytes(tmp_path, monkeypatch):
-    """A file that would take the queued bytes past the bound waits until the writer has
-    written the earlier ones (the disk is held back here by a gate)."""
-    import threading
-
-    from privfedcal.privacy import transcript as module
-
-    gate, real_save = threading.Event(), module.save_file
-
-    def gated_save(tensors, path):
-        gate.wait()
-        real_save(tensors, path)
-
-    monkeypatch.setattr(module, "save_file", gated_save)
-    tensors = {"x": torch.zeros(1000)}  # 4,000 bytes
-    writer = module._Writer(max_pending=6000)
-    writer.put(dict(tensors), str(tmp_path / "a.safetensors"))  # 4,000 pending: accepted
-    returned = threading.Event()
-
-    def second():
-        writer.put(dict(tensors), str(tmp_path / "b.safetensors"))
-        returned.set()
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    assert not returned.wait(0.5)  # 8,000 would pass 6,000: waits for the first file
-    gate.set()
-    assert returned.wait(10)
-    thread.join()
-    writer.wait()
-    writer.stop()
-    assert (tmp_path / "a.safetensors").exists() and (tmp_path / "b.safetensors").exists()
+def test_a_flush_appends_to_the_index_it_wrote_and_rewrites_one_changed_since(tmp_path):
+    """Later flushes write only the new entries over the closing bracket: the file is byte
+    for byte the full rewrite; a file changed by someone else is written whole again."""
+    d = tmp_path / "t"
+    tr = Transcript(d)
+    for r in (1, 2, 3):
+        tr.record(round_=r, label="x", view="ciphertext", client=r, bytes=r)
+        tr.flush()
+        whole = "[\n" + ",\n".join(json.dumps(e) for e in tr.entries) + "\n]\n"
+        assert (d / "index.json").read_text() == whole
+    (d / "index.json").write_text("[]\n")  # not what this process wrote: rewritten whole
+    tr.record(round_=4, label="x", view="ciphertext", client=4, bytes=4)
+    tr.flush()
+    assert json.loads((d / "index.json").read_text()) == tr.entries
