@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError, SettingText
 from privfedcal.settings.run_config import METHOD_ALIASES, RunConfig
 
 if TYPE_CHECKING:
@@ -44,10 +45,10 @@ def check_calibration_params(cfg: RunConfig) -> None:
         return
     name = cfg.calibrator.partition(":")[0]
     if name == "none":
-        flags = ", ".join(k.replace("_", "-") for k in given)
-        raise UsageError(f"calibration option(s) {flags} given but no calibrator runs: add "
-                         f"--calibrate {' | '.join(n for n in CALIBRATORS.names() if n != 'none')}"
-                         " (or --method ccvr | creff)")
+        raise SettingError("calibration option(s) {given} given but no calibrator runs: add "
+                           "{calibrate} {choices} (or {method} ccvr | creff)",
+                           given=SettingText.named(given, spec="name"),
+                           choices=" | ".join(n for n in CALIBRATORS.names() if n != "none"))
     cls = CALIBRATORS.get(name)
     params = getattr(cls, "Params", None)
     fields = sorted(f.name for f in dataclasses.fields(params)) if params else []
@@ -74,11 +75,12 @@ def check_calibrate_spec(cfg: RunConfig) -> None:
     if field is None:
         raise UsageError(f"calibrator {name!r} takes no ':N' argument")
     if not arg.isdigit():
-        raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+        raise SettingError("{calibrate=!r}: the argument after ':' must be an integer",
+                           calibrate=cfg.calibrator)
     for key in (field, f"{name}_{field}"):
         value = cfg.calibration_params.get(key)
         if value is not None and value != int(arg):
-            raise UsageError(f"--calibrate {cfg.calibrator} sets {field.replace('_', '-')} "
+            raise SettingError(f"{{calibrate}} {cfg.calibrator} sets {field.replace('_', '-')} "
                              f"to {int(arg)} but --{key.replace('_', '-')} {value} was given "
                              "too: give one of them")
 
@@ -101,7 +103,8 @@ def calibration_choice(cfg: RunConfig) -> tuple[Any, dict[str, Any]]:
 
     name, _, arg = cfg.calibrator.partition(":")
     if arg and not arg.isdigit():
-        raise UsageError(f"--calibrate {cfg.calibrator!r}: the argument after ':' must be an integer")
+        raise SettingError("{calibrate=!r}: the argument after ':' must be an integer",
+                           calibrate=cfg.calibrator)
     spec = CalibrationSpec(name=name, arg=int(arg) if arg else None)
     # the calibrator's privacy policy reads the run's privacy options, not the whole config
     given = {**cfg.calibration_params, "seed": cfg.training.seed}

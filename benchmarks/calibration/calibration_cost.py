@@ -88,8 +88,10 @@ def simulator(cfg: RunConfig, run_dir: Path) -> TimedSimulator:
 def posthoc_context(sim: Simulator) -> RoundContext:
     """The context ``Simulator.finish`` hands a post-hoc calibrator."""
     cfg = sim.loop
-    return RoundContext(sim, cfg.rounds, sim.global_state, sim.global_state,
-                        list(range(cfg.clients)), make_generator(cfg.seed, cfg.rounds, 0, 5))
+    rounds = cfg.training.rounds
+    return RoundContext(sim, rounds, sim.global_state, sim.global_state,
+                        list(range(cfg.data.clients)),
+                        make_generator(cfg.training.seed, rounds, 0, 5))
 
 
 def profile(fn, top: int = 25) -> None:

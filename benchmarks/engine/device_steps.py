@@ -76,6 +76,7 @@ def main() -> None:
         train_client,
     )
     from privfedcal.models import create_model
+    from privfedcal.settings.sections import TrainingSettings
 
     ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--device", default="auto")
@@ -97,8 +98,9 @@ def main() -> None:
                          generator=torch.Generator().manual_seed(1)).to(device)
     algo = create_algorithm("fedavg", num_classes=10)
     mixed = choose_mixed_precision(model, device, args.precision)
-    spec = LocalSpec(local_epochs=args.epochs, batch_size=args.batch_size, lr=0.01,
-                     momentum=0.9, weight_decay=1e-5, augment=True, seed=0,
+    spec = LocalSpec(TrainingSettings(local_epochs=args.epochs, batch_size=args.batch_size,
+                                      lr=0.01, momentum=0.9, weight_decay=1e-5, seed=0),
+                     augment=True,
                      mixed_precision=mixed)
     start = clone_state(model)
     idx = torch.arange(args.images, device=device)

@@ -63,13 +63,13 @@ def bare_loop(exp, jobs: list[TrainJob]) -> None:
     spec, model = exp.spec, exp.model
     x_all, y_all = exp.data.x_train, exp.data.y_train
     for job in jobs:
-        opt = PlainSGD([p for p in model.parameters() if p.requires_grad], lr=spec.lr,
-                       momentum=spec.momentum, weight_decay=spec.weight_decay)
+        opt = PlainSGD([p for p in model.parameters() if p.requires_grad], lr=spec.training.lr,
+                       momentum=spec.training.momentum, weight_decay=spec.training.weight_decay)
         n = job.idx.numel()
-        for _ in range(spec.local_epochs):
+        for _ in range(spec.training.local_epochs):
             order = job.idx[torch.randperm(n)]
-            for s in range(0, n, spec.batch_size):
-                b = order[s:s + spec.batch_size]
+            for s in range(0, n, spec.training.batch_size):
+                b = order[s:s + spec.training.batch_size]
                 if b.numel() < 2 and n >= 2:
                     continue
                 loss = F.cross_entropy(model(x_all[b]), y_all[b])
@@ -101,7 +101,8 @@ def bench(name: str, cfg: RunConfig, repeats: int) -> dict:
             peaks[key] = max(peaks[key], peak)
     sizes = [int(p.numel()) for p in exp.parts]
     print(f"== {name}: {cfg.data.clients} clients ({min(sizes)}-{max(sizes)} samples), model "
-          f"{exp.model_name}, batch {exp.spec.batch_size}, {exp.spec.local_epochs} local "
+          f"{exp.model_name}, batch {exp.spec.training.batch_size}, "
+          f"{exp.spec.training.local_epochs} local "
           f"epoch(s), {torch.get_num_threads()} thread(s)")
     for key in engines:
         print(f"  {key:<11} wall min {min(times[key]):.3f} s  median "

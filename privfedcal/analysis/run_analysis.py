@@ -33,6 +33,7 @@ from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.local import train_client
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 from privfedcal.settings.run_config import RunConfig
 from privfedcal.tensors import State
 
@@ -67,7 +68,7 @@ class AnalysisOptions:
         if self.max_clients is not None and self.max_clients < 2:
             raise UsageError(f"--max-clients must be >= 2 (CKA compares clients), got {self.max_clients}")
         if self.device is not None and self.device not in ("auto", "cpu", "cuda"):
-            raise UsageError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+            raise SettingError(f"{{device}} must be auto, cpu or cuda, got {self.device!r}")
 
 
 @dataclass

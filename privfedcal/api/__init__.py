@@ -31,6 +31,7 @@ from privfedcal.api.ownloop import calibrate_head, ccvr_statistics, privatize_st
 from privfedcal.api.run import Run, Scratch, check_progress, make_room
 from privfedcal.errors import UsageError
 from privfedcal.report.output_folder import check_writable
+from privfedcal.settings.messages import SettingError
 from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -174,21 +175,22 @@ def resume_simulator_for_cli(run_dir: Path, rounds: int | None = None,
     previous = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     if previous and previous.get("diverged"):
         d = previous["diverged"]
-        raise UsageError(f"{run_dir} diverged at round {d.get('round')}; resuming would "
-                         "diverge again: start a new run with a lower --lr")
+        raise SettingError("{run} diverged at round {round}; resuming would diverge again: "
+                           "start a new run with a lower {lr}", run=run_dir, round=d.get("round"))
     done = checkpoint_round(run_dir)
     if rounds is not None and rounds != cfg.training.rounds:
         if rounds < done:
-            raise UsageError(f"{run_dir} has already trained {done} rounds; --rounds must be "
-                             f">= {done}")
+            raise SettingError("{run} has already trained {done} rounds; {rounds} must be "
+                               ">= {done}", run=run_dir, done=done)
         if cfg.privacy.dp_enabled or cfg.privacy.dp_train:
-            raise UsageError(f"--rounds cannot change a DP run: the noise of its releases was "
-                             f"calibrated for {cfg.training.rounds} rounds under --dp-eps; start "
-                             "a new run with the rounds you want")
+            raise SettingError("{rounds} cannot change a DP run: the noise of its releases was "
+                               "calibrated for {planned} rounds under {dp_eps}; start a new run "
+                               "with the rounds you want", planned=cfg.training.rounds)
         cfg = cfg.replace(rounds=rounds)
     if previous is not None and done >= cfg.training.rounds:
-        raise UsageError(f"{run_dir} is already complete (see summary.json); extend it "
-                         f"with --rounds N > {cfg.training.rounds}")
+        raise SettingError("{run} is already complete (see summary.json); extend it with "
+                           "{rounds=} > {planned}", run=run_dir, rounds="N",
+                           planned=cfg.training.rounds)
     if threads is not None:
         cfg = cfg.replace(threads=threads)
     sim = build_simulator(cfg, run_dir)

@@ -1,13 +1,14 @@
 """The Python surface of privfedcal's API: arguments checked and made plain by their
 annotations, and errors that name keywords instead of the CLI's flags.
 
-The library's checks are shared with the CLI and name its flags (``--dp-eps``). Each public
-function of the API (``privfedcal/api/__init__.py`` and the modules it re-exports) is wrapped by
+The library's checks are shared with the CLI. A check that refuses a setting names it
+through its declaration (``SettingError``, privfedcal/settings/messages.py), which the CLI
+prints as its flag (``--dp-eps``). Each public function of the API
+(``privfedcal/api/__init__.py`` and the modules it re-exports) is wrapped by
 ``python_surface``: its arguments become plain Python values (numpy and 0-d torch scalars
-included, checked against the parameter's annotation), and an error it raises names keywords
-instead of flags (``dp_eps``), translated through one table derived from the settings'
-descriptions (privfedcal/settings/catalogue.py) and the attack options, so that a new setting is
-translated without a line here (tests/package/test_api_errors.py).
+included, checked against the parameter's annotation), and an error it raises is rendered
+for Python, naming keywords (``dp_eps``), so that a new setting is named without a line here
+(tests/package/test_api_errors.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import dataclasses
 import functools
 import inspect
 import os
-import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -28,17 +28,12 @@ import torch
 from torch import Tensor
 
 from privfedcal.errors import Diverged, PrivacyBudgetError, UsageError
+from privfedcal.settings.messages import SettingText, declare_spelling, render_message
 from privfedcal.settings.run_config import RunConfig
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: a flag in a message: ``--dp-eps``, ``--no-transcript`` (not the ``--`` of a range), or a
-#: flag's name alone as a message lists several (``virtual-per-class``: only a name with a
-#: hyphen, which prose does not use)
-_FLAG = re.compile(r"(?<![\w-])(?:--)?[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w-])")
-#: a flag's value in a message: a number, or a placeholder (N, DIR)
-_VALUE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)|[A-Z]+")
 _KIND_WORDS = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
 
 
@@ -67,6 +62,7 @@ def flag_keywords() -> dict[str, Keyword]:
         table.setdefault(on, Keyword(f.name, f.type, True if f.type is bool else None))
         if f.type is bool:
             table.setdefault(off or "--no-" + on[2:], Keyword(f.name, bool, False))
+        declare_spelling(f.name, f.type, f.flag, replace=False)
     for s in cli_settings():  # a setting's spelling wins over an attack option's
         if s.type is bool:
             on, _, off = (s.param_decls or (s.flag_name,))[0].partition("/")
@@ -76,61 +72,6 @@ def flag_keywords() -> dict[str, Keyword]:
         else:
             table[s.flag_name] = Keyword(s.name, s.type)
     return table
-
-
-def _named_values(name: str) -> set[str]:
-    """The values a string setting takes, by name (choices or its registry), so that a
-    message's ``--method ccvr`` reads ``method='ccvr'``."""
-    from privfedcal.data.datasets import DATASETS
-    from privfedcal.experiment import method_choices
-    from privfedcal.federation.hooks import CALIBRATORS
-    from privfedcal.models import MODELS
-    from privfedcal.settings.catalogue import all_settings
-
-    registries: dict[str, Callable[[], Iterable[str]]] = {
-        "method": method_choices, "calibrate": lambda: [*CALIBRATORS.names(), "none"],
-        "dataset": lambda: DATASETS, "model": MODELS.names}
-    choices = next((s.choices for s in all_settings() if s.name == name and s.choices), None)
-    return set(choices or (registries[name]() if name in registries else ()))
-
-
-def python_message(text: str, spell: Callable[[str], str] | None = None) -> str:
-    """``text`` with each flag of ``flag_keywords`` as its keyword, and a value that follows
-    the flag joined to it: ``--dp-eps must be`` -> ``dp_eps must be``,
-    ``--secagg-min-clients 2`` -> ``secagg_min_clients=2``, ``--secagg`` -> ``secagg=True``,
-    ``--method fedavg`` -> ``method='fedavg'``; a name alone (``match-steps``) is its keyword
-    (``match_steps``). Other flags are left as they are. ``spell``: how a keyword's name is
-    written (the Flower plugin writes its run-config key, ``privfedcal.dp-eps``)."""
-    table = flag_keywords()
-    spell = spell or str
-    out, pos = [], 0
-    for m in _FLAG.finditer(text):
-        flag = m.group()
-        bare = not flag.startswith("--")
-        kw = table.get("--" + flag if bare else flag)
-        if kw is None or (bare and "-" not in flag):
-            continue
-        out.append(text[pos:m.start()])
-        pos = m.end()
-        name = spell(kw.name)
-        if bare or kw.type is bool:
-            out.append(name if bare else f"{name}={kw.value}")
-            continue
-        after = re.match(r" ('[^']*'|[^\s,;()]+)", text[pos:])
-        token = after.group(1).rstrip(":.") if after else ""
-        if text[pos + 1 + len(token):].startswith(" |"):  # a list of choices, not a value
-            token = ""
-        if kw.type is str and token and (token[0] == "'" or token.isupper()
-                                         or token.split(":")[0] in _named_values(kw.name)):
-            shown = token if token[0] == "'" or token.isupper() else repr(token)
-            out.append(f"{name}={shown}")
-            pos += 1 + len(token)
-        elif kw.type is not str and token and _VALUE.fullmatch(token):
-            out.append(f"{name}={token}")
-            pos += 1 + len(token)
-        else:
-            out.append(name)
-    return "".join(out) + text[pos:]
 
 
 def plain_value(value: Any) -> Any:
@@ -214,17 +155,22 @@ def register_check(annotation: str, check: Callable[[Any, str, bool], Any]) -> N
     _CHECKS[annotation] = check
 
 
-def _speak_python(exc: BaseException) -> None:
-    """Rewrite ``exc``'s message (and a divergence's hint) in keywords, in place."""
+def speak_python(exc: BaseException) -> None:
+    """``exc``'s message (and a divergence's hint) written in keywords, in place: each
+    ``SettingText`` in it rendered for Python (privfedcal/settings/messages.py)."""
+    flag_keywords()  # every setting and attack option has declared its spelling
     if isinstance(exc, Diverged):
-        exc.hint = python_message(exc.hint)
-    exc.args = (python_message(str(exc)),)
+        if isinstance(exc.hint, SettingText):
+            cli, exc.hint = str(exc.hint), exc.hint.render("python")
+            exc.args = (str(exc).removesuffix(cli) + exc.hint,)
+        return
+    exc.args = (render_message(exc, "python"),)
 
 
 def python_surface(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` as Python callers see it: arguments checked and made plain by their
     annotations (``_CHECKS``), a wrong call a ``UsageError``, and the message of a usage,
-    budget or divergence error in keywords (``python_message``). The CLI calls the
+    budget or divergence error rendered in keywords (``speak_python``). The CLI calls the
     functions' halves for it (``api.resume_simulator_for_cli``, ``jobs.compare_for_cli``),
     whose messages keep its flags."""
     sig = inspect.signature(func)
@@ -245,7 +191,7 @@ def python_surface(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*bound.args, **bound.kwargs)
         except (UsageError, PrivacyBudgetError, Diverged) as exc:
-            _speak_python(exc)
+            speak_python(exc)
             raise
     return call
 

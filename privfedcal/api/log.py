@@ -151,24 +151,25 @@ def run_simulator(sim: Any, progress: bool | Callable[[dict[str, Any]], None] | 
     """Run ``sim`` (a ``Simulator``) to its end with its log lines and bar, close its log
     and return its summary. ``where`` says where the run is kept, for the first line."""
     loop = sim.loop
-    name = f"{loop.method} on {loop.dataset}"
+    name = f"{loop.method} on {loop.data.dataset}"
     first = sim.start_round
-    rounds = f"{loop.rounds} rounds" if first == 1 else f"rounds {first}-{loop.rounds}"
-    logger.info("%s: %s, %d clients -> %s", name, rounds, loop.clients, where)
-    bar = open_bar(progress, name, loop.rounds, first - 1)
+    last = loop.training.rounds
+    rounds = f"{last} rounds" if first == 1 else f"rounds {first}-{last}"
+    logger.info("%s: %s, %d clients -> %s", name, rounds, loop.data.clients, where)
+    bar = open_bar(progress, name, loop.training.rounds, first - 1)
     start = time.monotonic()
 
     def on_round(rec: dict[str, Any]) -> None:
         if "accuracy" in rec:
-            logger.info("%s: %s", name, round_line(rec, loop.rounds))
+            logger.info("%s: %s", name, round_line(rec, loop.training.rounds))
         if callable(progress):
             progress(rec)
         if bar is not None:
             done = rec["round"] - first + 1
-            left = (time.monotonic() - start) / done * (loop.rounds - rec["round"])
+            left = (time.monotonic() - start) / done * (loop.training.rounds - rec["round"])
             info = [f"acc {rec['accuracy']:.4f}"] if "accuracy" in rec else []
-            info += [f"ETA {seconds(left)}"] if rec["round"] < loop.rounds else []
-            bar.update(rec["round"], loop.rounds, ", ".join(info))
+            info += [f"ETA {seconds(left)}"] if rec["round"] < loop.training.rounds else []
+            bar.update(rec["round"], loop.training.rounds, ", ".join(info))
 
     try:
         summary: dict[str, Any] = sim.run(progress=on_round)

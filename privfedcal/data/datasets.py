@@ -33,6 +33,7 @@ from privfedcal.data.formats import (
 from privfedcal.data.image_folders import read_domain_folders, read_split_folders
 from privfedcal.errors import UsageError
 from privfedcal.registry import Registry
+from privfedcal.settings.messages import SettingError
 
 DATASETS = ["digits", "cifar10", "cifar100", "stl10", "imagefolder", "npz"]
 _CHOICES = "digits, cifar10, cifar100, stl10, imagefolder:PATH, npz:PATH"
@@ -171,9 +172,10 @@ def load_dataset(spec: str, data_root: str | Path | None = None, *,
         raise UsageError(f"unknown dataset {spec!r}; valid choices: {_CHOICES}")
     takes_path = name in ("imagefolder", "npz")
     if takes_path and not arg:
-        raise UsageError(f"dataset {name} needs a path: --dataset {name}:PATH")
+        raise SettingError("dataset {name} needs a path: {dataset=}", name=name,
+                           dataset=f"{name}:PATH")
     if sep and not takes_path:
-        raise UsageError(f"dataset {name} takes no ':PATH' (use --data-root for its folder)")
+        raise SettingError(f"dataset {name} takes no ':PATH' (use {{data_root}} for its folder)")
     root = Path(data_root).expanduser() if data_root is not None else None
     return LOADERS.get(name)(arg, root, download)
 
@@ -226,8 +228,8 @@ def _load_digits(_arg: str, _root: Path | None, _download: bool) -> Dataset:
 
 def _need_root(name: str, root: Path | None) -> Path:
     if root is None:
-        raise UsageError(f"{name} is read from files: pass --data-root DIR (and --download "
-                         "to fetch them there)")
+        raise SettingError("{name} is read from files: pass {data_root=} (and {download} "
+                           "to fetch them there)", name=name, data_root="DIR")
     return root
 
 
@@ -244,8 +246,9 @@ def _fetch(name: str, root: Path, make: Callable[[], object]) -> None:
 def _check_files(name: str, folder: Path, files: list[str]) -> None:
     missing = [f for f in files if not (folder / f).is_file()]
     if missing:
-        raise UsageError(f"{name}: {folder / missing[0]} not found; pass --download or place "
-                         f"the extracted {folder.name} folder under {folder.parent}")
+        raise SettingError("{name}: {missing} not found; pass {download} or place the "
+                           "extracted {folder} folder under {parent}", name=name,
+                           missing=folder / missing[0], folder=folder.name, parent=folder.parent)
 
 
 _CIFAR = {  # folder, train files, test file, meta file, label key, class-names key

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError
 
 if TYPE_CHECKING:
     from privfedcal.data.datasets import Dataset
@@ -227,9 +228,10 @@ def creff_block_clients(labels: np.ndarray, pool: np.ndarray, spec: PartitionSpe
             if sizes.min() >= need:
                 break
         else:
-            raise UsageError(f"longtail partition: a block of {kb} clients found no draw giving "
-                             f"each at least {need} samples in {1 + spec.max_retries} draws; "
-                             "use a larger alpha, or --partition longtail-dirichlet")
+            raise SettingError("longtail partition: a block of {kb} clients found no draw giving "
+                               "each at least {need} samples in {draws} draws; use a larger "
+                               "alpha, or {partition=}", kb=kb, need=need,
+                               draws=1 + spec.max_retries, partition="longtail-dirichlet")
         clients += [np.concatenate(p).astype(np.int64) for p in parts]
     return clients
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from privfedcal.errors import Diverged
 from privfedcal.federation.local import LocalResult
+from privfedcal.settings.messages import SettingText
 from privfedcal.tensors import nonfinite_key
 
 log = logging.getLogger("privfedcal.divergence")
@@ -23,8 +24,10 @@ log = logging.getLogger("privfedcal.divergence")
 
 def lr_hint(lr: float | None) -> str:
     now = f" (now {lr:g})" if lr is not None else ""
-    return f"lower the learning rate with --lr{now}, e.g. --lr {lr / 5:g}" if lr else \
-        f"lower the learning rate with --lr{now}"
+    if lr:
+        return SettingText("lower the learning rate with {lr}{now}, e.g. {lr=:g}", now=now,
+                           lr=lr / 5)
+    return SettingText("lower the learning rate with {lr}{now}", now=now)
 
 
 def check_local(results: Sequence[LocalResult], selected: Sequence[int],
@@ -65,8 +68,8 @@ def check_payload(payload: Mapping[str, Any], round_: int, label: str) -> None:
     key = nonfinite_key(payload)
     if key is not None:
         raise Diverged(round_, f"the aggregated {label} upload's {key} is not finite",
-                       hint="the model's features overflow: lower --lr, or bound the uploads "
-                            "(--dp-clip)")
+                       hint=SettingText("the model's features overflow: lower {lr}, or bound "
+                                        "the uploads ({dp_clip})"))
 
 
 def check_evaluation(ev: Mapping[str, Any], round_: int, lr: float | None) -> None:

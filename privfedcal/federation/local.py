@@ -134,7 +134,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     """
     from privfedcal.data.augment import apply_augmentation, draw_augmentation
 
-    g = make_generator(spec.seed, round_, client, 1)
+    g = make_generator(spec.training.seed, round_, client, 1)
     model.load_state_dict(global_state)
     model.train()
     algo.begin_client(model, global_state, client_state,
@@ -143,7 +143,7 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
         from privfedcal.privacy.dpsgd_local import train_dpsgd
 
         train_dpsgd(model, algo, x_all[idx], y_all[idx], spec, spec.dp_sgd,
-                    derive_seed(spec.seed, round_, client, 6))
+                    derive_seed(spec.training.seed, round_, client, 6))
         return LocalResult(clone_state(model), algo.end_client(model), None)
     device = x_all.device
     fmt = train_memory_format(model, x_all)
@@ -152,22 +152,23 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     if relayout:
         model.to(memory_format=fmt)  # before the optimiser, whose buffers follow the parameters
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    opt = PlainSGD(params, lr=spec.training.lr, momentum=spec.training.momentum,
+                   weight_decay=spec.training.weight_decay)
     n = int(idx.numel())
     total, steps = torch.zeros((), device=device), 0
     # The epoch's randomness (order, crop offsets, flips) is drawn at once from the CPU
     # generator and copied to the device in one non-blocking transfer per tensor: no step
     # waits on the host.
-    for _ in range(spec.local_epochs):
+    for _ in range(spec.training.local_epochs):
         order = idx[_to(torch.randperm(n, generator=g), device)]
         draws = tuple(_to(d, device) for d in draw_augmentation(n, g)) if spec.augment else ()
-        for start in range(0, n, spec.batch_size):
-            batch = order[start:start + spec.batch_size]
+        for start in range(0, n, spec.training.batch_size):
+            batch = order[start:start + spec.training.batch_size]
             if batch.numel() < 2 and n >= 2:
                 continue  # a batch of one breaks BatchNorm and batch-statistics losses
             x, y = x_all[batch], y_all[batch]
             if spec.augment:
-                x = apply_augmentation(x, tuple(d[..., start:start + spec.batch_size]
+                x = apply_augmentation(x, tuple(d[..., start:start + spec.training.batch_size]
                                                 for d in draws))
             x = x.contiguous(memory_format=fmt)
             with autocast_for(device, spec.mixed_precision):

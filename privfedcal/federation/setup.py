@@ -28,7 +28,6 @@ from torch import Tensor
 
 from privfedcal.algorithms import create_algorithm
 from privfedcal.algorithms.algorithm import Algorithm
-from privfedcal.errors import UsageError
 from privfedcal.federation.local import choose_mixed_precision, set_deterministic
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
@@ -39,6 +38,7 @@ from privfedcal.settings.floors import (
     PrivacyOptions,
     RunOptions,
 )
+from privfedcal.settings.messages import SettingError
 from privfedcal.settings.run_config import MODEL_MIN_INPUT
 from privfedcal.settings.sections import EngineSettings, PrivacySettings
 
@@ -47,7 +47,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda requested but no CUDA device is available")
+        raise SettingError("{device=} requested but no CUDA device is available", device="cuda")
     return torch.device(name)
 
 
@@ -58,13 +58,14 @@ def build_model_and_algo(model_name: str, training: LocalSpec, num_classes: int,
     from privfedcal.models import create_model
 
     algo = create_algorithm(training.method, num_classes=num_classes, **training.method_params)
+    seed = training.training.seed
     model = create_model(model_name, num_classes=num_classes, in_channels=in_channels,
-                         image_size=image_size, generator=make_generator(training.seed, 0, 0, 7))
+                         image_size=image_size, generator=make_generator(seed, 0, 0, 7))
     if training.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
         from privfedcal.privacy.dpsgd import prepare_model
 
         model = prepare_model(model)
-    algo.configure_model(model, make_generator(training.seed, 0, 0, 8))
+    algo.configure_model(model, make_generator(seed, 0, 0, 8))
     return model, algo
 
 

@@ -83,7 +83,7 @@ class RoundContext:
     def __post_init__(self) -> None:
         self.model = self.sim.exp.model
         self.num_classes = self.sim.exp.data.num_classes
-        self.num_clients = self.sim.exp.loop.clients
+        self.num_clients = self.sim.exp.loop.data.clients
         self.device = self.sim.exp.device
 
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str) -> Payload:
@@ -130,7 +130,7 @@ class Simulator:
         self.update_bytes = 0
         self.start_round = 1
         self.elapsed = 0.0
-        self.transcript = Transcript(transcript_dir(self.run_dir) if self.loop.transcript
+        self.transcript = Transcript(transcript_dir(self.run_dir) if self.loop.output.transcript
                                      else None)
         # every party's DP releases, journaled before they leave (privacy/release_journal.py):
         # a round redone after a stop re-sends them instead of drawing fresh noise
@@ -146,7 +146,7 @@ class Simulator:
     def lr(self) -> float | None:
         """The local learning rate, which the divergence guard's advice names (None: a
         server that trains no client, the Flower plugin's)."""
-        return self.exp.spec.lr if self.exp.spec is not None else None
+        return self.exp.spec.training.lr if self.exp.spec is not None else None
 
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
@@ -328,7 +328,7 @@ class Simulator:
             self.transcript.resume_after(0)  # checkpoint: the server's record stays
         trainer = self.trainer()
         try:
-            for round_ in range(self.start_round, self.loop.rounds + 1):
+            for round_ in range(self.start_round, self.loop.training.rounds + 1):
                 t0 = time.perf_counter()
                 selected, results, averaged = self.train_round(trainer, round_)
                 sent = self.apply_round(averaged, selected, results, round_)
@@ -386,7 +386,7 @@ class Simulator:
     def calibrate_round(self, round_: int, sent: State, selected: list[int]) -> None:
         """The calibrator's per-round step (CReFF); a skipped release goes to the notes."""
         ctx = RoundContext(self, round_, self.global_state, sent, selected,
-                           make_generator(self.loop.seed, round_, 0, 4))
+                           make_generator(self.loop.training.seed, round_, 0, 4))
         try:
             self.calibrator.after_round(ctx)
         except ReleaseSkipped as exc:  # nothing released: the calibrator keeps its state
@@ -399,7 +399,7 @@ class Simulator:
         losses = [r.loss for r in results if r.loss is not None]
         train_loss = float(np.mean(losses)) if losses else None  # None: DP-SGD
         record: dict[str, Any] = {"round": round_, "train_loss": train_loss}
-        if round_ % loop.eval_every == 0 or round_ == loop.rounds:
+        if round_ % loop.training.eval_every == 0 or round_ == loop.training.rounds:
             ev = self.evaluate(self.checked_eval_state(round_),
                                self.calibrator.feature_transform())
             divergence.check_evaluation(ev, round_, self.lr)
@@ -426,7 +426,7 @@ class Simulator:
     def finish(self) -> dict[str, Any]:
         loop = self.loop
         t0 = time.perf_counter()
-        final_round = loop.rounds
+        final_round = loop.training.rounds
         extra = self.post_training(final_round)
         final_state = self.checked_eval_state(final_round)
         ev = self.evaluate(final_state, self.calibrator.feature_transform())
@@ -465,8 +465,8 @@ class Simulator:
             self.calibrator.load_state_dict(self._post_training["calibrator"])
             return dict(self._post_training["extra"])
         ctx = RoundContext(self, final_round, self.global_state, self.global_state,
-                           list(range(self.loop.clients)),
-                           make_generator(self.loop.seed, final_round, 0, 5))
+                           list(range(self.loop.data.clients)),
+                           make_generator(self.loop.training.seed, final_round, 0, 5))
         try:
             extra = self.calibrator.after_training(ctx)
         except ReleaseSkipped as exc:
@@ -483,7 +483,7 @@ class Simulator:
         release by release (``cohorts.whole_run_record``); a run whose record breaks the
         guarantee says so in its notes."""
         rows = secure_participants(self.transcript.entries)
-        record = whole_run_record(rows, self.loop.clients, self.exp.privacy.secagg_min_clients,
+        record = whole_run_record(rows, self.loop.data.clients, self.exp.privacy.secagg_min_clients,
                                   known=observers_own(self.exp.privacy))
         if not record["holds"]:
             log.warning("whole run: %s", record["statement"])
@@ -543,8 +543,9 @@ class Simulator:
         loop = self.loop
         return {
             "method": loop.method, "local_method": loop.local_method,
-            "calibrator": loop.calibrator, "dataset": loop.dataset, "model": self.exp.model_name,
-            "rounds": loop.rounds, "wall_seconds": round(self.elapsed, 3),
+            "calibrator": loop.calibrator, "dataset": loop.data.dataset,
+            "model": self.exp.model_name,
+            "rounds": loop.training.rounds, "wall_seconds": round(self.elapsed, 3),
             "uploaded_bytes": self.transcript.uploaded_bytes(),
             "calibration_upload_bytes": self.transcript.uploaded_bytes(),
             "model_update_bytes": self.update_bytes, **fields}
@@ -584,7 +585,7 @@ class Simulator:
         self.client_states = {int(c): s for c, s in ck["clients"].items()}
         self.calibrator.load_state_dict(ck["calibrator"])
         self._round_calibrator = ck["calibrator"]
-        if int(ck["round"]) >= self.loop.rounds:  # not extended: the release stands
+        if int(ck["round"]) >= self.loop.training.rounds:  # not extended: the release stands
             self._post_training = ck.get("post_training")
         self.uplink.load_state_dict(ck.get("uplink") or {})
         self.history = ck["history"]

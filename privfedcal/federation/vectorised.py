@@ -39,12 +39,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from privfedcal.algorithms.algorithm import Algorithm, State
-from privfedcal.errors import UsageError
 from privfedcal.federation.local import LocalResult, LocalSpec, autocast_for
 from privfedcal.federation.vector_losses import VectorLoss, vector_loss_of
 from privfedcal.federation.workers import TrainJob
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 #: module types whose training-mode forward the vectorised trainer cannot reproduce
 _REFUSED_MODULES = (nn.modules.batchnorm._BatchNorm, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
@@ -57,15 +57,17 @@ def check_vectorisable(model: nn.Module, algo: Algorithm) -> VectorLoss:
     does."""
     loss = vector_loss_of(algo)
     if loss is None:
-        raise UsageError(f"--client-batch > 1: method {algo.name!r} declares no vectorised "
-                         "loss (a vector_loss on its class, privfedcal/algorithms/"
-                         "vector_loss.py); it trains with --client-batch 1")
+        raise SettingError("{client_batch} > 1: method {method!r} declares no vectorised "
+                           "loss (a vector_loss on its class, privfedcal/algorithms/"
+                           "vector_loss.py); it trains with {client_batch=}",
+                           method=algo.name, client_batch=1)
     for name, module in model.named_modules():
         if isinstance(module, _REFUSED_MODULES):
             kind = "BatchNorm" if isinstance(module, nn.modules.batchnorm._BatchNorm) else "Dropout"
-            raise UsageError(f"--client-batch > 1 cannot train a model with {kind} ({name}: "
-                             f"{type(module).__name__}); use --client-batch 1 or a model "
-                             "without it (mlp, digits-cnn, cnn)")
+            raise SettingError("{client_batch} > 1 cannot train a model with {kind} ({name}: "
+                               "{module}); use {client_batch=} or a model without it (mlp, "
+                               "digits-cnn, cnn)", kind=kind, name=name,
+                               module=type(module).__name__, client_batch=1)
     return loss
 
 
@@ -168,12 +170,12 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
                  ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
     """One client's batches as ``train_client`` forms them: per epoch a permutation of its
     ``n`` samples (then the augmentation draws, from the same generator in the same order),
-    cut into batches of ``spec.batch_size``; a last batch of one sample is skipped when
+    cut into batches of ``spec.training.batch_size``; a last batch of one sample is skipped when
     ``n >= 2``. Returns positions (S, width) into the client's samples, weights (S, width)
     and the draws laid out the same way; padding rows point at position 0 with weight 0."""
     from privfedcal.data.augment import draw_augmentation
 
-    bs = spec.batch_size
+    bs = spec.training.batch_size
     nb = math.ceil(n / bs)
     # train_client skips a batch of one sample when n >= 2: with batch size 1 every batch,
     # else at most the last one
@@ -184,7 +186,7 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
     ok = grid < n
     safe = torch.where(ok, grid, torch.zeros_like(grid))
     orders, offs, flips = [], [], []
-    for _ in range(spec.local_epochs):
+    for _ in range(spec.training.local_epochs):
         orders.append(torch.randperm(n, generator=g))
         if spec.augment:
             offsets, flipped = draw_augmentation(n, g)
@@ -201,8 +203,9 @@ def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list
     from torch.nn.utils.rnn import pad_sequence
 
     sizes = [int(j.idx.numel()) for j in jobs]
-    width = max(1, min(spec.batch_size, max(sizes)))
-    per_client = [client_steps(n, spec, make_generator(spec.seed, round_, j.client, 1), width)
+    width = max(1, min(spec.training.batch_size, max(sizes)))
+    seed = spec.training.seed
+    per_client = [client_steps(n, spec, make_generator(seed, round_, j.client, 1), width)
                   for n, j in zip(sizes, jobs, strict=True)]
     order = sorted(range(len(jobs)), key=lambda i: -per_client[i][0].shape[0])
     steps = [per_client[i][0].shape[0] for i in order]
@@ -237,8 +240,8 @@ class VectorisedTrainer:
                  spec: LocalSpec, client_batch: int) -> None:
         loss = check_vectorisable(model, algo)
         if spec.dp_sgd is not None:
-            raise UsageError("--client-batch > 1 cannot train with --dp-train (DP-SGD trains "
-                             "clients one at a time); use --client-batch 1")
+            raise SettingError("{client_batch} > 1 cannot train with {dp_train} (DP-SGD trains "
+                               "clients one at a time); use {client_batch=}", client_batch=1)
         self.model, self.algo, self.x, self.y, self.spec = model, algo, x, y, spec
         self.client_batch = client_batch
         self.loss: VectorLoss = loss
@@ -272,8 +275,8 @@ class VectorisedTrainer:
                  if n not in trainable}
         stacked = [stack_clients(global_state[n].detach().to(device), k_all) for n in trainable]
         anchor = {f"model.{n}": global_state[n].detach().to(device) for n in trainable}
-        opt = StackedSGD(stacked, lr=spec.lr, momentum=spec.momentum,
-                         weight_decay=spec.weight_decay)
+        opt = StackedSGD(stacked, lr=spec.training.lr, momentum=spec.training.momentum,
+                         weight_decay=spec.training.weight_decay)
         extra = self.loss.prepare(self, global_state, [jobs[i].client_state for i in order])
         names = [f"model.{n}" for n in trainable]
         view, algo, loss_fn = self.view, self.algo, self.loss

@@ -49,6 +49,7 @@ from privfedcal.privacy.cohorts import secure_minimum
 from privfedcal.privacy.secagg_stage import EncryptStage
 from privfedcal.privacy.transcript import record_model_updates, sent_tensors
 from privfedcal.privacy.update_stage import UpdateRound
+from privfedcal.settings.messages import SettingError
 
 log = logging.getLogger("privfedcal.flower")
 
@@ -110,14 +111,14 @@ class FlowerSimulator(Simulator):
             raise UsageError("the oracle calibrator reads the pooled raw training data; it has "
                              "no federated form and cannot run under Flower")
         if privacy.secagg_updates:
-            raise UsageError("--secagg-updates runs in the simulator only: under Flower the "
+            raise SettingError("{secagg_updates} runs in the simulator only: under Flower the "
                              "updates would reach the server in the clear before encryption")
         if privacy.dp_updates and privacy.dp_adaptive_clip:
-            raise UsageError("--dp-adaptive-clip runs in the simulator only: under Flower "
+            raise SettingError("{dp_adaptive_clip} runs in the simulator only: under Flower "
                              "each node clips its own update, so the server never sees "
-                             "whether a norm was within the clip; give --dp-update-clip")
+                             "whether a norm was within the clip; give {dp_update_clip}")
         if privacy.dp_updates and link is not None and link.options.min_replies:
-            raise UsageError("flower.min-replies does not combine with --dp-updates: every "
+            raise SettingError("flower.min-replies does not combine with {dp_updates}: every "
                              "node of a round must reply, so that each clipped update is "
                              "recorded as its client's; leave flower.min-replies unset")
         if not 0 <= key_holder < privacy.clients:

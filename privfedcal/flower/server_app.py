@@ -51,7 +51,7 @@ def build_server(grid: Grid, context: Context) -> FlowerSimulator:
     run_dir = (Path(cfg.output.out) if cfg.output.out
                else Path("runs") / f"flower-{cfg.method}-{context.run_id}")
     exp, calibrator, uplink = build_parts(cfg.replace(out=str(run_dir)), server=True)
-    link = GridLink(grid, exp.loop.clients, options)
+    link = GridLink(grid, exp.loop.data.clients, options)
     return FlowerSimulator(exp, run_dir, link, calibrator=calibrator, uplink=uplink,
                            key_holder=options.key_holder,
                            run_record={"flower_run_id": context.run_id})

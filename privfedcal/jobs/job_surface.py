@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from privfedcal.api import Run
-from privfedcal.api.arguments import coerce, python_surface, register_check
+from privfedcal.api.arguments import coerce, python_surface, register_check, speak_python
 from privfedcal.errors import UsageError
 
 P = ParamSpec("P")
@@ -94,8 +94,8 @@ def _keywords_of(func: Callable[..., Any]) -> dict[str, str]:
 
 
 def job(func: Callable[P, R]) -> Callable[P, R]:
-    """``func`` as the API's: arguments checked by annotation, and the job's own flags in an
-    error's message as its keywords (then the settings' flags, by ``python_surface``)."""
+    """``func`` as the API's: arguments checked by annotation, and an error's message in
+    keywords: the settings it names (``speak_python``), then the job's own flags."""
     table = _keywords_of(func)
     pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(table, key=len,
                                                                          reverse=True)))
@@ -106,6 +106,7 @@ def job(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except UsageError as exc:
+            speak_python(exc)  # the settings it names, then the job's own flags
             exc.args = (pattern.sub(lambda m: table[m.group()], str(exc)),)
             raise
     return python_surface(call)

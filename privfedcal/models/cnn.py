@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.settings.messages import SettingError, SettingText
 
 
 def _conv_pool_size(image_size: int) -> int:
@@ -29,10 +30,11 @@ class SimpleCNN(FeatureClassifier):
         super().__init__()
         side = _conv_pool_size(image_size)
         if side == 0:
-            raise UsageError(
-                f"model 'cnn' needs images of at least 16x16 pixels (got {image_size}x{image_size}); "
-                "use --model mlp or --model digits-cnn for small images"
-            )
+            raise SettingError(
+                "model 'cnn' needs images of at least 16x16 pixels (got {image_size}x{image_size}); "
+                "use {mlp} or {digits} for small images", image_size=image_size,
+                mlp=SettingText("{model=}", model="mlp"),
+                digits=SettingText("{model=}", model="digits-cnn"))
         self.convs = nn.Sequential(
             nn.Conv2d(in_channels, 6, 5),
             nn.ReLU(),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
+from privfedcal.settings.messages import SettingError
 
 
 class ProjectorBatchNorm(nn.BatchNorm1d):
@@ -54,10 +54,9 @@ class UVCNN(FeatureClassifier):
     ) -> None:
         super().__init__()
         if _valid_side(image_size) < 1:
-            raise UsageError(
-                f"model 'uv-cnn' needs images of at least 15x15 pixels (got {image_size}); "
-                "use --model digits-cnn or mlp for small images"
-            )
+            raise SettingError(
+                "model 'uv-cnn' needs images of at least 15x15 pixels (got {image_size}); "
+                "use {model=} or mlp for small images", image_size=image_size, model="digits-cnn")
         layers: list[nn.Module] = []
         # (out channels, kernel, stride) of the authors' eight convolutions
         plan = [(16, 3, 1), (16, 1, 1), (32, 3, 2), (32, 3, 1), (32, 1, 1),

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError
 
 #: the paper's learning rate of the geometric clip update
 CLIP_LR = 0.2
@@ -55,7 +56,7 @@ class AdaptiveClip:
 
     def __post_init__(self) -> None:
         if not 0 < self.quantile < 1:
-            raise UsageError(f"--dp-clip-quantile must be in (0, 1), got {self.quantile}")
+            raise SettingError(f"{{dp_clip_quantile}} must be in (0, 1), got {self.quantile}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise UsageError(f"the clip's learning rate must be > 0, got {self.lr}")
 

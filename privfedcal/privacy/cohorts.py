@@ -45,6 +45,7 @@ import torch
 
 from privfedcal.errors import UsageError
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 #: purpose tag of the cohort draw (seeding.derive_seed's last part)
 COHORT_PURPOSE = 11
@@ -66,9 +67,10 @@ def cohort_size(clients: int, asked: int, minimum: int) -> int:
     else the smallest divisor of ``asked`` that is at least ``minimum``, so that a round of
     whole cohorts asks for ``asked`` clients when the cohorts are equal."""
     if asked < minimum or clients < minimum:
-        raise UsageError(f"secure aggregation would sum {min(asked, clients)} upload(s) per "
-                         f"release, fewer than --secagg-min-clients {minimum}: raise --clients "
-                         "or --participation")
+        raise SettingError("secure aggregation would sum {summed} upload(s) per release, "
+                           "fewer than {secagg_min_clients=}: raise {clients} or "
+                           "{participation}", summed=min(asked, clients),
+                           secagg_min_clients=minimum)
     if asked >= clients:
         return minimum
     return next(s for s in range(minimum, asked + 1) if asked % s == 0)
@@ -324,7 +326,8 @@ def check_schedule(rows: Sequence[Collection[int]], clients: int, m: int, *,
     """Refuse (UsageError) a schedule whose sums isolate fewer than ``m`` clients."""
     found = isolated_group(rows, clients, m, public_total=public_total, known=known)
     if found is not None:
-        raise UsageError(f"{found.describe()}: fewer than --secagg-min-clients {m}")
+        raise SettingError("{found}: fewer than {secagg_min_clients=}", found=found.describe(),
+                           secagg_min_clients=m)
 
 
 __all__ = ["COHORT_PURPOSE", "CohortPlan", "Isolation", "atoms", "check_schedule", "cohort_groups",

@@ -89,9 +89,9 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
     # the noise nor learn the batches (which is what the amplification assumes)
     g = noise_generator(seed, seeded=dp.seeded, device=x.device)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
+    opt = torch.optim.SGD(params, lr=spec.training.lr, momentum=spec.training.momentum)
     pt = make_private_training(model, opt, x, y, noise_multiplier=dp.noise_multiplier,
-                               max_grad_norm=dp.max_grad_norm, batch_size=spec.batch_size,
+                               max_grad_norm=dp.max_grad_norm, batch_size=spec.training.batch_size,
                                generator=g, steps=dp.steps, sample_rate=dp.sample_rate,
                                expected_batch_size=dp.expected_batch_size)
     # opacus's hooks fire on the first layer, whose inputs need no gradient: harmless
@@ -109,7 +109,7 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
     finally:
         pt.close()
     # weight decay is data-independent: applied after the private step (post-processing)
-    if spec.weight_decay:
+    if spec.training.weight_decay:
         with torch.no_grad():
             for p in params:
-                p.mul_(1 - spec.lr * spec.weight_decay)
+                p.mul_(1 - spec.training.lr * spec.training.weight_decay)

@@ -57,6 +57,7 @@ from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
 from privfedcal.privacy.stage_registry import plan_stages
 from privfedcal.privacy.uplink import Uplink
 from privfedcal.settings.floors import PrivacyOptions
+from privfedcal.settings.messages import SettingError, SettingText
 
 #: feature bound when secure aggregation runs without DP (CKKS needs a magnitude bound;
 #: features of the shipped models are far inside it, so it rarely clips anything)
@@ -141,21 +142,24 @@ def check_flags(inputs: ProtectionInputs) -> None:
     privacy section, privfedcal/settings/privacy_section.py)."""
     p = inputs.privacy
     if p.dp_train and not ALGORITHMS.get(p.local_method).dp_sgd:
-        raise UsageError(f"--dp-train supports methods whose loss is a per-sample mean "
-                         f"({', '.join(dpsgd_methods())}); {p.local_method} is not")
+        raise SettingError("{dp_train} supports methods whose loss is a per-sample mean "
+                           "({methods}); {method_name} is not",
+                           methods=", ".join(dpsgd_methods()), method_name=p.local_method)
     n_total = examples_of(inputs)
     f32 = 3.0e38  # features and payload sums are float32 on the client
-    for flag, value in (("--dp-clip", p.dp_clip), ("--dp-grad-clip", p.dp_grad_clip)):
+    for name, value in (("dp_clip", p.dp_clip), ("dp_grad_clip", p.dp_grad_clip)):
         if value is None:
             continue
         if not math.isfinite(value) or value * value * max(n_total, 1) * 1e3 > f32:
-            raise UsageError(f"{flag} {value:g} is too large: its square times the {n_total} "
-                             "training examples overflows float32 sums (the sensitivity of "
-                             "sum z z^T is R^2)")
+            raise SettingError("{clip} is too large: its square times the {n} training "
+                               "examples overflows float32 sums (the sensitivity of sum z z^T "
+                               "is R^2)", n=n_total,
+                               clip=SettingText("{dp_clip=:g}", dp_clip=value) if name == "dp_clip"
+                               else SettingText("{dp_grad_clip=:g}", dp_grad_clip=value))
     if p.dp_enabled and p.dp_delta is not None and p.dp_delta >= 1.0 / max(n_total, 1):
-        raise UsageError(f"--dp-delta {p.dp_delta:g} must be < 1/N = {1.0 / n_total:.3g} "
-                         f"(N = {n_total} training examples): a mechanism that publishes one "
-                         "random example outright is (0, 1/N)-DP")
+        raise SettingError("{dp_delta=:g} must be < 1/N = {bound:.3g} (N = {n} training "
+                           "examples): a mechanism that publishes one random example outright "
+                           "is (0, 1/N)-DP", dp_delta=p.dp_delta, bound=1.0 / n_total, n=n_total)
 
 
 def examples_of(inputs: ProtectionInputs) -> int:
@@ -189,27 +193,30 @@ def check_secure_aggregation(inputs: ProtectionInputs) -> None:
     check guards the construction)."""
     p = inputs.privacy
     if p.secagg and not inputs.releases:
-        raise UsageError(f"--secagg protects calibration uploads, and {p.method} with "
-                         f"--calibrate {p.calibrator} uploads none: use --secagg-updates "
-                         "to hide the model updates")
+        raise SettingError("{secagg} protects calibration uploads, and {method_name} with "
+                           "{calibrate=} uploads none: use {secagg_updates} to hide the model "
+                           "updates", method_name=p.method, calibrate=p.calibrator)
     if not p.secure:
         return
     need = secure_minimum(p)
-    minimum = f"--secagg-min-clients {p.secagg_min_clients}" + (
-        "" if p.secagg_key_holder is None else
-        f" plus the key holder (client {p.secagg_key_holder}, which knows its own upload)")
+    minimum = SettingText("{secagg_min_clients=}{holder}", secagg_min_clients=p.secagg_min_clients,
+                          holder="" if p.secagg_key_holder is None else
+                          f" plus the key holder (client {p.secagg_key_holder}, which knows its "
+                          "own upload)")
     asked = per_round(p.clients, p.participation)
     if asked < need:
-        raise UsageError(f"secure aggregation would sum {asked} upload(s) per release, fewer "
-                         f"than {minimum}: raise --clients or --participation")
+        raise SettingError("secure aggregation would sum {asked} upload(s) per release, fewer "
+                           "than {minimum}: raise {clients} or {participation}", asked=asked,
+                           minimum=minimum)
     plan = cohort_plan(p)
     rows = secure_schedule(inputs)
     if rows and min(len(r) for r in rows) < need:
-        raise UsageError(f"secure aggregation would sum {min(len(r) for r in rows)} upload(s) "
-                         f"per release, fewer than {minimum}: raise --clients or "
-                         "--participation")
+        raise SettingError("secure aggregation would sum {summed} upload(s) per release, "
+                           "fewer than {minimum}: raise {clients} or {participation}",
+                           summed=min(len(r) for r in rows), minimum=minimum)
     if plan.smallest < need:
-        raise UsageError(f"a cohort of {plan.smallest} client(s) is below {minimum}")
+        raise SettingError("a cohort of {smallest} client(s) is below {minimum}",
+                           smallest=plan.smallest, minimum=minimum)
     check_schedule(rows, p.clients, p.secagg_min_clients, known=observers_own(p))
 
 
@@ -234,9 +241,9 @@ def noise_plan(inputs: ProtectionInputs, clips: dict[str, float]) -> NoisePlan:
     delta = p.dp_delta if p.dp_delta is not None else default_delta(examples_of(inputs))
     plans = release_plans(inputs)
     if not plans and not (p.dp_train or p.dp_updates):
-        raise UsageError("--dp-eps has nothing to protect: no calibration uploads "
-                         "(--method ccvr/creff or --calibrate ccvr), no --dp-train and "
-                         "no --dp-updates")
+        raise SettingError("{dp_eps} has nothing to protect: no calibration uploads "
+                         "({method} ccvr/creff or {calibrate} ccvr), no {dp_train} and "
+                         "no {dp_updates}")
     steps: dict[str, int] = {}
     if p.dp_train:  # every client runs one public schedule, so one plan covers them all
         share = p.dp_train_share if plans else None  # alone, DP-SGD gets the whole budget

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError
 
 if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
@@ -131,8 +132,9 @@ def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
     named = set(plan.inputs.stages)
     unknown = named - set(opt_in_stages())
     if unknown:
-        raise UsageError(f"unknown stage(s) {', '.join(sorted(unknown))} in --stages; stages "
-                         f"a run can name: {', '.join(opt_in_stages()) or 'none registered'}")
+        raise SettingError("unknown stage(s) {unknown} in {stages}; stages a run can name: "
+                           "{known}", unknown=", ".join(sorted(unknown)),
+                           known=", ".join(opt_in_stages()) or "none registered")
     chosen = []
     for name in client_order():
         entry = STAGES[name]

@@ -368,8 +368,8 @@ class Uplink:
     def recipe(spec) -> dict[str, Any]:
         """The public local-training recipe (the run's resolved ``LocalSpec``) the transcript
         records with each update."""
-        return {"local_epochs": spec.local_epochs, "batch_size": spec.batch_size,
-                "lr": spec.lr}
+        return {"local_epochs": spec.training.local_epochs, "batch_size": spec.training.batch_size,
+                "lr": spec.training.lr}
 
     # ---- DP-SGD local training is a release too ---------------------------------------------
     def before_local_training(self, clients=None) -> None:

@@ -65,6 +65,7 @@ from privfedcal.privacy.release_journal import SERVER, ReleaseJournal, charge_of
 from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript, record_model_updates
 from privfedcal.privacy.update_stage import UpdateRound, UpdateStage
+from privfedcal.settings.messages import SettingError
 from privfedcal.tensors import nonfinite_key
 
 if TYPE_CHECKING:
@@ -224,14 +225,14 @@ class UserDP(UpdateStage):
     def __post_init__(self) -> None:
         self.initial_clip = self.clip
         if self.adaptive is not None and self.distributed:
-            raise UsageError("--dp-adaptive-clip runs with central noise only: under "
-                             "--secagg-updates its count would leave the ciphertexts")
+            raise SettingError("{dp_adaptive_clip} runs with central noise only: under "
+                             "{secagg_updates} its count would leave the ciphertexts")
         if not (math.isfinite(self.clip) and self.clip > 0):
-            raise UsageError(f"--dp-update-clip must be a finite number > 0, got {self.clip}")
+            raise SettingError(f"{{dp_update_clip}} must be a finite number > 0, got {self.clip}")
         if self.denominator < 1:
             raise UsageError(f"DP-FedAvg needs >= 1 client per round, got {self.denominator}")
         if self.label not in self.dp.sigmas:
-            raise UsageError("the noise plan has no model-update release: --dp-updates was "
+            raise SettingError("the noise plan has no model-update release: {dp_updates} was "
                              "not planned")
 
     @property

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError
 
 
 def check_writable(folder: Path, flag: str = "--out") -> None:
@@ -49,8 +50,9 @@ def check_fresh(folder: Path, names: Sequence[str], *, overwrite: bool,
     check_writable(folder)
     held = [n for n in names if (Path(folder) / n).exists()]
     if held and not overwrite:
-        raise UsageError(f"{folder} already holds {what} ({', '.join(held)}); pass "
-                         "--overwrite to replace them, or --out another folder")
+        raise SettingError("{folder} already holds {what} ({held}); pass --overwrite to "
+                           "replace them, or {out} another folder", folder=folder, what=what,
+                           held=", ".join(held))
 
 
 def partial_path(path: Path) -> Path:
@@ -69,7 +71,8 @@ def all_or_nothing(folder: Path, names: Sequence[str]) -> Iterator[dict[str, Pat
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot write to --out {folder}: {exc.strerror or exc}") from None
+        raise SettingError("cannot write to {out} {folder}: {reason}", folder=folder,
+                           reason=exc.strerror or exc) from None
     partial = {n: partial_path(folder / n) for n in names}
     try:
         yield partial

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import privfedcal.calibration  # noqa: F401  (each calibrator registers its options)
-from privfedcal.errors import UsageError
 from privfedcal.settings.descriptions import (
     GROUPS,
     PER_MODEL,
@@ -48,6 +47,7 @@ from privfedcal.settings.descriptions import (
     setting,
     settings_of,
 )
+from privfedcal.settings.messages import SettingError, SettingText, declare_spelling
 from privfedcal.settings.run_config import RunConfig
 
 
@@ -128,11 +128,12 @@ def place_hyperparameters(flat: dict[str, Any]) -> dict[str, Any]:
             value = out.pop(s.name)
             owner, name = METHOD_OWNERS.get(s.name, (None, s.name))
             if owner is not None and owner != method:
-                raise UsageError(f"{s.flag_name} is a hyperparameter of --method {owner}, "
-                                 f"not of {method}")
+                raise SettingError("{given} is a hyperparameter of {method=}, not of {run}",
+                                   given=SettingText.named([s.name]), method=owner, run=method)
             if owner is not None and name in given:
-                raise UsageError(f"{s.flag_name} and --{name.replace('_', '-')} set the same "
-                                 "hyperparameter: give one")
+                raise SettingError("{given} and {shared} set the same hyperparameter: give one",
+                                   given=SettingText.named([s.name]),
+                                   shared=SettingText.named([name]))
             params[name] = value
         out[key] = params
     return out
@@ -258,6 +259,13 @@ def main(argv: list[str]) -> int:
     print("usage: python -m privfedcal.settings.catalogue --write | --check", file=sys.stderr)
     return 2
 
+
+for _declared in all_settings():  # how messages spell each (settings/messages.py)
+    declare_spelling(_declared.name, _declared.type,
+                     _declared.param_decls[0] if _declared.param_decls else None,
+                     flower=(f"{FLOWER_PREFIX['method']}{METHOD_OWNERS[_declared.name][1]}"
+                             if _declared.name in METHOD_OWNERS else flower_key(_declared)
+                             ).replace("_", "-"))
 
 __all__ = ["CALIBRATION_SETTINGS", "GROUPS", "METHOD_OWNERS", "METHOD_SETTINGS", "PER_MODEL",
            "SCOPES", "place_hyperparameters",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingText, declare_spelling, refuse_failed
 
 #: help groups, in the order ``train --help`` and the docs table show them
 GROUPS = ("Method", "Data", "Training", "Hardware", "Method hyperparameters", "Calibration",
@@ -96,17 +97,11 @@ def setting(default: Any, help: str, *, group: str, flag: str | None = None,
     return field(default=default, metadata=meta)
 
 
-def refuse_failed(checks: list[tuple[bool, str]]) -> None:
-    """Raise the message of the first check that does not hold."""
-    for ok, message in checks:
-        if not ok:
-            raise UsageError(message)
-
-
 def refuse_bad_choices(section: Any, declared: type) -> None:
     """Each setting ``declared`` with ``choices`` holds one of them in ``section``."""
     refuse_failed([(getattr(section, s.name) in s.choices,
-                    f"{s.flag_name} must be one of {', '.join(s.choices)}")
+                    SettingText("{setting} must be one of {choices}",
+                                setting=SettingText.named([s.name]), choices=", ".join(s.choices)))
                    for s in settings_of(declared, "run") if s.choices])
 
 
@@ -143,7 +138,14 @@ def settings_of(cls: type, scope: str) -> tuple[Setting, ...]:
         kind, optional = field_kind(hints[f.name])
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         out.append(Setting(f.name, kind, default, scope=scope, optional=optional, **meta))
+    for s in out:
+        declare(s)
     return tuple(out)
+
+
+def declare(s: Setting) -> None:
+    """Record how ``s`` is spelled, for the messages that name it (settings/messages.py)."""
+    declare_spelling(s.name, s.type, s.param_decls[0] if s.param_decls else None)
 
 
 def _hyper(name: str, kind: type, help: str, *, scope: str, flag: str | None = None) -> Setting:

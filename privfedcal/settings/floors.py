@@ -7,12 +7,14 @@ built once from the resolved ``RunConfig`` (``run_options``) and passed down:
 
 - ``DataOptions``: the data section and the seeds that draw the partition (data/,
   federation/setup.py);
-- ``LocalSpec``: how a client trains: the local method, its hyperparameters and the
-  optimiser, the planned DP-SGD and precision (federation/local.py, workers.py, vectorised.py);
+- ``LocalSpec``: how a client trains: the training section itself (read as
+  ``spec.training.lr``), the local method, its hyperparameters and the optimiser, the
+  planned DP-SGD and precision (federation/local.py, workers.py, vectorised.py);
 - ``EngineSettings``: the engine section itself: device, processes, threads, batching;
 - ``PrivacyOptions``: the privacy section and the public protocol it is planned over (the
   privacy planner, privfedcal/privacy/planner.py, and privacy/);
-- ``LoopOptions``: what the round loop runs and records (federation/simulator.py).
+- ``LoopOptions``: what the round loop runs and records: the names of what runs and the
+  data, training and output sections themselves (federation/simulator.py).
 
 ``DataOptions`` and ``PrivacyOptions`` extend their section (its settings, defaults and
 rules are declared there, once); every field keeps its setting's name and meaning, so a
@@ -26,7 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from privfedcal.errors import UsageError
-from privfedcal.settings.sections import DataSettings, EngineSettings, PrivacySettings
+from privfedcal.settings.sections import (
+    DataSettings,
+    EngineSettings,
+    OutputSettings,
+    PrivacySettings,
+    TrainingSettings,
+)
 
 if TYPE_CHECKING:
     from privfedcal.settings.run_config import RunConfig
@@ -57,22 +65,23 @@ class DataOptions(DataSettings):
                    data_seed=cfg.training.data_seed)
 
 
+#: the training section's settings a client trains with, resolved per model before training
+RECIPE = ("local_epochs", "batch_size", "lr", "momentum", "weight_decay")
+
+
 @dataclass(frozen=True)
 class LocalSpec:
-    """How one client trains: the local method with its hyperparameters, and SGD with
-    momentum and weight decay (``optimizer``: the only one the trainers implement, named so a
-    spec says what it trains with).
+    """How one client trains: the run's training section (epochs, batch size, SGD's learning
+    rate, momentum and weight decay, resolved per model; the public seed of the clients'
+    draws), the local method with its hyperparameters, and whether batches are augmented
+    (``optimizer``: the only one the trainers implement, SGD with momentum and weight
+    decay, named so a spec says what it trains with).
     Picklable: worker processes receive it once. ``dp_train``: local training is DP-SGD
     (the model gets GroupNorm); ``dp_sgd`` is then the planned ``DPSGDSpec``
     (privacy/dpsgd_local.py), set by the privacy planner."""
 
-    local_epochs: int
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    augment: bool
-    seed: int
+    training: TrainingSettings
+    augment: bool = False
     method: str = "fedavg"
     method_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     optimizer: str = "sgd"
@@ -84,20 +93,16 @@ class LocalSpec:
         if self.optimizer not in OPTIMIZERS:
             raise UsageError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                              f"{self.optimizer!r}")
+        unresolved = [n for n in RECIPE if getattr(self.training, n) is None]
+        if unresolved:
+            raise ValueError(f"resolve {', '.join(unresolved)} first "
+                             "(run_config.resolve_training_defaults)")
 
     @classmethod
     def of(cls, cfg: RunConfig) -> LocalSpec:
         """From a ``RunConfig`` whose per-model defaults are resolved
         (``run_config.resolve_training_defaults``)."""
-        t = cfg.training
-        recipe = {"local_epochs": t.local_epochs, "batch_size": t.batch_size, "lr": t.lr,
-                  "momentum": t.momentum, "weight_decay": t.weight_decay,
-                  "augment": cfg.data.augment}
-        unresolved = [n for n, v in recipe.items() if v is None]
-        if unresolved:
-            raise ValueError(f"resolve {', '.join(unresolved)} first "
-                             "(run_config.resolve_training_defaults)")
-        return cls(**recipe, seed=t.seed, method=cfg.local_method,
+        return cls(training=cfg.training, augment=cfg.data.augment, method=cfg.local_method,
                    method_params=dict(cfg.method_params), dp_train=cfg.privacy.dp_train)
 
 
@@ -137,26 +142,22 @@ class PrivacyOptions(PrivacySettings):
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """What the round loop runs and records: the rounds and how often it evaluates, the
-    public seed of its per-round draws, whether it records the server's view, and the names
-    of what runs (for summary.json and its messages)."""
+    """What the round loop runs and records: the names of what runs (for summary.json and
+    its messages) and the sections it reads: the data section (the dataset, the number of
+    clients), the training section (the rounds, how often it evaluates, the public seed of
+    its per-round draws) and the output section (whether it records the server's view)."""
 
     method: str
     local_method: str
     calibrator: str
-    dataset: str
-    clients: int
-    rounds: int
-    eval_every: int
-    seed: int
-    transcript: bool
+    data: DataSettings
+    training: TrainingSettings
+    output: OutputSettings
 
     @classmethod
     def of(cls, cfg: RunConfig) -> LoopOptions:
-        t = cfg.training
         return cls(method=cfg.method, local_method=cfg.local_method, calibrator=cfg.calibrator,
-                   dataset=cfg.data.dataset, clients=cfg.data.clients, rounds=t.rounds,
-                   eval_every=t.eval_every, seed=t.seed, transcript=cfg.output.transcript)
+                   data=cfg.data, training=cfg.training, output=cfg.output)
 
 
 class RunOptions(NamedTuple):

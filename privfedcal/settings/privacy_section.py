@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from privfedcal.errors import UsageError
-from privfedcal.settings.descriptions import refuse_failed, setting
+from privfedcal.settings.descriptions import setting
+from privfedcal.settings.messages import SettingError, SettingText, refuse_failed
 
 #: the largest --dp-eps accepted: beyond it the guarantee says nothing (e^100 ~ 2.7e43)
 MAX_EPSILON = 100.0
@@ -100,66 +100,66 @@ class PrivacySettings:
     def _ranges(self) -> list[tuple[bool, str]]:
         return [
             (self.dp_eps == math.inf or 0 < self.dp_eps <= MAX_EPSILON,
-             f"--dp-eps must be in (0, {MAX_EPSILON:g}] (omit it for no DP): a larger "
+             f"{{dp_eps}} must be in (0, {MAX_EPSILON:g}] (omit it for no DP): a larger "
              "epsilon protects nothing"),
             (self.secagg_min_clients >= 2,
-             "--secagg-min-clients must be >= 2: a secure aggregate of one is that upload"),
-            (self.dp_delta is None or 0 < self.dp_delta < 1, "--dp-delta must be in (0, 1)"),
-            (self.dp_clip is None or self.dp_clip > 0, "--dp-clip must be > 0"),
-            (self.dp_grad_clip is None or self.dp_grad_clip > 0, "--dp-grad-clip must be > 0"),
-            (0 < self.dp_train_share < 1, "--dp-train-share must be in (0, 1)"),
+             "{secagg_min_clients} must be >= 2: a secure aggregate of one is that upload"),
+            (self.dp_delta is None or 0 < self.dp_delta < 1, "{dp_delta} must be in (0, 1)"),
+            (self.dp_clip is None or self.dp_clip > 0, "{dp_clip} must be > 0"),
+            (self.dp_grad_clip is None or self.dp_grad_clip > 0, "{dp_grad_clip} must be > 0"),
+            (0 < self.dp_train_share < 1, "{dp_train_share} must be in (0, 1)"),
             (self.dp_update_clip is None or (math.isfinite(self.dp_update_clip)
                                              and self.dp_update_clip > 0),
-             "--dp-update-clip must be a finite number > 0"),
-            (0 < self.dp_updates_share < 1, "--dp-updates-share must be in (0, 1)"),
-            (0 < self.dp_clip_quantile < 1, "--dp-clip-quantile must be in (0, 1)"),
+             "{dp_update_clip} must be a finite number > 0"),
+            (0 < self.dp_updates_share < 1, "{dp_updates_share} must be in (0, 1)"),
+            (0 < self.dp_clip_quantile < 1, "{dp_clip_quantile} must be in (0, 1)"),
             (self.dp_nominal_size is None or self.dp_nominal_size >= 1,
-             "--dp-nominal-size must be >= 1"),
+             "{dp_nominal_size} must be >= 1"),
             (not self.hide_counts or self.secagg,
-             "--hide-counts needs --secagg: only inside ciphertexts are counts hidden"),
+             "{hide_counts} needs {secagg}: only inside ciphertexts are counts hidden"),
         ]
 
     def _refuse_orphans(self) -> None:
         """Settings without the protection they belong to would be ignored, and a user
         would believe them in force: refuse them."""
-        dp_only = [("--dp-delta", self.dp_delta is not None),
-                   ("--accountant", self.accountant != "rdp")]
+        dp_only = [("dp_delta", self.dp_delta is not None),
+                   ("accountant", self.accountant != "rdp")]
         if not self.secagg:  # the clip bounds also size CKKS parameters under --secagg
-            dp_only += [("--dp-clip", self.dp_clip is not None),
-                        ("--dp-grad-clip", self.dp_grad_clip is not None)]
+            dp_only += [("dp_clip", self.dp_clip is not None),
+                        ("dp_grad_clip", self.dp_grad_clip is not None)]
         orphans = [
-            (not self.dp_enabled, dp_only, "belong(s) to a DP budget: give --dp-eps"),
-            (not self.dp_train, [("--dp-train-share", self.dp_train_share != 0.5),
-                                 ("--dp-nominal-size", self.dp_nominal_size is not None)],
-             "belong(s) to DP-SGD: give --dp-train"),
-            (not self.dp_updates, [("--dp-update-clip", self.dp_update_clip is not None),
-                                   ("--dp-updates-share", self.dp_updates_share != 0.5),
-                                   ("--dp-adaptive-clip", self.dp_adaptive_clip)],
-             "belong(s) to user-level DP: give --dp-updates"),
+            (not self.dp_enabled, dp_only, "belong(s) to a DP budget: give {dp_eps}"),
+            (not self.dp_train, [("dp_train_share", self.dp_train_share != 0.5),
+                                 ("dp_nominal_size", self.dp_nominal_size is not None)],
+             "belong(s) to DP-SGD: give {dp_train}"),
+            (not self.dp_updates, [("dp_update_clip", self.dp_update_clip is not None),
+                                   ("dp_updates_share", self.dp_updates_share != 0.5),
+                                   ("dp_adaptive_clip", self.dp_adaptive_clip)],
+             "belong(s) to user-level DP: give {dp_updates}"),
         ]
-        for missing, flags, what in orphans:
-            given = [flag for flag, on in flags if on]
+        for missing, names, what in orphans:
+            given = [name for name, on in names if on]
             if missing and given:
-                raise UsageError(f"{', '.join(given)} {what}")
+                raise SettingError("{given} " + what, given=SettingText.named(given))
         if not self.dp_adaptive_clip and self.dp_clip_quantile != 0.5:
-            raise UsageError("--dp-clip-quantile belongs to --dp-adaptive-clip")
+            raise SettingError("{dp_clip_quantile} belongs to {dp_adaptive_clip}")
         if not self.secure and self.secagg_min_clients != 2:
-            raise UsageError("--secagg-min-clients belongs to secure aggregation: give "
-                             "--secagg or --secagg-updates")
+            raise SettingError("{secagg_min_clients} belongs to secure aggregation: give "
+                             "{secagg} or {secagg_updates}")
         if not self.secure and self.secagg_key_holder is not None:
-            raise UsageError("--secagg-key-holder belongs to secure aggregation: give "
-                             "--secagg or --secagg-updates")
+            raise SettingError("{secagg_key_holder} belongs to secure aggregation: give "
+                             "{secagg} or {secagg_updates}")
 
     def _refuse_conflicts(self) -> None:
         """Protections that cannot run together, or that need another one."""
         if self.dp_adaptive_clip and self.secagg_updates:
-            raise UsageError("--dp-adaptive-clip runs with central noise only: under "
-                             "--secagg-updates its count would leave the ciphertexts")
+            raise SettingError("{dp_adaptive_clip} runs with central noise only: under "
+                             "{secagg_updates} its count would leave the ciphertexts")
         if self.dp_train and not self.dp_enabled:
-            raise UsageError("--dp-train needs a budget: give --dp-eps")
+            raise SettingError("{dp_train} needs a budget: give {dp_eps}")
         if self.dp_updates and not self.dp_enabled:
-            raise UsageError("--dp-updates needs a budget: give --dp-eps")
+            raise SettingError("{dp_updates} needs a budget: give {dp_eps}")
         if self.dp_updates and self.dp_train:
-            raise UsageError("--dp-updates and --dp-train both protect the model updates and "
-                             "are accounted apart: choose one (--dp-updates: user level, which "
-                             "covers every example of a client; --dp-train: sample level)")
+            raise SettingError("{dp_updates} and {dp_train} both protect the model updates and "
+                             "are accounted apart: choose one ({dp_updates}: user level, which "
+                             "covers every example of a client; {dp_train}: sample level)")

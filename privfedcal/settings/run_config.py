@@ -35,6 +35,7 @@ from privfedcal.settings.descriptions import (
     setting,
     settings_of,
 )
+from privfedcal.settings.messages import SettingError, SettingText
 from privfedcal.settings.sections import (
     SECTIONS,
     DataSettings,
@@ -101,18 +102,20 @@ class RunConfig:
         """The rules that span two sections (each section checks its own)."""
         refuse_failed([
             (self.engine.client_batch == 1 or not self.privacy.dp_train,
-             "--client-batch > 1 cannot train with --dp-train: DP-SGD trains clients one at a "
-             "time (docs/usage.md); use --client-batch 1"),
+             SettingText("{client_batch} > 1 cannot train with {dp_train}: DP-SGD trains clients "
+                         "one at a time (docs/usage.md); use {client_batch=}", client_batch=1)),
         ])
         holder = self.privacy.secagg_key_holder
         if holder is not None and not 0 <= holder < self.data.clients:
-            raise UsageError(f"--secagg-key-holder {holder} is not a client "
-                             f"(0..{self.data.clients - 1})")
+            raise SettingError("{secagg_key_holder=} is not a client (0..{last})",
+                               secagg_key_holder=holder, last=self.data.clients - 1)
         if self.method in METHOD_ALIASES and self.calibrate not in ("none", self.calibrator_of_alias):
-            raise UsageError(
-                f"--method {self.method} already calibrates with {self.calibrator_of_alias}; "
-                f"--calibrate {self.calibrate} would be ambiguous: use --method "
-                f"{METHOD_ALIASES[self.method][0]} --calibrate {self.calibrate}")
+            instead = SettingText("{method=} {calibrate=}", method=METHOD_ALIASES[self.method][0],
+                                  calibrate=self.calibrate)
+            raise SettingError("{method=} already calibrates with {calibrator}; {calibrate=} "
+                               "would be ambiguous: use {instead}", method=self.method,
+                               calibrator=self.calibrator_of_alias, calibrate=self.calibrate,
+                               instead=instead)
 
     @classmethod
     def of(cls, **flat: Any) -> RunConfig:

@@ -27,6 +27,7 @@ from privfedcal.settings.descriptions import (
     refuse_failed,
     setting,
 )
+from privfedcal.settings.messages import SettingText
 from privfedcal.settings.privacy_section import MAX_EPSILON, PrivacySettings
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -53,9 +54,9 @@ class DataSettings:
 
     def __post_init__(self) -> None:
         refuse_failed([
-            (self.clients >= 1, "--clients must be >= 1"),
-            (self.alpha > 0, f"--alpha must be > 0 (got {self.alpha})"),
-            (self.imbalance_factor >= 1, "--imbalance-factor must be >= 1"),
+            (self.clients >= 1, "{clients} must be >= 1"),
+            (self.alpha > 0, f"{{alpha}} must be > 0 (got {self.alpha})"),
+            (self.imbalance_factor >= 1, "{imbalance_factor} must be >= 1"),
         ])
 
 
@@ -82,16 +83,16 @@ class TrainingSettings:
 
     def __post_init__(self) -> None:
         refuse_failed([
-            (self.rounds >= 1, "--rounds must be >= 1"),
-            (self.local_epochs is None or self.local_epochs >= 1, "--local-epochs must be >= 1"),
-            (self.batch_size is None or self.batch_size >= 1, "--batch-size must be >= 1"),
+            (self.rounds >= 1, "{rounds} must be >= 1"),
+            (self.local_epochs is None or self.local_epochs >= 1, "{local_epochs} must be >= 1"),
+            (self.batch_size is None or self.batch_size >= 1, "{batch_size} must be >= 1"),
             (self.lr is None or (self.lr > 0 and math.isfinite(self.lr)),
-             "--lr must be a finite number > 0"),
-            (self.momentum is None or 0 <= self.momentum < 1, "--momentum must be in [0, 1)"),
-            (self.weight_decay is None or self.weight_decay >= 0, "--weight-decay must be >= 0"),
-            (0 < self.participation <= 1, "--participation must be in (0, 1]"),
-            (self.eval_every >= 1, "--eval-every must be >= 1"),
-            (self.data_seed is None or self.data_seed >= 0, "--data-seed must be >= 0"),
+             "{lr} must be a finite number > 0"),
+            (self.momentum is None or 0 <= self.momentum < 1, "{momentum} must be in [0, 1)"),
+            (self.weight_decay is None or self.weight_decay >= 0, "{weight_decay} must be >= 0"),
+            (0 < self.participation <= 1, "{participation} must be in (0, 1]"),
+            (self.eval_every >= 1, "{eval_every} must be >= 1"),
+            (self.data_seed is None or self.data_seed >= 0, "{data_seed} must be >= 0"),
         ])
 
 
@@ -113,11 +114,12 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         refuse_failed([
-            (self.workers >= 1, "--workers must be >= 1"),
-            (self.threads is None or self.threads >= 1, "--threads must be >= 1"),
-            (self.client_batch >= 1, "--client-batch must be >= 1"),
+            (self.workers >= 1, "{workers} must be >= 1"),
+            (self.threads is None or self.threads >= 1, "{threads} must be >= 1"),
+            (self.client_batch >= 1, "{client_batch} must be >= 1"),
             (self.client_batch == 1 or self.workers == 1,
-             "--client-batch > 1 trains in this process: give --workers 1 (or --client-batch 1)"),
+             SettingText("{client_batch} > 1 trains in this process: give {workers=} (or "
+                         "{client_batch=})", workers=1, client_batch=1)),
         ])
         refuse_bad_choices(self, EngineSettings)
 

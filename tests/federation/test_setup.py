@@ -39,7 +39,8 @@ def experiment():
 def test_experiment_resolves_defaults_and_partitions_the_data(experiment):
     e = experiment
     assert e.model_name == "mlp" and e.record["model"] == "mlp" and e.record["lr"] == 0.05
-    assert (e.spec.local_epochs, e.spec.batch_size, e.spec.lr, e.spec.momentum,
+    t = e.spec.training
+    assert (t.local_epochs, t.batch_size, t.lr, t.momentum,
             e.spec.augment, e.spec.mixed_precision) == (2, 32, 0.05, 0.9, False, False)
     assert e.warnings == []
     rec = e.partition_record()
@@ -65,9 +66,10 @@ def test_the_experiment_carries_the_narrow_options_of_its_resolved_config(experi
     e = experiment
     opts = run_options(config_of(e))
     assert e.data_options == opts.data and e.engine == opts.engine and e.privacy == opts.privacy
-    assert e.loop == opts.loop and e.loop.rounds == 2 and not e.loop.transcript
+    assert e.loop == opts.loop and e.loop.training.rounds == 2 and not e.loop.output.transcript
     assert e.spec == opts.training  # mixed precision off on a CPU
-    assert e.spec.method == "fedavg" and e.spec.lr == 0.05 and e.spec.local_epochs == 2
+    assert e.spec.method == "fedavg" and e.spec.training.lr == 0.05
+    assert e.spec.training.local_epochs == 2
     assert e.data_options.data_seed == e.record["data_seed"] == 0  # a plain run: the public seed
     model, algo = pickle.loads(pickle.dumps(e.builder))()
     for key, value in model.state_dict().items():  # same seeds: the server's initial model

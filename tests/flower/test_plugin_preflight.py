@@ -19,6 +19,7 @@ from privfedcal.errors import UsageError  # noqa: E402
 from privfedcal.flower.grid import InProcessGrid  # noqa: E402
 from privfedcal.flower.plugin import CalibrationClient, calibrate, preflight  # noqa: E402
 from privfedcal.flower.plugin.preflight_codes import FIX, PreflightCode  # noqa: E402
+from privfedcal.settings.messages import SettingError  # noqa: E402
 
 pytestmark = pytest.mark.flower
 
@@ -165,7 +166,7 @@ def test_a_failed_calibration_leaves_the_trained_model(monkeypatch):
 
     def broken(*args, **kwargs):
         model.fc3.weight.data.zero_()  # a half-installed head, then a failure
-        raise UsageError("--dp-eps broke")
+        raise SettingError("{dp_eps} broke")
 
     monkeypatch.setattr(server_calibration.PluginSimulator, "run_calibration", broken)
     with pytest.raises(UsageError, match=r"^privfedcal.dp-eps broke$"):

@@ -19,6 +19,7 @@ from privfedcal.flower.plugin.plugin_settings import CALIBRATION, KEYS, gather, 
 from privfedcal.flower.plugin.preflight import _plan  # noqa: E402
 from privfedcal.flower.plugin.preflight_codes import FIX  # noqa: E402
 from privfedcal.flower.plugin.wording import plugin_key, plugin_message, speaks_plugin  # noqa: E402
+from privfedcal.settings.messages import SettingError, SettingText  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a flag of privfedcal's (``--dp-eps``) left in a message
@@ -33,18 +34,20 @@ def privfedcal_flags(text: str) -> list[str]:
 
 def test_every_setting_the_plugin_takes_reads_as_its_key():
     plugin = set(KEYS) | {"secagg-key-holder"}
-    for flag in flag_keywords():
+    for flag, kw in flag_keywords().items():
         key = flag[2:]
         if key not in plugin and "flower." + key not in KEYS:
             continue
-        said = plugin_message(f"{flag} must be")
+        said = plugin_message(SettingError("{" + kw.name + "} must be"))
         assert not privfedcal_flags(said), said
         assert said.startswith("privfedcal."), said
         name = said.split()[0].split("=")[0].removeprefix("privfedcal.")
         assert name in KEYS, (flag, said)
-    assert plugin_message("give --secagg-key-holder 5") == "give privfedcal.flower.key-holder=5"
+    given = SettingText("give {secagg_key_holder=}", secagg_key_holder=5)
+    assert str(given) == "give --secagg-key-holder 5"
+    assert plugin_message(given) == "give privfedcal.flower.key-holder=5"
     assert plugin_key("virtual_per_class") == f"privfedcal.{CALIBRATION}virtual-per-class"
-    # keys already in the plugin's words are left alone (no privfedcal.privfedcal.)
+    # text that names no setting through its declaration is left alone
     assert plugin_message("set privfedcal.dp-eps or privfedcal.dp-clip") == \
         "set privfedcal.dp-eps or privfedcal.dp-clip"
 

@@ -63,7 +63,7 @@ def check_nothing_isolated(sim, summary, victim, lost):
     assert record["holds"] is True and record["observer_knows"] == [0]
     for known in ((), (0,)):  # the server; the key holder, who knows its own counts
         _, determined = least_squares(sim, known)
-        assert not determined[[c for c in range(sim.loop.clients) if c not in known]].any()
+        assert not determined[[c for c in range(sim.loop.data.clients) if c not in known]].any()
     cohorts = [set(c) for c in summary["privacy"]["secagg"]["cohorts"]]
     (mates,) = [c - {victim} for c in cohorts if victim in c]
     # the lost node's cohort mates were asked and uploaded, and left the sum with it

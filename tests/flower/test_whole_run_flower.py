@@ -24,7 +24,7 @@ def least_squares(sim, known=()) -> tuple[np.ndarray, np.ndarray]:
     from privfedcal.privacy.transcript import load_transcript
 
     entries = load_transcript(sim.transcript.directory)
-    clients = sim.loop.clients
+    clients = sim.loop.data.clients
     rows, sums, senders = [], [], {}
     for e in entries:
         key = (e["round"], e["label"])

@@ -16,8 +16,9 @@ import torch
 import privfedcal
 from privfedcal import api
 from privfedcal.api import arguments as pysurface
-from privfedcal.api.arguments import flag_keywords, python_message
+from privfedcal.api.arguments import flag_keywords
 from privfedcal.errors import PrivacyBudgetError, UsageError
+from privfedcal.settings.messages import SettingText, render_message
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = dict(clients=3, rounds=2, local_epochs=1, device="cpu", threads=1, alpha=0.5)
@@ -27,11 +28,73 @@ FLAG = re.compile(r"(?<![\w-])--[a-z]")
 SAMPLE = {int: 1, float: 0.5, str: "x", bool: True}
 
 
+def settings_table():
+    from privfedcal.settings.catalogue import cli_settings
+
+    return cli_settings()
+
+
 def public_functions():
     """Every public function of the API, with the methods of ``Run`` that take arguments."""
     funcs = [getattr(api, n) for n in api.__all__
              if inspect.isfunction(getattr(api, n))]
     return funcs + [api.Run.experiment]
+
+
+#: a flag in the CLI's text, or a flag's name alone as a message lists several (a name
+#: with a hyphen, which prose does not use)
+_WORD = re.compile(r"(?<![\w-])(?:--)?[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w-])")
+#: a flag's value in the CLI's text: a number, or a placeholder (N, DIR)
+_VALUE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|inf|nan)|[A-Z]+")
+
+
+def _named_values(name: str) -> set[str]:
+    """The values a string setting takes by name (its choices or its registry)."""
+    from privfedcal.data.datasets import DATASETS
+    from privfedcal.experiment import method_choices
+    from privfedcal.federation.hooks import CALIBRATORS
+    from privfedcal.models import MODELS
+    from privfedcal.settings.catalogue import all_settings
+
+    registries = {"method": method_choices, "calibrate": lambda: [*CALIBRATORS.names(), "none"],
+                  "dataset": lambda: DATASETS, "model": MODELS.names}
+    choices = next((s.choices for s in all_settings() if s.name == name and s.choices), None)
+    return set(choices or (registries[name]() if name in registries else ()))
+
+
+def keyword_form(text: str) -> str:
+    """The expected keyword form of a CLI test's text (its needle), worked out from the
+    flags table independently of the package's rendering: ``--dp-eps must`` ->
+    ``dp_eps must``, ``--secagg-min-clients 2`` -> ``secagg_min_clients=2``, ``--secagg``
+    -> ``secagg=True``, ``--method fedavg`` -> ``method='fedavg'``, ``match-steps`` ->
+    ``match_steps``; other flags as they are."""
+    table, out, pos = flag_keywords(), [], 0
+    for m in _WORD.finditer(text):
+        flag = m.group()
+        bare = not flag.startswith("--")
+        kw = table.get("--" + flag if bare else flag)
+        if kw is None or (bare and "-" not in flag):
+            continue
+        out.append(text[pos:m.start()])
+        pos = m.end()
+        if bare or kw.type is bool:
+            out.append(kw.name if bare else f"{kw.name}={kw.value}")
+            continue
+        after = re.match(r" ('[^']*'|[^\s,;()]+)", text[pos:])
+        token = after.group(1).rstrip(":.") if after else ""
+        if text[pos + 1 + len(token):].startswith(" |"):  # a list of choices, not a value
+            token = ""
+        if kw.type is str and token and (token[0] == "'" or token.isupper()
+                                         or token.split(":")[0] in _named_values(kw.name)):
+            shown = token if token[0] == "'" or token.isupper() else repr(token)
+            out.append(f"{kw.name}={shown}")
+            pos += 1 + len(token)
+        elif kw.type is not str and token and _VALUE.fullmatch(token):
+            out.append(f"{kw.name}={token}")
+            pos += 1 + len(token)
+        else:
+            out.append(kw.name)
+    return "".join(out) + text[pos:]
 
 
 def assert_speaks_python(exc: pytest.ExceptionInfo) -> str:
@@ -50,20 +113,26 @@ def test_every_flag_of_the_settings_table_is_a_keyword_of_train():
     settings = cli_settings()
     assert len(settings) > 60
     for s in settings:
+        field = "{" + s.name + "}"
         if s.type is bool:
             on, _, off = (s.param_decls or (s.flag_name,))[0].partition("/")
-            assert python_message(f"give {on}.") == f"give {s.name}=True."
+            given = SettingText(f"give {field}.")
+            assert (str(given), given.render("python")) == (f"give {on}.", f"give {s.name}=True.")
             if off:
-                assert python_message(f"give {off}.") == f"give {s.name}=False."
+                given = SettingText("give {" + s.name + "=}.", **{s.name: False})
+                assert (str(given), given.render("python")) == \
+                    (f"give {off}.", f"give {s.name}=False.")
         else:
-            assert python_message(f"{s.flag_name} must be") == f"{s.name} must be", s.name
-        if "_" in s.name:  # a name alone, as messages list several
-            assert python_message(f"({s.flag_name[2:]}, x)") == f"({s.name}, x)"
+            said = SettingText(f"{field} must be")
+            assert (str(said), said.render("python")) == \
+                (f"{s.flag_name} must be", f"{s.name} must be"), s.name
+        listed = SettingText("({" + s.name + ":name}, x)")  # a name alone, as lists name several
+        assert (str(listed), listed.render("python")) == (f"({s.flag_name[2:]}, x)", f"({s.name}, x)")
         value = s.default if s.default is not None else SAMPLE.get(s.type, {})
         try:
             api.config_from(None, {s.name: value})
         except UsageError as exc:
-            message = python_message(str(exc))
+            message = render_message(exc, "python")
             assert "unknown setting" not in message and not FLAG.search(message), message
 
 
@@ -77,29 +146,49 @@ def test_every_attack_option_is_a_keyword_of_attack():
             flag = (f.flag or "--" + f.name.replace("_", "-")).partition("/")[0]
             assert flag_keywords()[flag].name == f.name
             word = f.name + ("=True" if f.type is bool else "")
-            assert python_message(f"{flag} must be") == f"{word} must be"
+            said = SettingText("{" + f.name + "} must be")
+            assert said.render("python") == f"{word} must be"
+            if f.name not in {s.name for s in settings_table()}:  # a setting's flag wins
+                assert str(said) == f"{flag} must be"
     assert pysurface.options_of(StatsOptions, {"raw_samples": np.int64(0)}, "x") == {"raw_samples": 0}
 
 
 def test_values_after_a_flag_join_their_keyword():
-    cases = {
-        "fewer than --secagg-min-clients 2.": "fewer than secagg_min_clients=2.",
-        "--dp-delta 0.5 must be < 1/N": "dp_delta=0.5 must be < 1/N",
-        "extend it with --rounds N > 4": "extend it with rounds=N > 4",
-        "use --method fedavg --calibrate ccvr": "use method='fedavg' calibrate='ccvr'",
-        "--calibrate 'oracle:x': the argument": "calibrate='oracle:x': the argument",
-        "pass --data-root DIR (and --download": "pass data_root=DIR (and download=True",
-        "--hide-counts needs --secagg": "hide_counts=True needs secagg=True",
-        "trained with --no-transcript?": "trained with transcript=False?",
-        "--show-counts": "hide_counts=False",
-        "--method must be one of": "method must be one of",
-        "add --calibrate ccvr | creff": "add calibrate ccvr | creff",
-        "option(s) match-steps, tukey given": "option(s) match_steps, tukey given",
-        "DP-SGD per-class /tmp/pytest-of-root": "DP-SGD per-class /tmp/pytest-of-root",
-        "rounds 1--2, --resume RUN": "rounds 1--2, --resume RUN",  # not a setting: kept
-    }
-    for flags, words in cases.items():
-        assert python_message(flags) == words
+    """A message names settings through their declaration: the CLI reads its flags (with a
+    value after the flag), Python its keywords (the value joined to the keyword)."""
+    cases = [
+        (SettingText("fewer than {secagg_min_clients=}.", secagg_min_clients=2),
+         "fewer than --secagg-min-clients 2.", "fewer than secagg_min_clients=2."),
+        (SettingText("{dp_delta=} must be < 1/N", dp_delta=0.5),
+         "--dp-delta 0.5 must be < 1/N", "dp_delta=0.5 must be < 1/N"),
+        (SettingText("extend it with {rounds=} > 4", rounds="N"),
+         "extend it with --rounds N > 4", "extend it with rounds=N > 4"),
+        (SettingText("use {method=} {calibrate=}", method="fedavg", calibrate="ccvr"),
+         "use --method fedavg --calibrate ccvr", "use method='fedavg' calibrate='ccvr'"),
+        (SettingText("{calibrate=!r}: the argument", calibrate="oracle:x"),
+         "--calibrate 'oracle:x': the argument", "calibrate='oracle:x': the argument"),
+        (SettingText("pass {data_root=} (and {download}", data_root="DIR"),
+         "pass --data-root DIR (and --download", "pass data_root=DIR (and download=True"),
+        (SettingText("{hide_counts} needs {secagg}"),
+         "--hide-counts needs --secagg", "hide_counts=True needs secagg=True"),
+        (SettingText("trained with {transcript=}?", transcript=False),
+         "trained with --no-transcript?", "trained with transcript=False?"),
+        (SettingText("{hide_counts=}", hide_counts=False), "--show-counts", "hide_counts=False"),
+        (SettingText("{method} must be one of"), "--method must be one of",
+         "method must be one of"),
+        (SettingText("add {calibrate} ccvr | creff"), "add --calibrate ccvr | creff",
+         "add calibrate ccvr | creff"),
+        (SettingText("option(s) {given} given",
+                     given=SettingText.named(["match_steps", "tukey"], spec="name")),
+         "option(s) match-steps, tukey given", "option(s) match_steps, tukey given"),
+        (SettingText("{dp_delta=:g} and {got!r}", dp_delta=1e-5, got="x"),
+         "--dp-delta 1e-05 and 'x'", "dp_delta=1e-05 and 'x'"),
+        (SettingText("rounds 1--2, --resume {run}", run="RUN"),  # not a setting: kept
+         "rounds 1--2, --resume RUN", "rounds 1--2, --resume RUN"),
+    ]
+    for text, flags, words in cases:
+        assert (str(text), text.render("python")) == (flags, words)
+        assert keyword_form(flags) == words  # the tests' own reading agrees
 
 
 # ---- numbers: numpy scalars as Python's, never a bool or a fraction for an int ---------------
@@ -211,8 +300,9 @@ def test_the_cli_keeps_its_flags_where_it_calls_the_api(tmp_path, capsys):
 def test_a_divergence_hint_names_keywords():
     from privfedcal.errors import Diverged
 
-    exc = Diverged(3, "the loss is not finite", hint="lower --lr")
-    pysurface._speak_python(exc)
+    exc = Diverged(3, "the loss is not finite", hint=SettingText("lower {lr}"))
+    assert str(exc) == "diverged at round 3: the loss is not finite; lower --lr"
+    pysurface.speak_python(exc)
     assert exc.hint == "lower lr" and str(exc) == "diverged at round 3: the loss is not finite; lower lr"
 
 
@@ -277,7 +367,7 @@ def expected(needle: str) -> str:
     """The CLI test's needle as the API says it: its flags as keywords (a bare flag name,
     ``hide-counts``, as its keyword too)."""
     kw = flag_keywords().get("--" + needle)
-    words = kw.name if kw else python_message(needle)
+    words = kw.name if kw else keyword_form(needle)
     assert not FLAG.search(words), needle
     return words
 

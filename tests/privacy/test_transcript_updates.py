@@ -32,8 +32,8 @@ def test_model_updates_are_recorded_with_weights_and_recipe(tmp_path, tiny_cfg):
             assert e["view"] == "plain-upload"
             assert e["weight"] == float(sim.exp.parts[e["client"]].numel())
             spec = sim.exp.spec
-            assert (e["local_epochs"], e["batch_size"], e["lr"]) == (1, 32, spec.lr)
-            assert spec.lr > 0
+            assert (e["local_epochs"], e["batch_size"], e["lr"]) == (1, 32, spec.training.lr)
+            assert spec.training.lr > 0
             assert set(e["tensors"]) == set(states[r]["tensors"])
             assert e["bytes"] == sum(v.numel() * v.element_size() for v in e["tensors"].values())
         # the next round's global state is the weighted average of what was recorded

@@ -18,7 +18,8 @@ def test_secure_update_aggregation_matches_plain_fedavg(tmp_path, tiny_cfg):
     plain = build_simulator(tiny_cfg(rounds=1), tmp_path / "a")
     plain.run()
     # the same partition (a protected run draws its data seed from OS entropy otherwise)
-    cfg = tiny_cfg(rounds=1, secagg_updates=True, transcript=True, data_seed=plain.loop.seed)
+    cfg = tiny_cfg(rounds=1, secagg_updates=True, transcript=True,
+                   data_seed=plain.loop.training.seed)
     sec = build_simulator(cfg, tmp_path / "b")
     summary = sec.run()
     for k, v in plain.global_state.items():

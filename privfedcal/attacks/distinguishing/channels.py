@@ -48,6 +48,7 @@ from privfedcal.privacy.bound import NoBound
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
 from privfedcal.privacy.releases import DPSGD_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.stages import BoundStage, NoiseStage, Release, symmetrise
+from privfedcal.settings.messages import SettingError
 
 
 def channel_fields() -> dict[str, tuple[str, ...]]:
@@ -164,8 +165,8 @@ def build_channels(cfg, names: tuple[str, ...] | None = None, faults: Faults = F
         raise UsageError(f"this configuration releases no {', '.join(missing)} (it has: "
                          f"{', '.join(labels) or 'no charged channel'})")
     if not wanted:
-        raise UsageError("this configuration has no channel to audit: give a calibrator "
-                         "(--method ccvr/creff), --dp-train or --dp-updates")
+        raise SettingError("this configuration has no channel to audit: give a calibrator "
+                         "({method} ccvr/creff), {dp_train} or {dp_updates}")
     specs = {r.label: r for r in calibrator.releases}
 
     def build(c: str) -> Channel:

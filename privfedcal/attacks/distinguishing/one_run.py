@@ -45,6 +45,7 @@ from privfedcal.attacks.release_attacks import attacks_of
 from privfedcal.errors import UsageError
 from privfedcal.experiment import config_of
 from privfedcal.privacy.empirical import one_run_epsilon
+from privfedcal.settings.messages import SettingError
 
 
 def _own(key: str, c: Tensor, j: Tensor, payload: dict[str, Tensor],
@@ -137,7 +138,7 @@ def _audited_release(calibrator: Any) -> tuple[Any, Any]:
     keys a canary owns."""
     audited = [(r, a) for r, a in attacks_of(calibrator) if a.canary_keys and a.task]
     if not audited:
-        raise UsageError("the one-run audit needs a calibration upload (--method ccvr/creff)")
+        raise SettingError("the one-run audit needs a calibration upload ({method} ccvr/creff)")
     return audited[0]
 
 

@@ -38,6 +38,7 @@ from privfedcal.attacks.distinguishing.games import BUDGET_STOP, budget_spent
 from privfedcal.attacks.distinguishing.one_run import guess_membership
 from privfedcal.errors import UsageError
 from privfedcal.privacy.empirical import one_run_epsilon
+from privfedcal.settings.messages import SettingError
 
 #: canaries' input scale, in units of the normalised data's (unit variance) scale
 CANARY_INPUT_SCALE = 3.0
@@ -100,7 +101,7 @@ def one_run_training(cfg: Any, *, per_client: int = 100, guesses: float = 0.1,
     from privfedcal.privacy.noise import noise_generator
 
     if not cfg.privacy.dp_train:
-        raise UsageError("the one-run audit of training needs --dp-train (DP-SGD): without it "
+        raise SettingError("the one-run audit of training needs {dp_train} (DP-SGD): without it "
                          "the model updates carry no guarantee to audit")
     if not 0 < guesses <= 1 or per_client < 1:
         raise UsageError(f"need 0 < guesses <= 1 and per_client >= 1, got {guesses}, "
@@ -159,8 +160,8 @@ def _train(exp: Any, calibrator: Any, uplink: Any, t0: float, budget_s: float | 
         nonlocal trained
         trained = record["round"]
         if progress is not None:
-            progress(trained, cfg.rounds)
-        if trained < cfg.rounds and budget_spent(t0, budget_s):
+            progress(trained, cfg.training.rounds)
+        if trained < cfg.training.rounds and budget_spent(t0, budget_s):
             raise _BudgetSpent
 
     with tempfile.TemporaryDirectory() as tmp:

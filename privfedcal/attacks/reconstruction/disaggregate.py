@@ -36,6 +36,7 @@ import numpy as np
 from privfedcal.errors import UsageError
 from privfedcal.privacy.cohorts import atoms as cohort_atoms
 from privfedcal.privacy.cohorts import row_space_basis
+from privfedcal.settings.messages import SettingError
 
 #: subsets tried when searching the finest groups of the undetermined clients
 MAX_SUBSETS = 200_000
@@ -147,7 +148,7 @@ def windows(rounds: Sequence[int], width: int) -> list[list[int]]:
     """Consecutive windows of ``width`` releases (0: one window of all of them), as indices
     into ``rounds``."""
     if width < 0:
-        raise UsageError(f"--window must be >= 0 (0: the whole run), got {width}")
+        raise SettingError(f"{{window}} must be >= 0 (0: the whole run), got {width}")
     n = len(rounds)
     step = n if width == 0 else width
     return [list(range(s, min(n, s + step))) for s in range(0, n, max(step, 1))]

@@ -46,6 +46,7 @@ from privfedcal.attacks.view import RunView, release_spec
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
+from privfedcal.settings.messages import SettingError
 
 NAME = TARGET  # the attack, and the target of its records
 #: estimates stored in a record when a value has at most this many entries
@@ -80,7 +81,7 @@ class DisaggregateOptions:
 
     def __post_init__(self) -> None:
         if self.window < 0:
-            raise UsageError(f"--window must be >= 0 (0: the whole run), got {self.window}")
+            raise SettingError(f"{{window}} must be >= 0 (0: the whole run), got {self.window}")
 
 
 @dataclass

@@ -48,8 +48,8 @@ from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import Release, RunView
 from privfedcal.calibration.creff import CREFF_RELEASE
-from privfedcal.errors import UsageError
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 NAME = "gradients"
 
@@ -67,7 +67,7 @@ class GradientsOptions(InversionOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rounds_combined < 1:
-            raise UsageError("--rounds-combined must be >= 1 (1: one release at a time)")
+            raise SettingError("{rounds_combined} must be >= 1 (1: one release at a time)")
 
 
 def _solve_rounds(invs: list[Inversion]) -> list[Any]:

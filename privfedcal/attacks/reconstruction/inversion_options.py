@@ -22,6 +22,7 @@ from privfedcal.attacks.reconstruction.engine import (
     InversionConfig,
 )
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,15 @@ class InversionOptions:
     def __post_init__(self) -> None:
         # 0 steps would score the random start as the attack's result ("nothing leaked")
         if self.steps < 1 or self.restarts < 1:
-            raise UsageError(f"attacks need --steps >= 1 and --restarts >= 1 (got --steps "
-                             f"{self.steps}, --restarts {self.restarts}): with none the random "
-                             "start would be reported as the attack's result")
+            raise SettingError("attacks need {steps} >= 1 and {restarts} >= 1 (got {steps=}, "
+                               "{restarts=}): with none the random start would be reported as "
+                               "the attack's result", steps=self.steps, restarts=self.restarts)
         if self.max_n < 1:
-            raise UsageError(f"--max-n must be >= 1, got {self.max_n}")
+            raise SettingError(f"{{max_n}} must be >= 1, got {self.max_n}")
         if self.default_clients < 1:
             raise UsageError("at least one client must be attacked")
         if self.attack_batch < 1:
-            raise UsageError(f"--attack-batch must be >= 1 (1: one target at a time), got "
+            raise SettingError(f"{{attack_batch}} must be >= 1 (1: one target at a time), got "
                              f"{self.attack_batch}")
         if not 0 < self.false_positive_rate < 1:
             raise UsageError("the false-positive rate must be in (0, 1)")

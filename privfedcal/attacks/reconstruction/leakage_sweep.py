@@ -38,6 +38,7 @@ from privfedcal.attacks.release_attacks import attacked_calibrators, audit_param
 from privfedcal.attacks.transcript_audit import run_epsilon
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.report.style.plotstyle import colour, label_points, new_figure, save, styled
+from privfedcal.settings.messages import SettingError
 
 COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst",
            "worst_client", "worst_class", "worst_target", "prior_psnr_max", "psnr", "ssim",
@@ -103,13 +104,13 @@ class AuditConfig:
         if any(math.isnan(e) or e <= 0 for e in self.eps):
             raise UsageError("every --eps must be > 0 (inf = no DP)")
         if self.rounds < 1:
-            raise UsageError(f"the audit needs --rounds >= 1, got {self.rounds}")
+            raise SettingError(f"the audit needs {{rounds}} >= 1, got {self.rounds}")
         # the inversion options are checked as the attacks check them
         InversionOptions(**{n: getattr(self, n) for n in AUDIT_INVERSION_OPTIONS})
         if self.attack_clients < 1:
             raise UsageError("--attack-clients must be >= 1")
         if not 0 < self.participation <= 1:
-            raise UsageError(f"--participation must be in (0, 1], got {self.participation}")
+            raise SettingError(f"{{participation}} must be in (0, 1], got {self.participation}")
 
     def settings(self) -> list[Setting]:
         return [Setting(m, e, s) for m in self.methods for s in self.secagg for e in self.eps]

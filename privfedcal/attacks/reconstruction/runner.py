@@ -58,9 +58,9 @@ from privfedcal.attacks.view import (  # noqa: F401  (re-exported)
     UploadedFeatures,
     load_run,
 )
-from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 
 def convergence_record(conv: Convergence | None) -> dict[str, Any]:
@@ -190,7 +190,7 @@ def execute(plan: Plan, on_done: Callable[[Job], None] | None = None, *,
     every target finished so far; a batch's targets finish together when it ends."""
     size = plan.attack_batch if attack_batch is None else attack_batch
     if size < 1:
-        raise UsageError(f"--attack-batch must be >= 1, got {size}")
+        raise SettingError(f"{{attack_batch}} must be >= 1, got {size}")
     out: dict[int, Attacked] = dict(done or {})
     tracker = Tracker(len(plan.jobs), len(out), on_progress)
 

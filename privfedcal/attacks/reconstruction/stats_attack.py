@@ -27,9 +27,9 @@ from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
 from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
 from privfedcal.attacks.view import RunView, UploadedFeatures
 from privfedcal.calibration.ccvr import CCVR_RELEASE
-from privfedcal.errors import UsageError
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 NAME = "stats"
 
@@ -44,7 +44,7 @@ class StatsOptions(InversionOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.raw_samples < 0:
-            raise UsageError(f"--raw-samples must be >= 0 (0: no baseline), got "
+            raise SettingError(f"{{raw_samples}} must be >= 0 (0: no baseline), got "
                              f"{self.raw_samples}")
 
 

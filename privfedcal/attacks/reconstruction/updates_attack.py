@@ -41,6 +41,7 @@ from privfedcal.attacks.view import Release, RunView
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
 from privfedcal.seeding import make_generator
+from privfedcal.settings.messages import SettingError
 
 NAME = "updates"
 #: the attacks this one runs beside in one ``attack invert`` (their release's model state
@@ -58,7 +59,7 @@ class UpdatesOptions(InversionOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.update_batch < 1:
-            raise UsageError(f"--update-batch must be >= 1, got {self.update_batch}")
+            raise SettingError(f"{{update_batch}} must be >= 1, got {self.update_batch}")
 
 
 def _update_job(view: RunView, opts: UpdatesOptions, rel: Release, client: int) -> Job:

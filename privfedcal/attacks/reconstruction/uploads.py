@@ -21,6 +21,7 @@ from privfedcal.attacks.reconstruction.runner import InversionOptions, Plan
 from privfedcal.attacks.release_attacks import declared_releases
 from privfedcal.attacks.view import Release, RunView, release_spec
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import SettingError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ClassesOptions:
 
     def __post_init__(self) -> None:
         if not 0 < self.false_positive_rate < 1:
-            raise UsageError(f"--false-positive-rate must be in (0, 1), got "
+            raise SettingError(f"{{false_positive_rate}} must be in (0, 1), got "
                              f"{self.false_positive_rate}")
 
 

@@ -119,7 +119,7 @@ class PluginSimulator(FlowerSimulator):
         extra = super().extra_summary()
         model = self.exp.model
         extra["plugin"] = {"model": type(model.net).__name__, "head": model.head_name,
-                           "nodes": self.loop.clients, "examples": self.exp.num_examples}
+                           "nodes": self.loop.data.clients, "examples": self.exp.num_examples}
         # CCVR's head, once installed, recorded the accuracy before (PosthocCalibrator);
         # CReFF, or a CCVR release that was skipped, did not
         if getattr(self.calibrator, "_head", None) is None:
@@ -132,7 +132,7 @@ class PluginSimulator(FlowerSimulator):
         start = time.perf_counter()
         self.accuracy_before = self.evaluate(self.global_state)["accuracy"]
         per_round = any(r.participants != "all" for r in self.calibrator.releases)
-        for round_ in range(1, self.loop.rounds + 1) if per_round else ():
+        for round_ in range(1, self.loop.training.rounds + 1) if per_round else ():
             t0 = time.perf_counter()
             self.calibrate_round(round_, self.global_state, self.select_clients(round_))
             ev = self.evaluate(self.checked_eval_state(round_))

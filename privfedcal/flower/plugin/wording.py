@@ -2,13 +2,13 @@
 and threads left as they were.
 
 Errors name run-config keys, never the CLI's flags.
-privfedcal's checks are shared with ``privfedcal train`` and name its flags
-(``--dp-eps must be in (0, 100]``). A Flower app has no flags: it sets
-``privfedcal.dp-eps`` in its run config or ``dp_eps=`` as a keyword. At the plugin's
-boundary (``calibrate``, ``preflight``, ``CalibrationClient``) a message is rewritten
-through the one table that maps each flag to its setting (``pysurface.flag_keywords``,
-derived from the settings' declarations), with each setting spelled as the plugin's
-run-config key (``plugin_key``).
+privfedcal's checks are shared with ``privfedcal train``, whose user reads
+``--dp-eps must be in (0, 100]``. A Flower app has no flags: it sets ``privfedcal.dp-eps``
+in its run config or ``dp_eps=`` as a keyword. A check names a setting through its
+declaration (``SettingError``, privfedcal/settings/messages.py), and at the plugin's
+boundary (``calibrate``, ``preflight``, ``CalibrationClient``) the message is rendered for
+the Flower reader with each setting spelled as the plugin's run-config key
+(``plugin_key``).
 
 Logging: opacus configures the root logger when first imported (``logging.basicConfig`` in
 ``opacus/utils/module_utils.py``), and Flower's log lines, which propagate to the root,
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -32,13 +31,12 @@ from typing import Any
 from privfedcal.errors import PrivacyBudgetError, UsageError
 from privfedcal.flower.link import FlowerRoundError
 from privfedcal.flower.plugin.plugin_settings import CALIBRATION, FLOWER_KEYS, PREFIX
+from privfedcal.settings.messages import render_message
 
 __all__ = ["boundary", "keep_root_logger", "plugin_key", "plugin_message", "speaks_plugin",
            "threads_setting", "torch_threads", "user_words"]
 
 
-#: a plugin key already in a message (``privfedcal.dp-eps``): left as it is
-_KEY = re.compile(r"privfedcal\.[\w.-]*[\w]")
 #: settings whose plugin key is not their name (the key holder is a Flower option)
 _ALIASES = {"secagg_key_holder": "flower.key-holder"}
 
@@ -64,16 +62,13 @@ def plugin_key(name: str) -> str:
     return PREFIX + key
 
 
-def plugin_message(text: str) -> str:
-    """``text`` with every flag of privfedcal's settings as the plugin's key (one table);
-    the plugin's keys it already names stay as they are."""
-    from privfedcal.api.arguments import python_message
+def plugin_message(text: Any) -> str:
+    """A message (an error, or its text) as the plugin's user reads it: each setting a
+    ``SettingText`` names spelled as the plugin's key; other text as it is."""
+    from privfedcal.api.arguments import flag_keywords
 
-    out, pos = [], 0
-    for m in _KEY.finditer(text):
-        out += [python_message(text[pos:m.start()], spell=plugin_key), m.group()]
-        pos = m.end()
-    return "".join(out) + python_message(text[pos:], spell=plugin_key)
+    flag_keywords()  # every setting and attack option has declared its spelling
+    return render_message(text, "flower", plugin_key)
 
 
 #: the errors whose message is all they say (a Diverged's hint is the CLI's own); a lost
@@ -85,8 +80,8 @@ def _code_fixes(text: str) -> str:
     """What to change for each node error code ``text`` names, as "; code: fix"."""
     from privfedcal.flower.plugin.preflight_codes import ERROR_FIX
 
-    named = [c for c in ERROR_FIX if re.search(rf"(?<![\w-]){re.escape(c.value)}(?![\w-])",
-                                               text)]
+    words = set("".join(c if c.isalnum() or c in "_-" else " " for c in text).split())
+    named = [c for c in ERROR_FIX if c.value in words]
     return "".join(f"; {c.value}: {ERROR_FIX[c]}" for c in named)
 
 
@@ -95,7 +90,7 @@ def user_words(exc: BaseException) -> BaseException:
     lost-node error (the latter with what to change for each node error code it names); any
     other as it is."""
     if isinstance(exc, _WORDED) and len(exc.args) == 1 and isinstance(exc.args[0], str):
-        text = plugin_message(str(exc))
+        text = plugin_message(exc)
         if isinstance(exc, FlowerRoundError):
             text += _code_fixes(text)
         exc.args = (" ".join(text.split()),)
