@@ -6,7 +6,7 @@
 
 For each epsilon: FedAvg + CCVR (one release of class statistics) and FedAvg + CReFF
 (class gradients released in the rounds of its schedule: under DP by default the last
-``creff.DP_RELEASE_LAST`` rounds, every sample of a class, docs/privacy.md), Dirichlet
+``creff.DP_RELEASE_LAST`` rounds, every sample of a class, docs/privacy/dp-uploads.md), Dirichlet
 alpha 0.1, default training settings, one torch thread per run, ``--jobs`` runs at a time.
 Prints, per method and epsilon, the accuracy of every seed, their mean and std, the largest
 epsilon any client spent, and (for CCVR) the accuracy of the uncalibrated model, which DP

@@ -26,7 +26,7 @@ Defaults follow the authors' code wherever the paper's tables came from it:
   summed gradients to keep their sensitivity, i.e. halves the signal against the noise);
 * ``release_last=R``: gradients are released and matched in the last R rounds only
   (``release_schedule``, public config; default every round, as the paper), so that under DP
-  the budget composes over R releases (docs/privacy.md);
+  the budget composes over R releases (docs/privacy/dp-uploads.md);
 * client gradients are computed on images under the authors' differentiable Siamese
   augmentation (``dsa``, default their strategy ``color_crop_cutout_flip_scale_rotate``;
   ``"none"`` turns it off; ``privfedcal/data/dsa.py``): the authors augment each class batch
@@ -280,7 +280,7 @@ class GradTask:
 
     def public_tensors(self) -> dict[str, Tensor]:
         """The head every client differentiates this round: the server sends it, so the
-        transcript records it with the release (the attacks need it; docs/privacy.md)."""
+        transcript records it with the release (the attacks need it; docs/privacy/attacks.md)."""
         return {"head.weight": self.weight} | ({} if self.bias is None else {"head.bias": self.bias})
 
     def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
@@ -352,7 +352,7 @@ def aggregate_gradients(payload: Payload, weighting: str, num_classes: int) -> t
 #: indicators only decide which classes are matched (g_agg's per-class scale is lost in the
 #: cosine), so they get a tenth and the gradients nine tenths: gradient noise std
 #: z G / sqrt(0.9) = 1.05 z G instead of sqrt(2) z G, count noise z / sqrt(0.1) = 3.2 z
-#: (docs/privacy.md)
+#: (docs/privacy/dp-uploads.md)
 NOISE_SHARE = {"grad": 0.9, "count": 0.1, "holders": 0.1}
 
 #: the label of CReFF's per-round release: its name in the transcript, the accountant and

@@ -3,7 +3,7 @@
 
 ``audit`` is a command group: without a sub-command it runs this reconstruction sweep (its
 options are the group's), and ``audit dp`` runs the distinguishing games of
-``cli/audit_dp_command.py`` (docs/privacy.md puts the two side by side). The jobs are
+``cli/audit_dp_command.py`` (docs/privacy/auditing.md puts the two side by side). The jobs are
 ``privfedcal.jobs.audit`` and ``audit_dp``; these commands parse and print."""
 
 from __future__ import annotations

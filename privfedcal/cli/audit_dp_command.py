@@ -1,6 +1,6 @@
 """``privfedcal audit dp``: does the printed epsilon hold? A distinguishing game per channel of
 a run configuration (the options of ``train``, or ``--run DIR``); writes ``dp_audit.csv`` and
-``dp_audit.png`` (claimed vs empirical epsilon). docs/privacy.md explains the bound.
+``dp_audit.png`` (claimed vs empirical epsilon). docs/privacy/auditing.md explains the bound.
 The job is ``privfedcal.jobs.audit_dp``; this parses and prints."""
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def audit(*, eps: float | Iterable[float] = (1.0, 2.0, 4.0, 8.0, math.inf),
     """Train and attack every protection setting of a grid, as ``privfedcal audit``: DP
     epsilon (``eps``; ``math.inf``: no DP) x secure aggregation (``secagg``) x ``methods``,
     one row per setting (accuracy, the best reconstruction's PSNR, class inference, what
-    the secure sums determine, epsilon spent; docs/privacy.md). ``steps``, ``restarts``
+    the secure sums determine, epsilon spent; docs/privacy/attacks.md). ``steps``, ``restarts``
     and ``attack_batch`` are the attacks' inversion options; not given, the audit's
     defaults (``inversion_options.audit_flags``: the attacks' own, but 2 restarts). With ``out``, the runs are kept in ``out/runs`` and
     ``audit.csv`` and ``audit.png`` written into ``out`` (an earlier audit there is kept
@@ -231,7 +231,7 @@ def audit_dp(config: RunConfig | Mapping[str, Any] | str | Path | None = None, *
              out: str | Path | None = None,
              progress: bool | Callable[[JobStep], None] | None = None, **settings: Any) -> DPAudit:
     """Does the claimed epsilon hold? Empirical lower bounds on epsilon, one per channel, as
-    ``privfedcal audit dp`` (docs/privacy.md). The configuration is ``config`` with
+    ``privfedcal audit dp`` (docs/privacy/auditing.md). The configuration is ``config`` with
     ``settings`` over it, as ``train`` takes them, or the run folder ``run``'s own (then
     neither is given). ``trials`` releases of each neighbouring dataset per channel, at
     most ``budget_s`` seconds each; ``channels`` (``ccvr-stats``, ``creff-grad``,

@@ -10,7 +10,7 @@ It computes that count from the public run config with its own planner, never fr
 message. While each client keeps its ledger, its epsilon stays within the target whatever
 the server selects. The guarantee stops holding if the ledger is lost: a SuperNode whose
 ``Context.state`` is wiped mid-run, or a simulator resumed from a checkpoint written before
-ledgers existed (docs/privacy.md, "Each client keeps its own ledger").
+ledgers existed (docs/privacy/dp-uploads.md, "Each client keeps its own ledger").
 """
 
 from __future__ import annotations

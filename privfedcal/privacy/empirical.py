@@ -13,7 +13,7 @@ below it proves nothing about the claim.
 the trials (the one with the largest bound, usually in a tail), errors counted on the other
 half. One threshold on n trials per side cannot certify more than about ``log(n / 3.7)``
 (no errors at all), so a tight bound at a large epsilon needs many trials
-(docs/privacy.md).
+(docs/privacy/auditing.md).
 
 ``one_run_epsilon`` is the bound of one run with many canaries (Steinke, Nasr and
 Jagielski, NeurIPS 2023): each canary is included with probability 1/2, the auditor guesses

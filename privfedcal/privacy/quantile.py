@@ -3,8 +3,8 @@
 CCVR's release is calibrated to a feature clip R (sensitivities 1, R, R^2 for count, sum and
 outer; ``dp.py``). Picking R by looking at the feature norms centrally leaks them; this
 module picks it from a differentially private estimate of a quantile of the norms, charged
-to the same budget as the calibration release (docs/privacy.md, "Choosing the feature clip
-without a central look").
+to the same budget as the calibration release (docs/privacy/feature-clip.md, "Choosing the
+feature clip without a central look").
 
 The mechanism is a noisy histogram of feature norms over a PUBLIC geometric grid, in the
 spirit of adaptive clipping (Andrew et al., NeurIPS 2021, "Differentially Private Learning

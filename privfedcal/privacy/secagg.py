@@ -1,12 +1,12 @@
 """CKKS secure aggregation of calibration uploads with TenSEAL (addition only).
 
-Roles (docs/threat-model.md, docs/privacy.md): clients encrypt packed payloads under the key holder's
-public context (``encrypt_payload``); the server (``ServerAggregator``) holds that public
-context only and adds ciphertexts; the ``KeyHolder``, who must not collude with the server,
-decrypts the aggregate, never an individual upload.
+Roles (docs/threat-model.md, docs/privacy/secure-aggregation.md): clients encrypt packed
+payloads under the key holder's public context (``encrypt_payload``); the server
+(``ServerAggregator``) holds that public context only and adds ciphertexts; the ``KeyHolder``,
+who must not collude with the server, decrypts the aggregate, never an individual upload.
 
-Parameters (``CKKSParams.for_magnitude``; derivation in docs/privacy.md, "Parameters",
-measurements in docs/results/privacy.md).
+Parameters (``CKKSParams.for_magnitude``; derivation in docs/privacy/secure-aggregation.md,
+"Parameters", measurements in docs/results/privacy.md).
 Addition never rescales, so ciphertexts stay at the data level, whose modulus q is the
 product of all primes but the last (SEAL's special prime). An aggregate entry x encodes to
 coefficients up to |x| * 2^scale_bits; once that reaches q/2 the decryption wraps around to

@@ -11,7 +11,7 @@ arrived or by client sizes (weights are uniform: sizes never leave a client).
 Sensitivity: neighbouring federations differ in ONE client's whole data, present or absent
 (an absent client's update is zero: "zero-out" adjacency, as add/remove one example is at
 sample level). The sum of clipped updates then moves by at most ``S``, so one round is a
-Gaussian mechanism with noise multiplier ``z`` (docs/privacy.md, "User-level DP on model
+Gaussian mechanism with noise multiplier ``z`` (docs/privacy/dp-updates.md, "User-level DP on model
 updates"). Under replace-one adjacency the sensitivity is ``2 S``.
 
 Accounting (no amplification by client sampling): privfedcal selects each round's clients

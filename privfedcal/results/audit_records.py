@@ -1,6 +1,6 @@
 """A row of `privfedcal audit dp`: one channel's empirical lower bound on epsilon beside the
 epsilon the run claims (``attacks/distinguishing/games.py`` ``play``, and the one-run audits
-``one_run.one_run`` and ``one_run_training.one_run_training``; docs/privacy.md).
+``one_run.one_run`` and ``one_run_training.one_run_training``; docs/privacy/auditing.md).
 
 `dp_audit.csv` keeps the columns ``attacks/distinguishing/games.py`` ``COLUMNS`` of these rows."""
 

@@ -7,7 +7,7 @@ batch dimension. ``play`` draws the same number of trials of each, reduces every
 few statistics, scores them, chooses the threshold on the first half of the trials and
 counts errors on the second half (``privacy/empirical.split_bound``): the count of errors
 of a fixed test bounds epsilon from below at the stated confidence (Jagielski, Ullman and
-Oprea, NeurIPS 2020; Nasr et al., S&P 2021). docs/privacy.md says what the bound
+Oprea, NeurIPS 2020; Nasr et al., S&P 2021). docs/privacy/auditing.md says what the bound
 means and what it does not.
 
 Scores. With the noise-free views of D and D' known to the distinguisher (it chose the

@@ -1,7 +1,7 @@
 """The user-level channel of ``privfedcal audit dp``: one round of DP-FedAvg (``--dp-updates``).
 
 The game (``attacks/distinguishing/games.py``): D is a federation in which client 0 takes part with no
-data (its update is zero: zero-out adjacency, docs/privacy.md "User-level DP on model
+data (its update is zero: zero-out adjacency, docs/privacy/dp-updates.md "User-level DP on model
 updates"), D' the same federation with client 0 holding a canary whose update is
 ``16 S`` along one coordinate, far outside the clip. The view is the server's released sum
 along that coordinate (the other coordinates carry independent noise that the canary does

@@ -102,7 +102,7 @@ def console(records: Sequence[dict[str, Any]], title: str) -> tuple[Table, list[
 
 def section(records: Sequence[dict[str, Any]]) -> ReportTable:
     """The run report's section: a row per (release, payload key), a verdict per release
-    (docs/privacy.md, "Disaggregation across rounds")."""
+    (docs/privacy/attacks.md, "Disaggregation across rounds")."""
     return ReportTable(
         COLUMNS, rows(records),
         numeric=tuple(c not in ("release", "key", "total", "worst-off") for c in COLUMNS),

@@ -1,7 +1,7 @@
 """Class-gradient inversion: features and labels from a linear classifier's gradient.
 
 Analytic recovery from a linear classifier's gradient (Phong et al. 2017; iDLG, Zhao
-et al. 2020; docs/privacy.md). For one sample with features z and label y under
+et al. 2020; docs/privacy/attacks.md). For one sample with features z and label y under
 cross-entropy, ``dL/dW_j = (p_j - y_j) z^T`` and ``dL/db_j = p_j - y_j``: every row with a
 non-zero bias gradient gives ``z = dW_j / db_j`` exactly, and the label is the only
 negative bias entry. For the mean gradient of n samples of one class c (a CReFF upload

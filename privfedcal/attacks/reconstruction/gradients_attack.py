@@ -112,7 +112,7 @@ def differentiated_inputs(view: RunView, rel: Release) -> Callable[[Tensor], Ten
     features of its AUGMENTED images (``GradTask.augment``: the transform set its class and
     content pick, drawn from the round's task seed), not of the images it holds. The
     one-sample recovery ``dW_j / db_j`` is exact for that feature, which can differ from the
-    original image's (cosine down to 0.994 on the quick digits run, docs/privacy.md);
+    original image's (cosine down to 0.994 on the quick digits run, docs/privacy/attacks.md);
     the scoring compares features with these inputs', recomputed here from public values
     (the run's seed and options) and the true images."""
     from privfedcal.calibration.creff import GradTask, task_seed
