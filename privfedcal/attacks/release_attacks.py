@@ -7,30 +7,22 @@ the planner ``attack invert --<name>`` and the audit run, its options type (the 
 section of the run report, and what the privacy audit (``audit dp``) needs to build the
 release's channel. The runner finds the attacks of a release by its label
 (``attacks_on``), so a second attack on a release is one more file and touches neither the
-calibrator nor the first attack. The attacks privfedcal ships are listed in ``BUILT_IN``
-(imported on first use); any other module registers its attack when imported. The code that
+calibrator nor the first attack. The attacks privfedcal ships are written out in
+``RELEASE_ATTACKS``' table (``registry.py``'s idiom: each module's ``ATTACK``, imported on
+first lookup); any other module registers its attack with ``register`` when imported. The code that
 drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``, the report) looks
 releases and attacks up here and names no release itself.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from privfedcal.attacks.attack_options import NoOptions
 from privfedcal.errors import UsageError
-
-#: the attacks privfedcal ships, by name: the module that registers each (imported on first
-#: use, so that importing this registry stays cheap), in the order the CLI offers them
-BUILT_IN = {
-    "stats": "privfedcal.attacks.reconstruction.stats_attack",
-    "gradients": "privfedcal.attacks.reconstruction.gradients_attack",
-    "updates": "privfedcal.attacks.reconstruction.updates_attack",
-    "disaggregate": "privfedcal.attacks.reconstruction.disaggregate_attack",
-}
+from privfedcal.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -111,43 +103,32 @@ class ReleaseAttack:
         return f"<attack {self.name} on {', '.join(self.labels) or 'the whole run'}>"
 
 
-#: name -> the registered attack, in registration order
-RELEASE_ATTACKS: dict[str, ReleaseAttack] = {}
-_found = False
+#: every attack by name: the ones privfedcal ships (each module's ``ATTACK``, imported on
+#: first lookup so that importing this registry stays cheap), in the order the CLI offers
+#: them, then extensions in the order they registered (``register``)
+RELEASE_ATTACKS: Registry[ReleaseAttack] = Registry("release attack", built_in={
+    "stats": "privfedcal.attacks.reconstruction.stats_attack:ATTACK",
+    "gradients": "privfedcal.attacks.reconstruction.gradients_attack:ATTACK",
+    "updates": "privfedcal.attacks.reconstruction.updates_attack:ATTACK",
+    "disaggregate": "privfedcal.attacks.reconstruction.disaggregate_attack:ATTACK",
+})
 
 
 def register(attack: ReleaseAttack) -> ReleaseAttack:
-    """Add ``attack`` (an instance of a ``ReleaseAttack`` subclass); a taken name is
-    refused."""
-    if attack.name in RELEASE_ATTACKS:
-        raise ValueError(f"release attack {attack.name!r} registered twice")
-    RELEASE_ATTACKS[attack.name] = attack
-    return attack
+    """Add ``attack`` (an instance of a ``ReleaseAttack`` subclass) under its name; a taken
+    name is refused."""
+    return RELEASE_ATTACKS.register(attack.name)(attack)
 
 
-def unregister(name: str) -> None:
-    """Take a registered attack out again (a test's or an extension's)."""
-    release_attack(name)  # an unknown name raises, listing the valid ones
-    del RELEASE_ATTACKS[name]
-
-
-def _discover() -> None:
-    """Import the modules of ``BUILT_IN`` once, so each registers itself (on first use:
-    importing this module stays cheap and cannot run into a half-imported attack file)."""
-    global _found
-    if _found:
-        return
-    _found = True
-    for module in BUILT_IN.values():
-        importlib.import_module(module)
+def unregister(name: str) -> ReleaseAttack:
+    """Take an extension's attack out again (a test's); a built-in one stays."""
+    return RELEASE_ATTACKS.unregister(name)
 
 
 def registered() -> list[ReleaseAttack]:
-    """Every registered attack: ``BUILT_IN``'s in its order, then the others in the order
-    they registered."""
-    _discover()
-    names = dict.fromkeys([*BUILT_IN, *RELEASE_ATTACKS])
-    return [RELEASE_ATTACKS[n] for n in names if n in RELEASE_ATTACKS]
+    """Every registered attack: the built-in ones in their table's order, then the others
+    in the order they registered."""
+    return [attack for _, attack in RELEASE_ATTACKS.items()]
 
 
 def attacks_on(label: str) -> list[ReleaseAttack]:
@@ -199,11 +180,7 @@ def calibrator_of(attack: ReleaseAttack) -> str | None:
 
 def release_attack(name: str) -> ReleaseAttack:
     """The attack registered under ``name``; an unknown name lists the registered ones."""
-    _discover()
-    if name not in RELEASE_ATTACKS:
-        raise UsageError(f"unknown release attack {name!r}; valid choices: "
-                         f"{', '.join(sorted(RELEASE_ATTACKS))}")
-    return RELEASE_ATTACKS[name]
+    return RELEASE_ATTACKS.get(name)
 
 
 def declared_releases() -> list[Any]:
@@ -255,7 +232,7 @@ def target_order() -> tuple[str, ...]:
     registration."""
     first = [a.name for r in declared_releases() for a in attacks_on(r.label)]
     names = list(dict.fromkeys(first)) + [a.name for a in registered() if a.name not in first]
-    return tuple(dict.fromkeys(t for n in names for t in RELEASE_ATTACKS[n].targets))
+    return tuple(dict.fromkeys(t for n in names for t in release_attack(n).targets))
 
 
 def run_attacks() -> list[ReleaseAttack]:
@@ -276,7 +253,7 @@ def audit_params(calibrator: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["BUILT_IN", "RELEASE_ATTACKS", "ReleaseAttack", "ReportTable", "attack_names",
+__all__ = ["RELEASE_ATTACKS", "ReleaseAttack", "ReportTable", "attack_names",
            "attacked_calibrators", "attacks_of", "attacks_on", "audit_params",
            "calibrator_of", "check_combination", "declared_releases", "plan_attacks",
            "register", "registered", "release_attack", "release_for", "run_attacks",

@@ -16,7 +16,7 @@ from typing import Any
 
 from privfedcal.privacy.noise import warn_if_seeded
 from privfedcal.privacy.plan import ProtectionPlan
-from privfedcal.privacy.stage_registry import STAGES, Shared
+from privfedcal.privacy.stage_registry import Shared, get_stage
 from privfedcal.privacy.uplink import Uplink
 
 
@@ -27,7 +27,7 @@ def execute_plan(plan: ProtectionPlan) -> Uplink:
         return Uplink()
     warn_if_seeded(plan.inputs.privacy.insecure_seeded_noise)
     shared = Shared(dp=plan.noise.live() if plan.noise is not None else None)
-    built = [(STAGES[name].updates, STAGES[name].build(setup, shared))
+    built = [(get_stage(name).updates, get_stage(name).build(setup, shared))
              for name, setup in plan.stages]
     privacy = plan.inputs.privacy
     return Uplink(stages=[s for updates, s in built if not updates],  # type: ignore[misc]

@@ -1,14 +1,15 @@
 """The registry of uplink stages: each stage's name, its place, and how a plan sets it up.
 
-As Opacus's accountants are found by name in one dict (``accountants/registry.py``),
-``STAGES`` maps a stage's name to its ``StageEntry``: a pure ``setup`` that reads the run's
+``STAGES`` (a ``registry.Registry``, the package's one idiom) maps a stage's name to its
+``StageEntry``: a pure ``setup`` that reads the run's
 ``ProtectionPlan`` (privacy/plan.py) and returns the stage's own part of the plan (a frozen
 value; None where the run does not use the stage), a ``build`` that turns that set-up into
 the live stage, and its place among the other stages by name. A stage protects either the
 calibration uploads (a ``Stage``, privacy/stages.py) or the model updates (``updates=True``:
 an ``UpdateStage``, privacy/update_stage.py). Exactly one wire (``wire=True``) of the
 uploads is planned per run, and at most one of the updates; each comes last. The
-built-in entries are listed here; a stage in its own file calls ``register_stage`` there
+built-in entries are written out in ``STAGES``' table; a stage in its own file calls
+``register_stage`` there
 (tests/extensions/toy_stage.py does), and a stage marked ``opt_in`` runs only where the
 run names it (the ``stages`` privacy option, ``--stages``).
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from privfedcal.errors import UsageError
+from privfedcal.registry import Registry
 from privfedcal.settings.messages import SettingError
 
 if TYPE_CHECKING:
@@ -64,91 +66,6 @@ class StageEntry:
         object.__setattr__(self, "before", tuple(self.before))
         if not self.name or self.name in self.after + self.before:
             raise ValueError(f"stage {self.name!r}: a name, not among its own neighbours")
-
-
-#: name -> entry; the built-in stages first (registered at the end of this module), then
-#: extensions in the order their files are imported
-STAGES: dict[str, StageEntry] = {}
-
-
-def register_stage(entry: StageEntry) -> StageEntry:
-    """Add ``entry`` to ``STAGES``. A taken name is refused, unless the entry is the one
-    registered (the same file imported again, under another module name: the newest
-    stands)."""
-    held = STAGES.get(entry.name)
-    if held is not None and held != entry and _source(held) != _source(entry):
-        raise ValueError(f"a stage named {entry.name!r} is registered already")
-    STAGES[entry.name] = entry
-    return entry
-
-
-def _source(entry: StageEntry) -> tuple:
-    """Where an entry's functions are written (file and qualified name)."""
-    return tuple((getattr(getattr(f, "__code__", None), "co_filename", None),
-                  getattr(f, "__qualname__", None)) for f in (entry.setup, entry.build))
-
-
-def get_stage(name: str) -> StageEntry:
-    """The entry registered as ``name``; an unknown name lists the registered ones."""
-    if name not in STAGES:
-        raise UsageError(f"unknown stage {name!r}; registered stages: {', '.join(STAGES)}")
-    return STAGES[name]
-
-
-def opt_in_stages() -> list[str]:
-    """The stages a run switches on by naming them (``--stages``)."""
-    return [name for name, e in STAGES.items() if e.opt_in]
-
-
-def client_order(names: Iterable[str] | None = None) -> list[str]:
-    """``names`` (default: every registered stage) in client order: each after the stages
-    its entry names in ``after`` and before those in ``before``, otherwise in registration
-    order; wires last."""
-    chosen = list(STAGES) if names is None else [get_stage(n).name for n in names]
-    preds: dict[str, set[str]] = {name: set(e.after) for name, e in STAGES.items()}
-    for name, e in STAGES.items():
-        for other in e.after + e.before:
-            if other not in STAGES:
-                raise UsageError(f"stage {name!r} is placed next to {other!r}, which is not "
-                                 f"registered; registered stages: {', '.join(STAGES)}")
-        for later in e.before:
-            preds[later].add(name)
-    done: list[str] = []
-    todo = list(STAGES)  # the whole registry: an order between two chosen stages may pass
-    while todo:          # through one the run does not use
-        ready = [n for n in todo if preds[n] <= set(done)]
-        if not ready:
-            raise UsageError(f"the stages {todo} come after each other in a cycle")
-        done.append(ready[0])
-        todo.remove(ready[0])
-    rank = {n: (STAGES[n].wire, i) for i, n in enumerate(done)}
-    return sorted(chosen, key=rank.__getitem__)
-
-
-def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
-    """``plan`` with every registered stage's set-up (``StageEntry.setup``) in client order:
-    the stages it switches on, opt-in ones only where the options name them. Exactly one
-    wire of the uploads, at most one of the updates."""
-    named = set(plan.inputs.stages)
-    unknown = named - set(opt_in_stages())
-    if unknown:
-        raise SettingError("unknown stage(s) {unknown} in {stages}; stages a run can name: "
-                           "{known}", unknown=", ".join(sorted(unknown)),
-                           known=", ".join(opt_in_stages()) or "none registered")
-    chosen = []
-    for name in client_order():
-        entry = STAGES[name]
-        if entry.opt_in and name not in named:
-            continue
-        setup = entry.setup(plan)
-        if setup is not None:
-            chosen.append((name, setup))
-    wires = [n for n, _ in chosen if STAGES[n].wire and not STAGES[n].updates]
-    update_wires = [n for n, _ in chosen if STAGES[n].wire and STAGES[n].updates]
-    if len(wires) != 1 or len(update_wires) > 1:
-        raise RuntimeError(f"a run's stages must end in exactly one wire, and the model "
-                           f"updates' in at most one; planned {[n for n, _ in chosen]}")
-    return dataclasses.replace(plan, stages=tuple(chosen))
 
 
 # ---- the built-in stages: bound -> noise -> one wire (in the clear, or CKKS); of the model
@@ -204,14 +121,95 @@ def _secagg_updates_build(setup: Any, shared: Shared) -> UpdateStage:
     return SecureUpdates.of(setup)
 
 
-for _entry in (
-    StageEntry("bound", _bound_setup, _bound_build),
-    StageEntry("noise", _noise_setup, _noise_build, after=("bound",)),
-    StageEntry("clear", lambda plan: () if plan.ckks is None else None, _clear_build,
-               wire=True),
-    StageEntry("encrypt", lambda plan: plan.ckks, _encrypt_build, wire=True),
-    StageEntry("dp-fedavg", lambda plan: plan.user_dp, _user_dp_build, updates=True),
-    StageEntry("secagg-updates", lambda plan: plan.updates, _secagg_updates_build,
-               after=("dp-fedavg",), wire=True, updates=True),
-):
-    register_stage(_entry)
+#: every stage by name: the built-in entries, then extensions in the order their files
+#: register them (``register_stage``)
+STAGES: Registry[StageEntry] = Registry("stage", built_in={
+    "bound": StageEntry("bound", _bound_setup, _bound_build),
+    "noise": StageEntry("noise", _noise_setup, _noise_build, after=("bound",)),
+    "clear": StageEntry("clear", lambda plan: () if plan.ckks is None else None, _clear_build,
+                        wire=True),
+    "encrypt": StageEntry("encrypt", lambda plan: plan.ckks, _encrypt_build, wire=True),
+    "dp-fedavg": StageEntry("dp-fedavg", lambda plan: plan.user_dp, _user_dp_build,
+                            updates=True),
+    "secagg-updates": StageEntry("secagg-updates", lambda plan: plan.updates,
+                                 _secagg_updates_build, after=("dp-fedavg",), wire=True,
+                                 updates=True),
+})
+
+
+def register_stage(entry: StageEntry) -> StageEntry:
+    """Add ``entry`` to ``STAGES`` under its name. A taken name is refused, unless the entry
+    is the one registered (the same file imported again, under another module name: the
+    newest stands)."""
+    if entry.name in STAGES:
+        held = get_stage(entry.name)
+        if held is not entry and _source(held) == _source(entry):
+            STAGES.unregister(entry.name)
+    return STAGES.register(entry.name)(entry)
+
+
+def _source(entry: StageEntry) -> tuple:
+    """Where an entry's functions are written (file and qualified name)."""
+    return tuple((getattr(getattr(f, "__code__", None), "co_filename", None),
+                  getattr(f, "__qualname__", None)) for f in (entry.setup, entry.build))
+
+
+def get_stage(name: str) -> StageEntry:
+    """The entry registered as ``name``; an unknown name lists the registered ones."""
+    return STAGES.get(name)
+
+
+def opt_in_stages() -> list[str]:
+    """The stages a run switches on by naming them (``--stages``)."""
+    return [name for name, e in STAGES.items() if e.opt_in]
+
+
+def client_order(names: Iterable[str] | None = None) -> list[str]:
+    """``names`` (default: every registered stage) in client order: each after the stages
+    its entry names in ``after`` and before those in ``before``, otherwise in registration
+    order; wires last."""
+    chosen = list(STAGES) if names is None else [get_stage(n).name for n in names]
+    preds: dict[str, set[str]] = {name: set(e.after) for name, e in STAGES.items()}
+    for name, e in STAGES.items():
+        for other in e.after + e.before:
+            if other not in STAGES:
+                raise UsageError(f"stage {name!r} is placed next to {other!r}, which is not "
+                                 f"registered; registered stages: {', '.join(STAGES)}")
+        for later in e.before:
+            preds[later].add(name)
+    done: list[str] = []
+    todo = list(STAGES)  # the whole registry: an order between two chosen stages may pass
+    while todo:          # through one the run does not use
+        ready = [n for n in todo if preds[n] <= set(done)]
+        if not ready:
+            raise UsageError(f"the stages {todo} come after each other in a cycle")
+        done.append(ready[0])
+        todo.remove(ready[0])
+    rank = {n: (get_stage(n).wire, i) for i, n in enumerate(done)}
+    return sorted(chosen, key=rank.__getitem__)
+
+
+def plan_stages(plan: ProtectionPlan) -> ProtectionPlan:
+    """``plan`` with every registered stage's set-up (``StageEntry.setup``) in client order:
+    the stages it switches on, opt-in ones only where the options name them. Exactly one
+    wire of the uploads, at most one of the updates."""
+    named = set(plan.inputs.stages)
+    unknown = named - set(opt_in_stages())
+    if unknown:
+        raise SettingError("unknown stage(s) {unknown} in {stages}; stages a run can name: "
+                           "{known}", unknown=", ".join(sorted(unknown)),
+                           known=", ".join(opt_in_stages()) or "none registered")
+    chosen = []
+    for name in client_order():
+        entry = get_stage(name)
+        if entry.opt_in and name not in named:
+            continue
+        setup = entry.setup(plan)
+        if setup is not None:
+            chosen.append((name, setup))
+    wires = [n for n, _ in chosen if get_stage(n).wire and not get_stage(n).updates]
+    update_wires = [n for n, _ in chosen if get_stage(n).wire and get_stage(n).updates]
+    if len(wires) != 1 or len(update_wires) > 1:
+        raise RuntimeError(f"a run's stages must end in exactly one wire, and the model "
+                           f"updates' in at most one; planned {[n for n, _ in chosen]}")
+    return dataclasses.replace(plan, stages=tuple(chosen))

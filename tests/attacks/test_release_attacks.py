@@ -65,17 +65,19 @@ def _noop_plan(*args, **kw):
     return None
 
 
-def _scratch_registry(monkeypatch) -> None:
-    """A copy of the registry (the built-in attacks found first) for a test to add to."""
-    monkeypatch.setattr(release_attacks, "RELEASE_ATTACKS",
-                        {a.name: a for a in release_attacks.registered()})
+@pytest.fixture
+def scratch():
+    """The registry for a test to add to, the attacks it registers taken out after it."""
+    before = set(release_attacks.RELEASE_ATTACKS)
+    yield
+    for name in set(release_attacks.RELEASE_ATTACKS) - before:
+        release_attacks.unregister(name)
 
 
-def test_a_new_release_and_its_attack_plug_in(monkeypatch):
+def test_a_new_release_and_its_attack_plug_in(scratch):
     spec = ReleaseSpec("toy-sums", sensitivity={"s": "R"}, magnitude={"s": "R*N"})
     calibrator = type("Toy", (), {"releases": (spec,)})
     assert attacks_of(calibrator) == []  # declared, but nothing attacks it yet
-    _scratch_registry(monkeypatch)
 
     class Toy(ReleaseAttack):
         name, labels, plan = "toy", ("toy-sums",), staticmethod(_noop_plan)
@@ -96,13 +98,12 @@ def test_a_new_release_and_its_attack_plug_in(monkeypatch):
     assert attacks_of(calibrator) == [] and "toy" not in release_attacks.RELEASE_ATTACKS
 
 
-def test_a_second_attack_on_a_release_is_one_more_file(monkeypatch, tmp_path):
+def test_a_second_attack_on_a_release_is_one_more_file(scratch, tmp_path):
     """A second attack on CCVR's release, written in a file of its own that names the
     release's label, is found beside the first: the calibrator and the first attack are
     untouched."""
     import importlib.util
 
-    _scratch_registry(monkeypatch)
     path = tmp_path / "second_stats_attack.py"
     path.write_text(
         "from privfedcal.attacks.release_attacks import ReleaseAttack, register\n\n\n"
@@ -191,7 +192,7 @@ def _norm_section(records):
 
 
 def test_a_registered_attack_is_a_command_an_api_kind_and_a_report_section(tiny_cfg, tmp_path,
-                                                                           monkeypatch):
+                                                                           scratch):
     """An attack on the run as a whole, registered with its options type and report section,
     is ``privfedcal attack <name>`` (its flags from its options), a kind of
     ``privfedcal.attack`` and a section of the run report, with nothing else written."""
@@ -204,7 +205,6 @@ def test_a_registered_attack_is_a_command_an_api_kind_and_a_report_section(tiny_
     build_simulator(tiny_cfg(method="ccvr", rounds=1, transcript=True, out=str(run)), run).run()
     with pytest.raises(UsageError, match="attack kind must be one of"):
         privfedcal.attack(run, "norms")
-    _scratch_registry(monkeypatch)
 
     class Norms(ReleaseAttack):
         name, options, targets, summary = "norms", NormOptions, ("upload-norm",), "Upload norms."

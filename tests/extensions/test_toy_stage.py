@@ -23,7 +23,7 @@ def registered():
     """The toy's entry while these tests run (importing the module registered it)."""
     stage_registry.register_stage(toy_stage.ENTRY)
     yield
-    stage_registry.STAGES.pop(NAME, None)
+    stage_registry.STAGES.unregister(NAME)
 
 
 def _plan(tiny_cfg, **kw):
@@ -43,7 +43,7 @@ def _uploads():
 
 
 def test_registered_from_its_file_opt_in_after_the_noise():
-    assert stage_registry.STAGES[NAME] is toy_stage.ENTRY and toy_stage.ENTRY.opt_in
+    assert stage_registry.get_stage(NAME) is toy_stage.ENTRY and toy_stage.ENTRY.opt_in
     assert client_order([NAME, "encrypt", "noise", "bound"]) == ["bound", "noise", NAME,
                                                                  "encrypt"]
 

@@ -28,7 +28,7 @@ def registered():
     """The toy's entry while these tests run (importing the module registered it)."""
     stage_registry.register_stage(toy_update.ENTRY)
     yield
-    stage_registry.STAGES.pop(NAME, None)
+    stage_registry.STAGES.unregister(NAME)
 
 
 def _plan(tiny_cfg, **kw):
@@ -39,7 +39,7 @@ def _plan(tiny_cfg, **kw):
 
 
 def test_registered_from_its_file_as_an_update_stage():
-    entry = stage_registry.STAGES[NAME]
+    entry = stage_registry.get_stage(NAME)
     assert entry is toy_update.ENTRY and entry.updates and entry.opt_in
     assert client_order([NAME, "secagg-updates", "dp-fedavg"])[-1] == "secagg-updates"
 

@@ -48,6 +48,8 @@ def test_an_unknown_name_lists_the_valid_ones():
     ("privfedcal.algorithms.algorithm", "ALGORITHMS"),
     ("privfedcal.federation.hooks", "CALIBRATORS"),
     ("privfedcal.models.model_registry", "MODELS"),
+    ("privfedcal.attacks.release_attacks", "RELEASE_ATTACKS"),
+    ("privfedcal.privacy.stage_registry", "STAGES"),
 ])
 def test_package_tables_import_nothing_until_looked_up(module: str, table: str):
     """Looking names up imports no built-in; every built-in path resolves."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from privfedcal.privacy.executor import execute_plan
 from privfedcal.privacy.planner import plan_for_run
 from privfedcal.privacy.secagg_updates import SecureUpdates
-from privfedcal.privacy.stage_registry import STAGES
+from privfedcal.privacy.stage_registry import get_stage
 from privfedcal.privacy.user_dp import UserDP
 from privfedcal.settings.floors import PrivacyOptions
 
@@ -21,8 +21,8 @@ def _uplink(tiny_cfg, **kw):
 
 
 def test_the_built_in_update_stages_are_registered_and_planned(tiny_cfg):
-    assert STAGES["dp-fedavg"].updates and STAGES["secagg-updates"].updates
-    assert STAGES["secagg-updates"].wire
+    assert get_stage("dp-fedavg").updates and get_stage("secagg-updates").updates
+    assert get_stage("secagg-updates").wire
     up = _uplink(tiny_cfg, dp_updates=True, dp_eps=8.0, secagg_updates=True)
     assert [type(s) for s in up.update_stages] == [UserDP, SecureUpdates]
     assert up.hides_updates and up.hides_loss and up.update_wire is up.find(SecureUpdates)

@@ -41,7 +41,7 @@ from privfedcal.attacks.reconstruction.disaggregate_report import (
     section,
     summarise,
 )
-from privfedcal.attacks.release_attacks import ReleaseAttack, register
+from privfedcal.attacks.release_attacks import ReleaseAttack
 from privfedcal.attacks.view import RunView, release_spec
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
@@ -422,4 +422,5 @@ class DisaggregateAttack(ReleaseAttack):
     report = staticmethod(section)
 
 
-register(DisaggregateAttack())
+#: the attack, as the registry finds it (``release_attacks.RELEASE_ATTACKS``)
+ATTACK = DisaggregateAttack()

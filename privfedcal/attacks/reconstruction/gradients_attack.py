@@ -45,7 +45,7 @@ from privfedcal.attacks.reconstruction.runner import (
 )
 from privfedcal.attacks.reconstruction.scoring import Attacked, score
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
-from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
+from privfedcal.attacks.release_attacks import ReleaseAttack, release_for
 from privfedcal.attacks.view import Release, RunView
 from privfedcal.calibration.creff import CREFF_RELEASE
 from privfedcal.seeding import make_generator
@@ -371,7 +371,8 @@ class GradientsAttack(ReleaseAttack):
     keep = staticmethod(keep)
 
 
-register(GradientsAttack())
+#: the attack, as the registry finds it (``release_attacks.RELEASE_ATTACKS``)
+ATTACK = GradientsAttack()
 
-__all__ = ["NAME", "GradientsAttack", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
+__all__ = ["ATTACK", "NAME", "GradientsAttack", "GradientsOptions", "creff_head", "differentiated_inputs", "keep", "plan_gradients",
            "recovered_cosine", "task"]

@@ -24,7 +24,7 @@ from privfedcal.attacks.reconstruction.runner import (
     size_of,
 )
 from privfedcal.attacks.reconstruction.uploads import classes_to_attack, sources
-from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
+from privfedcal.attacks.release_attacks import ReleaseAttack, release_for
 from privfedcal.attacks.view import RunView, UploadedFeatures
 from privfedcal.calibration.ccvr import CCVR_RELEASE
 from privfedcal.models.feature_classifier import FeatureClassifier
@@ -148,6 +148,7 @@ class StatsAttack(ReleaseAttack):
     keep = staticmethod(keep)
 
 
-register(StatsAttack())
+#: the attack, as the registry finds it (``release_attacks.RELEASE_ATTACKS``)
+ATTACK = StatsAttack()
 
-__all__ = ["NAME", "StatsAttack", "StatsOptions", "keep", "plan_stats", "task", "uploaded_extractor"]
+__all__ = ["ATTACK", "NAME", "StatsAttack", "StatsOptions", "keep", "plan_stats", "task", "uploaded_extractor"]

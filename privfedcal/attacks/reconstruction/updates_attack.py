@@ -36,7 +36,7 @@ from privfedcal.attacks.reconstruction.runner import (
     size_of,
 )
 from privfedcal.attacks.reconstruction.scoring import Attacked, score
-from privfedcal.attacks.release_attacks import ReleaseAttack, register, release_for
+from privfedcal.attacks.release_attacks import ReleaseAttack, release_for
 from privfedcal.attacks.view import Release, RunView
 from privfedcal.errors import UsageError
 from privfedcal.privacy.releases import ROUND_RECORD, UPDATE_RELEASE
@@ -268,7 +268,8 @@ class UpdatesAttack(ReleaseAttack):
     plan = staticmethod(plan_model_updates)
 
 
-register(UpdatesAttack())
+#: the attack, as the registry finds it (``release_attacks.RELEASE_ATTACKS``)
+ATTACK = UpdatesAttack()
 
-__all__ = ["JOINS", "NAME", "UpdatesAttack", "UpdatesOptions", "add_updates", "plan_model_updates",
+__all__ = ["ATTACK", "JOINS", "NAME", "UpdatesAttack", "UpdatesOptions", "add_updates", "plan_model_updates",
            "plan_updates", "updates_aggregated"]
