@@ -2,15 +2,15 @@
 
 A calibrator declares each of its releases once (``privacy/releases.py`` ``ReleaseSpec``:
 label, payload task, sensitivities). An attack is a ``ReleaseAttack`` subclass in its own
-file that names the labels of the releases it targets (``labels``) and registers itself:
-the planner ``attack invert --<name>`` and the audit run, its options type (the flags), its
-section of the run report, and what the privacy audit (``audit dp``) needs to build the
-release's channel. The runner finds the attacks of a release by its label
+file that names the labels of the releases it targets (``labels``) and holds everything
+else: the planner ``attack invert --<name>`` and the audit run, its options type (the
+flags), its section of the run report, and what the privacy audit (``audit dp``) needs to
+build the release's channel. The runner finds the attacks of a release by its label
 (``attacks_on``), so a second attack on a release is one more file and touches neither the
 calibrator nor the first attack. The attacks privfedcal ships are written out in
 ``RELEASE_ATTACKS``' table (``registry.py``'s idiom: each module's ``ATTACK``, imported on
-first lookup); any other module registers its attack with ``register`` when imported. The code that
-drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``, the report) looks
+first lookup); any other module registers its attack with ``register`` when imported. The
+code that drives attacks (CLI, ``privfedcal.attack``, ``audit``, ``audit dp``, the report) looks
 releases and attacks up here and names no release itself.
 """
 
