@@ -102,14 +102,6 @@ def test_layers_import_downwards_only():
     assert found == [], "imports against the layers:\n" + "\n".join(found)
 
 
-def _plant(root: Path, files: dict[str, str]) -> Path:
-    pkg = root / "privfedcal"
-    for name, text in {"__init__.py": "", **files}.items():
-        path = pkg / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return pkg
-
 
 @pytest.mark.parametrize(("files", "expected"), [
     ({"privacy/__init__.py": "", "privacy/x.py": "from privfedcal.federation.hooks import A\n"},
@@ -133,8 +125,8 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
     ({"cli/main.py": "from privfedcal.flower import server_app\nimport privfedcal.errors\n"}, []),
     ({"__main__.py": "from privfedcal.cli.main import main\n"}, []),
 ])
-def test_a_planted_violation_is_caught(tmp_path, files, expected):
-    assert violations(_plant(tmp_path, files)) == expected
+def test_a_planted_violation_is_caught(plant, files, expected):
+    assert violations(plant(files)) == expected
 
 
 # ---- no module imports one that imports it back --------------------------------------------
@@ -225,5 +217,5 @@ def test_no_import_cycles():
     ({"fed/__init__.py": "from .x import A\n", "fed/x.py": "from . import y\n",
       "fed/y.py": "import privfedcal.fed\n"}, []),
 ])
-def test_a_planted_cycle_is_caught(tmp_path, files, expected):
-    assert cycles(_plant(tmp_path, files)) == expected
+def test_a_planted_cycle_is_caught(plant, files, expected):
+    assert cycles(plant(files)) == expected

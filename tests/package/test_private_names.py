@@ -101,14 +101,6 @@ def test_no_private_name_crosses_a_package():
     assert found == [], "private names taken from another package:\n" + "\n".join(found)
 
 
-def _plant(root: Path, files: dict[str, str]) -> Path:
-    pkg = root / "privfedcal"
-    for name, text in {"__init__.py": "", **files}.items():
-        path = pkg / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return pkg
-
 
 @pytest.mark.parametrize(("files", "expected"), [
     ({"cli/__init__.py": "", "cli/c.py": "def f():\n    from privfedcal.api import _resume\n"},
@@ -129,5 +121,5 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
     ({"cli/c.py": "from privfedcal import jobs\njobs.__doc__\njobs.audit_for_cli()\n"}, []),
     ({"cli/c.py": "import os\nos._exit(0)\n"}, []),  # not privfedcal's
 ])
-def test_a_planted_crossing_is_caught(tmp_path, files, expected):
-    assert private_crossings(_plant(tmp_path, files)) == expected
+def test_a_planted_crossing_is_caught(plant, files, expected):
+    assert private_crossings(plant(files)) == expected
