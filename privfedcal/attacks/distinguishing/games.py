@@ -84,6 +84,15 @@ class Channel:
         if (self.reference is None) == (self.reduce is None):
             raise ValueError(f"channel {self.name}: give a reference or a reduce, not both")
 
+    def reduced(self, views: Views) -> Stats:
+        """The statistics the distinguisher reads from ``views``: the channel's ``reduce``,
+        else the projections on its ``reference``."""
+        if self.reduce is not None:
+            return self.reduce(views)
+        if self.reference is None:
+            raise ValueError(f"channel {self.name}: give a reference or a reduce")
+        return projection_stats(views, self.reference)
+
 
 def projection_stats(views: Views, reference: tuple[Views, Views]) -> Stats:
     """Per key k: the release's projection ``<v - m0, m1 - m0>`` and its squared residual
@@ -148,7 +157,7 @@ def play(channel: Channel, trials: int, *, budget_s: float | None = None,
     ``channel.chunk``), so that a slow channel (DP-SGD: one local training per trial)
     overruns its budget by about one trial, not by a chunk."""
     check_game(trials, confidence)
-    reduce = channel.reduce or (lambda v: projection_stats(v, channel.reference))
+    reduce = channel.reduced
     parts: dict[bool, list[Stats]] = {False: [], True: []}
     done, t0 = 0, time.perf_counter()
     n = min(channel.chunk, trials, BUDGET_MIN_TRIALS if budget_s is not None else trials)

@@ -371,7 +371,8 @@ class _Batch:
         for row, (loss_now, err_now) in enumerate(both.tolist()):  # one host sync
             stop = self._judge(self.active_list[row], loss_now, err_now)
             if stop is not None:
-                done.append(row), why.append(stop)
+                done.append(row)
+                why.append(stop)
         for row in range(self.n_act) if self.traces is not None else ():
             self.trace(self.active_list[row], self.x.detach()[row, int(best[row])])
         if done:

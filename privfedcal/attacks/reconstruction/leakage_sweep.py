@@ -203,14 +203,17 @@ def _attack(view: Any, calibrator: Any, config: AuditConfig,
                   attack_batch=config.attack_batch, max_n=config.max_n, seed=config.seed,
                   default_clients=config.attack_clients, known_classes=True)
     plan, *more = [attack.plan(view, options_from(attack.options, values))
-                   for _, attack in attacks_of(calibrator)]
+                   for _, attack in attacks_of(calibrator) if attack.plan is not None]
     for other in more:
         plan.jobs += other.jobs
         plan.notes += other.notes
     results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
     class_records, class_notes = infer_class_sets(view, options_from(ClassesOptions, values))
-    whole_records, whole = [], {}
+    whole_records: list[dict[str, Any]] = []
+    whole: dict[str, Any] = {}
     for attack in run_attacks():  # attacks on the run as a whole (disaggregation)
+        if attack.run is None:
+            continue  # run_attacks lists only those with a run
         found, _ = attack.run(view, options_from(attack.options, values))
         whole_records += found
         if attack.audit_columns is not None:
