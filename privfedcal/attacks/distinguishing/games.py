@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,7 +232,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def plot(rows: list[Mapping[str, Any]], path: Path) -> Path:
+def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Claimed (hollow bar) and empirical lower bound (filled bar) of epsilon per channel;
     a channel without DP has no claimed bar, and its label says so, as does that of a row
     its time budget cut short."""

@@ -47,7 +47,7 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> tuple[str, ...]:
     """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (the labels
     each attack names), read from the registries when asked (PEP 562), so that one
     registered after this module's import is audited too."""
