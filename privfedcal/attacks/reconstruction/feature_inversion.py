@@ -198,10 +198,12 @@ def _group_objective(model: FeatureClassifier, posed: list[PosedTarget], r: int,
     def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:
         if per_image is not None:
             return raw_loss(z, per_image[act][:, None], mask)
+        if mu is None:
+            raise ValueError("a mean or class-stats target without its mean")
         if cov is not None:
-            return stats_loss(z, mu[act][:, None], cov[act][:, None], mask)  # type: ignore[index]
+            return stats_loss(z, mu[act][:, None], cov[act][:, None], mask)
         m, _ = masked_mean(z, mask)
-        return raw_loss(m[..., None, :], mu[act][:, None, None])  # type: ignore[index]
+        return raw_loss(m[..., None, :], mu[act][:, None, None])
 
     def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         z, mask = features(x, valid)
@@ -230,8 +232,10 @@ def _group_result(model: FeatureClassifier, p: PosedTarget, out: Outcome,
         z = model.features(out.images)
     if p.per_image is not None:
         cosine = F.cosine_similarity(z, p.per_image, dim=-1).mean()
+    elif p.mu is not None:
+        cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)
     else:
-        cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)  # type: ignore[arg-type]
+        raise ValueError("a posed target needs per-image features or a mean")
     return InversionResult(
         images=to_pixels(out.images, mean, std), features=z, cosine=float(cosine),
         loss=float(out.losses[out.best]), restart_losses=out.losses, mode=p.mode,
@@ -266,7 +270,10 @@ def invert_features_many(
                              None if traces is None else [traces[i] for i in idx])
         for i, res in zip(idx, outs, strict=True):
             results[i] = res
-    return results  # type: ignore[return-value]
+    done = [res for res in results if res is not None]
+    if len(done) != len(targets):
+        raise RuntimeError("an inversion target was left without a result")
+    return done
 
 
 def invert_features(

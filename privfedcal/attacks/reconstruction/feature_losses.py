@@ -92,8 +92,10 @@ def relative_feature_error(
     if per_image is not None:
         err = rel(z, per_image.expand_as(z))
         return (err if valid is None else err.masked_fill(~valid, -math.inf)).amax(-1)
+    if mu is None:
+        raise ValueError("relative_feature_error needs per-image targets or a mean")
     m, w = masked_mean(z, valid)
-    err = rel(m, mu.expand_as(m))  # type: ignore[union-attr]
+    err = rel(m, mu.expand_as(m))
     if cov is None:
         return err
     centred = z - m[..., None, :]
