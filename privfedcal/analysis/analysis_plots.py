@@ -92,7 +92,7 @@ def _norm_bars(b: np.ndarray, a: np.ndarray, names: list[str], labels: tuple[str
     return _save(fig, path)
 
 
-def _cka_grid(data: Tensor | Mapping) -> tuple[np.ndarray, list[str], list[str], str]:
+def _cka_grid(data: CKAResult | Tensor | np.ndarray | Mapping) -> tuple[np.ndarray, list[str], list[str], str]:
     """(values, row labels, column labels, title) for the accepted inputs."""
     if isinstance(data, CKAResult):
         data = data.mean

@@ -161,13 +161,16 @@ def cka_matrix(
         raise UsageError(
             f"CKA between clients needs at least 2 models or feature sets, got {len(items)}"
         )
-    if all(isinstance(item, nn.Module) for item in items):
+    models = [item for item in items if isinstance(item, nn.Module)]
+    mappings = [item for item in items if isinstance(item, Mapping)]
+    feature_sets: list[Mapping[str, Tensor]]
+    if len(models) == len(items):
         if x is None or layers is None:
             raise UsageError("cka_matrix on models needs the shared inputs x and the layer names")
-        feature_sets = [layer_features(m, x, layers, batch_size=batch_size) for m in items]
-    elif all(isinstance(item, Mapping) for item in items):
-        feature_sets = items
-        layers = list(items[0]) if layers is None else layers
+        feature_sets = [layer_features(m, x, layers, batch_size=batch_size) for m in models]
+    elif len(mappings) == len(items):
+        feature_sets = mappings
+        layers = list(mappings[0]) if layers is None else layers
     else:
         raise UsageError(
             "cka_matrix takes a list of models or a list of {layer: features} mappings"

@@ -32,6 +32,7 @@ from privfedcal.analysis.separability import mean_sliced_wasserstein
 from privfedcal.errors import UsageError
 from privfedcal.federation.checkpoint import load_checkpoint
 from privfedcal.federation.local import train_client
+from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import make_generator
 from privfedcal.settings.messages import SettingError
 from privfedcal.settings.run_config import RunConfig
@@ -149,7 +150,7 @@ def _classifier_numbers(run: RunState) -> dict[str, Any]:
     return out
 
 
-def cka_layers(model: nn.Module, probe: Tensor) -> list[str]:
+def cka_layers(model: FeatureClassifier, probe: Tensor) -> list[str]:
     """Conv/Linear modules in the order a forward pass runs them, with the pseudo-layer
     ``features`` (z) just before the classifier. A module that runs more than once per pass is
     skipped, and so is one whose output *is* z (it would repeat the ``features`` column)."""
@@ -184,7 +185,7 @@ def cka_layers(model: nn.Module, probe: Tensor) -> list[str]:
     return [*body, FEATURES, *head]
 
 
-def _client_features(model: nn.Module, state: State, x: Tensor, layers: list[str]
+def _client_features(model: FeatureClassifier, state: State, x: Tensor, layers: list[str]
                      ) -> dict[str, Tensor]:
     model.load_state_dict(state)
     modules = [name for name in layers if name != FEATURES]

@@ -41,6 +41,15 @@ class Release:
     #: ``head.weight`` / ``head.bias`` the clients differentiated); empty in older runs
     task: dict[str, Tensor] = field(default_factory=dict)
 
+    @property
+    def sent_state(self) -> dict[str, Tensor]:
+        """The model state the server sent with the release (``RunView.release`` returns
+        only releases that sent one)."""
+        if self.state is None:
+            raise UsageError(f"the {self.label!r} release of round {self.round} sent no "
+                             "model state")
+        return self.state
+
 
 class UploadedFeatures(FeatureClassifier):
     """The features a CCVR client summed: ``clip_R(relu_tukey(f(x)))`` when the run applied

@@ -21,8 +21,8 @@ into means at the end, as ``GradTask`` does. A task that draws a subset of the w
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -97,7 +97,7 @@ def num_samples(data: Any, **kwargs: Any) -> int:
     """How many samples ``data`` holds (its dataset's length, else counted batch by batch)."""
     dataset = data.dataset if isinstance(data, DataLoader) else data
     try:
-        return len(dataset)
+        return len(cast(Sized, dataset))  # torch's Dataset declares no __len__
     except TypeError:  # an iterable dataset: count it
         return sum(int(y.shape[0]) for _, y in batches(data, **kwargs))
 
@@ -119,7 +119,8 @@ def compute(task: PayloadTask, model: Any, data: Any, bound: Bound, **kwargs: An
         y = torch.cat([p[1] for p in parts])
         return task.compute(model, x, y, bound)
     means = getattr(task, "weighting", None) == "client"
-    run = dataclasses.replace(task, weighting="sample") if means else task
+    # a task with a weighting is a dataclass, which the PayloadTask protocol cannot state
+    run = dataclasses.replace(cast(Any, task), weighting="sample") if means else task
     total: dict[str, Tensor] | None = None
     for x, y in batches(data, **kwargs):
         part = run.compute(model, x, y, bound)

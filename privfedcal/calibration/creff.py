@@ -286,15 +286,11 @@ class GradTask:
     def compute(self, model: FeatureClassifier, x: Tensor, y: Tensor, bound: Bound) -> Payload:
         scale = 1.0
         augment = bool(parse_strategy(self.dsa))
-        keys = content_keys(x, self.seed) if self.per_class_cap is not None or augment else None
-        if self.per_class_cap is not None:
-            if self.weighting == "sample" or self.per_class_cap < 2:
-                scale = 0.5  # a swap moves a sum by 2 clips: keep the sensitivity at one
-            keep = keep_smallest(keys, y, self.num_classes, self.per_class_cap)
-            if keep is not None:
-                x, y, keys = x[keep.to(x.device)], y[keep.to(y.device)], keys[keep]
-        if augment:
-            x = self.augment(x, y, keys)
+        if self.per_class_cap is not None and (self.weighting == "sample"
+                                               or self.per_class_cap < 2):
+            scale = 0.5  # a swap moves a sum by 2 clips: keep the sensitivity at one
+        if self.per_class_cap is not None or augment:
+            x, y = self._draw(x, y, augment)
         z = extract_features(model, x, self.batch_size)
         w = self.weight.to(device=z.device, dtype=z.dtype)
         b = None if self.bias is None else self.bias.to(device=z.device, dtype=z.dtype)
@@ -311,6 +307,18 @@ class GradTask:
             return {"grad": grad, "count": count}
         mean = grad / count.clamp_min(1)[:, None, None]
         return {"grad": mean, "holders": (count > 0).double()}
+
+    def _draw(self, x: Tensor, y: Tensor, augment: bool) -> tuple[Tensor, Tensor]:
+        """``(x, y)`` capped per class (``per_class_cap``) and augmented (DSA), both keyed
+        by each sample's content."""
+        keys = content_keys(x, self.seed)
+        if self.per_class_cap is not None:
+            keep = keep_smallest(keys, y, self.num_classes, self.per_class_cap)
+            if keep is not None:
+                x, y, keys = x[keep.to(x.device)], y[keep.to(y.device)], keys[keep]
+        if augment:
+            x = self.augment(x, y, keys)
+        return x, y
 
     def augment(self, x: Tensor, y: Tensor, keys: Tensor) -> Tensor:
         """``x`` under DSA: sample i gets transform set ``y_i * dsa_groups + group_i``, its
@@ -463,9 +471,12 @@ class CReFF(Calibrator):
         t0 = time.perf_counter()
         if self.features is None:
             self._start(ctx)
+        features, weight = self.features, self.weight
+        if features is None or weight is None:
+            raise ValueError("CReFF's state holds features without a head (or the reverse)")
         p, c, m = self.params, self.num_classes, self.params.features_per_class
         normalized = read_head(ctx.sent_state).normalized
-        w_eff = effective_weight(self.weight, normalized).detach()
+        w_eff = effective_weight(weight, normalized).detach()
         bias = None if self.bias is None else self.bias.detach()
         cap = None if p.client_draws is None else p.client_draws * p.draw_size
         # Derived from the round's seed without consuming the stream: where no client holds
@@ -476,7 +487,7 @@ class CReFF(Calibrator):
         payload = ctx.collect(task, clients=list(ctx.selected), state=ctx.sent_state,
                               label=CREFF_RELEASE)
         g_agg, mask = aggregate_gradients(payload, p.weighting, c)
-        s = self.features.to(ctx.device).float()
+        s = features.to(ctx.device).float()
         w_eff, bias = w_eff.to(s.device), None if bias is None else bias.to(s.device)
         g_agg, mask = g_agg.to(s.device, torch.float32), mask.to(s.device)
         dim = s.shape[1]

@@ -8,6 +8,7 @@ Every command that reads a run folder takes it as a positional argument or as ``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, overload
 
 from privfedcal.errors import UsageError
 
@@ -15,6 +16,12 @@ from privfedcal.errors import UsageError
 RUN_ARG_HELP = "Run folder (the same as --run)."
 
 
+@overload
+def run_folder(positional: Path | None, option: Path | None, command: str, *,
+               required: Literal[True]) -> Path: ...
+@overload
+def run_folder(positional: Path | None, option: Path | None, command: str, *,
+               required: bool) -> Path | None: ...
 def run_folder(positional: Path | None, option: Path | None, command: str, *,
                required: bool) -> Path | None:
     """The run folder given either way; refused when given twice differently, or missing

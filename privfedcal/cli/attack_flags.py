@@ -29,6 +29,7 @@ def option_parameters(flags: Iterable[Any]) -> list[inspect.Parameter]:
     then applies); a switch defaults to the field's default."""
     params = []
     for f in flags:
+        ann: Any
         if f.type is bool:
             ann = Annotated[bool, Opt(*f.decls, help=f.help)]
             default = f.default

@@ -38,9 +38,9 @@ TABLE_WIDTH = 80
 
 
 def _natural_width(table: Table) -> int:
-    probe = Console(file=io.StringIO(), width=100_000)
-    probe.print(table)
-    return max((len(line) for line in probe.file.getvalue().splitlines()), default=0)
+    buffer = io.StringIO()
+    Console(file=buffer, width=100_000).print(table)
+    return max((len(line) for line in buffer.getvalue().splitlines()), default=0)
 
 
 def _vertical(table: Table) -> Table:
@@ -138,7 +138,7 @@ class Reporter:
         if completed is not None:
             self.completed = completed
         self.completed += advance
-        fields = {} if info is None else {"info": info}
+        fields: dict[str, Any] = {} if info is None else {"info": info}
         if info is not None:
             self.info = info
         self._bar.update(self._task, description=self.description, completed=self.completed,

@@ -98,7 +98,7 @@ def train(**flags: Any) -> None:
     from privfedcal.cli.run_progress import execute, resume_run
     from privfedcal.federation.runlog import parse_log
 
-    extras = {"log": parse_log(log), "report_html": bool(report), "quiet": bool(quiet)}
+    extras: dict[str, Any] = {"log": parse_log(log), "report_html": bool(report), "quiet": bool(quiet)}
 
     if resume is not None:
         other = [k for k, v in flags.items() if v is not None and k not in RESUME_FLAGS]

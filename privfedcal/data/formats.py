@@ -35,7 +35,9 @@ except ImportError:  # pragma: no cover - numpy 1.x
 _ARRAY_MODULES = {"numpy", "numpy.core.multiarray", "numpy._core.multiarray",
                   "numpy.core.numeric", "numpy._core.numeric"}
 _ARRAY_GLOBALS = {"_reconstruct": _multiarray._reconstruct, "scalar": _multiarray.scalar,
-                  "_frombuffer": _numeric._frombuffer, "ndarray": np.ndarray, "dtype": np.dtype}
+                  # numpy's stubs omit this private pickle helper, which exists at runtime
+                  "_frombuffer": _numeric._frombuffer,  # type: ignore[attr-defined]
+                  "ndarray": np.ndarray, "dtype": np.dtype}
 STL10_CLASSES = ("airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship",
                  "truck")
 

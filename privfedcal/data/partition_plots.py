@@ -46,7 +46,8 @@ def plot_partition(counts: np.ndarray, path: str | Path, *, classes: list[str] |
         ax.grid(False)
         named = c <= _NAMED_TICKS_MAX and classes is not None and len(classes) == c
         xt = _ticks(c)
-        labels = [classes[i] for i in xt] if named else [str(i) for i in xt]
+        labels = ([classes[i] for i in xt] if named and classes is not None
+                  else [str(i) for i in xt])
         slant = named and max(map(len, labels), default=0) > 2
         ax.set_xticks(xt, labels, rotation=60 if slant else 0,
                       ha="right" if slant else "center",

@@ -151,24 +151,25 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     relayout = fmt != torch.contiguous_format
     if relayout:
         model.to(memory_format=fmt)  # before the optimiser, whose buffers follow the parameters
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = PlainSGD(params, lr=spec.training.lr, momentum=spec.training.momentum,
-                   weight_decay=spec.training.weight_decay)
+    params: list[Tensor] = [p for p in model.parameters() if p.requires_grad]
+    recipe = spec.recipe
+    opt = PlainSGD(params, lr=recipe.lr, momentum=recipe.momentum,
+                   weight_decay=recipe.weight_decay)
     n = int(idx.numel())
     total, steps = torch.zeros((), device=device), 0
     # The epoch's randomness (order, crop offsets, flips) is drawn at once from the CPU
     # generator and copied to the device in one non-blocking transfer per tensor: no step
     # waits on the host.
-    for _ in range(spec.training.local_epochs):
+    for _ in range(recipe.local_epochs):
         order = idx[_to(torch.randperm(n, generator=g), device)]
         draws = tuple(_to(d, device) for d in draw_augmentation(n, g)) if spec.augment else ()
-        for start in range(0, n, spec.training.batch_size):
-            batch = order[start:start + spec.training.batch_size]
+        for start in range(0, n, recipe.batch_size):
+            batch = order[start:start + recipe.batch_size]
             if batch.numel() < 2 and n >= 2:
                 continue  # a batch of one breaks BatchNorm and batch-statistics losses
             x, y = x_all[batch], y_all[batch]
             if spec.augment:
-                x = apply_augmentation(x, tuple(d[..., start:start + spec.training.batch_size]
+                x = apply_augmentation(x, tuple(d[..., start:start + recipe.batch_size]
                                                 for d in draws))
             x = x.contiguous(memory_format=fmt)
             with autocast_for(device, spec.mixed_precision):

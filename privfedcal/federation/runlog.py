@@ -22,9 +22,12 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privfedcal.errors import UsageError
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 CSV_COLUMNS = ("round", "train_loss", "accuracy", "loss", "worst_class_accuracy", "clients",
                "seconds")
@@ -67,7 +70,7 @@ class RunLogger:
 
     def __init__(self, run_dir: Path, exp: Any = None) -> None:
         self.run_dir = Path(run_dir)
-        self.writer = None
+        self.writer: SummaryWriter | None = None
         self._clients: dict[int, int] = {}
         if exp is not None and exp.parts is not None:  # a Flower server holds no partition
             self._clients = {c: int(p.numel()) for c, p in enumerate(exp.parts)}

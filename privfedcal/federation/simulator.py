@@ -148,9 +148,16 @@ class Simulator:
         server that trains no client, the Flower plugin's)."""
         return self.exp.spec.training.lr if self.exp.spec is not None else None
 
+    @property
+    def parts(self) -> list[Tensor]:
+        """Every client's training indices (held where the simulator plays the clients)."""
+        if self.exp.parts is None:
+            raise RuntimeError("this server holds no partition: the clients' nodes hold it")
+        return self.exp.parts
+
     # ---- services for calibrators ----------------------------------------------------------
     def client_data(self, client: int) -> tuple[Tensor, Tensor]:
-        idx = self.exp.parts[client]
+        idx = self.parts[client]
         return self.exp.data.x_train[idx], self.exp.data.y_train[idx]
 
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,
@@ -168,7 +175,7 @@ class Simulator:
         trainer = self._trainer_obj
         uploads: Iterable[tuple[int, Payload]]
         if isinstance(trainer, WorkerPoolTrainer) and len(clients) > 1:
-            computed = trainer.collect(task, [self.exp.parts[c] for c in clients], state,
+            computed = trainer.collect(task, [self.parts[c] for c in clients], state,
                                        self.uplink.bound)
             uploads = [(c, {k: v.to(self.exp.device) for k, v in up.items()})
                        for c, up in zip(clients, computed, strict=True)]
@@ -184,7 +191,7 @@ class Simulator:
     def centralized_features(self, state: State, per_class: int | None,
                              generator: torch.Generator) -> tuple[Tensor, Tensor]:
         model, data = self.exp.model, self.exp.data
-        held = torch.cat(self.exp.parts)  # long-tail partitions drop samples: use held ones
+        held = torch.cat(self.parts)  # long-tail partitions drop samples: use held ones
         y = data.y_train[held]
         if per_class is not None:
             perm = torch.randperm(held.numel(), generator=generator).to(held.device)
@@ -217,12 +224,12 @@ class Simulator:
     def client_index(self, client: int) -> Tensor | None:
         """The client's training indices (the simulator plays the clients; under Flower the
         node holds them and this is None)."""
-        return self.exp.parts[client]
+        return self.parts[client]
 
     def client_sizes(self, selected: list[int]) -> list[float]:
         """Each selected client's sample count, as its update's weight states it (under
         Flower: what the node reported)."""
-        return [float(self.exp.parts[c].numel()) for c in selected]
+        return [float(self.parts[c].numel()) for c in selected]
 
     def replied(self, selected: list[int]) -> list[int]:
         """The selected clients whose update the last ``receive_updates`` averaged: all of

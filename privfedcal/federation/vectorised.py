@@ -175,7 +175,7 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
     and the draws laid out the same way; padding rows point at position 0 with weight 0."""
     from privfedcal.data.augment import draw_augmentation
 
-    bs = spec.training.batch_size
+    bs = spec.recipe.batch_size
     nb = math.ceil(n / bs)
     # train_client skips a batch of one sample when n >= 2: with batch size 1 every batch,
     # else at most the last one
@@ -186,7 +186,7 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
     ok = grid < n
     safe = torch.where(ok, grid, torch.zeros_like(grid))
     orders, offs, flips = [], [], []
-    for _ in range(spec.training.local_epochs):
+    for _ in range(spec.recipe.local_epochs):
         orders.append(torch.randperm(n, generator=g))
         if spec.augment:
             offsets, flipped = draw_augmentation(n, g)
@@ -202,8 +202,8 @@ def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list
     """The step grid of ``jobs``: (job positions sorted by steps, most first; the plan)."""
     from torch.nn.utils.rnn import pad_sequence
 
-    sizes = [int(j.idx.numel()) for j in jobs]
-    width = max(1, min(spec.training.batch_size, max(sizes)))
+    sizes = [int(j.indices.numel()) for j in jobs]
+    width = max(1, min(spec.recipe.batch_size, max(sizes)))
     seed = spec.training.seed
     per_client = [client_steps(n, spec, make_generator(seed, round_, j.client, 1), width)
                   for n, j in zip(sizes, jobs, strict=True)]
@@ -211,7 +211,7 @@ def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list
     steps = [per_client[i][0].shape[0] for i in order]
     # pad_sequence stacks (S_c, ...) along a new dim 1, zero-filled to the longest S_c:
     # (T, K, width), client c's steps in column c
-    index = pad_sequence([jobs[i].idx.cpu()[per_client[i][0]] for i in order])
+    index = pad_sequence([jobs[i].indices.cpu()[per_client[i][0]] for i in order])
     weight = pad_sequence([per_client[i][1] for i in order])
     draws: tuple[Tensor, ...] = ()
     if spec.augment:
@@ -275,8 +275,9 @@ class VectorisedTrainer:
                  if n not in trainable}
         stacked = [stack_clients(global_state[n].detach().to(device), k_all) for n in trainable]
         anchor = {f"model.{n}": global_state[n].detach().to(device) for n in trainable}
-        opt = StackedSGD(stacked, lr=spec.training.lr, momentum=spec.training.momentum,
-                         weight_decay=spec.training.weight_decay)
+        recipe = spec.recipe
+        opt = StackedSGD(stacked, lr=recipe.lr, momentum=recipe.momentum,
+                         weight_decay=recipe.weight_decay)
         extra = self.loss.prepare(self, global_state, [jobs[i].client_state for i in order])
         names = [f"model.{n}" for n in trainable]
         view, algo, loss_fn = self.view, self.algo, self.loss

@@ -21,7 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, overload
 
 import torch
 import torch.multiprocessing as tmp
@@ -35,11 +35,19 @@ from privfedcal.settings.run_config import MODEL_FAMILY
 
 @dataclass
 class TrainJob:
-    """One client's local training in a round: its sample indices and its kept state."""
+    """One client's local training in a round: its sample indices (None where the client's
+    node holds them, under Flower) and its kept state."""
 
     client: int
-    idx: Tensor
+    idx: Tensor | None
     client_state: State | None
+
+    @property
+    def indices(self) -> Tensor:
+        """The sample indices, for a trainer that plays the client."""
+        if self.idx is None:
+            raise RuntimeError(f"client {self.client}'s samples are held by its node")
+        return self.idx
 
 
 class Trainer(Protocol):
@@ -75,7 +83,7 @@ class InProcessTrainer:
         for job in jobs:
             state, client_state, loss = train_client(
                 self.model, self.algo, global_state, job.client_state, self.x, self.y,
-                job.idx, self.spec, round_, job.client)
+                job.indices, self.spec, round_, job.client)
             if consume is not None:
                 consume(state)
                 state = {}
@@ -120,7 +128,7 @@ def _worker_train(args: tuple[State, list[TrainJob], int]) -> list[tuple]:
     for job in jobs:
         state, client_state, loss = train_client(_W["model"], _W["algo"], global_state,
                                                  _on_device(job.client_state), _W["x"], _W["y"],
-                                                 job.idx.to(_W["device"]), _W["spec"], round_,
+                                                 job.indices.to(_W["device"]), _W["spec"], round_,
                                                  job.client)
         out.append((pack_state(state), pack_state(client_state), loss))
     return out
@@ -151,13 +159,18 @@ def balanced_shares(sizes: list[int], workers: int) -> list[list[int]]:
     return [sorted(s) for s in shares if s]
 
 
-def pack_state(state: State | None) -> tuple[Tensor, list] | None:
+#: a state packed for another process: one flat buffer per dtype name, and per tensor
+#: (key, dtype, shape) in state order
+Packed = tuple[dict[str, Tensor], list[tuple[str, torch.dtype, tuple[int, ...]]]]
+
+
+def pack_state(state: State | None) -> Packed | None:
     """One contiguous buffer per dtype instead of one shared-memory segment per tensor:
     each segment costs a file descriptor round trip between processes."""
     if state is None:
         return None
     groups: dict[torch.dtype, list[Tensor]] = {}
-    layout = []
+    layout: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
     for k, v in state.items():
         groups.setdefault(v.dtype, []).append(v.reshape(-1))
         layout.append((k, v.dtype, tuple(v.shape)))
@@ -165,7 +178,11 @@ def pack_state(state: State | None) -> tuple[Tensor, list] | None:
     return {str(dt): torch.cat(ts).cpu() for dt, ts in groups.items()}, layout
 
 
-def unpack_state(packed) -> State | None:
+@overload
+def unpack_state(packed: Packed) -> State: ...
+@overload
+def unpack_state(packed: None) -> None: ...
+def unpack_state(packed: Packed | None) -> State | None:
     if packed is None:
         return None
     flats, layout = packed
@@ -203,7 +220,7 @@ class WorkerPoolTrainer:
         shared = _shared(global_state)
         # One task per worker with a balanced share of the clients (largest first): fewer
         # round trips than one task per client, and results come back in client order.
-        shares = balanced_shares([int(j.idx.numel()) for j in jobs], self.workers)
+        shares = balanced_shares([int(j.indices.numel()) for j in jobs], self.workers)
         pending = [(share, self.pool.apply_async(
             _worker_train, ((shared, [_cpu_job(jobs[i]) for i in share], round_),)))
             for share in shares]
@@ -295,7 +312,7 @@ def _sigint_ignored_by_children() -> Iterator[None]:
 
 def _cpu_job(job: TrainJob) -> TrainJob:
     cs = job.client_state
-    return TrainJob(job.client, job.idx.cpu(),
+    return TrainJob(job.client, job.indices.cpu(),
                None if cs is None else {k: v.cpu() for k, v in cs.items()})
 
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode as FlowerErrorCode
 
@@ -62,11 +62,18 @@ from privfedcal.federation.setup import (
     partition_settings_digest,
 )
 from privfedcal.flower.node_ledger import node_release
-from privfedcal.flower.records import parse_run_config, record_to_state, state_to_record
+from privfedcal.flower.records import (
+    as_int,
+    parse_run_config,
+    record_at,
+    record_to_state,
+    state_to_record,
+)
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.privacy.error_codes import ErrorCode, Refused, error_code
 from privfedcal.privacy.releases import DPSGD_RELEASE
+from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.update_stage import UpdateRound
 from privfedcal.settings.descriptions import HOLD_CAP
 from privfedcal.settings.floors import PrivacyOptions
@@ -149,6 +156,9 @@ class ClientRuntime:
 
     @property
     def idx(self) -> torch.Tensor:
+        """This node's training indices (a client's experiment holds its partition)."""
+        if self.exp.parts is None:
+            raise RuntimeError("the node's experiment holds no partition")
         return self.exp.parts[self.partition]
 
     def meta(self) -> ConfigRecord:
@@ -259,7 +269,9 @@ def sent_update(uplink: Any, global_state: dict[str, torch.Tensor],
                 client: int) -> dict[str, torch.Tensor]:
     """The node's trained ``state`` as it leaves the node: the uplink's update stages'
     client halves (``--dp-updates``: clipped to the plan's clip, privacy/update_stage.py)."""
-    rnd = UpdateRound(None, [], global_state, [client], [], round_, None, client=client)
+    # the node records no transcript (the server records its own view): an empty one
+    rnd = UpdateRound(None, [], global_state, [client], [], round_, Transcript(None),
+                      client=client)
     return uplink.update_client(state, rnd)
 
 
@@ -267,8 +279,8 @@ def sent_update(uplink: Any, global_state: dict[str, torch.Tensor],
 def train(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
     exp = rt.exp
-    round_ = int(msg.content["config"]["round"])
-    global_state = record_to_state(msg.content["global"], exp.device)
+    round_ = as_int(record_at(msg.content, "config", ConfigRecord)["round"])
+    global_state = record_to_state(record_at(msg.content, "global", ArrayRecord), exp.device)
     kept = context.state.array_records.get(CLIENT_STATE)
     client_state = record_to_state(kept, exp.device) if kept is not None else None
     # under --dp-train local training is a release: the node's own ledger (node_ledger.py)
@@ -282,11 +294,11 @@ def train(msg: Message, context: Context) -> Message:
     state = sent_update(rt.uplink, global_state, state, round_, rt.partition)
     if rt.uplink.hides_loss:  # e.g. --dp-updates: the loss is private, it stays here
         loss = None
-    metrics = {"num-examples": _reported_size(rt)}
+    values: dict[str, int | float | list[int] | list[float]] = {
+        "num-examples": _reported_size(rt)}
     if loss is not None:  # None under DP: the loss is private and stays on the node
-        metrics["train-loss"] = float(loss)
-    metrics = MetricRecord(metrics)
-    return _reply(msg, rt, local=state_to_record(state), metrics=metrics)
+        values["train-loss"] = float(loss)
+    return _reply(msg, rt, local=state_to_record(state), metrics=MetricRecord(values))
 
 
 @app.evaluate()
@@ -297,7 +309,7 @@ def evaluate_local(msg: Message, context: Context) -> Message:
         raise Refused("local evaluation is refused under DP: its loss and accuracy on the "
                          "client's data would leave the client uncharged")
     exp = rt.exp
-    state = record_to_state(msg.content["global"], exp.device)
+    state = record_to_state(record_at(msg.content, "global", ArrayRecord), exp.device)
     ev = evaluate(exp.model, state, exp.data.x_train[rt.idx], exp.data.y_train[rt.idx],
                   exp.data.num_classes)
     metrics = MetricRecord({"num-examples": _reported_size(rt), "loss": float(ev["loss"]),
@@ -310,17 +322,19 @@ def payload(msg: Message, context: Context) -> Message:
     rt = client_runtime(context)
     exp = rt.exp
     content = msg.content
-    config = content["config"]
+    config = record_at(content, "config", ConfigRecord)
     label = str(config["label"])
     # refused before anything is computed past the node's planned count (node_ledger.py)
     with node_release(context, rt.uplink, label):
-        task = task_from_records(content[TASK_CONFIG], content[TASK_ARRAYS], exp.device)
+        task = task_from_records(record_at(content, TASK_CONFIG, ConfigRecord),
+                                 record_at(content, TASK_ARRAYS, ArrayRecord), exp.device)
         model = exp.model
-        model.load_state_dict(record_to_state(content["state"], exp.device))
+        model.load_state_dict(record_to_state(record_at(content, "state", ArrayRecord),
+                                              exp.device))
         model.eval()
         x, y = exp.data.x_train[rt.idx], exp.data.y_train[rt.idx]
         upload = task.compute(model, x, y, rt.uplink.bound)  # bound: inside the task
-        records = client_upload(rt.uplink, upload, label=label, round_=int(config["round"]),
+        records = client_upload(rt.uplink, upload, label=label, round_=as_int(config["round"]),
                                 client=rt.partition, secagg=content.config_records.get(SECAGG))
     return _reply(msg, rt, **records)
 
@@ -337,13 +351,14 @@ def _key_holder(context: Context) -> ClientRuntime:
 @app.query("keygen")
 def keygen_query(msg: Message, context: Context) -> Message:
     rt = _key_holder(context)
-    return _reply(msg, rt, **dict(keygen(context, msg.content["config"])))
+    return _reply(msg, rt, **dict(keygen(context, record_at(msg.content, "config", ConfigRecord))))
 
 
 @app.query("decrypt")
 def decrypt_query(msg: Message, context: Context) -> Message:
     rt = _key_holder(context)
-    return _reply(msg, rt, **dict(decrypt(context, msg.content["config"], rt.uplink)))
+    config = record_at(msg.content, "config", ConfigRecord)
+    return _reply(msg, rt, **dict(decrypt(context, config, rt.uplink)))
 
 
 @app.query("hold")

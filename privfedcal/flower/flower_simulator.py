@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from privfedcal.errors import UsageError
 from privfedcal.federation.aggregate import RunningAverage
@@ -41,7 +41,13 @@ from privfedcal.federation.setup import Experiment, partition_settings_digest
 from privfedcal.federation.simulator import Simulator
 from privfedcal.federation.workers import TrainJob
 from privfedcal.flower.link import FlowerRoundError, GridLink
-from privfedcal.flower.records import record_to_state, state_to_record
+from privfedcal.flower.records import (
+    as_float,
+    as_int,
+    record_at,
+    record_to_state,
+    state_to_record,
+)
 from privfedcal.flower.stage_messages import SECAGG, RemoteKeys, received_upload, sealing_record
 from privfedcal.flower.tasks import task_to_records
 from privfedcal.privacy.bound import NoBound
@@ -78,17 +84,18 @@ class FlowerTrainer:
             if job.client not in replies:
                 continue
             reply = replies[job.client].content
-            n = int(reply["metrics"]["num-examples"])
+            metrics = record_at(reply, "metrics", MetricRecord)
+            n = as_int(metrics["num-examples"])
             if n != self.sizes[job.client]:
                 raise FlowerRoundError(
                     f"client {job.client} trained on {n} samples where it reported "
                     f"{self.sizes[job.client]}: the node changed its data during the run")
-            state = record_to_state(reply["local"], self.exp.device)
-            loss = reply["metrics"].get("train-loss")  # absent under DP-SGD
+            state = record_to_state(record_at(reply, "local", ArrayRecord), self.exp.device)
+            loss = metrics.get("train-loss")  # absent under DP-SGD
             if consume is not None:
                 consume(state)
                 state = {}
-            out.append(LocalResult(state, None, None if loss is None else float(loss)))
+            out.append(LocalResult(state, None, None if loss is None else as_float(loss)))
         return out
 
     def close(self) -> None:
@@ -202,7 +209,8 @@ class FlowerSimulator(Simulator):
                     raise FlowerRoundError(
                         f"client {client} runs another dataset/partition config than this "
                         "run's (its digest of the data settings differs)")
-                self.sizes[client] = int(reply.content["metrics"]["num-examples"])
+                self.sizes[client] = as_int(
+                    record_at(reply.content, "metrics", MetricRecord)["num-examples"])
         return [float(self.sizes[c]) for c in selected]
 
     def collect(self, task: PayloadTask, clients: list[int], state: State, label: str,

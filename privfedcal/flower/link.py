@@ -46,7 +46,7 @@ from flwr.common.constant import ErrorCode as FlowerErrorCode
 from flwr.serverapp import Grid
 
 from privfedcal.errors import PrivfedcalError, UsageError
-from privfedcal.flower.records import FlowerOptions
+from privfedcal.flower.records import FlowerOptions, as_int, record_at
 from privfedcal.privacy.error_codes import CODES
 from privfedcal.settings.descriptions import HOLD_CAP
 
@@ -376,7 +376,7 @@ class GridLink:
             if reply.has_error():
                 errors[node] = error_reason(reply.error)
                 continue
-            client = int(reply.content["meta"]["partition-id"])
+            client = as_int(record_at(reply.content, "meta", ConfigRecord)["partition-id"])
             if client in out or self.node_of.get(client, node) != node:
                 raise UsageError(f"two SuperNodes claim partition-id {client}: give every "
                                  f"node its own --node-config partition-id")

@@ -18,6 +18,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context
 
+from privfedcal.flower.records import as_int
 from privfedcal.privacy.client_ledger import ClientLedger
 from privfedcal.privacy.stages import NoiseStage
 
@@ -31,7 +32,7 @@ def node_ledger(context: Context, uplink: Any) -> ClientLedger | None:
         return None
     ledger = ClientLedger.planned(noise.dp)
     kept = context.state.config_records.get(LEDGER_STATE)
-    if kept is not None and int(kept["run-id"]) == int(context.run_id):
+    if kept is not None and as_int(kept["run-id"]) == int(context.run_id):
         ledger.load_state_dict({"made": json.loads(str(kept["made"]))})
     return ledger
 

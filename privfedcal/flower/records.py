@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from privfedcal.errors import UsageError
@@ -72,6 +72,46 @@ def state_to_record(state: Mapping[str, Tensor]) -> ArrayRecord:
 def record_to_state(record: ArrayRecord, device: torch.device | str | None = None) -> State:
     """The inverse of ``state_to_record``."""
     return {key: array_to_tensor(value, device) for key, value in record.items()}
+
+
+RecordT = TypeVar("RecordT", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def record_at(content: RecordDict, key: str, kind: type[RecordT]) -> RecordT:
+    """The record a message holds at ``key``, of the kind the protocol puts there."""
+    record = content[key]
+    if not isinstance(record, kind):
+        raise ValueError(f"the message's {key!r} is a {type(record).__name__}, "
+                         f"not a {kind.__name__}")
+    return record
+
+
+def as_int(value: object) -> int:
+    """A record's number (or numeric string) as an int."""
+    if not isinstance(value, int | float | str):
+        raise ValueError(f"expected a number in the record, got {type(value).__name__}")
+    return int(value)
+
+
+def as_float(value: object) -> float:
+    """A record's number as a float."""
+    if not isinstance(value, int | float | str):
+        raise ValueError(f"expected a number in the record, got {type(value).__name__}")
+    return float(value)
+
+
+def as_bytes(value: object) -> bytes:
+    """A record's bytes value."""
+    if not isinstance(value, bytes):
+        raise ValueError(f"expected bytes in the record, got {type(value).__name__}")
+    return bytes(value)
+
+
+def as_list(value: object) -> list[Any]:
+    """A record's list value."""
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list in the record, got {type(value).__name__}")
+    return value
 
 
 def parse_run_config(user_config: Mapping[str, Any]) -> tuple[RunConfig, FlowerOptions]:

@@ -39,12 +39,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from privfedcal.errors import UploadRejected, UsageError
 from privfedcal.federation.hooks import Payload
 from privfedcal.flower.link import FlowerRoundError, GridLink
-from privfedcal.flower.records import record_to_state, state_to_record
+from privfedcal.flower.records import (
+    as_bytes,
+    as_int,
+    as_list,
+    record_at,
+    record_to_state,
+    state_to_record,
+)
 from privfedcal.privacy.error_codes import CODES, error_code
 from privfedcal.privacy.packing import PayloadLayout
 from privfedcal.privacy.reasons import from_node_code
@@ -64,7 +71,7 @@ def sealing_record(sealing: Sealing) -> ConfigRecord:
 
 def sealing_from_record(record: ConfigRecord) -> Sealing:
     return Sealing(PayloadLayout.from_json(str(record["layout"])),
-                   bytes(record["public-context"]), int(record["pad-to"]) or None)
+                   as_bytes(record["public-context"]), as_int(record["pad-to"]) or None)
 
 
 def _release(uplink: Any, label: str, round_: int) -> Release:
@@ -128,9 +135,9 @@ def decrypt(context: Any, config: ConfigRecord, uplink: Any) -> RecordDict:
         # server sends; this node is a client too (--secagg-key-holder), so the minimum
         # counts its own upload apart: --secagg-min-clients others besides it
         # (cohorts.secure_minimum)
-        n = check_contributors(None if listed is None else [int(c) for c in listed],
+        n = check_contributors(None if listed is None else [int(c) for c in as_list(listed)],
                                secagg.min_clients, secagg.cohorts)
-        total = key_holder_release(holder, [bytes(c) for c in config["ciphertexts"]], layout, n,
+        total = key_holder_release(holder, [bytes(c) for c in as_list(config["ciphertexts"])], layout, n,
                                    secagg.min_clients)
     except UploadRejected as exc:  # the release is skipped, never half-made
         # the check's text can hold the sum's largest entry: it stays in this node's log,
@@ -193,7 +200,7 @@ def received_upload(content: RecordDict, device: Any = None) -> Any:
     """A client's upload as the server received it: ciphertext bytes, a payload, or empty
     bytes (rejected by either wire) if it sent neither."""
     if CIPHERTEXT in content:
-        return bytes(content[CIPHERTEXT]["data"])
+        return as_bytes(record_at(content, CIPHERTEXT, ConfigRecord)["data"])
     if "payload" in content:
-        return record_to_state(content["payload"], device)
+        return record_to_state(record_at(content, "payload", ArrayRecord), device)
     return b""

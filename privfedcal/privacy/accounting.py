@@ -325,19 +325,20 @@ def _bracket(eps: Callable[[float], float], target: float
             else:
                 lo, e_lo = cand, e
         return lo, e_lo, hi, e_hi
-    lo, e_lo, hi = 1.0, e_hi, None
-    while hi is None:
+    lo, e_lo = 1.0, e_hi
+    upper: float | None = None
+    while upper is None:
         cand = min(lo * 2, SIGMA_MAX)
         e = eps(cand)
         if e <= target:
-            hi, e_hi = cand, e
+            upper, e_hi = cand, e
         elif cand >= SIGMA_MAX:
             raise PrivacyBudgetError(
                 f"no noise multiplier in [{SIGMA_MIN}, {SIGMA_MAX:g}] meets epsilon "
                 f"{target:.4g}; raise the budget or release less")
         else:
             lo, e_lo = cand, e
-    return lo, e_lo, hi, e_hi
+    return lo, e_lo, upper, e_hi
 
 
 def _refine(eps: Callable[[float], float], target: float, rtol: float, lo: float,

@@ -82,8 +82,8 @@ def make_cohorts(clients: int, size: int, seed: int) -> tuple[tuple[int, ...], .
     cohort holds at least ``size`` clients. Each cohort sorted, cohorts by first member."""
     if size < 1 or clients < size:
         raise UsageError(f"cannot form cohorts of {size} from {clients} clients")
-    order = torch.randperm(clients, generator=make_generator(seed, 0, 0, COHORT_PURPOSE))
-    order = order.tolist()
+    order: list[int] = torch.randperm(
+        clients, generator=make_generator(seed, 0, 0, COHORT_PURPOSE)).tolist()
     count = clients // size
     groups = [order[i * size:(i + 1) * size] for i in range(count)]
     for i, client in enumerate(order[count * size:]):
@@ -163,6 +163,7 @@ def select_cohorts(plan: CohortPlan, seed: int, round_: int) -> list[int]:
     """The clients of a round: ``plan.per_round`` whole cohorts drawn from the public seed
     (with single-client cohorts, the same draw as a plain choice of clients)."""
     k = len(plan.cohorts)
+    chosen: Sequence[int]
     if plan.per_round >= k:
         chosen = range(k)
     else:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 from opacus import GradSampleModule
@@ -44,6 +45,8 @@ from torch import Tensor, nn
 
 from privfedcal.errors import UsageError
 
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
 
 def dpsgd_sample_rate(batch_size: int, n: int) -> float:
     """Poisson sampling rate ``min(1, batch_size / n)`` of a client holding ``n`` examples."""
@@ -52,11 +55,12 @@ def dpsgd_sample_rate(batch_size: int, n: int) -> float:
     return min(1.0, batch_size / n)
 
 
-def prepare_model(model: nn.Module) -> nn.Module:
+def prepare_model(model: ModuleT) -> ModuleT:
     """The model itself if opacus supports it, else a copy with BatchNorm -> GroupNorm."""
     if ModuleValidator.is_valid(model):
         return model
-    fixed = ModuleValidator.fix(model)
+    # opacus types the copy as a plain Module; it is a deep copy of ``model``, of its class
+    fixed = cast(ModuleT, ModuleValidator.fix(model))
     errors = ModuleValidator.validate(fixed, strict=False)
     if errors:
         raise UsageError(f"model cannot be trained with DP-SGD: {errors[0]}")
@@ -152,16 +156,16 @@ def make_private_training(model: nn.Module, optimizer: torch.optim.Optimizer, x:
     if not opt_params or any(id(p) not in own for p in opt_params):
         raise UsageError("the optimizer must optimise the parameters of the model passed to "
                          "make_private_training (create it after prepare_model)")
-    if (sample_rate is None) != (expected_batch_size is None):
-        raise UsageError("give DP-SGD's sample rate and expected batch size together")
-    if sample_rate is None:
+    if sample_rate is None and expected_batch_size is None:
         q = dpsgd_sample_rate(batch_size, len(x))
         expected_batch_size = q * len(x)
-    else:
+    elif sample_rate is not None and expected_batch_size is not None:
         q = float(sample_rate)
         if not 0 < q <= 1 or not expected_batch_size > 0:
             raise UsageError(f"bad DP-SGD sample rate {q} or expected batch size "
                              f"{expected_batch_size}")
+    else:
+        raise UsageError("give DP-SGD's sample rate and expected batch size together")
     steps = max(1, round(1 / q)) if steps is None else int(steps)
     wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     dp_opt = DPOptimizer(optimizer, noise_multiplier=noise_multiplier,

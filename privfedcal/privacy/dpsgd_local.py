@@ -53,9 +53,14 @@ def nominal_size(privacy: PrivacyOptions, examples: int) -> int:
     return max(1, int(examples) // privacy.clients)
 
 
-def schedule(nominal: int, batch_size: int, local_epochs: int) -> tuple[float, int]:
+def schedule(nominal: int, batch_size: int | None, local_epochs: int | None
+             ) -> tuple[float, int]:
     """(sample rate, steps per round) of every client: ``q = min(1, B / n_nom)`` and one
-    nominal epoch in expectation per local epoch."""
+    nominal epoch in expectation per local epoch. The batch size and local epochs must be
+    resolved (``run_config.resolve_training_defaults``)."""
+    if batch_size is None or local_epochs is None:
+        raise ValueError("resolve batch_size and local_epochs before DP-SGD's schedule "
+                         "(run_config.resolve_training_defaults)")
     q = dpsgd_sample_rate(batch_size, nominal)
     return q, local_epochs * max(1, round(1 / q))
 

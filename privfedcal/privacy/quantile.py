@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -243,13 +243,14 @@ def private_quantile(client_norms: Sequence[Tensor], search: ClipSearch,
         raise UsageError("private_quantile needs at least one client's norms")
     z_locate, z_fine = search.stage_sigmas(noise_multiplier)
     edges = search.first_edges()
-    total = sum(noisy_norm_histogram(n, edges, z_locate, generator=generator)
-                for n in client_norms)
+    # a sum of one tensor or more (client_norms is not empty) is a tensor
+    total = cast(Tensor, sum(noisy_norm_histogram(n, edges, z_locate, generator=generator)
+                             for n in client_norms))
     centre = quantile_from_histogram(total, edges, search.locate_quantile,
                                      num_examples=num_examples)
     edges = search.fine_edges(centre)
-    total = sum(noisy_norm_histogram(n, edges, z_fine, generator=generator)
-                for n in client_norms)
+    total = cast(Tensor, sum(noisy_norm_histogram(n, edges, z_fine, generator=generator)
+                             for n in client_norms))
     return quantile_from_histogram(total, edges, search.quantile, num_examples=num_examples)
 
 

@@ -323,7 +323,7 @@ class EncryptStage(Wire):
         seen: set[int] = set()  # clients added so far (a set: releases of thousands)
         for client, data in uploads:
             i = cohort_of.get(client)
-            if client in seen or client in waiting.get(i, {}):
+            if client in seen or (i is not None and client in waiting.get(i, {})):
                 rel.log.reject(rel.round_, rel.label, client, Reason.DUPLICATE_UPLOAD)
                 continue
             if i is None:  # in no cohort: its own group
@@ -351,8 +351,8 @@ class EncryptStage(Wire):
             try:
                 if not isinstance(data, bytes | bytearray):
                     raise UploadRejected("a plaintext upload where a ciphertext was due")
-                prepared.append(server.prepare(
-                    unpad(data) if sealing.pad_to is not None else bytes(data)))
+                raw = bytes(data)
+                prepared.append(server.prepare(unpad(raw) if sealing.pad_to is not None else raw))
             except UploadRejected as exc:  # dropped with its cohort; noise topped up
                 rel.log.reject(rel.round_, rel.label, client, exc)
                 for other in group:

@@ -103,9 +103,9 @@ class Transcript:
             return
         (name, records), size = self._batch, self._batch_bytes
         self._batch, self._batch_bytes = None, 0
-        self._take_epoch()
+        epoch = self._take_epoch(self.directory)
         if self._writer is None:
-            self._writer = Writer(epoch=self._epoch)
+            self._writer = Writer(epoch=epoch)
         self._writer.put(records, str(self.directory / name), size)
 
     def record(self, *, round_: int, label: str, view: str, client: int | None,
@@ -170,9 +170,9 @@ class Transcript:
             if self._writer is not None:
                 self._writer.wait()
             self._write_index(self.directory / "index.json")
-            self._take_epoch()
+            epoch = self._take_epoch(self.directory)
             for path in [self.directory / "index.json", self.directory]:
-                os.utime(path, ns=(self._epoch, self._epoch))
+                os.utime(path, ns=(epoch, epoch))
 
     def _write_index(self, path: Path) -> None:
         """``index.json`` as the whole list of entries, one per line. Entries are only ever
@@ -192,16 +192,17 @@ class Transcript:
         path.write_bytes(text.encode())
         self._on_disk = (len(self._encoded), len(text))
 
-    def _take_epoch(self) -> None:
-        """Read the view's one time once per process; a resumed run's folder may hold files
-        of an earlier process under another time (one stopped before its first checkpoint
-        wrote them before ``config.json`` was written again): they take this one too."""
-        if self._epoch is not None or self.directory is None:
-            return
-        self._epoch = epoch = server_epoch(self.directory)
-        for path in self.directory.iterdir():
-            if path.is_file() and path.stat().st_mtime_ns != epoch:
-                os.utime(path, ns=(epoch, epoch))
+    def _take_epoch(self, directory: Path) -> int:
+        """The view's one time of ``directory``, read once per process; a resumed run's
+        folder may hold files of an earlier process under another time (one stopped before
+        its first checkpoint wrote them before ``config.json`` was written again): they take
+        this one too."""
+        if self._epoch is None:
+            self._epoch = epoch = server_epoch(directory)
+            for path in directory.iterdir():
+                if path.is_file() and path.stat().st_mtime_ns != epoch:
+                    os.utime(path, ns=(epoch, epoch))
+        return self._epoch
 
     def close(self) -> None:
         """Flush, and stop the writer thread (a later ``record`` starts another)."""

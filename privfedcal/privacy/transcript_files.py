@@ -67,7 +67,7 @@ def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
     # the widest elements first (every tensor starts aligned to its element size), as
     # safetensors orders them
     for name, t in sorted(tensors.items(), key=lambda kv: (_RANK[kv[1].dtype], kv[0])):
-        data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        data = t.reshape(-1).view(torch.uint8).numpy().data
         header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + data.nbytes]}
         offset += data.nbytes

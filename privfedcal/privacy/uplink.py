@@ -387,13 +387,17 @@ class Uplink:
         stage's record, DP-FedAvg's clip, an extension's own), the rejected and skipped
         releases."""
         stages: dict[str, Any] = {}
-        for stage in [*self.stages, *self.update_stages]:
+        for stage in self._every_stage():
             state = stage.state_dict()
             if state:
                 if stage.name in stages:
                     raise RuntimeError(f"two stages named {stage.name!r} hold state")
                 stages[stage.name] = state
         return {"stages": stages, "rejected": self.rejected, "skipped": self.skipped}
+
+    def _every_stage(self) -> list[Stage | UpdateStage]:
+        """The stages, then the update stages."""
+        return [*self.stages, *self.update_stages]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         stages = dict(state.get("stages") or {})
@@ -403,7 +407,7 @@ class Uplink:
             held = state.get(stage.top_level_key) if stage.top_level_key else None
             if held is not None and stage.name not in stages:
                 stages[stage.name] = held
-        own = {stage.name: stage for stage in [*self.stages, *self.update_stages]}
+        own = {stage.name: stage for stage in self._every_stage()}
         foreign = sorted(name for name, st in stages.items() if st and name not in own)
         if foreign:
             raise UsageError(f"the checkpoint holds the state of stage(s) {', '.join(foreign)}, "

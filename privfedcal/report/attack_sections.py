@@ -31,8 +31,8 @@ def _mean(key: str, rs: list[dict[str, Any]]) -> float:
 def _best(rs: list[dict[str, Any]]) -> float:
     """Highest PSNR of any single image: ``psnr_best`` where records carry it, else the
     highest per-record mean."""
-    vals = [r.get("psnr_best", r.get("psnr")) for r in rs]
-    vals = [v for v in vals if isinstance(v, int | float)]
+    found = [r.get("psnr_best", r.get("psnr")) for r in rs]
+    vals = [v for v in found if isinstance(v, int | float)]
     return max(vals) if vals else math.nan
 
 

@@ -12,7 +12,7 @@ import csv
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from privfedcal.errors import UsageError
 from privfedcal.report import html as H
@@ -89,7 +89,7 @@ def setting_name(row: dict[str, Any]) -> str:
     return f"{row.get('method')}-eps{eps_s}-secagg-{'on' if row.get('secagg') else 'off'}"
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: Any) -> TypeGuard[float]:
     return isinstance(v, float) and math.isfinite(v)
 
 
@@ -129,7 +129,7 @@ def plot_tradeoff(rows: list[dict[str, Any]], columns: list[str], out: Path) -> 
             label_points(ax, labels, fontsize=8)
             ax.set_xlabel(label + (" - mean (filled), worst (hollow)" if worst else " - mean"))
             if metric == "psnr":
-                prior = [r.get("prior_psnr") for r in done if _finite(r.get("prior_psnr"))]
+                prior = [v for v in (r.get("prior_psnr") for r in done) if _finite(v)]
                 if prior:
                     p = sum(prior) / len(prior)
                     ax.axvline(p, ls="--", color="grey", lw=1)

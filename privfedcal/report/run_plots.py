@@ -71,6 +71,7 @@ def plot_train_loss(run_dir: Path, out: Path) -> Path | None:
     from privfedcal.federation.runlog import read_metrics_csv
 
     run_dir = Path(run_dir)
+    rows: list[dict[str, Any]]
     if (run_dir / "metrics.csv").is_file():
         rows = [r for r in read_metrics_csv(run_dir / "metrics.csv")
                 if r.get("train_loss") is not None]

@@ -16,7 +16,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from privfedcal.errors import UsageError
 from privfedcal.settings.messages import SettingText, declare_spelling, refuse_failed
@@ -123,6 +123,15 @@ def section(cls: type) -> Any:
     return field(default_factory=cls, metadata={"section": cls})
 
 
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    """A setting field's default: its value, else its factory's product."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is dataclasses.MISSING:
+        raise TypeError(f"setting {f.name!r} declares no default")
+    return f.default_factory()
+
+
 @functools.cache
 def settings_of(cls: type, scope: str) -> tuple[Setting, ...]:
     """The settings declared by ``cls``'s fields, in field order; a section field
@@ -136,7 +145,7 @@ def settings_of(cls: type, scope: str) -> tuple[Setting, ...]:
             continue
         meta = f.metadata["setting"]
         kind, optional = field_kind(hints[f.name])
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = _default_of(f)
         out.append(Setting(f.name, kind, default, scope=scope, optional=optional, **meta))
     for s in out:
         declare(s)
@@ -266,7 +275,7 @@ def check_value(s: Setting, value: Any, prefix: str = "") -> Any:
     accepted = (int, float) if s.type is float else (s.type,)
     if not isinstance(value, accepted) or (s.type is not bool and isinstance(value, bool)):
         raise UsageError(f"{prefix}{s.name} must be {_KIND_NAMES[s.type]}, got {value!r}")
-    return float(value) if s.type is float else value
+    return float(cast("int | float", value)) if s.type is float else value
 
 
 # ---- Flower run config -------------------------------------------------------------------

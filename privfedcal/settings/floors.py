@@ -8,8 +8,8 @@ built once from the resolved ``RunConfig`` (``run_options``) and passed down:
 - ``DataOptions``: the data section and the seeds that draw the partition (data/,
   federation/setup.py);
 - ``LocalSpec``: how a client trains: the training section itself (read as
-  ``spec.training.lr``), the local method, its hyperparameters and the optimiser, the
-  planned DP-SGD and precision (federation/local.py, workers.py, vectorised.py);
+  ``spec.training.lr``; ``spec.recipe`` holds its resolved recipe, typed as set), the local
+  method, its hyperparameters and the optimiser, the planned DP-SGD and precision (federation/local.py, workers.py, vectorised.py);
 - ``EngineSettings``: the engine section itself: device, processes, threads, batching;
 - ``PrivacyOptions``: the privacy section and the public protocol it is planned over (the
   privacy planner, privfedcal/privacy/planner.py, and privacy/);
@@ -69,6 +69,16 @@ class DataOptions(DataSettings):
 RECIPE = ("local_epochs", "batch_size", "lr", "momentum", "weight_decay")
 
 
+class Recipe(NamedTuple):
+    """The resolved ``RECIPE`` of a ``LocalSpec``, typed as set (never None)."""
+
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
 @dataclass(frozen=True)
 class LocalSpec:
     """How one client trains: the run's training section (epochs, batch size, SGD's learning
@@ -98,11 +108,16 @@ class LocalSpec:
             raise ValueError(f"resolve {', '.join(unresolved)} first "
                              "(run_config.resolve_training_defaults)")
 
+    @property
+    def recipe(self) -> Recipe:
+        """The training recipe, resolved (``__post_init__`` refuses a spec without it)."""
+        return Recipe(*(getattr(self.training, n) for n in RECIPE))
+
     @classmethod
     def of(cls, cfg: RunConfig) -> LocalSpec:
         """From a ``RunConfig`` whose per-model defaults are resolved
         (``run_config.resolve_training_defaults``)."""
-        return cls(training=cfg.training, augment=cfg.data.augment, method=cfg.local_method,
+        return cls(training=cfg.training, augment=bool(cfg.data.augment), method=cfg.local_method,
                    method_params=dict(cfg.method_params), dp_train=cfg.privacy.dp_train)
 
 

@@ -136,6 +136,35 @@ def setting_names() -> frozenset[str]:
     return frozenset(s.name for s in all_settings())
 
 
+def _source_of(parts: list[str]) -> Path | None:
+    """The file of the package's module ``parts`` names (``privfedcal.flower.grid``), if any."""
+    base = Path(privfedcal.__file__).parent.parent.joinpath(*parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _defined_in_source(module: list[str], rest: list[str]) -> bool:
+    """Whether the module's source defines or imports ``rest[0]`` at its top level: how a
+    citation into a module that needs an extra not installed here (the Flower modules in
+    the base install) is checked without importing it; CI checks it again, imported, after
+    installing the extra."""
+    if not rest:
+        return True
+    tree = ast.parse(_source_of(module).read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return rest[0] in names or _source_of([*module, rest[0]]) is not None
+
+
 @functools.cache
 def name_exists(dotted: str) -> bool:
     """Whether ``privfedcal.a.b...`` is a module of the package or an attribute of one."""
@@ -146,6 +175,8 @@ def name_exists(dotted: str) -> bool:
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ModuleNotFoundError:
+            if _source_of(parts[:cut]) is not None:  # there, but an extra is not installed
+                return _defined_in_source(parts[:cut], parts[cut:])
             continue
         for attribute in parts[cut:]:
             try:

@@ -229,9 +229,12 @@ def _payload_channel(name, task, cfg, exp, noise, bound, faults, keep, steps, ca
         out = release({k: v.expand(n * steps, *v.shape).clone() for k, v in base.items()})
         return {k: v.reshape(n, steps, *base[k].shape) for k, v in out.items()}
 
-    return Channel(name, channel_fields()[name], *claim, canary_text(c), draw,
-                   reference=tuple({k: v.unsqueeze(0).expand(steps, *v.shape)
-                                    for k, v in p.items()} for p in clean),
+    def stacked(p: Views) -> Views:
+        return {k: v.unsqueeze(0).expand(steps, *v.shape) for k, v in p.items()}
+
+    eps, delta = claim
+    return Channel(name, channel_fields()[name], eps, delta, canary_text(c), draw,
+                   reference=(stacked(clean[0]), stacked(clean[1])),
                    chunk=max(64, min(1 << 16, (1 << 23) // max(1, steps * sum(
                        v.numel() for v in clean[0].values())))))
 
@@ -278,7 +281,7 @@ def _release(spec, cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
 
     attack = next((a for a in attacks_on(spec.label)
                    if a.task is not None and a.keep is not None), None)
-    if attack is None:
+    if attack is None or attack.task is None or attack.keep is None:
         raise UsageError(f"the attack on {spec.label!r} declares no audit channel")
     steps = 1 if spec.participants == "all" else max(participation_counts(
         exp.privacy, calibrator.release_rounds(exp.privacy, spec)).values(),

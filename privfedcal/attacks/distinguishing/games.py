@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,15 @@ class Channel:
     def __post_init__(self) -> None:
         if (self.reference is None) == (self.reduce is None):
             raise ValueError(f"channel {self.name}: give a reference or a reduce, not both")
+
+    def reduced(self, views: Views) -> Stats:
+        """The statistics the distinguisher reads from ``views``: the channel's ``reduce``,
+        else the projections on its ``reference``."""
+        if self.reduce is not None:
+            return self.reduce(views)
+        if self.reference is None:
+            raise ValueError(f"channel {self.name}: give a reference or a reduce")
+        return projection_stats(views, self.reference)
 
 
 def projection_stats(views: Views, reference: tuple[Views, Views]) -> Stats:
@@ -148,7 +157,7 @@ def play(channel: Channel, trials: int, *, budget_s: float | None = None,
     ``channel.chunk``), so that a slow channel (DP-SGD: one local training per trial)
     overruns its budget by about one trial, not by a chunk."""
     check_game(trials, confidence)
-    reduce = channel.reduce or (lambda v: projection_stats(v, channel.reference))
+    reduce = channel.reduced
     parts: dict[bool, list[Stats]] = {False: [], True: []}
     done, t0 = 0, time.perf_counter()
     n = min(channel.chunk, trials, BUDGET_MIN_TRIALS if budget_s is not None else trials)
@@ -223,7 +232,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def plot(rows: list[Mapping[str, Any]], path: Path) -> Path:
+def plot(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Claimed (hollow bar) and empirical lower bound (filled bar) of epsilon per channel;
     a channel without DP has no claimed bar, and its label says so, as does that of a row
     its time budget cut short."""

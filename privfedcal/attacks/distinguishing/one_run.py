@@ -90,7 +90,9 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     var = _variances(plan, keys, label)
     release = noiser(noise, label, faults)
     model = FeatureMap(dim)
-    scores, truth, done = [], [], []
+    scores: list[Tensor] = []
+    members: list[Tensor] = []
+    done: list[int] = []
     for k in range(cfg.data.clients):
         if done and budget_spent(t0, budget_s):
             break
@@ -105,8 +107,8 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
         own = functools.partial(_own, c=c, j=j, symmetric=spec.symmetric)
         scores.append(_client_score(own, len(c), keys, var, clean, full, view_clean,
                                     release, len(rounds[k])))
-        truth.append(inc)
-    score, truth = torch.cat(scores), torch.cat(truth)
+        members.append(inc)
+    score, truth = torch.cat(scores), torch.cat(members)
     m = len(score)
     half, right = guess_membership(score, truth, guesses)
     steps = max(len(rounds[k]) for k in done)

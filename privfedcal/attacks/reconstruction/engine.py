@@ -320,8 +320,9 @@ class _Batch:
 
     def trace(self, t: int, images: Tensor) -> None:
         """Target t's best restart, (Bmax, C, H, W) -> its own (B_t, C, H, W) images."""
-        if self.traces is not None and self.traces[t] is not None:
-            self.traces[t](self.step, images[: self.batches[t]].clone())  # type: ignore[misc]
+        trace = None if self.traces is None else self.traces[t]
+        if trace is not None:
+            trace(self.step, images[: self.batches[t]].clone())
 
     def adam_step(self) -> None:
         """One Adam step of every active target (each jittered by its own shift), under the
@@ -371,7 +372,8 @@ class _Batch:
         for row, (loss_now, err_now) in enumerate(both.tolist()):  # one host sync
             stop = self._judge(self.active_list[row], loss_now, err_now)
             if stop is not None:
-                done.append(row), why.append(stop)
+                done.append(row)
+                why.append(stop)
         for row in range(self.n_act) if self.traces is not None else ():
             self.trace(self.active_list[row], self.x.detach()[row, int(best[row])])
         if done:

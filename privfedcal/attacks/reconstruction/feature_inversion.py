@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,23 @@ def _stack(rows: list[Tensor], bmax: int) -> Tensor:
     return out
 
 
+def _in_pixels(trace: Callable[[int, Tensor], None], mean: Sequence[float],
+               std: Sequence[float]) -> Callable[[int, Tensor], None]:
+    """``trace`` fed pixels instead of the normalised images the optimiser holds."""
+    return lambda step, xb: trace(step, to_pixels(xb, mean, std))
+
+
+def _same_term(rows: list[Tensor | None]) -> list[Tensor] | None:
+    """One field of targets that share a ``PosedTarget.term``: set in all, or None when
+    the term does not use it."""
+    if rows[0] is None:
+        return None
+    present = [row for row in rows if row is not None]
+    if len(present) != len(rows):
+        raise ValueError("targets of one batched optimisation mix objective terms")
+    return present
+
+
 def _invert_group(model: FeatureClassifier, posed: list[PosedTarget],
                   generators: Sequence[torch.Generator], cfg: InversionConfig,
                   image_shape: Sequence[int], mean: Sequence[float], std: Sequence[float],
@@ -135,8 +153,7 @@ def _invert_group(model: FeatureClassifier, posed: list[PosedTarget],
                 objective, batches=batches, restarts=cfg.restarts, image_shape=image_shape,
                 mean=mean, std=std, config=cfg, generators=generators, device=device,
                 dtype=dtype, error=error, traces=None if traces is None else [
-                    None if tr is None else (lambda step, xb, tr=tr: tr(step, to_pixels(
-                        xb, mean, std))) for tr in traces])
+                    None if tr is None else _in_pixels(tr, mean, std) for tr in traces])
         finally:
             if bn is not None:
                 bn.remove()
@@ -157,10 +174,11 @@ def _group_objective(model: FeatureClassifier, posed: list[PosedTarget], r: int,
     batches = [p.batch for p in posed]
     bmax = max(batches)
     padded = len(set(batches)) > 1
-    per_image = _stack([p.per_image for p in posed], bmax) if posed[0].per_image is not None \
-        else None  # (T, Bmax, d)
-    mu = torch.stack([p.mu for p in posed]) if posed[0].mu is not None else None  # (T, d)
-    cov = torch.stack([p.cov for p in posed]) if posed[0].cov is not None else None
+    rows, mus, covs = (_same_term([p.per_image for p in posed]),
+                       _same_term([p.mu for p in posed]), _same_term([p.cov for p in posed]))
+    per_image = None if rows is None else _stack(rows, bmax)  # (T, Bmax, d)
+    mu = None if mus is None else torch.stack(mus)  # (T, d)
+    cov = None if covs is None else torch.stack(covs)
 
     def features(x: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
         """(A, R, Bmax, d) features of x, and the mask (A, 1, Bmax) when padded. Padding
@@ -180,10 +198,12 @@ def _group_objective(model: FeatureClassifier, posed: list[PosedTarget], r: int,
     def data_term(z: Tensor, act: Tensor, mask: Tensor | None) -> Tensor:
         if per_image is not None:
             return raw_loss(z, per_image[act][:, None], mask)
+        if mu is None:
+            raise ValueError("a mean or class-stats target without its mean")
         if cov is not None:
-            return stats_loss(z, mu[act][:, None], cov[act][:, None], mask)  # type: ignore[index]
+            return stats_loss(z, mu[act][:, None], cov[act][:, None], mask)
         m, _ = masked_mean(z, mask)
-        return raw_loss(m[..., None, :], mu[act][:, None, None])  # type: ignore[index]
+        return raw_loss(m[..., None, :], mu[act][:, None, None])
 
     def objective(x: Tensor, act: Tensor, valid: Tensor) -> Tensor:
         z, mask = features(x, valid)
@@ -212,8 +232,10 @@ def _group_result(model: FeatureClassifier, p: PosedTarget, out: Outcome,
         z = model.features(out.images)
     if p.per_image is not None:
         cosine = F.cosine_similarity(z, p.per_image, dim=-1).mean()
+    elif p.mu is not None:
+        cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)
     else:
-        cosine = F.cosine_similarity(z.mean(0), p.mu, dim=0)  # type: ignore[arg-type]
+        raise ValueError("a posed target needs per-image features or a mean")
     return InversionResult(
         images=to_pixels(out.images, mean, std), features=z, cosine=float(cosine),
         loss=float(out.losses[out.best]), restart_losses=out.losses, mode=p.mode,
@@ -248,7 +270,10 @@ def invert_features_many(
                              None if traces is None else [traces[i] for i in idx])
         for i, res in zip(idx, outs, strict=True):
             results[i] = res
-    return results  # type: ignore[return-value]
+    done = [res for res in results if res is not None]
+    if len(done) != len(targets):
+        raise RuntimeError("an inversion target was left without a result")
+    return done
 
 
 def invert_features(
@@ -272,7 +297,7 @@ def invert_features(
 ) -> InversionResult:
     """Invert ``target`` through ``model.features``; keywords override ``config``.
     ``trace(step, pixels)`` sees the best restart's images at every convergence check."""
-    given = dict(
+    given: dict[str, Any] = dict(
         steps=steps,
         lr=lr,
         restarts=restarts,

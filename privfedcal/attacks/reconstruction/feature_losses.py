@@ -33,7 +33,11 @@ class BNPrior:
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
         ]
 
-    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
+    def _hook(self, module: nn.modules.batchnorm._BatchNorm, inputs: tuple[Tensor, ...],
+              _out: Tensor) -> None:
+        running_mean, running_var = module.running_mean, module.running_var
+        if running_mean is None or running_var is None:
+            return  # hooked only on layers that keep running statistics
         x = inputs[0]
         if self.group_ids is None:
             groups = x.shape[0] // self.per_group
@@ -51,7 +55,7 @@ class BNPrior:
             dev = (h - mean[ids][..., None]).pow(2).sum(-1)
             var = h.new_zeros(self.groups, h.shape[1]).index_add_(0, ids, dev) / count[:, None]
             enough = (count >= 2).to(h.dtype)  # as above: a single value adds nothing
-        term = (mean - module.running_mean).norm(dim=-1) + (var - module.running_var).norm(dim=-1)
+        term = (mean - running_mean).norm(dim=-1) + (var - running_var).norm(dim=-1)
         term = term if enough is None else term * enough
         self.loss = term if self.loss is None else self.loss + term
 
@@ -88,8 +92,10 @@ def relative_feature_error(
     if per_image is not None:
         err = rel(z, per_image.expand_as(z))
         return (err if valid is None else err.masked_fill(~valid, -math.inf)).amax(-1)
+    if mu is None:
+        raise ValueError("relative_feature_error needs per-image targets or a mean")
     m, w = masked_mean(z, valid)
-    err = rel(m, mu.expand_as(m))  # type: ignore[union-attr]
+    err = rel(m, mu.expand_as(m))
     if cov is None:
         return err
     centred = z - m[..., None, :]

@@ -46,8 +46,8 @@ class FeatureTarget:
                 raise UsageError("raw-feature target needs z of shape (d,) or (k, d)")
         elif self.mean is None or self.mean.dim() != 1:
             raise UsageError(f"{self.kind} target needs a mean of shape (d,)")
-        if self.kind == "class-stats":
-            d = self.mean.shape[0]  # type: ignore[union-attr]
+        if self.kind == "class-stats" and self.mean is not None:  # a mean: checked above
+            d = self.mean.shape[0]
             if self.cov is None or self.cov.shape != (d, d):
                 raise UsageError(f"class-stats target needs cov of shape ({d}, {d})")
             if self.mode not in STATS_MODES:
@@ -111,13 +111,20 @@ class PosedTarget:
             "stats" if self.cov is not None else "mean")
 
 
+def _required(field: Tensor | None, name: str) -> Tensor:
+    """A field that ``FeatureTarget`` checks is set for the target's kind."""
+    if field is None:
+        raise UsageError(f"the target lacks its {name}")
+    return field
+
+
 def shape_of(target: FeatureTarget) -> tuple[str, int]:
     """``(term, images)``: the kind of loss term an inversion of ``target`` minimises
     (``per-image`` | ``mean`` | ``stats``; only targets with the same term share a batch)
     and how many images it optimises per restart (``pose`` decides the same way)."""
     if target.kind == "raw-feature":
-        z = target.z
-        return "per-image", 1 if z.dim() == 1 else int(z.shape[0])  # type: ignore[union-attr]
+        z = _required(target.z, "z")
+        return "per-image", 1 if z.dim() == 1 else int(z.shape[0])
     if target.kind == "class-mean":
         return ("mean", target.n) if target.batch and target.n > 1 else ("per-image", 1)
     if target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
@@ -130,14 +137,16 @@ def pose(target: FeatureTarget, device: torch.device, dtype: torch.dtype) -> Pos
     per_image: Tensor | None = None
     mu = cov = None
     if target.kind == "raw-feature":
-        per_image, mode = target.z.reshape(-1, target.z.shape[-1]), "raw-feature"  # type: ignore[union-attr]
+        z = _required(target.z, "z")
+        per_image, mode = z.reshape(-1, z.shape[-1]), "raw-feature"
     elif target.kind == "class-mean":
         if target.batch and target.n > 1:
             mu, mode = target.mean, "class-mean-batch"
         else:
-            per_image, mode = target.mean[None], "class-mean"  # type: ignore[index]
+            per_image, mode = _required(target.mean, "mean")[None], "class-mean"
     elif target.mode == "features" or (target.mode == "auto" and target.n <= 2) or target.n == 1:
-        per_image = features_from_stats(target.n, target.mean, target.cov)  # type: ignore[arg-type]
+        per_image = features_from_stats(target.n, _required(target.mean, "mean"),
+                                        _required(target.cov, "cov"))
         mode = "class-stats-features"
     else:
         mu, cov, mode = target.mean, target.cov, "class-stats-direct"

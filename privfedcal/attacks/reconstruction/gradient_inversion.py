@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -270,7 +271,7 @@ def recover_rank_n_rounds(
     _, s, vh = torch.linalg.svd(stack, full_matrices=False)
     k = min(n, vh.shape[0])
     v = vh[:k].T  # (d, k)
-    scale2 = sum(g.pow(2).sum() for g in gs).clamp_min(1e-300)
+    scale2 = cast(Tensor, sum(g.pow(2).sum() for g in gs)).clamp_min(1e-300)  # gs non-empty
     # start: the least-squares weighted-mean feature of the first release, repeated
     z_ls, _ = recover_from_class_gradient(gs[0][:, :-1], gs[0][:, -1])
 

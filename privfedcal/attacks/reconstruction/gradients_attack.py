@@ -160,7 +160,7 @@ def recovered_cosine(view: RunView, z: Tensor, truth_idx: Tensor,
 
 
 def _gradient_job(view: RunView, opts: GradientsOptions, state: dict[str, Tensor], block: Tensor,
-                  truth_idx: Tensor, base: dict[str, Any], seed: int,
+                  truth_idx: Tensor | None, base: dict[str, Any], seed: int,
                   head: tuple[Tensor, Tensor | None] | None = None,
                   n_known: int | None = None,
                   inputs: Callable[[Tensor], Tensor] | None = None) -> Job:
@@ -183,17 +183,18 @@ def _gradient_job(view: RunView, opts: GradientsOptions, state: dict[str, Tensor
             rn = recover_rank_n(block.to(view.exp.device).double(), head[0], head[1],
                                 int(info.label), n_est,
                                 generator=make_generator(opts.seed, seed, 0, 67))
-            target, how = FeatureTarget.raw(rn.features.float()), "rank-n+"
+            recovered, how = rn.features.float(), "rank-n+"
             extra.update(rank_n_residual=rn.residual,
                          needed=["the head the client used", "n (count or gradient rank)"])
         else:  # the least-squares weighted-mean feature, one image
-            target, how = FeatureTarget.raw(z.reshape(-1, z.shape[-1])), "analytic+"
+            recovered, how = z.reshape(-1, z.shape[-1]), "analytic+"
             extra["needed"] = ["the class gradient only"]
+        target = FeatureTarget.raw(recovered)
         if inputs is not None:  # feature_cosine and recovered_cosine: against these
             extra["features_of"] = "the augmented images (DSA) the clients differentiated"
         if truth_idx is not None and view.truth_exp is not None and \
-                target.z.shape[0] == truth_idx.numel():
-            extra["recovered_cosine"] = recovered_cosine(view, target.z, truth_idx, inputs)
+                recovered.shape[0] == truth_idx.numel():
+            extra["recovered_cosine"] = recovered_cosine(view, recovered, truth_idx, inputs)
         inv = Inversion(view, view.model, state, target, make_generator(opts.seed, seed, 0, 63),
                         opts.inversion, solve_features, shape_of(target)[1],
                         group=shape_of(target)[0])
@@ -249,7 +250,7 @@ def plan_gradients(view: RunView, opts: GradientsOptions, clients: Sequence[int]
                        else None)
             block = payload["grad"][c]  # a sum under sample weighting: make it a mean
             block = block / max(n_obs, 1.0) if n_obs is not None else block
-            plan.jobs.append(_gradient_job(view, opts, rel.state, block, truth,
+            plan.jobs.append(_gradient_job(view, opts, rel.sent_state, block, truth,
                                            base, tag, head=None if noisy else head,
                                            n_known=n_known, inputs=inputs))
     if opts.rounds_combined > 1:
@@ -306,18 +307,18 @@ def _plan_rounds(view: RunView, opts: GradientsOptions, last: Release,
 
 
 def _rounds_job(view: RunView, opts: GradientsOptions, rels: list[Release], blocks: list[Tensor],
-                truth_idx: Tensor, base: dict[str, Any], seed: int) -> Job:
+                truth_idx: Tensor | None, base: dict[str, Any], seed: int) -> Job:
     def prepare() -> tuple[Inversion, Callable[[Any, float], Attacked]]:
         heads = [creff_head(view, r) for r in rels]
         target = ([r.state for r in rels], heads, blocks, base["class"], base["n_used"])
-        inv = Inversion(view, view.model, rels[-1].state, target,
+        inv = Inversion(view, view.model, rels[-1].sent_state, target,
                         make_generator(opts.seed, seed, 0, 68),
                         dataclasses.replace(opts.inversion, restarts=1, tv_weight=1e-2,
                                             l2_weight=0.0, jitter=0, bn_weight=0.0),
                         _solve_rounds, base["n_used"], group=tuple(r.round for r in rels))
 
         def finish(res: Any, seconds: float) -> Attacked:
-            view.load_state(rels[-1].state)
+            view.load_state(rels[-1].sent_state)
             rec, matched = score(view, res.images, truth_idx, paired=False)
             record = {**base, **rec, "mode": "class-gradients-across-rounds",
                       "target_cosine": res.gradient_cosine, **convergence_record(res.convergence),

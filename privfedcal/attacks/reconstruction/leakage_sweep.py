@@ -47,7 +47,7 @@ COLUMNS = ("method", "eps", "secagg", "accuracy", "psnr_max", "nearest_of_worst"
            "nearest_is_true", "nearest_chance", "converged", "targets", "note")
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> tuple[str, ...]:
     """``ATTACKED_CALIBRATORS``: the calibrators whose releases an attack targets (the labels
     each attack names), read from the registries when asked (PEP 562), so that one
     registered after this module's import is audited too."""
@@ -203,14 +203,17 @@ def _attack(view: Any, calibrator: Any, config: AuditConfig,
                   attack_batch=config.attack_batch, max_n=config.max_n, seed=config.seed,
                   default_clients=config.attack_clients, known_classes=True)
     plan, *more = [attack.plan(view, options_from(attack.options, values))
-                   for _, attack in attacks_of(calibrator)]
+                   for _, attack in attacks_of(calibrator) if attack.plan is not None]
     for other in more:
         plan.jobs += other.jobs
         plan.notes += other.notes
     results = execute(plan, (lambda job: on_job(job.description)) if on_job else None)
     class_records, class_notes = infer_class_sets(view, options_from(ClassesOptions, values))
-    whole_records, whole = [], {}
+    whole_records: list[dict[str, Any]] = []
+    whole: dict[str, Any] = {}
     for attack in run_attacks():  # attacks on the run as a whole (disaggregation)
+        if attack.run is None:
+            continue  # run_attacks lists only those with a run
         found, _ = attack.run(view, options_from(attack.options, values))
         whole_records += found
         if attack.audit_columns is not None:

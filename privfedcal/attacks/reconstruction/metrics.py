@@ -12,6 +12,7 @@ needs downloaded network weights, which privfedcal never fetches.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,8 @@ def ssim(x: Tensor, y: Tensor, *, kernel_size: int | None = None) -> Tensor:
     if k < 1 or k % 2 == 0 or k > min(x.shape[-2:]):
         raise UsageError(f"SSIM kernel_size must be odd and at most the image side, got {k}")
     val = structural_similarity_index_measure(x, y, data_range=1.0, kernel_size=k, reduction="none")
-    return val.float()
+    # a tuple only with return_full_image / return_contrast_sensitivity, not asked for here
+    return cast(Tensor, val).float()
 
 
 def normalise(

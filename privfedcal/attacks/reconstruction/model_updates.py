@@ -127,7 +127,7 @@ def invert_update(
     )
     names, targets = _target_gradients(model, observed, kind)
     params = dict(model.named_parameters())
-    plist = [params[n] for n in names]
+    plist: list[Tensor] = [params[n] for n in names]
     device = plist[0].device
     labels = _update_labels(model, observed, kind, batch_size, labels).to(device)
     objective, error = _cosine_objective(model, plist, targets, labels, batch_size)

@@ -142,7 +142,7 @@ def run_alone(view: RunView, prepare: Prepare, shared: dict[Any, Any]) -> Callab
 
 
 def inversion_job(view: RunView, opts: InversionOptions, state: dict[str, Tensor], target,
-                   truth_idx: Tensor, base: dict[str, Any], seed: int, *, paired: bool,
+                   truth_idx: Tensor | None, base: dict[str, Any], seed: int, *, paired: bool,
                    extractor: FeatureClassifier | None = None,
                    shared: dict[Any, Any] | None = None) -> Job:
     """``shared`` (with ``base["view"] == "aggregate"``) keeps one inversion of the aggregate
@@ -215,7 +215,7 @@ def _run(plan: Plan, todo: list[int], size: int, tracker: Tracker,
     """``execute``'s work: prepare the jobs, plan the total, run the lone jobs, then the
     batches of each group."""
     alone = [i for i in todo if plan.jobs[i].prepare is None]
-    prepared = {i: plan.jobs[i].prepare() for i in todo if plan.jobs[i].prepare is not None}
+    prepared = {i: prep() for i in todo if (prep := plan.jobs[i].prepare) is not None}
     groups: dict[Any, list[int]] = {}
     for i, (inv, _) in prepared.items():
         group = (inv.solve, id(inv.model), id(inv.state), inv.config, inv.group)

@@ -202,8 +202,8 @@ def _draw_grid(fig, axes, shown: Sequence[Attacked], cols: int, title: str | Non
                     axes[row, j].axis("on")
                     _show(axes[row, j], img)
         axes[2 * i, 0].set_ylabel(f"{r['target']}\nk{who}{cls} n={r['n']}\ntrue", fontsize=7)
-        shown = "unscored" if r.get("psnr") is None else f"{r['psnr']:.1f} dB"
-        axes[2 * i + 1, 0].set_ylabel(f"recon\n{shown}", fontsize=7)
+        quality = "unscored" if r.get("psnr") is None else f"{r['psnr']:.1f} dB"
+        axes[2 * i + 1, 0].set_ylabel(f"recon\n{quality}", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
 

@@ -77,21 +77,21 @@ def plan_stats(view: RunView, opts: StatsOptions, clients: Sequence[int] | None 
             if opts.raw_samples and truth is None:
                 plan.notes.append("no raw-feature baseline: it needs the clients' images (the "
                                   "experimenter's side of the run folder); attacks run unscored")
-            elif opts.raw_samples:
+            elif opts.raw_samples and truth is not None:
                 g = make_generator(opts.seed, tag, 0, 62)
                 pick = truth[torch.randperm(truth.numel(), generator=g)[:opts.raw_samples]
                              .to(truth.device)]
                 with torch.no_grad():
-                    view.load_state(rel.state)
+                    view.load_state(rel.sent_state)
                     z = extractor.features(view.truth_exp.data.x_train[pick]).detach()
                 plan.jobs.append(inversion_job(
-                    view, opts, rel.state, FeatureTarget.raw(z), pick,
+                    view, opts, rel.sent_state, FeatureTarget.raw(z), pick,
                     {**base, "target": "raw-feature", "n": 1, "view": "hypothetical",
                      "dp": False, "images": int(pick.numel())}, tag * 4, paired=True,
                     extractor=extractor))
             m = mean[c].float()
             plan.jobs.append(inversion_job(
-                view, opts, rel.state, FeatureTarget.class_mean(m, n), truth,
+                view, opts, rel.sent_state, FeatureTarget.class_mean(m, n), truth,
                 {**base, "target": "class-mean", "n": n}, agg_tag * 4 + 1, paired=False,
                 extractor=extractor, shared=plan.shared))
             if n > opts.max_n:
@@ -99,7 +99,7 @@ def plan_stats(view: RunView, opts: StatsOptions, clients: Sequence[int] | None 
                                   f"--max-n {opts.max_n}")
                 continue
             plan.jobs.append(inversion_job(
-                view, opts, rel.state, FeatureTarget.class_stats(n, m, cov[c].float()), truth,
+                view, opts, rel.sent_state, FeatureTarget.class_stats(n, m, cov[c].float()), truth,
                 {**base, "target": "class-stats", "n": n}, agg_tag * 4 + 2, paired=False,
                 extractor=extractor, shared=plan.shared))
     return plan

@@ -72,14 +72,14 @@ def _update_job(view: RunView, opts: UpdatesOptions, rel: Release, client: int) 
         idx = view.truth_exp.parts[client]
         g = make_generator(opts.seed, client, rel.round, 64)
         pick = idx[torch.randperm(idx.numel(), generator=g)[:opts.update_batch].to(idx.device)]
-        view.load_state(rel.state)
+        view.load_state(rel.sent_state)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         model.train()  # the client's own step: batch statistics, as in local training
         try:
             loss = F.cross_entropy(model(d.x_train[pick]), d.y_train[pick])
             grads = torch.autograd.grad(loss, [p for _, p in named])
         finally:
-            view.load_state(rel.state)  # undo running-statistics updates; back to eval mode
+            view.load_state(rel.sent_state)  # undo running-statistics updates; back to eval mode
         lr = view.cfg.training.lr
         update = {n: -lr * gr.detach() for (n, _), gr in zip(named, grads, strict=True)}
         res = invert_update(model, update, batch_size=int(pick.numel()), kind="update",
@@ -115,8 +115,7 @@ def _recorded_update_job(view: RunView, opts: UpdatesOptions, round_: int,
     # Under --dp-train the server averages with uniform public weights (1 per client): the
     # weight is no sample count, and inverting one image would under-report the leak.
     dp_sgd = cfg.privacy.dp_train
-    n_from_weight = weight is not None and float(weight) >= 1 and not dp_sgd
-    if n_from_weight:
+    if weight is not None and float(weight) >= 1 and not dp_sgd:
         n, how = int(round(float(weight))), "n = aggregation weight"
     elif truth is not None:
         n, how = int(truth.numel()), ("n = the client's sample count (side knowledge: no "

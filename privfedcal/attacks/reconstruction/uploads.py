@@ -55,12 +55,16 @@ def sources(view: RunView, rel: Release, clients: Sequence[int] | None, plan: Pl
     bad = [c for c in chosen if not 0 <= c < view.cfg.data.clients]
     if bad:
         raise UsageError(f"client(s) {bad} out of range 0..{view.cfg.data.clients - 1}")
+    if rel.aggregate is None:
+        raise UsageError(f"round {rel.round} of {rel.label!r} holds neither per-client uploads "
+                         "nor an aggregate")
     plan.notes.append(f"secure aggregation: round {rel.round} has no per-client uploads "
                       f"({len(rel.ciphertext_bytes)} ciphertexts); attacking the aggregate (the "
                       "statistics of the whole federation) and scoring it against the images "
                       f"of client(s) {', '.join(map(str, chosen))} only, like the per-client "
                       "rows")
-    return [(c, rel.aggregate, "aggregate") for c in chosen]
+    aggregate = rel.aggregate
+    return [(c, aggregate, "aggregate") for c in chosen]
 
 
 def classes_to_attack(view: RunView, client: int | None, payload: dict[str, Tensor], stds: dict,
@@ -114,11 +118,12 @@ def infer_class_sets(view: RunView, opts: ClassesOptions | InversionOptions) -> 
     for spec in specs:
         label = spec.label
         for rel in view.releases(label):
+            shown: list[tuple[int | None, dict[str, Tensor], str, Tensor | None]]
             if rel.uploads:
-                sources = [(c, p, "plain-upload", None if truth is None else truth[c])
+                shown = [(c, p, "plain-upload", None if truth is None else truth[c])
                            for c, p in sorted(rel.uploads.items())]
             elif rel.aggregate is not None:
-                sources = [(None, rel.aggregate, "aggregate",
+                shown = [(None, rel.aggregate, "aggregate",
                             None if truth is None else truth.sum(0))]
                 note = (f"{label}: secure aggregation hides per-client class sets; the aggregate "
                         "only tells which classes the federation holds")
@@ -126,21 +131,21 @@ def infer_class_sets(view: RunView, opts: ClassesOptions | InversionOptions) -> 
                     notes.append(note)
             else:
                 continue
-            for client, payload, seen, true_counts in sources:
+            for client, payload, seen, true_counts in shown:
                 stds = view.noise_stds(label, list(payload))
                 pred = infer_classes(payload, tests=key_tests(spec), noise_std=stds,
                                      false_positive_rate=opts.false_positive_rate)
-                known = true_counts is not None
                 records.append({
                     "target": "class-set", "client": client, "class": None,
-                    "n": int(true_counts.sum()) if known else None, "round": rel.round,
+                    "n": None if true_counts is None else int(true_counts.sum()), "round": rel.round,
                     "label": label, "view": seen, "dp": any(s > 0 for s in stds.values()),
-                    **(score_class_sets(pred, true_counts) if known else {"scored": False}),
+                    **({"scored": False} if true_counts is None
+                       else score_class_sets(pred, true_counts)),
                     "present": torch.nonzero(pred[0]).flatten().tolist(),
-                    "true_classes": (torch.nonzero(true_counts > 0).flatten().tolist()
-                                     if known else None),
+                    "true_classes": (None if true_counts is None
+                                     else torch.nonzero(true_counts > 0).flatten().tolist()),
                     "counts": None if pred[1] is None else [round(float(v), 2) for v in pred[1]],
-                    "true_counts": [int(v) for v in true_counts] if known else None,
+                    "true_counts": None if true_counts is None else [int(v) for v in true_counts],
                 })
     if not records:
         raise UsageError(f"the transcript of {view.run_dir} holds no calibration uploads "

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ from privfedcal.flower.plugin.wording import (
     threads_setting,
     torch_threads,
 )
-from privfedcal.flower.records import record_to_state, tensor_to_array
+from privfedcal.flower.records import as_int, record_at, record_to_state, tensor_to_array
 from privfedcal.flower.stage_messages import SECAGG, client_upload, decrypt, keygen
 from privfedcal.flower.tasks import TASK_ARRAYS, TASK_CONFIG, task_from_records
 from privfedcal.models.head_adapter import HeadAdapter
@@ -89,6 +89,7 @@ def _call(source: Any, context: Context) -> Any:
         return source
     if inspect.isclass(source):  # a model class: built without arguments
         return source()
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(source).parameters
     except (TypeError, ValueError):
@@ -250,16 +251,18 @@ class CalibrationClient:
 
         run = self.node_run(context)
         content = msg.content
-        config = content["config"]
+        config = record_at(content, "config", ConfigRecord)
         label = str(config["label"])
         declared = {r.label: r.task for r in calibrator_class(run.settings.cfg).releases}
         with node_release(context, run.uplink, label):
-            task = task_from_records(content[TASK_CONFIG], content[TASK_ARRAYS], self.device)
+            task = task_from_records(record_at(content, TASK_CONFIG, ConfigRecord),
+                                     record_at(content, TASK_ARRAYS, ArrayRecord), self.device)
             if declared.get(label) is not type(task):
                 raise Refused(f"release {label!r} with task {type(task).__name__} is not "
                               f"one this node's {run.settings.method} makes")
             adapter = self.adapter(context)
-            adapter.load_state_dict(record_to_state(content["state"], self.device))
+            adapter.load_state_dict(record_to_state(record_at(content, "state", ArrayRecord),
+                                                    self.device))
             adapter.eval()
             data = self.data(context)
             kwargs = self._batches_kwargs(adapter)
@@ -269,7 +272,7 @@ class CalibrationClient:
                 self._checked = True
             upload = node_data.compute(task, adapter, data, run.uplink.bound, **kwargs)
             records = client_upload(run.uplink, upload, label=label,
-                                    round_=int(config["round"]), client=run.partition,
+                                    round_=as_int(config["round"]), client=run.partition,
                                     secagg=content.config_records.get(SECAGG))
         return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
 
@@ -281,14 +284,15 @@ class CalibrationClient:
 
     def keygen(self, msg: Message, context: Context) -> Message:
         partition = self._key_holder(context)
-        records = dict(keygen(context, msg.content["config"]))
+        records = dict(keygen(context, record_at(msg.content, "config", ConfigRecord)))
         return Message(RecordDict({"meta": ConfigRecord({"partition-id": partition}),
                                    **records}), reply_to=msg)
 
     def decrypt(self, msg: Message, context: Context) -> Message:
         self._key_holder(context)
         run = self.node_run(context)
-        records = dict(decrypt(context, msg.content["config"], run.uplink))
+        records = dict(decrypt(context, record_at(msg.content, "config", ConfigRecord),
+                               run.uplink))
         return Message(RecordDict({"meta": run.meta(), **records}), reply_to=msg)
 
     def clip(self, msg: Message, context: Context) -> Message:
@@ -310,7 +314,7 @@ class CalibrationClient:
                 raise UsageError("the server sent a second, different clip for this run")
             save_clip_record(context, {**record, "clip": clip})
             return Message(RecordDict({"meta": meta}), reply_to=msg)
-        if stage not in STAGES:
+        if not isinstance(stage, int) or stage not in STAGES:
             raise UsageError(f"clip stage must be 1, 2 or 3, got {stage!r}")
         histogram = kept_histogram(record, stage, config.get("centre"))
         if histogram is None:  # not released yet: drawn, kept, then sent
@@ -325,7 +329,8 @@ class CalibrationClient:
         """This node's noisy histogram of its feature norms for ``stage`` (clip.py)."""
         edges = auto.edges(stage, centre)
         adapter = self.adapter(context)
-        adapter.load_state_dict(record_to_state(msg.content["state"], self.device))
+        adapter.load_state_dict(record_to_state(record_at(msg.content, "state", ArrayRecord),
+                                                self.device))
         adapter.eval()
         kwargs = self._batches_kwargs(adapter)
         norms = feature_norms(adapter.features,
@@ -336,7 +341,7 @@ class CalibrationClient:
 def clip_record(context: Context) -> dict[str, Any]:
     """The node's record of this run's clip search (``CLIP_STATE``): stages made, clip."""
     kept = context.state.config_records.get(CLIP_STATE)
-    if kept is None or int(kept["run-id"]) != int(context.run_id):
+    if kept is None or as_int(kept["run-id"]) != int(context.run_id):
         return {"run-id": int(context.run_id)}
     return dict(kept)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -45,6 +45,9 @@ from privfedcal.privacy.quantile import (
     check_edges,
     plan_clip_noise,
 )
+
+if TYPE_CHECKING:
+    from flwr.app.typing import ConfigRecordValues
 
 __all__ = ["AUTO", "CLIP_MESSAGE", "CLIP_STATE", "AutoClip", "default_clip", "keep_histogram",
            "kept_histogram", "stage_label", "with_update_release"]
@@ -233,7 +236,8 @@ def choose_clip(link: Any, state: dict[str, Tensor], auto: AutoClip, sizes: dict
     centre = clip = 0.0
     for stage, quantile in ((1, auto.search.locate_quantile), (2, auto.search.quantile)):
         edges = auto.edges(stage, None if stage == 1 else centre)
-        config = {"stage": stage} if stage == 1 else {"stage": stage, "centre": centre}
+        config: dict[str, ConfigRecordValues] = ({"stage": stage} if stage == 1
+                                                 else {"stage": stage, "centre": centre})
         replies = link.exchange(RecordDict({"state": model, "config": ConfigRecord(config)}),
                                 clients, CLIP_MESSAGE, f"clip-{stage}", need=need)
         got: dict[int, Tensor] = {}

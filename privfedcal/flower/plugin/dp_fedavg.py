@@ -181,8 +181,8 @@ class PrivateUpdates(Strategy):
             log.warning("round %d: DP-FedAvg got %d of %d updates: nothing released",
                         server_round, len(got), len(clients))
             return None, None
-        locals_ = [next(iter(r.content.array_records.values())).to_torch_state_dict()
-                   for r in replies]
+        locals_: list[dict[str, torch.Tensor]] = [
+            next(iter(r.content.array_records.values())).to_torch_state_dict() for r in replies]
         new = private_average(self.user_dp, sent.to_torch_state_dict(), locals_, server_round)
         log.info("round %d: DP-FedAvg of %d clipped updates, epsilon %.4f spent so far",
                  server_round, len(replies), self.user_dp.dp.epsilon())

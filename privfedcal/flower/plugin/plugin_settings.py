@@ -154,10 +154,12 @@ def _plan_auto_clip(cfg: RunConfig) -> AutoClip:
     from privfedcal.privacy.planner import protection_inputs, release_plans
     from privfedcal.settings.floors import PrivacyOptions
 
-    if cfg.privacy.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
-        raise UsageError("dp-clip='auto' needs dp-delta")
-    inputs = protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg))
     p = cfg.privacy
+    if p.dp_delta is None:  # resolve sets it under DP; a guard, not a user path
+        raise UsageError("dp-clip='auto' needs dp-delta")
+    if p.dp_eps is None:
+        raise UsageError("dp-clip='auto' needs dp-eps")
+    inputs = protection_inputs(PrivacyOptions.of(cfg), calibrator_class(cfg))
     return AutoClip.plan(float(p.dp_eps), float(p.dp_delta), p.accountant,
                          with_update_release(inputs, release_plans(inputs)))
 

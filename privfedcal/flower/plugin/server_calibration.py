@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from flwr.app import Context
+from flwr.app import Context, MetricRecord
 from flwr.serverapp import Grid
 from torch import Tensor
 
@@ -56,6 +56,7 @@ from privfedcal.flower.plugin import data as plugin_data
 from privfedcal.flower.plugin.clip import ClipOutcome, choose_clip, stage_label
 from privfedcal.flower.plugin.plugin_settings import PluginSettings, gather, resolve
 from privfedcal.flower.plugin.wording import boundary, threads_setting, torch_threads
+from privfedcal.flower.records import as_int, record_at
 from privfedcal.models.head_adapter import HeadAdapter
 from privfedcal.privacy.plan import PresetNoise
 from privfedcal.privacy.quantile import QUANTILE_RELEASE
@@ -163,7 +164,7 @@ def _hello(link: GridLink, settings: PluginSettings) -> dict[int, int]:
     for client, reply in sorted(link.discover().items()):
         if str(reply.content["meta"].get("settings", "")) != want:
             other.append(client)
-        sizes[client] = int(reply.content["metrics"]["num-examples"])
+        sizes[client] = as_int(record_at(reply.content, "metrics", MetricRecord)["num-examples"])
     if other:
         raise FlowerRoundError(
             f"client(s) {other} run other privfedcal settings than the server (method, "

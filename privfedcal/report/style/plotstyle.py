@@ -21,7 +21,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -30,6 +30,9 @@ from matplotlib.rcsetup import cycler
 
 from privfedcal.report.style.palette import PALETTE
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 #: heatmap colour maps (sequential; diverging for signed data)
 SEQUENTIAL = "cividis"
 COUNTS = "viridis"
@@ -37,7 +40,7 @@ LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 DPI = 120
 
-RC: dict[str, Any] = {
+RC: dict[RcKeyType, Any] = {
     "axes.prop_cycle": cycler(color=list(PALETTE)),
     "font.size": 10,
     "axes.titlesize": 11,
