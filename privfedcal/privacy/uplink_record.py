@@ -46,7 +46,8 @@ def load_stage_states(state: dict[str, Any], stages: Sequence[Stage],
         held = state.get(stage.top_level_key) if stage.top_level_key else None
         if held is not None and stage.name not in states:
             states[stage.name] = held
-    own = {stage.name: stage for stage in [*stages, *update_stages]}
+    every: list[Stage | UpdateStage] = [*stages, *update_stages]
+    own = {stage.name: stage for stage in every}
     foreign = sorted(name for name, st in states.items() if st and name not in own)
     if foreign:
         raise UsageError(f"the checkpoint holds the state of stage(s) {', '.join(foreign)}, "
