@@ -54,7 +54,7 @@ from privfedcal.privacy.stages import (
     validate_upload,
 )
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.privacy.update_stage import Received, State, UpdateRound, UpdateStage
+from privfedcal.privacy.update_stage import Received, State, UpdateRound, UpdateStage, join_stages
 
 if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
@@ -98,6 +98,7 @@ class Uplink:
         if taker is not None and halves:
             raise UsageError(f"update stage {taker.name!r} receives the round itself: the "
                              f"halves of {', '.join(halves)} would not run beside it")
+        join_stages(self.update_stages)
 
     def find(self, kind: type[S]) -> S | None:
         """The stage of type ``kind`` (of the uploads or of the updates), if the uplink
