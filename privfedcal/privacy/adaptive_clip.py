@@ -88,8 +88,8 @@ class AdaptiveClip(UpdateStage):
         """Become the clip policy of the run's DP-FedAvg stage (refused without one)."""
         targets = [s for s in stages if isinstance(s, UserDP)]
         if not targets:
-            raise UsageError(f"update stage {self.name!r} moves DP-FedAvg's clip: the run "
-                             "plans no DP-FedAvg stage ({dp_updates})")
+            raise SettingError("{dp_adaptive_clip} moves the clip of {dp_updates}: a run "
+                               "without it plans no DP-FedAvg stage")
         for stage in targets:
             stage.use_clip_policy(self)
 
