@@ -35,8 +35,8 @@ Where the noise is added:
 Noise comes from OS entropy (privacy/noise.py); with ``--insecure-seeded-noise`` nothing holds.
 
 The stage keeps its clip, noise, journal and charge here; the round's receipt is
-privacy/dp_fedavg_round.py, the flat-vector arithmetic privacy/update_vectors.py (both
-re-exported). A stage may move the clip between rounds through ``use_clip_policy``
+privacy/dp_fedavg_round.py, the flat-vector arithmetic privacy/update_vectors.py (its names
+re-exported here), the report privacy/user_dp_summary.py. A stage may move the clip between rounds through ``use_clip_policy``
 (``ClipPolicy``): the adaptive clip (``--dp-adaptive-clip``, privacy/adaptive_clip.py, its
 own registered stage) does, from a noised count released in the same round.
 """
