@@ -76,7 +76,7 @@ def main() -> None:
         train_client,
     )
     from privfedcal.models import create_model
-    from privfedcal.settings.sections import TrainingSettings
+    from privfedcal.settings.sections import DataSettings, TrainingSettings
 
     ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--device", default="auto")
@@ -100,8 +100,7 @@ def main() -> None:
     mixed = choose_mixed_precision(model, device, args.precision)
     spec = LocalSpec(TrainingSettings(local_epochs=args.epochs, batch_size=args.batch_size,
                                       lr=0.01, momentum=0.9, weight_decay=1e-5, seed=0),
-                     augment=True,
-                     mixed_precision=mixed)
+                     DataSettings(augment=True), mixed_precision=mixed)
     start = clone_state(model)
     idx = torch.arange(args.images, device=device)
     steps = args.epochs * -(-args.images // args.batch_size)

@@ -14,6 +14,13 @@ on the network's first layer (the ``nn.Linear`` that takes the flattened image, 
 * ``steps``: backward passes through that layer (one per SGD step);
 * ``eval_batches`` / ``eval_samples``: forwards without gradients or in eval mode.
 
+privfedcal's vectorised trainer (``--client-batch K``) runs one forward for K clients inside
+``torch.func.vmap``, where module hooks see one client's slice of a batched tensor and no
+backward hook can be attached; its training work is therefore counted from the step plan the
+trainer executes (``Meter.count_plan``: each client's steps and the real, weight-1 rows of its
+batches, padding rows left out), and its training forwards are not counted by the hook
+(``plan_counted``). Its evaluation runs outside vmap and is counted by the hook as everywhere.
+
 The driver differences consecutive lines into one round's work.
 """
 
@@ -33,6 +40,8 @@ class Meter:
     def __init__(self, count: bool = False, *, in_channels: int = 1, image_size: int = 8,
                  cnn: bool = False) -> None:
         self.count = count
+        #: training work is counted from the vectorised trainer's plan (``count_plan``)
+        self.plan_counted = False
         self.totals = dict.fromkeys(COUNTERS, 0)
         self._first = (("conv", in_channels) if cnn
                        else ("linear", in_channels * image_size * image_size))
@@ -56,6 +65,8 @@ class Meter:
             return
         n = int(inputs[0].shape[0])
         if module.training and torch.is_grad_enabled():
+            if self.plan_counted:
+                return
             self.totals["train_batches"] += 1
             self.totals["train_samples"] += n
             if output.requires_grad:
@@ -66,6 +77,13 @@ class Meter:
 
     def _backward(self, grad: Any) -> None:
         self.totals["steps"] += 1
+
+    def count_plan(self, steps: list[int], real_rows: int) -> None:
+        """One group of the vectorised trainer: each client's number of SGD steps
+        (``steps``) and the real rows of all their batches (``real_rows``)."""
+        self.totals["steps"] += sum(steps)
+        self.totals["train_batches"] += sum(steps)
+        self.totals["train_samples"] += real_rows
 
     def add(self, counts: dict[str, Any]) -> None:
         """Work counted in another process (Flower's ClientApps) added to this one's."""

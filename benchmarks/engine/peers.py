@@ -2,7 +2,10 @@
 round timed the same way, in interleaved pairs of whole processes.
 
 * ``privfedcal``: ``privfedcal train`` as users run it (run folder, server-view transcript,
-  checkpoint every round, metrics, log lines, plot and table: the defaults);
+  checkpoint every round, metrics, log lines, plot and table: the defaults); with
+  ``--client-batch K`` it trains K clients at once with its vectorised trainer (the same
+  SGD steps on the same batches, within float32 rounding: a privfedcal option, named in the
+  output), its training work counted from the step plan that trainer runs (peer_meter.py);
 * ``bare``: a plain PyTorch script: the model, ``torch.optim.SGD``, shuffled mini-batches by
   index, a sample-weighted average, the test evaluation, nothing else;
 * ``flower``: Flower 1.41's simulation engine (``flwr.simulation.run_simulation``, Ray
@@ -287,6 +290,18 @@ def role_privfedcal(args) -> None:
     data = load_dataset(args.dataset)
     meter = make_meter(args, data)
     line = run_progress.progress_line
+    if args.client_batch > 1:  # vmap hides the steps from module hooks: count its plan
+        import privfedcal.federation.vectorised as vectorised
+
+        plan_steps = vectorised.plan_steps
+
+        def counted_plan(jobs, spec, round_):
+            order, plan = plan_steps(jobs, spec, round_)
+            meter.count_plan(plan.steps, int(plan.weight.sum()))
+            return order, plan
+
+        meter.plan_counted = True
+        vectorised.plan_steps = counted_plan
 
     def counted_line(rec, total):
         meter.tick(rec["round"])
@@ -444,6 +459,8 @@ def privfedcal_argv(args, out: Path) -> list[str]:
     # --data-seed 0: the partition every other way trains on (under a protection privfedcal
     # otherwise draws a secret partition seed, a different split in every run)
     argv += ["--model", "cnn", "--no-augment"] if args.cnn else ["--model", "mlp"]
+    if args.client_batch > 1:
+        argv += ["--client-batch", str(args.client_batch)]
     if args.dp:
         argv += ["--dp-updates", "--dp-eps", str(args.epsilon), "--dp-delta",
                  str(args.delta), "--dp-update-clip", str(args.clip)]
@@ -457,7 +474,7 @@ def way_command(way: str, args, tmp: Path, out: Path) -> tuple[list[str], dict[s
             str(args.clients), "--alpha", str(args.alpha), "--dataset", args.dataset]
     role += (["--cnn"] if args.cnn else []) + (["--count"] if args.count else [])
     role += ["--client-eval", args.client_eval] if args.client_eval else []
-    role += ["--device", args.device]
+    role += ["--device", args.device, "--client-batch", str(args.client_batch)]
     if args.dp:
         role += ["--dp", "--epsilon", str(args.epsilon), "--delta", str(args.delta),
                  "--clip", str(args.clip), "--noise-multiplier", str(args.noise_multiplier)]
@@ -608,6 +625,9 @@ def describe(args) -> str:
           f"{args.clip:g}, noise multiplier {args.noise_multiplier:.3f} (RDP, q = 1)"
           if args.dp else "")
     runs = "work counted, one run per way" if args.count else f"{args.repeats} interleaved pairs"
+    if args.client_batch > 1:
+        runs += (f"; privfedcal with --client-batch {args.client_batch} (its vectorised "
+                 "trainer, a privfedcal option)")
     return (f"FedAvg, {what}, {args.clients} clients (Dirichlet {args.alpha}), {args.rounds} "
             f"rounds, 2 local epochs, 1 thread, the test set evaluated every round; {runs}{dp}; "
             f"our choices: pfl's minimize_reuse sampler, Flower's FedAvg strategy")
@@ -684,6 +704,9 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--clip", type=float, default=0.05)
     ap.add_argument("--device", default="cpu", help="cpu or cuda: privfedcal, the bare loop "
                     "and pfl (gpu_round.py); Flower's ClientApps train on the CPU")
+    ap.add_argument("--client-batch", type=int, default=1,
+                    help="privfedcal's --client-batch: clients trained at once by its "
+                         "vectorised trainer (1: one at a time, its default)")
     ap.add_argument("--table", action="store_true", help="every row of the peers table")
     ap.add_argument("--count", action="store_true",
                     help="count each way's work per round instead of timing it")

@@ -80,7 +80,7 @@ def _dpsgd_client(n: int, outlier: bool, trials: int, seed: int) -> dict:
     idx = torch.arange(n + (1 if outlier else 0))
     if outlier:
         y[n] = (y[n] + 5) % 10  # the canary: one mislabelled example
-    spec = dataclasses.replace(exp.spec, augment=False)
+    spec = dataclasses.replace(exp.spec, data=dataclasses.replace(exp.spec.data, augment=False))
     losses, norms = [], []
     flat0 = torch.cat([v.flatten().float() for v in start.values()])
     for t in range(trials):

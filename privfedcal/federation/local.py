@@ -162,13 +162,13 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     # waits on the host.
     for _ in range(recipe.local_epochs):
         order = idx[_to(torch.randperm(n, generator=g), device)]
-        draws = tuple(_to(d, device) for d in draw_augmentation(n, g)) if spec.augment else ()
+        draws = tuple(_to(d, device) for d in draw_augmentation(n, g)) if spec.data.augment else ()
         for start in range(0, n, recipe.batch_size):
             batch = order[start:start + recipe.batch_size]
             if batch.numel() < 2 and n >= 2:
                 continue  # a batch of one breaks BatchNorm and batch-statistics losses
             x, y = x_all[batch], y_all[batch]
-            if spec.augment:
+            if spec.data.augment:
                 x = apply_augmentation(x, tuple(d[..., start:start + recipe.batch_size]
                                                 for d in draws))
             x = x.contiguous(memory_format=fmt)

@@ -61,7 +61,7 @@ def build_model_and_algo(model_name: str, training: LocalSpec, num_classes: int,
     seed = training.training.seed
     model = create_model(model_name, num_classes=num_classes, in_channels=in_channels,
                          image_size=image_size, generator=make_generator(seed, 0, 0, 7))
-    if training.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
+    if training.privacy.dp_train:  # BatchNorm has no per-sample gradient: GroupNorm for the whole run
         from privfedcal.privacy.dpsgd import prepare_model
 
         model = prepare_model(model)

@@ -188,7 +188,7 @@ def client_steps(n: int, spec: LocalSpec, g: torch.Generator, width: int
     orders, offs, flips = [], [], []
     for _ in range(spec.recipe.local_epochs):
         orders.append(torch.randperm(n, generator=g))
-        if spec.augment:
+        if spec.data.augment:
             offsets, flipped = draw_augmentation(n, g)
             offs.append(offsets[:, safe])  # (2, S, width)
             flips.append(flipped[safe])
@@ -214,7 +214,7 @@ def plan_steps(jobs: list[TrainJob], spec: LocalSpec, round_: int) -> tuple[list
     index = pad_sequence([jobs[i].indices.cpu()[per_client[i][0]] for i in order])
     weight = pad_sequence([per_client[i][1] for i in order])
     draws: tuple[Tensor, ...] = ()
-    if spec.augment:
+    if spec.data.augment:
         offsets = pad_sequence([per_client[i][2][0].permute(1, 0, 2) for i in order])
         draws = (offsets.permute(0, 2, 1, 3), pad_sequence([per_client[i][2][1] for i in order]))
     return order, StepPlan(index, weight, draws, steps)
@@ -296,7 +296,7 @@ class VectorisedTrainer:
             k = sum(1 for s in plan.steps if s > t)  # clients still training: a prefix
             rows = index[t, :k].reshape(-1)
             x, y = self.x[rows], self.y[rows]
-            if spec.augment:
+            if spec.data.augment:
                 from privfedcal.data.augment import apply_augmentation
 
                 x = apply_augmentation(x, (draws[0][t, :, :k].reshape(2, -1),

@@ -254,7 +254,7 @@ def client_runtime(context: Context) -> ClientRuntime:
 
 def _reported_size(rt: ClientRuntime) -> int:
     """The client's size as it tells the server: 0 under --dp-train and --hide-counts, where
-    sizes are private data and aggregation weights are uniform (privacy/uplink.py
+    sizes are private data and aggregation weights are uniform (privacy/uplink_updates.py
     ``update_weights``; Flower runs have no --secagg-updates)."""
     return 0 if rt.cfg.privacy.dp_train or rt.cfg.privacy.hide_counts else int(rt.idx.numel())
 

@@ -104,7 +104,7 @@ def train_dpsgd(model, algo, x: Tensor, y: Tensor, spec, dp: DPSGDSpec, seed: in
     try:
         for xb, yb in pt.loader:
             pt.optimizer.zero_grad(set_to_none=True)
-            if spec.augment and xb.shape[0]:
+            if spec.data.augment and xb.shape[0]:
                 xb = augment_batch(xb, g)
             # an empty Poisson batch still takes its step (noise alone): skipping it would
             # reveal that it was empty

@@ -10,10 +10,10 @@ but each role only touches what it would hold in a deployment: the server's aggr
 the public context alone, and the transcript records the server's view. Under Flower the
 same stages run on the nodes and the server (flower/stage_messages.py).
 
-The model updates go through the update stages the same way (privacy/update_stage.py:
-client halves in order, server halves in reverse, at most one wire that sums them, state,
-journal and summary through the same hooks): DP-FedAvg (privacy/user_dp.py), their CKKS
-sum (privacy/secagg_updates.py), or an extension's, each registered in the stage registry.
+The model updates go through the update stages the same way (privacy/uplink_updates.py:
+client halves in order, server halves in reverse, at most one wire that sums them); what a
+run keeps of its stages, for resume and for ``summary.json``, is gathered in
+privacy/uplink_record.py.
 
 Guarantees are never weakened silently: a release that would exceed any participant's budget
 stops the run (``PrivacyBudgetError``) before anything is released; a client whose own
@@ -37,7 +37,6 @@ import torch
 
 from privfedcal.errors import BudgetRefused, ReleaseSkipped, UploadRejected, UsageError
 from privfedcal.privacy.bound import Bound, NoBound, Payload
-from privfedcal.privacy.noise import INSECURE_STATEMENT
 from privfedcal.privacy.reasons import Reason, reason_of
 from privfedcal.privacy.reasons import record as reason_record
 from privfedcal.privacy.release_journal import ReleaseJournal, charge_of, contributors_party
@@ -54,7 +53,9 @@ from privfedcal.privacy.stages import (
     validate_upload,
 )
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.privacy.update_stage import Received, State, UpdateRound, UpdateStage, join_stages
+from privfedcal.privacy.update_stage import UpdateStage, join_stages
+from privfedcal.privacy.uplink_record import load_stage_states, protection_summary, stage_states
+from privfedcal.privacy.uplink_updates import UpdatePath
 
 if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
@@ -69,7 +70,7 @@ def default_stages() -> list[Stage]:
 
 
 @dataclass
-class Uplink:
+class Uplink(UpdatePath):
     """An ordered list of stages ending in a wire. With the default (no bound, in the
     clear), the server sees every client's payload (and the transcript records it)."""
 
@@ -275,103 +276,6 @@ class Uplink:
             self.raise_skipped(round_, label, Reason.NO_VALID_UPLOAD)
         return valid
 
-    # ---- model updates: the update stages (privacy/update_stage.py) -------------------------
-    def update_weights(self, sizes: list[float]) -> list[float]:
-        """FedAvg weights of a round: client sizes n_k, except where the sizes are private
-        data: uniform (public nominal) weights, so no size leaves a client. Sizes are
-        private under --dp-train, and under --hide-counts with updates in the clear (a
-        size is the total of the client's hidden class counts: with a cohort's determined
-        sums it splits them, ``count_splits.py``); where an update stage sums the updates
-        (its wire) they travel inside the sum."""
-        if self.nominal_weights:
-            return [1.0] * len(sizes)
-        return list(sizes)
-
-    @property
-    def nominal_weights(self) -> bool:
-        """Whether model updates are averaged with uniform public weights."""
-        return (any(s.uniform_weights for s in self.stages)
-                or (self.hide_counts and not self.hides_updates))
-
-    @property
-    def hides_updates(self) -> bool:
-        """Whether the server sees the model updates only summed (an update wire)."""
-        return self.update_wire is not None
-
-    @property
-    def update_wire(self) -> UpdateStage | None:
-        return next((s for s in self.update_stages if s.wire), None)
-
-    @property
-    def hides_loss(self) -> bool:
-        """Whether a client's training loss stays on the client (an update stage says so)."""
-        return any(s.hides_loss for s in self.update_stages)
-
-    def update_client(self, state: State, rnd: UpdateRound) -> State:
-        """Client ``rnd.client``: the update stages' client halves in order on its state."""
-        for stage in self.update_stages:
-            state = stage.client(state, rnd)
-        return state
-
-    def update_server(self, average: State, rnd: UpdateRound) -> State:
-        """Server: the update stages' server halves in reverse order on the average."""
-        for stage in reversed(self.update_stages):
-            average = stage.server(average, rnd)
-        return average
-
-    def receive_updates(self, rnd: UpdateRound) -> Received:
-        """The round's model updates through the update stages: every ``open``; then the
-        stage that takes the round receives it, or the updates are trained, put through
-        the client halves and summed by the wire, or (no wire) received in the clear by
-        ``rnd.clear``; the server halves on the average; every ``close``."""
-        for stage in self.update_stages:
-            stage.open(rnd)
-        taker = next((s for s in self.update_stages if s.takes), None)
-        if taker is not None:
-            results, average, sent_bytes, checked = taker.receive(
-                rnd, self.average_updates if self.hides_updates else None)
-        elif self.update_wire is not None:
-            results = rnd.trainer.train(rnd.global_state, rnd.jobs, rnd.round_)
-            sent_bytes = sum(sum(v.numel() * v.element_size() for v in r.state.values())
-                             for r in results)
-            states = [self.update_client(r.state, rnd.at(c))
-                      for c, r in zip(rnd.selected, results, strict=True)]
-            average = self.average_updates(rnd.global_state, states, rnd.weights,
-                                           rnd.selected, round_=rnd.round_,
-                                           transcript=rnd.transcript)
-            checked = results
-        else:
-            assert rnd.clear is not None, "updates in the clear need the simulator's receipt"
-            results, average, sent_bytes, checked = rnd.clear(rnd)
-        if taker is None:
-            average = self.update_server(average, rnd)
-        for stage in self.update_stages:
-            stage.close(rnd)
-        return results, average, sent_bytes, checked
-
-    def average_updates(self, sent: State, states: list[State], weights: list[float],
-                        clients: list[int], *, round_: int, transcript: Transcript) -> State:
-        """The round's weighted average as the update wire gives it to the server (its
-        rejected uploads and skipped sums moved into this uplink's lists)."""
-        wire = self.update_wire
-        if wire is None:
-            raise RuntimeError("this uplink has no wire of the model updates: the simulator "
-                               "averages updates in the clear itself")
-        try:
-            return wire.average(sent, states, weights, clients, round_=round_,
-                                transcript=transcript)
-        finally:  # its records are the run's: every uplink's rejections listed together
-            rejected, skipped = wire.records()
-            self.rejected += rejected
-            self.skipped += skipped
-
-    @staticmethod
-    def recipe(spec) -> dict[str, Any]:
-        """The public local-training recipe (the run's resolved ``LocalSpec``) the transcript
-        records with each update."""
-        return {"local_epochs": spec.training.local_epochs, "batch_size": spec.training.batch_size,
-                "lr": spec.training.lr}
-
     # ---- DP-SGD local training is a release too ---------------------------------------------
     def before_local_training(self, clients=None) -> None:
         for stage in self.stages:
@@ -381,77 +285,26 @@ class Uplink:
         for stage in self.stages:
             stage.after_training(clients)
 
-    # ---- resume -------------------------------------------------------------------------------
+    # ---- resume and summary (privacy/uplink_record.py) ------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs: every stage's own state by its name, the update
         stages' as the uploads' (the noise stage's accountants and ledgers, the encrypt
         stage's record, DP-FedAvg's clip, an extension's own), the rejected and skipped
         releases."""
-        stages: dict[str, Any] = {}
-        for stage in self._every_stage():
-            state = stage.state_dict()
-            if state:
-                if stage.name in stages:
-                    raise RuntimeError(f"two stages named {stage.name!r} hold state")
-                stages[stage.name] = state
-        return {"stages": stages, "rejected": self.rejected, "skipped": self.skipped}
-
-    def _every_stage(self) -> list[Stage | UpdateStage]:
-        """The stages, then the update stages."""
-        return [*self.stages, *self.update_stages]
+        return {"stages": stage_states([*self.stages, *self.update_stages]),
+                "rejected": self.rejected, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        stages = dict(state.get("stages") or {})
-        if "stages" not in state and state.get("dp") is not None:
-            stages = {NoiseStage.name: state["dp"]}  # saved when only the noise stage's was
-        for stage in self.update_stages:  # a checkpoint keeping it at its own top-level key
-            held = state.get(stage.top_level_key) if stage.top_level_key else None
-            if held is not None and stage.name not in stages:
-                stages[stage.name] = held
-        own = {stage.name: stage for stage in self._every_stage()}
-        foreign = sorted(name for name, st in stages.items() if st and name not in own)
-        if foreign:
-            raise UsageError(f"the checkpoint holds the state of stage(s) {', '.join(foreign)}, "
-                             "which this run does not plan: resume with the run's own settings")
-        for name, st in stages.items():
-            if st:
-                own[name].load_state_dict(st)
+        load_stage_states(state, self.stages, self.update_stages)
         self.rejected = list(state.get("rejected", []))
         self.skipped = list(state.get("skipped", []))
 
     def summary(self) -> dict[str, Any]:
-        """What the run's protection was, for ``summary.json``: each stage's own summary
-        (``Stage.summary``), the update stages' in server order (a ``statement`` of theirs
-        appended to the run's), and a plain statement where no stage gives DP."""
-        out: dict[str, Any] = {}
-        for stage in self.stages:
-            out.update(stage.summary())
-        for update in reversed(self.update_stages):  # the wire's sum first
-            part = dict(update.summary())
-            extra = part.pop("statement", None)
-            if extra is not None:
-                out["statement"] = f"{out.get('statement', '')}. {extra}"
-            out.update(part)
-        if not out:
-            return {}
-        dp, encrypted = "epsilon_spent" in out, "secagg" in out
-        if encrypted and not dp:
-            out["statement"] = ("no differential privacy: the server saw only the sum "
-                                "of the calibration uploads (CKKS secure aggregation); model "
-                                "updates " + ("only as their CKKS sum" if self.hides_updates
-                                              else "travel in the clear"))
-            if self.hide_counts and not self.hides_updates:
-                out["statement"] += (", averaged with uniform weights: no client size "
-                                     "reaches the server")
-        elif self.hides_updates and not dp:
-            out["statement"] = ("no differential privacy: the server saw the model updates "
-                                "only as their CKKS sum; calibration uploads in the clear")
-        out["hide_counts"] = self.hide_counts
-        out["noise_source"] = "seeded (insecure)" if self.seeded_noise else "os-entropy"
-        if self.seeded_noise:
-            out["insecure"] = INSECURE_STATEMENT
-            out["statement"] = INSECURE_STATEMENT + ". " + out.get("statement", "")
-        return out
+        """What the run's protection was, for ``summary.json`` (``protection_summary``)."""
+        return protection_summary(self.stages, self.update_stages,
+                                  hide_counts=self.hide_counts,
+                                  hides_updates=self.hides_updates,
+                                  seeded_noise=self.seeded_noise)
 
 
 def _senders(rel: Release, start: int) -> list[int]:

@@ -8,8 +8,10 @@ built once from the resolved ``RunConfig`` (``run_options``) and passed down:
 - ``DataOptions``: the data section and the seeds that draw the partition (data/,
   federation/setup.py);
 - ``LocalSpec``: how a client trains: the training section itself (read as
-  ``spec.training.lr``; ``spec.recipe`` holds its resolved recipe, typed as set), the local
-  method, its hyperparameters and the optimiser, the planned DP-SGD and precision (federation/local.py, workers.py, vectorised.py);
+  ``spec.training.lr``; ``spec.recipe`` holds its resolved recipe, typed as set), the data
+  section (``spec.data.augment``) and the privacy section (``spec.privacy.dp_train``), the
+  local method, its hyperparameters and the optimiser, the planned DP-SGD and precision
+  (federation/local.py, workers.py, vectorised.py);
 - ``EngineSettings``: the engine section itself: device, processes, threads, batching;
 - ``PrivacyOptions``: the privacy section and the public protocol it is planned over (the
   privacy planner, privfedcal/privacy/planner.py, and privacy/);
@@ -17,8 +19,9 @@ built once from the resolved ``RunConfig`` (``run_options``) and passed down:
   data, training and output sections themselves (federation/simulator.py).
 
 ``DataOptions`` and ``PrivacyOptions`` extend their section (its settings, defaults and
-rules are declared there, once); every field keeps its setting's name and meaning, so a
-setting reads the same at every floor.
+rules are declared there, once); ``LocalSpec`` and ``LoopOptions`` hold the sections they read
+whole, never a copy of one of their settings; every field keeps its setting's name and
+meaning, so a setting reads the same at every floor.
 """
 
 from __future__ import annotations
@@ -81,21 +84,23 @@ class Recipe(NamedTuple):
 
 @dataclass(frozen=True)
 class LocalSpec:
-    """How one client trains: the run's training section (epochs, batch size, SGD's learning
-    rate, momentum and weight decay, resolved per model; the public seed of the clients'
-    draws), the local method with its hyperparameters, and whether batches are augmented
-    (``optimizer``: the only one the trainers implement, SGD with momentum and weight
-    decay, named so a spec says what it trains with).
-    Picklable: worker processes receive it once. ``dp_train``: local training is DP-SGD
-    (the model gets GroupNorm); ``dp_sgd`` is then the planned ``DPSGDSpec``
-    (privacy/dpsgd_local.py), set by the privacy planner."""
+    """How one client trains: the sections it reads, held whole (the training section:
+    epochs, batch size, SGD's learning rate, momentum and weight decay, resolved per model,
+    and the public seed of the clients' draws; the data section: whether batches are
+    augmented, ``data.augment``; the privacy section: whether local training is DP-SGD,
+    ``privacy.dp_train``, which gives the model GroupNorm), the local method with its
+    hyperparameters, and ``optimizer``: the only one the trainers implement, SGD with
+    momentum and weight decay, named so a spec says what it trains with.
+    The recipe and ``data.augment`` are resolved first (``__post_init__`` refuses None).
+    Picklable: worker processes receive it once. ``dp_sgd`` is the planned ``DPSGDSpec``
+    (privacy/dpsgd_local.py) under DP-SGD, set by the privacy planner."""
 
     training: TrainingSettings
-    augment: bool = False
+    data: DataSettings
+    privacy: PrivacySettings = dataclasses.field(default_factory=PrivacySettings)
     method: str = "fedavg"
     method_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     optimizer: str = "sgd"
-    dp_train: bool = False
     dp_sgd: Any = None
     mixed_precision: bool = False  # bf16 autocast on CUDA (local.choose_mixed_precision)
 
@@ -104,6 +109,7 @@ class LocalSpec:
             raise UsageError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                              f"{self.optimizer!r}")
         unresolved = [n for n in RECIPE if getattr(self.training, n) is None]
+        unresolved += ["augment"] if self.data.augment is None else []
         if unresolved:
             raise ValueError(f"resolve {', '.join(unresolved)} first "
                              "(run_config.resolve_training_defaults)")
@@ -117,8 +123,8 @@ class LocalSpec:
     def of(cls, cfg: RunConfig) -> LocalSpec:
         """From a ``RunConfig`` whose per-model defaults are resolved
         (``run_config.resolve_training_defaults``)."""
-        return cls(training=cfg.training, augment=bool(cfg.data.augment), method=cfg.local_method,
-                   method_params=dict(cfg.method_params), dp_train=cfg.privacy.dp_train)
+        return cls(training=cfg.training, data=cfg.data, privacy=cfg.privacy,
+                   method=cfg.local_method, method_params=dict(cfg.method_params))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,6 +85,25 @@ def test_dp_fedavg_trains_the_same_clients_as_fedavg(baseline, tmp_path):
                                           "dp": work["privfedcal"]}) == []
 
 
+def test_the_vectorised_trainer_does_the_same_work(baseline, tmp_path):
+    """privfedcal with --client-batch trains every client of the round at once under vmap,
+    where module hooks cannot count its steps: counted from the step plan it runs, its work
+    is the sequential run's, and the plan's padding rows are not counted as samples."""
+    _, work = count(tmp_path, "vec", "--ways", "privfedcal", "--client-batch", "3")
+    vec = work["privfedcal"]
+    assert vec and all(r["steps"] > 0 for r in vec)
+    assert load_peers().work_differences({"bare": baseline["bare"], "vec": vec}) == []
+
+
+def test_a_plan_that_counts_padding_rows_is_caught(baseline):
+    """The count of the vectorised trainer's plan can fail: padding rows counted as
+    training samples differ from the sequential run's."""
+    peers = load_peers()
+    padded = [dict(r, train_samples=r["train_samples"] + 5) for r in baseline["privfedcal"]]
+    found = peers.work_differences({"bare": baseline["bare"], "vec": padded})
+    assert found and all("train_samples" in f for f in found)
+
+
 def need_pfl() -> str:
     python = pfl_python()
     if python is None:

@@ -66,7 +66,7 @@ def test_grayscale_convolutional_training_runs_channels_last_and_returns_nchw():
         train_memory_format,
     )
     from privfedcal.models.cnn import SimpleCNN
-    from privfedcal.settings.sections import TrainingSettings
+    from privfedcal.settings.sections import DataSettings, TrainingSettings
 
     torch.manual_seed(0)
     model = SimpleCNN(num_classes=3, in_channels=1, image_size=28)
@@ -75,7 +75,7 @@ def test_grayscale_convolutional_training_runs_channels_last_and_returns_nchw():
     assert train_memory_format(model, torch.randn(4, 3, 28, 28)) == torch.contiguous_format
     start = clone_state(model)
     spec = LocalSpec(TrainingSettings(local_epochs=1, batch_size=8, lr=0.05, momentum=0.9,
-                                      weight_decay=1e-4, seed=0), augment=False)
+                                      weight_decay=1e-4, seed=0), DataSettings(augment=False))
     algo = create_algorithm("fedavg", num_classes=3)
     idx = torch.arange(40)
     got = train_client(model, algo, start, None, x, y, idx, spec, 0, 0).state

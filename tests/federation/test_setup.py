@@ -41,7 +41,7 @@ def test_experiment_resolves_defaults_and_partitions_the_data(experiment):
     assert e.model_name == "mlp" and e.record["model"] == "mlp" and e.record["lr"] == 0.05
     t = e.spec.training
     assert (t.local_epochs, t.batch_size, t.lr, t.momentum,
-            e.spec.augment, e.spec.mixed_precision) == (2, 32, 0.05, 0.9, False, False)
+            e.spec.data.augment, e.spec.mixed_precision) == (2, 32, 0.05, 0.9, False, False)
     assert e.warnings == []
     rec = e.partition_record()
     # Dirichlet(0.5) over 4 clients, seed 0: pinned sizes; every sample assigned once

@@ -29,7 +29,7 @@ from privfedcal.federation.workers import InProcessTrainer, TrainJob
 from privfedcal.models import create_model
 from privfedcal.seeding import make_generator
 from privfedcal.settings.run_config import RunConfig
-from privfedcal.settings.sections import TrainingSettings
+from privfedcal.settings.sections import DataSettings, TrainingSettings
 
 ATOL, RTOL = 2e-5, 1e-4  # float32: sums in another order differ in the last bits
 #: every registered method the vectorised trainer can train
@@ -88,7 +88,7 @@ def _sequential_batches(n: int, spec: LocalSpec, g: torch.Generator) -> list[lis
     out = []
     for _ in range(spec.training.local_epochs):
         order = torch.randperm(n, generator=g)
-        if spec.augment:
+        if spec.data.augment:
             draw_augmentation(n, g)
         for s in range(0, n, spec.training.batch_size):
             b = order[s:s + spec.training.batch_size]
@@ -101,7 +101,7 @@ def _sequential_batches(n: int, spec: LocalSpec, g: torch.Generator) -> list[lis
 @pytest.mark.parametrize("n,batch", [(1, 4), (2, 4), (9, 4), (8, 4), (5, 1), (3, 8)])
 def test_client_steps_are_train_clients_batches(n, batch):
     spec = LocalSpec(TrainingSettings(local_epochs=2, batch_size=batch, lr=0.1, momentum=0.0,
-                                      weight_decay=0.0, seed=0), augment=True)
+                                      weight_decay=0.0, seed=0), DataSettings(augment=True))
     want = _sequential_batches(n, spec, make_generator(0, 1, 3, 1))
     width = min(batch, n)
     pos, w, draws = client_steps(n, spec, make_generator(0, 1, 3, 1), width)
@@ -179,7 +179,7 @@ def test_unequal_client_sizes(sizes, batch, epochs, momentum, method):
     algo = create_algorithm(method, num_classes=10, **({"mu": 1.0} if method == "fedprox" else {}))
     spec = LocalSpec(TrainingSettings(local_epochs=epochs, batch_size=batch, lr=0.05,
                                       momentum=momentum, weight_decay=1e-3, seed=3),
-                     augment=False)
+                     DataSettings(augment=False))
     bounds = torch.tensor([0, *sizes]).cumsum(0)
     jobs = [TrainJob(c, torch.arange(int(bounds[c]), int(bounds[c + 1])), None)
             for c in range(len(sizes))]

@@ -91,10 +91,10 @@ def test_state_of_a_stage_the_run_does_not_plan_is_refused(tiny_cfg):
 
 def test_training_spec_takes_the_planned_dp_sgd_schedule(tiny_cfg):
     from privfedcal.federation.local import LocalSpec
-    from privfedcal.settings.sections import TrainingSettings
+    from privfedcal.settings.sections import DataSettings, TrainingSettings
 
     spec = LocalSpec(TrainingSettings(local_epochs=1, batch_size=32, lr=0.1, momentum=0.0,
-                                      weight_decay=0.0, seed=0), augment=False)
+                                      weight_decay=0.0, seed=0), DataSettings(augment=False))
     assert training_spec(spec, _plan(tiny_cfg, dp_eps=8.0)) is spec
     plan = plan_for_run(PrivacyOptions.of(tiny_cfg(dp_eps=8.0, dp_train=True)), calibrator_class(tiny_cfg()),
                         1000)

@@ -56,6 +56,25 @@ def test_fields_are_run_settings_of_the_same_name(kind):
     assert own - held <= names, own - held - names
 
 
+@pytest.mark.parametrize("kind", [LocalSpec, LoopOptions])
+def test_records_of_sections_copy_none_of_their_settings(kind):
+    """A floor that reads a section holds the section itself: no field of its own repeats a
+    setting a section declares (``spec.data.augment``, never a second ``spec.augment``)."""
+    declared = {f.name: name for name, section in SECTIONS.items()
+                for f in dataclasses.fields(section)}
+    own = {f.name for f in dataclasses.fields(kind)}
+    assert {n: declared[n] for n in own if n in declared} == {}
+    held = {n for n in own if n in SECTIONS}
+    assert held and all(typing.get_type_hints(kind)[n] is SECTIONS[n] for n in held)
+
+
+def test_local_spec_holds_the_runs_sections():
+    cfg = _resolved(dp_eps=4.0, dp_train=True, augment=True)
+    spec = LocalSpec.of(cfg)
+    assert (spec.training, spec.data, spec.privacy) == (cfg.training, cfg.data, cfg.privacy)
+    assert spec.data.augment is True and spec.privacy.dp_train is True
+
+
 def test_values_are_copied_and_derived_from_the_resolved_config():
     cfg = _resolved(method="ccvr", clients=7, dp_eps=4.0, dp_clip=3.0, secagg=True,
                     hide_counts=True, method_params={}, workers=1, client_batch=2, seed=5)
@@ -84,13 +103,16 @@ def test_local_spec_refuses_unresolved_settings():
     with pytest.raises(ValueError, match="lr"):
         LocalSpec.of(RunConfig.of(local_epochs=1, batch_size=8, momentum=0.0, weight_decay=0.0,
                                augment=False))
+    with pytest.raises(ValueError, match="resolve augment first"):
+        LocalSpec.of(RunConfig.of(local_epochs=1, batch_size=8, lr=0.1, momentum=0.0,
+                                  weight_decay=0.0))
 
 
 def test_local_spec_names_an_implemented_optimizer():
     from privfedcal.errors import UsageError
 
     spec = LocalSpec(TrainingSettings(local_epochs=1, batch_size=8, lr=0.1, momentum=0.0,
-                                      weight_decay=0.0, seed=0), augment=False)
+                                      weight_decay=0.0, seed=0), DataSettings(augment=False))
     assert spec.optimizer == "sgd" and spec.method == "fedavg" and spec.method_params == {}
     with pytest.raises(UsageError, match="optimizer must be one of sgd, got 'adam'"):
         dataclasses.replace(spec, optimizer="adam")

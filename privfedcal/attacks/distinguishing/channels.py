@@ -304,7 +304,7 @@ def _dpsgd(cfg, exp, calibrator, noise, bound, faults, plan) -> Channel:
                                  noise_multiplier=dp.noise_multiplier * dp.max_grad_norm / 1e9)
     if faults.noise_scale != 1.0:  # the noise stage's sigmas are already scaled
         dp = dataclasses.replace(dp, noise_multiplier=dp.noise_multiplier * faults.noise_scale)
-    spec = dataclasses.replace(spec, dp_sgd=dp, augment=False)
+    spec = dataclasses.replace(spec, dp_sgd=dp, data=dataclasses.replace(spec.data, augment=False))
     idx = exp.parts[0]
     x, y = exp.data.x_train, exp.data.y_train
     model, start = exp.model, clone_state(exp.model)
