@@ -17,20 +17,37 @@ grows to ``z_u = (z^-2 - sigma_b^-2)^(-1/2)``. ``sigma_b`` is ``max(m / 20, z /
 sqrt(0.1))``: the paper's ``m / 20`` where clients are many, and never more than a tenth of
 the round's privacy (its ``1/z^2``) spent on the count, which costs the updates at most 5.4%
 more noise. The new clip is post-processing of released values.
+
+An update stage of its own ("adaptive-clip" in privacy/stage_registry.py, planned where the
+user-DP plan names a target quantile, placed before "dp-fedavg"): it has no halves and keeps
+no state (the clip it moves is DP-FedAvg's, saved in DP-FedAvg's checkpoint entry); its
+``join`` hands it to the run's DP-FedAvg stage as that stage's clip policy
+(``ClipPolicy``, privacy/dp_fedavg_round.py), whose hooks it implements: DP-FedAvg calls
+them for the multiplier split, the count after each round and the summary.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from privfedcal.errors import UsageError
+from privfedcal.privacy.dp_fedavg_round import RoundStage
+from privfedcal.privacy.noise import noise_generator
+from privfedcal.privacy.release_journal import SERVER
+from privfedcal.privacy.update_stage import UpdateStage
+from privfedcal.privacy.user_dp import UserDP
 from privfedcal.settings.messages import SettingError
 
 #: the paper's learning rate of the geometric clip update
 CLIP_LR = 0.2
 #: the largest share of a round's privacy (its 1/z^2) that the count of clipped updates takes
 COUNT_PRIVACY_SHARE = 0.1
+#: the noise generator's stream of the count (DP-FedAvg's: 301 the shares, 302 the sum)
+COUNT_STREAM = 303
 
 
 def count_noise_std(noise_multiplier: float, clients_per_round: int) -> float:
@@ -48,11 +65,13 @@ def update_multiplier(noise_multiplier: float, count_std: float) -> float:
 
 
 @dataclass
-class AdaptiveClip:
-    """The clip's target quantile and its geometric update."""
+class AdaptiveClip(UpdateStage):
+    """The clip's target quantile and its geometric update: the "adaptive-clip" update
+    stage, and DP-FedAvg's clip policy once joined to it (module docstring)."""
 
     quantile: float = 0.5
     lr: float = CLIP_LR
+    name = "adaptive-clip"
 
     def __post_init__(self) -> None:
         if not 0 < self.quantile < 1:
@@ -64,6 +83,48 @@ class AdaptiveClip:
         """``C exp(-eta (b_bar - gamma))``: grows when fewer than the quantile were within."""
         return clip * math.exp(-self.lr * (noisy_fraction - self.quantile))
 
+    # ---- the update stage: joins DP-FedAvg -------------------------------------------------
+    def join(self, stages: list[UpdateStage]) -> None:
+        """Become the clip policy of the run's DP-FedAvg stage (refused without one)."""
+        targets = [s for s in stages if isinstance(s, UserDP)]
+        if not targets:
+            raise SettingError("{dp_adaptive_clip} moves the clip of {dp_updates}: a run "
+                               "without it plans no DP-FedAvg stage")
+        for stage in targets:
+            stage.use_clip_policy(self)
 
-__all__ = ["CLIP_LR", "COUNT_PRIVACY_SHARE", "AdaptiveClip", "count_noise_std",
-           "update_multiplier"]
+    # ---- DP-FedAvg's clip policy (privacy/dp_fedavg_round.py ClipPolicy) -------------------
+    def check(self, stage: RoundStage) -> None:
+        """Central noise only: the server must count the updates within the clip."""
+        if stage.distributed:
+            raise SettingError("{dp_adaptive_clip} runs with central noise only: under "
+                               "{secagg_updates} its count would leave the ciphertexts")
+
+    def count_std(self, stage: RoundStage) -> float:
+        return count_noise_std(stage.noise_multiplier, stage.denominator)
+
+    def update_multiplier(self, stage: RoundStage) -> float:
+        return update_multiplier(stage.noise_multiplier, self.count_std(stage))
+
+    def moved_clip(self, stage: RoundStage, within: int, round_: int) -> float:
+        """The count of the round's updates within the clip, noised (journaled as the
+        release ``<label>/count``, charged with the round), and the clip moved by it."""
+        g = noise_generator(stage.seed, round_, -1, COUNT_STREAM, seeded=stage.seeded)
+        count = within + self.count_std(stage) * torch.randn((1,), generator=g,
+                                                             dtype=torch.float64)
+        noisy = float(stage.released(round_, f"{stage.label}/count", SERVER, count))
+        return self.next_clip(stage.clip, noisy / stage.denominator)
+
+    def clip_summary(self, stage: RoundStage) -> dict[str, Any]:
+        """The ``adaptive_clip`` entry of the run's ``user_dp`` summary."""
+        return {"quantile": self.quantile, "lr": self.lr, "initial_clip": stage.initial_clip,
+                "count_noise_std": self.count_std(stage),
+                "update_noise_multiplier": stage.update_multiplier}
+
+    def describe(self, stage: RoundStage) -> str:
+        return (f"adaptive update clip ({stage.initial_clip:g} -> {stage.clip:.4g}, quantile "
+                f"{self.quantile:g})")
+
+
+__all__ = ["CLIP_LR", "COUNT_PRIVACY_SHARE", "COUNT_STREAM", "AdaptiveClip",
+           "count_noise_std", "update_multiplier"]

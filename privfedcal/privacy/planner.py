@@ -54,7 +54,8 @@ from privfedcal.privacy.plan import (
 )
 from privfedcal.privacy.releases import DPSGD_RELEASE
 from privfedcal.privacy.secagg_updates import UPDATE_WEIGHT
-from privfedcal.privacy.stage_registry import plan_stages
+from privfedcal.privacy.stage_registry import Shared, get_stage, plan_stages
+from privfedcal.privacy.update_stage import UpdateStage, join_stages
 from privfedcal.privacy.uplink import Uplink
 from privfedcal.settings.floors import PrivacyOptions
 from privfedcal.settings.messages import SettingError, SettingText
@@ -339,10 +340,18 @@ def user_dp_plan(privacy: Any) -> UserDPPlan:
 
 
 def user_dp_of(privacy: Any, dp: DPAccounting) -> Any:
-    """The live DP-FedAvg of ``privacy`` charged to ``dp`` (the run's noise plan)."""
+    """The live DP-FedAvg of ``privacy`` charged to ``dp`` (the run's noise plan), joined
+    with the other update stages its plan switches on (its clip policy, where
+    ``--dp-adaptive-clip`` plans one), as the uplink joins them."""
     from privfedcal.privacy.user_dp import UserDP
 
-    return UserDP.of(user_dp_plan(privacy), dp)
+    plan = plan_stages(ProtectionPlan(ProtectionInputs(privacy), protected=True,
+                                      user_dp=user_dp_plan(privacy)))
+    shared = Shared(dp=dp)
+    built = [get_stage(name).build(setup, shared) for name, setup in plan.stages
+             if get_stage(name).updates]
+    stages = join_stages([s for s in built if isinstance(s, UpdateStage)])
+    return next(s for s in stages if isinstance(s, UserDP))
 
 
 def plan_protection(inputs: ProtectionInputs) -> ProtectionPlan:

@@ -69,7 +69,7 @@ class StageEntry:
 
 
 # ---- the built-in stages: bound -> noise -> one wire (in the clear, or CKKS); of the model
-# updates: DP-FedAvg -> their CKKS sum where planned --------------------------------------
+# updates: the adaptive clip -> DP-FedAvg -> their CKKS sum, each where planned ------------
 def _bound_setup(plan: ProtectionPlan) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(plan.clips.items()))  # () without a bound: the identity
 
@@ -115,6 +115,17 @@ def _user_dp_build(setup: Any, shared: Shared) -> UpdateStage:
     return UserDP.of(setup, shared.dp)
 
 
+def _adaptive_clip_setup(plan: ProtectionPlan) -> float | None:
+    """The adaptive clip's target quantile, from the user-DP plan (None: a fixed clip)."""
+    return None if plan.user_dp is None else plan.user_dp.adaptive_quantile
+
+
+def _adaptive_clip_build(setup: float, shared: Shared) -> UpdateStage:
+    from privfedcal.privacy.adaptive_clip import AdaptiveClip
+
+    return AdaptiveClip(setup)
+
+
 def _secagg_updates_build(setup: Any, shared: Shared) -> UpdateStage:
     from privfedcal.privacy.secagg_updates import SecureUpdates
 
@@ -131,6 +142,8 @@ STAGES: Registry[StageEntry] = Registry("stage", built_in={
     "encrypt": StageEntry("encrypt", lambda plan: plan.ckks, _encrypt_build, wire=True),
     "dp-fedavg": StageEntry("dp-fedavg", lambda plan: plan.user_dp, _user_dp_build,
                             updates=True),
+    "adaptive-clip": StageEntry("adaptive-clip", _adaptive_clip_setup, _adaptive_clip_build,
+                                before=("dp-fedavg",), updates=True),
     "secagg-updates": StageEntry("secagg-updates", lambda plan: plan.updates,
                                  _secagg_updates_build, after=("dp-fedavg",), wire=True,
                                  updates=True),

@@ -13,8 +13,11 @@ there is one.
 
 Every other hook has a default, so a stage overrides only what it does: ``open`` and
 ``close`` around the round (a budget check, a charge), ``attach_journal`` (a release kept for
-resume), ``state_dict`` for resume, ``summary`` for ``summary.json``. The uplink
-(privacy/uplink.py) runs them without knowing what they are.
+resume), ``state_dict`` for resume, ``summary`` for ``summary.json``, and ``join``, called
+once with all the run's update stages when the uplink is built (``join_stages``), where a
+stage that adjusts another finds it (the adaptive clip hands itself to DP-FedAvg as the
+policy that moves its clip, privacy/adaptive_clip.py). The uplink (privacy/uplink.py) runs
+them without knowing what they are.
 """
 
 from __future__ import annotations
@@ -107,6 +110,12 @@ class UpdateStage:
         return [], []
 
     # run-level properties and hooks
+    def join(self, stages: list[UpdateStage]) -> None:
+        """Once the run's update stages are built (``stages``, in client order, this one
+        among them): find the stages this one works with. Called again with the same stages,
+        it changes nothing."""
+        return None
+
     @property
     def has_halves(self) -> bool:
         """Whether this stage transforms updates (overrides ``client`` or ``server``)."""
@@ -145,4 +154,11 @@ class UpdateStage:
         return {}
 
 
-__all__ = ["Received", "State", "UpdateRound", "UpdateStage"]
+def join_stages(stages: list[UpdateStage]) -> list[UpdateStage]:
+    """Every stage's ``join`` with all of ``stages`` (client order); ``stages`` back."""
+    for stage in stages:
+        stage.join(stages)
+    return stages
+
+
+__all__ = ["Received", "State", "UpdateRound", "UpdateStage", "join_stages"]

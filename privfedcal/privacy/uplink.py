@@ -53,7 +53,7 @@ from privfedcal.privacy.stages import (
     validate_upload,
 )
 from privfedcal.privacy.transcript import Transcript
-from privfedcal.privacy.update_stage import UpdateStage
+from privfedcal.privacy.update_stage import UpdateStage, join_stages
 from privfedcal.privacy.uplink_record import load_stage_states, protection_summary, stage_states
 from privfedcal.privacy.uplink_updates import UpdatePath
 
@@ -99,6 +99,7 @@ class Uplink(UpdatePath):
         if taker is not None and halves:
             raise UsageError(f"update stage {taker.name!r} receives the round itself: the "
                              f"halves of {', '.join(halves)} would not run beside it")
+        join_stages(self.update_stages)
 
     def find(self, kind: type[S]) -> S | None:
         """The stage of type ``kind`` (of the uploads or of the updates), if the uplink

@@ -33,149 +33,56 @@ Where the noise is added:
   server sees only the noisy sum, and the guarantee holds against it too, provided the key
   holder does not collude with it.
 Noise comes from OS entropy (privacy/noise.py); with ``--insecure-seeded-noise`` nothing holds.
-With ``--dp-adaptive-clip`` the clip follows a quantile of the update norms through a noised
-count released in the same round (privacy/adaptive_clip.py, central noise only).
 
-Arithmetic: a round lays the floating entries of each update end to end in one float64
-vector (``UpdateLayout``): the norm, the clip, the noise and the sum are one operation each
-on it, not one per entry. float64 keeps the clip exact to the last bits of a float32 model
-and the sum of hundreds of clipped updates free of float32 rounding. The noise is drawn in
-float64 too: torch draws float32 normals from 24-bit uniforms, so their tails stop near 5.8
-standard deviations (Box-Muller's largest radius, ``sqrt(2 ln 2^24)``), while the Gaussian
-mechanism's guarantee assumes the whole tail; float64 draws reach beyond 8 standard
-deviations, a truncation far below any delta used here, and the draw is once per round on
-the server (about a millisecond for 50,000 coordinates).
+The stage keeps its clip, noise, journal and charge here; the round's receipt is
+privacy/dp_fedavg_round.py, the flat-vector arithmetic privacy/update_vectors.py (its names
+re-exported here), the report privacy/user_dp_summary.py. A stage may move the clip between rounds through ``use_clip_policy``
+(``ClipPolicy``): the adaptive clip (``--dp-adaptive-clip``, privacy/adaptive_clip.py, its
+own registered stage) does, from a noised count released in the same round.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from privfedcal.errors import UsageError
-from privfedcal.privacy.accounting import ReleasePlan, compute_epsilon
-from privfedcal.privacy.adaptive_clip import AdaptiveClip, count_noise_std, update_multiplier
+from privfedcal.privacy.accounting import ReleasePlan
+from privfedcal.privacy.dp_fedavg_round import ClipPolicy, receive_round
 from privfedcal.privacy.noise import noise_generator
 from privfedcal.privacy.release_journal import SERVER, ReleaseJournal, charge_of
-from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
-from privfedcal.privacy.transcript import Transcript, record_model_updates
-from privfedcal.privacy.update_stage import UpdateRound, UpdateStage
+from privfedcal.privacy.releases import USER_DP_RELEASE
+from privfedcal.privacy.update_stage import Received, State, UpdateRound, UpdateStage
+from privfedcal.privacy.update_vectors import (
+    UpdateLayout,
+    clip_factor,
+    clip_update,
+    gaussian_noise,
+    gaussian_vector,
+    model_delta,
+    moved_state,
+    update_norm,
+    vector_norm,
+)
+from privfedcal.privacy.user_dp_summary import (
+    USER_DP_ASSUMPTIONS,
+    user_dp_summary,
+    worst_user_epsilon,
+)
 from privfedcal.settings.messages import SettingError
-from privfedcal.tensors import nonfinite_key
 
 if TYPE_CHECKING:
     from privfedcal.privacy.dp_accounting import DPAccounting
     from privfedcal.privacy.plan import UserDPPlan
-
-State = dict[str, Tensor]
+    from privfedcal.privacy.transcript import Transcript
 
 #: default L2 bound S of a client's update (the digits MLP's two-epoch updates have norms
 #: of a few units: 1.0 clips most of them, as DP-FedAvg intends)
 DEFAULT_UPDATE_CLIP = 1.0
-
-#: what the user-level guarantee assumes (summary.json, docs/threat-model.md)
-USER_DP_ASSUMPTIONS = [
-    "user level: neighbouring federations differ in one client's whole data, present or "
-    "absent (zero-out adjacency; replace-one doubles the sensitivity)",
-    "no amplification by client sampling: the selection comes from the public seed, so each "
-    "round a client takes part in is a full Gaussian release (q = 1)",
-    "the average divides by the public number of clients asked per round, never by a count "
-    "or size that depends on the data",
-    "central noise: the server is trusted with the clipped updates; distributed noise "
-    "(--secagg-updates): the key holder does not collude with the server",
-    "noise drawn from OS entropy (no --insecure-seeded-noise)",
-]
-
-
-def floating_keys(state: State) -> list[str]:
-    """The entries an update carries: every floating-point tensor (integer buffers such as
-    BatchNorm's counters are not averaged under DP and keep the global value)."""
-    return [k for k, v in state.items() if v.is_floating_point()]
-
-
-def model_delta(state: State, reference: State) -> State:
-    """``state - reference`` on the floating entries, in float64."""
-    return {k: state[k].detach().to(torch.float64) - reference[k].detach().to(torch.float64)
-            .to(state[k].device) for k in floating_keys(reference)}
-
-
-def update_norm(delta: State) -> float:
-    """The L2 norm of the whole update (every entry flattened into one vector)."""
-    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in delta.values()))
-
-
-def vector_norm(delta: Tensor) -> float:
-    """The L2 norm of a flat float64 update. Its square cannot overflow (a float32 entry's
-    square is below 1e78), so it is finite exactly when every entry is."""
-    return float(torch.linalg.vector_norm(delta))
-
-
-def clip_factor(norm: float, clip: float) -> float:
-    """``min(1, S / ||delta||)``: the factor that scales an update of norm ``norm`` into the
-    ball of radius ``clip`` (1 for an update already inside)."""
-    if not (math.isfinite(clip) and clip > 0):
-        raise UsageError(f"update clip must be a finite number > 0, got {clip}")
-    return 1.0 if norm <= clip else clip / norm
-
-
-def clip_update(delta: State, clip: float) -> State:
-    """``delta * min(1, S / ||delta||)``: the whole update scaled into the ball of radius
-    ``clip``; an update already inside comes back unchanged."""
-    factor = clip_factor(update_norm(delta), clip)
-    if factor == 1.0:
-        return dict(delta)
-    return {k: v * factor for k, v in delta.items()}
-
-
-def gaussian_vector(n: int, std: float, generator: torch.Generator) -> Tensor:
-    """``n`` independent ``N(0, std^2)`` draws in float64, on the generator's device."""
-    return torch.randn(n, generator=generator, dtype=torch.float64,
-                       device=generator.device).mul_(std)
-
-
-def gaussian_noise(like: State, std: float, generator: torch.Generator) -> State:
-    """Independent ``N(0, std^2)`` for every coordinate of ``like`` (float64): one
-    ``gaussian_vector`` split into ``like``'s entries in their order, so a flat update of
-    the same layout gets the same draws from the same generator."""
-    sizes = [v.numel() for v in like.values()]
-    flat = gaussian_vector(sum(sizes), std, generator)
-    return {k: piece.view(v.shape).to(v.device)
-            for (k, v), piece in zip(like.items(), flat.split(sizes), strict=True)}
-
-
-class UpdateLayout:
-    """Where each floating entry of a model state sits in one flat float64 vector (the
-    entries in the reference state's order), and the way back to entries."""
-
-    def __init__(self, reference: State) -> None:
-        self.keys = floating_keys(reference)
-        self.shapes = [reference[k].shape for k in self.keys]
-        self.sizes = [reference[k].numel() for k in self.keys]
-        self.dtypes = [reference[k].dtype for k in self.keys]
-        self.device = reference[self.keys[0]].device if self.keys else torch.device("cpu")
-        self.numel = sum(self.sizes)
-
-    def flatten(self, state: State, out: Tensor | None = None) -> Tensor:
-        """``state``'s entries end to end in float64 (written into ``out`` when given)."""
-        if out is None:
-            out = torch.empty(self.numel, dtype=torch.float64, device=self.device)
-        for piece, key, shape in zip(out.split(self.sizes), self.keys, self.shapes,
-                                     strict=True):
-            piece.view(shape).copy_(state[key].detach())
-        return out
-
-    def unflatten(self, flat: Tensor, cast: bool = False) -> State:
-        """The entries of ``flat``: views of it, or (``cast``) copies in each entry's own
-        dtype that no later change of ``flat`` reaches."""
-        return {key: (piece.view(shape).to(dtype, copy=True) if cast else piece.view(shape))
-                for piece, key, shape, dtype in zip(flat.split(self.sizes), self.keys,
-                                                    self.shapes, self.dtypes, strict=True)}
-
 
 def distributed_share(clients: int) -> float:
     """Each client's share of the noise variance under secure aggregation: ``1/(n - 1)``
@@ -204,7 +111,7 @@ class UserDP(UpdateStage):
     distributed: bool  # --secagg-updates: the clients add the noise, in shares
     seed: int = 0
     seeded: bool = False
-    adaptive: AdaptiveClip | None = None  # --dp-adaptive-clip: ``clip`` moves every round
+    adaptive: ClipPolicy | None = None  # what moves ``clip`` every round (None: fixed)
     #: each party's journal of its releases (privacy/release_journal.py): a round redone
     #: after a stop re-sends the noised updates, sums and counts it sent, never fresh draws
     journal: ReleaseJournal | None = None
@@ -218,15 +125,12 @@ class UserDP(UpdateStage):
         """DP-FedAvg of plan ``p`` (the planner's ``user_dp_plan``), charged to ``dp``."""
         assert dp is not None, "DP-FedAvg is planned with a noise plan"
         return cls(dp, p.clip, denominator=p.denominator, distributed=p.distributed,
-                   seed=p.seed, seeded=p.seeded,
-                   adaptive=None if p.adaptive_quantile is None
-                   else AdaptiveClip(p.adaptive_quantile))
+                   seed=p.seed, seeded=p.seeded)
 
     def __post_init__(self) -> None:
         self.initial_clip = self.clip
-        if self.adaptive is not None and self.distributed:
-            raise SettingError("{dp_adaptive_clip} runs with central noise only: under "
-                             "{secagg_updates} its count would leave the ciphertexts")
+        if self.adaptive is not None:
+            self.adaptive.check(self)
         if not (math.isfinite(self.clip) and self.clip > 0):
             raise SettingError(f"{{dp_update_clip}} must be a finite number > 0, got {self.clip}")
         if self.denominator < 1:
@@ -239,19 +143,24 @@ class UserDP(UpdateStage):
     def noise_multiplier(self) -> float:
         return self.dp.sigmas[self.label]
 
+    def use_clip_policy(self, policy: ClipPolicy) -> None:
+        """Let ``policy`` move the clip after every round (a stage's ``join``: the adaptive
+        clip's, privacy/adaptive_clip.py)."""
+        policy.check(self)
+        self.adaptive = policy
+
     @property
     def count_std(self) -> float | None:
-        """Std of the noise on the count of updates within the clip (adaptive clip only)."""
-        if self.adaptive is None:
-            return None
-        return count_noise_std(self.noise_multiplier, self.denominator)
+        """Std of the noise on the clip policy's own release (the adaptive clip's count of
+        updates within the clip); None with a fixed clip."""
+        return None if self.adaptive is None else self.adaptive.count_std(self)
 
     @property
     def update_multiplier(self) -> float:
-        """The updates' own multiplier: ``z``, or more where the count shares the round."""
-        count = self.count_std
-        return self.noise_multiplier if count is None else update_multiplier(
-            self.noise_multiplier, count)
+        """The updates' own multiplier: ``z``, or more where the clip policy's release
+        shares the round."""
+        return (self.noise_multiplier if self.adaptive is None
+                else self.adaptive.update_multiplier(self))
 
     @property
     def std(self) -> float:
@@ -294,10 +203,20 @@ class UserDP(UpdateStage):
             out[key] = (rnd.global_state[key].double() + value).to(state[key].dtype)
         return out
 
-    def receive(self, rnd: UpdateRound, average: Callable[..., State] | None
-                ) -> tuple[list, State, int, list]:
+    def receive(self, rnd: UpdateRound, average: Callable[..., State] | None) -> Received:
         return self.receive_round(rnd.trainer, rnd.jobs, rnd.global_state, rnd.selected,
                                   rnd.round_, rnd.transcript, rnd.recipe, average)
+
+    def receive_round(self, trainer: Any, jobs: list, global_state: State,
+                      selected: list[int], round_: int, transcript: Transcript,
+                      recipe: dict[str, Any], secure_average: Callable[..., State] | None
+                      ) -> Received:
+        """One round under DP-FedAvg (privacy/dp_fedavg_round.py ``receive_round``):
+        (results, new global state, bytes uploaded, results for the divergence check);
+        ``secure_average`` is the updates' wire's average under --secagg-updates, else
+        None."""
+        return receive_round(self, trainer, jobs, global_state, selected, round_,
+                             transcript, recipe, secure_average)
 
     # ---- one round -----------------------------------------------------------------------
     def admit_round(self, clients: list[int]) -> None:
@@ -334,15 +253,10 @@ class UserDP(UpdateStage):
         return norm <= self.clip
 
     def adapt(self, within: int, round_: int) -> None:
-        """Server side, adaptive clip: the count noised, the clip moved for the next round."""
-        if self.adaptive is None:
-            return
-        std = self.count_std
-        assert std is not None  # adaptive
-        g = noise_generator(self.seed, round_, -1, 303, seeded=self.seeded)
-        count = within + std * torch.randn((1,), generator=g, dtype=torch.float64)
-        noisy = float(self.released(round_, f"{self.label}/count", SERVER, count))
-        self.clip = self.adaptive.next_clip(self.clip, noisy / self.denominator)
+        """Server side, after the round: the clip policy moves the clip for the next round
+        (``within``: the round's updates within the clip); a fixed clip stays."""
+        if self.adaptive is not None:
+            self.clip = self.adaptive.moved_clip(self, within, round_)
 
     def server_noise(self, total: State, round_: int) -> State:
         """Server side, central noise: ``N(0, (z S)^2)`` on the sum (none when distributed);
@@ -372,100 +286,8 @@ class UserDP(UpdateStage):
 
     def apply(self, global_state: State, layout: UpdateLayout, base: Tensor,
               total: Tensor) -> State:
-        """The new global state: ``global + total / m`` in float64 (``base``: the global
-        state flattened by ``layout``; integer buffers: the global ones). BatchNorm running
-        variances are clamped at 0 after the noise (post-processing: the guarantee is
-        unchanged, and a negative variance would make evaluation NaN)."""
-        new = total.div(self.denominator).add_(base)
-        out = dict(global_state)
-        for k, v in layout.unflatten(new).items():
-            if k.endswith("running_var"):
-                v = v.clamp_min(0.0)
-            out[k] = v.to(global_state[k].dtype, copy=True)
-        return out
-
-    def receive_round(self, trainer: Any, jobs: list, global_state: State,
-                      selected: list[int], round_: int, transcript: Transcript,
-                      recipe: dict[str, Any], secure_average: Callable[..., State] | None
-                      ) -> tuple[list, State, int, list]:
-        """One round under DP-FedAvg: returns (results, new global state, bytes uploaded,
-        results for the divergence check). No training loss leaves a client (it is
-        data-dependent); a non-finite local model is reported by the divergence check and
-        not summed. ``secure_average`` is the updates' wire's average
-        (``Uplink.average_updates``) under --secagg-updates, else None."""
-        self.admit_round(selected)
-        layout = UpdateLayout(global_state)
-        # float64, as every update below
-        uploads = _RoundUploads(self, layout, layout.flatten(global_state), selected, round_)
-        if secure_average is None:
-            results, new = self._sum_in_clear(trainer, jobs, global_state, uploads,
-                                              transcript, recipe)
-        else:
-            results, new = self._sum_securely(trainer, jobs, global_state, uploads,
-                                              transcript, secure_average)
-        self.charge_round(selected)
-        self.adapt(uploads.within, round_)
-        results = [r._replace(loss=None) for r in results]
-        checked = [r._replace(state=m) for r, m in zip(results, uploads.markers, strict=True)]
-        return results, new, uploads.sent_bytes, checked
-
-    def _sum_in_clear(self, trainer: Any, jobs: list, global_state: State,
-                      uploads: _RoundUploads, transcript: Transcript,
-                      recipe: dict[str, Any]) -> tuple[list, State]:
-        """Each clipped update summed as it arrives (one client's at a time in memory),
-        the server's noise added to the sum: (results, new global state)."""
-        layout, base, selected, round_ = (uploads.layout, uploads.base, uploads.selected,
-                                          uploads.round_)
-        total = torch.zeros_like(base)  # the sum of the clipped updates
-        work = torch.empty_like(base)  # one client's update at a time
-        seen_flat = torch.empty_like(base)
-        summed = 0
-
-        def consume(state: State) -> None:
-            nonlocal summed
-            delta = uploads.take(state, work)
-            if delta is None:
-                return
-            # what the server receives: the global state moved by the clipped update
-            # (integer buffers are not sent: the global ones, for a complete state)
-            seen = {**global_state,
-                    **layout.unflatten(torch.add(base, delta, out=seen_flat), cast=True)}
-            record_model_updates(transcript, round_, [selected[len(uploads.markers) - 1]],
-                                 [seen], [1.0], recipe)
-            total.add_(delta)
-            summed += 1
-
-        results = trainer.train(global_state, jobs, round_, consume=consume)
-        if not summed:
-            return results, dict(global_state)
-        self.add_server_noise(total, round_)
-        return results, self.apply(global_state, layout, base, total)
-
-    def _sum_securely(self, trainer: Any, jobs: list, global_state: State,
-                      uploads: _RoundUploads, transcript: Transcript,
-                      secure_average: Callable[..., State]) -> tuple[list, State]:
-        """--secagg-updates: every clipped update (noise share included) through the
-        uplink's CKKS average, which the server sees only summed: (results, new state). A
-        sum holds whole cohorts only, so a cohort left out (an upload rejected) leaves fewer
-        contributors than uploads, and a withheld sum (the whole-run check) none: the global
-        state then stays."""
-        layout, base, selected, round_ = (uploads.layout, uploads.base, uploads.selected,
-                                          uploads.round_)
-        results = trainer.train(global_state, jobs, round_)
-        deltas = [uploads.take(r.state, None) for r in results]
-        if any(d is None for d in deltas):  # the divergence check stops the run
-            return results, dict(global_state)
-        sent = [layout.unflatten(base + d, cast=True) for d in deltas]  # type: ignore[operator]
-        before = len(transcript.entries)
-        avg = secure_average(global_state, sent, [1.0] * len(sent), selected,
-                             round_=round_, transcript=transcript)
-        summed = [int(e["clients"]) for e in transcript.entries[before:]
-                  if e["view"] == "aggregate" and e["label"] == UPDATE_RELEASE]
-        if not summed:  # withheld or skipped: nothing was released this round
-            return results, dict(global_state)
-        # the secure average divides by the uploads summed (its contributors); DP-FedAvg by m
-        total = layout.flatten(avg).sub_(base).mul_(summed[-1])
-        return results, self.apply(global_state, layout, base, total)
+        """The new global state ``global + total / m`` (update_vectors.py ``moved_state``)."""
+        return moved_state(global_state, layout, base, total, self.denominator)
 
     def state_dict(self) -> dict[str, Any]:
         return {"clip": self.clip}
@@ -478,86 +300,19 @@ class UserDP(UpdateStage):
 
     # ---- report ----------------------------------------------------------------------------
     def user_epsilon(self) -> float:
-        """The largest epsilon any client has spent on its model updates alone (user level).
-        Clients with the same history of releases have the same epsilon: it is computed
-        once per distinct history (thousands of clients share a few)."""
-        worst = 0.0
-        known: dict[tuple, float] = {}
-        for client, acc in self.dp.per_client.items():
-            if client < 0:
-                continue
-            history = tuple((z, q, t) for z, q, t, lab in acc.state_dict()["history"]
-                            if lab == self.label)
-            if history:
-                key = (acc.kind, acc.delta, history)
-                if key not in known:
-                    known[key] = compute_epsilon(list(history), acc.kind, acc.delta)
-                worst = max(worst, known[key])
-        return worst
+        """The largest epsilon any client has spent on its model updates alone (user level)."""
+        return worst_user_epsilon(self.dp.per_client, self.label)
 
     def summary(self) -> dict[str, Any]:
-        eps = self.user_epsilon()
-        where = ("distributed: each of the round's n clients adds 1/(n-1) of the variance before CKKS "
-                 "encryption, the server sees only the noisy sum" if self.distributed else
-                 "central: the server adds it to the sum of the clipped updates it received")
-        against = ("every party but a key holder colluding with the server" if self.distributed
-                   else "anyone who sees the global models, NOT the server (it receives each "
-                   "clipped update: add --secagg-updates to hide them)")
-        clip = (f"update clip {self.clip:g}" if self.adaptive is None else
-                f"adaptive update clip ({self.initial_clip:g} -> {self.clip:.4g}, quantile "
-                f"{self.adaptive.quantile:g})")
-        statement = (f"model updates: ({eps:.3f}, {self.dp.delta:.2g})-DP at user level "
-                     f"(one client's whole data) for the worst-off client, DP-FedAvg with "
-                     f"{clip}, noise multiplier "
-                     f"{self.noise_multiplier:.4g}, {where}; holds against {against}; no "
-                     "amplification by client sampling")
-        return {"statement": statement, "user_dp": {"epsilon_spent": eps, "delta": self.dp.delta,
-                            "noise_multiplier": self.noise_multiplier,
-                            "update_clip": self.clip, "noise_std_of_sum": self.std,
-                            "denominator": self.denominator, "sample_rate": 1.0,
-                            "noise": "distributed" if self.distributed else "central",
-                            "adaptive_clip": None if self.adaptive is None else {
-                                "quantile": self.adaptive.quantile, "lr": self.adaptive.lr,
-                                "initial_clip": self.initial_clip,
-                                "count_noise_std": self.count_std,
-                                "update_noise_multiplier": self.update_multiplier},
-                            "assumptions": USER_DP_ASSUMPTIONS, "statement": statement}}
+        return user_dp_summary(
+            eps=self.user_epsilon(), delta=self.dp.delta,
+            noise_multiplier=self.noise_multiplier, clip=self.clip,
+            clip_words=(f"update clip {self.clip:g}" if self.adaptive is None
+                        else self.adaptive.describe(self)),
+            std=self.std, denominator=self.denominator, distributed=self.distributed,
+            adaptive=None if self.adaptive is None else self.adaptive.clip_summary(self))
 
 
-@dataclass
-class _RoundUploads:
-    """One round's DP-FedAvg uploads as they arrive: each client's update clipped (and its
-    noise share added) against ``base``, the flat global state; what the round reports
-    (the divergence check's markers, the bytes sent, the clients within the clip)."""
-
-    dp: UserDP
-    layout: UpdateLayout
-    base: Tensor
-    selected: list[int]
-    round_: int
-    markers: list[State] = field(default_factory=list)
-    sent_bytes: int = 0
-    within: int = 0
-
-    def take(self, state: State, out: Tensor | None) -> Tensor | None:
-        """The client's clipped update (noise share included) as a flat float64 vector,
-        or None for a non-finite local model (then its marker names the entry)."""
-        i = len(self.markers)
-        self.sent_bytes += sum(v.numel() * v.element_size() for v in state.values())
-        delta = self.layout.flatten(state, out).sub_(self.base)
-        norm = vector_norm(delta)
-        bad = None if math.isfinite(norm) else nonfinite_key(state)
-        self.markers.append({} if bad is None else {bad: torch.tensor(float("nan"))})
-        if bad is not None:
-            return None
-        client = self.selected[i]
-        self.within += int(self.dp.clip_and_share(delta, norm, self.round_, client,
-                                                  len(self.selected)))
-        if self.dp.distributed:  # its noise share drawn: what it sends, once
-            delta.copy_(self.dp.released(self.round_, self.dp.label, client, delta))
-        return delta
-
-
-__all__ = ["DEFAULT_UPDATE_CLIP", "USER_DP_ASSUMPTIONS", "UpdateLayout", "UserDP",
+__all__ = ["DEFAULT_UPDATE_CLIP", "USER_DP_ASSUMPTIONS", "ClipPolicy", "UpdateLayout", "UserDP",
            "clip_factor", "clip_update", "distributed_share", "gaussian_noise",
            "gaussian_vector", "model_delta", "release_plan", "update_norm", "vector_norm"]
