@@ -63,11 +63,13 @@ class AnalysisOptions:
 
     def __post_init__(self) -> None:
         if self.samples < 2:
-            raise UsageError(f"--samples must be >= 2 (CKA needs two inputs), got {self.samples}")
+            raise SettingError("{samples} must be >= 2 (CKA needs two inputs), got {got}",
+                               got=self.samples)
         if self.projections < 1:
-            raise UsageError(f"--projections must be >= 1, got {self.projections}")
+            raise SettingError("{projections} must be >= 1, got {got}", got=self.projections)
         if self.max_clients is not None and self.max_clients < 2:
-            raise UsageError(f"--max-clients must be >= 2 (CKA compares clients), got {self.max_clients}")
+            raise SettingError("{max_clients} must be >= 2 (CKA compares clients), got {got}",
+                               got=self.max_clients)
         if self.device is not None and self.device not in ("auto", "cpu", "cuda"):
             raise SettingError(f"{{device}} must be auto, cpu or cuda, got {self.device!r}")
 

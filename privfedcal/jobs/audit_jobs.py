@@ -17,6 +17,7 @@ from privfedcal.errors import UsageError
 from privfedcal.jobs.job_surface import JobStep, Watch, as_tuple, job, report_step, run_path
 from privfedcal.report.output_folder import all_or_nothing, check_fresh, check_writable
 from privfedcal.results import DPAuditRow
+from privfedcal.settings.messages import SettingError
 from privfedcal.settings.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -55,14 +56,14 @@ def check_methods(methods: Iterable[str]) -> tuple[str, ...]:
 
     out = tuple(dict.fromkeys(methods))
     if not out:
-        raise UsageError("--methods needs at least one method (ccvr, creff)")
+        raise SettingError("{methods} needs at least one method (ccvr, creff)")
     for m in out:
         check_method(m)
     idle = [m for m in out if RunConfig.of(method=m).calibrator not in ATTACKED_CALIBRATORS]
     if idle:
-        raise UsageError(f"--methods: {', '.join(idle)} upload(s) no calibration payload, so "
-                         "the audit has nothing to attack; methods that upload one: "
-                         f"{', '.join(ATTACKED_CALIBRATORS)}")
+        raise SettingError("{methods}: {idle} upload(s) no calibration payload, so the audit "
+                           "has nothing to attack; methods that upload one: {attacked}",
+                           idle=", ".join(idle), attacked=", ".join(ATTACKED_CALIBRATORS))
     return out
 
 
@@ -167,7 +168,8 @@ def audit_dp_for_cli(cfg: RunConfig, out: Path | None, *, trials: int = 1_000_00
         write_csv,
     )
     if not (math.isfinite(budget_s) and budget_s > 0):
-        raise UsageError(f"--budget-s must be a number of seconds > 0, got {budget_s}")
+        raise SettingError("{budget_s} must be a number of seconds > 0, got {got}",
+                           got=budget_s)
     check_game(trials, confidence)
     if cfg.engine.threads:  # the games run in this process: the run's threads hold for them too
         torch.set_num_threads(cfg.engine.threads)

@@ -1,20 +1,19 @@
 """What every job of the Python API shares: its progress (``JobStep``, and ``Watch``, which
 logs it and draws a bar), the checks of its arguments by annotation, and its error messages in
-keywords rather than the command's flags (``job``)."""
+keywords rather than the command's flags, from the declaration of its options (``job``)."""
 
 from __future__ import annotations
 
-import functools
 import inspect
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from privfedcal.api import Run
-from privfedcal.api.arguments import coerce, python_surface, register_check, speak_python
+from privfedcal.api.arguments import coerce, python_surface, register_check
 from privfedcal.errors import UsageError
+from privfedcal.settings.messages import declare_spelling
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -76,40 +75,30 @@ class Watch:
             self.bar.update(step.done, step.total, step.description)
 
 
+#: a job parameter's annotation (without ``| None``) as the type its spelling records: a
+#: ``bool`` is named as the flag that turns it on (``overwrite=True``), any other as itself
+_SPELLED_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def _keywords_of(func: Callable[..., Any]) -> dict[str, str]:
-    """Each flag a job's messages may name, as its keyword: ``--max-clients`` is
-    ``max_clients``, ``--overwrite`` (a flag that turns on) ``overwrite=True``,
-    ``--no-one-run`` ``one_run=False``."""
-    table = {}
+def declare_job_options(func: Callable[..., Any]) -> None:
+    """Declare the spelling of each of ``func``'s parameters (its command's flags, by
+    their keywords: ``--max-clients`` is ``max_clients``, ``--overwrite`` ``overwrite=True``,
+    ``--no-one-run`` ``one_run=False``), so that a message naming one (``{budget_s}``,
+    ``{overwrite}``) is written for its reader. A run setting of the same name keeps its
+    own declaration."""
     for p in inspect.signature(func).parameters.values():
         if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
-        flag = "--" + p.name.replace("_", "-")
-        table[flag] = f"{p.name}=True" if p.default is False else p.name
-        if p.default is True:
-            table["--no-" + flag[2:]] = f"{p.name}=False"
-    return table
+        kind = _SPELLED_TYPES.get(str(p.annotation).removesuffix(" | None"), object)
+        declare_spelling(p.name, kind, replace=False)
 
 
 def job(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` as the API's: arguments checked by annotation, and an error's message in
-    keywords: the settings it names (``speak_python``), then the job's own flags."""
-    table = _keywords_of(func)
-    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, sorted(table, key=len,
-                                                                         reverse=True)))
-                         + r")(?![\w-])")
-
-    @functools.wraps(func)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return func(*args, **kwargs)
-        except UsageError as exc:
-            speak_python(exc)  # the settings it names, then the job's own flags
-            exc.args = (pattern.sub(lambda m: table[m.group()], str(exc)),)
-            raise
-    return python_surface(call)
+    keywords (``python_surface``): the settings and the job's own options it names are
+    written from their declarations (``declare_job_options``)."""
+    declare_job_options(func)
+    return python_surface(func)
 
 
 def run_path(run: Run | str | Path) -> Path:

@@ -15,42 +15,48 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from privfedcal.errors import UsageError
-from privfedcal.settings.messages import SettingError
+from privfedcal.settings.messages import SettingError, SettingText
 
 
-def check_writable(folder: Path, flag: str = "--out") -> None:
+def check_writable(folder: Path, flag: str | None = None) -> None:
     """``folder`` can be created (or written into): its nearest existing ancestor is a
     folder this process may write. Permission bits are not enough (root passes them under
     ``/proc`` and ``/sys``, which refuse new entries all the same), so a probe folder is
-    made there and removed at once; nothing is left behind."""
+    made there and removed at once; nothing is left behind. The message names the folder
+    as ``flag`` where a caller has its own word for it, else as the ``out`` setting, in its
+    reader's spelling (``--out``, ``out``)."""
     folder = Path(folder)
     probe = folder
+    where = flag if flag is not None else SettingText("{out}")
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if not probe.is_dir():
         what = "is" if probe == folder else f"lies under {probe}, which is"
-        raise UsageError(f"cannot write to {flag} {folder}: it {what} not a folder")
+        raise SettingError("cannot write to {where} {folder}: it {what} not a folder",
+                           where=where, folder=folder, what=what)
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to {flag} {folder}: {probe} is not writable")
+        raise SettingError("cannot write to {where} {folder}: {probe} is not writable",
+                           where=where, folder=folder, probe=probe)
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".privfedcal-probe-", dir=probe))
     except OSError as exc:
-        raise UsageError(f"cannot write to {flag} {folder}: {probe} takes no new files "
-                         f"({exc.strerror or exc})") from None
+        raise SettingError("cannot write to {where} {folder}: {probe} takes no new files "
+                           "({reason})", where=where, folder=folder, probe=probe,
+                           reason=exc.strerror or exc) from None
 
 
 def check_fresh(folder: Path, names: Sequence[str], *, overwrite: bool,
                 what: str = "results") -> None:
     """Refuse to replace earlier results in ``folder`` (any of ``names``) unless
-    ``overwrite``; also check that ``folder`` is writable. The message names the CLI's
-    flags; ``privfedcal.jobs`` turns them into its keywords."""
+    ``overwrite``; also check that ``folder`` is writable. The message names the options
+    through their declarations: the CLI's flags (``--overwrite``), the jobs' keywords
+    (``overwrite=True``)."""
     check_writable(folder)
     held = [n for n in names if (Path(folder) / n).exists()]
     if held and not overwrite:
-        raise SettingError("{folder} already holds {what} ({held}); pass --overwrite to "
+        raise SettingError("{folder} already holds {what} ({held}); pass {overwrite} to "
                            "replace them, or {out} another folder", folder=folder, what=what,
                            held=", ".join(held))
 

@@ -220,6 +220,71 @@ def test_bad_input_names_the_keyword(runs, tmp_path):
         refused(call, *needles)
 
 
+
+def _both_readers(tmp: Path) -> dict[str, tuple]:
+    """For a message of each job that names one of its options: the job's call, the command
+    line that meets the same check, the keyword the job's message names and the flag the
+    command's names (one template, written for each reader)."""
+    dp = ["audit", "dp", "--method", "ccvr", "--dp-eps", "1"]
+    return {
+        "audit-methods": (lambda: jobs.audit(methods="fedavg"), ["audit", "--methods", "fedavg"],
+                          "methods: fedavg", "--methods: fedavg"),
+        "audit-attack-clients": (lambda: jobs.audit(attack_clients=0),
+                                 ["audit", "--attack-clients", "0"],
+                                 "attack_clients must be >= 1", "--attack-clients must be >= 1"),
+        "audit-overwrite": (lambda: jobs.audit(methods="ccvr", out=tmp / "audit"),
+                            ["audit", "--methods", "ccvr", "--out", str(tmp / "audit")],
+                            "pass overwrite=True", "pass --overwrite"),
+        "audit-dp-budget": (lambda: jobs.audit_dp(method="ccvr", dp_eps=1, budget_s=0),
+                            [*dp, "--budget-s", "0"], "budget_s must be", "--budget-s must be"),
+        "audit-dp-trials": (lambda: jobs.audit_dp(method="ccvr", dp_eps=1, trials=3),
+                            [*dp, "--trials", "3"], "trials must be", "--trials must be"),
+        "audit-dp-confidence": (lambda: jobs.audit_dp(method="ccvr", dp_eps=1, confidence=2),
+                                [*dp, "--confidence", "2"], "confidence must be in",
+                                "--confidence must be in"),
+        "audit-dp-channels": (lambda: jobs.audit_dp(method="ccvr", dp_eps=1, channels="x"),
+                              [*dp, "--channels", "x"], "channels takes", "--channels takes"),
+        "analyze-samples": (lambda: jobs.analyze(tmp, samples=1),
+                            ["analyze", str(tmp), "--samples", "1"], "samples must be >= 2",
+                            "--samples must be >= 2"),
+        "analyze-max-clients": (lambda: jobs.analyze(tmp, max_clients=1),
+                                ["analyze", str(tmp), "--max-clients", "1"],
+                                "max_clients must be >= 2", "--max-clients must be >= 2"),
+        "compare-overwrite": (lambda: jobs.compare([tmp], out=tmp / "compare"),
+                              ["compare", str(tmp), "--out", str(tmp / "compare")],
+                              "pass overwrite=True to replace them, or out another folder",
+                              "pass --overwrite to replace them, or --out another folder"),
+        "partition-overwrite": (lambda: jobs.partition(out=tmp / "partition"),
+                                ["partition", "--out", str(tmp / "partition")],
+                                "pass overwrite=True", "pass --overwrite"),
+        "report-out": (lambda: jobs.write_report(tmp, out="/proc/x/r.html"),
+                       ["report", str(tmp), "--out", "/proc/x/r.html"],
+                       "cannot write to out /proc/x", "cannot write to --out /proc/x"),
+    }
+
+
+#: the folders ``_both_readers``' calls find earlier results in
+_HELD = {"compare": "compare.csv", "partition": "partition.json", "audit": "audit.csv"}
+
+
+@pytest.mark.parametrize("case", sorted(_both_readers(Path("tmp"))))
+def test_a_jobs_message_names_keywords_in_python_and_flags_in_the_cli(case, tmp_path, capsys):
+    """The options a job's message names come from their declaration: keywords from the
+    job, the same check's flags from its command (no flag rewritten into a keyword)."""
+    for name, file in _HELD.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / file).write_text("earlier")
+    call, argv, keyword, flag = _both_readers(tmp_path)[case]
+    if case == "report-out" and not Path("/proc").is_dir():
+        pytest.skip("no /proc to refuse new entries")
+    message = refused(call, keyword)
+    assert "--" not in message, message
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and flag in " ".join(err.split()), err
+
+
 # ---- the CLI is a layer over the jobs ---------------------------------------------------------
 
 def _cli_calls(run: str, out: str) -> dict[str, tuple[list[str], dict]]:

@@ -5,6 +5,7 @@ app; every template in the package names declared settings; no regex rewrites a 
 from __future__ import annotations
 
 import ast
+import inspect
 import pickle
 from pathlib import Path
 
@@ -25,10 +26,21 @@ from privfedcal.settings.run_config import RunConfig
 PACKAGE = Path(__file__).resolve().parents[2] / "privfedcal"
 
 
+def job_options() -> set[str]:
+    """Every option of a job of the Python API (privfedcal/jobs/), whose spelling ``job``
+    declares: the parameters of each job function."""
+    from privfedcal import jobs
+
+    functions = [getattr(jobs, n) for n in jobs.__all__ if inspect.isfunction(getattr(jobs, n))]
+    return {name for f in functions for name, p in inspect.signature(f).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
 def declared_names() -> set[str]:
     """Every setting (run settings, method hyperparameters, calibrator options, Flower
-    options) and every attack option."""
-    return {s.name for s in all_settings()} | {kw.name for kw in flag_keywords().values()}
+    options), every attack option and every job option."""
+    return ({s.name for s in all_settings()} | {kw.name for kw in flag_keywords().values()}
+            | job_options())
 
 
 def _pieces(node: ast.AST) -> list[str]:
@@ -74,14 +86,33 @@ def test_every_template_field_names_a_declared_setting():
                 assert name in declared or name in given, (where, text, name)
 
 
-@pytest.mark.parametrize("module", ["api/arguments.py", "flower/plugin/wording.py"])
+@pytest.mark.parametrize("module", ["api/arguments.py", "flower/plugin/wording.py",
+                                    "jobs/job_surface.py", "settings/messages.py"])
 def test_no_regex_rewrites_a_message(module):
-    tree = ast.parse((PACKAGE / module).read_text())
+    """The modules that write messages for Python and Flower readers (the API's surface,
+    the jobs', the plugin's boundary, the templates) render declarations; none rewrites
+    text with a regex (``re.sub``, ``re.compile``)."""
+    source = (PACKAGE / module).read_text()
+    tree = ast.parse(source)
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "re" not in imported and "regex" not in imported
+    assert "re.sub" not in source and "re.compile" not in source and ".sub(" not in source
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    assert not names & {"python_message", "_named_values"}
+    assert not names & {"python_message", "_named_values", "_keywords_of"}
+
+
+def test_every_job_option_is_declared_by_the_job():
+    """A job's options are spelled from their declaration: its flag for the CLI, its
+    keyword (``overwrite=True`` for an option that turns on) for Python."""
+    from privfedcal.settings.messages import SPELLINGS
+
+    assert job_options() <= set(SPELLINGS)
+    assert SettingText("pass {overwrite}, not {one_run=}", one_run=False).render("python") \
+        == "pass overwrite=True, not one_run=False"
+    text = SettingText("{budget_s} must be > 0, got {got}", got=0.0)
+    assert (str(text), text.render("python")) == ("--budget-s must be > 0, got 0.0",
+                                                  "budget_s must be > 0, got 0.0")
 
 
 def test_one_template_three_readers():

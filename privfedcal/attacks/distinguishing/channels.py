@@ -120,7 +120,8 @@ def parse_channels(text: str | None) -> tuple[str, ...] | None:
     names = tuple(channel_fields())
     bad = [c for c in out if c not in names]
     if bad or not out:
-        raise UsageError(f"--channels takes names among {', '.join(names)}, got {text!r}")
+        raise SettingError("{channels} takes names among {names}, got {got!r}",
+                           names=", ".join(names), got=text)
     return out
 
 

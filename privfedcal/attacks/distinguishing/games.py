@@ -41,6 +41,7 @@ from privfedcal.privacy.empirical import (
     errors_at,
 )
 from privfedcal.report.style.plotstyle import colour, new_figure, save, styled
+from privfedcal.settings.messages import SettingError
 
 #: the columns of dp_audit.csv, one row per channel; ``stopped`` is ``budget`` for a row whose
 #: time budget ended it early (its bound counts the trials it ran), empty for a full one
@@ -139,9 +140,9 @@ def _scores(channel: Channel, neg: Stats, pos: Stats, half: int
 def check_game(trials: int, confidence: float) -> None:
     """Refuse game options no game can run with (before any game starts)."""
     if trials < MIN_TRIALS:
-        raise UsageError(f"--trials must be >= {MIN_TRIALS}, got {trials}")
+        raise SettingError("{trials} must be >= {least}, got {got}", least=MIN_TRIALS, got=trials)
     if not 0 < confidence < 1:
-        raise UsageError(f"--confidence must be in (0, 1), got {confidence}")
+        raise SettingError("{confidence} must be in (0, 1), got {got}", got=confidence)
 
 
 def play(channel: Channel, trials: int, *, budget_s: float | None = None,

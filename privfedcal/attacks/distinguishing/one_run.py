@@ -75,7 +75,7 @@ def one_run(cfg, *, axes: int | None = None, guesses: float = 0.05, confidence: 
     are scored, the claim is that of their releases, and the row is marked ``stopped`` =
     ``budget``. ``progress(clients done, clients)`` after every client."""
     if not 0 < guesses <= 1:
-        raise UsageError(f"--one-run-guesses must be in (0, 1], got {guesses}")
+        raise UsageError(f"the one-run audit's guesses must be in (0, 1], got {guesses}")
     exp, calibrator, noise, bound, plan = run_parts(cfg, faults)
     t0 = time.perf_counter()
     cfg = config_of(exp)  # resolved

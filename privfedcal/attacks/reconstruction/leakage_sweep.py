@@ -102,13 +102,13 @@ class AuditConfig:
         if not (self.eps and self.secagg and self.methods):
             raise UsageError("the audit grid needs at least one eps, secagg and method value")
         if any(math.isnan(e) or e <= 0 for e in self.eps):
-            raise UsageError("every --eps must be > 0 (inf = no DP)")
+            raise SettingError("every {eps} must be > 0 (inf = no DP)")
         if self.rounds < 1:
             raise SettingError(f"the audit needs {{rounds}} >= 1, got {self.rounds}")
         # the inversion options are checked as the attacks check them
         InversionOptions(**{n: getattr(self, n) for n in AUDIT_INVERSION_OPTIONS})
         if self.attack_clients < 1:
-            raise UsageError("--attack-clients must be >= 1")
+            raise SettingError("{attack_clients} must be >= 1")
         if not 0 < self.participation <= 1:
             raise SettingError(f"{{participation}} must be in (0, 1], got {self.participation}")
 
