@@ -1,27 +1,30 @@
 """What each floor below the API receives of a run: its section of the settings, with
-the few public facts of other sections it also needs.
+the other sections it also reads, held whole.
 
 ``RunConfig`` (privfedcal/settings/run_config.py) is every setting of a run, in sections
 (privfedcal/settings/sections.py). Below the CLI and the API each floor takes only its part,
 built once from the resolved ``RunConfig`` (``run_options``) and passed down:
 
-- ``DataOptions``: the data section and the seeds that draw the partition (data/,
-  federation/setup.py);
+- ``DataOptions``: the data section, with the training section that holds the seeds that
+  draw the partition (``data.seed``, ``data.data_seed``; data/, federation/setup.py);
 - ``LocalSpec``: how a client trains: the training section itself (read as
   ``spec.training.lr``; ``spec.recipe`` holds its resolved recipe, typed as set), the data
   section (``spec.data.augment``) and the privacy section (``spec.privacy.dp_train``), the
   local method, its hyperparameters and the optimiser, the planned DP-SGD and precision
   (federation/local.py, workers.py, vectorised.py);
 - ``EngineSettings``: the engine section itself: device, processes, threads, batching;
-- ``PrivacyOptions``: the privacy section and the public protocol it is planned over (the
-  privacy planner, privfedcal/privacy/planner.py, and privacy/);
+- ``PrivacyOptions``: the privacy section, with the data and training sections of the
+  public protocol it is planned over (``p.clients``, ``p.rounds``: the privacy planner,
+  privfedcal/privacy/planner.py, and privacy/);
 - ``LoopOptions``: what the round loop runs and records: the names of what runs and the
   data, training and output sections themselves (federation/simulator.py).
 
 ``DataOptions`` and ``PrivacyOptions`` extend their section (its settings, defaults and
-rules are declared there, once); ``LocalSpec`` and ``LoopOptions`` hold the sections they read
-whole, never a copy of one of their settings; every field keeps its setting's name and
-meaning, so a setting reads the same at every floor.
+rules are declared there, once) and declare no setting of another: the other sections they
+read are fields of their own, and the few facts a floor reads of them by name are read-only
+properties of the same name (``p.rounds`` is ``p.training.rounds``). ``LocalSpec`` and
+``LoopOptions`` hold the sections they read whole. No floor copies a setting, so a setting
+reads the same at every floor.
 """
 
 from __future__ import annotations
@@ -55,17 +58,26 @@ def values(section: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class DataOptions(DataSettings):
-    """The data section, with the seeds of the partition: ``data_seed`` draws it and is the
-    clients' secret under a protection (federation/setup.py ``resolve_data_seed``); ``seed``
-    draws it when none is given and the partition is public."""
+    """The data section, with the training section that holds the seeds of the partition:
+    ``data_seed`` draws it and is the clients' secret under a protection
+    (federation/setup.py ``resolve_data_seed``); ``seed`` draws it when none is given and
+    the partition is public. Both are read off ``training``, never copied."""
 
-    seed: int = 0
-    data_seed: int | None = None
+    training: TrainingSettings = dataclasses.field(default_factory=TrainingSettings)
+
+    @property
+    def seed(self) -> int:
+        """The run's public seed (``training.seed``)."""
+        return self.training.seed
+
+    @property
+    def data_seed(self) -> int | None:
+        """The seed of the partition (``training.data_seed``; None until resolved)."""
+        return self.training.data_seed
 
     @classmethod
     def of(cls, cfg: RunConfig) -> DataOptions:
-        return cls(**values(cfg.data), seed=cfg.training.seed,
-                   data_seed=cfg.training.data_seed)
+        return cls(**values(cfg.data), training=cfg.training)
 
 
 #: the training section's settings a client trains with, resolved per model before training
@@ -130,35 +142,59 @@ class LocalSpec:
 @dataclass(frozen=True, kw_only=True)
 class PrivacyOptions(PrivacySettings):
     """What the privacy planner needs of a run: the privacy section (its protections,
-    declared and checked there) and the public protocol they are planned over (clients,
-    rounds, participation, the public seed: what ``cohorts.select_clients`` draws the
-    rounds' clients from), what runs (for messages and the DP-SGD check), DP-SGD's public
-    schedule (the resolved local epochs and batch size) and the calibrator's parameters its
-    release schedule depends on."""
+    declared and checked there), the sections of the public protocol they are planned over,
+    held whole (``data``: the clients; ``training``: the rounds, participation, the public
+    seed that ``cohorts.select_clients`` draws the rounds' clients from, and DP-SGD's public
+    schedule, the resolved local epochs and batch size), what runs (for messages and the
+    DP-SGD check) and the calibrator's parameters its release schedule depends on. The
+    public protocol reads as properties of the same names (``p.rounds`` is
+    ``p.training.rounds``), never copied."""
 
-    # the public protocol
-    clients: int = 10
-    rounds: int = 30
-    participation: float = 1.0
-    seed: int = 0
-    # what runs, and DP-SGD's public schedule
+    data: DataSettings = dataclasses.field(default_factory=DataSettings)
+    training: TrainingSettings = dataclasses.field(default_factory=TrainingSettings)
+    # what runs: the run's own names, not settings of a section
     method: str = "fedavg"
     local_method: str = "fedavg"
     calibrator: str = "none"
-    local_epochs: int | None = None
-    batch_size: int | None = None
     #: the calibrator's parameters (``--calibration-params``): its release schedule and its
     #: advice under DP read them (``Calibrator.release_rounds``, ``privacy_hints``)
     calibration_params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def clients(self) -> int:
+        """The number of clients K (``data.clients``)."""
+        return self.data.clients
+
+    @property
+    def rounds(self) -> int:
+        """The communication rounds (``training.rounds``)."""
+        return self.training.rounds
+
+    @property
+    def participation(self) -> float:
+        """The fraction of clients drawn per round (``training.participation``)."""
+        return self.training.participation
+
+    @property
+    def seed(self) -> int:
+        """The public seed of the rounds' draws (``training.seed``)."""
+        return self.training.seed
+
+    @property
+    def local_epochs(self) -> int | None:
+        """DP-SGD's local epochs (``training.local_epochs``; None until resolved)."""
+        return self.training.local_epochs
+
+    @property
+    def batch_size(self) -> int | None:
+        """DP-SGD's batch size (``training.batch_size``; None until resolved)."""
+        return self.training.batch_size
+
     @classmethod
     def of(cls, cfg: RunConfig) -> PrivacyOptions:
-        t = cfg.training
-        return cls(**values(cfg.privacy), clients=cfg.data.clients, rounds=t.rounds,
-                   participation=t.participation, seed=t.seed, method=cfg.method,
-                   local_method=cfg.local_method, calibrator=cfg.calibrator,
-                   local_epochs=t.local_epochs, batch_size=t.batch_size,
-                   calibration_params=dict(cfg.calibration_params))
+        return cls(**values(cfg.privacy), data=cfg.data, training=cfg.training,
+                   method=cfg.method, local_method=cfg.local_method,
+                   calibrator=cfg.calibrator, calibration_params=dict(cfg.calibration_params))
 
 
 @dataclass(frozen=True)

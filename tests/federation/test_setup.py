@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -85,7 +87,8 @@ def test_the_partition_is_drawn_from_the_data_options(experiment):
     assert [p.tolist() for p in parts] == [p.tolist() for p in experiment.parts]
     assert counts.tolist() == experiment.counts.tolist() and held == experiment.num_examples
     with pytest.raises(ValueError, match="data seed"):
-        draw_partition(load_data(o), o.__class__(**{**o.__dict__, "data_seed": None}))
+        unseeded = dataclasses.replace(o.training, data_seed=None)
+        draw_partition(load_data(o), dataclasses.replace(o, training=unseeded))
 
 
 def test_the_experiments_record_is_its_resolved_config_and_config_json(experiment, tmp_path):

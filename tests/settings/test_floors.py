@@ -44,7 +44,29 @@ def test_every_privacy_setting_is_a_privacy_option():
     fields = {f.name for f in dataclasses.fields(PrivacyOptions)}
     assert issubclass(PrivacyOptions, PrivacySettings) and issubclass(DataOptions, DataSettings)
     assert privacy - fields == set()
-    assert {"clients", "rounds", "participation", "seed"} <= fields
+
+
+def test_the_public_protocol_reads_off_the_sections_it_is_held_in():
+    """The privacy options read the public protocol, and the data options the seeds, off
+    the sections they hold, under the settings' own names; both stay picklable and equal
+    to a copy (worker processes and the Flower plugin receive them)."""
+    import pickle
+
+    cfg = _resolved(clients=7, rounds=4, participation=0.5, seed=3, data_seed=11, dp_eps=2.0)
+    privacy, data = PrivacyOptions.of(cfg), DataOptions.of(cfg)
+    assert (privacy.data, privacy.training, data.training) == (cfg.data, cfg.training,
+                                                               cfg.training)
+    assert (privacy.clients, privacy.rounds, privacy.participation, privacy.seed) == (
+        7, 4, 0.5, 3)
+    assert (privacy.local_epochs, privacy.batch_size) == (
+        cfg.training.local_epochs, cfg.training.batch_size)
+    assert (data.seed, data.data_seed, data.clients) == (3, 11, 7)
+    assert pickle.loads(pickle.dumps(privacy)) == privacy
+    assert pickle.loads(pickle.dumps(data)) == data
+    defaults = PrivacyOptions()
+    assert (defaults.clients, defaults.rounds, defaults.participation, defaults.seed) == (
+        10, 30, 1.0, 0)
+    assert (DataOptions().seed, DataOptions().data_seed) == (0, None)
 
 
 @pytest.mark.parametrize("kind", [DataOptions, LocalSpec, PrivacyOptions, LoopOptions])
@@ -56,16 +78,23 @@ def test_fields_are_run_settings_of_the_same_name(kind):
     assert own - held <= names, own - held - names
 
 
-@pytest.mark.parametrize("kind", [LocalSpec, LoopOptions])
+@pytest.mark.parametrize("kind", [LocalSpec, LoopOptions, DataOptions, PrivacyOptions])
 def test_records_of_sections_copy_none_of_their_settings(kind):
     """A floor that reads a section holds the section itself: no field of its own repeats a
-    setting a section declares (``spec.data.augment``, never a second ``spec.augment``)."""
+    setting a section declares (``spec.data.augment``, never a second ``spec.augment``).
+    A floor that extends a section (``PrivacyOptions`` the privacy section) declares that
+    one section's settings, never another's (``privacy.training.rounds``, read as the
+    property ``privacy.rounds``, never a field ``rounds``)."""
     declared = {f.name: name for name, section in SECTIONS.items()
                 for f in dataclasses.fields(section)}
-    own = {f.name for f in dataclasses.fields(kind)}
+    extended = [section for section in SECTIONS.values() if issubclass(kind, section)]
+    assert len(extended) <= 1
+    inherited = {f.name for section in extended for f in dataclasses.fields(section)}
+    own = {f.name for f in dataclasses.fields(kind)} - inherited
     assert {n: declared[n] for n in own if n in declared} == {}
     held = {n for n in own if n in SECTIONS}
     assert held and all(typing.get_type_hints(kind)[n] is SECTIONS[n] for n in held)
+    assert not any(issubclass(SECTIONS[n], section) for n in held for section in extended)
 
 
 def test_local_spec_holds_the_runs_sections():
