@@ -6,7 +6,9 @@ A round is timed as in ``peers.py``: from one round's progress line to the next 
 round is not timed). Its parts, exclusive of each other (seconds per round, the mean over
 the timed rounds, so that the parts add up to the round):
 
-* local training steps: ``train_client`` less the copy of the trained state;
+* local training steps: ``train_client`` less the copy of the trained state (with
+  ``--client-batch K``, the vectorised trainer's ``_train_group``: K clients' steps at once,
+  their states included);
 * client state copy: ``clone_state`` of each trained client;
 * transcript record: ``Transcript.record`` and ``Transcript.seal`` on the round's thread
   (each record added to the round's batch, the batch handed to the writer thread);
@@ -32,6 +34,7 @@ functions with the most own time under cProfile (main thread only, in a second r
 profiler's overhead would distort the split).
 
     python benchmarks/engine/round_profile.py [--rounds 20] [--repeats 3] [--dp]
+        [--client-batch K]
 """
 
 from __future__ import annotations
@@ -111,12 +114,14 @@ def instrument(split: Split) -> None:
     import privfedcal.cli.run_progress as run_progress
     import privfedcal.federation.local as local
     import privfedcal.federation.simulator as simulator
+    import privfedcal.federation.vectorised as vectorised
     import privfedcal.federation.workers as workers
     import privfedcal.privacy.transcript as transcript
     from privfedcal.federation.aggregate import RunningAverage
     from privfedcal.federation.runlog import RunLogger
 
     split.wrap(workers, "train_client", "train_client")
+    split.wrap(vectorised.VectorisedTrainer, "_train_group", "train_client")
     split.wrap(local, "clone_state", "clone_state")
     split.wrap(transcript.Transcript, "record", "record")
     split.wrap(RunningAverage, "add", "aggregate")
@@ -194,6 +199,8 @@ def main() -> None:
     ap.add_argument("--dp", action="store_true", help="user-level DP-FedAvg (epsilon 8, clip "
                                                       "0.05), as peers.py --dp")
     ap.add_argument("--cprofile", type=int, default=0, metavar="N")
+    ap.add_argument("--client-batch", type=int, default=1,
+                    help="privfedcal's --client-batch (its vectorised trainer), as peers.py's")
     args = harness.parse(ap)
     args.dataset, args.cnn, args.device = "digits", False, "cpu"
     args.epsilon, args.delta, args.clip = 8.0, 1e-5, 0.05  # peers.py --table's DP row
@@ -209,7 +216,8 @@ def main() -> None:
     rounds = [r for run in runs for r in run]
     mean_round = statistics.fmean(r["round"] for r in rounds)
     print(f"privfedcal train, digits MLP, {args.clients} clients, {args.rounds} rounds, "
-          f"{'DP-FedAvg' if args.dp else 'FedAvg'}, transcript and checkpoint on, 1 thread; "
+          f"{'DP-FedAvg' if args.dp else 'FedAvg'}, transcript and checkpoint on, 1 thread"
+          f"{f', --client-batch {args.client_batch}' if args.client_batch > 1 else ''}; "
           f"{len(rounds)} timed rounds over {args.repeats} runs")
     print(f"round: mean {mean_round * 1e3:.1f} ms, median "
           f"{statistics.median(r['round'] for r in rounds) * 1e3:.1f} ms")
