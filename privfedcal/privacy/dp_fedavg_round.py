@@ -52,6 +52,8 @@ class RoundStage(Protocol):
 
     def admit_round(self, clients: list[int]) -> None: ...
 
+    def draw_ahead(self, n: int, round_: int) -> None: ...
+
     def charge_round(self, clients: list[int]) -> None: ...
 
     def clip_and_share(self, delta: Tensor, norm: float, round_: int, client: int,
@@ -107,6 +109,7 @@ def receive_round(stage: RoundStage, trainer: Any, jobs: list, global_state: Sta
     # float64, as every update below
     uploads = _RoundUploads(stage, layout, layout.flatten(global_state), selected, round_)
     if secure_average is None:
+        stage.draw_ahead(layout.numel, round_)  # the server's noise, while the clients train
         results, new = _sum_in_clear(stage, trainer, jobs, global_state, uploads,
                                      transcript, recipe)
     else:

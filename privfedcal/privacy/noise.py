@@ -17,8 +17,10 @@ DP) stays seeded, so a run without DP remains reproducible.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import secrets
+from collections.abc import Callable
 
 import torch
 
@@ -49,9 +51,22 @@ def noise_generator(*parts: int, seeded: bool = False,
     return g
 
 
+_DRAWER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def draw_in_background(draw: Callable[[], torch.Tensor]) -> concurrent.futures.Future:
+    """``draw()`` on the noise thread (one for the process, started on first use): a draw
+    that depends on no data runs beside the work that does (``UserDP.draw_ahead``). torch
+    releases the interpreter lock while it draws."""
+    global _DRAWER
+    if _DRAWER is None:
+        _DRAWER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="privfedcal-noise")
+    return _DRAWER.submit(draw)
+
+
 def warn_if_seeded(seeded: bool) -> None:
     if seeded:
         log.warning(INSECURE_STATEMENT)
 
 
-__all__ = ["INSECURE_STATEMENT", "noise_generator", "os_entropy_seed", "warn_if_seeded"]
+__all__ = ["INSECURE_STATEMENT", "draw_in_background", "noise_generator", "os_entropy_seed", "warn_if_seeded"]

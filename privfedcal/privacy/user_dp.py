@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -115,6 +115,9 @@ class UserDP(UpdateStage):
     #: each party's journal of its releases (privacy/release_journal.py): a round redone
     #: after a stop re-sends the noised updates, sums and counts it sent, never fresh draws
     journal: ReleaseJournal | None = None
+    #: (round, size, future) of the server noise drawn ahead (``draw_ahead``)
+    _ahead: tuple[int, int, Any] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
     label = USER_DP_RELEASE
     name = "dp-fedavg"
     takes = True
@@ -142,6 +145,29 @@ class UserDP(UpdateStage):
     @property
     def noise_multiplier(self) -> float:
         return self.dp.sigmas[self.label]
+
+    def draw_ahead(self, n: int, round_: int) -> None:
+        """Start drawing round ``round_``'s server noise (``n`` standard normals) on a
+        background thread while the clients train: the draw depends on no data, so it leaves
+        the round's critical path; ``add_server_noise`` scales it by the round's std then
+        (the same numbers as a draw at that point: ``x * 1.0`` is exact). Nothing to draw
+        when the clients add the noise."""
+        if self.distributed:
+            return
+        from privfedcal.privacy.noise import draw_in_background
+
+        self._ahead = (round_, n, draw_in_background(
+            lambda: gaussian_vector(n, 1.0, noise_generator(self.seed, round_, -1, 302,
+                                                            seeded=self.seeded))))
+
+    def _drawn(self, n: int, round_: int, std: float) -> Tensor:
+        """Round ``round_``'s server noise of std ``std``: the draw started by
+        ``draw_ahead`` for this round and size, or a draw now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[:2] == (round_, n):
+            return ahead[2].result().mul_(std)
+        return gaussian_vector(n, std, noise_generator(self.seed, round_, -1, 302,
+                                                       seeded=self.seeded))
 
     def use_clip_policy(self, policy: ClipPolicy) -> None:
         """Let ``policy`` move the clip after every round (a stage's ``join``: the adaptive
@@ -272,8 +298,7 @@ class UserDP(UpdateStage):
         """``server_noise`` on the flat sum, in place (the same draws for the same layout)."""
         if self.distributed:
             return
-        g = noise_generator(self.seed, round_, -1, 302, seeded=self.seeded)
-        total.add_(gaussian_vector(total.numel(), self.std, g).to(total.device))
+        total.add_(self._drawn(total.numel(), round_, self.std).to(total.device))
         total.copy_(self.released(round_, self.label, SERVER, total))
 
     def released(self, round_: int, label: str, party: int | str, value: Tensor) -> Tensor:

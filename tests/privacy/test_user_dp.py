@@ -18,6 +18,7 @@ from privfedcal.federation.local import LocalResult
 from privfedcal.privacy import user_dp
 from privfedcal.privacy.accounting import PrivacyAccountant, plan_noise
 from privfedcal.privacy.dp_accounting import DPAccounting
+from privfedcal.privacy.noise import noise_generator
 from privfedcal.privacy.releases import UPDATE_RELEASE, USER_DP_RELEASE
 from privfedcal.privacy.transcript import Transcript
 from privfedcal.privacy.user_dp import (
@@ -231,6 +232,36 @@ def test_round_divides_by_the_public_denominator_and_releases_no_loss():
     assert all(r.loss is None for r in results)  # a training loss is the client's data
     assert torch.equal(new["steps"], glob["steps"])  # integer buffers stay global
     assert all(c.state == {} for c in checked)
+
+
+def test_noise_drawn_ahead_is_the_draw_at_the_sum_bit_for_bit(monkeypatch):
+    """The server's noise is drawn on a thread while the clients train (``draw_ahead``),
+    then scaled by the round's std: the same numbers as a draw at the sum, bit for bit
+    (seeded here); one draw per round, and a draw for another round or size is not used."""
+    from privfedcal.privacy import noise as noise_module
+
+    glob, states = model_states(3, scale=1e-3)
+    submitted: list[int] = []
+    real = noise_module.draw_in_background
+    monkeypatch.setattr(noise_module, "draw_in_background",
+                        lambda draw: submitted.append(1) or real(draw))
+    runs = []
+    for ahead in (True, False):
+        udp = UserDP(stage(z=1.5), 0.7, denominator=4, distributed=False, seed=4, seeded=True)
+        if not ahead:
+            monkeypatch.setattr(udp, "draw_ahead", lambda n, round_: None)
+        before = len(submitted)
+        runs.append((one_round(udp, glob, states, round_=3)[1], len(submitted) - before))
+    (ahead_state, drawn_ahead), (inline_state, drawn_inline) = runs
+    assert (drawn_ahead, drawn_inline) == (1, 0)
+    for k in ("w", "b"):
+        assert torch.equal(ahead_state[k], inline_state[k])
+    udp = UserDP(stage(z=1.5), 0.7, denominator=4, distributed=False, seed=4, seeded=True)
+    udp.draw_ahead(10, round_=2)  # another round: drawn now instead, from round 3's stream
+    total = torch.zeros(10, dtype=torch.float64)
+    udp.add_server_noise(total, 3)
+    expect = user_dp.gaussian_vector(10, udp.std, noise_generator(4, 3, -1, 302, seeded=True))
+    assert torch.equal(total, expect) and udp._ahead is None
 
 
 def test_a_nonfinite_local_model_is_reported_not_summed():
