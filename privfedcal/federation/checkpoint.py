@@ -48,6 +48,24 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any
     return obj
 
 
+def snapshot(obj: Any, *, clone: bool = True) -> Any:
+    """A copy of a nested dict/list structure that its owner may go on changing (a list
+    that grows, a tensor updated in place) while the copy is written on another thread:
+    new containers, each tensor detached and cloned (``clone=False``: kept as it is, for
+    tensors their owner only ever replaces)."""
+    if type(obj) in _LEAVES:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone() if clone else obj.detach()
+    if isinstance(obj, dict):
+        return {k: snapshot(v, clone=clone) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        if all(type(v) in _LEAVES for v in obj):
+            return list(obj)
+        return [snapshot(v, clone=clone) for v in obj]
+    return obj
+
+
 def unflatten(skel: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(skel, dict):
         if set(skel) == {_TENSOR}:
@@ -63,7 +81,9 @@ def interrupts_deferred() -> Iterator[None]:
     """Hold back Ctrl-C (SIGINT) until the block is done, then raise it: the two renames
     that swap a checkpoint in must not be separated, or the folder would hold only
     ``checkpoint.old``. Only in the main thread (where Python handles signals) and only
-    when SIGINT raises KeyboardInterrupt there (the default handler)."""
+    when SIGINT raises KeyboardInterrupt there (the default handler); on another thread
+    (the simulator's writer) nothing is needed: signals reach the main thread, whose stop
+    waits for the writer (``Simulator.close``)."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
@@ -81,7 +101,8 @@ def interrupts_deferred() -> Iterator[None]:
 def save_checkpoint(directory: Path, payload: dict[str, Any], *,
                     background: bool = False) -> None:
     """Write atomically: a half-written checkpoint never replaces a good one, and Ctrl-C
-    during the swap waits for it to finish. ``background``: the replaced checkpoint is
+    during the swap waits for it to finish. Any thread may call it with a ``payload`` no
+    other thread changes meanwhile (``snapshot``). ``background``: the replaced checkpoint is
     removed on a thread (privacy/removals.py; the next save of ``directory`` waits for it
     first)."""
     tmp = directory.with_name(directory.name + ".tmp")

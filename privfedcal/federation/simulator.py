@@ -8,6 +8,7 @@ checkpoint. After the last round the calibrator's post-hoc hook runs (CCVR, orac
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -23,7 +24,7 @@ from torch import Tensor
 from privfedcal.errors import Diverged, ReleaseSkipped
 from privfedcal.federation import divergence
 from privfedcal.federation.aggregate import RunningAverage
-from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint
+from privfedcal.federation.checkpoint import load_checkpoint, save_checkpoint, snapshot
 from privfedcal.federation.hooks import Calibrator, FeatureTransform, Payload, PayloadTask, State
 from privfedcal.federation.journaled_training import JournaledTrainer
 from privfedcal.federation.local import (
@@ -135,6 +136,7 @@ class Simulator:
         # every party's DP releases, journaled before they leave (privacy/release_journal.py):
         # a round redone after a stop re-sends them instead of drawing fresh noise
         self.journal = ReleaseJournal(self.run_dir / JOURNAL_DIR)
+        self.journal.before_put = self.wait_for_checkpoint
         if self.plays_clients:
             self.uplink.attach_journal(self.journal)
         self._trainer_obj: Any = None
@@ -560,18 +562,25 @@ class Simulator:
     # ---- checkpoint / resume ------------------------------------------------------------------
     def save(self, round_: int, calibrator_state: dict[str, Any] | None = None,
              post_training: dict[str, Any] | None = None) -> None:
-        """The checkpoint of ``round_``. After the post-training release: the last round's
-        ``calibrator_state`` (an extended run trains on without the calibrated head) and the
-        release's result, ``post_training`` (the calibrator's state and summary fields)."""
-        self.transcript.flush()  # the round's record is on disk before its checkpoint
+        """The checkpoint of ``round_``, handed to the transcript's writer thread: written
+        there after the round's record (files and index), then the journal's releases of
+        the rounds it holds pruned, while the next round trains. What it writes is a
+        ``snapshot`` taken here; a new release first waits for it (``journal.before_put``),
+        and so do ``close`` and everything that reads the run folder after the run. After
+        the post-training release: the last round's ``calibrator_state`` (an extended run
+        trains on without the calibrated head) and the release's result, ``post_training``
+        (the calibrator's state and summary fields)."""
         if calibrator_state is None:
             calibrator_state = self._round_calibrator = self.calibrator.state_dict()
-        save_checkpoint(self.run_dir / "checkpoint", {
+        payload = {
             "round": round_,
             "elapsed": self.elapsed,
-            "global": self.global_state,
-            "server": self.server_state,
-            "clients": {str(c): s for c, s in self.client_states.items()},
+            "global": snapshot(self.global_state),
+            "server": snapshot(self.server_state),
+            # each round's client states are new tensors (the trainer's), replaced, never
+            # changed in place: no copy of every client's model
+            "clients": snapshot({str(c): s for c, s in self.client_states.items()},
+                                clone=False),
             "calibrator": calibrator_state,
             "uplink": self.uplink.state_dict(),
             "history": self.history,
@@ -579,9 +588,16 @@ class Simulator:
             "update_bytes": self.update_bytes,
             "transcript": self.transcript.state_dict(),  # entries kept in memory only
             "post_training": post_training,
-        }, background=True)
-        # releases of checkpointed rounds: never redone
-        self.journal.prune_through(round_, background=True)
+        }
+        for key in ("calibrator", "uplink", "history", "notes", "transcript", "post_training"):
+            payload[key] = snapshot(payload[key])
+        self.transcript.hand_over(functools.partial(
+            write_checkpoint, self.run_dir / "checkpoint", payload, self.journal))
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until the checkpoint handed over is in place; raise what its write (or a
+        transcript file before it) met."""
+        self.transcript.wait_for_jobs()
 
     def restore(self) -> None:
         ck = load_checkpoint(self.run_dir / "checkpoint", self.exp.device)
@@ -607,3 +623,11 @@ class Simulator:
         metrics = self.run_dir / "metrics.jsonl"
         metrics.write_text("".join(json.dumps(h) + "\n" for h in self.history if "accuracy" in h))
         self.log.restore(self.history)
+
+
+def write_checkpoint(directory: Path, payload: dict[str, Any], journal: ReleaseJournal) -> None:
+    """On the transcript's writer thread, after the round's record: the checkpoint swapped
+    in, then the journal's releases of the rounds it holds pruned (never redone); a stop
+    before the swap resumes from the previous checkpoint with them still journaled."""
+    save_checkpoint(directory, payload, background=True)
+    journal.prune_through(payload["round"], background=True)

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,11 @@ class ReleaseJournal:
         self.directory = directory
         self._memory: dict[str, tuple[dict[str, torch.Tensor], dict[str, Any]]] = {}
         self.reused = 0  # releases re-sent from the journal in this process
+        #: called before a release is journaled: the simulator waits there for the
+        #: checkpoint it is still writing, so a release of round r+1 never leaves before
+        #: checkpoint r is in place (or its failure has stopped the run, which then resumes
+        #: from r-1 and holds no release of r+1 to redo)
+        self.before_put: Callable[[], None] | None = None
 
     @staticmethod
     def _name(round_: int, label: str, party: int | str) -> str:
@@ -88,6 +94,8 @@ class ReleaseJournal:
             tensors: dict[str, torch.Tensor], **record: Any) -> None:
         """Journal a release, on disk and flushed before this returns: written to a
         temporary file, fsynced, renamed over, and the folder fsynced."""
+        if self.before_put is not None:
+            self.before_put()
         name = self._name(round_, label, party)
         copy = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
         meta = {"round": int(round_), "label": label, "party": party, **record}

@@ -12,9 +12,10 @@ large models and long runs use ``--no-transcript`` (docs/privacy.md lists the co
 
 The files are written off the training path: ``record`` keeps a private copy of the tensors
 in the open batch, ``seal`` hands the batch to one writer thread as one file, and ``flush``
-(the simulator calls it before each checkpoint and at the end of a run) seals, waits for the
-pending files and then rewrites the index, so the index never names a file that is not on
-disk and a checkpoint never precedes its round's record.
+(at the end of a run) seals, waits for the pending files and then rewrites the index, so the
+index never names a file that is not on disk. ``hand_over`` does the same on the writer
+thread and then runs a job there (the simulator's checkpoint of the round), so a checkpoint
+never precedes its round's record and the round's thread does not wait for either.
 
 A file's time is a record too: when a client's update reached the disk says how long it
 trained, which grows with its private size. So ``flush`` sets the times of every file it
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +105,42 @@ class Transcript:
             return
         (name, records), size = self._batch, self._batch_bytes
         self._batch, self._batch_bytes = None, 0
-        epoch = self._take_epoch(self.directory)
+        self._take_epoch(self.directory)
+        self._started().put(records, str(self.directory / name), size)
+
+    def _started(self) -> Writer:
+        """The writer thread, started on first use."""
         if self._writer is None:
-            self._writer = Writer(epoch=epoch)
-        self._writer.put(records, str(self.directory / name), size)
+            self._writer = Writer(epoch=self._epoch)
+        return self._writer
+
+    def hand_over(self, job: Callable[[], None]) -> None:
+        """Seal, and run ``job`` on the writer thread once the files handed over so far are
+        written and ``index.json`` lists the entries recorded so far: the simulator's
+        checkpoint, written in order after its round's record while the next round trains.
+        ``wait`` (and ``flush``, ``close``) waits for it and raises what it raised."""
+        self.seal()
+        if self.directory is not None:
+            self._take_epoch(self.directory)  # read here: the writer thread only stamps
+        listed = len(self._encoded)  # entries recorded later go to a later index write
+
+        def after_files() -> None:
+            if self.directory is not None:
+                self._index_through(listed)
+            job()
+
+        self._started().call(after_files)
+
+    def wait(self) -> None:
+        """Block until every file and job handed over is done; raise an error one met."""
+        if self._writer is not None:
+            self._writer.wait()
+
+    def wait_for_jobs(self) -> None:
+        """Block until the jobs handed over are done (not the files recorded after them);
+        raise an error the writer met."""
+        if self._writer is not None:
+            self._writer.wait_calls()
 
     def record(self, *, round_: int, label: str, view: str, client: int | None,
                tensors: dict[str, torch.Tensor] | None = None, copy: bool = True,
@@ -163,34 +197,40 @@ class Transcript:
                 for p in self.directory.glob("*.safetensors") if p.name not in listed]
 
     def flush(self) -> None:
-        """Wait for the files recorded so far, then rewrite ``index.json``: a JSON array,
-        one entry per line."""
+        """Wait for the files recorded so far (and the jobs handed over), then rewrite
+        ``index.json``: a JSON array, one entry per line."""
+        self.seal()
+        self.wait()
         if self.directory is not None:
-            self.seal()
-            if self._writer is not None:
-                self._writer.wait()
-            self._write_index(self.directory / "index.json")
-            epoch = self._take_epoch(self.directory)
-            for path in [self.directory / "index.json", self.directory]:
-                os.utime(path, ns=(epoch, epoch))
+            self._index_through(len(self._encoded))
 
-    def _write_index(self, path: Path) -> None:
+    def _index_through(self, listed: int) -> None:
+        """``index.json`` listing the first ``listed`` entries, stamped with the view's
+        time (on the writer thread from ``hand_over``: the recording thread only appends
+        to the entries meanwhile, and writes the index itself only after ``wait``)."""
+        assert self.directory is not None
+        self._write_index(self.directory / "index.json", listed)
+        epoch = self._take_epoch(self.directory)
+        for path in [self.directory / "index.json", self.directory]:
+            os.utime(path, ns=(epoch, epoch))
+
+    def _write_index(self, path: Path, listed: int) -> None:
         """``index.json`` as the whole list of entries, one per line. Entries are only ever
         added, so when the file is as this process last wrote it, the new ones are written
         over its closing bracket: the same bytes as a rewrite, without truncating the file
         (on ext4, truncating and rewriting a file waits for its blocks to be allocated, the
         costliest step of a round's record)."""
         done, size = self._on_disk or (0, -1)
-        if 0 < done <= len(self._encoded) and path.is_file() and path.stat().st_size == size:
-            tail = "".join(",\n" + e for e in self._encoded[done:]) + "\n]\n"
+        if 0 < done <= listed and path.is_file() and path.stat().st_size == size:
+            tail = "".join(",\n" + e for e in self._encoded[done:listed]) + "\n]\n"
             with open(path, "r+b") as f:
                 f.seek(size - 3)  # the closing "\n]\n"
                 f.write(tail.encode())
-            self._on_disk = (len(self._encoded), size - 3 + len(tail))
+            self._on_disk = (listed, size - 3 + len(tail))
             return
-        text = "[\n" + ",\n".join(self._encoded) + "\n]\n" if self._encoded else "[]\n"
+        text = "[\n" + ",\n".join(self._encoded[:listed]) + "\n]\n" if listed else "[]\n"
         path.write_bytes(text.encode())
-        self._on_disk = (len(self._encoded), len(text))
+        self._on_disk = (listed, len(text))
 
     def _take_epoch(self, directory: Path) -> int:
         """The view's one time of ``directory``, read once per process; a resumed run's

@@ -17,7 +17,7 @@ import os
 import queue
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,17 @@ _DTYPES = {torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch
 _RANK = {dtype: i for i, dtype in enumerate(_DTYPES)}
 
 Records = list[tuple[str, dict[str, torch.Tensor]]]
+
+
+class _Call:
+    """A function queued on a writer; ``done`` is set once it ran (or was skipped)."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn, self.done = fn, threading.Event()
+
+
+#: a writer's job: a file of records (records, path, bytes), or a function run in turn
+Job = tuple[Records, str, int] | _Call
 
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -81,17 +92,20 @@ def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
 
 
 class Writer:
-    """One daemon thread writing batches of records in the order they were handed over.
-    An error is kept and raised by the next ``put`` or ``wait``, in the recording thread."""
+    """One daemon thread writing batches of records, and running the functions handed to
+    ``call`` (the simulator's checkpoint), in the order they were handed over. An error is
+    kept and raised by the next ``put``, ``call`` or ``wait``, in the recording thread; the
+    jobs after it are skipped until then (a checkpoint never follows a file that failed)."""
 
     def __init__(self, max_pending: int = MAX_PENDING_BYTES, epoch: int | None = None) -> None:
-        self._jobs: queue.Queue[tuple[Records, str, int] | None] = queue.Queue()
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
         #: the one time (ns) each file gets as soon as it is written (``server_epoch``), so
         #: that even a process killed before its next flush leaves no per-client time
         self._epoch = epoch
         self._error: BaseException | None = None
         self._max_pending = max_pending
         self._pending = 0  # bytes queued, not yet written
+        self._last_call: _Call | None = None
         self._room = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="privfedcal-transcript",
                                         daemon=True)
@@ -104,17 +118,25 @@ class Writer:
                 if job is None:
                     return
                 if self._error is None:
-                    write_records(job[1], job[0])
-                    if self._epoch is not None:
-                        os.utime(job[1], ns=(self._epoch, self._epoch))
+                    self._run(job)
             except BaseException as exc:  # handed to the recording thread
                 self._error = exc
             finally:
-                if job is not None:
+                if isinstance(job, tuple):
                     with self._room:
                         self._pending -= job[2]
                         self._room.notify_all()
+                elif job is not None:
+                    job.done.set()
                 self._jobs.task_done()
+
+    def _run(self, job: Job) -> None:
+        if not isinstance(job, tuple):
+            job.fn()
+            return
+        write_records(job[1], job[0])
+        if self._epoch is not None:
+            os.utime(job[1], ns=(self._epoch, self._epoch))
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -132,8 +154,22 @@ class Writer:
             self._pending += size
         self._jobs.put((records, path, size))
 
+    def call(self, job: Callable[[], None]) -> None:
+        """Queue ``job``, run on the writer thread once every file handed over before it is
+        written."""
+        self._raise()
+        self._last_call = call = _Call(job)
+        self._jobs.put(call)
+
+    def wait_calls(self) -> None:
+        """Block until the functions handed to ``call`` are done (files queued after them
+        may still be written); raise an error a job met."""
+        if self._last_call is not None:
+            self._last_call.done.wait()
+        self._raise()
+
     def wait(self) -> None:
-        """Block until every file handed over is written."""
+        """Block until every file and function handed over is done."""
         self._jobs.join()
         self._raise()
 
