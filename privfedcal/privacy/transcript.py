@@ -104,9 +104,11 @@ class Transcript:
         if self._batch is None or self.directory is None:
             return
         (name, records), size = self._batch, self._batch_bytes
-        self._batch, self._batch_bytes = None, 0
         self._take_epoch(self.directory)
+        # an error of the writer raised here leaves the batch open: the stopped run's
+        # flush writes it, as its index names it
         self._started().put(records, str(self.directory / name), size)
+        self._batch, self._batch_bytes = None, 0
 
     def _started(self) -> Writer:
         """The writer thread, started on first use."""

@@ -95,7 +95,7 @@ class Writer:
     """One daemon thread writing batches of records, and running the functions handed to
     ``call`` (the simulator's checkpoint), in the order they were handed over. An error is
     kept and raised by the next ``put``, ``call`` or ``wait``, in the recording thread; the
-    jobs after it are skipped until then (a checkpoint never follows a file that failed)."""
+    jobs after a file that failed are skipped until then."""
 
     def __init__(self, max_pending: int = MAX_PENDING_BYTES, epoch: int | None = None) -> None:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
@@ -103,6 +103,7 @@ class Writer:
         #: that even a process killed before its next flush leaves no per-client time
         self._epoch = epoch
         self._error: BaseException | None = None
+        self._blocked = False  # a file failed: jobs skipped until the error is raised
         self._max_pending = max_pending
         self._pending = 0  # bytes queued, not yet written
         self._last_call: _Call | None = None
@@ -117,10 +118,14 @@ class Writer:
             try:
                 if job is None:
                     return
-                if self._error is None:
+                if not self._blocked:
                     self._run(job)
             except BaseException as exc:  # handed to the recording thread
-                self._error = exc
+                # a checkpoint never follows a file that failed; the files after a failed
+                # function are written (the index the stopped run writes names them)
+                with self._room:
+                    self._error = self._error or exc
+                    self._blocked = self._blocked or isinstance(job, tuple)
             finally:
                 if isinstance(job, tuple):
                     with self._room:
@@ -139,8 +144,9 @@ class Writer:
             os.utime(job[1], ns=(self._epoch, self._epoch))
 
     def _raise(self) -> None:
-        if self._error is not None:
-            exc, self._error = self._error, None
+        with self._room:
+            exc, self._error, self._blocked = self._error, None, False
+        if exc is not None:
             raise exc
 
     def put(self, records: Records, path: str, size: int) -> None:
