@@ -14,10 +14,13 @@ the timed rounds, so that the parts add up to the round):
   (each record added to the round's batch, the batch handed to the writer thread);
 * aggregation: ``RunningAverage.add`` / ``result`` (the weighted running sum);
 * evaluation: ``Simulator.evaluate`` on the test set;
-* transcript wait: ``Transcript.flush`` before the checkpoint (waiting for the writer
-  thread's pending files, then writing the index's new entries);
-* checkpoint: the rest of ``Simulator.save`` (the calibrator's state, the safetensors file and
-  its atomic swap);
+* transcript wait: the round's thread waiting for the writer thread: ``Transcript.flush``
+  inside ``Simulator.save`` where the round's thread writes the checkpoint itself (the
+  pending files, then the index's new entries), else ``Simulator.wait_for_checkpoint`` (a
+  DP release waiting for the checkpoint still being written);
+* checkpoint: the rest of ``Simulator.save``: the checkpoint's snapshot handed over to the
+  writer thread (``Transcript.hand_over``), or where the round's thread writes it, the
+  calibrator's state, the safetensors file and its atomic swap;
 * logs: ``RunLogger.round`` (metrics.csv, clients.jsonl);
 * metrics record: the rest of ``keep_round`` (metrics.jsonl, the history);
 * progress line: the CLI's per-round line on stderr;
@@ -27,7 +30,8 @@ the timed rounds, so that the parts add up to the round):
 Beside each part's wall time, the main thread's CPU time in it (``time.thread_time``): the
 work itself, which a busy machine stretches less than the wall time.
 
-The writer thread's own time (``write_records``: the transcript's files, wall and CPU) runs
+The writer thread's own time (``write_records``: the transcript's files; where it writes
+them, the index's new entries and the checkpoint, ``write_checkpoint``; wall and CPU) runs
 beside the round and is printed apart; on a machine with a spare core it is off the
 critical path, on a busy one it competes with the round. ``--cprofile N`` also prints the N
 functions with the most own time under cProfile (main thread only, in a second run: the
@@ -82,7 +86,7 @@ class Split:
         setattr(owner, name, timed)
 
     def wrap_writer(self, owner, name: str) -> None:
-        """The transcript writer thread's file writes: wall and that thread's CPU."""
+        """The transcript writer thread's jobs: wall and that thread's CPU."""
         original = getattr(owner, name)
         writer = self.writer
 
@@ -129,6 +133,10 @@ def instrument(split: Split) -> None:
     split.wrap(simulator.Simulator, "evaluate", "evaluate")
     split.wrap(transcript.Transcript, "flush", "flush")
     split.wrap(simulator.Simulator, "save", "save")
+    if hasattr(simulator, "write_checkpoint"):  # the checkpoint on the writer thread
+        split.wrap(simulator.Simulator, "wait_for_checkpoint", "checkpoint wait")
+        split.wrap_writer(simulator, "write_checkpoint")
+        split.wrap_writer(transcript.Transcript, "_index_through")
     split.wrap(RunLogger, "round", "logs")
     split.wrap(simulator.Simulator, "keep_round", "keep_round")
     try:  # a batch of records per file
@@ -156,7 +164,8 @@ def exclusive(r: dict[str, float]) -> dict[str, float]:
         "local training steps": g("train_client", 0) - g("clone_state", 0),
         "client state copy": g("clone_state", 0), "transcript record": g("record", 0),
         "aggregation": g("aggregate", 0), "evaluation": g("evaluate", 0),
-        "transcript wait": g("flush", 0), "checkpoint": g("save", 0) - g("flush", 0),
+        "transcript wait": g("flush", 0) + g("checkpoint wait", 0),
+        "checkpoint": g("save", 0) - g("flush", 0),
         "logs": g("logs", 0), "metrics record": g("keep_round", 0) - g("logs", 0) - g("save", 0),
         "progress line": g("progress", 0)}
     parts["other"] = r["round"] - sum(parts.values())
