@@ -13,6 +13,7 @@ from privfedcal.federation.checkpoint import (
     flatten,
     load_checkpoint,
     save_checkpoint,
+    snapshot,
     unflatten,
 )
 from privfedcal.privacy.removals import wait_for_removals
@@ -113,3 +114,21 @@ def test_the_replaced_checkpoint_removed_in_the_background_is_gone_after_the_wai
         assert load_checkpoint(tmp_path / "ck")["round"] == r
     wait_for_removals()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_a_snapshot_is_not_changed_by_what_its_owner_does_next(tmp_path):
+    """What the writer thread saves: new containers, tensors cloned (``clone=False``: the
+    same tensors, for states that are only ever replaced)."""
+    w, history = torch.zeros(3), [{"round": 1}]
+    state = {"global": {"w": w}, "history": history, "pair": (1, w)}
+    copy = snapshot(state)
+    w.add_(1.0)
+    history.append({"round": 2})
+    history[0]["round"] = 7
+    assert torch.equal(copy["global"]["w"], torch.zeros(3))
+    assert torch.equal(copy["pair"][1], torch.zeros(3))
+    assert copy["history"] == [{"round": 1}]
+    kept = snapshot({"c": {"w": w}}, clone=False)
+    assert kept["c"]["w"] is not w and kept["c"]["w"].data_ptr() == w.data_ptr()
+    save_checkpoint(tmp_path / "ck", copy)
+    assert load_checkpoint(tmp_path / "ck")["history"] == [{"round": 1}]

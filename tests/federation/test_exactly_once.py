@@ -238,3 +238,50 @@ def test_a_run_stopped_at_any_step_of_a_round_holds_each_release_once(
             held.setdefault((e["round"], e["label"], e["client"]), []).append(e)
     assert {r for r, _, _ in held} == {1, 2, 3}
     assert all(same_tensors(run, group) for group in held.values())
+
+
+def test_a_stop_while_the_checkpoint_is_written_leaves_it_complete(tiny_cfg, tmp_path,
+                                                                     monkeypatch):
+    """The round's checkpoint is written on the writer thread: a Ctrl-C on the round's
+    thread just after the hand-over waits for it, so the run resumes from that round."""
+    import time
+
+    from privfedcal.federation.checkpoint import checkpoint_round
+
+    real = simulator.save_checkpoint
+
+    def slow(directory, payload, **kw):
+        time.sleep(0.2)
+        real(directory, payload, **kw)
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(simulator, "save_checkpoint", slow)
+        stop_at(m, simulator.Simulator, "save", 2, after=True)
+        with pytest.raises(KeyboardInterrupt):
+            build_simulator(dp_sgd_cfg(tiny_cfg), run).run()
+    assert checkpoint_round(run) == 2
+    assert not (run / "checkpoint.tmp").exists()
+    privfedcal.resume_simulator(run).run()
+    assert checkpoint_round(run) == 3
+
+
+def test_a_failed_checkpoint_stops_the_run_before_the_next_rounds_releases(tiny_cfg, tmp_path,
+                                                                          monkeypatch):
+    """A write error on the writer thread reaches the round's thread before its next DP
+    release leaves (``ReleaseJournal.before_put``): the run resumes from the previous
+    checkpoint with only the failed round's releases to re-send."""
+    from privfedcal.federation.checkpoint import checkpoint_round
+
+    def full_disk(directory, payload, **_):
+        raise OSError("no space left on device")
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(simulator, "save_checkpoint", full_disk)
+        with pytest.raises(OSError, match="no space"):
+            build_simulator(dp_sgd_cfg(tiny_cfg), run).run()
+    assert checkpoint_round(run) == 0
+    assert ReleaseJournal(run / "journal").rounds() == [1]
+    summary = privfedcal.resume_simulator(run).run()
+    assert_charged(summary)

@@ -141,3 +141,74 @@ def test_tensors_handed_over_are_kept_without_a_copy(tmp_path, copy):
     kept = tr._batch[1][0][1]["a"]
     assert (kept.data_ptr() == t.data_ptr()) is not copy
     tr.close()
+
+
+def _upload(transcript, round_):
+    transcript.record(round_=round_, label="x", view="plain-upload", client=0,
+                      tensors={"w": torch.full((2,), float(round_))})
+
+
+def test_a_job_handed_over_runs_after_its_files_and_the_index_of_its_entries(tmp_path):
+    """``hand_over``: the job (a checkpoint) sees the round's file on disk and the index
+    listing the entries recorded before it, not those recorded while it waits."""
+    t = Transcript(tmp_path)
+    _upload(t, 1)
+    gate, seen = threading.Event(), []
+
+    def job():
+        gate.wait(10)
+        index = json.loads((tmp_path / "index.json").read_text())
+        seen.append((len(index), all((tmp_path / e["file"]).is_file() for e in index)))
+
+    t.hand_over(job)
+    _upload(t, 2)  # recorded while the job is pending
+    gate.set()
+    t.wait_for_jobs()
+    assert seen == [(1, True)]
+    t.close()
+    assert len(json.loads((tmp_path / "index.json").read_text())) == 2
+
+
+def test_a_jobs_error_is_raised_on_the_recording_thread_and_later_files_are_written(tmp_path):
+    t = Transcript(tmp_path)
+    _upload(t, 1)
+
+    def full_disk():
+        raise OSError("no space left")
+
+    t.hand_over(full_disk)
+    _upload(t, 2)
+    t.seal()  # may raise already, or leave it to the wait
+    with pytest.raises(OSError, match="no space"):
+        t.wait_for_jobs()
+        t.flush()
+    t.close()
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert [read_entry(tmp_path, e)["w"][0].item() for e in index] == [1.0, 2.0]
+
+
+def test_a_file_that_failed_skips_the_job_after_it(tmp_path, monkeypatch):
+    """A checkpoint never follows a record that did not reach the disk."""
+    def failing(path, records):
+        raise OSError("disk error")
+
+    monkeypatch.setattr(module, "write_records", failing)
+    t = Transcript(tmp_path)
+    _upload(t, 1)
+    ran = []
+    t.hand_over(lambda: ran.append(True))
+    with pytest.raises(OSError, match="disk error"):
+        t.wait()
+    assert ran == []
+    monkeypatch.undo()
+    t.close()
+
+
+def test_a_transcript_without_files_runs_its_jobs_in_turn():
+    """``--no-transcript``: no files, but the checkpoint still goes to the writer thread."""
+    t = Transcript(None)
+    ran = []
+    for i in range(3):
+        t.hand_over(lambda i=i: ran.append(i))
+    t.close()
+    assert ran == [0, 1, 2]
