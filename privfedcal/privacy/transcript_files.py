@@ -94,8 +94,8 @@ def write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
 class Writer:
     """One daemon thread writing batches of records, and running the functions handed to
     ``call`` (the simulator's checkpoint), in the order they were handed over. An error is
-    kept and raised by the next ``put``, ``call`` or ``wait``, in the recording thread; the
-    jobs after a file that failed are skipped until then."""
+    kept and raised by the next ``put``, ``call`` or ``wait``, in the recording thread; until
+    then no function runs, nor any file after a file that failed."""
 
     def __init__(self, max_pending: int = MAX_PENDING_BYTES, epoch: int | None = None) -> None:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
@@ -103,7 +103,8 @@ class Writer:
         #: that even a process killed before its next flush leaves no per-client time
         self._epoch = epoch
         self._error: BaseException | None = None
-        self._blocked = False  # a file failed: jobs skipped until the error is raised
+        # a file (a function) failed: jobs (functions) skipped until the error is raised
+        self._failed_file = self._failed_call = False
         self._max_pending = max_pending
         self._pending = 0  # bytes queued, not yet written
         self._last_call: _Call | None = None
@@ -118,14 +119,16 @@ class Writer:
             try:
                 if job is None:
                     return
-                if not self._blocked:
+                if not (self._failed_file or self._failed_call and isinstance(job, _Call)):
                     self._run(job)
             except BaseException as exc:  # handed to the recording thread
-                # a checkpoint never follows a file that failed; the files after a failed
-                # function are written (the index the stopped run writes names them)
+                # after a failure no function runs (no checkpoint follows a file, or a
+                # checkpoint, that failed); after a failed function the files are still
+                # written (the index the stopped run writes names them)
                 with self._room:
                     self._error = self._error or exc
-                    self._blocked = self._blocked or isinstance(job, tuple)
+                    self._failed_file = self._failed_file or isinstance(job, tuple)
+                    self._failed_call = True
             finally:
                 if isinstance(job, tuple):
                     with self._room:
@@ -145,7 +148,8 @@ class Writer:
 
     def _raise(self) -> None:
         with self._room:
-            exc, self._error, self._blocked = self._error, None, False
+            exc, self._error = self._error, None
+            self._failed_file = self._failed_call = False
         if exc is not None:
             raise exc
 
