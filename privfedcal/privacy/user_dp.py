@@ -36,9 +36,10 @@ Noise comes from OS entropy (privacy/noise.py); with ``--insecure-seeded-noise``
 
 The stage keeps its clip, noise, journal and charge here; the round's receipt is
 privacy/dp_fedavg_round.py, the flat-vector arithmetic privacy/update_vectors.py (its names
-re-exported here), the report privacy/user_dp_summary.py. A stage may move the clip between rounds through ``use_clip_policy``
-(``ClipPolicy``): the adaptive clip (``--dp-adaptive-clip``, privacy/adaptive_clip.py, its
-own registered stage) does, from a noised count released in the same round.
+re-exported here), the report privacy/user_dp_summary.py. A stage may move the clip
+between rounds through ``use_clip_policy`` (``ClipPolicy``): the adaptive clip
+(``--dp-adaptive-clip``, privacy/adaptive_clip.py, its own registered stage) does, from a
+noised count released in the same round.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
+from torch import Generator, Tensor
 
 from privfedcal.errors import UsageError
 from privfedcal.privacy.accounting import ReleasePlan
@@ -157,8 +158,7 @@ class UserDP(UpdateStage):
         from privfedcal.privacy.noise import draw_in_background
 
         self._ahead = (round_, n, draw_in_background(
-            lambda: gaussian_vector(n, 1.0, noise_generator(self.seed, round_, -1, 302,
-                                                            seeded=self.seeded))))
+            lambda: gaussian_vector(n, 1.0, self._sum_generator(round_))))
 
     def _drawn(self, n: int, round_: int, std: float) -> Tensor:
         """Round ``round_``'s server noise of std ``std``: the draw started by
@@ -166,8 +166,11 @@ class UserDP(UpdateStage):
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[:2] == (round_, n):
             return ahead[2].result().mul_(std)
-        return gaussian_vector(n, std, noise_generator(self.seed, round_, -1, 302,
-                                                       seeded=self.seeded))
+        return gaussian_vector(n, std, self._sum_generator(round_))
+
+    def _sum_generator(self, round_: int) -> Generator:
+        """The generator of round ``round_``'s noise on the sum (stream 302)."""
+        return noise_generator(self.seed, round_, -1, 302, seeded=self.seeded)
 
     def use_clip_policy(self, policy: ClipPolicy) -> None:
         """Let ``policy`` move the clip after every round (a stage's ``join``: the adaptive
