@@ -13,6 +13,10 @@ the timed rounds, so that the parts add up to the round):
 * transcript record: ``Transcript.record`` and ``Transcript.seal`` on the round's thread
   (each record added to the round's batch, the batch handed to the writer thread);
 * aggregation: ``RunningAverage.add`` / ``result`` (the weighted running sum);
+* DP update clip (``--dp``): each update flattened, checked and clipped as it arrives
+  (``dp_fedavg_round._RoundUploads.take``);
+* journaled releases: ``ReleaseJournal.once`` (a DP release written and fsynced before it
+  leaves: DP-FedAvg's noised sum; its wait for a checkpoint still being written included);
 * evaluation: ``Simulator.evaluate`` on the test set;
 * transcript wait: the round's thread waiting for the writer thread: ``Transcript.flush``
   inside ``Simulator.save`` where the round's thread writes the checkpoint itself (the
@@ -57,7 +61,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import harness  # noqa: E402
 
 PARTS = ("local training steps", "client state copy", "transcript record", "aggregation",
-         "evaluation", "transcript wait", "checkpoint", "logs", "metrics record",
+         "DP update clip", "journaled releases", "evaluation", "transcript wait", "checkpoint", "logs", "metrics record",
          "progress line", "other")
 
 
@@ -131,6 +135,14 @@ def instrument(split: Split) -> None:
     split.wrap(RunningAverage, "add", "aggregate")
     split.wrap(RunningAverage, "result", "aggregate")
     split.wrap(simulator.Simulator, "evaluate", "evaluate")
+    try:  # DP-FedAvg's round and the release journal, where the code has them
+        import privfedcal.privacy.dp_fedavg_round as dp_round
+        from privfedcal.privacy.release_journal import ReleaseJournal
+
+        split.wrap(dp_round._RoundUploads, "take", "dp clip")
+        split.wrap(ReleaseJournal, "once", "journal")
+    except ImportError:
+        pass
     split.wrap(transcript.Transcript, "flush", "flush")
     split.wrap(simulator.Simulator, "save", "save")
     if hasattr(simulator, "write_checkpoint"):  # the checkpoint on the writer thread
@@ -163,7 +175,8 @@ def exclusive(r: dict[str, float]) -> dict[str, float]:
     parts = {
         "local training steps": g("train_client", 0) - g("clone_state", 0),
         "client state copy": g("clone_state", 0), "transcript record": g("record", 0),
-        "aggregation": g("aggregate", 0), "evaluation": g("evaluate", 0),
+        "aggregation": g("aggregate", 0), "DP update clip": g("dp clip", 0),
+        "journaled releases": g("journal", 0), "evaluation": g("evaluate", 0),
         "transcript wait": g("flush", 0) + g("checkpoint wait", 0),
         "checkpoint": g("save", 0) - g("flush", 0),
         "logs": g("logs", 0), "metrics record": g("keep_round", 0) - g("logs", 0) - g("save", 0),
