@@ -92,3 +92,89 @@ def test_grayscale_convolutional_training_runs_channels_last_and_returns_nchw():
         local.train_memory_format = original
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def _reference_local_training(model, algo, start, x_all, y_all, idx, spec, round_, client):
+    """Local training written plainly: one gather per step, ``torch.optim.SGD``, the loss
+    summed on a float32 scalar step by step. ``train_client`` must take exactly its steps."""
+    from privfedcal.data.augment import apply_augmentation, draw_augmentation
+    from privfedcal.federation.local import train_memory_format
+
+    g = make_generator(spec.training.seed, round_, client, 1)
+    model.load_state_dict(start)
+    model.train()
+    fmt = train_memory_format(model, x_all)
+    model.to(memory_format=fmt)
+    r = spec.recipe
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=r.lr,
+                          momentum=r.momentum, weight_decay=r.weight_decay)
+    n, total, steps = int(idx.numel()), torch.zeros(()), 0
+    for _ in range(r.local_epochs):
+        order = idx[torch.randperm(n, generator=g)]
+        draws = draw_augmentation(n, g) if spec.data.augment else ()
+        for s in range(0, n, r.batch_size):
+            batch = order[s:s + r.batch_size]
+            if batch.numel() < 2:
+                continue
+            x, y = x_all[batch], y_all[batch]
+            if spec.data.augment:
+                x = apply_augmentation(x, tuple(d[..., s:s + r.batch_size] for d in draws))
+            loss = algo.local_loss(model, x.contiguous(memory_format=fmt), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.detach()
+            steps += 1
+    model.to(memory_format=torch.contiguous_format)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, float(total) / steps
+
+
+@pytest.mark.parametrize("case", ["mlp", "cnn-gray-augment", "cnn-rgb-augment"])
+def test_train_client_takes_the_reference_steps_bit_for_bit(case, monkeypatch):
+    """Chunked gathers, the in-place weight decay and the deferred loss sum change nothing:
+    the trained state and the mean loss equal the plain loop's exactly, across chunk
+    boundaries and with a last batch of one (skipped)."""
+    import privfedcal.federation.local as local
+    from privfedcal.algorithms.algorithm import create_algorithm
+    from privfedcal.federation.local import LocalSpec, clone_state, train_client
+    from privfedcal.models.cnn import SimpleCNN
+    from privfedcal.models.mlp import MLP
+    from privfedcal.settings.sections import DataSettings, TrainingSettings
+
+    torch.manual_seed(0)
+    channels, size = {"mlp": (1, 8), "cnn-gray-augment": (1, 28),
+                      "cnn-rgb-augment": (3, 32)}[case]
+    if case == "mlp":
+        model = MLP(num_classes=4, in_channels=channels, image_size=size)
+    else:
+        model = SimpleCNN(num_classes=4, in_channels=channels, image_size=size)
+    x, y = torch.randn(60, channels, size, size), torch.randint(0, 4, (60,))
+    # 49 scattered samples: 12 batches of 4, then a batch of one that is skipped
+    idx = torch.tensor([i for i in range(60) if i % 7 != 3])[:49]
+    spec = LocalSpec(TrainingSettings(local_epochs=2, batch_size=4, lr=0.05, momentum=0.9,
+                                      weight_decay=1e-3, seed=3),
+                     DataSettings(augment=case != "mlp"))
+    algo = create_algorithm("fedavg", num_classes=4)
+    start = clone_state(model)
+    row = x[:1].numel() * x.element_size()
+    monkeypatch.setattr(local, "EPOCH_CHUNK_BYTES", row * 9)  # chunks of 2 batches
+    assert local.epoch_chunk(x, 4) == 8
+    got = train_client(model, algo, start, None, x, y, idx, spec, 2, 5)
+    want_state, want_loss = _reference_local_training(model, algo, start, x, y, idx, spec, 2, 5)
+    assert got.loss == want_loss
+    assert got.state.keys() == want_state.keys()
+    for k in want_state:
+        assert torch.equal(got.state[k], want_state[k]), k
+
+
+def test_mean_loss_sums_in_float32_in_step_order():
+    from privfedcal.federation.local import mean_loss
+
+    values = [torch.tensor(v, dtype=torch.float32) for v in (1e8, 1.0, -1e8, 3.0, 0.1)]
+    total = torch.zeros(())
+    for v in values:
+        total += v
+    assert mean_loss(values) == float(total) / 5
+    # the float32 steps matter: 1e8 + 1 rounds to 1e8 in float32, so the sum is 3.1, not 4.1
+    assert mean_loss(values) == pytest.approx(3.1 / 5, rel=1e-6)
+    assert mean_loss([]) == 0.0
