@@ -21,6 +21,11 @@ trainer executes (``Meter.count_plan``: each client's steps and the real, weight
 batches, padding rows left out), and its training forwards are not counted by the hook
 (``plan_counted``). Its evaluation runs outside vmap and is counted by the hook as everywhere.
 
+privfedcal's MLP steps by hand under the plain cross-entropy (``federation/chain_steps.py``:
+no module is called and no backward runs through the layer), so each of those steps is
+counted where it runs, one step and its batch's rows; its evaluation goes through the
+modules and is counted by the hook.
+
 The driver differences consecutive lines into one round's work.
 """
 

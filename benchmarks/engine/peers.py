@@ -303,6 +303,32 @@ def role_privfedcal(args) -> None:
         meter.plan_counted = True
         vectorised.plan_steps = counted_plan
 
+    # The MLP's hand-written steps (federation/chain_steps.py) call no module, so the hook
+    # sees none of them: each is counted where it runs. The meter's own hook is not one that
+    # would send them back to autograd.
+    from torch.nn.modules import module as module_globals
+
+    import privfedcal.federation.chain_steps as chain_steps
+
+    hand_step, observed = chain_steps.ChainSteps.step, chain_steps._observed
+
+    def counted_step(self, x, y):
+        meter.count_plan([1], int(x.shape[0]))
+        return hand_step(self, x, y)
+
+    def observed_but_by_the_meter(model):
+        hooks = module_globals._global_forward_hooks
+        mine = {k: f for k, f in hooks.items() if getattr(f, "__self__", None) is meter}
+        for k in mine:
+            del hooks[k]
+        try:
+            return observed(model)
+        finally:
+            hooks.update(mine)
+
+    chain_steps.ChainSteps.step = counted_step
+    chain_steps._observed = observed_but_by_the_meter
+
     def counted_line(rec, total):
         meter.tick(rec["round"])
         return line(rec, total)

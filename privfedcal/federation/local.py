@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privfedcal.algorithms.algorithm import Algorithm, State, client_context
+from privfedcal.federation.chain_steps import chain_steps
 from privfedcal.models.feature_classifier import FeatureClassifier
 from privfedcal.seeding import derive_seed, make_generator
-from privfedcal.settings.floors import LocalSpec
+from privfedcal.settings.floors import LocalSpec, Recipe
 
 
 def autocast_for(device: torch.device, enabled: bool = True):
@@ -117,6 +118,33 @@ class PlainSGD:
         torch._foreach_add_(params, grads, alpha=-self.lr)
 
 
+class AutogradSteps:
+    """Local SGD steps through autograd and ``PlainSGD``: any model, any method's loss
+    (``chain_steps.ChainSteps`` takes the MLP's plain cross-entropy steps by hand)."""
+
+    def __init__(self, model: FeatureClassifier, algo: Algorithm, recipe: Recipe,
+                 amp: bool) -> None:
+        self.model, self.algo = model, algo
+        self.amp = next(model.parameters()).device if amp else None
+        self.opt = PlainSGD([p for p in model.parameters() if p.requires_grad], lr=recipe.lr,
+                            momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+    def step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One SGD step on the batch (x, y); returns its loss, detached."""
+        if self.amp is not None:
+            with autocast_for(self.amp):
+                loss = self.algo.local_loss(self.model, x, y)
+        else:
+            loss = self.algo.local_loss(self.model, x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def finish(self) -> None:
+        """Nothing: the steps updated the model's own parameters."""
+
+
 def clone_state(model: torch.nn.Module) -> State:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -156,12 +184,11 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
     relayout = fmt != torch.contiguous_format
     if relayout:
         model.to(memory_format=fmt)  # before the optimiser, whose buffers follow the parameters
-    params: list[Tensor] = [p for p in model.parameters() if p.requires_grad]
     recipe = spec.recipe
-    opt = PlainSGD(params, lr=recipe.lr, momentum=recipe.momentum,
-                   weight_decay=recipe.weight_decay)
-    n, bs = int(idx.numel()), recipe.batch_size
     amp = spec.mixed_precision and device.type == "cuda"
+    steps = chain_steps(model, algo, x_all, y_all, recipe) or AutogradSteps(model, algo,
+                                                                           recipe, amp)
+    n, bs = int(idx.numel()), recipe.batch_size
     chunk = epoch_chunk(x_all, bs)
     losses: list[Tensor] = []
     # The epoch's randomness (order, crop offsets, flips) is drawn at once from the CPU
@@ -185,15 +212,8 @@ def train_client(model: FeatureClassifier, algo: Algorithm, global_state: State,
                     x = apply_augmentation(x, tuple(d[..., at:at + bs] for d in draws))
                     if relayout:
                         x = x.contiguous(memory_format=fmt)
-                if amp:
-                    with autocast_for(device):
-                        loss = algo.local_loss(model, x, y)
-                else:
-                    loss = algo.local_loss(model, x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                losses.append(loss.detach())
+                losses.append(steps.step(x, y))
+    steps.finish()
     if relayout:
         model.to(memory_format=torch.contiguous_format)  # what leaves the client is plain NCHW
     new_client_state = algo.end_client(model)
