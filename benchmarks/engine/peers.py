@@ -6,6 +6,8 @@ round timed the same way, in interleaved pairs of whole processes.
   ``--client-batch K`` it trains K clients at once with its vectorised trainer (the same
   SGD steps on the same batches, within float32 rounding: a privfedcal option, named in the
   output), its training work counted from the step plan that trainer runs (peer_meter.py);
+  the MLP's steps run by hand (``federation/chain_steps.py``, the same numbers bit for bit as
+  autograd's) and are counted where they run;
 * ``bare``: a plain PyTorch script: the model, ``torch.optim.SGD``, shuffled mini-batches by
   index, a sample-weighted average, the test evaluation, nothing else;
 * ``flower``: Flower 1.41's simulation engine (``flwr.simulation.run_simulation``, Ray

@@ -134,3 +134,26 @@ def test_hooks_frozen_parameters_other_dtypes_and_no_grad_train_through_autograd
     assert not _eligible(_twins()[0], y=torch.randint(0, 10, (4,), dtype=torch.int32))
     with torch.no_grad():
         assert not _eligible(_twins()[0])
+
+
+def test_hand_written_steps_equal_autograd_on_two_threads():
+    """With two threads the products split their work differently; both paths still run
+    the same kernels on the same operands."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _train_both(_recipe(), [32] * 10 + [5], 7)
+        _train_both(_recipe(lr=0.2), [64] * 5, 8, channels=3, size=16)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["clsnorm", "freeze"])
+def test_methods_that_reshape_or_freeze_the_head_train_through_autograd(name):
+    """clsnorm parametrises the classifier's weight (row-normalised) and freezes its bias;
+    freeze fixes the whole classifier: neither is the plain chain."""
+    model = _twins()[0]
+    algo = create_algorithm(name, num_classes=10)
+    algo.configure_model(model, torch.Generator().manual_seed(0))
+    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    assert chain_steps(model, algo, x, y, _recipe()) is None
