@@ -129,11 +129,12 @@ def _reference_local_training(model, algo, start, x_all, y_all, idx, spec, round
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, float(total) / steps
 
 
-@pytest.mark.parametrize("case", ["mlp", "cnn-gray-augment", "cnn-rgb-augment"])
+@pytest.mark.parametrize("case", ["mlp", "mlp-augment", "cnn-gray-augment",
+                                  "cnn-rgb-augment"])
 def test_train_client_takes_the_reference_steps_bit_for_bit(case, monkeypatch):
-    """Chunked gathers, the in-place weight decay and the deferred loss sum change nothing:
-    the trained state and the mean loss equal the plain loop's exactly, across chunk
-    boundaries and with a last batch of one (skipped)."""
+    """Chunked gathers, the in-place weight decay, the deferred loss sum and (for the MLP)
+    the hand-written steps change nothing: the trained state and the mean loss equal the
+    plain loop's exactly, across chunk boundaries and with a last batch of one (skipped)."""
     import privfedcal.federation.local as local
     from privfedcal.algorithms.algorithm import create_algorithm
     from privfedcal.federation.local import LocalSpec, clone_state, train_client
@@ -142,9 +143,9 @@ def test_train_client_takes_the_reference_steps_bit_for_bit(case, monkeypatch):
     from privfedcal.settings.sections import DataSettings, TrainingSettings
 
     torch.manual_seed(0)
-    channels, size = {"mlp": (1, 8), "cnn-gray-augment": (1, 28),
+    channels, size = {"mlp": (1, 8), "mlp-augment": (1, 8), "cnn-gray-augment": (1, 28),
                       "cnn-rgb-augment": (3, 32)}[case]
-    if case == "mlp":
+    if case.startswith("mlp"):
         model = MLP(num_classes=4, in_channels=channels, image_size=size)
     else:
         model = SimpleCNN(num_classes=4, in_channels=channels, image_size=size)
@@ -153,7 +154,7 @@ def test_train_client_takes_the_reference_steps_bit_for_bit(case, monkeypatch):
     idx = torch.tensor([i for i in range(60) if i % 7 != 3])[:49]
     spec = LocalSpec(TrainingSettings(local_epochs=2, batch_size=4, lr=0.05, momentum=0.9,
                                       weight_decay=1e-3, seed=3),
-                     DataSettings(augment=case != "mlp"))
+                     DataSettings(augment=case.endswith("augment")))
     algo = create_algorithm("fedavg", num_classes=4)
     start = clone_state(model)
     row = x[:1].numel() * x.element_size()
